@@ -1,0 +1,206 @@
+"""Benchmark harness: check, time, relate to the roofline, print, append to CSV.
+
+Every timed version is first checked against its reference on the same inputs (output poisoned
+with NaN before the run). Times are medians of ``triton.testing.do_bench`` (device events, L2
+flushed between runs). ``gbps`` and ``tflops`` come from the op's ``cost()``; ``roofline_pct`` is
+the achieved rate over min(peak, intensity x copy bandwidth) with this device's measured ceilings.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..cost import Cost
+
+CSV_COLUMNS = ("op", "variant", "shape", "dtype", "median_ms", "gbps", "tflops", "roofline_pct",
+               "baseline", "baseline_ms", "speedup", "device", "git_sha", "date")
+
+# ||out - ref|| / ||ref|| allowed per dtype of the computation.
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "tf32": 1e-3, "float16": 2e-3, "bfloat16": 1e-2,
+             "float8_e4m3fn": 6e-2, "float8_e5m2": 1.2e-1}
+
+_CEILING_KEY = {"float32": "fp32", "tf32": "tf32", "float16": "fp16", "bfloat16": "bf16",
+                "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+
+
+class CheckError(AssertionError):
+    """A version's output did not match its reference: it is not timed."""
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def rel_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when out holds NaN/inf that ref does not."""
+    import torch
+
+    o, r = out.detach().double(), ref.detach().double()
+    if o.shape != r.shape:
+        raise CheckError(f"shape {tuple(o.shape)} != reference {tuple(r.shape)}")
+    if not torch.equal(torch.isnan(o), torch.isnan(r)) or not torch.equal(torch.isinf(o), torch.isinf(r)):
+        return math.inf
+    finite = torch.isfinite(r)
+    o, r = o[finite], r[finite]
+    den = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    return num / den if den else num
+
+
+def check(name: str, out, ref, dtype=None, tol: float | None = None) -> float:
+    """Raise ``CheckError`` unless ``out`` matches ``ref`` within the dtype's tolerance."""
+    key = dtype_name(dtype if dtype is not None else out.dtype)
+    tol = TOLERANCE.get(key, 1e-5) if tol is None else tol
+    err = rel_error(out, ref)
+    if not err <= tol:  # NaN fails too
+        raise CheckError(f"{name}: relative error {err:.3g} > {tol:.1g} ({key})")
+    return err
+
+
+def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median device time of ``fn()`` in ms (events, after warm-up, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def host_us_per_call(fn: Callable[[], object], *, calls: int = 2000, repeats: int = 9) -> float:
+    """Median host time of one ``fn()`` call in us over back-to-back calls (no sync between them).
+
+    For launch overhead: the kernels are tiny, so the host, not the GPU, sets the pace.
+    """
+    import torch
+
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / calls * 1e6)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def git_sha() -> str:
+    if os.environ.get("TILEWISE_GIT_SHA"):
+        return os.environ["TILEWISE_GIT_SHA"]
+    try:
+        here = Path(__file__).resolve().parent
+        sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        if not sha:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class Row:
+    op: str
+    variant: str
+    shape: str
+    dtype: str
+    median_ms: float
+    gbps: float | None = None
+    tflops: float | None = None
+    roofline_pct: float | None = None
+    baseline: str = ""
+    baseline_ms: float | None = None
+    speedup: float | None = None
+    device: str = ""
+    git_sha: str = ""
+    date: str = ""
+
+    def as_csv(self) -> dict[str, str]:
+        def f(v, digits):
+            return "" if v is None else f"{v:.{digits}g}"
+
+        return {"op": self.op, "variant": self.variant, "shape": self.shape, "dtype": self.dtype,
+                "median_ms": f(self.median_ms, 6), "gbps": f(self.gbps, 6), "tflops": f(self.tflops, 6),
+                "roofline_pct": f(self.roofline_pct, 4), "baseline": self.baseline,
+                "baseline_ms": f(self.baseline_ms, 6), "speedup": f(self.speedup, 4),
+                "device": self.device, "git_sha": self.git_sha, "date": self.date}
+
+
+def make_row(op: str, variant: str, shape: str, dtype: str, ms: float, cost: Cost | None, ceilings=None,
+             ceiling_dtype: str | None = None, baseline: str = "", baseline_ms: float | None = None,
+             device: str = "", sha: str = "", date: str = "") -> Row:
+    """A CSV row; rates from ``cost``, roofline share from ``ceilings`` (copy bw, peak of the dtype)."""
+    gbps = tflops = pct = None
+    if cost is not None and ms > 0:
+        gbps = cost.bytes / (ms * 1e-3) / 1e9
+        tflops = cost.flops / (ms * 1e-3) / 1e12
+        if ceilings is not None:
+            key = _CEILING_KEY.get(ceiling_dtype or dtype, "fp32")
+            peak = ceilings.peak_tflops.get(key)
+            floor_s = cost.bytes / (ceilings.copy_gbps * 1e9)
+            if peak:
+                floor_s = max(floor_s, cost.flops / (peak * 1e12))
+            pct = 100.0 * floor_s / (ms * 1e-3)
+    speedup = baseline_ms / ms if baseline_ms and ms > 0 else None
+    return Row(op, variant, shape, dtype, ms, gbps, tflops, pct, baseline, baseline_ms, speedup,
+               device, sha, date)
+
+
+def append_csv(path: str | os.PathLike, rows: Iterable[Row]) -> Path:
+    """Append rows to ``path`` (header written when the file is new; a different header is an error)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if tuple(header) != CSV_COLUMNS:
+            raise ValueError(f"{path} has columns {header}, expected {list(CSV_COLUMNS)}")
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow(r.as_csv())
+    return path
+
+
+def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
+    with Path(path).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class Runner:
+    """Collects rows for one bench run (one device, git sha and timestamp for every row)."""
+
+    def __init__(self, ceilings=None, device: str = "", quick: bool = False, console=None):
+        self.ceilings = ceilings
+        self.device = device
+        self.quick = quick
+        self.sha = git_sha()
+        self.date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.rows: list[Row] = []
+        self.console = console
+        self.status: Callable[[str], None] = lambda s: None
+
+    def add(self, op: str, variant: str, shape: str, dtype, ms: float, cost: Cost | None = None, *,
+            baseline: str = "", baseline_ms: float | None = None, ceiling_dtype: str | None = None) -> Row:
+        row = make_row(op, variant, shape, dtype_name(dtype), ms, cost, self.ceilings, ceiling_dtype,
+                       baseline, baseline_ms, self.device, self.sha, self.date)
+        self.rows.append(row)
+        return row
+
+    def log(self, msg: str) -> None:
+        if self.console is not None:
+            self.console.print(msg)

@@ -1,0 +1,232 @@
+"""``tilewise info | bench | roofline | report | check``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_RESULTS = Path("bench") / "results"
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _no_gpu_reason() -> str | None:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a dependency
+        return f"PyTorch is not importable ({e})"
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        return f"no CUDA GPU is visible to PyTorch {torch.__version__} ({build})"
+    return None
+
+
+# --------------------------------------------------------------------------- info
+
+
+def cmd_info(args) -> int:
+    con = _console()
+    from .runtime import cuda as rt
+
+    try:
+        nv = "%d.%d" % rt.nvrtc_version()
+    except Exception as e:
+        nv = f"unavailable ({e})"
+    con.print(f"tilewise: NVRTC {nv}; kernel cache {rt.cache_dir()}")
+    reason = _no_gpu_reason()
+    if reason:
+        con.print(f"No GPU: {reason}. Device properties and measured ceilings need a CUDA GPU; "
+                  "kernels can still be compiled for one with `tilewise check --arch sm_90`.")
+        return 0
+    from .runtime import device as dev
+
+    info = dev.device_info()
+    with con.status("measuring ceilings (copy bandwidth, cuBLAS GEMM per dtype)...") as st:
+        c = dev.ceilings(remeasure=args.remeasure, progress=lambda s: st.update(f"measuring {s}..."))
+
+    t = Table(title=f"{info.name} (cuda:{info.index}), compute capability {info.compute_capability}, "
+                    f"driver {info.driver}, PyTorch {info.torch}")
+    t.add_column("property")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    t.add_row("SMs", str(info.sms), f"{info.max_threads_per_sm} threads/SM")
+    t.add_row("SM clock", f"{info.sm_clock_mhz:.0f} MHz" if info.sm_clock_mhz else "?", "max")
+    t.add_row("registers / SM", f"{info.regs_per_sm}", "32-bit")
+    t.add_row("shared memory / SM", f"{info.smem_per_sm_kib:.0f} KiB", "")
+    t.add_row("shared memory / block", f"{info.smem_per_block_optin_kib:.0f} KiB", "opt-in maximum")
+    t.add_row("L2 cache", f"{info.l2_mib:.0f} MiB", "")
+    t.add_row("device memory", f"{info.memory_gib:.1f} GiB", "")
+    theo = info.theoretical_bandwidth_gbps
+    t.add_row("memory bandwidth (copy)", f"{c.copy_gbps:,.0f} GB/s",
+              f"measured, read + write; {theo:,.0f} GB/s from clock x bus" if theo else "measured")
+    for d in dev.CEILING_DTYPES:
+        if d in c.peak_tflops:
+            t.add_row(f"{d} peak (cuBLAS)", f"{c.peak_tflops[d]:,.1f} TFLOP/s", f"ridge {c.ridge(d):.0f} FLOP/B")
+    t.caption = f"ceilings measured {c.measured_at}; `tilewise info --remeasure` measures again"
+    con.print(t)
+    return 0
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def cmd_bench(args) -> int:
+    con = _console()
+    from .bench import suites
+
+    names = args.ops or list(suites.SUITES)
+    unknown = [n for n in names if n not in suites.SUITES]
+    if unknown:
+        con.print(f"unknown op(s): {', '.join(unknown)}; available: {', '.join(suites.SUITES)}")
+        return 2
+    if args.list:
+        for n in suites.SUITES:
+            con.print(n)
+        return 0
+    reason = _no_gpu_reason()
+    if reason:
+        con.print(f"No GPU: {reason}. Timings need a CUDA GPU, so nothing was measured. "
+                  "The CPU test suite (`pytest`) checks the references and compiles every kernel.")
+        return 0
+
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .bench import harness, report
+    from .runtime import device as dev
+
+    info = dev.device_info()
+    with con.status("ceilings..."):
+        ceil = dev.ceilings()
+    runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con)
+    failed: list[str] = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=con) as prog:
+        task = prog.add_task("bench", total=len(names))
+        runner.status = lambda s: prog.update(task, description=s)
+        for n in names:
+            prog.update(task, description=n)
+            try:
+                suites.get(n).run(runner)
+            except harness.CheckError as e:
+                failed.append(f"{n}: {e}")
+                con.print(f"[red]check failed, not timed[/red]: {e}")
+            prog.advance(task)
+    con.print(report.rich_table([r.as_csv() for r in runner.rows],
+                                title=f"{info.name}, {'quick' if args.quick else 'full'} run {runner.date}"))
+    out_dir = Path(args.out)
+    path = harness.append_csv(out_dir / f"{info.slug}.csv", runner.rows)
+    dev.save_ceilings(ceil, out_dir / f"{info.slug}-ceilings.json")
+    con.print(f"{len(runner.rows)} rows appended to {path}")
+    if failed:
+        con.print(f"[red]{len(failed)} suite(s) failed their checks[/red]")
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- roofline / report
+
+
+def _pick_csv(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    found = sorted(DEFAULT_RESULTS.glob("*.csv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"no CSV under {DEFAULT_RESULTS}; run `tilewise bench` first or pass --csv")
+    return found[-1]
+
+
+def cmd_roofline(args) -> int:
+    from .bench import harness, report, roofline
+    from .runtime.device import load_ceilings
+
+    csv_path = _pick_csv(args.csv)
+    ceil_path = Path(args.ceilings) if args.ceilings else csv_path.with_name(csv_path.stem + "-ceilings.json")
+    if not ceil_path.is_file():
+        raise SystemExit(f"no ceilings file {ceil_path}; `tilewise bench` writes it beside the CSV")
+    rows = report.latest_run(harness.read_csv(csv_path))
+    out = roofline.plot(rows, load_ceilings(ceil_path), args.out or csv_path.with_suffix(".png"))
+    _console().print(f"roofline written to {out}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .bench import harness, report
+
+    rows = report.latest_run(harness.read_csv(_pick_csv(args.csv)))
+    if args.readme:
+        changed = report.update_readme(args.readme, rows)
+        _console().print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
+    else:
+        print(report.markdown_table(rows))
+    return 0
+
+
+def cmd_check(args) -> int:
+    """Compile every .cu in the package for an architecture; report resources; fail on spills."""
+    from .runtime import cuda as rt
+
+    con = _console()
+    t = Table(title=f"kernels compiled for {args.arch} (NVRTC {'%d.%d' % rt.nvrtc_version()})")
+    for c in ("kernel", "registers", "static smem (B)", "stack (B)", "spill st/ld (B)"):
+        t.add_column(c, justify="left" if c == "kernel" else "right", no_wrap=True)
+    bad = []
+    try:
+        res = rt.check_package(args.arch)
+    except rt.CompileError as e:
+        con.print(f"[red]{e}[/red]")
+        return 1
+    for r in res:
+        t.add_row(r.name, str(r.registers), str(r.shared_bytes), str(r.stack_bytes),
+                  f"{r.spill_store_bytes}/{r.spill_load_bytes}")
+        if r.spills:
+            bad.append(r.name)
+    con.print(t)
+    if bad:
+        con.print(f"[red]spills in: {', '.join(bad)}[/red]")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tilewise", description="GPU kernels for LLM workloads, measured "
+                                "against the roofline of the GPU in hand.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("info", help="GPU properties and measured ceilings (bandwidth, peak FLOP/s per dtype)")
+    s.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of the cache")
+    s.set_defaults(fn=cmd_info)
+
+    s = sub.add_parser("bench", help="check then time every version of each op beside its baselines")
+    s.add_argument("ops", nargs="*", help="ops to run (default: all); see --list")
+    s.add_argument("--quick", action="store_true", help="one or two sizes per op")
+    s.add_argument("--out", default=str(DEFAULT_RESULTS), help="directory of <device>.csv (default: %(default)s)")
+    s.add_argument("--list", action="store_true", help="list the ops and exit")
+    s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("roofline", help="draw the roofline with one point per op and version (PNG)")
+    s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
+    s.add_argument("--ceilings", help="ceilings JSON (default: <csv stem>-ceilings.json)")
+    s.add_argument("--out", help="PNG path (default: beside the CSV)")
+    s.set_defaults(fn=cmd_roofline)
+
+    s = sub.add_parser("report", help="Markdown table of the newest rows of a bench CSV")
+    s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
+    s.add_argument("--readme", help="rewrite the results section of this file instead of printing")
+    s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")
+    s.add_argument("--arch", default="sm_90")
+    s.set_defaults(fn=cmd_check)
+
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per op family; each has its .cu (or Triton) kernels, reference, cost and VARIANTS."""

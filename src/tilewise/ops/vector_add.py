@@ -1,0 +1,131 @@
+"""vector_add: ``out = a + b`` elementwise over contiguous tensors of the same shape.
+
+Versions (``vector_add.cu``):
+    v1_naive:      the lecture's kernel, one thread per element, ceil(n / 256) blocks of 256.
+                   bound: copy bandwidth, with 4-byte (fp32) or 2-byte accesses per thread.
+    v2_vectorized: 16-byte loads/stores (4 fp32 or 8 fp16/bf16 per access), a grid-stride loop
+                   over one wave of blocks, 4 independent loads per operand in flight per thread.
+                   bound: copy bandwidth (3 x n x itemsize bytes, no arithmetic to speak of).
+
+fp16 and bf16 add in fp32 and round once, so results equal ``torch.add`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..cost import Cost
+from ..runtime import cuda as rt
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SRC = "vector_add.cu"
+_THREADS = 256
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """PyTorch: reads a and b once, writes out once (3 x n x itemsize bytes)."""
+    return torch.add(a, b)
+
+
+def cost(n: int, dtype: torch.dtype = torch.float32) -> Cost:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return Cost(flops=n, bytes=3 * n * itemsize)
+
+
+@functools.cache
+def _module(device_index: int) -> rt.Module:
+    names = [f"vector_add_{v}<{rt.ctype(d)}>" for v in ("v1_naive", "v2_vectorized") for d in _DTYPES]
+    return rt.load(_SRC, names, device_index=device_index)
+
+
+def _kernel(version: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
+    p = (rt.Tensor("a", (dtype,)), rt.Tensor("b", (dtype,)), rt.Tensor("out", (dtype,)), rt.Scalar("n", "i64"))
+    return _module(device_index).kernel(f"vector_add_{version}<{rt.ctype(dtype)}>", p)
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"vector_add: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda:
+            raise ValueError(f"vector_add: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
+                             f"(use vector_add.reference for CPU tensors)")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"vector_add: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
+        if not t.is_contiguous():
+            raise ValueError(f"vector_add: '{name}' is not contiguous; pass {name}.contiguous() "
+                             f"(broadcasting and strides are the elementwise zip op's job)")
+    if a.shape != b.shape:
+        raise ValueError(f"vector_add: shapes differ: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"vector_add: dtypes differ: a {a.dtype} vs b {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"vector_add: a is on {a.device}, b on {b.device}")
+    if out is None:
+        return torch.empty_like(a)
+    if out.shape != a.shape or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous():
+        raise ValueError(f"vector_add: out must be a contiguous {a.dtype} tensor of shape {tuple(a.shape)} "
+                         f"on {a.device}")
+    return out
+
+
+def _aligned16(*ts: torch.Tensor) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in ts)
+
+
+def _run_v1(a, b, out):
+    n = a.numel()
+    if n:
+        blocks = (n + _THREADS - 1) // _THREADS
+        _kernel("v1_naive", a.dtype, a.get_device())(blocks, _THREADS, a, b, out, n)
+    return out
+
+
+@functools.cache
+def _wave_blocks(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count * (props.max_threads_per_multi_processor // _THREADS)
+
+
+def _run_v2(a, b, out):
+    n = a.numel()
+    if n:
+        per_vec = 16 // a.element_size()
+        blocks = max(1, min(_wave_blocks(a.get_device()), -(-(n // per_vec) // _THREADS)))
+        _kernel("v2_vectorized", a.dtype, a.get_device())(blocks, _THREADS, a, b, out, n)
+    return out
+
+
+def v1_naive(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return _run_v1(a, b, _check(a, b, out))
+
+
+def v2_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    out = _check(a, b, out)
+    if not _aligned16(a, b, out):
+        raise ValueError("vector_add.v2_vectorized: a, b and out must start on 16-byte boundaries "
+                         "(a view with an offset does not); use v1_naive or vector_add()")
+    return _run_v2(a, b, out)
+
+
+VARIANTS = {"v1_naive": v1_naive, "v2_vectorized": v2_vectorized}
+
+
+def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+               variant: str | None = None) -> torch.Tensor:
+    """``a + b`` on the GPU.
+
+    a, b:    CUDA tensors of one shape (any), contiguous, float32 / float16 / bfloat16.
+    out:     optional contiguous tensor of that shape and dtype to write into.
+    variant: ``None`` (the fastest that applies: v2_vectorized when all three pointers are
+             16-byte aligned, else v1_naive), or a key of ``VARIANTS``.
+    Returns ``out`` (a new tensor when not given), same shape and dtype as ``a``.
+    """
+    if variant is not None:
+        if variant not in VARIANTS:
+            raise ValueError(f"vector_add: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+        return VARIANTS[variant](a, b, out)
+    out = _check(a, b, out)
+    return _run_v2(a, b, out) if _aligned16(a, b, out) else _run_v1(a, b, out)

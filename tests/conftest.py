@@ -1,0 +1,32 @@
+"""CPU runs (CI) test references, the compile check, the harness and the CLI; `pytest -m gpu` runs
+the kernels on a GPU. Without a GPU, Triton kernels run in the interpreter."""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the device)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty kernel cache for this test only."""
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so that an element the kernel never wrote fails the comparison."""
+    return t.fill_(float("nan"))

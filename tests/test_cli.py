@@ -1,0 +1,52 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tilewise.bench import harness
+from tilewise.cost import Cost
+from tilewise.runtime.device import save_ceilings
+
+from test_harness import CEIL
+
+
+def _run(*args, cwd=None, env_extra=None):
+    env = {**os.environ, "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": "", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "tilewise", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("cmd", [["info"], ["bench", "--quick"]])
+def test_no_gpu_says_so_and_exits_zero(cmd, tmp_path):
+    p = _run(*cmd, cwd=tmp_path, env_extra={"TILEWISE_CACHE_DIR": str(tmp_path / "c")})
+    assert p.returncode == 0, p.stderr
+    assert "No GPU" in p.stdout
+    assert not (tmp_path / "bench").exists()  # nothing written
+
+
+def test_bench_list_and_unknown_op():
+    p = _run("bench", "--list")
+    assert p.returncode == 0 and "vector_add" in p.stdout.split()
+    p = _run("bench", "nosuchop")
+    assert p.returncode == 2 and "unknown op" in p.stdout
+
+
+def test_help_from_console_script_and_module():
+    p = _run("--help")
+    assert p.returncode == 0 and "bench" in p.stdout and "roofline" in p.stdout
+
+
+def test_report_and_roofline_from_csv(tmp_path):
+    csv_path = tmp_path / "Test_GPU.csv"
+    rows = [harness.make_row("vector_add", v, "n=268435456", "float32", ms, Cost(2**28, 12 * 2**28), CEIL,
+                             device="Test GPU", sha="abc", date="2026-01-01T00:00:00")
+            for v, ms in (("v1_naive", 3.5), ("v2_vectorized", 3.3))]
+    harness.append_csv(csv_path, rows)
+    save_ceilings(CEIL, tmp_path / "Test_GPU-ceilings.json")
+    p = _run("report", "--csv", str(csv_path))
+    assert p.returncode == 0, p.stderr
+    assert "| vector_add | v2_vectorized | n=268435456 | float32 |" in p.stdout
+    p = _run("roofline", "--csv", str(csv_path), "--out", str(tmp_path / "r.png"))
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "r.png").stat().st_size > 1000

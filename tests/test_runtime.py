@@ -1,0 +1,303 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tilewise.runtime import cuda as rt
+
+from conftest import HAS_CUDA
+
+TEMPLATE_SRC = textwrap.dedent(r"""
+    #include "tilewise_common.cuh"
+    template <typename T>
+    __global__ void scale(const T* x, T* y, float s, long long n) {
+      long long i = tw::global_thread_id();
+      if (i < n) y[i] = tw::from_float<T>(s * tw::to_float(x[i]));
+    }
+""")
+
+
+# --------------------------------------------------------------------------- compile check (CPU)
+
+
+def test_every_package_kernel_compiles_for_sm90_without_spills(fresh_cache):
+    sources = rt.package_sources()
+    assert sources, "no .cu files found in tilewise/ops"
+    res = rt.check_package("sm_90")
+    for src in sources:
+        names = rt.name_expressions_for(src)
+        assert names, f"{src.name} declares no '// tilewise-instantiate:' kernels"
+        for n in names:
+            assert any(r.name == n for r in res), f"no ptxas report for {n}"
+    for r in res:
+        assert r.arch == "sm_90"
+        assert r.registers > 0, r
+        assert not r.spills, f"{r.name} spills: {r.spill_store_bytes} B stored, {r.spill_load_bytes} B loaded"
+
+
+def test_cli_check_reports_kernels(fresh_cache):
+    p = subprocess.run([sys.executable, "-m", "tilewise", "check", "--arch", "sm_90"], capture_output=True,
+                       text=True, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "vector_add_v2_vectorized<float>" in p.stdout
+
+
+def test_templates_through_name_expressions(fresh_cache):
+    names = ["scale<float>", "scale<__half>", "scale<__nv_bfloat16>"]
+    m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=names, arch="sm_90")
+    assert sorted(m.symbol_mapping) == sorted(names)
+    assert len({m.symbol_mapping[n] for n in names}) == 3  # three distinct mangled kernels
+    assert m.cubin[:4] == b"\x7fELF"
+    assert {r.name for r in m.resources} == set(names)
+
+
+def test_compile_error_names_file_and_shows_nvrtc_log(fresh_cache):
+    with pytest.raises(rt.CompileError) as ei:
+        rt.compile_source("__global__ void broken(float* x) { x[0] = undefined_name; }",
+                          name="ops/broken.cu", arch="sm_90")
+    msg = str(ei.value)
+    assert "ops/broken.cu" in msg and "sm_90" in msg
+    assert "undefined_name" in msg and "error" in msg  # the compiler's own words
+
+
+def test_bad_option_is_rejected():
+    with pytest.raises(ValueError, match="unsupported compile option"):
+        rt.compile_source(TEMPLATE_SRC, arch="sm_90", options=("-O3",), use_cache=False)
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    from tilewise.runtime import cuda as rt
+    src = sys.argv[1]
+    m = rt.compile_source(open(src).read(), name=src, name_expressions=["scale<float>"], arch="sm_90")
+    print(json.dumps({"from_cache": m.from_cache, "key": m.key}))
+""")
+
+
+def _compile_in_child(src_path, cache):
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(cache)}
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(src_path)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_disk_cache_lets_a_second_process_skip_nvrtc(tmp_path):
+    src = tmp_path / "scale.cu"
+    src.write_text(TEMPLATE_SRC)
+    cache = tmp_path / "cache"
+    first = _compile_in_child(src, cache)
+    second = _compile_in_child(src, cache)
+    assert first["from_cache"] is False
+    assert second["from_cache"] is True and second["key"] == first["key"]
+    assert (cache / f"{first['key']}.cubin").is_file()
+    # An edited source misses the cache.
+    src.write_text(TEMPLATE_SRC + "\n// edited\n")
+    third = _compile_in_child(src, cache)
+    assert third["from_cache"] is False and third["key"] != first["key"]
+
+
+def test_cache_key_covers_options_arch_and_names():
+    base = rt._cache_key("src", "a.cu", ("-std=c++17",), "sm_90", ("k<float>",))
+    assert base != rt._cache_key("src", "a.cu", ("-std=c++17", "-DX=1"), "sm_90", ("k<float>",))
+    assert base != rt._cache_key("src", "a.cu", ("-std=c++17",), "sm_80", ("k<float>",))
+    assert base != rt._cache_key("src", "a.cu", ("-std=c++17",), "sm_90", ("k<__half>",))
+    assert base != rt._cache_key("src2", "a.cu", ("-std=c++17",), "sm_90", ("k<float>",))
+    assert base == rt._cache_key("src", "/elsewhere/a.cu", ("-std=c++17",), "sm_90", ("k<float>",))
+
+
+def test_corrupt_cache_entry_is_recompiled(fresh_cache):
+    m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    (fresh_cache / f"{m.key}.cubin").write_bytes(b"garbage")
+    again = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    assert again.from_cache is False and again.cubin == m.cubin
+
+
+def test_cache_dir_follows_env_then_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("TILEWISE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert rt.cache_dir() == tmp_path / "tilewise"
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "x"))
+    assert rt.cache_dir() == tmp_path / "x"
+
+
+def test_parse_ptxas_log_reads_registers_smem_and_spills():
+    log = textwrap.dedent("""\
+        ptxas info    : 0 bytes gmem
+        ptxas info    : Compiling entry function '_Z1kPf' for 'sm_90'
+        ptxas info    : Function properties for _Z1kPf
+        ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+        ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 360 bytes cmem[0]
+        ptxas info    : Compiling entry function '_Z1gPf' for 'sm_90'
+        ptxas info    : Function properties for _Z1gPf
+        ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        ptxas info    : Used 8 registers, used 0 barriers, 352 bytes cmem[0]
+    """)
+    k, g = rt.parse_ptxas_log(log, {"k": "_Z1kPf"})
+    assert (k.name, k.registers, k.shared_bytes, k.stack_bytes) == ("k", 255, 4096, 24)
+    assert (k.spill_store_bytes, k.spill_load_bytes, k.spills) == (8, 12, True)
+    assert (g.name, g.registers, g.shared_bytes, g.spills) == ("_Z1gPf", 8, 0, False)
+
+
+# --------------------------------------------------------------------------- argument checks (CPU part)
+
+
+def test_tensor_parameter_rejects_cpu_tensor_naming_it():
+    conv = rt._tensor_converter("k<float>", rt.Tensor("weights", (torch.float32,)), 0)
+    with pytest.raises(ValueError, match=r"k<float>: argument 'weights' is on cpu"):
+        conv(torch.ones(3))
+    with pytest.raises(ValueError, match="'weights' must be a torch.Tensor"):
+        conv([1.0])
+
+
+def test_scalar_parameter_range_and_type():
+    conv = rt._scalar_converter("k", rt.Scalar("n", "i32"))
+    assert conv(5).dtype.name == "int32"
+    with pytest.raises(ValueError, match="'n' = 4294967296 does not fit in i32"):
+        conv(2**32)
+    with pytest.raises(ValueError, match="'n' must be an integer"):
+        conv(1.5)
+    assert rt._scalar_converter("k", rt.Scalar("alpha", "f32"))(2).dtype.name == "float32"
+    with pytest.raises(ValueError):
+        rt.Scalar("x", "i8")
+
+
+def test_launch_config_limits():
+    with pytest.raises(ValueError, match="more than 1024 threads"):
+        rt._config_for((1,), (2048,), 0)
+    with pytest.raises(ValueError, match="grid/block"):
+        rt._config_for((0,), (32,), 0)
+
+
+def test_debug_switch_reads_environment():
+    code = "from tilewise.runtime import cuda as rt; print(rt.debug_sync())"
+    for val, want in (("1", "True"), ("0", "False")):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "TILEWISE_DEBUG_SYNC": val})
+        assert p.stdout.strip() == want, p.stderr
+
+
+def test_ctype_names():
+    assert rt.ctype(torch.bfloat16) == "__nv_bfloat16" and rt.ctype(torch.float16) == "__half"
+    with pytest.raises(ValueError):
+        rt.ctype(torch.complex64)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_kernel_call_errors_name_the_argument():
+    m = rt.load(rt.OPS_DIR / "vector_add.cu", ["vector_add_v1_naive<float>"])
+    p = (rt.Tensor("a", (torch.float32,)), rt.Tensor("b", (torch.float32,)), rt.Tensor("out", (torch.float32,)),
+         rt.Scalar("n", "i64"))
+    k = m.kernel("vector_add_v1_naive<float>", p)
+    a = torch.randn(64, device="cuda")
+    out = torch.empty_like(a)
+    with pytest.raises(ValueError, match="argument 'b' is on cpu"):
+        k(1, 64, a, a.cpu(), out, 64)
+    with pytest.raises(ValueError, match=r"argument 'b' has dtype torch.float16; expected float32"):
+        k(1, 64, a, a.half(), out, 64)
+    with pytest.raises(ValueError, match="argument 'out' is not contiguous"):
+        k(1, 64, a, a, torch.empty(64, 2, device="cuda")[:, 0], 64)
+    with pytest.raises(ValueError, match="expected 4 arguments"):
+        k(1, 64, a, a, out)
+    k(1, 64, a, a, out, 64)
+    torch.testing.assert_close(out, a + a, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_launches_follow_pytorch_current_stream():
+    from tilewise.ops import vector_add as va
+
+    s = torch.cuda.Stream()
+    a = torch.randn(1 << 22, device="cuda")
+    b = torch.randn(1 << 22, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        # PyTorch work, then ours, then PyTorch again, all on s with no sync in between.
+        x = a * 2
+        y = va.vector_add(x, b)
+        z = y * 3
+    s.synchronize()
+    torch.testing.assert_close(z, (a * 2 + b) * 3, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    from tilewise.ops import vector_add as va
+
+    n = 100_003
+    a = torch.randn(n, device="cuda")
+    b = torch.randn(n, device="cuda")
+    c = torch.empty_like(a)
+    d = torch.empty_like(a)
+    va.vector_add(a, b, out=c)  # load the module before capture
+    va.v1_naive(a, b, out=d)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            va.vector_add(a, b, out=c)     # v2
+            va.v1_naive(c, b, out=d)       # reads what the first wrote
+            va.vector_add(d, a, out=c)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        a.copy_(torch.randn(n, device="cuda"))
+        b.copy_(torch.randn(n, device="cuda"))
+        c.fill_(float("nan"))
+        d.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        want_d = (a + b) + b
+        torch.testing.assert_close(d, want_d, rtol=0, atol=0)
+        torch.testing.assert_close(c, want_d + a, rtol=0, atol=0)
+
+
+_TRAP_CHILD = textwrap.dedent(r"""
+    import sys, torch
+    from tilewise.runtime import cuda as rt
+    src = 'extern "C" __global__ void trap_kernel(float* x) { if (threadIdx.x == 0) asm volatile("trap;"); }'
+    import pathlib, tempfile
+    p = pathlib.Path(tempfile.mkdtemp()) / "trap.cu"
+    p.write_text(src)
+    k = rt.load(p, ["trap_kernel"]).kernel("trap_kernel", (rt.Tensor("x"),))
+    x = torch.zeros(1, device="cuda")
+    try:
+        k(1, 32, x)
+    except rt.KernelLaunchError as e:
+        print("CAUGHT:", e)
+        sys.exit(0)
+    print("NOT CAUGHT")
+    sys.exit(1)
+""")
+
+
+@pytest.mark.gpu
+def test_debug_sync_names_the_failing_kernel():
+    p = subprocess.run([sys.executable, "-c", _TRAP_CHILD], capture_output=True, text=True,
+                       env={**os.environ, "TILEWISE_DEBUG_SYNC": "1"}, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "CAUGHT: kernel trap_kernel failed while running" in p.stdout
+
+
+@pytest.mark.gpu
+def test_module_loads_from_disk_cache_in_second_process(tmp_path):
+    code = textwrap.dedent("""
+        import torch
+        from tilewise.ops import vector_add as va
+        a = torch.randn(1000, device="cuda")
+        torch.testing.assert_close(va.vector_add(a, a), a + a)
+        print(va._module(0).compiled.from_cache)
+    """)
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path)}
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+            for _ in range(2)]
+    for o in outs:
+        assert o.returncode == 0, o.stderr
+    assert [o.stdout.strip().splitlines()[-1] for o in outs] == ["False", "True"]
