@@ -558,8 +558,10 @@ class Module:
         dev.set_current()
         self.compiled = compiled
         self.device_index = device_index
+        # cuda.core wants the mangled names as bytes, as its own compile returns them.
+        mapping = {k: v.encode() for k, v in compiled.symbol_mapping.items()}
         self._obj = cc.ObjectCode.from_cubin(compiled.cubin, name=os.path.basename(compiled.name),
-                                             symbol_mapping=compiled.symbol_mapping)
+                                             symbol_mapping=mapping)
         self._kernels: dict[str, Kernel] = {}
 
     def kernel(self, name: str, params: Sequence[Tensor | Scalar]) -> Kernel:
