@@ -73,9 +73,11 @@ def test_input_errors():
         va.vector_add(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda").t())
     with pytest.raises(ValueError, match="shapes differ"):
         va.vector_add(a, a[:10])
-    with pytest.raises(ValueError, match="dtypes differ"):
+    with pytest.raises(ValueError, match="'b' has dtype torch.float16; expected float32"):
         va.vector_add(a, a.half())
     with pytest.raises(ValueError, match="'b' is on cpu"):
         va.vector_add(a, a.cpu())
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(ValueError, match="'out' has dtype torch.float16"):
         va.vector_add(a, a, out=torch.empty(64, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="out must be a tensor of shape"):
+        va.vector_add(a, a, out=torch.empty(65, device="cuda"))

@@ -396,25 +396,45 @@ class Scalar:
 
 
 def _tensor_converter(kernel: str, p: Tensor, device_index: int):
+    """Check one tensor argument and return its data pointer.
+
+    The hot path is four C calls (get_device, dtype, is_contiguous, data_ptr); the wording of the
+    error is worked out only when a check fails.
+    """
     import torch
 
     dtypes = p.dtypes
+    single = dtypes[0] if dtypes is not None and len(dtypes) == 1 else None
     want = ", ".join(str(d).replace("torch.", "") for d in dtypes) if dtypes else ""
+    contiguous = p.contiguous
+
+    def fail(x):
+        if not isinstance(x, torch.Tensor):
+            return ValueError(f"{kernel}: argument '{p.name}' must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_cuda:
+            return ValueError(f"{kernel}: argument '{p.name}' is on {x.device}; it must be a CUDA tensor "
+                              f"(move it with .cuda())")
+        if x.get_device() != device_index:
+            return ValueError(f"{kernel}: argument '{p.name}' is on cuda:{x.get_device()} but the kernel "
+                              f"runs on cuda:{device_index}")
+        if dtypes is not None and x.dtype not in dtypes:
+            return ValueError(f"{kernel}: argument '{p.name}' has dtype {x.dtype}; expected {want}")
+        return ValueError(f"{kernel}: argument '{p.name}' is not contiguous (strides {tuple(x.stride())}); "
+                          f"pass x.contiguous()")
 
     def conv(x):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{kernel}: argument '{p.name}' must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_cuda:
-            raise ValueError(f"{kernel}: argument '{p.name}' is on {x.device}; it must be a CUDA tensor "
-                             f"(move it with .cuda())")
-        if x.get_device() != device_index:
-            raise ValueError(f"{kernel}: argument '{p.name}' is on cuda:{x.get_device()} but the kernel "
-                             f"runs on cuda:{device_index}")
-        if dtypes is not None and x.dtype not in dtypes:
-            raise ValueError(f"{kernel}: argument '{p.name}' has dtype {x.dtype}; expected {want}")
-        if p.contiguous and not x.is_contiguous():
-            raise ValueError(f"{kernel}: argument '{p.name}' is not contiguous (strides {tuple(x.stride())}); "
-                             f"pass x.contiguous()")
+        try:
+            ok = x.get_device() == device_index
+            if single is not None:
+                ok = ok and x.dtype is single
+            elif dtypes is not None:
+                ok = ok and x.dtype in dtypes
+            if contiguous:
+                ok = ok and x.is_contiguous()
+        except AttributeError:
+            ok = False
+        if not ok:
+            raise fail(x)
         return x.data_ptr()
 
     return conv
@@ -529,8 +549,9 @@ class Kernel:
             raise ValueError(f"{self.name}: expected {len(self._convert)} arguments "
                              f"({', '.join(p.name for p in self.params)}), got {len(args)}")
         cargs = [c(a) for c, a in zip(self._convert, args)]
-        cfg = _config_for(grid, block, shmem)
-        stream = _stream_for(self._raw_stream(self.device_index))
+        cfg = _configs.get((grid, block, shmem)) or _config_for(grid, block, shmem)
+        handle = self._raw_stream(self.device_index)
+        stream = _streams.get(handle) or _stream_for(handle)
         try:
             self._launch(stream, cfg, self.handle, *cargs)
         except Exception as e:
@@ -538,6 +559,27 @@ class Kernel:
                                     f"shmem={shmem}) failed: {e}") from e
         if _debug_sync:
             self._sync_and_check()
+
+    def max_active_blocks_per_sm(self, block_size: int, dynamic_shmem: int = 0) -> int:
+        """Occupancy: how many blocks of this kernel fit on one SM at once."""
+        return int(self.handle.occupancy.max_active_blocks_per_multiprocessor(block_size, dynamic_shmem))
+
+    def resident_grid(self, block_size: int, dynamic_shmem: int = 0) -> int:
+        """Blocks that are all resident at once: the grid of a grid-stride kernel (one full wave)."""
+        import torch
+
+        sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
+        return sms * max(1, self.max_active_blocks_per_sm(block_size, dynamic_shmem))
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        """Allow more than 48 KiB of dynamic shared memory per block (up to the device's opt-in limit)."""
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        err, dev = driver.cuDeviceGet(self.device_index)
+        (err,) = driver.cuKernelSetAttribute(attr, int(nbytes), self.handle.handle, dev)
+        if int(err) != 0:
+            raise KernelLaunchError(f"{self.name}: could not allow {nbytes} B of dynamic shared memory: {err}")
 
     def _sync_and_check(self) -> None:
         import torch
