@@ -6,7 +6,7 @@ from tilewise.ops import vector_add as va
 from conftest import poison
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SIZES = [1, 31, 33, 1000, 4097, (1 << 20) + 3]
+SIZES = [1, 31, 33, 1000, 4097, 16391, (1 << 20) + 3]
 
 
 def test_reference_and_cost():
@@ -60,8 +60,9 @@ def test_misaligned_views_fall_back_and_v2_refuses(dtype):
     out = poison(torch.empty_like(b))
     va.vector_add(a, b, out=out)
     torch.testing.assert_close(out, a + b, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="16-byte boundaries"):
-        va.v2_vectorized(a, b)
+    for name in ("v2_vectorized", "v3_blocked"):
+        with pytest.raises(ValueError, match="16-byte boundaries"):
+            va.VARIANTS[name](a, b)
 
 
 @pytest.mark.gpu

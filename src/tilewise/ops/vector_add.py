@@ -4,9 +4,13 @@ Versions (``vector_add.cu``):
     v1_naive:      the lecture's kernel, one thread per element, ceil(n / 256) blocks of 256.
                    bound: copy bandwidth, with 4-byte (fp32) or 2-byte accesses per thread.
     v2_vectorized: 16-byte loads/stores (4 fp32 or 8 fp16/bf16 per access), a grid-stride loop
-                   over the blocks that are resident at once (one full wave), 4 independent
+                   over the blocks that are resident at once (one full wave), 2 independent
                    16-byte loads per operand in flight per thread.
                    bound: copy bandwidth (3 x n x itemsize bytes, no arithmetic to speak of).
+    v3_blocked:    v2 without the grid-stride loop: each block owns one contiguous chunk of
+                   256 x 8 vectors, so the blocks in flight touch one window of memory.
+                   bound: copy bandwidth. Measured on the H200 (docs/notes.md): the grid-stride
+                   loop costs ~5 % against this, the ld.cs/st.cs streaming hints another ~6 %.
 
 fp16 and bf16 add in fp32 and round once, so results equal ``torch.add`` bit for bit.
 """
@@ -37,7 +41,8 @@ def cost(n: int, dtype: torch.dtype = torch.float32) -> Cost:
 
 @functools.cache
 def _module(device_index: int) -> rt.Module:
-    names = [f"vector_add_{v}<{rt.ctype(d)}>" for v in ("v1_naive", "v2_vectorized") for d in _DTYPES]
+    names = [f"vector_add_{v}<{rt.ctype(d)}>" for v in ("v1_naive", "v2_vectorized", "v3_blocked")
+             for d in _DTYPES]
     return rt.load(_SRC, names, device_index=device_index)
 
 
@@ -103,6 +108,15 @@ def _run_v2(a, b, out):
         k(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, a, b, out, n)
     return out
 
+def _run_v3(a, b, out):
+    n = a.numel()
+    k = _kernel("v3_blocked", a.dtype, a.get_device())
+    if n:
+        per_block = _THREADS * 8 * (16 // a.element_size())
+        k(max(1, -(-n // per_block)), _THREADS, a, b, out, n)
+    return out
+
+
 def v1_naive(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return _run_v1(a, b, _check(a, b, out))
 
@@ -115,7 +129,15 @@ def v2_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = N
     return _run_v2(a, b, out)
 
 
-VARIANTS = {"v1_naive": v1_naive, "v2_vectorized": v2_vectorized}
+def v3_blocked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    out = _check(a, b, out)
+    if not _aligned16(a, b, out):
+        raise ValueError("vector_add.v3_blocked: a, b and out must start on 16-byte boundaries "
+                         "(a view with an offset does not); use v1_naive or vector_add()")
+    return _run_v3(a, b, out)
+
+
+VARIANTS = {"v1_naive": v1_naive, "v2_vectorized": v2_vectorized, "v3_blocked": v3_blocked}
 
 
 def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -124,7 +146,7 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = N
 
     a, b:    CUDA tensors of one shape (any), contiguous, float32 / float16 / bfloat16.
     out:     optional contiguous tensor of that shape and dtype to write into.
-    variant: ``None`` (the fastest that applies: v2_vectorized when all three pointers are
+    variant: ``None`` (the fastest that applies: v3_blocked when all three pointers are
              16-byte aligned, else v1_naive), or a key of ``VARIANTS``.
     Returns ``out`` (a new tensor when not given), same shape and dtype as ``a``.
     """
@@ -133,4 +155,4 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = N
             raise ValueError(f"vector_add: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
         return VARIANTS[variant](a, b, out)
     out = _check(a, b, out)
-    return _run_v2(a, b, out) if _aligned16(a, b, out) else _run_v1(a, b, out)
+    return _run_v3(a, b, out) if _aligned16(a, b, out) else _run_v1(a, b, out)
