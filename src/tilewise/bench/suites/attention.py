@@ -1,0 +1,196 @@
+"""attention (FlashAttention-2, Triton) beside SDPA's flash, cuDNN and efficient backends and
+compiled FlexAttention: forward, forward + backward, causal and not, with and without a bias.
+
+Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attention_bias_*`` with a
+(1, H, S, S) additive bias, whose gradient is taken in the backward rows):
+    sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd), v3_flash2 (ours; its
+    baseline is sdpa_flash, or the fastest SDPA backend that accepts the bias), v4_flash2_tma (v3
+    with TMA loads in the forward; no-bias rows only).
+The full run also sweeps the forward block sizes of v3/v4 at S = 4096 (variants
+``v3_flash2[BM,BN,w,s]``) and the dK/dV and dQ tiles of the backward (``v3_flash2[dkdv=...]``).
+Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
+the fp32 reference. Inputs are far larger than L2 (4 x 16 x 4096 x 128 bf16 = 64 MiB per tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops import attention as op
+from ..harness import CheckError, check, time_ms
+
+# Backward candidates (full run, S = 4096, no bias): one kernel's tile changed at a time.
+_BWD_SWEEP = [("dkdv", (64, 64, 8, 2)), ("dkdv", (64, 128, 8, 2)), ("dkdv", (32, 64, 4, 2)), ("dkdv", (32, 128, 8, 3)),
+              ("dq", (128, 32, 8, 2)), ("dq", (64, 64, 4, 2)), ("dq", (128, 64, 8, 3)), ("dq", (64, 128, 8, 2))]
+_FWD_SWEEP = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+              (128, 32, 4, 4), (64, 128, 4, 3)]
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def fn(q, k, v, causal, bias):
+        with sdpa_kernel(backend):
+            if bias is not None and causal:
+                raise RuntimeError("SDPA takes attn_mask or is_causal, not both")
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+    return fn
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def fn(q, k, v, causal, bias):
+        if bias is not None:
+            raise RuntimeError("bias rows: not benchmarked for FlexAttention")
+        bm = None
+        if causal:
+            key = (q.shape[2], k.shape[2])
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2],
+                                               device=q.device)
+            bm = masks[key]
+        return compiled(q, k, v, block_mask=bm)
+    return fn
+
+
+def _ours(q, k, v, causal, bias):
+    return op.flash_attention(q, k, v, causal=causal, bias=bias)
+
+
+def _ours_tma(q, k, v, causal, bias):
+    with op.use_tma():
+        return op.flash_attention(q, k, v, causal=causal, bias=bias)
+
+
+def _check_version(name, fn, q, k, v, bias, causal, go, backward):
+    """fp32 reference on heads 0-1 (attention is independent per (b, h)); batch 0 only, except with a
+    bias, whose gradient sums over the batch."""
+    sl = (slice(None), slice(0, 2)) if bias is not None else (slice(0, 1), slice(0, 2))
+    qs, ks, vs = (t[sl].detach().float().requires_grad_(backward) for t in (q, k, v))
+    bs = bias[:, :2].detach().float().requires_grad_(backward) if bias is not None else None
+    ref = op.reference(qs, ks, vs, causal=causal, bias=bs)
+    qi, ki, vi = (t.detach().requires_grad_(backward) for t in (q, k, v))
+    bi = bias.detach().requires_grad_(backward) if bias is not None else None
+    out = fn(qi, ki, vi, causal, bi)
+    check(f"{name} out", out[sl].float(), ref.detach(), dtype=q.dtype, tol=2e-2)
+    if backward:
+        ins, ref_ins = [qi, ki, vi], [qs, ks, vs]
+        if bias is not None:
+            ins.append(bi)
+            ref_ins.append(bs)
+        grads = torch.autograd.grad(out, ins, go)
+        ref_grads = torch.autograd.grad(ref, ref_ins, go[sl].float())
+        for gname, g, rg in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
+            part = g[:, :2] if gname == "dbias" else g[sl]
+            check(f"{name} {gname}", part.float(), rg, dtype=q.dtype, tol=3e-2)
+
+
+def _time(fn, q, k, v, bias, causal, go, backward):
+    if not backward:
+        return time_ms(lambda: fn(q, k, v, causal, bias))
+    ins = [q, k, v] + ([bias] if bias is not None else [])
+    for t in ins:
+        t.requires_grad_(True)
+    try:
+        return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
+    finally:
+        for t in ins:
+            t.requires_grad_(False)
+
+
+def run(r) -> None:
+    from torch.nn.attention import SDPBackend
+
+    B, H = 4, 16
+    if r.quick:
+        shapes = [(4096, 128)]
+        modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
+                 ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
+    else:
+        shapes = [(S, D) for D in (64, 128) for S in (1024, 4096, 16384)]
+        modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
+                 ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
+    dtype = torch.bfloat16
+    baselines = {"sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+                 "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    flex = _flex()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for S, D in shapes:
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        go = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
+        for causal in (False, True):
+            for opname, backward, with_bias in modes:
+                if with_bias and (causal or S > 8192):
+                    continue  # SDPA has no causal + bias; a (B, H, S, S) fp32 dS buffer at 16k is 68 GB
+                bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=dtype, generator=g)
+                        if with_bias else None)
+                shape = f"B={B},H={H},S={S},D={D}" + (",causal" if causal else "") + (",bias" if with_bias else "")
+                cost = op.cost(B, H, S, S, D, dtype, causal=causal, backward=backward,
+                               bias_bytes=(bias.numel() * bias.element_size() * (2 if backward else 1)
+                                           if with_bias else 0))
+                times = {}
+                cands = dict(baselines)
+                if not with_bias and (not backward or not r.quick):
+                    cands["flex_attention"] = flex
+                for name, fn in cands.items():
+                    if with_bias and name == "sdpa_flash":
+                        continue  # the flash backend takes no attn_mask
+                    r.status(f"{opname} {shape} {name}")
+                    try:
+                        _check_version(name, fn, q, k, v, bias, causal, go, backward)
+                    except Exception as e:  # a backend that does not run (or fails) this case gets no row
+                        r.log(f"  {name} skipped on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                        continue
+                    times[name] = _time(fn, q, k, v, bias, causal, go, backward)
+                    r.add(opname, name, shape, dtype, times[name], cost)
+                base = "sdpa_flash" if "sdpa_flash" in times else (min(times, key=times.get) if times else "")
+                r.status(f"{opname} {shape} v3_flash2")
+                _check_version("v3_flash2", _ours, q, k, v, bias, causal, go, backward)
+                ms = _time(_ours, q, k, v, bias, causal, go, backward)
+                r.add(opname, "v3_flash2", shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if not with_bias:
+                    r.status(f"{opname} {shape} v4_flash2_tma")
+                    try:
+                        _check_version("v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward)
+                        ms = _time(_ours_tma, q, k, v, None, causal, go, backward)
+                        r.add(opname, "v4_flash2_tma", shape, dtype, ms, cost, baseline=base,
+                              baseline_ms=times.get(base))
+                    except CheckError:
+                        raise
+                    except Exception as e:  # e.g. TMA descriptors missing from this Triton
+                        r.log(f"  v4_flash2_tma failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                if not r.quick and not backward and not with_bias and S == 4096:
+                    for cfg, (vname, fn) in ((c, vf) for c in _FWD_SWEEP
+                                             for vf in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))):
+                        name = vname + "[" + ",".join(map(str, cfg)) + "]"
+                        try:
+                            with op.override_configs(fwd=cfg):
+                                _check_version(name, fn, q, k, v, None, causal, go, False)
+                                ms = _time(fn, q, k, v, None, causal, go, False)
+                        except CheckError:
+                            raise
+                        except Exception as e:  # e.g. out of shared memory for this tile
+                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
+                            continue
+                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if not r.quick and backward and not with_bias and S == 4096:
+                    for kind, cfg in _BWD_SWEEP:
+                        name = f"v3_flash2[{kind}=" + ",".join(map(str, cfg)) + "]"
+                        try:
+                            with op.override_configs(**{kind: cfg}):
+                                _check_version(name, _ours, q, k, v, None, causal, go, True)
+                                ms = _time(_ours, q, k, v, None, causal, go, True)
+                        except CheckError:
+                            raise
+                        except Exception as e:  # e.g. out of shared memory for this tile
+                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
+                            continue
+                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                del bias
+        del q, k, v, go
+        torch.cuda.empty_cache()

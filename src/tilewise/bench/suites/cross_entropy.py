@@ -1,0 +1,99 @@
+"""cross_entropy forward + backward (the gradient of the mean loss w.r.t. the logits), beside
+F.cross_entropy and its torch.compile; forward only (no grad) as well; peak extra memory logged.
+
+Each timed call returns the gradient through torch.autograd.grad (no accumulation into .grad).
+Our calls include one host sync (the target range check, tens of microseconds).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...ops import cross_entropy as op
+from ..harness import check, time_ms
+
+
+def _shapes(quick: bool):
+    return [(8192, 131072)] if quick else [(8192, 131072), (16384, 32000), (65536, 2)]
+
+
+def _peak_extra(fn) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    del out
+    return extra
+
+
+def run(r) -> None:
+    dtypes = [torch.bfloat16] if r.quick else [torch.bfloat16, torch.float32]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in dtypes:
+        for N, C in _shapes(r.quick):
+            shape = f"{N}x{C}"
+            r.status(f"cross_entropy {shape} {dtype}")
+            x = (torch.randn(N, C, device="cuda", dtype=dtype, generator=g) * 2).requires_grad_()
+            t = torch.randint(0, C, (N,), device="cuda", generator=g)
+            cost = op.cost(N, C, dtype, grad=True)
+            grad_bytes = N * C * x.element_size()
+
+            xr = x.detach().float().requires_grad_()
+            ref_loss = F.cross_entropy(xr, t)
+            (ref_grad,) = torch.autograd.grad(ref_loss, xr)
+            del xr
+
+            def eager():
+                return torch.autograd.grad(F.cross_entropy(x, t), x)[0]
+
+            base_ms = time_ms(eager)
+            r.add("cross_entropy", "F.cross_entropy", shape, dtype, base_ms, cost)
+            r.log(f"  F.cross_entropy fwd+bwd peak extra memory: {_peak_extra(eager) / 2**30:.2f} GiB "
+                  f"(gradient {grad_bytes / 2**30:.2f} GiB)")
+
+            compiled_loss = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
+
+            def comp():
+                return torch.autograd.grad(compiled_loss(x, t), x)[0]
+
+            comp()
+            r.add("cross_entropy", "torch.compile", shape, dtype, time_ms(comp), cost)
+
+            for name in ("v2_fused", "v3_online", "v4_cluster"):
+                if name == "v2_fused" and C > op.MAX_FUSED or name == "v4_cluster" and C > op.MAX_CLUSTER:
+                    continue
+
+                def ours(name=name):
+                    return torch.autograd.grad(op.cross_entropy(x, t, variant=name), x)[0]
+
+                try:
+                    loss = op.cross_entropy(x, t, variant=name)
+                    check(f"cross_entropy.{name} loss", loss.float(), ref_loss, dtype=dtype)
+                    check(f"cross_entropy.{name} grad", ours(), ref_grad, dtype=dtype)
+                except Exception as e:  # v4_cluster is experimental: keep the other rows
+                    if name != "v4_cluster":
+                        raise
+                    r.log(f"  cross_entropy.v4_cluster {shape} {dtype} FAILED, not timed: {e}")
+                    continue
+                ms = time_ms(ours)
+                r.add("cross_entropy", name, shape, dtype, ms, cost, baseline="F.cross_entropy",
+                      baseline_ms=base_ms)
+                r.log(f"  {name} fwd+bwd peak extra memory: {_peak_extra(ours) / 2**30:.2f} GiB "
+                      f"(gradient {grad_bytes / 2**30:.2f} GiB)")
+
+            # Forward only, no gradient wanted: one read of the logits.
+            fcost = op.cost(N, C, dtype, grad=False)
+            with torch.no_grad():
+                fb = time_ms(lambda: F.cross_entropy(x, t))
+                r.add("cross_entropy_fwd", "F.cross_entropy", shape, dtype, fb, fcost)
+                v = "v2_fused" if C <= op.MAX_FUSED else "v3_online"  # the default (PREFER_CLUSTER off)
+                check(f"cross_entropy_fwd.{v}", op.cross_entropy(x, t, variant=v).float(), ref_loss,
+                      dtype=dtype)
+                ms = time_ms(lambda: op.cross_entropy(x, t, variant=v))
+                r.add("cross_entropy_fwd", v, shape, dtype, ms, fcost, baseline="F.cross_entropy",
+                      baseline_ms=fb)
+            del x, t, ref_grad
+            torch.cuda.empty_cache()

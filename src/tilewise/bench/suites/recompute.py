@@ -1,0 +1,53 @@
+"""Recomputation measured: three stacked sigmoids, forward + backward, with the activations
+stored against recomputed in backward (ops.recompute), beside PyTorch eager autograd.
+
+Rows (op sigmoid3): torch (eager: every intermediate saved), stored (baseline torch),
+recomputed (baseline stored: its speedup column is t_stored / t_recomputed, to set beside the
+bytes ratio: counted 9/5 = 1.8, the lecture's 8/5 = 1.6). Each row's bytes are its own version's
+traffic (recompute.cost); the torch row is given the stored version's bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...ops import recompute as op
+from ..harness import check, time_ms
+
+
+def run(r) -> None:
+    n = 1 << 28  # 1 GiB fp32 a tensor: the ~30 us of autograd and launch per call stay ~1%
+    dtypes = [torch.float32] if r.quick else [torch.float32, torch.bfloat16]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in dtypes:
+        shape = f"n={n}"
+        r.status(f"sigmoid3 {shape} {dtype}")
+        x = (torch.randn(n, device="cuda", dtype=dtype, generator=g) * 2).requires_grad_()
+        dy = torch.randn(n, device="cuda", dtype=dtype, generator=g)
+        ref_dx = op.reference_backward(x.detach(), dy)
+
+        def torch_eager():
+            y = torch.sigmoid(torch.sigmoid(torch.sigmoid(x)))
+            return torch.autograd.grad(y, x, dy)[0]
+
+        t_torch = time_ms(torch_eager)
+        stored_cost = op.cost(n, dtype, recompute=False)
+        r.add("sigmoid3", "torch", shape, dtype, t_torch, stored_cost)
+
+        times = {}
+        for name, rec in (("stored", False), ("recomputed", True)):
+            def fn(rec=rec):
+                return torch.autograd.grad(op.sigmoid3(x, recompute=rec), x, dy)[0]
+
+            check(f"sigmoid3.{name}", fn(), ref_dx)
+            times[name] = time_ms(fn)
+        r.add("sigmoid3", "stored", shape, dtype, times["stored"], stored_cost, baseline="torch",
+              baseline_ms=t_torch)
+        r.add("sigmoid3", "recomputed", shape, dtype, times["recomputed"],
+              op.cost(n, dtype, recompute=True), baseline="stored", baseline_ms=times["stored"])
+        ratio = times["recomputed"] / times["stored"]
+        r.log(f"  sigmoid3 {dtype}: time recomputed / stored = {ratio:.3f}; bytes counted "
+              f"{op.BYTES_RATIO:.3f} (5/9), lecture {op.LECTURE_RATIO:.3f} (5/8); "
+              f"off the lecture by {100 * (ratio / op.LECTURE_RATIO - 1):+.1f}%")
+        del x, dy, ref_dx
+        torch.cuda.empty_cache()

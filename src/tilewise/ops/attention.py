@@ -1,0 +1,529 @@
+"""attention: softmax(scale * Q K^T + bias, masked) V over (B, H, S, D) tensors, forward and backward.
+
+Versions (``VARIANTS``, forward; each has a backward through autograd):
+    v1_naive:  PyTorch, the full (Sq, Sk) score matrix in fp32, softmax, then P V.
+               bound: memory: B H Sq Sk x (4 + 4 + 2) bytes of scores written and read back.
+    v2_online: PyTorch, the lectures' tiled online softmax: key tiles of 128, a running max, running
+               sum and rescaled accumulator; never holds more than (Sq, 128) scores.
+               bound: launch overhead and the (Sq, 128) temporaries (one eager op per line per tile).
+    v3_flash2: Triton FlashAttention-2 (``attention_kernels.py``): one program per (query tile,
+               batch x head), Q in registers, K/V tiles streamed, online softmax in the log2
+               domain, the log-sum-exp (LSE) saved; causal tiles above the diagonal not loaded,
+               mask-blocked key tiles skipped from a per-tile "any key live" map.
+               Backward: Delta = rowsum(dO * O) kernel, then a dK/dV kernel (one key tile per
+               program, the query heads of a GQA group summed in registers) and a dQ kernel (one
+               query tile per program, also writing dS for the bias gradient); P recomputed from
+               LSE; no atomics, so results are deterministic.
+               bound: tensor-core FLOPs: 4 B H Sq Sk D forward (half when causal), 2.5x that back.
+    v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
+               per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
+               {32, 64, 128, 256}; opt-in (``use_tma()``) until measured. bound: as v3.
+
+Semantics follow ``torch.nn.functional.scaled_dot_product_attention`` (SDPA): ``mask`` True =
+attend; ``causal`` is top-left aligned (query i sees keys j <= i, also when Sq != Sk); GQA as
+SDPA's ``enable_gqa`` (query head h uses K/V head h // (H // Hkv)). One difference: a row whose
+every key is masked gives output 0 and LSE -inf (SDPA gives NaN), and gradients 0 for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Optional
+
+import torch
+
+from ..cost import Cost
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+
+def _expand_kv(k: torch.Tensor, h: int) -> torch.Tensor:
+    return k if k.shape[1] == h else k.repeat_interleave(h // k.shape[1], dim=1)
+
+
+def _logits_mask(b, h, sq, sk, causal, mask, device):
+    """The boolean (.., Sq, Sk) 'attend' map combining causal and mask, or None."""
+    keep = None
+    if causal:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+    if mask is not None:
+        keep = mask if keep is None else keep & mask
+    return keep
+
+
+def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+    """v1_naive: the full score matrix in fp32 (B H Sq Sk x 4 bytes written, then read twice).
+
+    Shapes as in ``flash_attention``; returns out in q's dtype (and LSE (B, H, Sq) fp32). Rows with
+    every key masked give 0 and LSE -inf.
+    """
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    ct = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    kf, vf = _expand_kv(k, H).to(ct), _expand_kv(v, H).to(ct)
+    s = torch.matmul(q.to(ct), kf.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.to(ct)
+    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    # exp(s - lse) is NaN on an all -inf row; those rows are defined as 0.
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
+    out = torch.matmul(p, vf).to(q.dtype)
+    return (out, lse) if return_lse else out
+
+
+def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False,
+                    block_n: int = 128):
+    """v2_online: the online softmax over key tiles of ``block_n`` (running max m, sum l, and an
+    accumulator rescaled by exp(m_old - m_new) whenever the max grows). Same contract as
+    ``reference``; only (B, H, Sq, block_n) scores exist at a time."""
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    ct = torch.promote_types(q.dtype, torch.float32)
+    kf, vf, qf = _expand_kv(k, H).to(ct), _expand_kv(v, H).to(ct), q.to(ct)
+    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device)
+    if keep is not None:
+        keep = keep.expand(B, H, Sq, Sk)
+    if bias is not None:
+        bias = bias.expand(B, H, Sq, Sk)
+    m = torch.full((B, H, Sq), float("-inf"), device=q.device, dtype=ct)
+    l = torch.zeros((B, H, Sq), device=q.device, dtype=ct)
+    acc = torch.zeros((B, H, Sq, D), device=q.device, dtype=ct)
+    for n0 in range(0, Sk, block_n):
+        n1 = min(Sk, n0 + block_n)
+        s = torch.matmul(qf, kf[:, :, n0:n1].transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + bias[..., n0:n1].to(ct)
+        if keep is not None:
+            s = s.masked_fill(~keep[..., n0:n1], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = m_new.masked_fill(torch.isinf(m_new) & (m_new < 0), 0.0)  # no -inf - -inf
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, vf[:, :, n0:n1])
+        m = m_new
+    empty = l == 0
+    out = (acc / l.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l.masked_fill(empty, 1.0)))
+    return (out, lse) if return_lse else out
+
+
+def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bfloat16, *,
+         causal: bool = False, Hkv: int | None = None, backward: bool = False,
+         bias_bytes: int = 0) -> Cost:
+    """FLOPs as the field counts them: 4 B H Sq Sk D forward (two matmuls), halved when causal;
+    the backward is 2.5x the forward (five matmuls, one of them the recomputed Q K^T).
+    Bytes: Q, K, V read and O, LSE written once forward; with ``backward`` also dO read and
+    dQ, dK, dV written (Q, K, V, O, LSE read again). ``bias_bytes``: a bias read (and its
+    gradient written, pass both) once."""
+    Hkv = H if Hkv is None else Hkv
+    item = torch.empty((), dtype=dtype).element_size()
+    flops = 4.0 * B * H * Sq * Sk * D
+    if causal:
+        flops /= 2
+    q_bytes = B * H * Sq * D * item
+    kv_bytes = 2 * B * Hkv * Sk * D * item
+    lse_bytes = B * H * Sq * 4
+    fwd_bytes = q_bytes + kv_bytes + q_bytes + lse_bytes
+    if not backward:
+        return Cost(flops, fwd_bytes + bias_bytes)
+    bwd_bytes = (q_bytes + kv_bytes + 2 * q_bytes + lse_bytes) + (q_bytes + kv_bytes)
+    return Cost(3.5 * flops, fwd_bytes + bwd_bytes + bias_bytes)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configurations (block sizes, warps, stages) for sm_90; see docs/notes-attention.md
+# ----------------------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), by the padded head dim. Chosen from the sm_90 register
+# and spill report of each kernel compiled for the JIT's specialization of contiguous inputs (unit
+# inner strides, 16-divisible pointers and strides), Triton 3.9 ptxas; docs/notes-attention.md has
+# the table. Rule: the largest tiles with no spill; 8 warps (two warpgroups) so that each wgmma has
+# M = 64 rows per warpgroup.
+_FWD_CONFIGS = {32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
+# dK/dV: a key tile of BLOCK_N stays in registers with two fp32 accumulators; query tiles stream.
+_DKDV_CONFIGS = {32: (64, 128, 8, 3), 64: (32, 128, 8, 3), 128: (32, 128, 8, 2), 256: (32, 32, 4, 1)}
+# dQ: a query tile of BLOCK_M stays, key tiles stream.
+_DQ_CONFIGS = {32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)}
+# dQ that also stores dS for the bias gradient: the extra (BLOCK_M, BLOCK_N) store spills at 128 x 64.
+_DQ_BIAS_CONFIGS = {**_DQ_CONFIGS, 128: (128, 32, 8, 2)}
+_OVERRIDE: dict[str, tuple] = {}
+
+
+@contextlib.contextmanager
+def override_configs(**kinds):
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'dkdv', 'dq' (tests use
+    tiny tiles so that the interpreter walks several tiles; the bench sweeps)."""
+    old = dict(_OVERRIDE)
+    _OVERRIDE.update(kinds)
+    try:
+        yield
+    finally:
+        _OVERRIDE.clear()
+        _OVERRIDE.update(old)
+
+
+def _block_d(D: int) -> int:
+    return max(16, 1 << (D - 1).bit_length())
+
+
+def _config(kind: str, D: int) -> tuple:
+    if kind in _OVERRIDE:
+        return _OVERRIDE[kind]
+    if kind == "dq_bias" and "dq" in _OVERRIDE:
+        return _OVERRIDE["dq"]
+    table = {"fwd": _FWD_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS, "dq_bias": _DQ_BIAS_CONFIGS}[kind]
+    bd = _block_d(D)
+    return table[min(max(bd, 32), 256)] if bd != 16 else table[32]
+
+
+# ----------------------------------------------------------------------------------------------
+# Input checks
+# ----------------------------------------------------------------------------------------------
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check(q, k, v, mask, bias, scale):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"flash_attention: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_attention: '{name}' must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if t.device != q.device:
+            raise ValueError(f"flash_attention: '{name}' is on {t.device} but q is on {q.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but q has {q.dtype}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
+                         f"(use attention.reference for CPU tensors)")
+    B, H, Sq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"flash_attention: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have one shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"flash_attention: 'k' has shape {tuple(k.shape)}; expected (B={B}, Hkv, Sk, D={D})")
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"flash_attention: q's {H} heads must be a multiple of k's {Hkv} heads (GQA)")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"flash_attention: head dim D={D} must be in [1, {MAX_HEAD_DIM}]")
+    full = (B, H, Sq, k.shape[2])
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise ValueError("flash_attention: 'mask' must be a bool tensor (True = attend); "
+                             "pass an additive float mask as 'bias'")
+        _check_broadcast("mask", mask, full, q.device)
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype not in _BIAS_DTYPES:
+            raise ValueError("flash_attention: 'bias' must be a float16/bfloat16/float32 tensor")
+        _check_broadcast("bias", bias, full, q.device)
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"flash_attention: 'scale' must be a finite number or None, got {scale!r}")
+
+
+def _check_broadcast(name, t, full, device):
+    if t.device != device:
+        raise ValueError(f"flash_attention: '{name}' is on {t.device} but q is on {device}")
+    ok = t.dim() <= 4 and all(a in (1, b) for a, b in zip(t.shape[::-1], full[::-1]))
+    if not ok:
+        raise ValueError(f"flash_attention: '{name}' of shape {tuple(t.shape)} does not broadcast to "
+                         f"(B, H, Sq, Sk) = {full}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers (v3_flash2)
+# ----------------------------------------------------------------------------------------------
+
+def _as4(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
+
+
+def _bcast_strides(t: Optional[torch.Tensor], full) -> tuple:
+    if t is None:
+        return (0, 0, 0, 0)
+    return tuple(_as4(t).expand(full).stride())
+
+
+def _block_flags(mask: torch.Tensor, full, bm: int, bn: int):
+    """uint8 (B|1, H|1, nM|1, nN|1) map: 1 where a (bm x bn) tile of the mask has any live key;
+    returned expanded to (B, H, nM, nN) (broadcast dims stay stride 0)."""
+    B, H, Sq, Sk = full
+    m4 = _as4(mask)
+    nM, nN = -(-Sq // bm), -(-Sk // bn)
+    tm = bm if m4.shape[2] > 1 else 1
+    tn = bn if m4.shape[3] > 1 else 1
+    pm = (nM * bm - Sq) if tm > 1 else 0
+    pn = (nN * bn - Sk) if tn > 1 else 0
+    m8 = m4.to(torch.uint8)
+    if pm or pn:
+        m8 = torch.nn.functional.pad(m8, (0, pn, 0, pm))
+    b, h, sq, sk = m8.shape
+    flags = m8.reshape(b, h, sq // tm, tm, sk // tn, tn).amax(dim=(3, 5))
+    return flags.expand(B, H, nM, nN)
+
+
+def _empty_like_out(q):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+# v4 (TMA loads) is opt-in until measured on the H200: ``with use_tma(): ...`` or the variant.
+_TMA = {"on": False}
+
+
+@contextlib.contextmanager
+def use_tma(on: bool = True):
+    """Forward through v4 (TMA tensor descriptors) where it applies (see ``_tma_applies``)."""
+    old = _TMA["on"]
+    _TMA["on"] = on
+    try:
+        yield
+    finally:
+        _TMA["on"] = old
+
+
+def _tma_applies(q, k, v, mask, bias) -> bool:
+    """v4 needs dense (rows, D) views with 16-byte aligned rows, a power-of-two D, no mask or bias,
+    and row indices that fit int32."""
+    D = q.shape[-1]
+    return (mask is None and bias is None and D in (32, 64, 128, 256) and q.dtype in (torch.float16, torch.bfloat16)
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31)
+
+
+def _fwd_tma(q, k, v, causal, scale, out, lse):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from . import attention_kernels as K_
+
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    bm, bn, warps, stages = _config("fwd", D)
+    q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
+    qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D])
+    kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D])
+    vd = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D])
+    K_._attn_fwd_tma_kernel[(-(-Sq // bm), B * H)](
+        qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, *out.stride(),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+def _fwd_impl(q, k, v, mask, bias, causal, scale):
+    from . import attention_kernels as K_
+
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    out = _empty_like_out(q)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        lse.fill_(float("-inf"))
+        return out, lse
+    if Sk == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
+        return _fwd_tma(q, k, v, causal, scale, out, lse)
+    full = (B, H, Sq, Sk)
+    bm, bn, warps, stages = _config("fwd", D)
+    flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+    mask8 = mask.view(torch.uint8) if mask is not None else None
+    dummy = q
+    grid = (-(-Sq // bm), B * H)
+    K_._attn_fwd_kernel[grid](
+        q, k, v, out, lse,
+        bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,
+        flags if flags is not None else dummy,
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *_bcast_strides(bias, full), *_bcast_strides(mask8, full),
+        *(flags.stride() if flags is not None else (0, 0, 0, 0)),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
+        HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
+        PREC="ieee" if q.dtype == torch.float32 else None,
+        num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad):
+    from . import attention_kernels as K_
+
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    # Every element of dQ, dK, dV is stored by the kernels (rows with no live key store 0).
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dbias = q.new_empty((0,))
+    if q.numel() == 0 or Sk == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        if bias_grad:
+            dbias = torch.zeros_like(bias, memory_format=torch.contiguous_format)
+        return dq, dk, dv, dbias
+    full = (B, H, Sq, Sk)
+    bd = _block_d(D)
+    prec = "ieee" if q.dtype == torch.float32 else None  # fp32: no tf32 rounding
+    dummy = q
+
+    delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    pm = 64
+    K_._attn_bwd_preprocess_kernel[(-(-Sq // pm), B * H)](
+        out, do, dlse if dlse is not None else delta, delta, H, Sq, *out.stride(), *do.stride(),
+        BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None)
+
+    mask8 = mask.view(torch.uint8) if mask is not None else None
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
+              *_bcast_strides(bias, full), *_bcast_strides(mask8, full))
+    bias_arg = bias if bias is not None else dummy
+    mask_arg = mask8 if mask8 is not None else dummy
+
+    bm, bn, warps, stages = _config("dkdv", D)
+    flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+    K_._attn_bwd_dkdv_kernel[(-(-Sk // bn), B * Hkv)](
+        q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+        *(flags.stride() if flags is not None else (0, 0, 0, 0)),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec,
+        num_warps=warps, num_stages=stages)
+
+    bm, bn, warps, stages = _config("dq_bias" if bias_grad else "dq", D)
+    flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+    # A bias of the full (B, H, Sq, Sk) shape takes dS directly (contiguous, its own dtype); a
+    # broadcast one gets an fp32 (B, H, Sq, Sk) buffer, summed in a fixed order afterwards.
+    direct = bias_grad and tuple(_as4(bias).shape) == full
+    if direct:
+        ds = torch.zeros(full, dtype=bias.dtype, device=q.device)
+    else:
+        ds = torch.zeros(full, dtype=torch.float32, device=q.device) if bias_grad else dummy
+    K_._attn_bwd_dq_kernel[(-(-Sq // bm), B * H)](
+        q, k, v, do, lse, delta, dq, ds, bias_arg, mask_arg, flags if flags is not None else dummy,
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+        *(flags.stride() if flags is not None else (0, 0, 0, 0)),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, PREC=prec,
+        num_warps=warps, num_stages=stages)
+    if bias_grad:
+        # dBias = dS summed over the dims the bias was broadcast along (a fixed-order reduction).
+        dbias = ds.reshape(bias.shape) if direct else ds.sum_to_size(_as4(bias).shape).reshape(bias.shape).to(bias.dtype)
+    return dq, dk, dv, dbias
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library custom ops (eager, autograd, torch.compile)
+# ----------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("tilewise::flash_attention_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+            bias: Optional[torch.Tensor], causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, mask, bias, causal, scale)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, mask, bias, causal, scale):
+    B, H, Sq, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("tilewise::flash_attention_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+            bias: Optional[torch.Tensor], causal: bool, scale: float,
+            bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad):
+    c = torch.contiguous_format
+    db = torch.empty_like(bias, memory_format=c) if bias_grad else q.new_empty((0,))
+    return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
+            torch.empty_like(v, memory_format=c), db)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, bias, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, bias)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, mask, bias = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return None, None, None, None, None, None, None
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dlse is not None:
+        dlse = dlse.float().contiguous()  # e.g. sum()'s gradient is an expanded, stride-0 tensor
+    bias_grad = bias is not None and ctx.needs_input_grad[4]
+    dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad)
+    return dq, dk, dv, None, (db if bias_grad else None), None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                    scale: Optional[float] = None, return_lse: bool = False):
+    """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
+
+    q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
+            Any strides (read through them). D in [1, 256]; 64 and 128 are the tuned ones.
+    k, v:   (B, Hkv, Sk, D), q's dtype and device; H must be a multiple of Hkv (grouped-query
+            attention: query head h reads K/V head h // (H // Hkv)). Sk may differ from Sq.
+    causal: top-left aligned like SDPA's ``is_causal``: query i attends to keys j <= i.
+    mask:   optional bool tensor broadcastable to (B, H, Sq, Sk), True = attend, e.g. (Sq, Sk),
+            (B, 1, 1, Sk) for padding. Combined with ``causal`` by AND. Key tiles the mask
+            blocks for a whole query tile are skipped. A row with no key left gives 0 (not NaN).
+    bias:   optional float16/bfloat16/float32 tensor broadcastable to (B, H, Sq, Sk), added to
+            the scaled scores (e.g. ALiBi as (1, H, Sq, Sk)); -inf entries act as a mask. When it
+            requires grad, its gradient (summed over its broadcast dims) is computed.
+    scale:  multiplies q @ k^T; default 1 / sqrt(D).
+    return_lse: also return the log-sum-exp of each row of scaled scores, (B, H, Sq) float32
+            (-inf for rows with every key masked); differentiable.
+
+    Returns out (B, H, Sq, D) in q's dtype, contiguous; or (out, lse) with ``return_lse``.
+    Differentiable in q, k, v and bias (deterministic backward, no atomics); a
+    ``torch.library.custom_op`` (``torch.ops.tilewise.flash_attention_fwd``), so it traces
+    under ``torch.compile``.
+    """
+    _check(q, k, v, mask, bias, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    out, lse = _fwd_op(q, k, v, mask, bias, bool(causal), scale)
+    return (out, lse) if return_lse else out
+
+
+def v3_flash2(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+    return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
+
+
+def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+    """v3 with the forward's Q/K/V tiles loaded by TMA where ``_tma_applies`` (else v3 exactly);
+    the backward is v3's."""
+    with use_tma():
+        return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
+
+
+VARIANTS = {"v1_naive": reference, "v2_online": reference_tiled, "v3_flash2": v3_flash2,
+            "v4_flash2_tma": v4_flash2_tma}

@@ -1,0 +1,382 @@
+"""Triton kernels of FlashAttention-2 (see ``attention.py`` for the versions, shapes and launchers).
+
+Conventions shared by every kernel here:
+- scores run in the log2 domain: ``s2 = (scale * q.k + bias) * log2(e)``, so ``exp2`` replaces
+  ``exp`` (one MUFU instruction, no multiply per element);
+- masked scores are ``-inf``; a row whose running maximum is still ``-inf`` uses 0 in its place,
+  so ``exp2(-inf - 0) = 0`` and no ``inf - inf`` NaN appears (rows with every key masked give 0);
+- batch and head offsets are int64 (a (B, H, S, S) bias passes 2^31 elements at S = 16384);
+- causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, stride_mm, stride_mn,
+              qk_scale,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv_mask = offs_d[None, :] < HEAD_DIM
+    if BOUNDS:
+        kv_mask = kv_mask & (offs_n[:, None] < Sk)
+    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if HAS_BIAS or HAS_MASK:
+        mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+    if HAS_BIAS:
+        b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
+        s += b.to(tl.float32) * LOG2E
+    if HAS_MASK:
+        mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
+        s = tl.where(mk != 0, s, float("-inf"))
+    if BOUNDS:
+        keep = offs_n[None, :] < Sk
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, stride_mm, stride_mn,
+              stride_fn, qk_scale,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        if HAS_FLAGS:
+            # A key tile that the mask blocks for every row of this query tile is not computed.
+            live = tl.load(Flags + (start_n // BLOCK_N) * stride_fn)
+            if live != 0:
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
+                                          stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                          stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+        else:
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                      stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
+                     H, GROUP, Sq, Sk, qk_scale,
+                     stride_qb, stride_qh, stride_qm, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_ob, stride_oh, stride_om, stride_od,
+                     stride_bb, stride_bh, stride_bm, stride_bn,
+                     stride_mb, stride_mh, stride_mm, stride_mn,
+                     stride_fb, stride_fh, stride_fm, stride_fn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+    start_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
+        start_m = tl.num_programs(0) - 1 - start_m
+    bh = tl.program_id(1)
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    off_hk = off_h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    K += off_b * stride_kb + off_hk * stride_kh
+    V += off_b * stride_vb + off_hk * stride_vh
+    Bias += off_b * stride_bb + off_h * stride_bh
+    Mask += off_b * stride_mb + off_h * stride_mh
+    Flags += off_b * stride_fb + off_h * stride_fh + start_m * stride_fm
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal stops
+    # at the last key the last row of this tile sees: tiles above the diagonal are never loaded.
+    if CAUSAL:
+        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
+        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        n_full = (Sk // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
+                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
+                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+
+    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
+    l_div = tl.where(empty, 1.0, l_i)
+    out = acc / l_div[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
+    row_ok = offs_m < Sq
+    tl.store(Lse + bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
+    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, H, Sq,
+                                stride_ob, stride_oh, stride_om, stride_od,
+                                stride_db, stride_dh, stride_dm, stride_dd,
+                                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                HAS_DLSE: tl.constexpr):
+    """Delta = rowsum(dO * O) - dLSE: the row term of dS = P * (dP - Delta)."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    msk = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=msk, other=0.0).to(tl.float32)
+    do = tl.load(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=msk, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(Dlse + bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+    tl.store(Delta + bh.to(tl.int64) * Sq + offs_m, delta, mask=offs_m < Sq)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
+                          H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                          stride_qb, stride_qh, stride_qm, stride_qd,
+                          stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_vb, stride_vh, stride_vn, stride_vd,
+                          stride_db, stride_dh, stride_dm, stride_dd,
+                          stride_bb, stride_bh, stride_bm, stride_bn,
+                          stride_mb, stride_mh, stride_mm, stride_mn,
+                          stride_fb, stride_fh, stride_fm, stride_fn,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+    """One key tile of one K/V head: dK and dV summed over its GROUP query heads and every query
+    tile, in registers, then stored once (no atomics: deterministic)."""
+    start_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    HK = H // GROUP
+    off_b = (bhk // HK).to(tl.int64)
+    off_hk = (bhk % HK).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=nd_mask, other=0.0)
+    v = tl.load(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=nd_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Causal: queries before this tile's first key see none of it.
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    for g in range(0, GROUP):
+        off_h = off_hk * GROUP + g
+        bh = off_b * H + off_h
+        Qh = Q + off_b * stride_qb + off_h * stride_qh
+        DOh = DO + off_b * stride_db + off_h * stride_dh
+        Bh = Bias + off_b * stride_bb + off_h * stride_bh
+        Mh = Mask + off_b * stride_mb + off_h * stride_mh
+        Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
+        for start_m in range(lo, Sq, BLOCK_M):
+            live = 1
+            if HAS_FLAGS:
+                live = tl.load(Fh + (start_m // BLOCK_M) * stride_fm)
+            if live != 0:
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+                q = tl.load(Qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=md_mask, other=0.0)
+                do = tl.load(DOh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=md_mask, other=0.0)
+                lse = tl.load(Lse + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+                lse = tl.where(lse == float("-inf"), 0.0, lse)
+                delta = tl.load(Delta + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+                sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+                keep = (offs_n[:, None] < Sk) & (offs_m[None, :] < Sq)
+                if HAS_BIAS:
+                    b = tl.load(Bh + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn, mask=keep, other=0.0)
+                    sT += b.to(tl.float32) * LOG2E
+                if HAS_MASK:
+                    mk = tl.load(Mh + offs_m[None, :] * stride_mm + offs_n[:, None] * stride_mn, mask=keep, other=0)
+                    keep = keep & (mk != 0)
+                if CAUSAL:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                sT = tl.where(keep, sT, float("-inf"))
+                pT = tl.math.exp2(sT - lse[None, :])
+                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
+                dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+                dsT = pT * (dpT - delta[None, :])
+                dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+    dk *= sm_scale
+    tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=nd_mask)
+    tl.store(DV + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=nd_mask)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
+                        H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd,
+                        stride_db, stride_dh, stride_dm, stride_dd,
+                        stride_bb, stride_bh, stride_bm, stride_bn,
+                        stride_mb, stride_mh, stride_mm, stride_mn,
+                        stride_fb, stride_fh, stride_fm, stride_fn,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                        PREC: tl.constexpr):
+    """One query tile of one head: dQ over every key tile it sees; with BIAS_GRAD also dS, written
+    to a (B, H, Sq, Sk) fp32 buffer that the launcher reduces to the bias's shape."""
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m
+    bh = tl.program_id(1)
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    off_hk = off_h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=md_mask, other=0.0)
+    do = tl.load(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=md_mask, other=0.0)
+    bh64 = bh.to(tl.int64)
+    lse = tl.load(Lse + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    delta = tl.load(Delta + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+    K += off_b * stride_kb + off_hk * stride_kh
+    V += off_b * stride_vb + off_hk * stride_vh
+    Bias += off_b * stride_bb + off_h * stride_bh
+    Mask += off_b * stride_mb + off_h * stride_mh
+    Flags += off_b * stride_fb + off_h * stride_fh + start_m * stride_fm
+    DBias += bh64 * Sq * Sk
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M) if CAUSAL else Sk
+    for start_n in range(0, hi, BLOCK_N):
+        live = 1
+        if HAS_FLAGS:
+            live = tl.load(Flags + (start_n // BLOCK_N) * stride_fn)
+        if live != 0:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=nd_mask, other=0.0)
+            v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=nd_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            inb = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+            keep = inb
+            if HAS_BIAS:
+                b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=inb, other=0.0)
+                s += b.to(tl.float32) * LOG2E
+            if HAS_MASK:
+                mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=inb, other=0)
+                keep = keep & (mk != 0)
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+            p = tl.math.exp2(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            if BIAS_GRAD:
+                tl.store(DBias + offs_m[:, None] * Sk + offs_n[None, :], ds.to(DBias.dtype.element_ty), mask=inb)
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+    dq *= sm_scale
+    tl.store(DQ + bh64 * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=md_mask)
+
+
+@triton.jit
+def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
+    # Rows past Sk belong to the next head (or are TMA zero-fill at the end): their scores are set
+    # to -inf below, so they add exp2(-inf) * v = 0.
+    k = Kd.load([kv_row + start_n, 0])
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if BOUNDS:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keep = offs_n[None, :] < Sk
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = Vd.load([kv_row + start_n, 0])
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(Qd, Kd, Vd, Out, Lse, H, GROUP, Sq, Sk, qk_scale,
+                         stride_ob, stride_oh, stride_om, stride_od,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         CAUSAL: tl.constexpr):
+    """v4: the forward of v3 for contiguous inputs without mask or bias, Q/K/V tiles loaded by TMA
+    (tensor descriptors over the (rows, D) views) instead of per-thread pointers: no address
+    registers, and the copy engine fills shared memory while the warps compute."""
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m
+    bh = tl.program_id(1)
+    off_b = bh // H
+    off_h = bh % H
+    HK = H // GROUP
+    kv_row = (off_b * HK + off_h // GROUP) * Sk
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = Qd.load([bh * Sq + start_m * BLOCK_M, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
+        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        n_full = (Sk // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
+                                      BLOCK_N, CAUSAL, False)
+    for start_n in range(n_full, hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
+                                      BLOCK_N, CAUSAL, True)
+    empty = l_i == 0.0
+    l_div = tl.where(empty, 1.0, l_i)
+    out = acc / l_div[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
+    row_ok = offs_m < Sq
+    bh64 = bh.to(tl.int64)
+    tl.store(Lse + bh64 * Sq + offs_m, lse, mask=row_ok)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.store(Out + (bh64 // H) * stride_ob + (bh64 % H) * stride_oh + offs_m[:, None] * stride_om
+             + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None])

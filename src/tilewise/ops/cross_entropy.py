@@ -1,0 +1,328 @@
+"""cross_entropy: loss of logits (N, C) against integer targets, with its gradient in the same pass.
+
+Versions:
+    v1_torch:  F.cross_entropy (log-softmax, gather, reduction; backward re-reads the logits and
+               the saved log-probabilities). The baseline, kept so every version sits in VARIANTS.
+    v2_fused:  one Triton kernel, a row (or a tile of several short rows) in registers: reads
+               the logits once and, when a gradient is needed, writes dL/dlogits in the same pass.
+               Rows up to MAX_FUSED classes. bound: copy bandwidth on N x C x itemsize x 2.
+    v3_online: any C (a 128k vocabulary): pass 1 keeps a running max, sum of exp and sum of
+               logits (with smoothing); pass 2 re-reads the row (from L2, with a persistent
+               grid that keeps few rows in flight) and writes the gradient. bound: as v2 when the re-read hits L2.
+    v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
+               num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
+               in distributed shared memory: one read, one write. Experimental, not the default
+               until measured (PREFER_CLUSTER).
+
+The forward writes the gradient for an upstream gradient of 1 (the common case: the loss is the
+last op). Backward returns it unchanged when the upstream gradient is 1 (one scalar read back to
+the host), else scales it: one more pass (mean/sum: by a scalar; none: by row).
+
+Loss of row i with smoothing e:  lse_i - (1 - e) x[i, t_i] - (e / C) sum_j x[i, j]
+Gradient:                        softmax(x_i)_j - (1 - e) [j == t_i] - e / C, times 1/n_valid for
+                                 'mean'; rows whose target is ignore_index: loss 0, gradient 0.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ..cost import Cost
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
+_REDUCTIONS = ("mean", "sum", "none")
+MAX_FUSED = 16384
+CLUSTER_SLICE = 16384      # classes of a row each CTA of a v4_cluster cluster holds
+MAX_CLUSTER = 8 * CLUSTER_SLICE
+PREFER_CLUSTER = False     # v4_cluster is unverified on a GPU: v3_online stays the default past 16k
+
+_FUSED_TILE = 2048
+_ONLINE_CHUNK_BYTES = 32768
+_ONLINE_WARPS = 16
+_L2_BUDGET = 24 << 20
+
+
+def reference(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
+              ignore_index: int = -100, label_smoothing: float = 0.0) -> torch.Tensor:
+    """F.cross_entropy in fp32: reads the logits once forward; its backward reads them again
+    (through the saved log-probabilities) and writes the gradient."""
+    return F.cross_entropy(logits.float(), target.long(), reduction=reduction,
+                           ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+
+def cost(N: int, C: int, dtype: torch.dtype = torch.float32, grad: bool = True) -> Cost:
+    """Read the logits once; with grad, write dL/dlogits once (targets and loss are negligible).
+    ~6 FLOPs an element with the gradient (max, exp, sum, sum of x, scale, subtract)."""
+    b = torch.empty((), dtype=dtype).element_size()
+    n = N * C
+    return Cost(flops=(6 if grad else 4) * n, bytes=(2 if grad else 1) * n * b + N * 8)
+
+
+@triton.jit
+def _ce_kernel(X, T, LOSS, DX, M, N, stride_xm, stride_dxm, ignore_index, smoothing, grad_scale,
+               ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+               HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        r64 = rows.to(tl.int64)
+        t = tl.load(T + r64, mask=rmask, other=ignore_index).to(tl.int64)
+        valid = rmask & (t != ignore_index)
+        tt = tl.where(valid, t, 0)
+        xrow = X + r64[:, None] * stride_xm
+        x_t = tl.load(X + r64 * stride_xm + tt, mask=valid, other=0.0).to(tl.float32)
+        if ONE_PASS:
+            mask = rmask[:, None] & (cols[None, :] < N)
+            x = tl.load(xrow + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+            m = tl.max(x, 1)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            e = tl.exp(x - m[:, None])
+            s = tl.sum(e, 1)
+            if SMOOTH:
+                sx = tl.sum(tl.where(mask, x, 0.0), 1)
+        else:
+            m_vec = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+            s_vec = tl.zeros([ROWS, BLOCK], tl.float32)
+            sx = tl.zeros([ROWS], tl.float32)
+            for start in range(0, N, BLOCK):
+                c = start + cols
+                mk = rmask[:, None] & (c[None, :] < N)
+                xc = tl.load(xrow + c[None, :], mask=mk, other=float("-inf"),
+                             eviction_policy="evict_last").to(tl.float32)
+                m_new = tl.maximum(m_vec, xc)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(xc - m_safe)
+                m_vec = m_new
+                if SMOOTH:
+                    # A reduction per chunk rather than a third per-lane vector: at 16 warps
+                    # three 32-wide fp32 vectors spill (ptxas, sm_90a, 128 registers).
+                    sx += tl.sum(tl.where(mk, xc, 0.0), 1)
+            m = tl.max(m_vec, 1)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(s_vec * tl.exp(m_vec - m[:, None]), 1)
+        lse = m + tl.log(s)
+        loss = lse - (1.0 - smoothing) * x_t
+        if SMOOTH:
+            loss -= smoothing / N * sx
+        tl.store(LOSS + r64, tl.where(valid, loss, 0.0), mask=rmask)
+        if HAS_GRAD:
+            # Zero where no softmax exists (a row of only -inf): no NaN in the gradient.
+            inv = tl.where(valid & (s > 0), grad_scale / s, 0.0)
+            hit = (1.0 - smoothing) * grad_scale
+            off = smoothing / N * grad_scale
+            drow = DX + r64[:, None] * stride_dxm
+            vm = valid[:, None]
+            if ONE_PASS:
+                g = e * inv[:, None] - tl.where(cols[None, :] == tt[:, None], hit, 0.0) - off
+                tl.store(drow + cols[None, :], tl.where(vm, g, 0.0).to(DX.dtype.element_ty),
+                         mask=mask)
+            else:
+                for start in range(0, N, BLOCK):
+                    c = start + cols
+                    mk = rmask[:, None] & (c[None, :] < N)
+                    xc = tl.load(xrow + c[None, :], mask=mk, other=float("-inf"),
+                                 eviction_policy="evict_first").to(tl.float32)
+                    g = (tl.exp(xc - m[:, None]) * inv[:, None]
+                         - tl.where(c[None, :] == tt[:, None], hit, 0.0) - off)
+                    tl.store(drow + c[None, :], tl.where(vm, g, 0.0).to(DX.dtype.element_ty),
+                             mask=mk, eviction_policy="evict_first")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check(logits, target, reduction, ignore_index, label_smoothing):
+    for name, t in (("logits", logits), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if not logits.is_cuda and not _interpreting():
+        raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
+                         f"tensors (use cross_entropy.reference for CPU tensors)")
+    if logits.dtype not in _DTYPES:
+        raise ValueError(f"cross_entropy: 'logits' has dtype {logits.dtype}; supported: float32, "
+                         f"float16, bfloat16")
+    if logits.dim() != 2:
+        raise ValueError(f"cross_entropy: 'logits' must be 2-D (N, C), got shape {tuple(logits.shape)}")
+    if target.dtype not in _TARGET_DTYPES:
+        raise ValueError(f"cross_entropy: 'target' must hold integer class indices (int64/int32/...), "
+                         f"got {target.dtype}")
+    if target.shape != logits.shape[:1]:
+        raise ValueError(f"cross_entropy: 'target' must have shape ({logits.shape[0]},), "
+                         f"got {tuple(target.shape)}")
+    if target.device != logits.device:
+        raise ValueError(f"cross_entropy: 'target' is on {target.device}, logits on {logits.device}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if logits.shape[1] == 0 and logits.shape[0] > 0:
+        raise ValueError("cross_entropy: 'logits' has no classes (C = 0)")
+
+
+def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
+    """Number of rows that count; raises on a target outside [0, C) other than ignore_index.
+    One small reduction and one host sync (tens of us; the logits take ~1 ms at 8192 x 128k)."""
+    if target.numel() == 0:
+        return 0
+    t = target.long()
+    keep = t != ignore_index
+    bad = keep & ((t < 0) | (t >= C))
+    n_bad, n_valid = torch.stack([bad.sum(), keep.sum()]).tolist()
+    if n_bad:
+        first = t[bad][0].item()
+        raise ValueError(f"cross_entropy: {n_bad} target(s) out of range [0, {C}) and not "
+                         f"ignore_index={ignore_index}, e.g. {first}")
+    return n_valid
+
+
+def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+    N, C = logits.shape
+    n_valid = _count_valid(target, C, ignore_index)
+    dev = logits.device
+    grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
+    if N == 0:
+        loss_rows = torch.zeros(0, device=dev, dtype=torch.float32)
+    else:
+        x = logits if logits.stride(1) == 1 else logits.contiguous()
+        t = target if target.is_contiguous() else target.contiguous()
+        loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
+        scale = 1.0 / n_valid if reduction == "mean" and n_valid else 1.0
+        smooth = label_smoothing > 0
+        dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
+        sdx = grad.stride(0) if compute_grad else 0
+        if variant == "v2_fused":
+            if C > MAX_FUSED:
+                raise ValueError(f"cross_entropy.v2_fused: C = {C} does not fit in registers (at most "
+                                 f"{MAX_FUSED}); use v3_online or variant=None")
+            block = max(16, 1 << (C - 1).bit_length())
+            rows = max(1, _FUSED_TILE // block)
+            tile = rows * block
+            warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
+            grid = (triton.cdiv(N, rows),)
+            _ce_kernel[grid](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+                             float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
+                             HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+        elif variant == "v4_cluster":
+            if C > MAX_CLUSTER:
+                raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
+                                 f"{CLUSTER_SLICE}); use v3_online or variant=None")
+            block = max(16, 1 << (C - 1).bit_length())
+            ctas = max(1, block // CLUSTER_SLICE) if x.is_cuda else 1
+            _ce_kernel[(N,)](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+                             float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
+                             HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=16 if block >= 16384 else 8,
+                             num_ctas=ctas)
+        else:
+            if x.is_cuda:
+                sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                block = _ONLINE_CHUNK_BYTES // x.element_size()
+            else:
+                sms, block = 4, 16
+            row_bytes = C * x.element_size()
+            per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
+            progs = max(1, min(N, sms * per_sm))
+            _ce_kernel[(progs,)](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+                                 float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
+                                 HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=_ONLINE_WARPS)
+    if reduction == "none":
+        loss = loss_rows.to(logits.dtype)
+    elif reduction == "sum":
+        loss = loss_rows.sum().to(logits.dtype)
+    else:  # mean over the rows that count; 0 / 0 = NaN when none does, as F.cross_entropy
+        loss = (loss_rows.sum() / n_valid if n_valid else loss_rows.sum() * float("nan")).to(logits.dtype)
+    return loss, grad
+
+
+@torch.library.custom_op("tilewise::cross_entropy_fwd", mutates_args=())
+def _ce_op(logits: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int,
+           label_smoothing: float, compute_grad: bool, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
+
+
+@_ce_op.register_fake
+def _(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+    N, C = logits.shape
+    shape = (N,) if reduction == "none" else ()
+    g = (N, C) if compute_grad else (0,)
+    return (logits.new_empty(shape), logits.new_empty(g))
+
+
+def _setup(ctx, inputs, output):
+    ctx.reduction, ctx.has_grad = inputs[2], inputs[5]
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _grad(ctx, dloss, _dgrad):
+    (g,) = ctx.saved_tensors
+    if not ctx.has_grad:
+        raise RuntimeError("cross_entropy: the forward ran without grad mode; no gradient was kept")
+    if ctx.reduction == "none":
+        return g * dloss.to(g.dtype)[:, None], None, None, None, None, None, None
+    # The common case (the loss is the output): the gradient written in the forward is the answer.
+    if not torch.compiler.is_compiling() and dloss.numel() == 1 and float(dloss) == 1.0:
+        return g, None, None, None, None, None, None
+    return g * dloss.to(g.dtype), None, None, None, None, None, None
+
+
+_ce_op.register_autograd(_grad, setup_context=_setup)
+
+
+def _variant(name):
+    def fn(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+        return cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index,
+                             label_smoothing=label_smoothing, variant=name)
+    fn.__name__ = name
+    return fn
+
+
+def _torch(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    return F.cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)
+
+
+_KERNEL_VARIANTS = ("v2_fused", "v3_online", "v4_cluster")
+VARIANTS = {"v1_torch": _torch, **{v: _variant(v) for v in _KERNEL_VARIANTS}}
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",
+                  ignore_index: int = -100, label_smoothing: float = 0.0,
+                  variant: str | None = None) -> torch.Tensor:
+    """Cross-entropy of logits against class indices, differentiable in ``logits``.
+
+    logits:          CUDA tensor (N, C), float32 / float16 / bfloat16, unit stride along C
+                     (other layouts are copied). N may be 0; C >= 1.
+    target:          (N,) integer class indices in [0, C) or ``ignore_index``, same device;
+                     anything else raises ValueError (one host sync to check).
+    reduction:       'mean' (default; over rows whose target is not ignore_index; NaN when there
+                     are none, as PyTorch), 'sum', or 'none' (per-row loss, 0 for ignored rows).
+    ignore_index:    target value whose rows give loss 0 and gradient 0 (default -100).
+    label_smoothing: e in [0, 1] (default 0): the target distribution is (1-e) one-hot + e/C.
+    variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v3_online) or 'v2_fused' /
+                     'v3_online' / 'v4_cluster' (C <= 131072).
+    Returns the loss in logits' dtype: shape () or (N,) for 'none'. When logits require grad,
+    the gradient (N, C, logits' dtype) is written during this call and held for backward: the
+    only extra memory of any size.
+    """
+    if variant is None:
+        C = logits.shape[-1] if logits.dim() == 2 else 0
+        variant = ("v2_fused" if C <= MAX_FUSED else
+                   "v4_cluster" if PREFER_CLUSTER and C <= MAX_CLUSTER else "v3_online")
+    elif variant not in _KERNEL_VARIANTS:
+        raise ValueError(f"cross_entropy: unknown variant {variant!r}; choose from "
+                         f"{list(_KERNEL_VARIANTS)} (v1_torch is F.cross_entropy)")
+    _check(logits, target, reduction, ignore_index, label_smoothing)
+    compute_grad = torch.is_grad_enabled() and logits.requires_grad
+    loss, _ = _ce_op(logits, target, reduction, int(ignore_index), float(label_smoothing),
+                     compute_grad, variant)
+    return loss

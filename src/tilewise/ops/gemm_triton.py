@@ -1,0 +1,610 @@
+"""gemm (Triton, tensor cores): ``C = epilogue(scale_a * scale_b * (A @ B) + bias)``.
+
+A is (M, K), B is (K, N); fp16 / bf16 (fp32 accumulate), fp32 as TF32 (or IEEE fp32), fp8 e4m3
+with per-tensor scales (float32 tensors of one element). The epilogue runs on the fp32
+accumulator in registers before the one store: scales, bias (N,), activation (relu, gelu with
+erf), the cast to the output dtype; optionally the pre-activation is stored too (``aux``, for
+the backward of GELU). ``linear(x, w, b, activation)`` is ``act(x @ w.T + b)`` as an autograd op
+whose backward runs on this GEMM too.
+
+Versions (F = 2 M N K; floor F / peak of the dtype: bf16 ~700-790, fp16 ~667, tf32 ~345, fp8
+~1,240 TFLOP/s on H200; bytes (M K + K N) itemsize + M N out_itemsize are far from binding above
+~512):
+    v1_tiled:          one program per C tile, tiles in grouped order (GROUP_M tile rows share
+                       their B columns in L2), pointer loads, software-pipelined K loop
+                       (num_stages), autotuned tile shape. bound: tensor-core throughput, minus
+                       the prologue/epilogue of each tile and the last, partial wave.
+    v2_persistent:     v1 with one program per SM looping over tiles (grid = #SMs): no launch of
+                       later waves, the epilogue of one tile overlaps the loads of the next.
+    v3_tma_persistent: v2 with TMA tensor descriptors for A, B (and C): the copy engine moves
+                       tiles (out-of-range parts read as zero), fewer registers spent on address
+                       arithmetic; needs unit-stride rows and 16-byte aligned strides.
+
+Each kernel is autotuned over a short config list (per dtype class: K tile 128 for fp8, 64 for
+16-bit, 32 for fp32), keyed on (M, N, K) and the dtypes. Under TRITON_INTERPRET=1 (CPU tests),
+one small config runs without autotuning and CPU tensors are accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..cost import Cost
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2}
+_PRECISIONS = ("tf32", "ieee")
+
+
+# --------------------------------------------------------------------------- reference and cost
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+              activation: str | None = None, out_dtype: torch.dtype | None = None,
+              scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 PyTorch: reads A, B (and bias) once, writes C once; unfused, it also writes and
+    re-reads the M x N product once per epilogue step (bias add, activation, cast)."""
+    c = a.float() @ b.float()
+    if scale_a is not None:
+        c = c * (scale_a.float() * scale_b.float())
+    if bias is not None:
+        c = c + bias.float()
+    if activation == "relu":
+        c = torch.relu(c)
+    elif activation == "gelu":
+        c = torch.nn.functional.gelu(c)
+    return c.to(out_dtype or _default_out_dtype(a.dtype))
+
+
+def cost(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
+         bias: bool = False) -> Cost:
+    """2 M N K FLOPs (the epilogue's M N are not counted); bytes: A, B, bias once, C once."""
+    it = torch.empty((), dtype=dtype).element_size()
+    ot = torch.empty((), dtype=out_dtype or _default_out_dtype(dtype)).element_size()
+    return Cost(flops=2 * M * N * K, bytes=it * (M * K + K * N) + ot * M * N + (4 * N if bias else 0))
+
+
+def _default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # Grouped order: GROUP_M tile rows are walked column by column, so the programs running at
+    # once share a few B column panels and A row panels in L2 instead of streaming all of B.
+    width = GROUP_M * num_pid_n
+    group = tile // width
+    first_m = group * GROUP_M
+    rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % rows
+    pid_n = (tile % width) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
+              HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr):
+    if HAS_SCALES:
+        acc = acc * (tl.load(scale_a_ptr) * tl.load(scale_b_ptr))
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    return acc
+
+
+@triton.jit
+def _activate(acc, ACTIVATION: tl.constexpr):
+    if ACTIVATION == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == 2:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    return acc
+
+
+@triton.jit
+def _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # Row/column indices wrap (% M, % N) so the loads need no M/N mask: the wrapped rows compute
+    # values that the masked store drops. Only the K tail is masked (zeros add nothing).
+    offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST:
+            # Triton 3.9's interpreter multiplies bf16 tiles as raw 16-bit integers in tl.dot
+            # (results ~1e10 off); upcasting first is exact, so CPU tests stay meaningful.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX: tl.constexpr,
+           ACTIVATION: tl.constexpr):
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if STORE_AUX:
+        tl.store(aux_ptr + offs, acc.to(aux_ptr.dtype.element_ty), mask=mask)
+    acc = _activate(acc, ACTIVATION)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr,
+                 M, N, K,
+                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, STORE_AUX: tl.constexpr,
+                 ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+    _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
+def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr,
+                            M, N, K,
+                            stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                            NUM_SMS,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
+                            STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
+                            UPCAST: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+        _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
+def _gemm_tma_persistent_kernel(a_desc, b_desc, c_desc, aux_desc, bias_ptr, scale_a_ptr, scale_b_ptr,
+                                M, N, K, NUM_SMS, dtype_tag,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                HAS_SCALES: tl.constexpr, STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr,
+                                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # dtype_tag: unused here; it keys the autotuner on the input dtype, which descriptors hide.
+    # B_KMAJOR: B is given as its transpose (N, K) with unit stride along K (a weight w with
+    # B = w.T): tiles load as (BLOCK_N, BLOCK_K) and enter the dot transposed.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_tiles):
+            off_k = kk * BLOCK_K
+            a = a_desc.load([off_m, off_k])  # out-of-range rows/columns read as zero
+            if B_KMAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST:  # see _mainloop: Triton 3.9 interpreter's bf16 tl.dot
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+        if STORE_AUX:
+            aux_desc.store([off_m, off_n], acc.to(aux_desc.dtype))
+        acc = _activate(acc, ACTIVATION)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))  # the copy engine clips at M, N
+
+
+# --------------------------------------------------------------------------- autotuning
+
+
+def _cfg(bm, bn, bk, stages, warps, group=8):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
+                         num_stages=stages, num_warps=warps)
+
+
+# A short list for H200 (228 KiB smem/SM): large tiles for big squares, 128 x 128 / 64-wide for
+# small or skinny problems where the big tiles leave SMs idle. Each dtype class keeps only its
+# own K tile (prune below), so autotuning times 4 or 5 configs per shape.
+_CONFIGS = [
+    # 16-bit inputs: K tile 64
+    _cfg(128, 256, 64, 3, 8), _cfg(256, 128, 64, 3, 8), _cfg(128, 128, 64, 4, 8),
+    _cfg(128, 128, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
+    # fp8: K tile 128
+    _cfg(128, 256, 128, 3, 8), _cfg(256, 128, 128, 3, 8), _cfg(128, 128, 128, 4, 8), _cfg(64, 128, 128, 4, 4),
+    # fp32 (tf32 / ieee): K tile 32
+    _cfg(128, 256, 32, 3, 8), _cfg(128, 128, 32, 4, 8), _cfg(128, 128, 32, 3, 4), _cfg(64, 128, 32, 4, 4),
+]
+_BK_FOR_ITEMSIZE = {1: 128, 2: 64, 4: 32}
+_SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on H100 / H200
+
+
+def _dtype_of(arg):
+    if hasattr(arg, "dtype") and isinstance(arg.dtype, torch.dtype):
+        return arg.dtype
+    base = getattr(arg, "base", None)  # a TensorDescriptor
+    return base.dtype
+
+
+def _prune(configs, named_args, **kwargs):
+    first = named_args.get("a_ptr", named_args.get("a_desc"))
+    bk = _BK_FOR_ITEMSIZE[_dtype_of(first).itemsize]
+    kept = [c for c in configs if c.kwargs["BLOCK_K"] == bk]
+    if "a_desc" in named_args:
+        # The TMA kernel also stages the C tile in shared memory for the store (aux reuses it;
+        # ptxas-level check with Triton 3.9 for sm_90): drop configs past the 227 KiB a block may
+        # have (fp32 128 x 256 x 32 would need 272 KiB).
+        it = _dtype_of(first).itemsize
+        out_it = _dtype_of(named_args["c_desc"]).itemsize
+
+        def smem(c):
+            bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            return c.num_stages * (bm + bn) * bk * it + bm * bn * out_it
+
+        kept = [c for c in kept if smem(c) <= _SMEM_LIMIT] or kept[-1:]
+    M, N = named_args["M"], named_args["N"]
+    # Tiles far larger than the problem only waste work; keep at least one config.
+    small = [c for c in kept if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(M))
+             and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(N))]
+    return small or kept[-1:]
+
+
+_KEY = ["M", "N", "K"]
+
+
+def _tma_pre_hook(nargs):
+    # Descriptors are built with a placeholder block shape; the chosen config sets the real one.
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_KMAJOR"] else [bk, bn]
+    nargs["c_desc"].block_shape = [bm, bn]
+    nargs["aux_desc"].block_shape = [bm, bn]
+
+
+def _tma_configs():
+    out = []
+    for c in _CONFIGS:
+        out.append(triton.Config(dict(c.kwargs), num_stages=c.num_stages, num_warps=c.num_warps,
+                                 pre_hook=_tma_pre_hook))
+    return out
+
+
+if _INTERPRET:
+    _tiled = _gemm_kernel
+    _persistent = _gemm_persistent_kernel
+    _tma = _gemm_tma_persistent_kernel
+else:
+    _prune_opts = {"early_config_prune": _prune}
+    _tiled = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_kernel)
+    _persistent = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_persistent_kernel)
+    _tma = triton.autotune(_tma_configs(), key=_KEY + ["B_KMAJOR", "dtype_tag"], prune_configs_by=_prune_opts)(
+        _gemm_tma_persistent_kernel)
+
+# The one config the interpreter runs (small, so odd sizes cross several tiles).
+_INTERP_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    if _INTERPRET or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"gemm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"gemm: '{name}' must be 2-D, got shape {tuple(t.shape)} "
+                             f"(for batches use tilewise.matmul or flatten leading dimensions)")
+        if not t.is_cuda and not _INTERPRET:
+            raise ValueError(f"gemm: '{name}' is on {t.device}; Triton kernels need CUDA tensors "
+                             f"(use gemm_triton.reference for CPU tensors)")
+        if t.dtype not in _IN_DTYPES:
+            raise ValueError(f"gemm: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32, "
+                             f"float8_e4m3fn")
+        if t.numel() >= 2**31:
+            raise ValueError(f"gemm: '{name}' has {t.numel()} elements; 32-bit offsets allow < 2^31")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gemm: 'a' is {a.dtype} but 'b' is {b.dtype}; both must have one dtype")
+    if a.device != b.device:
+        raise ValueError(f"gemm: 'a' is on {a.device} but 'b' is on {b.device}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    M, K = a.shape
+    N = b.shape[1]
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"gemm: activation {activation!r} is not one of None, 'relu', 'gelu'")
+    if precision not in _PRECISIONS:
+        raise ValueError(f"gemm: precision {precision!r} is not one of {_PRECISIONS}")
+    out_dtype = out_dtype or _default_out_dtype(a.dtype)
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"gemm: out_dtype {out_dtype} is not one of float16, bfloat16, float32")
+    fp8 = a.dtype == torch.float8_e4m3fn
+    if fp8 and (scale_a is None or scale_b is None):
+        raise ValueError("gemm: float8_e4m3fn inputs need scale_a and scale_b (float32 tensors of one "
+                         "element: the per-tensor dequantization scales); pass torch.ones(1) for none")
+    if not fp8 and (scale_a is not None or scale_b is not None):
+        raise ValueError("gemm: scale_a / scale_b apply to float8_e4m3fn inputs only")
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if s is not None and (not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32
+                              or s.device != a.device):
+            raise ValueError(f"gemm: '{name}' must be a float32 tensor of one element on {a.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (N,) or bias.device != a.device:
+            raise ValueError(f"gemm: bias must be a tensor of shape ({N},) on {a.device}")
+        if not bias.is_contiguous():
+            raise ValueError("gemm: bias must be contiguous")
+    if out is None:
+        out = torch.empty((M, N), device=a.device, dtype=out_dtype)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != out_dtype
+          or out.device != a.device):
+        raise ValueError(f"gemm: out must be a ({M}, {N}) {out_dtype} tensor on {a.device}")
+    return out
+
+
+def _common_meta(a, bias, activation, scale_a, precision, aux):
+    # input_precision matters only for fp32 operands; "tf32" is Triton's default for the others.
+    return dict(HAS_BIAS=bias is not None, HAS_SCALES=scale_a is not None, STORE_AUX=aux is not None,
+                ACTIVATION=_ACTIVATIONS[activation], PRECISION=precision if a.dtype == torch.float32 else "tf32",
+                UPCAST=_INTERPRET and a.dtype == torch.bfloat16)
+
+
+def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    M, K = a.shape
+    N = b.shape[1]
+    dummy = out  # never read when the matching constexpr flag is off
+    args = (a, b, out, bias if bias is not None else dummy, aux if aux is not None else dummy,
+            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
+            M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+    meta = _common_meta(a, bias, activation, scale_a, precision, aux)
+    interp = _INTERP_META if _INTERPRET else {}
+    if kind == "tiled":
+        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
+        _tiled[grid](*args, **meta, **interp)
+    else:
+        sms = _num_sms(a.get_device())
+        grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+        _persistent[grid](*args, sms, **meta, **interp)
+    return out
+
+
+def _tma_ok(t: torch.Tensor, *, unit_dim: int) -> bool:
+    """TMA wants the unit-stride dimension last in memory order, other strides and base 16-byte aligned."""
+    it = t.element_size()
+    other = 1 - unit_dim
+    return (t.stride(unit_dim) == 1 and (t.stride(other) * it) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.shape[other] >= 1)
+
+
+def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> bool:
+    """Whether v3_tma_persistent takes these operands (A K-contiguous; B N- or K-contiguous;
+    row lengths in bytes multiples of 16)."""
+    N = b.shape[1]
+    ot = torch.empty((), dtype=out_dtype or _default_out_dtype(a.dtype)).element_size()
+    b_ok = _tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0)
+    return _tma_ok(a, unit_dim=1) and b_ok and (N * ot) % 16 == 0
+
+
+def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = a.shape
+    N = b.shape[1]
+    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
+        raise ValueError("gemm.v3_tma_persistent: TMA needs 'a' with unit stride along K, 'b' with unit "
+                         "stride along N or K, 16-byte aligned pointers and row strides (also of out and aux), "
+                         "and N * out itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+    b_kmajor = b.stride(1) != 1
+    bk = _INTERP_META["BLOCK_K"] if _INTERPRET else 16  # placeholder blocks; the pre-hook resets them
+    bm = bn = 16
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+    aux_desc = TensorDescriptor.from_tensor(aux, [bm, bn]) if aux is not None else c_desc
+    dummy = out
+    sms = _num_sms(a.get_device())
+    meta = _common_meta(a, bias, activation, scale_a, precision, aux)
+    if _INTERPRET:
+        bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
+        a_desc.block_shape = [bm, bk]
+        b_desc.block_shape = [bn, bk] if b_kmajor else [bk, bn]
+        c_desc.block_shape = [bm, bn]
+        aux_desc.block_shape = [bm, bn]
+    grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+    _tma[grid](a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
+               scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
+               M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype), B_KMAJOR=b_kmajor, **meta, **(_INTERP_META if _INTERPRET else {}))
+    return out
+
+
+def _variant(kind):
+    def fn(a, b, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None,
+           precision="tf32", out=None, aux=None):
+        out = _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out)
+        M, N = out.shape
+        if aux is not None and (tuple(aux.shape) != (M, N) or not aux.is_contiguous()):
+            raise ValueError(f"gemm: aux must be a contiguous ({M}, {N}) tensor")
+        if M == 0 or N == 0:
+            return out
+        if kind == "tma":
+            return _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+        return _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+
+    return fn
+
+
+VARIANTS = {"v1_tiled": _variant("tiled"), "v2_persistent": _variant("persistent"),
+            "v3_tma_persistent": _variant("tma")}
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
+         out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
+         scale_b: torch.Tensor | None = None, precision: str = "tf32", out: torch.Tensor | None = None,
+         aux: torch.Tensor | None = None, variant: str | None = None) -> torch.Tensor:
+    """``act(scale_a * scale_b * (a @ b) + bias)`` on tensor cores, fp32 accumulate.
+
+    a:          (M, K) CUDA tensor, float16 / bfloat16 / float32 / float8_e4m3fn, any strides.
+    b:          (K, N), same dtype as a, any strides (``w.t()`` of an (N, K) weight needs no copy).
+    bias:       optional (N,) contiguous tensor (any float dtype; added in fp32).
+    activation: None, "relu" or "gelu" (exact, erf form, as torch.nn.functional.gelu).
+    out_dtype:  float16 / bfloat16 / float32; default a's dtype (bfloat16 for fp8 inputs).
+    scale_a, scale_b: float32 one-element tensors, required for fp8 inputs (per-tensor scales),
+                rejected otherwise.
+    precision:  for float32 inputs: "tf32" (default; tensor cores) or "ieee" (full fp32).
+    out:        optional (M, N) tensor of out_dtype to write into (any strides for v1/v2).
+    aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
+    variant:    None (v3_tma_persistent where the layouts allow TMA, else v1_tiled) or a key of VARIANTS.
+    Returns the (M, N) result of dtype out_dtype.
+    """
+    if variant is None:
+        ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
+              and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype)
+              and (out is None or _tma_ok(out, unit_dim=1)) and (aux is None or _tma_ok(aux, unit_dim=1)))
+        variant = "v3_tma_persistent" if ok else "v1_tiled"
+    if variant not in VARIANTS:
+        raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
+
+
+# --------------------------------------------------------------------------- linear (autograd)
+
+
+def _gelu_grad(pre: torch.Tensor) -> torch.Tensor:
+    x = pre.float()
+    cdf = 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+    pdf = torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return cdf + x * pdf
+
+
+# torch.library custom ops, so that torch.compile traces through linear (the fake implementations
+# give shapes and dtypes) and autograd runs the backward below, itself made of gemm ops.
+
+
+@torch.library.custom_op("tilewise::gemm_triton", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    return gemm(a, b, bias=bias, activation=activation or None)
+
+
+@_gemm_op.register_fake
+def _(a, b, bias, activation):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=_default_out_dtype(a.dtype))
+
+
+def _act_grad(gy, saved, activation, dtype):
+    if activation == "relu":
+        return (gy * (saved > 0)).to(dtype)
+    if activation == "gelu":
+        return (gy.float() * _gelu_grad(saved)).to(dtype)
+    return gy.to(dtype)
+
+
+def _linear_backward(x2, w, bias_dtype, saved, activation, gy, needs):
+    g = _act_grad(gy, saved, activation, x2.dtype)
+    gx = _gemm_op(g, w, None, "") if needs[0] else None  # (M, N) @ (N, K)
+    gw = _gemm_op(g.t(), x2, None, "") if needs[1] else None  # (N, M) @ (M, K), g.t() by strides
+    gb = g.float().sum(0).to(bias_dtype) if bias_dtype is not None and needs[2] else None
+    return gx, gw, gb
+
+
+@torch.library.custom_op("tilewise::gemm_triton_linear", mutates_args=())
+def _linear_op(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, activation: str,
+               need_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(act(x2 @ w.T + b), pre-activation when need_pre else an empty tensor)."""
+    pre = (torch.empty((x2.shape[0], w.shape[0]), device=x2.device, dtype=x2.dtype) if need_pre
+           else x2.new_empty((0,)))
+    y = gemm(x2, w.t(), bias=b, activation=activation or None, aux=pre if need_pre else None)
+    return y, pre
+
+
+@_linear_op.register_fake
+def _(x2, w, b, activation, need_pre):
+    shape = (x2.shape[0], w.shape[0])
+    return x2.new_empty(shape), x2.new_empty(shape if need_pre else (0,))
+
+
+def _linear_setup(ctx, inputs, output):
+    x2, w, b, activation, need_pre = inputs
+    y, pre = output
+    ctx.activation = activation
+    ctx.bias_dtype = b.dtype if b is not None else None
+    # ReLU's derivative comes from the output; GELU's from the pre-activation the forward stored.
+    ctx.save_for_backward(x2, w, y if activation == "relu" else pre)
+
+
+def _linear_bwd(ctx, gy, _gpre):
+    x2, w, saved = ctx.saved_tensors
+    if ctx.activation == "gelu" and saved.numel() == 0 and gy.numel() != 0:
+        raise RuntimeError("linear: GELU backward needs the pre-activation; call linear() with grad enabled")
+    gx, gw, gb = _linear_backward(x2, w, ctx.bias_dtype, saved, ctx.activation, gy, ctx.needs_input_grad[:3])
+    return gx, gw, gb, None, None
+
+
+_linear_op.register_autograd(_linear_bwd, setup_context=_linear_setup)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, activation: str | None = None,
+           *, variant: str | None = None) -> torch.Tensor:
+    """``act(x @ w.T + b)`` with bias and activation fused into the GEMM's store; differentiable.
+
+    x: (..., K) CUDA float16 / bfloat16 / float32 (TF32); w: (N, K) same dtype; b: optional (N,).
+    activation: None, "relu" or "gelu". The backward (grad x = g @ w, grad w = g.T @ x) runs on
+    ``gemm`` as well; GELU stores its pre-activation in the forward for the backward.
+    Returns (..., N) of x's dtype.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ValueError("linear: x and w must be torch.Tensors")
+    if x.dim() < 1 or w.dim() != 2:
+        raise ValueError(f"linear: x must be (..., K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: x has K={x.shape[-1]} but w is {tuple(w.shape)} (N, K)")
+    if x.dtype == torch.float8_e4m3fn:
+        raise ValueError("linear: fp8 inputs are not differentiable here; use gemm() with scales")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"linear: activation {activation!r} is not one of None, 'relu', 'gelu'")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if variant is not None:  # a named version: plain call, no autograd (for benchmarks and tests)
+        y = gemm(x2, w.t(), bias=b, activation=activation, variant=variant)
+    else:
+        need_pre = activation == "gelu" and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, w, b))
+        y, _ = _linear_op(x2, w, b, activation or "", need_pre)
+    return y.reshape(*lead, w.shape[0])

@@ -1,0 +1,557 @@
+"""softmax / log-softmax along the last dim, forward and backward, in Triton.
+
+Versions (forward; the backward follows the same pattern):
+    v1_unfused: the lecture's starting point, four kernels: row max, subtract-and-exp (an fp32
+                M x N intermediate), row sum, divide. Reads x twice and the intermediate twice,
+                writes it once: (3 x itemsize + 12) bytes an element against the floor's
+                2 x itemsize. bound: bandwidth on 3x (fp32) to 4.5x (bf16) the floor's bytes.
+    v2_fused:   one kernel, each row (or a tile of several short rows) held in registers: x read
+                once, y written once. Rows up to MAX_FUSED elements.
+                bound: copy bandwidth on the floor's bytes (2 x M x N x itemsize).
+    v3_online:  one kernel for any row length: pass 1 keeps a running max and a running sum
+                (rescaled when the max grows), pass 2 re-reads x and writes y. A persistent grid
+                keeps few enough rows in flight that pass 2's re-read hits L2.
+                bound: copy bandwidth on the floor's bytes when pass 2 hits L2, on 3/2 x them
+                when it does not.
+    v4_cluster: v2 for rows up to 131072: the row is split over a cluster of up to 8 CTAs
+                (Triton num_ctas, sm_90), each holding 16384 elements in registers; the row max,
+                sum and dot are reduced across the cluster in distributed shared memory. One
+                read, one write, like v2. Experimental: Triton's multi-CTA layouts are little
+                used outside matmul; not the default until measured (PREFER_CLUSTER).
+                bound: copy bandwidth on the floor's bytes.
+
+Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);
+floor 3 x M x N x itemsize (read y and dy, write dx). v1: a row-dot kernel then an elementwise
+kernel; v2 and v4: row in registers; v3: two passes over y and dy.
+
+All arithmetic is fp32; fp16/bf16 are rounded once on store. A row of only -inf gives softmax 0
+and log-softmax -inf (torch.softmax gives NaN there): a fully masked row contributes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..cost import Cost
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
+CLUSTER_SLICE = 16384  # elements of a row each CTA of a v4_cluster cluster holds
+MAX_CLUSTER = 8 * CLUSTER_SLICE  # 131072: 8 CTAs, the portable cluster size
+# v4_cluster (one read) is unverified on a GPU so far: the default for rows past MAX_FUSED stays
+# v3_online until the GPU tests pass for v4_cluster and the bench shows it faster.
+PREFER_CLUSTER = False
+_NEG_INF = float("-inf")
+
+# Launch parameters, picked for the H200 (reasoning in docs/notes-softmax.md; the lead tunes).
+_FUSED_TILE = 2048          # elements per program for short rows (several rows per program)
+_ONLINE_CHUNK_BYTES = 32768  # bytes of one row chunk per loop iteration in v3 (16 warps x 32 B/thread)
+_ONLINE_WARPS = 16
+_L2_BUDGET = 24 << 20       # bytes of rows in flight that pass 2 should find in L2 (of 60 MiB)
+_UNFUSED_BLOCK = 1024
+
+
+# --------------------------------------------------------------------------------------------
+# reference and cost
+
+
+def reference(x: torch.Tensor, log: bool = False) -> torch.Tensor:
+    """PyTorch in fp32, rounded to x's dtype: reads x, writes y (2 x numel x itemsize bytes).
+
+    Unlike torch.softmax, a row of only -inf gives zeros (log: -inf) rather than NaN.
+    """
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    xf = x if x.dtype == torch.float64 else x.float()
+    m = xf.amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(xf - m)
+    s = e.sum(-1, keepdim=True)
+    if log:
+        y = torch.where(s > 0, xf - m - torch.log(s), torch.full_like(xf, _NEG_INF))
+    else:
+        y = torch.where(s > 0, e / s, torch.zeros_like(e))
+    return y.to(x.dtype)
+
+
+def reference_backward(y: torch.Tensor, dy: torch.Tensor, log: bool = False) -> torch.Tensor:
+    """dx from the forward output y and the incoming gradient dy (3 x numel x itemsize bytes)."""
+    wide = torch.float64 if y.dtype == torch.float64 else torch.float32
+    yf, gf = y.to(wide), dy.to(wide)
+    if log:
+        dx = gf - torch.exp(yf) * gf.sum(-1, keepdim=True)
+    else:
+        dx = yf * (gf - (yf * gf).sum(-1, keepdim=True))
+    return dx.to(y.dtype)
+
+
+def cost(M: int, N: int, dtype: torch.dtype = torch.float32, backward: bool = False) -> Cost:
+    """Forward: read x, write y; ~5 FLOPs an element (max, subtract, exp, sum, scale).
+    Backward: read y and dy, write dx; ~4 FLOPs an element."""
+    b = torch.empty((), dtype=dtype).element_size()
+    n = M * N
+    return Cost(flops=4 * n, bytes=3 * n * b) if backward else Cost(flops=5 * n, bytes=2 * n * b)
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
+                        ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr,
+                        ONE_PASS: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        xrow = X + rows.to(tl.int64)[:, None] * stride_xm
+        yrow = Y + rows.to(tl.int64)[:, None] * stride_ym
+        if ONE_PASS:
+            mask = rmask[:, None] & (cols[None, :] < N)
+            x = tl.load(xrow + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+            m = tl.max(x, 1)
+            m = tl.where(m == float("-inf"), 0.0, m)  # all -inf row: exp gives 0, not NaN
+            e = tl.exp(x - m[:, None])
+            s = tl.sum(e, 1)
+            if LOG:
+                y = tl.where(s[:, None] > 0, x - (m + tl.log(s))[:, None], float("-inf"))
+            else:
+                y = e * tl.where(s > 0, 1.0 / s, 0.0)[:, None]
+            tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        else:
+            # Per-lane running max and sum: no cross-thread reduction inside the loop.
+            m_vec = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+            s_vec = tl.zeros([ROWS, BLOCK], tl.float32)
+            for start in range(0, N, BLOCK):
+                c = start + cols
+                mask = rmask[:, None] & (c[None, :] < N)
+                # Keep pass 1's lines in L2 for pass 2 (the persistent grid sizes what is in flight).
+                x = tl.load(xrow + c[None, :], mask=mask, other=float("-inf"),
+                            eviction_policy="evict_last").to(tl.float32)
+                m_new = tl.maximum(m_vec, x)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(x - m_safe)
+                m_vec = m_new
+            m = tl.max(m_vec, 1)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(s_vec * tl.exp(m_vec - m[:, None]), 1)
+            inv = tl.where(s > 0, 1.0 / s, 0.0)
+            lse = m + tl.log(s)
+            for start in range(0, N, BLOCK):
+                c = start + cols
+                mask = rmask[:, None] & (c[None, :] < N)
+                x = tl.load(xrow + c[None, :], mask=mask, other=float("-inf"),
+                            eviction_policy="evict_first").to(tl.float32)
+                if LOG:
+                    y = tl.where(s[:, None] > 0, x - lse[:, None], float("-inf"))
+                else:
+                    y = tl.exp(x - m[:, None]) * inv[:, None]
+                tl.store(yrow + c[None, :], y.to(Y.dtype.element_ty), mask=mask,
+                         eviction_policy="evict_first")
+
+
+@triton.jit
+def _softmax_bwd_kernel(Yp, DY, DX, M, N, stride_ym, stride_dym, stride_dxm,
+                        ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr,
+                        ONE_PASS: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        r64 = rows.to(tl.int64)[:, None]
+        yrow = Yp + r64 * stride_ym
+        grow = DY + r64 * stride_dym
+        drow = DX + r64 * stride_dxm
+        if ONE_PASS:
+            mask = rmask[:, None] & (cols[None, :] < N)
+            g = tl.load(grow + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if LOG:
+                y = tl.load(yrow + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+                dot = tl.sum(g, 1)
+                dx = g - tl.exp(y) * dot[:, None]
+            else:
+                y = tl.load(yrow + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                dot = tl.sum(y * g, 1)
+                dx = y * (g - dot[:, None])
+            tl.store(drow + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        else:
+            acc = tl.zeros([ROWS, BLOCK], tl.float32)
+            for start in range(0, N, BLOCK):
+                c = start + cols
+                mask = rmask[:, None] & (c[None, :] < N)
+                g = tl.load(grow + c[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
+                if LOG:
+                    acc += g
+                else:
+                    y = tl.load(yrow + c[None, :], mask=mask, other=0.0,
+                                eviction_policy="evict_last").to(tl.float32)
+                    acc += y * g
+            dot = tl.sum(acc, 1)
+            for start in range(0, N, BLOCK):
+                c = start + cols
+                mask = rmask[:, None] & (c[None, :] < N)
+                g = tl.load(grow + c[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+                if LOG:
+                    y = tl.load(yrow + c[None, :], mask=mask, other=float("-inf"),
+                                eviction_policy="evict_first").to(tl.float32)
+                    dx = g - tl.exp(y) * dot[:, None]
+                else:
+                    y = tl.load(yrow + c[None, :], mask=mask, other=0.0,
+                                eviction_policy="evict_first").to(tl.float32)
+                    dx = y * (g - dot[:, None])
+                tl.store(drow + c[None, :], dx.to(DX.dtype.element_ty), mask=mask,
+                         eviction_policy="evict_first")
+
+
+# v1_unfused: one kernel per step of the textbook formula, each a full pass over memory.
+
+@triton.jit
+def _row_max_kernel(X, MX, N, stride_xm, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    acc = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, N, BLOCK):
+        c = start + cols
+        x = tl.load(X + row * stride_xm + c, mask=c < N, other=float("-inf")).to(tl.float32)
+        acc = tl.maximum(acc, x)
+    m = tl.max(acc, 0)
+    tl.store(MX + row, tl.where(m == float("-inf"), 0.0, m))
+
+
+@triton.jit
+def _sub_exp_kernel(X, MX, E, N, stride_xm, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride_xm + c, mask=c < N, other=float("-inf")).to(tl.float32)
+    tl.store(E + row * N + c, tl.exp(x - tl.load(MX + row)), mask=c < N)
+
+
+@triton.jit
+def _row_sum_kernel(A, B, S, N, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    """S[row] = sum(A) (LOG) or sum(A * B) over a contiguous fp32/any-dtype M x N pair."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        c = start + cols
+        a = tl.load(A + row * N + c, mask=c < N, other=0.0).to(tl.float32)
+        if LOG:
+            acc += a
+        else:
+            acc += a * tl.load(B + row * N + c, mask=c < N, other=0.0).to(tl.float32)
+    tl.store(S + row, tl.sum(acc, 0))
+
+
+@triton.jit
+def _normalize_kernel(X, E, MX, S, Y, N, stride_xm, stride_ym, LOG: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(S + row)
+    if LOG:
+        x = tl.load(X + row * stride_xm + c, mask=c < N, other=float("-inf")).to(tl.float32)
+        y = x - (tl.load(MX + row) + tl.log(s))
+        y = tl.where(s > 0, y, float("-inf"))
+    else:
+        e = tl.load(E + row * N + c, mask=c < N, other=0.0)
+        y = e * tl.where(s > 0, 1.0 / s, 0.0)
+    tl.store(Y + row * stride_ym + c, y.to(Y.dtype.element_ty), mask=c < N)
+
+
+@triton.jit
+def _bwd_elementwise_kernel(Yp, DY, D, DX, N, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    g = tl.load(DY + row * N + c, mask=c < N, other=0.0).to(tl.float32)
+    d = tl.load(D + row)
+    if LOG:
+        y = tl.load(Yp + row * N + c, mask=c < N, other=float("-inf")).to(tl.float32)
+        dx = g - tl.exp(y) * d
+    else:
+        y = tl.load(Yp + row * N + c, mask=c < N, other=0.0).to(tl.float32)
+        dx = y * (g - d)
+    tl.store(DX + row * N + c, dx.to(DX.dtype.element_ty), mask=c < N)
+
+
+# --------------------------------------------------------------------------------------------
+# launchers
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _sms(t: torch.Tensor) -> int:
+    if t.is_cuda:
+        return torch.cuda.get_device_properties(t.device).multi_processor_count
+    return 4  # the interpreter: a few programs, each looping, exercise the persistent loop
+
+
+def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cuda and not _interpreting():
+        raise ValueError(f"{op}: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
+                         f"(use softmax.reference for CPU tensors)")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"{op}: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    if x.dim() == 0:
+        raise ValueError(f"{op}: '{name}' must have at least one dimension")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a 2-D (rows, N) view; rows must be contiguous along the last dim (copied if not)."""
+    N = x.shape[-1]
+    x2 = x.reshape(-1, N) if N else x.reshape(-1, 0)
+    if N > 1 and x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _fused_config(N: int) -> tuple[int, int, int]:
+    """(ROWS, BLOCK, num_warps) for a row held whole in registers."""
+    block = max(16, _pow2(N))
+    rows = max(1, _FUSED_TILE // block)
+    tile = rows * block
+    # 16 fp32 values a thread up to 4096-element tiles (two 16-byte bf16 loads in flight each),
+    # then 16 warps so a 16k row is 32 values a thread (two live tensors in backward: 64 regs).
+    warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
+    return rows, block, warps
+
+
+def _online_config(x: torch.Tensor, row_bytes: int, n_rows: int) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, programs) for the two-pass kernels."""
+    block = _ONLINE_CHUNK_BYTES // x.element_size()
+    sms = _sms(x)
+    if not x.is_cuda:
+        block = 16  # keep interpreter tests small while exercising several chunks
+    per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
+    return block, _ONLINE_WARPS, max(1, min(n_rows, sms * per_sm))
+
+
+def _fwd_fused(x2, y2, log):
+    M, N = x2.shape
+    if N > MAX_FUSED:
+        raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
+                         f"(at most {MAX_FUSED}); use v3_online or variant=None")
+    rows, block, warps = _fused_config(N)
+    grid = (triton.cdiv(M, rows),)
+    _softmax_fwd_kernel[grid](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=rows, BLOCK=block,
+                              LOG=log, ONE_PASS=True, num_warps=warps)
+
+
+def _fwd_online(x2, y2, log):
+    M, N = x2.shape
+    block, warps, progs = _online_config(x2, N * x2.element_size(), M)
+    _softmax_fwd_kernel[(progs,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
+                                  LOG=log, ONE_PASS=False, num_warps=warps)
+
+
+def _fwd_unfused(x2, y2, log):
+    M, N = x2.shape
+    B = _UNFUSED_BLOCK if x2.is_cuda else 16
+    mx = torch.empty(M, device=x2.device, dtype=torch.float32)
+    s = torch.empty(M, device=x2.device, dtype=torch.float32)
+    e = torch.empty(M, N, device=x2.device, dtype=torch.float32)
+    _row_max_kernel[(M,)](x2, mx, N, x2.stride(0), BLOCK=B)
+    _sub_exp_kernel[(M, triton.cdiv(N, B))](x2, mx, e, N, x2.stride(0), BLOCK=B)
+    _row_sum_kernel[(M,)](e, e, s, N, LOG=True, BLOCK=B)
+    _normalize_kernel[(M, triton.cdiv(N, B))](x2, e, mx, s, y2, N, x2.stride(0), y2.stride(0),
+                                              LOG=log, BLOCK=B)
+
+
+def _bwd_fused(y2, g2, dx2, log):
+    M, N = y2.shape
+    if N > MAX_FUSED:
+        raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
+                         f"(at most {MAX_FUSED}); use v3_online or variant=None")
+    rows, block, warps = _fused_config(N)
+    _softmax_bwd_kernel[(triton.cdiv(M, rows),)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
+                                                 dx2.stride(0), ROWS=rows, BLOCK=block, LOG=log,
+                                                 ONE_PASS=True, num_warps=warps)
+
+
+def _bwd_online(y2, g2, dx2, log):
+    M, N = y2.shape
+    block, warps, progs = _online_config(y2, 2 * N * y2.element_size(), M)
+    _softmax_bwd_kernel[(progs,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
+                                  ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, num_warps=warps)
+
+
+def _bwd_unfused(y2, g2, dx2, log):
+    M, N = y2.shape
+    B = _UNFUSED_BLOCK if y2.is_cuda else 16
+    y2, g2 = y2.contiguous(), g2.contiguous()
+    d = torch.empty(M, device=y2.device, dtype=torch.float32)
+    _row_sum_kernel[(M,)](g2, y2, d, N, LOG=log, BLOCK=B)
+    _bwd_elementwise_kernel[(M, triton.cdiv(N, B))](y2, g2, d, dx2, N, LOG=log, BLOCK=B)
+
+
+def _cluster_config(x2) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, num_ctas) for v4_cluster: the row split over a cluster of CTAs, each
+    holding CLUSTER_SLICE elements in registers; Triton reduces across the cluster through
+    distributed shared memory (sm_90). 8 CTAs is the portable cluster limit."""
+    N = x2.shape[1]
+    if N > MAX_CLUSTER:
+        raise ValueError(f"softmax.v4_cluster: rows of {N} elements exceed {MAX_CLUSTER} "
+                         f"(8 CTAs x {CLUSTER_SLICE}); use v3_online")
+    block = max(16, _pow2(N))
+    if not x2.is_cuda:
+        return block, 4, 1  # the interpreter has no clusters
+    ctas = max(1, block // CLUSTER_SLICE)
+    return block, 16 if block >= 16384 else 8, ctas
+
+
+def _fwd_cluster(x2, y2, log):
+    M, N = x2.shape
+    block, warps, ctas = _cluster_config(x2)
+    _softmax_fwd_kernel[(M,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
+                              LOG=log, ONE_PASS=True, num_warps=warps, num_ctas=ctas)
+
+
+def _bwd_cluster(y2, g2, dx2, log):
+    M, N = y2.shape
+    block, warps, ctas = _cluster_config(y2)
+    _softmax_bwd_kernel[(M,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
+                              ROWS=1, BLOCK=block, LOG=log, ONE_PASS=True, num_warps=warps,
+                              num_ctas=ctas)
+
+
+_FWD = {"v1_unfused": _fwd_unfused, "v2_fused": _fwd_fused, "v3_online": _fwd_online,
+        "v4_cluster": _fwd_cluster}
+_BWD = {"v1_unfused": _bwd_unfused, "v2_fused": _bwd_fused, "v3_online": _bwd_online,
+        "v4_cluster": _bwd_cluster}
+
+
+def _pick(variant: str | None, N: int) -> str:
+    if variant is None:
+        if N <= MAX_FUSED:
+            return "v2_fused"
+        return "v4_cluster" if PREFER_CLUSTER and N <= MAX_CLUSTER else "v3_online"
+    if variant not in _FWD:
+        raise ValueError(f"softmax: unknown variant {variant!r}; choose from {sorted(_FWD)}")
+    return variant
+
+
+def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor | None = None):
+    _check(x)
+    N = x.shape[-1]
+    v = _pick(variant, N)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
+        raise ValueError(f"softmax: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        return y
+    _FWD[v](_rows(x), y.view(-1, N), log)
+    return y
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None):
+    _check(y, "y", "softmax_backward")
+    _check(dy, "dy", "softmax_backward")
+    if dy.shape != y.shape or dy.dtype != y.dtype:
+        raise ValueError(f"softmax_backward: dy {tuple(dy.shape)} {dy.dtype} must match y "
+                         f"{tuple(y.shape)} {y.dtype}")
+    N = y.shape[-1]
+    v = _pick(variant, N)
+    dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+    if y.numel() == 0:
+        return dx
+    _BWD[v](_rows(y), _rows(dy), dx.view(-1, N), log)
+    return dx
+
+
+# --------------------------------------------------------------------------------------------
+# autograd ops (torch.compile traces through these via the fake implementations)
+
+
+@torch.library.custom_op("tilewise::softmax_fwd", mutates_args=())
+def _softmax_op(x: torch.Tensor, log: bool, variant: str) -> torch.Tensor:
+    return _forward(x, log, variant or None)
+
+
+@_softmax_op.register_fake
+def _(x, log, variant):
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+
+
+@torch.library.custom_op("tilewise::softmax_bwd", mutates_args=())
+def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str) -> torch.Tensor:
+    return _backward(y, dy.contiguous(), log, variant or None)
+
+
+@_softmax_bwd_op.register_fake
+def _(y, dy, log, variant):
+    return torch.empty(y.shape, device=y.device, dtype=y.dtype)
+
+
+def _setup(ctx, inputs, output):
+    _, log, variant = inputs
+    ctx.log, ctx.variant = log, variant
+    ctx.save_for_backward(output)
+
+
+def _grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return _softmax_bwd_op(y, dy, ctx.log, ctx.variant), None, None
+
+
+_softmax_op.register_autograd(_grad, setup_context=_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def _variant_fn(name: str, log: bool):
+    def fn(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _forward(x, log, name, out)
+    fn.__name__ = name
+    return fn
+
+
+VARIANTS = {v: _variant_fn(v, False) for v in _FWD}
+LOG_VARIANTS = {v: _variant_fn(v, True) for v in _FWD}
+BACKWARD_VARIANTS = {v: (lambda y, dy, log=False, _v=v: _backward(y, dy, log, _v)) for v in _BWD}
+
+
+def softmax(x: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
+    """Softmax along the last dim, differentiable.
+
+    x:       CUDA tensor, any shape with at least one dim, float32 / float16 / bfloat16; rows must
+             be contiguous along the last dim (other layouts are copied first).
+    variant: None (v2_fused when the row has at most MAX_FUSED = 16384 elements, else v3_online)
+             or a key of VARIANTS.
+    Returns y, same shape and dtype as x; fp32 arithmetic. A row of only -inf gives zeros.
+    """
+    _check(x)
+    return _softmax_op(x, False, "" if variant is None else _pick(variant, x.shape[-1]))
+
+
+def log_softmax(x: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
+    """Log-softmax along the last dim, differentiable; arguments as for ``softmax``.
+    A row of only -inf gives -inf."""
+    _check(x)
+    return _softmax_op(x, True, "" if variant is None else _pick(variant, x.shape[-1]))
+
+
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False,
+                     variant: str | None = None) -> torch.Tensor:
+    """dx for y = softmax(x) (log=False) or y = log_softmax(x) (log=True) and incoming gradient
+    dy: both CUDA tensors of y's shape and dtype. Returns dx, same shape and dtype."""
+    return _backward(y, dy, log, variant)

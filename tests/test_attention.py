@@ -1,0 +1,502 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops import attention as A
+
+from conftest import HAS_CUDA, poison
+
+TINY = dict(fwd=(16, 16, 4, 1), dkdv=(16, 16, 4, 1), dq=(16, 16, 4, 1))  # several tiles in the interpreter
+
+
+def _sdpa_math(q, k, v, *, causal=False, mask=None, bias=None, scale=None):
+    attn = None
+    if mask is not None:
+        attn = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+    if bias is not None:
+        attn = bias.to(q.dtype) if attn is None else attn + bias.to(q.dtype)
+    if causal and attn is not None:
+        tri = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        attn = attn.masked_fill(~tri, float("-inf"))
+        causal = False
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, is_causal=causal, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float64, device="cpu", seed=0, grad=False):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, H, Sq, D, dtype=dtype, device=device, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device, generator=g)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+# ---------------------------------------------------------------- references vs SDPA math (CPU)
+
+@pytest.mark.parametrize("ref", [A.reference, A.reference_tiled], ids=["naive", "tiled"])
+@pytest.mark.parametrize("case", ["plain", "causal", "causal_sq_lt_sk", "causal_sq_gt_sk", "mask", "bias",
+                                  "gqa_scale"])
+def test_references_match_sdpa_math(ref, case):
+    B, H, Hkv, Sq, Sk, D = 2, 4, 4, 37, 37, 16
+    kw = {}
+    if case == "causal":
+        kw["causal"] = True
+    elif case == "causal_sq_lt_sk":
+        Sq, Sk, kw["causal"] = 20, 300, True
+    elif case == "causal_sq_gt_sk":
+        Sq, Sk, kw["causal"] = 300, 20, True
+    elif case == "mask":
+        Sk = 300
+        g = torch.Generator().manual_seed(1)
+        kw["mask"] = torch.rand(B, 1, Sq, Sk, generator=g) > 0.3
+        kw["mask"][..., 0] = True  # SDPA gives NaN for an empty row; ours gives 0 (tested elsewhere)
+    elif case == "bias":
+        Sk = 300
+        kw["bias"] = torch.randn(1, H, Sq, Sk, dtype=torch.float64)
+    elif case == "gqa_scale":
+        Hkv, kw["scale"] = 2, 0.3
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D)
+    kwr = dict(kw)
+    if ref is A.reference_tiled:
+        kwr["block_n"] = 64
+    out, lse = ref(q, k, v, return_lse=True, **kwr)
+    torch.testing.assert_close(out, _sdpa_math(q, k, v, **kw), rtol=1e-10, atol=1e-10)
+    assert lse.shape == (B, H, Sq) and torch.isfinite(lse).all()
+
+
+def test_references_fully_masked_rows_give_zero_and_agree():
+    q, k, v = _inputs(1, 2, 2, 9, 70, 8)
+    mask = torch.ones(9, 70, dtype=torch.bool)
+    mask[3] = False
+    o1, l1 = A.reference(q, k, v, mask=mask, return_lse=True)
+    o2, l2 = A.reference_tiled(q, k, v, mask=mask, return_lse=True, block_n=16)
+    assert (o1[:, :, 3] == 0).all() and (o2[:, :, 3] == 0).all()
+    assert torch.isneginf(l1[:, :, 3]).all() and torch.isneginf(l2[:, :, 3]).all()
+    torch.testing.assert_close(o1, o2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(l1, l2, rtol=1e-12, atol=1e-12)
+    keep = torch.arange(9) != 3
+    torch.testing.assert_close(o1[:, :, keep], _sdpa_math(q, k, v, mask=mask)[:, :, keep])
+
+
+def test_cost():
+    c = A.cost(4, 16, 4096, 4096, 128, torch.bfloat16)
+    assert c.flops == 4 * 4 * 16 * 4096 ** 2 * 128
+    assert A.cost(4, 16, 4096, 4096, 128, causal=True).flops == c.flops / 2
+    assert A.cost(4, 16, 4096, 4096, 128, backward=True).flops == 3.5 * c.flops
+    qb = 4 * 16 * 4096 * 128 * 2
+    assert c.bytes == 4 * qb + 4 * 16 * 4096 * 4  # q, k, v read, out written, lse written
+    assert A.cost(4, 16, 4096, 4096, 128, Hkv=4).bytes == 2 * qb + 2 * qb // 4 + 4 * 16 * 4096 * 4
+
+
+# ---------------------------------------------------------------- input validation
+
+def test_rejects_bad_inputs():
+    q, k, v = _inputs(1, 2, 2, 5, 6, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="'q' must be 4-D"):
+        A.flash_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="'k' has dtype torch.float16 but q has"):
+        A.flash_attention(q, k.half(), v.half())
+    with pytest.raises(ValueError, match="must have one shape"):
+        A.flash_attention(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match="multiple of k's 3 heads"):
+        A.flash_attention(q[:, :1].expand(1, 4, 5, 8), k[:, :1].expand(1, 3, 6, 8), v[:, :1].expand(1, 3, 6, 8))
+    with pytest.raises(ValueError, match="'mask' must be a bool tensor"):
+        A.flash_attention(q, k, v, mask=torch.ones(5, 6))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        A.flash_attention(q, k, v, bias=torch.ones(5, 7))
+    with pytest.raises(ValueError, match="'bias' must be a float16"):
+        A.flash_attention(q, k, v, bias=torch.ones(5, 6, dtype=torch.int32))
+    with pytest.raises(ValueError, match="head dim D=300"):
+        A.flash_attention(*_inputs(1, 1, 1, 3, 3, 300, dtype=torch.float32))
+    with pytest.raises(ValueError, match="dtype torch.int64"):
+        A.flash_attention(q.long(), k.long(), v.long())
+    with pytest.raises(ValueError, match="'scale' must be a finite"):
+        A.flash_attention(q, k, v, scale=float("nan"))
+
+
+def test_rejects_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="need CUDA tensors"):
+        A.flash_attention(*_inputs(1, 1, 1, 3, 3, 8, dtype=torch.float32))
+
+
+def test_block_flags():
+    mask = torch.zeros(2, 1, 33, 40, dtype=torch.bool)
+    mask[0, 0, 20, 35] = True
+    f = A._block_flags(mask, (2, 3, 33, 40), 16, 16)
+    assert f.shape == (2, 3, 3, 3)
+    expect = torch.zeros(2, 3, 3, 3, dtype=torch.uint8)
+    expect[0, :, 1, 2] = 1
+    assert torch.equal(f, expect)
+    pad = torch.zeros(2, 1, 1, 40, dtype=torch.bool)
+    pad[1, ..., :5] = True
+    f = A._block_flags(pad, (2, 3, 33, 40), 16, 16)
+    assert f.shape == (2, 3, 3, 3) and f[1, :, :, 0].all() and not f[1, :, :, 1:].any() and not f[0].any()
+
+
+# ---------------------------------------------------------------- Triton kernels in the interpreter (CPU)
+
+def _run_fwd_bwd(fn, q, k, v, *, causal=False, mask=None, bias=None, scale=None, seed=7):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    b = bias.detach().clone().requires_grad_(True) if bias is not None else None
+    out, lse = fn(q, k, v, causal=causal, mask=mask, bias=b, scale=scale, return_lse=True)
+    g = torch.Generator(device=q.device).manual_seed(seed)
+    # fp32 draws rounded to out's dtype: every run (any dtype) gets the very same dO values.
+    go = torch.randn(out.shape, generator=g, device=q.device).to(out.dtype)
+    gl = torch.randn(lse.shape, generator=g, device=q.device)
+    lse_f = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    ((out.float() * go.float()).sum() + (lse_f * gl).sum()).backward()
+    return {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
+            **({"dbias": b.grad} if b is not None else {})}
+
+
+def _compare(ours, ref, tol):
+    for name, r in ref.items():
+        o = ours[name]
+        assert o.shape == r.shape, name
+        assert o.dtype == r.dtype, name
+        if name == "lse":
+            assert torch.equal(torch.isneginf(o), torch.isneginf(r)), "lse -inf pattern"
+            o, r = torch.where(torch.isinf(r), 0, o), torch.where(torch.isinf(r), 0, r)
+        assert not torch.isnan(o).any(), name
+        err = (o.double() - r.double()).norm() / max(r.double().norm().item(), 1e-30)
+        assert err < tol, f"{name}: relative error {err:.3g}"
+
+
+CASES = [  # (B, H, Hkv, Sq, Sk, D)
+    (1, 1, 1, 1, 1, 32),
+    (1, 1, 1, 17, 17, 64),
+    (2, 2, 1, 33, 40, 32),
+    (1, 1, 1, 100, 45, 32),
+]
+
+
+@pytest.mark.parametrize("shape", CASES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("extra", ["plain", "causal", "mask_bias", "causal_mask_bias"])
+def test_triton_interpreter_fwd_bwd(shape, extra):
+    B, H, Hkv, Sq, Sk, D = shape
+    if shape[3] == 1 and extra != "plain" and extra != "causal_mask_bias":
+        pytest.skip("one element: covered by the other cases")
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=sum(shape))
+    kw = {"causal": "causal" in extra}
+    if "mask" in extra:
+        g = torch.Generator().manual_seed(3)
+        m = torch.rand(B, 1, Sq, Sk, generator=g) > 0.4
+        m[..., 16:32] = False  # whole 16-wide key tiles blocked: the skip path
+        if Sq > 5:
+            m[0, 0, 5] = False  # one row with no key at all
+        kw["mask"] = m
+        kw["bias"] = torch.randn(1, H, Sq, Sk, generator=g)
+    with A.override_configs(**TINY):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    ref = _run_fwd_bwd(A.reference, q, k, v, **kw)
+    _compare(ours, ref, 1e-5)
+    if "mask" in extra and Sq > 5:
+        assert (ours["out"][0, :, 5] == 0).all() and (ours["dq"][0, :, 5] == 0).all()
+
+
+@pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles"])
+def test_triton_interpreter_more(case):
+    kw, cfg = {}, TINY
+    if case == "D96_gqa":
+        q, k, v = _inputs(1, 4, 2, 19, 23, 96, dtype=torch.float32, seed=1)
+        kw["causal"] = True
+    elif case == "D20_scale":
+        q, k, v = _inputs(1, 1, 1, 21, 18, 20, dtype=torch.float32, seed=2)
+        kw["scale"] = 0.7
+    elif case == "padding_mask_bias_2d":
+        q, k, v = _inputs(2, 2, 2, 20, 35, 32, dtype=torch.float32, seed=3)
+        pad = torch.ones(2, 1, 1, 35, dtype=torch.bool)
+        pad[1, ..., 10:] = False
+        kw["mask"], kw["bias"] = pad, torch.randn(20, 35)
+    elif case == "noncontig":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2)
+                   for t in _inputs(2, 2, 2, 18, 18, 32, dtype=torch.float32, seed=4))
+        assert not q.is_contiguous()
+        kw["causal"] = True
+        kw["bias"] = torch.randn(2, 1, 1, 18)  # gradient summed over H and Sq
+    else:  # the H200 tile sizes, one tile each
+        q, k, v = _inputs(1, 1, 1, 33, 33, 64, dtype=torch.float32, seed=5)
+        kw["causal"] = True
+        cfg = {}
+    with A.override_configs(**cfg):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
+
+
+def test_triton_interpreter_lse_only_gradient_and_compile():
+    q, k, v = _inputs(1, 1, 1, 17, 17, 32, dtype=torch.float32, seed=9, grad=True)
+    with A.override_configs(**TINY):
+        _, lse = A.flash_attention(q, k, v, return_lse=True)
+        lse.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        A.reference(q2, k2, v2, return_lse=True)[1].sum().backward()
+        for a, b in zip(grads, (q2.grad, k2.grad)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert v2.grad is None and (grads[2] == 0).all()  # the LSE does not depend on v
+        # The fake implementation and autograd registration trace under torch.compile.
+        f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, causal=True) * 2, backend="aot_eager",
+                          fullgraph=True)
+        out = f(q, k, v)
+        out.sum().backward()
+    torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_interpreter_v4_tma_forward(causal):
+    q, k, v = (t.half() for t in _inputs(2, 2, 1, 33, 40, 32, dtype=torch.float32, seed=12))
+    assert A._tma_applies(q, k, v, None, None)
+    with A.override_configs(**TINY):
+        out, lse = A.v4_flash2_tma(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+    assert out.dtype == torch.float16 and not torch.isnan(out).any()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_v4_applies_only_to_dense_unmasked_inputs():
+    q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
+    assert A._tma_applies(q, k, v, None, None)
+    assert not A._tma_applies(q, k, v, torch.ones(8, 8, dtype=torch.bool), None)
+    assert not A._tma_applies(q, k, v, None, torch.zeros(8, 8))
+    assert not A._tma_applies(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, None, None)
+    assert not A._tma_applies(q.float(), k.float(), v.float(), None, None)
+    q96, k96, v96 = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 96, dtype=torch.float32))
+    assert not A._tma_applies(q96, k96, v96, None, None)
+
+
+def test_empty_and_zero_keys():
+    q, k, v = _inputs(1, 2, 2, 4, 0, 32, dtype=torch.float32)
+    out, lse = A.flash_attention(q, k, v, return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    q, k, v = _inputs(0, 2, 2, 4, 4, 32, dtype=torch.float32)
+    assert A.flash_attention(q, k, v).shape == (0, 2, 4, 32)
+
+
+# ---------------------------------------------------------------- GPU
+
+GPU_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
+    (1, 2, 2, 1, 1, 64), (2, 3, 3, 31, 31, 64), (2, 4, 4, 33, 1000, 128), (1, 4, 2, 1000, 33, 128),
+    (1, 2, 2, 4097, 4097, 64), (1, 4, 1, 1000, 1000, 128), (1, 2, 2, 257, 257, 32), (1, 2, 2, 257, 300, 96),
+    (1, 2, 2, 300, 257, 256),
+]
+
+
+def _sdpa_lowp(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=True):
+    """SDPA's math backend in q's dtype, and a log-sum-exp from a matmul in q's dtype: the error
+    that PyTorch itself makes at this precision."""
+    out = _sdpa_math(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale)
+    s = (q @ A._expand_kv(k, q.shape[1]).transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return out, torch.logsumexp(s, -1)
+
+
+def _gpu_tol(ours, ref_fp32, sdpa_lowp):
+    """bf16/fp16: 1e-2 relative to the fp32 reference, or twice SDPA-math's own low-precision error."""
+    def err(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+    return err(ours, ref_fp32), max(1e-2, 2 * err(sdpa_lowp, ref_fp32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_forward_backward(shape, dtype, causal, poisoned_outputs):
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D)
+    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
+    for name in ("out", "dq", "dk", "dv"):
+        assert not torch.isnan(ours[name]).any(), name
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The forward's output is allocated NaN-filled, so an element the kernel never writes fails."""
+    monkeypatch.setattr(A, "_empty_like_out", lambda q: poison(torch.empty(q.shape, dtype=q.dtype, device=q.device)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 4097, 33, 64), (1, 2, 2, 31, 300, 256),
+                                   (2, 2, 2, 1, 1, 32), (2, 3, 3, 33, 4097, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_v4_tma(shape, causal, poisoned_outputs):
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + D)
+    assert A._tma_applies(q, k, v, None, None)
+    ours = _run_fwd_bwd(A.v4_flash2_tma, q, k, v, causal=causal)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
+    for name in ("out", "dq", "dk", "dv"):
+        assert not torch.isnan(ours[name]).any(), name
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_output_is_fully_written_and_matches_sdpa(poisoned_outputs):
+    q, k, v = _inputs(2, 8, 8, 1031, 1031, 128, dtype=torch.bfloat16, device="cuda", seed=11)
+    out2, _ = A._fwd_impl(q, k, v, None, None, True, 128 ** -0.5)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert not torch.isnan(out2).any()
+    e = ((out2.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert e < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
+    B, H, Sq, Sk, D = 2, 4, 1000, 777, 64
+    q, k, v = _inputs(B, H, H, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=3)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    bias = torch.randn(bias_shape, device="cuda", generator=g)
+    mask = torch.rand(B, 1, Sq, Sk, device="cuda", generator=g) > 0.3
+    mask[..., 100:400] = False  # several whole key tiles
+    mask[1, 0, 17] = False  # a row with no key
+    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, mask=mask, bias=bias)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, mask=mask, bias=bias)
+    for name in ("out", "dq", "dk", "dv", "dbias"):
+        o, r = ours[name], ref[name]
+        assert o.shape == r.shape and not torch.isnan(o).any(), name
+        e = ((o.double() - r.double()).norm() / r.double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+    assert (ours["out"][1, :, 17] == 0).all() and (ours["dq"][1, :, 17] == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic():
+    q, k, v = _inputs(2, 8, 2, 1000, 1000, 128, dtype=torch.bfloat16, device="cuda", seed=5)
+    bias = torch.randn(1, 8, 1000, 1000, device="cuda")
+    a = _run_fwd_bwd(A.flash_attention, q, k, v, causal=True, bias=bias)
+    b = _run_fwd_bwd(A.flash_attention, q, k, v, causal=True, bias=bias)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.gpu
+def test_gpu_peak_memory_is_linear_in_s():
+    def extra_peak(S):
+        q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
+        go = torch.randn_like(q)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = A.flash_attention(q, k, v, causal=True)
+        out.backward(go)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    extra_peak(1024)  # warm-up: compile, allocator
+    small, large = extra_peak(2048), extra_peak(16384)
+    # 8x the length: linear growth gives ~8x; one S x S fp32 tensor per head would give 64x.
+    assert large < 10 * small, (small, large)
+    assert large < 8 * 16384 * 16384 * 4 / 16, large  # far below even 1/16 of one (H, S, S) fp32 tensor
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_in_a_model():
+    lin = torch.nn.Linear(64, 3 * 64, device="cuda", dtype=torch.bfloat16)
+
+    def model(x):
+        q, k, v = lin(x).view(2, 100, 3, 2, 32).permute(2, 0, 3, 1, 4)
+        return A.flash_attention(q, k, v, causal=True).sum()
+
+    x = torch.randn(2, 100, 64, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)(x)
+    compiled.backward()
+    assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
+    # A sum of 12,800 bf16 outputs: inductor and eager round it differently.
+    torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=0.5)
+
+
+# ---------------------------------------------------------------- sm_90 compile report (CPU)
+
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False):
+    """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
+    as constants, pointers and strides divisible by 16); return (registers, spill instructions,
+    HGMMA count) from the SASS."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tilewise.ops import attention_kernels as K
+
+    fn = {"fwd": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel}[kind]
+    bm, bn, w, s = A._config("dq_bias" if bias_grad else kind, D)
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
+                  HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
+    if kind == "dq":
+        consts["BIAS_GRAD"] = bias_grad
+    for n in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_dd", "stride_bn", "stride_mn", "stride_fn"):
+        if n in fn.arg_names:
+            consts[n] = 1
+    ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32")
+    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
+           for n in fn.arg_names}
+    div = [n for n in fn.arg_names if n not in consts
+           and (n in ptr or (n.startswith("stride_") and not n.startswith("stride_f")))]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div}
+    c = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=w, num_stages=s))
+    cuobj = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(c.asm["cubin"])
+        res = subprocess.run([cuobj, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([cuobj, "-sass", path], capture_output=True, text=True, check=True).stdout
+    regs = int(res.split("REG:")[1].split()[0])
+    return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA")
+
+
+SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=False)), "dq": ("dq", dict(causal=False)),
+              "dq_bias_grad": ("dq", dict(causal=False, bias=True, bias_grad=True))}
+
+
+@pytest.fixture(scope="module")
+def sm90_report():
+    """All cases compiled in one child process: the compiler needs the kernels as JIT functions,
+    which they are not under TRITON_INTERPRET=1 (set for this process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import json, sys; sys.path.insert(0, %r); import test_attention as t; "
+            "print(json.dumps({n: t._compile_sm90(k, 128, **kw) for n, (k, kw) in t.SM90_CASES.items()}))" % here)
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(SM90_CASES))
+def test_sm90_build_uses_wgmma_without_spills(case, sm90_report):
+    regs, spills, hgmma = sm90_report[case]
+    assert spills == 0, f"{case} D=128: {spills} spill instructions ({regs} registers)"
+    assert hgmma > 0, f"{case}: no wgmma (HGMMA) in the SASS"

@@ -1,0 +1,318 @@
+import os
+
+import pytest
+import torch
+
+from tilewise.bench.harness import rel_error
+from tilewise.ops import gemm_triton as gt
+
+from conftest import HAS_CUDA, poison
+
+DEV = "cuda" if HAS_CUDA else "cpu"  # on CPU the kernels run in Triton's interpreter
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-3, torch.float8_e4m3fn: 1e-2}
+VARIANTS = list(gt.VARIANTS)
+
+
+def _operands(M, N, K, dtype, b_layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g).to(DEV, dtype)
+    if b_layout == "kmajor":  # b = w.T of an (N, K) weight, as in a linear layer
+        b = torch.randn(N, K, generator=g).to(DEV, dtype).t()
+    else:
+        b = torch.randn(K, N, generator=g).to(DEV, dtype)
+    bias = torch.randn(N, generator=g).to(DEV)
+    return a, b, bias
+
+
+def _run(variant, a, b, **kw):
+    if variant == "v3_tma_persistent" and not gt.tma_applies(a, b, kw.get("out_dtype")):
+        pytest.skip("layout not TMA-compatible")
+    return gt.VARIANTS[variant](a, b, **kw)
+
+
+# --------------------------------------------------------------------------- CPU (interpreter) and GPU
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+def test_plain_gemm_odd_sizes(variant, dtype, b_layout):
+    # TMA needs 16-byte rows: N = 40 keeps it applicable while M, K stay odd-ish.
+    M, N, K = (33, 40, 24) if variant == "v3_tma_persistent" else (33, 37, 19)
+    a, b, _ = _operands(M, N, K, dtype, b_layout)
+    out = poison(torch.empty(M, N, device=DEV, dtype=dtype))
+    res = _run(variant, a, b, out=out)
+    assert res is out
+    assert rel_error(out, gt.reference(a, b).float()) < TOL[dtype]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_fused_epilogue_bias_activation_cast(variant, activation):
+    M, N, K = 17, 48, 40
+    a, b, bias = _operands(M, N, K, torch.float16, "kmajor", seed=3)
+    aux = poison(torch.empty(M, N, device=DEV, dtype=torch.float32))
+    out = _run(variant, a, b, bias=bias, activation=activation, out_dtype=torch.float32, aux=aux)
+    assert out.dtype == torch.float32
+    ref = gt.reference(a, b, bias, activation, out_dtype=torch.float32)
+    assert rel_error(out, ref) < 1e-4
+    assert rel_error(aux, gt.reference(a, b, bias, out_dtype=torch.float32)) < 1e-4
+    if activation == "relu":
+        assert (out >= 0).all() and (out == 0).any()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp8_with_per_tensor_scales(variant):
+    M, N, K = 19, 32, 48
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(M, K, generator=g).to(DEV).to(torch.float8_e4m3fn)
+    w = torch.randn(N, K, generator=g).to(DEV).to(torch.float8_e4m3fn)
+    sa = torch.tensor([0.25], device=DEV)
+    sb = torch.tensor([3.0], device=DEV)
+    out = _run(variant, a, w.t(), scale_a=sa, scale_b=sb)
+    assert out.dtype == torch.bfloat16
+    # The reference dequantizes the same fp8 values, so only the bf16 output rounding differs.
+    assert rel_error(out, gt.reference(a, w.t(), scale_a=sa, scale_b=sb).float()) < 1e-2
+    # Scales enter: doubling one doubles the result.
+    out2 = _run(variant, a, w.t(), scale_a=sa * 2, scale_b=sb)
+    assert rel_error(out2, 2 * out.float()) < 1e-2
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_fp32_precisions(precision):
+    a, b, _ = _operands(21, 23, 35, torch.float32, "rowmajor", seed=7)
+    out = gt.gemm(a, b, precision=precision, variant="v1_tiled")
+    ref = a.double() @ b.double()
+    assert rel_error(out, ref) < (2e-3 if precision == "tf32" else 1e-5)
+
+
+def test_k_one_and_size_one():
+    a, b, bias = _operands(1, 1, 1, torch.float16, "rowmajor", seed=9)
+    out = gt.gemm(a, b, bias=bias.half(), variant="v1_tiled")
+    torch.testing.assert_close(out.float(), (a.float() @ b.float() + bias.half().float()), rtol=2e-3, atol=2e-3)
+    a, b, _ = _operands(37, 29, 1, torch.float16, "rowmajor", seed=10)
+    assert rel_error(gt.gemm(a, b, variant="v2_persistent"), gt.reference(a, b).float()) < 2e-3
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_linear_forward_and_backward(activation):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 7, 24, generator=g).to(DEV).requires_grad_()
+    w = (0.3 * torch.randn(40, 24, generator=g)).to(DEV).requires_grad_()
+    b = torch.randn(40, generator=g).to(DEV).requires_grad_()
+    gy = torch.randn(3, 7, 40, generator=g).to(DEV)
+    y = gt.linear(x, w, b, activation=activation)
+    y.backward(gy)
+    grads = [t.grad.clone() for t in (x, w, b)]
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yr = torch.nn.functional.linear(xr, wr, br)
+    yr = {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation](yr)
+    yr.backward(gy.double())
+    assert y.shape == (3, 7, 40)
+    assert rel_error(y, yr) < 2e-3  # TF32 forward
+    for got, want in zip(grads, (xr.grad, wr.grad, br.grad)):
+        assert rel_error(got, want) < 2e-3
+
+
+def test_linear_named_variant_and_no_grad_match():
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(5, 24, generator=g).to(DEV)
+    w = torch.randn(16, 24, generator=g).to(DEV)
+    b = torch.randn(16, generator=g).to(DEV)
+    ref = torch.nn.functional.gelu(x.double() @ w.double().t() + b.double())
+    with torch.no_grad():
+        assert rel_error(gt.linear(x, w, b, "gelu"), ref) < 2e-3
+    assert rel_error(gt.linear(x, w, b, "gelu", variant="v2_persistent"), ref) < 2e-3
+
+
+def test_custom_ops_pass_opcheck():
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(9, 16, generator=g).to(DEV).requires_grad_()
+    w = torch.randn(8, 16, generator=g).to(DEV).requires_grad_()
+    b = torch.randn(8, generator=g).to(DEV).requires_grad_()
+    torch.library.opcheck(gt._gemm_op, (x.detach(), w.detach().t(), b.detach(), "relu"))
+    torch.library.opcheck(gt._linear_op, (x, w, b, "gelu", True))
+    torch.library.opcheck(gt._linear_op, (x, w, None, "", False))
+
+
+def test_bad_input_is_rejected_with_the_reason():
+    a = torch.randn(4, 5, device=DEV)
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        gt.gemm(a, torch.randn(6, 3, device=DEV))
+    with pytest.raises(ValueError, match="both must have one dtype"):
+        gt.gemm(a, torch.randn(5, 3, device=DEV).half())
+    with pytest.raises(ValueError, match="dtype torch.int32"):
+        gt.gemm(a.int(), a.int().t())
+    with pytest.raises(ValueError, match="need scale_a and scale_b"):
+        f8 = a.to(torch.float8_e4m3fn)
+        gt.gemm(f8, f8.t())
+    with pytest.raises(ValueError, match="apply to float8_e4m3fn inputs only"):
+        gt.gemm(a, a.t(), scale_a=torch.ones(1, device=DEV), scale_b=torch.ones(1, device=DEV))
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        gt.gemm(a, a.t(), activation="tanh")
+    with pytest.raises(ValueError, match=r"bias must be a tensor of shape \(4,\)"):
+        gt.gemm(a, a.t(), bias=torch.ones(5, device=DEV))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        gt.gemm(a[None], a.t())
+    with pytest.raises(ValueError, match="unknown variant"):
+        gt.gemm(a, a.t(), variant="v0")
+    with pytest.raises(ValueError, match="x has K=5"):
+        gt.linear(a, torch.randn(3, 4, device=DEV))
+    with pytest.raises(ValueError, match="TMA needs"):
+        gt.gemm(a, a.t(), variant="v3_tma_persistent")  # rows of 5 fp32 are not 16-byte multiples
+
+
+def test_cost_and_reference():
+    c = gt.cost(4096, 4096, 4096, torch.bfloat16)
+    assert c.flops == 2 * 4096**3 and c.bytes == 2 * 3 * 4096**2
+    c8 = gt.cost(64, 32, 128, torch.float8_e4m3fn, bias=True)
+    assert c8.bytes == 64 * 128 + 128 * 32 + 2 * 64 * 32 + 4 * 32
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    torch.testing.assert_close(gt.reference(a, b, activation="relu"), torch.relu(a @ b))
+
+
+# --------------------------------------------------------------------------- GPU only, larger sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (31, 33, 17), (1000, 4097, 64), (4097, 1000, 1000), (257, 8, 4096)],
+                         ids=str)
+def test_gpu_sizes_against_fp64(variant, dtype, shape):
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, dtype, "kmajor", seed=M + N + K)
+    out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    try:
+        _run(variant, a, b, bias=bias, activation="gelu", out=out)
+    except pytest.skip.Exception:
+        if shape[1] % 8 == 0:
+            raise
+        return
+    ref = torch.nn.functional.gelu(a.double() @ b.double() + bias.double())
+    assert rel_error(out, ref) < {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 2e-3}[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_fp8_matches_scaled_mm(variant):
+    M, N, K = 1000, 4096, 1024
+    a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.tensor([0.5], device="cuda")
+    sb = torch.tensor([0.25], device="cuda")
+    out = gt.VARIANTS[variant](a, w.t(), scale_a=sa, scale_b=sb)
+    ref = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    assert rel_error(out, ref.float()) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_linear_bf16_backward():
+    x = torch.randn(4097, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (0.05 * torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16)).requires_grad_()
+    b = torch.randn(1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = gt.linear(x, w, b, activation="gelu")
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yr = torch.nn.functional.gelu(torch.nn.functional.linear(xr, wr, br))
+    yr.backward(gy.double())
+    assert rel_error(y, yr) < 1e-2
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
+        assert rel_error(got, want) < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_cpu_tensors():
+    with pytest.raises(ValueError, match="'a' is on cpu"):
+        gt.gemm(torch.randn(4, 4), torch.randn(4, 4))
+
+
+def test_autotune_config_pruning_and_tma_hook():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def pruned(dtype, M, N):
+        return gt._prune(gt._CONFIGS, {"a_ptr": torch.empty(1, dtype=dtype), "M": M, "N": N})
+
+    for dtype, bk in ((torch.bfloat16, 64), (torch.float16, 64), (torch.float8_e4m3fn, 128), (torch.float32, 32)):
+        big = pruned(dtype, 8192, 8192)
+        assert len(big) >= 3 and {c.kwargs["BLOCK_K"] for c in big} == {bk}
+    small = pruned(torch.bfloat16, 20, 40)
+    assert small and all(c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 for c in small) or \
+        len(small) == 1
+    # Descriptors get the chosen config's block shapes (B transposed when K-major).
+    a = torch.empty(64, 64, dtype=torch.bfloat16)
+    nargs = {n: TensorDescriptor.from_tensor(a, [16, 16]) for n in ("a_desc", "b_desc", "c_desc", "aux_desc")}
+    cfg = gt._tma_configs()[0]
+    gt._tma_pre_hook({**nargs, **cfg.kwargs, "B_KMAJOR": True})
+    bm, bn, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]
+    assert nargs["a_desc"].block_shape == [bm, bk] and nargs["b_desc"].block_shape == [bn, bk]
+    assert nargs["c_desc"].block_shape == [bm, bn]
+
+
+def test_tma_pruning_drops_configs_past_shared_memory():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def pruned(dtype):
+        t = torch.empty(64, 64, dtype=dtype)
+        d = TensorDescriptor.from_tensor(t, [16, 16])
+        return gt._prune(gt._CONFIGS, {"a_desc": d, "c_desc": d, "M": 8192, "N": 8192})
+
+    fp32 = pruned(torch.float32)
+    assert fp32 and all((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != (128, 256) for c in fp32)
+    assert any(c.kwargs["BLOCK_N"] == 256 for c in pruned(torch.bfloat16))  # 208 KiB: fits
+
+
+_COMPILE_SM90 = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tilewise.ops import gemm_triton as gt
+
+
+def build(fn, sig, constexprs, aligned, num_warps, num_stages):
+    # The 16-divisibility that the JIT finds for aligned pointers and sizes, given by hand.
+    for k in constexprs:
+        sig.setdefault(k, "constexpr")
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = k.asm["ptx"]
+    return {"wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async.cg" in ptx or "cp.async.ca" in ptx,
+            "tma": "cp.async.bulk.tensor" in ptx, "e4m3": "e4m3" in ptx, "smem": k.metadata.shared}
+
+
+meta = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "HAS_BIAS": True, "HAS_SCALES": False,
+        "STORE_AUX": False, "ACTIVATION": 2, "PRECISION": "tf32", "UPCAST": False}
+sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "aux_ptr": "*bf16",
+       "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
+       "stride_ak": "constexpr", "stride_bk": "i32", "stride_bn": "constexpr", "stride_cm": "i32",
+       "stride_cn": "constexpr"}
+ptr = build(gt._gemm_kernel, sig, {**meta, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1},
+            ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 3)
+tsig = {"a_desc": "tensordesc<fp8e4nv[128, 128]>", "b_desc": "tensordesc<fp8e4nv[256, 128]>",
+        "c_desc": "tensordesc<bf16[128, 256]>", "aux_desc": "tensordesc<bf16[128, 256]>", "bias_ptr": "*bf16",
+        "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NUM_SMS": "i32",
+        "dtype_tag": "i32"}
+tma = build(gt._gemm_tma_persistent_kernel, tsig, {**meta, "BLOCK_K": 128, "HAS_SCALES": True, "B_KMAJOR": True},
+            ["M", "N", "K"], 8, 3)
+print(json.dumps({"ptr": ptr, "tma": tma, "limit": gt._SMEM_LIMIT}))
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernels run for real")
+def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, don't interpret
+    p = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["ptr"]["wgmma"] and r["ptr"]["cp_async"]  # tensor cores, software-pipelined loads
+    assert r["ptr"]["smem"] == 3 * (128 + 256) * 64 * 2  # three stages of A and B tiles
+    assert r["tma"]["wgmma"] and r["tma"]["tma"] and r["tma"]["e4m3"]
+    assert r["tma"]["smem"] <= r["limit"]
