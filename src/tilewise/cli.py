@@ -1,4 +1,4 @@
-"""``tilewise info | bench | roofline | report | check``."""
+"""``tilewise info | bench | roofline | report | check | train | predict | evaluate``."""
 
 from __future__ import annotations
 
@@ -223,6 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")
     s.add_argument("--arch", default="sm_90")
     s.set_defaults(fn=cmd_check)
+
+    # The classifier's commands live with the training code (tilewise/train.py).
+    from . import train as _train
+
+    s = sub.add_parser("train", help="train the SST-2 text classifier (tilewise kernels or --backend torch)")
+    _train.add_arguments(s)
+    s.set_defaults(fn=_train.main)
+    s = sub.add_parser("predict", help="classify sentences with a trained checkpoint")
+    _train.add_predict_arguments(s)
+    s.set_defaults(fn=_train.main_predict)
+    s = sub.add_parser("evaluate", help="accuracy of a trained checkpoint on an SST-2 split")
+    _train.add_evaluate_arguments(s)
+    s.set_defaults(fn=_train.main_evaluate)
 
     args = p.parse_args(argv)
     return args.fn(args)

@@ -1,0 +1,315 @@
+"""SST-2 (GLUE binary sentiment) from a directory of TSV files, a vocabulary, padded batches.
+
+Where the files come from, in the order they are looked for:
+    1. the directory passed as ``data_dir``;
+    2. ``$TILEWISE_SST2_DIR``;
+    3. ``./.data/sst2`` (how the files travel to the GPU machine: an ignored folder);
+    4. the tilewise cache, ``$TILEWISE_CACHE_DIR/data/sst2`` (or ``~/.cache/tilewise/data/sst2``),
+       where ``fetch_sst2()`` writes them through Hugging Face ``datasets`` (an optional extra).
+
+A directory holds ``train.tsv`` and ``dev.tsv`` (and optionally ``test.tsv``), GLUE's format: a
+header line, then ``sentence<TAB>label`` (label 0 or 1); GLUE's test split is
+``index<TAB>sentence`` with no labels (they are read as -1). The text is already tokenized and
+lower-cased, so tokens are ``sentence.split()``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+ENV_DATA_DIR = "TILEWISE_SST2_DIR"
+SPLITS = ("train", "dev", "test")
+PAD, UNK = "<pad>", "<unk>"
+
+
+class MissingDataError(FileNotFoundError):
+    """No SST-2 files where they were looked for; the message says both ways to get them."""
+
+
+def cache_root() -> Path:
+    """The tilewise cache directory (the same one the kernel cache uses)."""
+    if os.environ.get("TILEWISE_CACHE_DIR"):
+        return Path(os.environ["TILEWISE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tilewise"
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "data" / "sst2"
+
+
+def _has_split(d: Path, split: str = "train") -> bool:
+    return (d / f"{split}.tsv").is_file()
+
+
+def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
+    out: list[Path] = []
+    if data_dir is not None:
+        out.append(Path(data_dir))
+    if os.environ.get(ENV_DATA_DIR):
+        out.append(Path(os.environ[ENV_DATA_DIR]))
+    out += [Path(".data") / "sst2", default_cache_dir()]
+    return out
+
+
+def find_data_dir(data_dir: str | os.PathLike | None = None, *, download: bool = False) -> Path:
+    """The first directory holding ``train.tsv`` (see the module docstring for the order).
+
+    An explicit ``data_dir`` without the files is an error even when others exist: the user asked
+    for that one. ``download=True`` fetches into the cache when nothing is found.
+    Raises ``MissingDataError`` naming both ways to get the data.
+    """
+    if data_dir is not None:
+        d = Path(data_dir)
+        if _has_split(d):
+            return d
+        if not download:
+            raise MissingDataError(_missing_message([d]))
+    else:
+        for d in candidate_dirs(None):
+            if _has_split(d):
+                return d
+    if download:
+        return fetch_sst2(Path(data_dir) if data_dir is not None else default_cache_dir())
+    raise MissingDataError(_missing_message(candidate_dirs(None)))
+
+
+def _missing_message(looked: Sequence[Path]) -> str:
+    where = ", ".join(str(p) for p in looked)
+    return (f"SST-2 not found (looked for train.tsv in: {where}). Two ways to get it:\n"
+            f"  1. a directory of GLUE SST-2 TSV files (train.tsv, dev.tsv; 'sentence<TAB>label' with a "
+            f"header line): pass it as --data-dir DIR (or data_dir=...), or set ${ENV_DATA_DIR};\n"
+            f"  2. with internet: pip install datasets, then `tilewise train --download` "
+            f"(or tilewise.data.sst2.fetch_sst2()), which saves the files once into {default_cache_dir()}.")
+
+
+def fetch_sst2(dest: str | os.PathLike | None = None) -> Path:
+    """Download GLUE SST-2 once through Hugging Face ``datasets`` and write train/dev/test TSVs.
+
+    Needs the optional ``datasets`` package and internet access. Returns the directory.
+    """
+    dest = Path(dest) if dest is not None else default_cache_dir()
+    try:
+        import datasets  # optional extra: imported only here
+    except ImportError:
+        raise MissingDataError("fetching SST-2 needs the optional package 'datasets' "
+                               "(pip install datasets), or pass a directory of GLUE SST-2 TSV files "
+                               "with --data-dir") from None
+    ds = datasets.load_dataset("glue", "sst2")
+    dest.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "train"), ("validation", "dev"), ("test", "test")):
+        if split not in ds:
+            continue
+        tmp = dest / f".{name}.tsv.tmp"
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            if name == "test":
+                f.write("index\tsentence\n")
+                for i, row in enumerate(ds[split]):
+                    f.write(f"{row.get('idx', i)}\t{_clean(row['sentence'])}\n")
+            else:
+                f.write("sentence\tlabel\n")
+                for row in ds[split]:
+                    f.write(f"{_clean(row['sentence'])}\t{int(row['label'])}\n")
+        os.replace(tmp, dest / f"{name}.tsv")
+    return dest
+
+
+def _clean(s: str) -> str:
+    return " ".join(s.split())  # a tab or newline inside a sentence would break the TSV
+
+
+@dataclass
+class Split:
+    """One split: ``tokens[i]`` (list of str) with ``labels[i]`` (0/1, or -1 when unlabelled)."""
+
+    name: str
+    tokens: list[list[str]]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def read_tsv(path: str | os.PathLike, name: str | None = None) -> Split:
+    """Read one GLUE SST-2 TSV file. Raises ``ValueError`` naming the file and line on bad rows."""
+    path = Path(path)
+    name = name or path.stem
+    tokens: list[list[str]] = []
+    labels: list[int] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path}: empty file (expected a header 'sentence<TAB>label')")
+        cols = [h.strip().lower() for h in header]
+        if "sentence" not in cols:
+            raise ValueError(f"{path}: header {header!r} has no 'sentence' column")
+        si = cols.index("sentence")
+        li = cols.index("label") if "label" in cols else None
+        for lineno, row in enumerate(reader, start=2):
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) <= max(si, li if li is not None else 0):
+                raise ValueError(f"{path}:{lineno}: expected {len(cols)} tab-separated fields, got {len(row)}")
+            if li is None:
+                lab = -1
+            else:
+                try:
+                    lab = int(row[li])
+                except ValueError:
+                    raise ValueError(f"{path}:{lineno}: label {row[li]!r} is not an integer") from None
+                if lab not in (0, 1):
+                    raise ValueError(f"{path}:{lineno}: label {lab} is not 0 or 1")
+            tokens.append(row[si].split())
+            labels.append(lab)
+    return Split(name, tokens, labels)
+
+
+def load_sst2(data_dir: str | os.PathLike | None = None, *, splits: Sequence[str] = ("train", "dev"),
+              download: bool = False) -> dict[str, Split]:
+    """The named splits from the first directory that has them (see ``find_data_dir``)."""
+    for s in splits:
+        if s not in SPLITS:
+            raise ValueError(f"load_sst2: unknown split {s!r}; choose from {SPLITS}")
+    d = find_data_dir(data_dir, download=download)
+    out = {}
+    for s in splits:
+        p = d / f"{s}.tsv"
+        if not p.is_file():
+            raise MissingDataError(f"{p} is missing ({d} has train.tsv but not {s}.tsv)")
+        out[s] = read_tsv(p, s)
+    return out
+
+
+class Vocab:
+    """Token <-> id. Id 0 is ``<pad>``, id 1 is ``<unk>``; then tokens by count (desc), then text."""
+
+    def __init__(self, itos: Sequence[str]):
+        if len(itos) < 2 or itos[0] != PAD or itos[1] != UNK:
+            raise ValueError(f"Vocab: the first two tokens must be {PAD!r} and {UNK!r}")
+        self.itos = list(itos)
+        self.stoi = {t: i for i, t in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            raise ValueError("Vocab: duplicate tokens")
+
+    pad_id = 0
+    unk_id = 1
+
+    @classmethod
+    def build(cls, sentences: Sequence[Sequence[str]], min_count: int = 1,
+              max_size: int | None = None) -> "Vocab":
+        """From the training sentences: tokens seen at least ``min_count`` times (at most
+        ``max_size`` of them, the most frequent), ties broken by the token's text so the ids do not
+        depend on the order of the data."""
+        if min_count < 1:
+            raise ValueError(f"Vocab.build: min_count must be >= 1, got {min_count}")
+        counts = Counter(t for s in sentences for t in s)
+        counts.pop(PAD, None)
+        counts.pop(UNK, None)
+        kept = sorted((t for t, c in counts.items() if c >= min_count), key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[:max_size]
+        return cls([PAD, UNK] + kept)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        """Ids of ``tokens``; an empty sentence becomes ``[<unk>]`` so that every length is >= 1
+        (the mean over tokens would divide by zero otherwise)."""
+        get = self.stoi.get
+        ids = [get(t, 1) for t in tokens]
+        return ids or [1]
+
+    def coverage(self, sentences: Sequence[Sequence[str]]) -> float:
+        """Share of tokens in ``sentences`` that are in the vocabulary."""
+        total = sum(len(s) for s in sentences)
+        known = sum(1 for s in sentences for t in s if t in self.stoi)
+        return known / total if total else 1.0
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text("\n".join(self.itos) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocab":
+        return cls(Path(path).read_text(encoding="utf-8").split("\n")[:-1])
+
+
+@dataclass
+class Batch:
+    """``ids`` (B, T) int64 padded with 0 (``<pad>``), ``lengths`` (B,) int64 >= 1, ``labels`` (B,) int64."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    labels: torch.Tensor
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.ids.to(device, non_blocking=non_blocking),
+                     self.lengths.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
+
+class EncodedSplit:
+    """A split turned into ids, packed once into one padded tensor so that a batch is an index
+    select (a Python loop per batch would cost more than a whole training step on the GPU)."""
+
+    def __init__(self, split: Split, vocab: Vocab, max_len: int | None = None):
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"EncodedSplit: max_len must be >= 1, got {max_len}")
+        self.name = split.name
+        seqs = [vocab.encode(s)[:max_len] if max_len else vocab.encode(s) for s in split.tokens]
+        n = len(seqs)
+        L = max((len(s) for s in seqs), default=1)
+        self.padded = torch.tensor([s + [Vocab.pad_id] * (L - len(s)) for s in seqs],
+                                   dtype=torch.int64).reshape(n, L)
+        self.lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+        self.labels = torch.tensor(split.labels, dtype=torch.int64)
+        self._on = {}  # device -> (padded, lengths, labels) copies
+
+    def __len__(self) -> int:
+        return int(self.labels.numel())
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
+
+    def batches(self, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None,
+                drop_last: bool = False, buckets: Sequence[int] | None = None,
+                device: str | torch.device | None = None) -> Iterator[Batch]:
+        """Batches in order (or shuffled by ``generator``, a CPU generator), each padded to its
+        longest sentence, or, with ``buckets`` (lengths, e.g. (16, 32, 64)), to the smallest
+        bucket that fits, so that only a few shapes occur (what a captured CUDA graph needs); a
+        sentence longer than the largest bucket is cut to it. ``device``: where the batches are
+        made (the split is copied there once)."""
+        if batch_size < 1:
+            raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
+        if buckets is not None:
+            buckets = sorted(int(b) for b in buckets)
+            if not buckets or buckets[0] < 1:
+                raise ValueError(f"batches: buckets must be positive lengths, got {buckets}")
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        key = str(dev)
+        if key not in self._on:
+            self._on[key] = (self.padded.to(dev), self.lengths.to(dev), self.labels.to(dev))
+        padded, lengths, labels = self._on[key]
+        n = len(self)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            if drop_last and idx.numel() < batch_size:
+                return
+            longest = int(self.lengths[idx].max()) if idx.numel() else 1
+            T = next((b for b in buckets if b >= longest), buckets[-1]) if buckets is not None else longest
+            di = idx.to(dev, non_blocking=True)
+            ids = padded.index_select(0, di)
+            if T <= ids.shape[1]:
+                ids = ids[:, :T]
+            else:
+                ids = torch.nn.functional.pad(ids, (0, T - ids.shape[1]))
+            yield Batch(ids.contiguous(), lengths.index_select(0, di).clamp(max=T), labels.index_select(0, di))

@@ -1,0 +1,6 @@
+"""torch.nn modules built from tilewise ops (PyTorch where an op is not there yet: see
+``tilewise.nn.functional.report()``)."""
+
+from .classifier import BACKENDS, SentimentClassifier
+
+__all__ = ["BACKENDS", "SentimentClassifier"]

@@ -1,0 +1,123 @@
+// embedding: out[n, :] = weight[ids[n], :] and its deterministic backward (no float atomics).
+// T: the table's dtype; I: the ids' dtype (int64 or int32).
+// tilewise-instantiate: embedding_fwd_v1_naive<float,i64> embedding_fwd_v1_naive<__half,i64> embedding_fwd_v1_naive<__nv_bfloat16,i64>
+// tilewise-instantiate: embedding_fwd_v1_naive<float,int> embedding_fwd_v1_naive<__half,int> embedding_fwd_v1_naive<__nv_bfloat16,int>
+// tilewise-instantiate: embedding_sort_keys_v2<i64> embedding_sort_keys_v2<int>
+// tilewise-instantiate: embedding_bwd_segment_sum<float> embedding_bwd_segment_sum<__half> embedding_bwd_segment_sum<__nv_bfloat16>
+#include "tilewise_common.cuh"
+
+// One token per type name: the instantiate lines above are split at spaces.
+using i64 = long long;
+
+// Forward, one thread per output element. An id outside [0, V) reads nothing and writes NaN, so
+// a bad id shows up in the output instead of reading another allocation.
+template <typename T, typename I>
+__global__ void embedding_fwd_v1_naive(const I* __restrict__ ids, const T* __restrict__ weight,
+                                       T* __restrict__ out, long long n_ids, long long V, long long E) {
+  const long long stride = tw::grid_threads();
+  const long long total = n_ids * E;
+  for (long long k = tw::global_thread_id(); k < total; k += stride) {
+    const long long n = k / E;
+    const long long e = k - n * E;
+    const long long row = static_cast<long long>(ids[n]);
+    out[k] = (row >= 0 && row < V) ? weight[row * E + e] : tw::from_float<T>(__int_as_float(0x7fc00000));
+  }
+}
+
+// Backward, step 1 for n_ids <= 8192, in one block: sort the keys (id << 32 | position) with a
+// bitonic sort in shared memory. Equal ids end up in position order, so step 2 adds each row's
+// gradients in a fixed order: bit-identical results from run to run. Ids outside [0, V) get the
+// id part 0xFFFFFFFF (written out as V), which step 2 never looks for. Dynamic shared memory: n_pow2 x 8 bytes.
+template <typename I>
+__global__ void __launch_bounds__(1024) embedding_sort_keys_v2(const I* __restrict__ ids,
+                                                                long long* __restrict__ sorted_ids,
+                                                                long long* __restrict__ sorted_pos,
+                                                                long long n_ids, long long V, int n_pow2) {
+  extern __shared__ unsigned long long keys[];
+  for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) {
+    unsigned long long key = ~0ull;
+    if (i < n_ids) {
+      const long long row = static_cast<long long>(ids[i]);
+      const unsigned long long idp = (row >= 0 && row < V) ? static_cast<unsigned long long>(row) : 0xFFFFFFFFull;
+      key = (idp << 32) | static_cast<unsigned long long>(i);
+    }
+    keys[i] = key;
+  }
+  __syncthreads();
+  for (int size = 2; size <= n_pow2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < (n_pow2 >> 1); t += blockDim.x) {
+        // The t-th compare-exchange pair of this stage: i has bit `stride` clear, j = i + stride.
+        const int i = 2 * t - (t & (stride - 1));
+        const int j = i + stride;
+        const bool up = (i & size) == 0;
+        const unsigned long long a = keys[i], b = keys[j];
+        if ((a > b) == up) {
+          keys[i] = b;
+          keys[j] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
+    const unsigned long long key = keys[i];
+    const unsigned long long idp = key >> 32;
+    sorted_ids[i] = idp == 0xFFFFFFFFull ? V : static_cast<long long>(idp);
+    sorted_pos[i] = static_cast<long long>(key & 0xFFFFFFFFull);
+  }
+}
+
+// Backward, step 2: one warp per table row v writes grad_weight[v, :] in full (zeros for rows no id
+// names, so no separate memset): binary search of v's segment [begin, end) in the sorted ids, then
+// the sum of those positions' grad_out rows in position order, in fp32. Eight partial sums per
+// lane keep eight loads in flight for long segments (frequent words); they are combined in a fixed
+// order, so the result is the same bits on every run. Ids outside [0, V) were given a value >= V
+// before sorting, so no v matches them. Row `padding_idx` (-1: none) is written as zeros.
+template <typename T>
+__global__ void __launch_bounds__(256) embedding_bwd_segment_sum(const long long* __restrict__ sorted_ids,
+                                                                 const long long* __restrict__ sorted_pos,
+                                                                 const T* __restrict__ grad_out,
+                                                                 T* __restrict__ grad_weight, long long n_ids,
+                                                                 long long V, long long E,
+                                                                 long long padding_idx) {
+  constexpr int U = 8;
+  const int lane = threadIdx.x & 31;
+  const long long warps = tw::grid_threads() >> 5;
+  for (long long v = tw::global_thread_id() >> 5; v < V; v += warps) {
+    long long lo = 0, hi = n_ids;  // first index with sorted_ids >= v
+    while (lo < hi) {
+      const long long mid = (lo + hi) >> 1;
+      if (sorted_ids[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    const long long begin = lo;
+    hi = n_ids;  // first index with sorted_ids > v
+    while (lo < hi) {
+      const long long mid = (lo + hi) >> 1;
+      if (sorted_ids[mid] <= v) lo = mid + 1; else hi = mid;
+    }
+    const long long end = lo;
+    T* dst = grad_weight + v * E;
+    if (begin == end || v == padding_idx) {
+      for (long long e = lane; e < E; e += 32) dst[e] = tw::from_float<T>(0.f);
+      continue;
+    }
+    for (long long e = lane; e < E; e += 32) {
+      float acc[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) acc[u] = 0.f;
+      long long k = begin;
+      for (; k + U <= end; k += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u] += tw::to_float(grad_out[sorted_pos[k + u] * E + e]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k + u < end) acc[u] += tw::to_float(grad_out[sorted_pos[k + u] * E + e]);
+      float total = 0.f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) total += acc[u];
+      dst[e] = tw::from_float<T>(total);
+    }
+  }
+}

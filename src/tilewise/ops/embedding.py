@@ -1,0 +1,303 @@
+"""embedding: ``out[b, t, :] = weight[ids[b, t], :]``, and a deterministic backward.
+
+Versions (``embedding.cu``); the forward is the same gather in both, the backward differs:
+    v1_naive:     forward one thread per output element (grid-stride).
+                  backward: ``torch.sort(ids, stable=True)`` (equal ids stay in position order),
+                  then ``embedding_bwd_segment_sum``: one warp per table row finds its segment of
+                  the sorted ids by binary search and adds those grad_out rows in position order,
+                  writing every row of grad_weight (zeros where no id points), so no memset and
+                  no float atomics: the same bits every run.
+                  bound: launches (torch.sort is several kernels); bytes are tiny at training sizes.
+    v2_fused_sort: v1 with the sort done by one block: a bitonic sort of (id << 32 | position)
+                  keys in shared memory (n_ids <= 8192), one launch instead of torch.sort's.
+                  Larger n_ids fall back to v1's sort.
+                  bound: one block's shared-memory sort (log2(n)^2 / 2 barrier stages) + the
+                  segment sum's write of grad_weight (V x E x itemsize bytes).
+
+Forward and backward are both one pass over their bytes; at the classifier's sizes (64 x 64 ids,
+20000 x 50 table) they take a few microseconds each, so launches set the time.
+
+An id outside ``[0, V)`` is not read: the forward writes NaN in its row of ``out`` and the backward
+ignores it (checking ids on the host would need a device-to-host copy every call).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..cost import Cost
+from ..runtime import cuda as rt
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ID_DTYPES = (torch.int64, torch.int32)
+_SRC = "embedding.cu"
+_THREADS = 256
+_SORT_THREADS = 1024
+SORT_MAX_IDS = 8192  # 8192 x 8-byte keys = 64 KiB of shared memory for the one-block sort
+
+
+def _ict(dtype: torch.dtype) -> str:
+    return "i64" if dtype == torch.int64 else "int"
+
+
+def reference(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """PyTorch: reads the ids (n x id bytes) and n rows of the table, writes n x E elements."""
+    return torch.nn.functional.embedding(ids, weight, padding_idx=padding_idx)
+
+
+def reference_backward(ids: torch.Tensor, grad_out: torch.Tensor, num_rows: int,
+                       padding_idx: int | None = None) -> torch.Tensor:
+    """grad_weight (num_rows, E) in float64: each row the sum of the grad_out rows whose id names it."""
+    E = grad_out.shape[-1]
+    flat = ids.reshape(-1)
+    g = grad_out.reshape(-1, E).double()
+    out = torch.zeros(num_rows, E, dtype=torch.float64, device=grad_out.device)
+    ok = (flat >= 0) & (flat < num_rows)
+    out.index_add_(0, flat[ok].long(), g[ok])
+    if padding_idx is not None:
+        out[padding_idx] = 0
+    return out
+
+
+def cost(n_ids: int, num_rows: int, dim: int, dtype: torch.dtype = torch.float32,
+         id_dtype: torch.dtype = torch.int64, backward: bool = False) -> Cost:
+    """Forward: ids read once, n_ids rows read, n_ids rows written. With ``backward``: also the
+    backward's ids and grad_out read once and the whole grad_weight (num_rows x dim) written."""
+    it = torch.empty((), dtype=dtype).element_size()
+    iid = torch.empty((), dtype=id_dtype).element_size()
+    fwd = n_ids * iid + 2 * n_ids * dim * it
+    if not backward:
+        return Cost(0, fwd)
+    bwd = n_ids * iid + n_ids * dim * it + num_rows * dim * it
+    return Cost(n_ids * dim, fwd + bwd)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@functools.cache
+def _module(device_index: int) -> rt.Module:
+    names = [f"embedding_fwd_v1_naive<{rt.ctype(d)},{_ict(i)}>" for d in _DTYPES for i in _ID_DTYPES]
+    names += [f"embedding_sort_keys_v2<{_ict(i)}>" for i in _ID_DTYPES]
+    names += [f"embedding_bwd_segment_sum<{rt.ctype(d)}>" for d in _DTYPES]
+    return rt.load(_SRC, names, device_index=device_index)
+
+
+_kernels: dict[tuple, rt.Kernel] = {}
+
+
+def _fwd_kernel(dtype, id_dtype, dev) -> rt.Kernel:
+    key = ("fwd", dtype, id_dtype, dev)
+    k = _kernels.get(key)
+    if k is None:
+        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("weight", (dtype,)), rt.Tensor("out", (dtype,)),
+             rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("E", "i64"))
+        k = _kernels[key] = _module(dev).kernel(f"embedding_fwd_v1_naive<{rt.ctype(dtype)},{_ict(id_dtype)}>", p)
+    return k
+
+
+def _sort_kernel(id_dtype, dev) -> rt.Kernel:
+    key = ("sort", id_dtype, dev)
+    k = _kernels.get(key)
+    if k is None:
+        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("sorted_ids", (torch.int64,)),
+             rt.Tensor("sorted_pos", (torch.int64,)), rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"),
+             rt.Scalar("n_pow2", "i32"))
+        k = _module(dev).kernel(f"embedding_sort_keys_v2<{_ict(id_dtype)}>", p)
+        k.set_max_dynamic_shared(SORT_MAX_IDS * 8)
+        _kernels[key] = k
+    return k
+
+
+def _seg_kernel(dtype, dev) -> rt.Kernel:
+    key = ("seg", dtype, dev)
+    k = _kernels.get(key)
+    if k is None:
+        p = (rt.Tensor("sorted_ids", (torch.int64,)), rt.Tensor("sorted_pos", (torch.int64,)),
+             rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)), rt.Scalar("n_ids", "i64"),
+             rt.Scalar("V", "i64"), rt.Scalar("E", "i64"), rt.Scalar("padding_idx", "i64"))
+        k = _kernels[key] = _module(dev).kernel(f"embedding_bwd_segment_sum<{rt.ctype(dtype)}>", p)
+    return k
+
+
+_waves: dict[tuple, int] = {}
+
+
+def _wave(kernel: rt.Kernel, block: int) -> int:
+    key = (kernel.name, kernel.device_index, block)
+    w = _waves.get(key)
+    if w is None:
+        w = _waves[key] = kernel.resident_grid(block)
+    return w
+
+
+# --------------------------------------------------------------------------- checks and launchers
+
+
+def _check(ids, weight, padding_idx):
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"embedding: 'ids' must be a torch.Tensor, got {type(ids).__name__}")
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"embedding: 'weight' must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.get_device() < 0 or ids.get_device() < 0:
+        raise ValueError(f"embedding: 'ids' is on {ids.device} and 'weight' on {weight.device}; tilewise "
+                         f"kernels need CUDA tensors (use embedding.reference for CPU tensors)")
+    if ids.get_device() != weight.get_device():
+        raise ValueError(f"embedding: 'ids' is on {ids.device} but 'weight' on {weight.device}")
+    if ids.dtype not in _ID_DTYPES:
+        raise ValueError(f"embedding: 'ids' has dtype {ids.dtype}; supported: int64, int32")
+    if weight.dtype not in _DTYPES:
+        raise ValueError(f"embedding: 'weight' has dtype {weight.dtype}; supported: float32, float16, bfloat16")
+    if weight.dim() != 2:
+        raise ValueError(f"embedding: 'weight' must be 2-D (num_rows, dim), got shape {tuple(weight.shape)}")
+    if not weight.is_contiguous():
+        raise ValueError("embedding: 'weight' is not contiguous; pass weight.contiguous()")
+    V = weight.shape[0]
+    if V >= 2**32 - 1:
+        raise ValueError(f"embedding: 'weight' has {V} rows; at most 2^32 - 2 are supported")
+    if padding_idx is not None and not -V <= padding_idx < V:
+        raise ValueError(f"embedding: padding_idx={padding_idx} is outside [-{V}, {V})")
+    return ids.contiguous()
+
+
+def _forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    V, E = weight.shape
+    out = torch.empty(*ids.shape, E, dtype=weight.dtype, device=weight.device)
+    n = ids.numel()
+    if n and E:
+        k = _fwd_kernel(weight.dtype, ids.dtype, weight.get_device())
+        blocks = max(1, min(_wave(k, _THREADS), -(-(n * E) // _THREADS)))
+        k(blocks, _THREADS, ids, weight, out, n, V, E)
+    return out
+
+
+def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: int | None,
+              fused_sort: bool) -> torch.Tensor:
+    E = grad_out.shape[-1]
+    dev = grad_out.get_device()
+    n = ids.numel()
+    grad_out = grad_out.reshape(n, E)
+    if not grad_out.is_contiguous():
+        grad_out = grad_out.contiguous()
+    grad_w = torch.empty(V, E, dtype=grad_out.dtype, device=grad_out.device)
+    if V == 0 or E == 0:
+        return grad_w
+    flat = ids.reshape(-1)
+    if fused_sort and 0 < n <= SORT_MAX_IDS:
+        sorted_ids = torch.empty(n, dtype=torch.int64, device=grad_out.device)
+        sorted_pos = torch.empty(n, dtype=torch.int64, device=grad_out.device)
+        n_pow2 = 1 << max(0, (n - 1).bit_length())
+        _sort_kernel(ids.dtype, dev)(1, _SORT_THREADS, flat, sorted_ids, sorted_pos, n, V, n_pow2,
+                                     shmem=n_pow2 * 8)
+    else:
+        # Out-of-range ids become V so that they sort after every row and match none.
+        keyed = torch.where((flat >= 0) & (flat < V), flat.long(), torch.full_like(flat, V, dtype=torch.int64))
+        sorted_ids, sorted_pos = torch.sort(keyed, stable=True)
+    k = _seg_kernel(grad_out.dtype, dev)
+    pad = -1 if padding_idx is None else padding_idx % V
+    blocks = max(1, min(_wave(k, _THREADS), -(-V * 32 // _THREADS)))
+    k(blocks, _THREADS, sorted_ids, sorted_pos, grad_out, grad_w, n, V, E, pad)
+    return grad_w
+
+
+# --------------------------------------------------------------------------- autograd + custom op
+
+
+@torch.library.custom_op("tilewise::embedding_forward", mutates_args=())
+def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, fused_sort: bool) -> torch.Tensor:
+    return _forward(ids, weight)
+
+
+@_embedding_op.register_fake
+def _(ids, weight, padding_idx, fused_sort):
+    return weight.new_empty(*ids.shape, weight.shape[1])
+
+
+@torch.library.custom_op("tilewise::embedding_backward", mutates_args=())
+def _embedding_bwd_op(ids: torch.Tensor, grad_out: torch.Tensor, num_rows: int, padding_idx: int,
+                      fused_sort: bool) -> torch.Tensor:
+    return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, fused_sort)
+
+
+@_embedding_bwd_op.register_fake
+def _(ids, grad_out, num_rows, padding_idx, fused_sort):
+    return grad_out.new_empty(num_rows, grad_out.shape[-1])
+
+
+def _setup(ctx, inputs, output):
+    ids, weight, padding_idx, fused_sort = inputs
+    ctx.save_for_backward(ids)
+    ctx.num_rows = weight.shape[0]
+    ctx.padding_idx = padding_idx
+    ctx.fused_sort = fused_sort
+
+
+def _bwd(ctx, grad):
+    (ids,) = ctx.saved_tensors
+    if not ctx.needs_input_grad[1]:
+        return None, None, None, None
+    gw = _embedding_bwd_op(ids, grad.contiguous(), ctx.num_rows, ctx.padding_idx, ctx.fused_sort)
+    return None, gw, None, None
+
+
+_embedding_op.register_autograd(_bwd, setup_context=_setup)
+
+
+class _EmbeddingFunction(torch.autograd.Function):
+    """Eager path: an autograd.Function costs a few microseconds of host time less per call than
+    the custom op's dispatch, and at the classifier's sizes host time is the whole cost."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, fused_sort):
+        ctx.save_for_backward(ids)
+        ctx.num_rows = weight.shape[0]
+        ctx.padding_idx = padding_idx
+        ctx.fused_sort = fused_sort
+        return _forward(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None, None
+        pad = None if ctx.padding_idx < 0 else ctx.padding_idx
+        return None, _backward(ids, grad, ctx.num_rows, pad, ctx.fused_sort), None, None
+
+
+def _run(ids, weight, padding_idx, fused_sort):
+    ids = _check(ids, weight, padding_idx)
+    pad = -1 if padding_idx is None else padding_idx % weight.shape[0]
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op (it has a fake impl)
+        return _embedding_op(ids, weight, pad, fused_sort)
+    return _EmbeddingFunction.apply(ids, weight, pad, fused_sort)
+
+
+def v1_naive(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    return _run(ids, weight, padding_idx, False)
+
+
+def v2_fused_sort(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    return _run(ids, weight, padding_idx, True)
+
+
+VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort}
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,
+              variant: str | None = None) -> torch.Tensor:
+    """Rows of ``weight`` picked by ``ids``, differentiable in ``weight`` (deterministically).
+
+    ids:         CUDA tensor of any shape S, int64 or int32; values in [0, num_rows) (others give
+                 NaN rows forward and no gradient).
+    weight:      CUDA tensor (num_rows, dim), float32 / float16 / bfloat16, contiguous.
+    padding_idx: like ``F.embedding``: that row gets no gradient (its forward rows are still read).
+    variant:     ``None`` = ``v2_fused_sort`` (its one-block sort serves up to 8192 ids and falls
+                 back to ``torch.sort`` above that), or a key of ``VARIANTS``.
+    Returns (*S, dim) in weight's dtype. The backward writes grad_weight (num_rows, dim) in
+    weight's dtype, accumulated in float32 in position order.
+    """
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"embedding: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    return VARIANTS[variant or "v2_fused_sort"](ids, weight, padding_idx)

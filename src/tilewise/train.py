@@ -1,0 +1,618 @@
+"""``tilewise train``: the SST-2 classifier, trained end to end.
+
+    train(TrainConfig(...)) -> metrics dict      (also written to OUTPUT_DIR/metrics.json)
+    add_arguments(parser); main(args) -> exit code   (the CLI hooks these up)
+
+Per epoch: one pass over the shuffled training split (AdamW), accuracy on the dev split, a
+checkpoint (model, optimizer, RNG states, vocabulary) that ``--resume`` continues from exactly.
+Throughput is examples per second of the training pass only, timed with the device synchronized
+at both ends. The loss is kept on the device during an epoch (reading it every step would stall
+the GPU) and shown on the progress bar every ``log_every`` steps.
+
+``--graph`` captures one whole step (forward, backward, AdamW) per bucket length in a CUDA graph
+and replays it from static input buffers; batches are padded to the smallest bucket that fits, a
+short last batch runs eagerly. It needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .data import sst2
+from .nn import functional as twf
+from .nn.classifier import SentimentClassifier
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str | None = None        # directory of train.tsv/dev.tsv (see tilewise.data.sst2)
+    download: bool = False             # fetch through Hugging Face datasets when not found
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    embedding_lr: float | None = None  # learning rate of the embedding table (None: lr)
+    weight_decay: float = 0.01
+    hidden: int = 256
+    embed_dim: int = 50
+    embedding_init: str = "glove"      # glove | random
+    glove_cache: str | None = None     # .npz extract (tilewise.data.glove); default: looked up
+    dropout: float = 0.3
+    min_count: int = 1
+    max_len: int = 64                  # sentences are cut to this many tokens
+    buckets: tuple[int, ...] | None = None  # pad batches to these lengths (None: to the longest)
+    backend: str = "auto"              # tilewise | torch | auto (tilewise on a GPU, torch on CPU)
+    device: str = "auto"               # cuda | cpu | cuda:N | auto
+    graph: bool = False                # CUDA-graph the whole step (needs a GPU)
+    seed: int = 0
+    output_dir: str = "runs/sst2"
+    resume: bool = False               # continue from OUTPUT_DIR/checkpoint.pt
+    log_every: int = 50
+    progress: bool = True
+    max_steps: int | None = None       # stop each epoch after this many steps (tests, smoke runs)
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def resolve_device_backend(cfg: TrainConfig) -> tuple[torch.device, str, list[str]]:
+    """The device and backend to use, and notes to print. Raises ValueError on impossible asks."""
+    notes = []
+    has_cuda = torch.cuda.is_available()
+    if cfg.device == "auto":
+        device = torch.device("cuda" if has_cuda else "cpu")
+    else:
+        device = torch.device(cfg.device)
+        if device.type == "cuda" and not has_cuda:
+            raise ValueError(f"--device {cfg.device}: no CUDA GPU is visible to PyTorch; use --device cpu")
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "tilewise" if device.type == "cuda" else "torch"
+        if device.type != "cuda":
+            notes.append("no GPU: training with --backend torch on the CPU")
+    elif backend == "tilewise" and device.type != "cuda":
+        raise ValueError("--backend tilewise needs a CUDA GPU (its kernels run only there); "
+                         "use --backend torch to train on the CPU")
+    elif backend not in ("torch", "tilewise"):
+        raise ValueError(f"--backend must be tilewise, torch or auto, got {cfg.backend!r}")
+    if cfg.graph and device.type != "cuda":
+        raise ValueError("--graph captures CUDA graphs and needs a CUDA device")
+    return device, backend, notes
+
+
+def _embedding_init(cfg: TrainConfig, vocab: sst2.Vocab, notes: list[str]) -> torch.Tensor | None:
+    if cfg.embedding_init == "random":
+        return None
+    if cfg.embedding_init != "glove":
+        raise ValueError(f"--embedding-init must be glove or random, got {cfg.embedding_init!r}")
+    from .data import glove
+
+    if cfg.embed_dim != glove.DIM:
+        raise ValueError(f"--embedding-init glove gives {glove.DIM}-d vectors; --embed-dim is {cfg.embed_dim}")
+    cache = cfg.glove_cache
+    if cache is None:
+        local = Path(".data") / "glove50_sst2.npz"  # the extract that travels with the repo's ignored .data/
+        if local.is_file() and glove.load(local).tokens == vocab.itos:
+            cache = str(local)
+    g = glove.glove_vectors(vocab.itos, cache)
+    notes.append(f"GloVe 6B 50-d: {g.found.sum()} of {len(vocab) - 2} vocabulary words found "
+                 f"({100 * g.coverage:.1f}% coverage)")
+    return torch.from_numpy(glove.init_matrix(g, seed=cfg.seed))
+
+
+def _console(cfg):
+    from rich.console import Console
+
+    return Console(highlight=False, quiet=not cfg.progress)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class _GraphedStep:
+    """One captured training step per bucket length: static ids/lengths/labels in, loss out."""
+
+    def __init__(self, model, opt, batch_size: int, buckets: Sequence[int], device):
+        self.model, self.opt, self.B = model, opt, batch_size
+        self.graphs: dict[int, tuple] = {}
+        self.device = device
+        self.buckets = list(buckets)
+
+    def _capture(self, T: int):
+        B, dev = self.B, self.device
+        ids = torch.zeros(B, T, dtype=torch.int64, device=dev)
+        lengths = torch.ones(B, dtype=torch.int64, device=dev)
+        labels = torch.zeros(B, dtype=torch.int64, device=dev)
+        # Warm-up on a side stream (what capture requires), on a copy of the state: the warm-up
+        # steps must not change the weights or the optimizer's moments.
+        saved_model = {k: v.clone() for k, v in self.model.state_dict().items()}
+        saved_opt = _clone_opt_state(self.opt)
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self.opt.zero_grad(set_to_none=False)
+                loss = self.model.loss(self.model(ids, lengths), labels)
+                loss.backward()
+                self.opt.step()
+        torch.cuda.current_stream(dev).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        # The grads exist (warm-up), so backward adds into them: zeroing them is part of the step.
+        # Each bucket's graph has its own memory pool: graphs replay in any order.
+        with torch.cuda.graph(g):
+            self.opt.zero_grad(set_to_none=False)
+            loss = self.model.loss(self.model(ids, lengths), labels)
+            loss.backward()
+            self.opt.step()
+        with torch.no_grad():
+            self.model.load_state_dict(saved_model)
+        _restore_opt_state(self.opt, saved_opt)
+        self.graphs[T] = (g, ids, lengths, labels, loss)
+
+    def __call__(self, batch: sst2.Batch) -> torch.Tensor:
+        T = batch.ids.shape[1]
+        if T not in self.graphs:
+            self._capture(T)
+        g, ids, lengths, labels, loss = self.graphs[T]
+        ids.copy_(batch.ids, non_blocking=True)
+        lengths.copy_(batch.lengths, non_blocking=True)
+        labels.copy_(batch.labels, non_blocking=True)
+        g.replay()
+        return loss
+
+
+def _clone_opt_state(opt) -> dict:
+    return {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+            for p, st in opt.state.items()}
+
+
+def _restore_opt_state(opt, saved: dict) -> None:
+    for p, st in opt.state.items():
+        old = saved.get(id(p))
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                if old is not None and k in old:
+                    v.copy_(old[k])
+                else:
+                    v.zero_()
+
+
+def _eager_step(model, opt, batch: sst2.Batch, set_to_none: bool = True) -> torch.Tensor:
+    # With captured graphs the .grad tensors must stay: the graphs hold their addresses.
+    opt.zero_grad(set_to_none=set_to_none)
+    loss = model.loss(model(batch.ids, batch.lengths), batch.labels)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+@torch.no_grad()
+def evaluate(model: SentimentClassifier, data: sst2.EncodedSplit, batch_size: int = 256,
+             device=None, buckets=None) -> dict[str, float]:
+    """Accuracy and mean loss of ``model`` on ``data`` (eval mode; restores the mode after)."""
+    was = model.training
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for b in data.batches(batch_size, device=device, buckets=buckets):
+        logits = model(b.ids, b.lengths)
+        loss_sum += model.loss(logits, b.labels).double() * b.labels.numel()
+        correct += (logits.argmax(-1) == b.labels).sum()
+    model.train(was)
+    n = max(1, len(data))
+    return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n}
+
+
+# --------------------------------------------------------------------------- train
+
+
+def _rng_state(gen: torch.Generator, device) -> dict:
+    st = {"shuffle": gen.get_state(), "cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def _set_rng_state(st: dict, gen: torch.Generator, device) -> None:
+    gen.set_state(st["shuffle"])
+    torch.set_rng_state(st["cpu"])
+    if device.type == "cuda" and "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train, evaluate each epoch, write metrics.json, loss_curve.png and checkpoint.pt in
+    ``cfg.output_dir``; return the metrics."""
+    if cfg.epochs < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.hidden < 1:
+        raise ValueError(f"train: need epochs >= 0, batch_size >= 1, lr > 0, hidden >= 1; got epochs={cfg.epochs}, "
+                         f"batch_size={cfg.batch_size}, lr={cfg.lr}, hidden={cfg.hidden}")
+    device, backend, notes = resolve_device_backend(cfg)
+    con = _console(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+
+    data = sst2.load_sst2(cfg.data_dir, download=cfg.download)
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = None
+    if cfg.resume:
+        if not ckpt_path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        vocab = sst2.Vocab(ckpt["vocab"])
+    else:
+        vocab = sst2.Vocab.build(data["train"].tokens, min_count=cfg.min_count)
+    train_set = sst2.EncodedSplit(data["train"], vocab, max_len=cfg.max_len)
+    dev_set = sst2.EncodedSplit(data["dev"], vocab, max_len=cfg.max_len)
+    notes.append(f"SST-2: {len(train_set)} train / {len(dev_set)} dev sentences, vocabulary {len(vocab)} "
+                 f"(min count {cfg.min_count}), dev token coverage {100 * vocab.coverage(data['dev'].tokens):.1f}%")
+
+    init = None if ckpt is not None else _embedding_init(cfg, vocab, notes)
+    model = SentimentClassifier(len(vocab), cfg.embed_dim, cfg.hidden, 2, cfg.dropout, backend,
+                                padding_idx=vocab.pad_id, embedding_init=init).to(device)
+    # capturable: the step's bookkeeping stays on the device, which a captured graph needs.
+    emb = [model.embedding.weight]
+    rest = [p for n, p in model.named_parameters() if n != "embedding.weight"]
+    groups = [{"params": emb, "lr": cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr},
+              {"params": rest}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, capturable=cfg.graph)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    history: list[dict] = []
+    step_losses: list[float] = []
+    start_epoch = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        # The checkpoint may come from a run with(out) --graph: capturable AdamW keeps its step
+        # counters on the device, the plain one on the CPU.
+        for grp in opt.param_groups:
+            grp["capturable"] = cfg.graph
+        for st in opt.state.values():
+            if "step" in st and torch.is_tensor(st["step"]):
+                st["step"] = st["step"].to(device if cfg.graph else "cpu", torch.float32)
+        _set_rng_state(ckpt["rng"], gen, device)
+        history, step_losses, start_epoch = ckpt["history"], ckpt["step_losses"], ckpt["epoch"]
+        notes.append(f"resumed from {ckpt_path} after epoch {start_epoch}")
+    if backend == "tilewise":
+        notes.append("tilewise backend: " + "; ".join(f"{k}: {v}" for k, v in twf.report().items()))
+    for n in notes:
+        con.print(n)
+
+    buckets = cfg.buckets
+    if cfg.graph and buckets is None:
+        buckets = tuple(b for b in (16, 32, 64) if b < cfg.max_len) + (cfg.max_len,)
+    graphed = _GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    steps_per_epoch = train_set.num_batches(cfg.batch_size)
+    if cfg.max_steps is not None:
+        steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
+    model.train()
+    with Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"),
+                  TimeRemainingColumn(), console=con, disable=not cfg.progress) as bar:
+        for epoch in range(start_epoch, cfg.epochs):
+            task = bar.add_task("train", total=steps_per_epoch, epoch=epoch + 1, loss="-", rate="-")
+            losses: list[torch.Tensor] = []
+            examples = 0
+            _sync(device)
+            t0 = time.perf_counter()
+            for step, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
+                                                       buckets=buckets, device=device)):
+                if cfg.max_steps is not None and step >= cfg.max_steps:
+                    break
+                if graphed is not None and b.ids.shape[0] == cfg.batch_size:
+                    loss = graphed(b).detach().clone()
+                else:
+                    loss = _eager_step(model, opt, b, set_to_none=graphed is None)
+                losses.append(loss)
+                examples += b.ids.shape[0]
+                if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
+                    rate = examples / max(1e-9, time.perf_counter() - t0)
+                    bar.update(task, completed=step + 1, loss=f"{loss.item():.4f}", rate=f"{rate:,.0f}")
+            _sync(device)
+            secs = time.perf_counter() - t0
+            epoch_losses = torch.stack(losses).float().cpu().tolist() if losses else []
+            step_losses += epoch_losses
+            ev = evaluate(model, dev_set, device=device)
+            rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
+                   "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
+                   "examples_per_second": examples / secs if secs > 0 else math.nan, "steps": len(losses)}
+            history.append(rec)
+            bar.update(task, completed=steps_per_epoch)
+            con.print(f"epoch {epoch + 1}: train loss {rec['train_loss']:.4f}, dev accuracy "
+                      f"{100 * rec['dev_accuracy']:.2f}%, {rec['examples_per_second']:,.0f} ex/s")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
+                        "rng": _rng_state(gen, device), "history": history, "step_losses": step_losses,
+                        "vocab": vocab.itos, "config": asdict(cfg)}, ckpt_path)
+
+    metrics = {
+        "config": asdict(cfg), "device": str(device), "backend": backend,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "ops": twf.report() if backend == "tilewise" else {}, "notes": notes, "vocab_size": len(vocab),
+        "epochs": history, "step_losses": step_losses,
+        "best_dev_accuracy": max((h["dev_accuracy"] for h in history), default=None),
+        "final_dev_accuracy": history[-1]["dev_accuracy"] if history else None,
+        "torch": torch.__version__,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    _plot(step_losses, history, out / "loss_curve.png")
+    return metrics
+
+
+def _plot(step_losses: list[float], history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if step_losses:
+        ax.plot(range(1, len(step_losses) + 1), step_losses, lw=0.5, alpha=0.4, label="train loss (step)")
+        w = max(1, len(step_losses) // 100)
+        if w > 1:
+            sm = [sum(step_losses[i:i + w]) / w for i in range(0, len(step_losses) - w + 1, w)]
+            ax.plot([i + w for i in range(0, len(step_losses) - w + 1, w)], sm, lw=1.5, label=f"mean of {w}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    if history:
+        ax2 = ax.twinx()
+        steps, acc, total = [], [], 0
+        for h in history:
+            total += h["steps"]
+            steps.append(total)
+            acc.append(100 * h["dev_accuracy"])
+        ax2.plot(steps, acc, "o-", color="tab:green", label="dev accuracy")
+        ax2.set_ylabel("dev accuracy (%)")
+        ax2.legend(loc="upper right")
+    ax.legend(loc="upper left")
+    ax.set_title("SST-2 classifier")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- predict / evaluate
+
+
+LABELS = ("negative", "positive")
+
+
+def load_checkpoint(path: str | Path, device: str = "auto", backend: str = "auto"):
+    """(model in eval mode, vocab, config dict) from a checkpoint ``train`` wrote."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    c = ck["config"]
+    dev, be, _ = resolve_device_backend(TrainConfig(device=device, backend=backend))
+    vocab = sst2.Vocab(ck["vocab"])
+    model = SentimentClassifier(len(vocab), c["embed_dim"], c["hidden"], 2, c["dropout"], be,
+                                padding_idx=vocab.pad_id)
+    model.load_state_dict(ck["model"])
+    return model.to(dev).eval(), vocab, c
+
+
+@torch.no_grad()
+def predict(checkpoint: str | Path, sentences: Sequence[str], device: str = "auto",
+            backend: str = "auto") -> list[tuple[str, float]]:
+    """(class name, its probability) for each sentence (whitespace-tokenized, lower-cased)."""
+    model, vocab, _ = load_checkpoint(checkpoint, device, backend)
+    dev = next(model.parameters()).device
+    split = sst2.Split("input", [s.lower().split() for s in sentences], [0] * len(sentences))
+    enc = sst2.EncodedSplit(split, vocab)
+    out = []
+    for b in enc.batches(256, device=dev):
+        probs = torch.softmax(model(b.ids, b.lengths).float(), -1)
+        p, k = probs.max(-1)
+        out += [(LABELS[int(i)], float(q)) for i, q in zip(k.tolist(), p.tolist())]
+    return out
+
+
+def evaluate_checkpoint(checkpoint: str | Path, data_dir: str | None = None, split: str = "dev",
+                        device: str = "auto", backend: str = "auto") -> dict[str, float]:
+    """Accuracy and mean loss of a checkpoint on a labelled split of SST-2."""
+    model, vocab, c = load_checkpoint(checkpoint, device, backend)
+    data = sst2.load_sst2(data_dir, splits=(split,))[split]
+    if any(lab < 0 for lab in data.labels):
+        raise ValueError(f"evaluate: the {split} split has no labels (GLUE hides the test labels)")
+    enc = sst2.EncodedSplit(data, vocab, max_len=c.get("max_len"))
+    return evaluate(model, enc, device=next(model.parameters()).device)
+
+
+def add_predict_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="checkpoint.pt (or the output directory holding it)")
+    p.add_argument("sentences", nargs="+", help="one or more sentences")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backend", choices=("auto", "tilewise", "torch"), default="auto")
+
+
+def main_predict(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    try:
+        res = predict(args.checkpoint, args.sentences, args.device, args.backend)
+    except (FileNotFoundError, ValueError) as e:
+        Console(stderr=True, highlight=False).print(f"tilewise predict: {e}")
+        return 2
+    for s, (label, prob) in zip(args.sentences, res):
+        print(f"{label}\t{prob:.3f}\t{s}")  # plain tabs: meant for scripts too
+    return 0
+
+
+def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="checkpoint.pt (or the output directory holding it)")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--split", choices=("train", "dev"), default="dev")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backend", choices=("auto", "tilewise", "torch"), default="auto")
+
+
+def main_evaluate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    try:
+        r = evaluate_checkpoint(args.checkpoint, args.data_dir, args.split, args.device, args.backend)
+    except (FileNotFoundError, ValueError) as e:
+        Console(stderr=True, highlight=False).print(f"tilewise evaluate: {e}")
+        return 2
+    Console(highlight=False).print(f"{args.split}: accuracy {100 * r['accuracy']:.2f}%, loss {r['loss']:.4f}")
+    return 0
+
+
+# --------------------------------------------------------------------------- step throughput
+
+
+def step_throughput(backend: str = "tilewise", mode: str = "eager", *, vocab_size: int = 20000,
+                    embed_dim: int = 50, hidden: int = 256, batch_size: int = 64, seq_len: int = 64,
+                    steps: int = 200, dropout: float = 0.3, device: str = "cuda",
+                    count_kernels: bool = False) -> dict[str, float]:
+    """Time whole training steps (forward, backward, AdamW) on synthetic batches of one shape.
+
+    mode: "eager"; "compile" (``torch.compile`` of forward + loss, default mode); "graph" (the
+    whole step captured in a CUDA graph and replayed). Returns ms per step, examples/s and, with
+    ``count_kernels``, the GPU kernels one step launches (from the profiler). For the bench rows
+    ``train_step`` (variants torch_eager, torch_compile, torch_graph, tilewise_*).
+    """
+    if mode not in ("eager", "compile", "graph"):
+        raise ValueError(f"step_throughput: mode must be eager, compile or graph, got {mode!r}")
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = SentimentClassifier(vocab_size, embed_dim, hidden, 2, dropout, backend).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=(mode == "graph"))
+    g = torch.Generator(device=dev).manual_seed(0)
+    n_batches = 8
+    ids = torch.randint(1, vocab_size, (n_batches, batch_size, seq_len), device=dev, generator=g)
+    lengths = torch.randint(1, seq_len + 1, (n_batches, batch_size), device=dev, generator=g)
+    labels = torch.randint(0, 2, (n_batches, batch_size), device=dev, generator=g)
+    batches = [sst2.Batch(ids[i], lengths[i], labels[i]) for i in range(n_batches)]
+
+    if mode == "graph":
+        graphed = _GraphedStep(model, opt, batch_size, (seq_len,), dev)
+        step = graphed
+    elif mode == "compile":
+        fwd = torch.compile(lambda i, l, y: model.loss(model(i, l), y))
+
+        def step(b):
+            opt.zero_grad(set_to_none=True)
+            loss = fwd(b.ids, b.lengths, b.labels)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        def step(b):
+            return _eager_step(model, opt, b)
+
+    for i in range(10):  # warm-up: compile, capture, autotune
+        step(batches[i % n_batches])
+    _sync(dev)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(batches[i % n_batches])
+    _sync(dev)
+    secs = time.perf_counter() - t0
+    out = {"ms_per_step": 1e3 * secs / steps, "examples_per_second": steps * batch_size / secs}
+    if count_kernels:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(batches[0])
+            _sync(dev)
+        out["kernels_per_step"] = sum(1 for e in prof.events()
+                                      if e.device_type == torch.autograd.DeviceType.CUDA
+                                      and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _buckets(s: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--buckets wants comma-separated lengths, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"--buckets wants positive lengths, got {s!r}")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--data-dir", default=None,
+                   help=f"directory with train.tsv/dev.tsv (default: ${sst2.ENV_DATA_DIR}, ./.data/sst2, the cache)")
+    p.add_argument("--download", action="store_true", help="fetch SST-2 through Hugging Face datasets if not found")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--embedding-lr", type=float, default=None, help="learning rate of the embedding (default: --lr)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--hidden", type=int, default=d.hidden, help="hidden size H")
+    p.add_argument("--embedding-init", choices=("glove", "random"), default=d.embedding_init)
+    p.add_argument("--glove-cache", default=None, help="GloVe extract (.npz) for this vocabulary")
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--min-count", type=int, default=d.min_count, help="vocabulary: least count in train")
+    p.add_argument("--max-len", type=int, default=d.max_len, help="cut sentences to this many tokens")
+    p.add_argument("--buckets", type=_buckets, default=None, help="pad batches to these lengths, e.g. 16,32,64")
+    p.add_argument("--backend", choices=("auto", "tilewise", "torch"), default=d.backend)
+    p.add_argument("--device", default=d.device, help="cuda, cuda:N, cpu or auto")
+    p.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph (GPU)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--output-dir", default=d.output_dir)
+    p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt")
+    p.add_argument("--max-steps", type=int, default=None, help="at most this many steps per epoch")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or messages")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(data_dir=args.data_dir, download=args.download, epochs=args.epochs,
+                       batch_size=args.batch_size, lr=args.lr, embedding_lr=args.embedding_lr,
+                       weight_decay=args.weight_decay, hidden=args.hidden,
+                       embedding_init=args.embedding_init, glove_cache=args.glove_cache, dropout=args.dropout,
+                       min_count=args.min_count, max_len=args.max_len, buckets=args.buckets,
+                       backend=args.backend, device=args.device, graph=args.graph, seed=args.seed,
+                       output_dir=args.output_dir, resume=args.resume, max_steps=args.max_steps,
+                       progress=not args.no_progress)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``tilewise train``; a missing dataset or an impossible option is a message, exit 2."""
+    from rich.console import Console
+
+    try:
+        m = train(config_from_args(args))
+    except (sst2.MissingDataError, ValueError, FileNotFoundError) as e:
+        Console(stderr=True, highlight=False).print(f"tilewise train: {e}")
+        return 2
+    except Exception as e:
+        from .data.glove import GloveUnavailable
+
+        if isinstance(e, GloveUnavailable):
+            Console(stderr=True, highlight=False).print(f"tilewise train: {e}")
+            return 2
+        raise
+    if not args.no_progress:
+        Console(highlight=False).print(f"metrics: {Path(args.output_dir) / 'metrics.json'}; best dev accuracy "
+                                       f"{100 * (m['best_dev_accuracy'] or 0):.2f}%")
+    return 0
+
+
+if __name__ == "__main__":  # python -m tilewise.train ...
+    ap = argparse.ArgumentParser(prog="tilewise train", description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    raise SystemExit(main(ap.parse_args()))

@@ -1,0 +1,320 @@
+"""The classifier and `tilewise train`: torch backend and training on the CPU on data the tests
+write; the tilewise backend against the torch one on the GPU."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from tilewise import train as tr
+from tilewise.nn import SentimentClassifier
+from tilewise.nn import functional as twf
+
+POS = ["good", "great", "fun", "warm", "moving", "smart"]
+NEG = ["bad", "dull", "boring", "flat", "weak", "tired"]
+FILL = ["the", "a", "movie", "film", "is", "and", "very", ","]
+
+
+def write_tiny_sst2(d, n_train=256, n_dev=64, seed=0):
+    """Sentences whose label is the majority of sentiment words, mixed with filler."""
+    g = torch.Generator().manual_seed(seed)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            lab = int(torch.randint(0, 2, (1,), generator=g))
+            words = POS if lab else NEG
+            k = int(torch.randint(1, 4, (1,), generator=g))
+            toks = [words[int(torch.randint(0, 6, (1,), generator=g))] for _ in range(k)]
+            toks += [FILL[int(torch.randint(0, 8, (1,), generator=g))] for _ in range(int(torch.randint(0, 9, (1,), generator=g)))]
+            perm = torch.randperm(len(toks), generator=g).tolist()
+            out.append((" ".join(toks[i] for i in perm) + " ", lab))
+        return out
+
+    for name, n in (("train", n_train), ("dev", n_dev)):
+        (d / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows(n)))
+    return d
+
+
+def tiny_config(tmp_path, **kw):
+    base = dict(data_dir=str(write_tiny_sst2(tmp_path / "sst2")), epochs=3, batch_size=16, lr=1e-2, hidden=16,
+                embedding_init="random", dropout=0.1, backend="torch", device="cpu", seed=0,
+                output_dir=str(tmp_path / "run"), progress=False)
+    base.update(kw)
+    return tr.TrainConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The CI machine's cores are shared: more threads only contend on these tiny matrices.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_model_shapes_and_masked_mean():
+    torch.manual_seed(0)
+    m = SentimentClassifier(20, embed_dim=5, hidden=7, dropout=0.0)
+    ids = torch.randint(1, 20, (3, 6))
+    lengths = torch.tensor([6, 1, 3])
+    logits = m(ids, lengths)
+    assert logits.shape == (3, 2)
+    # Tokens past a sentence's length must not change its logits.
+    ids2 = ids.clone()
+    ids2[1, 1:] = 0
+    ids2[2, 3:] = 5
+    torch.testing.assert_close(m(ids2, lengths), logits)
+    # And the pooling is a mean: one sentence by hand.
+    h = torch.relu(m.fc1(m.embedding.weight[ids[2, :3]])).mean(0)
+    torch.testing.assert_close(m.fc2(h), logits[2])
+
+
+def test_masked_mean_reference():
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    out = twf.masked_mean_reference(x, torch.tensor([1, 3]))
+    torch.testing.assert_close(out, torch.stack([x[0, 0], x[1].mean(0)]))
+
+
+def test_model_checks():
+    with pytest.raises(ValueError, match="backend"):
+        SentimentClassifier(10, backend="jax")
+    with pytest.raises(ValueError, match="dropout"):
+        SentimentClassifier(10, dropout=1.0)
+    with pytest.raises(ValueError, match="embedding_init"):
+        SentimentClassifier(10, embed_dim=4, embedding_init=torch.zeros(10, 5))
+    m = SentimentClassifier(10, embed_dim=4, hidden=3)
+    with pytest.raises(ValueError, match="lengths"):
+        m(torch.zeros(2, 3, dtype=torch.long), torch.ones(3, dtype=torch.long))
+
+
+def test_backends_share_parameters_and_match_on_cpu():
+    """On the CPU the tilewise backend falls back to PyTorch per op: same numbers, same state dict."""
+    torch.manual_seed(0)
+    a = SentimentClassifier(30, 8, 16, dropout=0.0, backend="torch")
+    b = SentimentClassifier(30, 8, 16, dropout=0.0, backend="tilewise")
+    b.load_state_dict(a.state_dict())
+    ids, lengths, y = torch.randint(0, 30, (5, 7)), torch.tensor([7, 1, 2, 5, 3]), torch.tensor([0, 1, 1, 0, 1])
+    la, lb = a.loss(a(ids, lengths), y), b.loss(b(ids, lengths), y)
+    torch.testing.assert_close(la, lb)
+    la.backward()
+    lb.backward()
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, msg=n)
+    assert not a.embedding.weight.grad[0].any()  # <pad> gets no gradient
+
+
+def test_functional_report_names_each_op(monkeypatch):
+    twf.reset()
+    monkeypatch.setitem(twf.CANDIDATES, "masked_mean", [("tilewise.ops.no_such_module", "masked_mean", ("x",))])
+    rep = twf.report()
+    assert set(rep) == {"embedding", "linear", "masked_mean", "cross_entropy"}
+    assert rep["embedding"].startswith("tilewise")
+    assert rep["masked_mean"].startswith("torch (") and "no_such_module" in rep["masked_mean"]
+    twf.reset()
+
+
+def test_functional_rejects_wrong_signature(monkeypatch):
+    import types
+    import sys
+
+    mod = types.ModuleType("tilewise_fake_gemm")
+    mod.linear = lambda x, w: x
+    monkeypatch.setitem(sys.modules, "tilewise_fake_gemm", mod)
+    monkeypatch.setitem(twf.CANDIDATES, "linear", [("tilewise_fake_gemm", "linear", ("x", "weight", "bias", "activation"))])
+    twf.reset()
+    assert twf.resolve("linear") is None and "lacks" in twf.report()["linear"]
+    twf.reset()
+
+
+def test_short_cpu_training_reduces_loss(tmp_path):
+    m = tr.train(tiny_config(tmp_path, epochs=4))
+    ep = m["epochs"]
+    assert len(ep) == 4 and m["backend"] == "torch"
+    assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"]
+    assert ep[-1]["dev_accuracy"] > 0.8
+    out = tmp_path / "run"
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["epochs"][-1]["dev_accuracy"] == ep[-1]["dev_accuracy"]
+    assert len(saved["step_losses"]) == 4 * 16
+    assert (out / "loss_curve.png").stat().st_size > 1000
+    assert (out / "checkpoint.pt").is_file()
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = tr.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "full")))
+    tr.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part")))
+    resumed = tr.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "part"), resume=True))
+    assert resumed["step_losses"] == full["step_losses"]
+    assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
+
+
+def test_cpu_backend_choice_and_errors(tmp_path):
+    dev, backend, notes = tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="auto"))
+    assert backend == "torch" and any("CPU" in n for n in notes)
+    with pytest.raises(ValueError, match="tilewise needs a CUDA GPU"):
+        tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="tilewise"))
+    with pytest.raises(ValueError, match="--graph"):
+        tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="torch", graph=True))
+    with pytest.raises(FileNotFoundError, match="--resume"):
+        tr.train(tiny_config(tmp_path, resume=True, output_dir=str(tmp_path / "none")))
+
+
+def test_cli_arguments_and_missing_data(tmp_path, monkeypatch, capsys):
+    p = argparse.ArgumentParser()
+    tr.add_arguments(p)
+    args = p.parse_args(["--data-dir", str(tmp_path / "nothing"), "--epochs", "2", "--buckets", "16,32",
+                         "--backend", "torch", "--device", "cpu", "--no-progress",
+                         "--output-dir", str(tmp_path / "o")])
+    cfg = tr.config_from_args(args)
+    assert cfg.epochs == 2 and cfg.buckets == (16, 32) and cfg.backend == "torch"
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "c"))
+    assert tr.main(args) == 2
+    err = capsys.readouterr().err
+    assert "--data-dir" in err and "datasets" in err
+    with pytest.raises(SystemExit):
+        p.parse_args(["--buckets", "0"])
+
+
+def test_cli_trains_with_glove_cache(tmp_path):
+    """GloVe init from a cached extract (the package itself is not needed then)."""
+    import numpy as np
+
+    from tilewise.data import glove, sst2
+
+    cfg = tiny_config(tmp_path, epochs=1, embedding_init="glove", embed_dim=50)
+    data = sst2.load_sst2(cfg.data_dir)
+    vocab = sst2.Vocab.build(data["train"].tokens)
+    found = np.array([t in POS for t in vocab.itos])
+    vecs = np.where(found[:, None], 1.0, 0.0).astype(np.float32) * np.ones((len(vocab), 50), np.float32)
+    glove.save(glove.GloveVectors(vocab.itos, vecs, found), tmp_path / "g.npz")
+    cfg.glove_cache = str(tmp_path / "g.npz")
+    m = tr.train(cfg)
+    assert any("GloVe" in n and f"{100 * found[2:].mean():.1f}%" in n for n in m["notes"])
+
+
+# --------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.gpu
+
+
+def _pair(V=500, E=50, H=64, dropout=0.0):
+    torch.manual_seed(0)
+    a = SentimentClassifier(V, E, H, dropout=dropout, backend="torch").cuda()
+    b = SentimentClassifier(V, E, H, dropout=dropout, backend="tilewise").cuda()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _batch(B=64, T=33, V=500, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), device="cuda", generator=g)
+    ids = torch.randint(1, V, (B, T), device="cuda", generator=g)
+    ids[torch.arange(T, device="cuda")[None, :] >= lengths[:, None]] = 0
+    return ids, lengths, torch.randint(0, 2, (B,), device="cuda", generator=g)
+
+
+def _tol():
+    """tilewise.linear computes float32 GEMMs in TF32 (10-bit mantissa), PyTorch in full float32:
+    relative differences of about 1e-3 are expected then, 1e-6 otherwise."""
+    twf.reset()
+    return 1e-2 if twf.report()["linear"].startswith("tilewise") else 1e-4
+
+
+@gpu
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_tilewise_vs_torch_one_step_gpu(dropout):
+    """Same seed, same batch: same loss and gradients (dropout draws the same mask in both)."""
+    a, b = _pair(dropout=dropout)
+    ids, lengths, y = _batch()
+    tol = _tol()
+    torch.manual_seed(5)
+    la = a.loss(a(ids, lengths), y)
+    torch.manual_seed(5)
+    lb = b.loss(b(ids, lengths), y)
+    torch.testing.assert_close(lb, la, rtol=tol, atol=tol / 10)
+    la.backward()
+    lb.backward()
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        rel = ((pb.grad - pa.grad).norm() / pa.grad.norm().clamp(min=1e-12)).item()
+        assert rel < tol, f"{n}: relative gradient difference {rel:.2e}"
+    assert not pb.grad.isnan().any()
+
+
+@gpu
+def test_convergence_50_steps_gpu():
+    """From one seed the two backends give the same loss step by step (AdamW, dropout off)."""
+    a, b = _pair(V=2000, H=256)
+    tol = _tol()
+    oa = torch.optim.AdamW(a.parameters(), lr=1e-3)
+    ob = torch.optim.AdamW(b.parameters(), lr=1e-3)
+    for step in range(50):
+        ids, lengths, y = _batch(V=2000, T=1 + step % 64, seed=step)
+        losses = []
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            loss = m.loss(m(ids, lengths), y)
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= tol * max(1.0, abs(losses[0])), f"step {step}: {losses}"
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["torch", "tilewise"])
+def test_train_gpu_with_graph(tmp_path, backend):
+    m = tr.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3))
+    ep = m["epochs"]
+    assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"] and ep[-1]["dev_accuracy"] > 0.8
+
+
+@gpu
+def test_train_gpu_graph_matches_eager_without_dropout(tmp_path):
+    kw = dict(device="cuda", backend="tilewise", dropout=0.0, epochs=2, buckets=(24,))
+    eager = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
+    graph = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
+    torch.testing.assert_close(torch.tensor(graph["step_losses"]), torch.tensor(eager["step_losses"]),
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_step_throughput_cpu():
+    out = tr.step_throughput("torch", "eager", device="cpu", steps=2, vocab_size=50, hidden=8,
+                             batch_size=4, seq_len=5)
+    assert out["ms_per_step"] > 0 and out["examples_per_second"] > 0
+    with pytest.raises(ValueError, match="mode"):
+        tr.step_throughput("torch", "fast", device="cpu")
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["torch", "tilewise"])
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_step_throughput_gpu(backend, mode):
+    out = tr.step_throughput(backend, mode, steps=20, count_kernels=True)
+    assert out["examples_per_second"] > 0 and out["kernels_per_step"] > 0
+
+
+def test_predict_and_evaluate_checkpoint(tmp_path, capsys):
+    m = tr.train(tiny_config(tmp_path, epochs=4))
+    out = tmp_path / "run"
+    res = tr.predict(out, ["great fun movie", "dull and boring", ""], device="cpu")
+    assert [r[0] for r in res[:2]] == ["positive", "negative"]
+    assert all(0.5 <= p <= 1.0 for _, p in res)
+    ev = tr.evaluate_checkpoint(out / "checkpoint.pt", str(tmp_path / "sst2"), "dev", device="cpu")
+    assert ev["accuracy"] == pytest.approx(m["epochs"][-1]["dev_accuracy"])
+    p = argparse.ArgumentParser()
+    tr.add_predict_arguments(p)
+    assert tr.main_predict(p.parse_args([str(out), "great", "--device", "cpu"])) == 0
+    assert capsys.readouterr().out.startswith("positive\t")
+    p = argparse.ArgumentParser()
+    tr.add_evaluate_arguments(p)
+    assert tr.main_evaluate(p.parse_args([str(tmp_path / "none"), "--device", "cpu"])) == 2
+
+
+@gpu
+def test_resume_eager_checkpoint_into_graph_gpu(tmp_path):
+    kw = dict(device="cuda", backend="tilewise", output_dir=str(tmp_path / "r"))
+    tr.train(tiny_config(tmp_path, epochs=1, **kw))
+    m = tr.train(tiny_config(tmp_path, epochs=3, resume=True, graph=True, **kw))
+    assert len(m["epochs"]) == 3 and m["epochs"][-1]["train_loss"] < m["epochs"][0]["train_loss"]

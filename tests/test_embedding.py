@@ -1,0 +1,188 @@
+"""embedding: references and input checks on the CPU; every variant on the GPU (`pytest -m gpu`)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import poison
+from tilewise.ops import embedding as em
+
+
+def test_reference_matches_torch():
+    w = torch.randn(11, 7)
+    ids = torch.randint(0, 11, (3, 5))
+    torch.testing.assert_close(em.reference(ids, w), w[ids])
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0, 4])
+def test_reference_backward_matches_autograd(padding_idx):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(9, 6, generator=g, requires_grad=True)
+    ids = torch.randint(0, 9, (4, 13), generator=g)
+    gout = torch.randn(4, 13, 6, generator=g)
+    (ref,) = torch.autograd.grad(F.embedding(ids, w, padding_idx=padding_idx), w, gout)
+    ours = em.reference_backward(ids, gout, 9, padding_idx)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours.float(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_backward_ignores_out_of_range():
+    gout = torch.ones(3, 2)
+    out = em.reference_backward(torch.tensor([0, 5, -1]), gout, 2)
+    assert out.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def _bitonic_like_kernel(keys):
+    """The kernel's compare-exchange schedule, step for step, in Python."""
+    n = 1 << max(0, (len(keys) - 1).bit_length())
+    a = list(keys) + [float("inf")] * (n - len(keys))
+    size = 2
+    while size <= n:
+        stride = size >> 1
+        while stride > 0:
+            for t in range(n >> 1):
+                i = 2 * t - (t & (stride - 1))
+                j = i + stride
+                up = (i & size) == 0
+                if (a[i] > a[j]) == up:
+                    a[i], a[j] = a[j], a[i]
+            stride >>= 1
+        size <<= 1
+    return a[:len(keys)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 31, 33, 100])
+def test_bitonic_schedule_sorts(n):
+    g = torch.Generator().manual_seed(n)
+    keys = (torch.randint(0, 7, (n,), generator=g) * 1000 + torch.arange(n)).tolist()
+    assert _bitonic_like_kernel(keys) == sorted(keys)
+
+
+def test_cost():
+    c = em.cost(64 * 64, 20000, 50)
+    assert c.flops == 0 and c.bytes == 64 * 64 * 8 + 2 * 64 * 64 * 50 * 4
+    cb = em.cost(64 * 64, 20000, 50, backward=True)
+    assert cb.bytes == c.bytes + 64 * 64 * 8 + 64 * 64 * 50 * 4 + 20000 * 50 * 4
+    assert cb.flops == 64 * 64 * 50
+
+
+def test_input_checks_on_cpu():
+    w = torch.randn(5, 3)
+    with pytest.raises(ValueError, match="CUDA"):
+        em.embedding(torch.tensor([[1]]), w)
+    with pytest.raises(ValueError, match="unknown variant"):
+        em.embedding(torch.tensor([[1]]), w, variant="v9")
+    with pytest.raises(ValueError, match="'ids' must be a torch.Tensor"):
+        em.embedding([1, 2], w)
+
+
+# --------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.gpu
+DTYPE_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(em.VARIANTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,V,E", [((1, 1), 1, 1), ((31, 33), 1000, 50), ((64, 64), 20000, 50),
+                                       ((4097,), 33, 31), ((3, 3000), 7, 129), ((1, 9000), 4097, 33)])
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_forward_backward_gpu(variant, dtype, shape, V, E, id_dtype):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(V, E, device="cuda", generator=g).to(dtype).requires_grad_()
+    ids = torch.randint(0, V, shape, device="cuda", generator=g).to(id_dtype)
+    out = em.VARIANTS[variant](ids, w)
+    assert out.shape == (*shape, E) and out.dtype == dtype
+    assert torch.equal(out, w.detach()[ids.long()])  # a gather: exact
+    gout = torch.randn(*shape, E, device="cuda", generator=g).to(dtype)
+    w.grad = poison(torch.empty_like(w))
+    out.backward(gout)
+    ref = em.reference_backward(ids, gout.float(), V)
+    assert not torch.isnan(w.grad).any()
+    assert _rel(w.grad, ref) <= DTYPE_TOL[dtype] * 4
+
+
+@gpu
+@pytest.mark.parametrize("variant", list(em.VARIANTS))
+def test_backward_is_deterministic_and_padding_idx(variant):
+    V, E = 50, 50
+    ids = torch.randint(0, V, (64, 64), device="cuda")
+    ids[:, 40:] = 3  # a long segment, as padding makes
+    w = torch.randn(V, E, device="cuda", requires_grad=True)
+    gout = torch.randn(64, 64, E, device="cuda")
+    grads = []
+    for _ in range(3):
+        w.grad = None
+        em.VARIANTS[variant](ids, w, padding_idx=3).backward(gout)
+        grads.append(w.grad.clone())
+    assert all(torch.equal(grads[0], x) for x in grads[1:])
+    assert not grads[0][3].any()
+    ref = em.reference_backward(ids, gout, V, padding_idx=3)
+    assert _rel(grads[0], ref) < 1e-5
+
+
+@gpu
+def test_out_of_range_ids_gpu():
+    w = torch.randn(5, 4, device="cuda", requires_grad=True)
+    ids = torch.tensor([[0, 5, -1, 4]], device="cuda")
+    out = em.embedding(ids, w)
+    assert torch.isnan(out[0, 1]).all() and torch.isnan(out[0, 2]).all()
+    assert torch.equal(out[0, 0], w[0]) and torch.equal(out[0, 3], w[4])
+    for variant in em.VARIANTS:
+        w.grad = None
+        em.VARIANTS[variant](ids, w).backward(torch.ones(1, 4, 4, device="cuda"))
+        assert w.grad.sum(1).tolist() == [4.0, 0.0, 0.0, 0.0, 4.0]
+
+
+@gpu
+def test_input_checks_gpu():
+    w = torch.randn(5, 3, device="cuda")
+    with pytest.raises(ValueError, match="'ids' has dtype"):
+        em.embedding(torch.tensor([[1.0]], device="cuda"), w)
+    with pytest.raises(ValueError, match="2-D"):
+        em.embedding(torch.tensor([[1]], device="cuda"), w[None])
+    with pytest.raises(ValueError, match="not contiguous"):
+        em.embedding(torch.tensor([[1]], device="cuda"), torch.randn(3, 5, device="cuda").t())
+    with pytest.raises(ValueError, match="padding_idx"):
+        em.embedding(torch.tensor([[1]], device="cuda"), w, padding_idx=5)
+    empty = em.embedding(torch.empty(0, 4, dtype=torch.int64, device="cuda"), w)
+    assert empty.shape == (0, 4, 3)
+
+
+@gpu
+def test_cuda_graph_capture_gpu():
+    w = torch.randn(100, 50, device="cuda", requires_grad=True)
+    ids = torch.randint(0, 100, (64, 64), device="cuda")
+    gout = torch.randn(64, 64, 50, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            w.grad = None
+            em.embedding(ids, w).backward(gout)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    w.grad = None
+    with torch.cuda.graph(graph):
+        out = em.embedding(ids, w)
+        out.backward(gout)
+    ids.copy_(torch.randint(0, 100, (64, 64), device="cuda"))
+    graph.replay()
+    torch.testing.assert_close(out, w.detach()[ids])
+    torch.testing.assert_close(w.grad.double(), em.reference_backward(ids, gout, 100))
+
+
+@gpu
+def test_torch_compile_traces_the_custom_op_gpu():
+    w = torch.randn(300, 50, device="cuda", requires_grad=True)
+    ids = torch.randint(0, 300, (31, 33), device="cuda")
+    f = torch.compile(lambda i, ww: (em.embedding(i, ww) * 2.0).sum(), fullgraph=True)
+    f(ids, w).backward()
+    ref = em.reference_backward(ids, torch.full((31, 33, 50), 2.0, device="cuda"), 300)
+    torch.testing.assert_close(w.grad.double(), ref)
