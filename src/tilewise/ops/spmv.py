@@ -1,0 +1,646 @@
+"""spmv: ``y = alpha * A @ x + beta * y`` for a sparse fp32 matrix A (M x N, int32 indices).
+
+Formats (small classes holding device tensors, built on the GPU with torch ops):
+    CSR: row_ptr (M + 1), col (nnz), val (nnz); columns sorted within each row (duplicates are
+         summed). From a torch sparse CSR tensor, a SciPy CSR matrix (SciPy optional), or dense.
+    ELL: (K, M) column-major col/val, K = longest row, padding col = -1: a warp's loads coalesce;
+         costs K * M slots, refused past ``max_fill`` times nnz.
+    JDS: rows sorted by length (perm), stored as jagged diagonals (jd_ptr): coalesced like ELL
+         with no padding, y written through perm.
+
+Kernels (``spmv.cu``), each bound by the bytes it must read: val + col (8 B per nonzero), row_ptr,
+x (once if it stays in cache, up to once per nonzero if not) and y:
+    csr_scalar:  a thread per row (the lecture's kernel): uncoalesced once rows pass a few entries.
+    csr_vector:  SUB = 2..32 lanes per row (SUB ~ mean row length / 4), shuffle reduction;
+                 wastes lanes on rows shorter than SUB, starves the GPU when a few rows hold most
+                 of the nonzeros.
+    csr_split:   load-balanced CSR by row splitting: csr_vector over the rows of at most
+                 ``long_len`` nonzeros, then one warp per 512-nonzero chunk of the longer rows,
+                 added with atomicAdd (the chunk plan is built once per matrix and cached).
+    csr_stream:  for short rows: a block per ~1024 nonzeros (or 256 rows) computes its products into
+                 shared memory with coalesced loads, then a thread per row sums them there
+                 (CSR-stream; the block plan is built once per matrix and cached).
+    ell, jds:    a thread per row over the formats above.
+
+``spmv(A, x)`` picks from the row-length statistics kept with the CSR (see ``choose``: the rules
+and the measured table behind each threshold are in docs/notes-spmv.md); for a CSR it may build an
+ELL or JDS copy once and keep it with the matrix.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cost import Cost
+from ..runtime import cuda as rt
+
+_SRC = "spmv.cu"
+_THREADS = 256
+_SUBS = (2, 4, 8, 16, 32)
+CHUNK = 512          # nonzeros per warp in csr_split's chunk kernel (the .cu's CHUNK)
+STREAM_NNZ = 1024    # csr_stream: nonzeros per block (its shared buffer holds 2048, the .cu's CAP)
+STREAM_ROWS = 256    # csr_stream: rows per block when rows are shorter than STREAM_NNZ / 256
+LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
+SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
+_INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- reference + cost
+
+
+def reference(row_ptr, col, val, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+    """Dense-free PyTorch reference in float64: reads each nonzero, x per nonzero and y once."""
+    M = row_ptr.numel() - 1
+    rows = torch.repeat_interleave(torch.arange(M, device=row_ptr.device), (row_ptr[1:] - row_ptr[:-1]).long())
+    prod = val.double() * x.double()[col.long()]
+    out = torch.zeros(M, dtype=torch.float64, device=row_ptr.device).index_add_(0, rows, prod)
+    out = alpha * out
+    if beta != 0.0:
+        out = out + beta * y.double()
+    return out
+
+
+def cost(M: int, N: int, nnz: int, beta: float = 0.0) -> Cost:
+    """The fewest bytes: val + col (4 + 4 per nonzero), row_ptr (M + 1), x once, y written once
+    (and read once when beta != 0); 2 FLOPs per nonzero. The same floor for every format."""
+    b = 8 * nnz + 4 * (M + 1) + 4 * N + 4 * M + (4 * M if beta != 0.0 else 0)
+    return Cost(flops=2 * nnz, bytes=b)
+
+
+# --------------------------------------------------------------------------- formats
+
+
+@dataclass
+class RowStats:
+    """Row-length statistics, what ``choose`` reads."""
+
+    rows: int
+    nnz: int
+    mean: float
+    max: int
+    std: float
+    empty_rows: int
+
+    @staticmethod
+    def of(lengths: torch.Tensor) -> "RowStats":
+        if lengths.numel() == 0:
+            return RowStats(0, 0, 0.0, 0, 0.0, 0)
+        lf = lengths.double()
+        return RowStats(rows=lengths.numel(), nnz=int(lengths.sum()), mean=float(lf.mean()), max=int(lengths.max()),
+                        std=float(lf.std(unbiased=False)), empty_rows=int((lengths == 0).sum()))
+
+
+def _timed(fn):
+    """Run fn on the current stream and return (result, milliseconds) from CUDA events (or wall
+    time without a GPU): the conversion cost each format reports."""
+    import time
+
+    if torch.cuda.is_available():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        out = fn()
+        e.record()
+        e.synchronize()
+        return out, s.elapsed_time(e)
+    t0 = time.perf_counter()
+    out = fn()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+@dataclass
+class CSR:
+    """Compressed sparse rows on one device: row_ptr (M + 1,), col (nnz,) int32, val (nnz,) float32.
+
+    Build with ``CSR.from_torch``, ``CSR.from_scipy``, ``CSR.from_dense`` or ``CSR.from_arrays``;
+    each validates (``validate=True``) and records ``build_ms``, the time it took on the device.
+    """
+
+    row_ptr: torch.Tensor
+    col: torch.Tensor
+    val: torch.Tensor
+    shape: tuple[int, int]
+    stats: RowStats = None
+    build_ms: float = 0.0
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def nnz(self) -> int:
+        return self.col.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.val.device
+
+    def row_lengths(self) -> torch.Tensor:
+        return self.row_ptr[1:] - self.row_ptr[:-1]
+
+    @classmethod
+    def from_arrays(cls, row_ptr, col, val, shape, *, validate: bool = True) -> "CSR":
+        """From the three arrays (any integer / float dtypes: converted to int32 / float32)."""
+        def build():
+            rp, c, v = _as_index(row_ptr, "row_ptr"), _as_index(col, "col"), val
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(f"CSR: 'val' must be a torch.Tensor, got {type(v).__name__}")
+            v = v.to(torch.float32).contiguous()
+            if validate:
+                _validate_csr(rp, c, v, shape)
+            return rp, c, v
+
+        (rp, c, v), ms = _timed(build)
+        out = cls(rp, c, v, (int(shape[0]), int(shape[1])), build_ms=ms)
+        out.stats = RowStats.of(out.row_lengths())
+        return out
+
+    @classmethod
+    def from_torch(cls, A: torch.Tensor, *, validate: bool = True) -> "CSR":
+        """From a 2-D ``torch.sparse_csr`` tensor (``A.to_sparse_csr()``)."""
+        if not isinstance(A, torch.Tensor) or A.layout != torch.sparse_csr:
+            raise ValueError("CSR.from_torch: 'A' must be a torch.sparse_csr tensor (use A.to_sparse_csr())")
+        if A.dim() != 2:
+            raise ValueError(f"CSR.from_torch: 'A' must be 2-D, got shape {tuple(A.shape)}")
+        return cls.from_arrays(A.crow_indices(), A.col_indices(), A.values(), tuple(A.shape), validate=validate)
+
+    @classmethod
+    def from_scipy(cls, A, device="cuda", *, validate: bool = True) -> "CSR":
+        """From a SciPy sparse matrix (converted to CSR with sorted indices); needs SciPy."""
+        try:
+            import scipy.sparse as sp
+        except ImportError as e:  # SciPy is optional
+            raise ImportError("CSR.from_scipy needs SciPy (pip install scipy)") from e
+        if not sp.issparse(A):
+            raise ValueError(f"CSR.from_scipy: 'A' must be a SciPy sparse matrix, got {type(A).__name__}")
+        A = A.tocsr()
+        if not A.has_sorted_indices:
+            A = A.sorted_indices()
+        t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+        return cls.from_arrays(t(A.indptr), t(A.indices), t(A.data.astype("float32")), A.shape, validate=validate)
+
+    @classmethod
+    def from_dense(cls, D: torch.Tensor) -> "CSR":
+        """From a dense 2-D tensor (zeros dropped), on D's device."""
+        if not isinstance(D, torch.Tensor) or D.dim() != 2:
+            raise ValueError("CSR.from_dense: 'D' must be a 2-D torch.Tensor")
+        def build():
+            nz = D != 0
+            counts = nz.sum(1)
+            rp = torch.zeros(D.shape[0] + 1, dtype=torch.int64, device=D.device)
+            rp[1:] = torch.cumsum(counts, 0)
+            r, c = nz.nonzero(as_tuple=True)  # row-major order: columns sorted within each row
+            return rp.int(), c.int(), D[r, c].float().contiguous()
+
+        (rp, c, v), ms = _timed(build)
+        out = cls(rp, c, v, (D.shape[0], D.shape[1]), build_ms=ms)
+        out.stats = RowStats.of(out.row_lengths())
+        return out
+
+    def to_torch(self) -> torch.Tensor:
+        """The same matrix as a torch sparse CSR tensor (int32 indices): cuSPARSE's input."""
+        return torch.sparse_csr_tensor(self.row_ptr, self.col, self.val, self.shape, check_invariants=False)
+
+    def to_dense(self) -> torch.Tensor:
+        return self.to_torch().to_dense()
+
+    def split_plan(self, long_len: int = LONG_LEN) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chunk_row, chunk_start) for csr_split: each row longer than ``long_len`` cut into chunks
+        of CHUNK nonzeros. Built on the device once per long_len and cached."""
+        plan = self._plans.get(long_len)
+        if plan is None:
+            lengths = self.row_lengths().long()
+            long_rows = torch.nonzero(lengths > long_len).flatten()
+            nch = (lengths[long_rows] + CHUNK - 1) // CHUNK
+            chunk_row = torch.repeat_interleave(long_rows, nch)
+            first = torch.cumsum(nch, 0) - nch  # each row's first chunk index
+            within = torch.arange(chunk_row.numel(), device=self.device) - torch.repeat_interleave(first, nch)
+            chunk_start = self.row_ptr.long()[chunk_row] + within * CHUNK
+            plan = self._plans[long_len] = (chunk_row.int().contiguous(), chunk_start.int().contiguous())
+        return plan
+
+
+def _as_index(t, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"CSR: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"CSR: '{name}' must hold integers, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"CSR: '{name}' must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() and (int(t.max()) > _INT32_MAX or int(t.min()) < -_INT32_MAX - 1):
+        raise ValueError(f"CSR: '{name}' has values past int32; tilewise's SpMV uses int32 indices")
+    return t.to(torch.int32).contiguous()
+
+
+def stream_plan(A: "CSR") -> torch.Tensor:
+    """csr_stream's block boundaries (n_blocks + 1 rows, int32): a new block wherever
+    max(row_ptr[r] // STREAM_NNZ, r // STREAM_ROWS) steps up, so a block starts its nonzeros within
+    one STREAM_NNZ window and spans at most STREAM_ROWS rows of the row term. Cached on A."""
+    plan = A._plans.get("stream")
+    if plan is None:
+        M = A.shape[0]
+        r = torch.arange(M, device=A.device)
+        key = torch.maximum(A.row_ptr[:-1].long() // STREAM_NNZ, r // STREAM_ROWS)
+        change = torch.ones(M, dtype=torch.bool, device=A.device)
+        change[1:] = key[1:] != key[:-1]
+        starts = torch.nonzero(change).flatten()
+        plan = torch.cat([starts, torch.tensor([M], device=A.device)]).int().contiguous()
+        A._plans["stream"] = plan
+    return plan
+
+
+def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> None:
+    """Everything a kernel relies on, checked on the device; raises ValueError naming what is wrong."""
+    if len(shape) != 2 or int(shape[0]) < 0 or int(shape[1]) < 0:
+        raise ValueError(f"CSR: shape must be (M, N) with M, N >= 0, got {tuple(shape)}")
+    M, N = int(shape[0]), int(shape[1])
+    if M > _INT32_MAX - 1 or N > _INT32_MAX:
+        raise ValueError(f"CSR: shape {tuple(shape)} is past int32 indexing")
+    if not (rp.device == col.device == val.device):
+        raise ValueError(f"CSR: row_ptr, col, val on different devices ({rp.device}, {col.device}, {val.device})")
+    if rp.numel() != M + 1:
+        raise ValueError(f"CSR: row_ptr has {rp.numel()} entries; expected M + 1 = {M + 1}")
+    if col.numel() != val.numel():
+        raise ValueError(f"CSR: col has {col.numel()} entries but val has {val.numel()}")
+    nnz = col.numel()
+    if int(rp[0]) != 0 or int(rp[-1]) != nnz:
+        raise ValueError(f"CSR: row_ptr must start at 0 and end at nnz = {nnz}; "
+                         f"got {int(rp[0])} .. {int(rp[-1])}")
+    if M and bool((rp[1:] < rp[:-1]).any()):
+        i = int(torch.nonzero(rp[1:] < rp[:-1])[0])
+        raise ValueError(f"CSR: row_ptr decreases at row {i} ({int(rp[i])} -> {int(rp[i + 1])})")
+    if nnz:
+        bad = (col < 0) | (col >= N)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise ValueError(f"CSR: column index {int(col[i])} at position {i} is outside [0, {N})")
+        down = col[1:] < col[:-1]
+        if bool(down.any()):
+            starts = torch.zeros(nnz, dtype=torch.bool, device=col.device)
+            inner = rp[1:-1].long()
+            starts[inner[inner < nnz]] = True  # a row may start lower than the last one ended
+            down &= ~starts[1:]
+            if bool(down.any()):
+                i = int(torch.nonzero(down)[0]) + 1
+                raise ValueError(f"CSR: column indices are not sorted within a row (position {i}); "
+                                 f"sort them (torch: A.to_sparse_coo().coalesce().to_sparse_csr(); SciPy: A.sort_indices())")
+
+
+@dataclass
+class ELL:
+    """ELLPACK: col/val of shape (K, M), column-major over rows (entry k of row i at k * M + i),
+    K = the longest row; padding has col = -1 and val = 0."""
+
+    col: torch.Tensor
+    val: torch.Tensor
+    shape: tuple[int, int]
+    nnz: int
+    stats: RowStats = None
+    build_ms: float = 0.0
+
+    @property
+    def width(self) -> int:
+        return self.col.shape[0]
+
+    @classmethod
+    def from_csr(cls, A: CSR, max_fill: float = 3.0) -> "ELL":
+        """Refuses (ValueError) when K * M > max_fill * nnz: the padding would dominate the bytes."""
+        M = A.shape[0]
+        K = A.stats.max
+        if K * M > max(max_fill * A.nnz, 1024):
+            raise ValueError(f"ELL: {K} x {M} slots for {A.nnz} nonzeros is more than max_fill = {max_fill} "
+                             f"times the nonzeros (the longest row is {K}); use CSR or JDS")
+        def build():
+            col = torch.full((K, M), -1, dtype=torch.int32, device=A.device)
+            val = torch.zeros((K, M), dtype=torch.float32, device=A.device)
+            if A.nnz:
+                rows = torch.repeat_interleave(torch.arange(M, device=A.device), A.row_lengths().long(),
+                                               output_size=A.nnz)
+                pos = torch.arange(A.nnz, device=A.device) - A.row_ptr.long()[rows]
+                col.view(-1)[pos * M + rows] = A.col
+                val.view(-1)[pos * M + rows] = A.val
+            return col, val
+
+        (col, val), ms = _timed(build)
+        return cls(col, val, A.shape, A.nnz, A.stats, ms)
+
+
+@dataclass
+class JDS:
+    """Jagged diagonal storage: perm (M,) rows by decreasing length, len_sorted (M,), jd_ptr (K + 1,)
+    start of each jagged diagonal, col/val (nnz,) diagonal by diagonal."""
+
+    perm: torch.Tensor
+    len_sorted: torch.Tensor
+    jd_ptr: torch.Tensor
+    col: torch.Tensor
+    val: torch.Tensor
+    shape: tuple[int, int]
+    stats: RowStats = None
+    build_ms: float = 0.0
+
+    @property
+    def nnz(self) -> int:
+        return self.col.numel()
+
+    @classmethod
+    def from_csr(cls, A: CSR) -> "JDS":
+        M, K = A.shape[0], A.stats.max
+
+        def build():
+            lengths = A.row_lengths().long()
+            len_sorted, perm = torch.sort(lengths, descending=True, stable=True)
+            # Diagonal k holds one entry per row longer than k: count = M - #rows of length <= k.
+            counts = M - torch.cumsum(torch.bincount(lengths, minlength=K + 1)[:K], 0)
+            jd_ptr = torch.zeros(K + 1, dtype=torch.int64, device=A.device)
+            jd_ptr[1:] = torch.cumsum(counts, 0)
+            col = torch.empty(A.nnz, dtype=torch.int32, device=A.device)
+            val = torch.empty(A.nnz, dtype=torch.float32, device=A.device)
+            if A.nnz:
+                rank = torch.empty(M, dtype=torch.int64, device=A.device)
+                rank[perm] = torch.arange(M, device=A.device)
+                rows = torch.repeat_interleave(torch.arange(M, device=A.device), lengths, output_size=A.nnz)
+                pos = torch.arange(A.nnz, device=A.device) - A.row_ptr.long()[rows]
+                dest = jd_ptr[pos] + rank[rows]
+                col[dest] = A.col
+                val[dest] = A.val
+            return perm.int(), len_sorted.int(), jd_ptr.int(), col, val
+
+        (perm, ls, jp, col, val), ms = _timed(build)
+        return cls(perm.contiguous(), ls.contiguous(), jp.contiguous(), col, val, A.shape, A.stats, ms)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@functools.cache
+def _module(device_index: int) -> rt.Module:
+    names = ["spmv_csr_scalar", "spmv_ell", "spmv_jds", "spmv_csr_chunks", "spmv_csr_stream"] + [f"spmv_csr_vector<{s}>" for s in _SUBS]
+    return rt.load(_SRC, names, device_index=device_index)
+
+
+_I32, _F32 = (torch.int32,), (torch.float32,)
+_PARAMS = {
+    "spmv_csr_scalar": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
+    "spmv_csr_vector": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta", "long_len"),
+    "spmv_csr_chunks": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "chunk_row:i", "chunk_start:i",
+                        "n_chunks", "alpha"),
+    "spmv_csr_stream": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "block_row:i", "alpha", "beta"),
+    "spmv_ell": ("col:i", "val:f", "x:f", "y:f", "M", "K", "alpha", "beta"),
+    "spmv_jds": ("perm:i", "len_sorted:i", "jd_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
+}
+_kernels: dict[tuple, rt.Kernel] = {}
+
+
+def _kernel(name: str, device_index: int) -> rt.Kernel:
+    k = _kernels.get((name, device_index))
+    if k is None:
+        params = []
+        for p in _PARAMS[name.split("<")[0]]:
+            if p.endswith(":i"):
+                params.append(rt.Tensor(p[:-2], _I32))
+            elif p.endswith(":f"):
+                params.append(rt.Tensor(p[:-2], _F32))
+            elif p in ("alpha", "beta"):
+                params.append(rt.Scalar(p, "f32"))
+            else:
+                params.append(rt.Scalar(p, "i32"))
+        k = _kernels[(name, device_index)] = _module(device_index).kernel(name, params)
+    return k
+
+
+def _blocks(threads: int) -> int:
+    return max(1, -(-threads // _THREADS))
+
+
+def _check(A, x, y, beta):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"spmv: 'x' must be a torch.Tensor, got {type(x).__name__}")
+    M, N = A.shape
+    dev = A.val.device
+    if dev.type != "cuda":
+        raise ValueError(f"spmv: the matrix is on {dev}; tilewise kernels need it on CUDA (use reference on CPU)")
+    if x.device != dev:
+        raise ValueError(f"spmv: 'x' is on {x.device} but the matrix is on {dev}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"spmv: 'x' has dtype {x.dtype}; expected float32")
+    if tuple(x.shape) != (N,):
+        raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix is {M} x {N}, so x must be ({N},)")
+    if y is None:
+        if beta != 0.0:
+            raise ValueError("spmv: beta != 0 needs a 'y' to read")
+        return torch.empty(M, dtype=torch.float32, device=dev)
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"spmv: 'y' must be a torch.Tensor, got {type(y).__name__}")
+    if y.device != dev or y.dtype != torch.float32 or tuple(y.shape) != (M,):
+        raise ValueError(f"spmv: 'y' must be float32 of shape ({M},) on {dev}; got {y.dtype} {tuple(y.shape)} on {y.device}")
+    return y
+
+
+def _need(A, cls, name):
+    if not isinstance(A, cls):
+        raise ValueError(f"spmv.{name}: 'A' must be a {cls.__name__} (build one with {cls.__name__}.from_...)")
+
+
+def csr_scalar(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+    _need(A, CSR, "csr_scalar")
+    y = _check(A, x, y, beta)
+    M = A.shape[0]
+    if M:
+        _kernel("spmv_csr_scalar", x.get_device())(_blocks(M), _THREADS, A.row_ptr, A.col, A.val, x, y, M, alpha, beta)
+    return y
+
+
+def sub_width(mean_len: float) -> int:
+    """csr_vector's lanes per row: the power of two nearest a quarter of the mean row length, in 2..32.
+
+    Not the mean itself: a warp's chain row_ptr -> col -> x is three memory latencies long, so a
+    warp must have several loads per lane in flight (4 with the kernel's unrolling) to cover them;
+    one row per warp with one element per lane leaves the GPU latency-bound."""
+    if mean_len <= 8:
+        return 2
+    return int(min(32, 2 ** round(math.log2(mean_len / 4))))
+
+
+def csr_vector(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, sub: int | None = None,
+               long_len: int = _INT32_MAX):
+    _need(A, CSR, "csr_vector")
+    y = _check(A, x, y, beta)
+    sub = sub_width(A.stats.mean) if sub is None else sub
+    if sub not in _SUBS:
+        raise ValueError(f"spmv.csr_vector: sub must be one of {_SUBS}, got {sub}")
+    M = A.shape[0]
+    if M:
+        _kernel(f"spmv_csr_vector<{sub}>", x.get_device())(_blocks(M * sub), _THREADS, A.row_ptr, A.col, A.val,
+                                                           x, y, M, alpha, beta, long_len)
+    return y
+
+
+def split_len(mean_len: float) -> int:
+    """csr_split's default threshold: rows longer than SPLIT_PER_LANE x ``sub_width(mean_len)``
+    (at most LONG_LEN) go to the chunk kernel. A row left whole costs its sub-warp about
+    len / SUB x 0.12 us (measured: csr_vector/sub=2 on the powerlaw matrix's 100k row, 5.98 ms), so
+    128 x SUB keeps the slowest whole row near 15 us, a chunk's 2 us times a few waves."""
+    return min(LONG_LEN, SPLIT_PER_LANE * sub_width(mean_len))
+
+
+def csr_split(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, long_len: int | None = None):
+    """Row splitting: csr_vector on rows of at most ``long_len`` nonzeros (default
+    ``split_len(A.stats.mean)``; SUB from their mean), then one warp per 512-nonzero chunk of the
+    longer rows (atomicAdd into y)."""
+    _need(A, CSR, "csr_split")
+    y = _check(A, x, y, beta)
+    M = A.shape[0]
+    if not M:
+        return y
+    if long_len is None:
+        long_len = split_len(A.stats.mean)
+    chunk_row, chunk_start = A.split_plan(long_len)
+    n_chunks = chunk_row.numel()
+    key = ("short_mean", long_len)
+    short_mean = A._plans.get(key)
+    if short_mean is None:
+        lengths = A.row_lengths()
+        short = lengths[lengths <= long_len]
+        short_mean = A._plans[key] = float(short.double().mean()) if short.numel() else 0.0
+    sub = sub_width(short_mean)
+    dev = x.get_device()
+    _kernel(f"spmv_csr_vector<{sub}>", dev)(_blocks(M * sub), _THREADS, A.row_ptr, A.col, A.val, x, y, M,
+                                            alpha, beta, long_len)
+    if n_chunks:
+        _kernel("spmv_csr_chunks", dev)(_blocks(32 * n_chunks), _THREADS, A.row_ptr, A.col, A.val, x, y,
+                                        chunk_row, chunk_start, n_chunks, alpha)
+    return y
+
+
+def csr_stream(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+    _need(A, CSR, "csr_stream")
+    y = _check(A, x, y, beta)
+    if A.shape[0]:
+        plan = stream_plan(A)
+        _kernel("spmv_csr_stream", x.get_device())(plan.numel() - 1, _THREADS, A.row_ptr, A.col, A.val, x, y,
+                                                   plan, alpha, beta)
+    return y
+
+
+def ell(A: ELL, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+    _need(A, ELL, "ell")
+    y = _check(A, x, y, beta)
+    M = A.shape[0]
+    if M:
+        _kernel("spmv_ell", x.get_device())(_blocks(M), _THREADS, A.col, A.val, x, y, M, A.width, alpha, beta)
+    return y
+
+
+def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+    _need(A, JDS, "jds")
+    y = _check(A, x, y, beta)
+    M = A.shape[0]
+    if M:
+        _kernel("spmv_jds", x.get_device())(_blocks(M), _THREADS, A.perm, A.len_sorted, A.jd_ptr, A.col, A.val,
+                                            x, y, M, alpha, beta)
+    return y
+
+
+VARIANTS = {"csr_scalar": csr_scalar, "csr_vector": csr_vector, "csr_split": csr_split,
+            "csr_stream": csr_stream, "ell": ell, "jds": jds}
+FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_stream": CSR, "ell": ELL, "jds": JDS}
+
+
+def choose(stats: RowStats, convert: bool = True) -> str:
+    """The kernel for a matrix with these row lengths, from the H200 table in docs/notes-spmv.md
+    (speed-ups over cuSPARSE in brackets):
+      * a row longer than ``split_len(mean)``: csr_split (powerlaw, wide: every kernel that keeps a
+        long row on one thread or sub-warp is 3x to 1000x slower);
+      * mean >= 0.9 x max (nearly every row as long as the longest): jds (banded5 1.33, banded27
+        1.35, uniform 1.05, against 1.26 / 0.82 / 0.97 for the best CSR kernel): a thread per row
+        with coalesced diagonals, and the stable length sort leaves perm close to the identity, so
+        y is still written in order;
+      * max <= 16 and max <= 2 x mean (short rows of uneven length, padding at most 2x): ell (short
+        1.19; jds 0.94 there, as its sort scatters the y writes; csr_stream 1.09);
+      * mean <= 12: csr_stream (short rows of any spread: short 1.09, best CSR kernel);
+      * else csr_vector with SUB from the mean (``sub_width``: uniform sub=8 0.95 vs best 0.97;
+        banded27 sub=8 0.82, best of the SUBs).
+    ``convert=False`` keeps to the CSR kernels (the ELL and JDS picks become csr_stream / csr_vector
+    by the last two rules)."""
+    if stats.rows == 0 or stats.nnz == 0:
+        return "csr_vector"
+    if stats.max > split_len(stats.mean):
+        return "csr_split"
+    if convert and stats.mean >= 0.9 * stats.max:
+        return "jds"
+    if convert and stats.max <= 16 and stats.max <= 2.0 * stats.mean:
+        return "ell"
+    if stats.mean <= 12.0:
+        return "csr_stream"
+    return "csr_vector"
+
+
+def converted(A: CSR, fmt: type):
+    """``fmt.from_csr(A)`` (ELL or JDS), built once and kept with A (it costs about 3-5 ms for the
+    suite's matrices, i.e. 40-60 calls' worth of what the format saves, and a second copy of A's
+    values and indices). Returns None where the format refuses the matrix (ELL past max_fill)."""
+    key = ("format", fmt.__name__)
+    if key not in A._plans:
+        try:
+            A._plans[key] = fmt.from_csr(A)
+        except ValueError:
+            A._plans[key] = None
+    return A._plans[key]
+
+
+def as_csr(A, device=None) -> CSR:
+    """A CSR from a CSR (as is), a torch sparse CSR / COO tensor, a SciPy sparse matrix or a dense tensor."""
+    if isinstance(A, CSR):
+        return A
+    if isinstance(A, torch.Tensor):
+        if A.layout == torch.sparse_csr:
+            return CSR.from_torch(A)
+        if A.layout == torch.sparse_coo:
+            return CSR.from_torch(A.coalesce().to_sparse_csr())
+        if A.layout == torch.strided:
+            return CSR.from_dense(A)
+    try:
+        import scipy.sparse as sp
+
+        if sp.issparse(A):
+            return CSR.from_scipy(A, device=device or "cuda")
+    except ImportError:
+        pass
+    raise ValueError(f"spmv: cannot make a CSR matrix from {type(A).__name__}")
+
+
+def spmv(A, x: torch.Tensor, y: torch.Tensor | None = None, *, alpha: float = 1.0, beta: float = 0.0,
+         variant: str | None = None, convert: bool = True) -> torch.Tensor:
+    """``y = alpha * A @ x + beta * y``.
+
+    A:       a ``CSR``, ``ELL`` or ``JDS`` (built once, reused), or anything ``as_csr`` takes (a torch
+             sparse CSR / COO or dense tensor, a SciPy sparse matrix), converted on each call.
+             M x N, float32 values, int32 indices, on a CUDA device.
+    x:       float32 (N,) on A's device.
+    y:       float32 (M,) on A's device; written in place and returned. Needed when beta != 0; with
+             beta == 0 it is not read. Default None: a new tensor.
+    alpha, beta: scalars (defaults 1 and 0).
+    variant: None picks ``choose(A.stats, convert)`` for a CSR (ELL and JDS run their own kernel), or
+             a key of ``VARIANTS`` whose format matches A.
+    convert: with variant None and a CSR, allow ``choose`` to pick ELL or JDS; the converted copy is
+             built on the first call and kept with A (``converted``). Default True; False for
+             one-shot products or when memory is short.
+    Returns y, (M,) float32.
+    """
+    if not isinstance(A, (CSR, ELL, JDS)):
+        A = as_csr(A, device=x.device if isinstance(x, torch.Tensor) else None)
+    if variant is None:
+        if isinstance(A, (ELL, JDS)):
+            variant = "ell" if isinstance(A, ELL) else "jds"
+        else:
+            variant = choose(A.stats, convert)
+            if FORMAT_OF[variant] is not CSR:
+                F = converted(A, FORMAT_OF[variant])
+                if F is None:
+                    variant = choose(A.stats, convert=False)
+                else:
+                    A = F
+    if variant not in VARIANTS:
+        raise ValueError(f"spmv: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    return VARIANTS[variant](A, x, y, alpha, beta)

@@ -1,0 +1,256 @@
+
+import pytest
+import torch
+
+from tilewise.ops import reduce as rd
+
+from conftest import poison
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def test_reference_and_cost():
+    x = torch.randn(4, 6, 5)
+    torch.testing.assert_close(rd.reference(x, 1, "max"), x.amax(1), rtol=0, atol=0)
+    torch.testing.assert_close(rd.reference(x, -1, "mean", keepdim=True), x.mean(-1, keepdim=True))
+    c = rd.cost((32768, 4096), 1)
+    assert c.bytes == 4 * (32768 * 4096 + 32768) and c.flops == 32768 * 4096
+    assert rd.cost((32768, 4096), 0, torch.bfloat16).bytes == 2 * (32768 * 4096 + 4096)
+    assert rd.cost((3, 0), 1).bytes == 0
+
+
+def test_masked_mean_reference_against_a_loop():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 7, 5, generator=g)
+    lengths = torch.tensor([7, 1, 0, 9])  # 0 gives zeros; 9 > T reads as 7
+    got = rd.masked_mean_reference(x, lengths)
+    for b, n in enumerate([7, 1, 0, 7]):
+        want = x[b, :n].mean(0) if n else torch.zeros(5)
+        torch.testing.assert_close(got[b], want)
+
+
+def test_masked_mean_gradcheck_float64():
+    x = torch.randn(3, 6, 4, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([2, 6, 0], dtype=torch.int32)
+    assert torch.autograd.gradcheck(lambda x: rd.masked_mean(x, lengths), (x,))
+    # Strided input (a transposed view) on the reference path too.
+    xt = torch.randn(6, 3, 4, dtype=torch.float64).transpose(0, 1).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: rd.masked_mean(x, lengths), (xt,))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax"])
+@pytest.mark.parametrize("dim,keepdim", [(0, False), (1, True), (-1, False)])
+def test_reduce_gradcheck_float64(op, dim, keepdim):
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    f = getattr(rd, op)
+    assert torch.autograd.gradcheck(lambda x: f(x, dim, keepdim), (x,))
+    torch.testing.assert_close(f(x, dim, keepdim),
+                               {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax}[op](x, dim, keepdim=keepdim))
+
+
+def test_input_errors_name_the_argument():
+    x = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="'x' is on cpu"):
+        rd.reduce(x, 0)
+    with pytest.raises(ValueError, match="unknown op 'prod'"):
+        rd.reduce(x, 0, "prod")
+    with pytest.raises(ValueError, match="unknown variant"):
+        rd.reduce(x, 0, variant="v0")
+    with pytest.raises(ValueError, match="'dim' = 2 is out of range"):
+        rd.sum(x, 2)
+    with pytest.raises(ValueError, match="'x' has dtype torch.int64"):
+        rd.sum(torch.arange(5), 0)
+    with pytest.raises(ValueError, match=r"'x' must be \(B, T, E\)"):
+        rd.masked_mean(x, torch.tensor([1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="'lengths' must be an int32 or int64"):
+        rd.masked_mean(x[None], torch.tensor([1.0]))
+    with pytest.raises(ValueError, match=r"'lengths' has shape \(2,\); expected \(1,\)"):
+        rd.masked_mean(x[None], torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_runtime_kernel_name_compiles_for_sm90(dtype):
+    """The names the launchers ask for (not only the instantiate lines) compile, without spills."""
+    from tilewise.runtime import cuda as rt
+
+    names = rd.module_names(dtype)
+    m = rt.compile_file(rd._SRC, arch="sm_90", name_expressions=names)
+    assert sorted(m.symbol_mapping) == sorted(names)
+    for r in m.resources:
+        assert r.registers > 0 and not r.spills, r
+
+
+@pytest.mark.parametrize("case", ["last", "first", "middle_permuted", "sliced", "vector", "keepdim"])
+def test_host_layout_walks_the_right_rows(case):
+    """Emulate what the kernels compute from _prepare's (R, rs) and the layout array: the base
+    offset of each output row (strided.cuh's walk) plus r * rs, summed, on CPU."""
+    from test_elementwise import _emulate_offsets
+
+    base = torch.randn(6, 7, 9)
+    x, dim, keepdim = {
+        "last": (base, -1, False), "first": (base, 0, False), "middle_permuted": (base.permute(2, 0, 1), 1, False),
+        "sliced": (base[1:, ::2, 3:], 2, False), "vector": (base[2, 3], 0, False), "keepdim": (base.transpose(0, 1), 1, True),
+    }[case]
+    dim, R, rs, other, ost, out = rd._prepare("t", x, dim, "sum", keepdim, None, cuda=False)
+    words = rd.ew.layout_words(other or (1,), [ost or (0,)])
+    storage = x.as_strided((x.untyped_storage().nbytes() // 4,), (1,), 0)
+    sums = [sum(storage[x.storage_offset() + o[0] + r * rs].item() for r in range(R))
+            for o in _emulate_offsets(words, 1)]
+    want = x.sum(dim, keepdim=keepdim)
+    assert out.shape == want.shape
+    torch.testing.assert_close(torch.tensor(sums).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+SHAPES = [(1, 1), (31, 33), (33, 1000), (1000, 31), (7, 4097), (4097, 7), (3, 5, 1000), (2, 70000)]
+
+
+def _ref(x, dim, op, keepdim=False):
+    return rd.reference(x.double(), dim, op, keepdim)
+
+
+def _check(out, ref, R, dtype, op="sum"):
+    """fp32 accumulation of R terms of size ~1 errs by ~eps * R / sqrt(2) at worst-typical (serial
+    v1); atol scales with sqrt(R) (and 1 / R for a mean), rtol is the dtype's rounding."""
+    assert not torch.isnan(out).any()
+    scale = 1.0 / max(R, 1) if op == "mean" else 1.0
+    atol = 3e-5 * max(R, 1) ** 0.5 * scale
+    rtol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    if dtype != torch.float32:
+        atol = max(atol, 1e-3 * scale ** 0.5)
+    torch.testing.assert_close(out.double(), ref.to(out.dtype).double(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", list(rd.OPS))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("variant", list(rd.VARIANTS))
+def test_variants_every_dim(variant, shape, op, dtype):
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    x = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+    for dim in range(len(shape)):
+        for keepdim in (False, True):
+            ref = _ref(x, dim, op, keepdim)
+            out = poison(torch.empty(ref.shape, device="cuda", dtype=dtype))
+            assert rd.VARIANTS[variant](x, dim, op, keepdim, out) is out
+            _check(out, ref, shape[dim], dtype, op)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", [None, *rd.VARIANTS])
+def test_strided_inputs(variant, dtype):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    base = torch.randn(65, 33, 47, device="cuda", dtype=dtype, generator=g)
+    views = [base.permute(2, 0, 1), base[:, ::2, 3:], base[1:, 5], base.transpose(0, 2)[:, 1:, ::3],
+             base.reshape(-1)[1:1 + 33 * 47].view(33, 47)]
+    for x in views:
+        for dim in range(x.dim()):
+            for op in rd.OPS:
+                out = rd.reduce(x, dim, op, variant=variant)
+                _check(out, _ref(x, dim, op), x.shape[dim], dtype, op)
+
+
+@pytest.mark.gpu
+def test_large_first_and_last_dim_use_splits():
+    x = torch.randn(32768, 513, device="cuda")
+    for dim in (0, 1):
+        torch.testing.assert_close(rd.reduce(x, dim).double(), x.double().sum(dim), rtol=1e-4, atol=2e-3)
+        torch.testing.assert_close(rd.reduce(x, dim, "max"), x.amax(dim), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_empty_nan_and_scalar():
+    x = torch.randn(0, 5, device="cuda")
+    torch.testing.assert_close(rd.reduce(x, 0), torch.zeros(5, device="cuda"))
+    assert rd.reduce(x, 0, "mean").isnan().all()
+    assert rd.reduce(x, 1).shape == (0,)
+    with pytest.raises(ValueError, match="no identity"):
+        rd.reduce(x, 0, "max")
+    y = torch.tensor([[1.0, float("nan")], [2.0, 3.0]], device="cuda")
+    assert torch.equal(rd.reduce(y, 1, "max").isnan(), y.amax(1).isnan())
+    s = torch.tensor(3.0, device="cuda")
+    assert rd.reduce(s, 0).item() == 3.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_autograd_reductions_match_pytorch(dtype):
+    x = torch.randn(33, 1000, device="cuda", dtype=dtype)
+    for name, tf in (("sum", torch.sum), ("mean", torch.mean), ("amax", torch.amax)):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = getattr(rd, name)(a, 1), tf(b, 1)
+        g = torch.randn_like(ya)
+        ya.backward(g)
+        yb.backward(g)
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("ltype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("B,T,E", [(1, 1, 1), (3, 31, 33), (5, 33, 1000), (2, 7, 4097)])
+def test_masked_mean_forward_backward(B, T, E, ltype, dtype):
+    g = torch.Generator(device="cuda").manual_seed(B * T)
+    x = torch.randn(B, T, E, device="cuda", dtype=dtype, generator=g)
+    lengths = torch.randint(0, T + 2, (B,), device="cuda", generator=g).to(ltype)
+    lengths[0] = T
+    if B > 1:
+        lengths[1] = 0
+    for xin in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):  # contiguous, then strided
+        a = xin.clone().requires_grad_() if xin.is_contiguous() else xin.detach().requires_grad_()
+        b = xin.detach().double().requires_grad_()
+        ya = rd.masked_mean(a, lengths)
+        yb = rd.masked_mean_reference(b, lengths)
+        _check(ya, yb, T, dtype, "mean")
+        gy = torch.randn(B, E, device="cuda", dtype=dtype, generator=g)
+        ya.backward(gy)
+        yb.backward(gy.double())
+        _check(a.grad, b.grad, 1, dtype)
+
+
+@pytest.mark.gpu
+def test_masked_mean_gpu_errors():
+    x = torch.randn(2, 3, 4, device="cuda")
+    with pytest.raises(ValueError, match="'lengths' is on cpu but 'x' is on cuda"):
+        rd.masked_mean(x, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="'x' has dtype torch.int32"):
+        rd.masked_mean(x.int(), torch.tensor([1, 2], device="cuda"))
+
+
+def test_masked_mean_custom_op_and_compile_cpu():
+    x = torch.randn(3, 6, 4, requires_grad=True)
+    lengths = torch.tensor([2, 6, 0])
+    torch.library.opcheck(torch.ops.tilewise.masked_mean.default, (x, lengths))
+    torch.library.opcheck(torch.ops.tilewise.masked_mean_backward.default, (torch.randn(3, 4), lengths, 6))
+
+    def f(x):
+        return (rd.masked_mean(x, lengths) * 2).sum()
+
+    g_eager = torch.autograd.grad(f(x), x)[0]
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)  # fullgraph: no break at a launch
+    g_comp = torch.autograd.grad(cf(x), x)[0]
+    torch.testing.assert_close(g_comp, g_eager)
+
+
+@pytest.mark.gpu
+def test_masked_mean_under_torch_compile_on_gpu():
+    x = torch.randn(5, 33, 1000, device="cuda", requires_grad=True)
+    lengths = torch.tensor([33, 0, 7, 40, 1], device="cuda")
+    torch._dynamo.reset()
+    cf = torch.compile(lambda x: rd.masked_mean(x, lengths), fullgraph=True)
+    y = cf(x)
+    want = rd.masked_mean_reference(x.detach(), lengths)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    gy = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, (x,), gy)
+    x2 = x.detach().requires_grad_()
+    (want_gx,) = torch.autograd.grad(rd.masked_mean_reference(x2, lengths), (x2,), gy)
+    torch.testing.assert_close(gx, want_gx)
