@@ -44,9 +44,10 @@ def test_report_and_roofline_from_csv(tmp_path):
             for v, ms in (("v1_naive", 3.5), ("v2_vectorized", 3.3))]
     harness.append_csv(csv_path, rows)
     save_ceilings(CEIL, tmp_path / "Test_GPU-ceilings.json")
-    p = _run("report", "--csv", str(csv_path))
+    p = _run("report", "--csv", str(csv_path), "--all")
     assert p.returncode == 0, p.stderr
     assert "| vector_add | v2_vectorized | n=268435456 | float32 |" in p.stdout
+    assert "| vector_add | v1_naive |" in p.stdout
     p = _run("roofline", "--csv", str(csv_path), "--out", str(tmp_path / "r.png"))
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "r.png").stat().st_size > 1000

@@ -165,11 +165,45 @@ def test_gpu_variants_against_torch(variant, dtype, shape, reduction):
     N, C = shape
     if variant == "v2_fused" and C > ce.MAX_FUSED or variant == "v4_cluster" and C > ce.MAX_CLUSTER:
         pytest.skip("C larger than this version holds")
+    if variant == "v4_cluster" and C > ce.CLUSTER_SLICE and ce.cluster_unsupported_reason():
+        pytest.skip(ce.cluster_unsupported_reason())  # test_gpu_cluster_fails_cleanly checks the error
     x, t = _case(N, C, dtype, "cuda", seed=N + C)
     for ls in (0.0, 0.1):
         la, lb, ga, gb = _ours_and_torch(x, t, variant, reduction=reduction, label_smoothing=ls)
         assert _rel(la, lb) <= TOL[dtype]
         assert _rel(ga, gb) <= 2 * TOL[dtype]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter runs on CPU tensors")
+def test_interpreter_grad_is_adopted_not_copied(monkeypatch):
+    """backward hands out the forward's gradient with no other reference left, so AccumulateGrad
+    adopts it as .grad (no copy: peak extra memory = the gradient, not twice it)."""
+    made = []
+    launch = ce._launch
+
+    def spy(*a, **k):
+        loss, grad = launch(*a, **k)
+        made.append(grad.data_ptr())
+        return loss, grad
+
+    monkeypatch.setattr(ce, "_launch", spy)
+    x, t = _case(6, 37, torch.float32)
+    x.requires_grad_()
+    ce.cross_entropy(x, t).backward()
+    assert x.grad.data_ptr() == made[-1]
+    ref = x.detach().clone().requires_grad_()
+    F.cross_entropy(ref, t).backward()
+    assert _rel(x.grad, ref.grad) < 1e-5
+    # an upstream gradient other than 1 scales in place; a second backward is a clear error
+    y = x.detach().clone().requires_grad_()
+    loss = ce.cross_entropy(y, t, reduction="sum")
+    (2.5 * loss).backward(retain_graph=True)
+    assert y.grad.data_ptr() == made[-1]
+    ref2 = x.detach().clone().requires_grad_()
+    (2.5 * F.cross_entropy(ref2, t, reduction="sum")).backward()
+    assert _rel(y.grad, ref2.grad) < 1e-5
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
 
 
 @pytest.mark.gpu
@@ -211,10 +245,27 @@ def test_gpu_real_sizes_fp32_against_torch(C):
     N = 65536 if C == 2 else 512
     x, t = _case(N, C, torch.float32, "cuda", seed=C)
     for kw in ({}, {"label_smoothing": 0.1}, {"reduction": "sum", "ignore_index": 0}):
-        for v in [None] + (["v4_cluster"] if C > ce.MAX_FUSED else []):
+        cluster = C > ce.MAX_FUSED and not ce.cluster_unsupported_reason()
+        for v in [None] + (["v4_cluster"] if cluster else []):
             la, lb, ga, gb = _ours_and_torch(x, t.clamp_min(0), v, **kw)
             assert _rel(la, lb) < 1e-5, (kw, v)
             assert _rel(ga, gb) < 1e-5, (kw, v)
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_fails_cleanly():
+    """v4_cluster past 16384 classes: NotImplementedError naming the Triton version where the
+    multi-CTA kernel does not build, the right answer where it does; never silently wrong."""
+    import triton
+
+    x, t = _case(4, 2 * ce.CLUSTER_SLICE + 3, torch.bfloat16, "cuda")
+    why = ce.cluster_unsupported_reason()
+    if why:
+        with pytest.raises(NotImplementedError, match=f"Triton {triton.__version__}"):
+            ce.cross_entropy(x, t, variant="v4_cluster")
+    else:
+        la, lb, ga, gb = _ours_and_torch(x, t, "v4_cluster")
+        assert _rel(la, lb) <= TOL[torch.bfloat16] and _rel(ga, gb) <= 2 * TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

@@ -107,3 +107,13 @@ def test_roofline_png(tmp_path):
             harness.make_row("launch", "x", "n", "float32", 0.005, None).as_csv()]
     out = roofline.plot(rows, CEIL, tmp_path / "r.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_best_of_ours_keeps_the_fastest_version_per_case():
+    def row(v, ms, base, shape="n"):
+        return harness.make_row("op", v, shape, "float32", ms, Cost(1, 12), CEIL, baseline=base,
+                                baseline_ms=2.0 if base else None).as_csv()
+
+    rows = [row("torch", 2.0, ""), row("v1", 1.5, "torch"), row("v2", 1.2, "torch"), row("v1", 0.9, "torch", "m")]
+    best = report.best_of_ours(rows)
+    assert [(r["variant"], r["shape"]) for r in best] == [("v1", "m"), ("v2", "n")]

@@ -114,6 +114,28 @@ def test_interpreter_forward_backward(variant, dtype, N):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter runs on CPU tensors")
+@pytest.mark.parametrize("fwd_rev,bwd_rev", [(True, False), (False, True)])
+def test_interpreter_online_pass2_either_direction(monkeypatch, fwd_rev, bwd_rev):
+    """v3_online's second pass forwards and backwards (the _FWD_REVERSE / _BWD_REVERSE switches),
+    rows of 1, 16, 37 and 48 elements: one, several and a partial last chunk of 16."""
+    monkeypatch.setattr(sm, "_FWD_REVERSE", fwd_rev)
+    monkeypatch.setattr(sm, "_BWD_REVERSE", bwd_rev)
+    for N in (1, 16, 37, 48):
+        x = _inputs(3, N, torch.float32, seed=N)
+        x[1, : N // 2] = float("-inf")  # a partly masked row; the max arrives in a later chunk
+        x[2] = float("-inf")  # all masked: zeros, not NaN
+        for log in (False, True):
+            y = poison(torch.empty_like(x))
+            (sm.LOG_VARIANTS if log else sm.VARIANTS)["v3_online"](x, y)
+            ref = sm.reference(x, log)
+            torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+            dy = torch.randn(x.shape)
+            dx = sm.BACKWARD_VARIANTS["v3_online"](ref, dy, log)
+            assert not torch.isnan(dx).any()
+            torch.testing.assert_close(dx, sm.reference_backward(ref, dy, log), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter runs on CPU tensors")
 def test_interpreter_autograd_nd_and_noncontiguous():
     x = torch.randn(2, 3, 40, dtype=torch.float64).float()
     for f, tf in ((sm.softmax, torch.softmax), (sm.log_softmax, torch.log_softmax)):
@@ -154,6 +176,8 @@ def test_gpu_variants_forward_backward(variant, dtype, shape, log):
     M, N = shape
     if variant == "v2_fused" and N > sm.MAX_FUSED or variant == "v4_cluster" and N > sm.MAX_CLUSTER:
         pytest.skip("row longer than this version holds")
+    if variant == "v4_cluster" and N > sm.CLUSTER_SLICE and sm.cluster_unsupported_reason():
+        pytest.skip(sm.cluster_unsupported_reason())  # test_gpu_cluster_fails_cleanly checks the error
     x = _inputs(M, N, dtype, "cuda", seed=M * N)
     ref = sm.reference(x.double(), log)
     y = poison(torch.empty_like(x))
@@ -168,7 +192,8 @@ def test_gpu_variants_forward_backward(variant, dtype, shape, log):
 @pytest.mark.parametrize("N", [2, 4096, 131072])
 def test_gpu_autograd_against_torch_fp32(N):
     x = torch.randn(64, N, device="cuda")
-    variants = [None] + (["v4_cluster"] if N > sm.MAX_FUSED else [])
+    cluster = N > sm.MAX_FUSED and not sm.cluster_unsupported_reason()
+    variants = [None] + (["v4_cluster"] if cluster else [])
     for (f, tf), v in itertools.product(((sm.softmax, torch.softmax),
                                          (sm.log_softmax, torch.log_softmax)), variants):
         a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -178,6 +203,30 @@ def test_gpu_autograd_against_torch_fp32(N):
         (yb * w).sum().backward()
         assert _rel(ya.detach(), yb.detach()) < 1e-5, v
         assert _rel(a.grad, b.grad) < 1e-4, v
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_fails_cleanly():
+    """On a Triton that cannot build the multi-CTA kernel, v4_cluster raises NotImplementedError
+    naming the Triton version (forward, backward, autograd); elsewhere it gives the right answer.
+    Never a silently wrong result."""
+    import triton
+
+    x = _inputs(3, 2 * sm.CLUSTER_SLICE + 5, torch.bfloat16, "cuda", seed=5)
+    why = sm.cluster_unsupported_reason()
+    if why:
+        assert triton.__version__ in why
+        for call in (lambda: sm.VARIANTS["v4_cluster"](x),
+                     lambda: sm.BACKWARD_VARIANTS["v4_cluster"](x, x),
+                     lambda: sm.softmax(x, variant="v4_cluster")):
+            with pytest.raises(NotImplementedError, match=f"Triton {triton.__version__}"):
+                call()
+        assert sm.cluster_unsupported_reason() == why  # found out once, then cached
+    else:
+        assert _rel(sm.VARIANTS["v4_cluster"](x), sm.reference(x.double())) <= TOL[torch.bfloat16]
+    # one CTA (rows <= 16384) is the v2 kernel: always available
+    xs = _inputs(3, 1000, torch.bfloat16, "cuda", seed=6)
+    assert _rel(sm.VARIANTS["v4_cluster"](xs), sm.reference(xs.double())) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu
@@ -251,10 +300,11 @@ def compile_sm90(jobs: list) -> list:
 
 
 _FWD_SIG = {"X": "*bf16", "Y": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_ym": "i32",
-            "ROWS": "constexpr", "BLOCK": "constexpr", "LOG": "constexpr", "ONE_PASS": "constexpr"}
+            "ROWS": "constexpr", "BLOCK": "constexpr", "LOG": "constexpr", "ONE_PASS": "constexpr",
+            "REVERSE": "constexpr"}
 _BWD_SIG = {"Yp": "*bf16", "DY": "*bf16", "DX": "*bf16", "M": "i32", "N": "i32", "stride_ym": "i32",
             "stride_dym": "i32", "stride_dxm": "i32", "ROWS": "constexpr", "BLOCK": "constexpr",
-            "LOG": "constexpr", "ONE_PASS": "constexpr"}
+            "LOG": "constexpr", "ONE_PASS": "constexpr", "REVERSE": "constexpr"}
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="compile check for CI (the device runs the kernels)")
@@ -267,26 +317,32 @@ def test_kernels_compile_for_sm90_without_spills():
         for case in ("fused4096", "fused16384", "fused2", "online")[1 if size == 4 else 0:]:
             if size == 4 and case == "fused2":
                 continue
-            if case == "online":
-                rows, block, warps, one = 1, sm._ONLINE_CHUNK_BYTES // size, sm._ONLINE_WARPS, False
-            else:
-                (rows, block, warps), one = sm._fused_config(int(case[5:])), True
-            for name, sig in (("_softmax_fwd_kernel", _FWD_SIG), ("_softmax_bwd_kernel", _BWD_SIG)):
+            for name, sig, streams in (("_softmax_fwd_kernel", _FWD_SIG, 1),
+                                       ("_softmax_bwd_kernel", _BWD_SIG, 2)):
+                if case == "online":  # the launch config of a 131072-long row (_online_config)
+                    rows, block, warps, one = 1, sm._ONLINE_CHUNK_BYTES // (streams * size), \
+                        sm._ONLINE_WARPS, False
+                else:
+                    (rows, block, warps), one = sm._fused_config(int(case[5:])), True
                 sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in sig.items()}
-                jobs.append(["tilewise.ops.softmax", name, sig,
-                             {"ROWS": rows, "BLOCK": block, "LOG": case == "online", "ONE_PASS": one},
-                             warps])
+                for log in ((False, True) if case == "online" else (False,)):
+                    rev = not one and (sm._FWD_REVERSE if streams == 1 else sm._BWD_REVERSE)
+                    jobs.append(["tilewise.ops.softmax", name, sig,
+                                 {"ROWS": rows, "BLOCK": block, "LOG": log, "ONE_PASS": one,
+                                  "REVERSE": rev}, warps])
         for block in (sm.MAX_CLUSTER,):  # v4_cluster: the row split over num_ctas CTAs
             for name, sig in (("_softmax_fwd_kernel", _FWD_SIG), ("_softmax_bwd_kernel", _BWD_SIG)):
                 sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in sig.items()}
                 jobs.append(["tilewise.ops.softmax", name, sig,
-                             {"ROWS": 1, "BLOCK": block, "LOG": False, "ONE_PASS": True}, 16,
+                             {"ROWS": 1, "BLOCK": block, "LOG": False, "ONE_PASS": True,
+                              "REVERSE": False}, 16,
                              block // sm.CLUSTER_SLICE])
     jobs.append(["tilewise.ops.softmax", "_row_max_kernel",
                  {"X": "*bf16", "MX": "*fp32", "N": "i32", "stride_xm": "i32", "BLOCK": "constexpr"},
                  {"BLOCK": sm._UNFUSED_BLOCK}, 4])
     jobs += _cross_entropy_jobs() + _recompute_jobs()
     for (name, regs, spills), job in zip(compile_sm90(jobs), jobs):
+        print(name, job[3], job[4], "warps:", regs, "registers,", spills, "B spilled")
         assert spills == 0, f"{name} {job[3]} spills {spills} B ({regs} registers)"
         assert regs * 32 * job[4] <= 65536
 

@@ -159,6 +159,8 @@ def cmd_report(args) -> int:
     from .bench import harness, report
 
     rows = report.latest_run(harness.read_csv(_pick_csv(args.csv)))
+    if not args.all:
+        rows = report.best_of_ours(rows)
     if args.readme:
         changed = report.update_readme(args.readme, rows)
         _console().print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
@@ -215,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", help="PNG path (default: beside the CSV)")
     s.set_defaults(fn=cmd_roofline)
 
-    s = sub.add_parser("report", help="Markdown table of the newest rows of a bench CSV")
+    s = sub.add_parser("report", help="Markdown table of the newest rows of a bench CSV (fastest of our versions per case)")
     s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
     s.add_argument("--readme", help="rewrite the results section of this file instead of printing")
+    s.add_argument("--all", action="store_true", help="every row, not only the fastest of our versions per case")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")

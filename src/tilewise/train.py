@@ -11,7 +11,9 @@ the GPU) and shown on the progress bar every ``log_every`` steps.
 
 ``--graph`` captures one whole step (forward, backward, AdamW) per bucket length in a CUDA graph
 and replays it from static input buffers; batches are padded to the smallest bucket that fits, a
-short last batch runs eagerly. It needs a CUDA device.
+short last batch runs eagerly. It needs a CUDA device. The tilewise backend pads to the same
+buckets by default: its Triton GEMMs autotune once per shape. A failure other than a bad option
+or missing data prints its traceback on stderr and stdout (exit 1).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,7 +50,9 @@ class TrainConfig:
     dropout: float = 0.3
     min_count: int = 1
     max_len: int = 64                  # sentences are cut to this many tokens
-    buckets: tuple[int, ...] | None = None  # pad batches to these lengths (None: to the longest)
+    # pad batches to these lengths; None: to the longest, except with --graph or the tilewise
+    # backend, which use (16, 32, 64, max_len) (fixed shapes for graphs; few autotunes for Triton)
+    buckets: tuple[int, ...] | None = None
     backend: str = "auto"              # tilewise | torch | auto (tilewise on a GPU, torch on CPU)
     device: str = "auto"               # cuda | cpu | cuda:N | auto
     graph: bool = False                # CUDA-graph the whole step (needs a GPU)
@@ -291,8 +296,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         con.print(n)
 
     buckets = cfg.buckets
-    if cfg.graph and buckets is None:
+    if buckets is None and (cfg.graph or backend == "tilewise"):
+        # Graphs need fixed shapes. The tilewise backend's Triton GEMMs autotune once per (M, N, K):
+        # padding each batch to its own longest sentence gives up to max_len different M = B x T
+        # (and as many for evaluation), each a fresh autotune of several kernels; a few bucket
+        # lengths bound that to a few.
         buckets = tuple(b for b in (16, 32, 64) if b < cfg.max_len) + (cfg.max_len,)
+        notes.append(f"batches padded to the bucket lengths {buckets}")
+        con.print(notes[-1])
     graphed = _GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -327,7 +338,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             secs = time.perf_counter() - t0
             epoch_losses = torch.stack(losses).float().cpu().tolist() if losses else []
             step_losses += epoch_losses
-            ev = evaluate(model, dev_set, device=device)
+            ev = evaluate(model, dev_set, device=device, buckets=buckets)
             rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
                    "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
                    "examples_per_second": examples / secs if secs > 0 else math.nan, "steps": len(losses)}
@@ -590,10 +601,27 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        progress=not args.no_progress)
 
 
+def _enable_crash_reports() -> None:
+    """A crash Python cannot catch (SIGSEGV, SIGABRT from a CUDA assert) or a kill by a timeout
+    (SIGTERM) dumps every thread's Python stack to stderr, instead of leaving an empty log."""
+    import faulthandler
+    import signal
+
+    try:
+        if not faulthandler.is_enabled():
+            faulthandler.enable(all_threads=True)
+        if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):  # no fileno (captured stderr), or Windows
+        pass
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run ``tilewise train``; a missing dataset or an impossible option is a message, exit 2."""
+    """Run ``tilewise train``; a missing dataset or an impossible option is a message, exit 2;
+    any other failure prints its traceback (stderr and stdout) and exits 1."""
     from rich.console import Console
 
+    _enable_crash_reports()
     try:
         m = train(config_from_args(args))
     except (sst2.MissingDataError, ValueError, FileNotFoundError) as e:
@@ -605,7 +633,15 @@ def main(args: argparse.Namespace) -> int:
         if isinstance(e, GloveUnavailable):
             Console(stderr=True, highlight=False).print(f"tilewise train: {e}")
             return 2
-        raise
+        # Anything else (a kernel error, a CUDA fault): the full traceback, on stderr AND stdout,
+        # so that a log that keeps only one of them (and --no-progress) still shows why it stopped.
+        import traceback
+
+        tb = traceback.format_exc()
+        msg = f"tilewise train: failed with {type(e).__name__}: {e}\n{tb}"
+        for stream in (sys.stderr, sys.stdout):
+            print(msg, file=stream, flush=True)
+        return 1
     if not args.no_progress:
         Console(highlight=False).print(f"metrics: {Path(args.output_dir) / 'metrics.json'}; best dev accuracy "
                                        f"{100 * (m['best_dev_accuracy'] or 0):.2f}%")

@@ -49,6 +49,18 @@ def latest_run(rows: list[Mapping[str, str]]) -> list[Mapping[str, str]]:
     return list(best.values())
 
 
+def best_of_ours(rows: Iterable[Mapping[str, str]]) -> list[Mapping[str, str]]:
+    """Per (op, shape, dtype): the fastest of our versions (rows that name a baseline)."""
+    best: dict[tuple, Mapping[str, str]] = {}
+    for r in rows:
+        if not r.get("baseline"):
+            continue
+        k = (r["op"], r["shape"], r["dtype"])
+        if k not in best or float(r["median_ms"]) < float(best[k]["median_ms"]):
+            best[k] = r
+    return sorted(best.values(), key=lambda r: (r["op"], r["dtype"], r["shape"]))
+
+
 def markdown_table(rows: Iterable[Mapping[str, str]]) -> str:
     rows = list(rows)
     lines = ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]

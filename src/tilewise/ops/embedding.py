@@ -174,14 +174,22 @@ def _forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: int | None,
-              fused_sort: bool) -> torch.Tensor:
+              fused_sort: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """grad_weight (V, E). ``out``: an optional contiguous (V, E) buffer to write into (tests pass
+    a NaN-filled one, to show that every element is written)."""
     E = grad_out.shape[-1]
     dev = grad_out.get_device()
     n = ids.numel()
     grad_out = grad_out.reshape(n, E)
     if not grad_out.is_contiguous():
         grad_out = grad_out.contiguous()
-    grad_w = torch.empty(V, E, dtype=grad_out.dtype, device=grad_out.device)
+    if out is None:
+        grad_w = torch.empty(V, E, dtype=grad_out.dtype, device=grad_out.device)
+    else:
+        if tuple(out.shape) != (V, E) or out.dtype != grad_out.dtype or not out.is_contiguous():
+            raise ValueError(f"embedding backward: 'out' must be a contiguous ({V}, {E}) {grad_out.dtype} "
+                             f"tensor, got {tuple(out.shape)} {out.dtype}")
+        grad_w = out
     if V == 0 or E == 0:
         return grad_w
     flat = ids.reshape(-1)

@@ -168,9 +168,15 @@ def _setup(ctx, inputs, output):
     else:
         ctx.save_for_backward(x)
     ctx.mark_non_differentiable(output[1], output[2])
+    # Without this autograd hands backward a zero-filled gradient for a1 and a2 (never used):
+    # two full-size memsets, 2 x n x b bytes of writes that made 'stored' 9 + 2 streams, not 9
+    # (measured on the H200: stored at 82 % of its 9-stream roofline, recomputed at 100 %).
+    ctx.set_materialize_grads(False)
 
 
 def _grad(ctx, dy, _d1, _d2):
+    if dy is None:  # not materialized (see _setup): y did not reach the loss
+        return None, None
     if ctx.store:
         a1, a2, y = ctx.saved_tensors
         return _bwd_stored_op(a1, a2, y, dy), None

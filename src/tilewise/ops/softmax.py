@@ -52,6 +52,10 @@ _FUSED_TILE = 2048          # elements per program for short rows (several rows 
 _ONLINE_CHUNK_BYTES = 32768  # bytes of one row chunk per loop iteration in v3 (16 warps x 32 B/thread)
 _ONLINE_WARPS = 16
 _L2_BUDGET = 24 << 20       # bytes of rows in flight that pass 2 should find in L2 (of 60 MiB)
+# v3_online's pass 2 direction: backwards re-reads the chunks pass 1 read last first (a spread
+# of reuse distances, some always short) instead of every chunk one row-time later.
+_FWD_REVERSE = False  # forward: 132 x 256 KB of x in flight at 131072 bf16, should fit in L2
+_BWD_REVERSE = True   # backward: y and dy, 67 MB in flight: forward order missed every time
 _UNFUSED_BLOCK = 1024
 
 
@@ -104,7 +108,7 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.float32, backward: bool = Fa
 @triton.jit
 def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
                         ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr,
-                        ONE_PASS: tl.constexpr):
+                        ONE_PASS: tl.constexpr, REVERSE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -126,41 +130,59 @@ def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
                 y = e * tl.where(s > 0, 1.0 / s, 0.0)[:, None]
             tl.store(yrow + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
         else:
-            # Per-lane running max and sum: no cross-thread reduction inside the loop.
-            m_vec = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+            # Pass 1: a running row max (one reduction a chunk) and per-lane sums rescaled by one
+            # scalar exp a chunk: one exp an element. (A per-lane running max costs two, and at
+            # 2^29 elements the exp unit, 16 a clock an SM, then needs 0.26 ms of the 0.5 ms.)
+            # The next chunk's load is issued before this chunk's math, so one chunk (32 KB an
+            # SM) stays in flight while the exps run.
+            m_run = tl.full([ROWS], float("-inf"), tl.float32)
             s_vec = tl.zeros([ROWS, BLOCK], tl.float32)
+            x_nxt = tl.load(xrow + cols[None, :], mask=rmask[:, None] & (cols[None, :] < N),
+                            other=float("-inf"), eviction_policy="evict_last")
             for start in range(0, N, BLOCK):
-                c = start + cols
-                mask = rmask[:, None] & (c[None, :] < N)
+                x = x_nxt.to(tl.float32)
+                cn = start + BLOCK + cols
                 # Keep pass 1's lines in L2 for pass 2 (the persistent grid sizes what is in flight).
-                x = tl.load(xrow + c[None, :], mask=mask, other=float("-inf"),
-                            eviction_policy="evict_last").to(tl.float32)
-                m_new = tl.maximum(m_vec, x)
+                x_nxt = tl.load(xrow + cn[None, :], mask=rmask[:, None] & (cn[None, :] < N),
+                                other=float("-inf"), eviction_policy="evict_last")
+                m_new = tl.maximum(m_run, tl.max(x, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(x - m_safe)
-                m_vec = m_new
-            m = tl.max(m_vec, 1)
-            m = tl.where(m == float("-inf"), 0.0, m)
-            s = tl.sum(s_vec * tl.exp(m_vec - m[:, None]), 1)
+                s_vec = s_vec * tl.exp(m_run - m_safe)[:, None] + tl.exp(x - m_safe[:, None])
+                m_run = m_new
+            m = tl.where(m_run == float("-inf"), 0.0, m_run)
+            s = tl.sum(s_vec, 1)
             inv = tl.where(s > 0, 1.0 / s, 0.0)
             lse = m + tl.log(s)
-            for start in range(0, N, BLOCK):
+            # Pass 2, forwards or (REVERSE) backwards: backwards, the chunks pass 1 read last
+            # are re-read first, surely still in L2; see docs/notes-softmax.md.
+            nchunks = tl.cdiv(N, BLOCK)
+            step = -BLOCK if REVERSE else BLOCK
+            # (A scalar offset is carried, not a column tensor: that would pin 32 registers.)
+            start = (nchunks - 1) * BLOCK if REVERSE else 0
+            c0 = start + cols
+            x_nxt = tl.load(xrow + c0[None, :], mask=rmask[:, None] & (c0[None, :] < N),
+                            other=float("-inf"), eviction_policy="evict_first")
+            for _ in range(0, nchunks):
+                x = x_nxt.to(tl.float32)
+                nstart = start + step
+                cn = nstart + cols
+                x_nxt = tl.load(xrow + cn[None, :],
+                                mask=rmask[:, None] & (cn[None, :] >= 0) & (cn[None, :] < N),
+                                other=float("-inf"), eviction_policy="evict_first")
                 c = start + cols
-                mask = rmask[:, None] & (c[None, :] < N)
-                x = tl.load(xrow + c[None, :], mask=mask, other=float("-inf"),
-                            eviction_policy="evict_first").to(tl.float32)
                 if LOG:
                     y = tl.where(s[:, None] > 0, x - lse[:, None], float("-inf"))
                 else:
                     y = tl.exp(x - m[:, None]) * inv[:, None]
-                tl.store(yrow + c[None, :], y.to(Y.dtype.element_ty), mask=mask,
-                         eviction_policy="evict_first")
+                tl.store(yrow + c[None, :], y.to(Y.dtype.element_ty),
+                         mask=rmask[:, None] & (c[None, :] < N), eviction_policy="evict_first")
+                start = nstart
 
 
 @triton.jit
 def _softmax_bwd_kernel(Yp, DY, DX, M, N, stride_ym, stride_dym, stride_dxm,
                         ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr,
-                        ONE_PASS: tl.constexpr):
+                        ONE_PASS: tl.constexpr, REVERSE: tl.constexpr = False):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
@@ -184,21 +206,33 @@ def _softmax_bwd_kernel(Yp, DY, DX, M, N, stride_ym, stride_dym, stride_dxm,
                 dx = y * (g - dot[:, None])
             tl.store(drow + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         else:
+            # Pass 1: the row dot; the next chunk's loads go out before this chunk's math.
             acc = tl.zeros([ROWS, BLOCK], tl.float32)
+            m0 = rmask[:, None] & (cols[None, :] < N)
+            g_nxt = tl.load(grow + cols[None, :], mask=m0, other=0.0, eviction_policy="evict_last")
+            if not LOG:
+                y_nxt = tl.load(yrow + cols[None, :], mask=m0, other=0.0,
+                                eviction_policy="evict_last")
             for start in range(0, N, BLOCK):
-                c = start + cols
-                mask = rmask[:, None] & (c[None, :] < N)
-                g = tl.load(grow + c[None, :], mask=mask, other=0.0,
-                            eviction_policy="evict_last").to(tl.float32)
+                cn = start + BLOCK + cols
+                mn = rmask[:, None] & (cn[None, :] < N)
+                g = g_nxt.to(tl.float32)
+                g_nxt = tl.load(grow + cn[None, :], mask=mn, other=0.0, eviction_policy="evict_last")
                 if LOG:
                     acc += g
                 else:
-                    y = tl.load(yrow + c[None, :], mask=mask, other=0.0,
-                                eviction_policy="evict_last").to(tl.float32)
+                    y = y_nxt.to(tl.float32)
+                    y_nxt = tl.load(yrow + cn[None, :], mask=mn, other=0.0,
+                                    eviction_policy="evict_last")
                     acc += y * g
             dot = tl.sum(acc, 1)
-            for start in range(0, N, BLOCK):
-                c = start + cols
+            # Pass 2 (REVERSE) walks the row backwards: the chunks pass 1 read last are re-read
+            # first, while they are surely still in L2 (132 rows of y and dy in flight, 67 MB at
+            # 131072 bf16, do not all fit in the 60 MB L2; in the forward order the H200 took
+            # the time of 5 streams from DRAM, i.e. every re-read missed).
+            nchunks = tl.cdiv(N, BLOCK)
+            for i in range(0, nchunks):
+                c = ((nchunks - 1 - i) if REVERSE else i) * BLOCK + cols
                 mask = rmask[:, None] & (c[None, :] < N)
                 g = tl.load(grow + c[None, :], mask=mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32)
@@ -334,14 +368,20 @@ def _fused_config(N: int) -> tuple[int, int, int]:
     return rows, block, warps
 
 
-def _online_config(x: torch.Tensor, row_bytes: int, n_rows: int) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, programs) for the two-pass kernels."""
-    block = _ONLINE_CHUNK_BYTES // x.element_size()
+def _online_config(x: torch.Tensor, row_bytes: int, n_rows: int,
+                   streams: int = 1) -> tuple[int, int, int]:
+    """(BLOCK, num_warps, programs) for the two-pass kernels. A loop iteration loads
+    _ONLINE_CHUNK_BYTES over ``streams`` tensors (forward 1: 16384 bf16 elements, 32 a thread;
+    backward 2: 8192 a tensor, so the prefetched next chunk fits in registers too); short rows
+    take one power-of-two chunk (a 4096-long row is not padded to 16384 lanes)."""
+    N = max(1, row_bytes // (streams * x.element_size()))
+    block = min(_ONLINE_CHUNK_BYTES // (streams * x.element_size()), max(16, _pow2(N)))
+    warps = max(4, min(_ONLINE_WARPS, block // 512))
     sms = _sms(x)
     if not x.is_cuda:
-        block = 16  # keep interpreter tests small while exercising several chunks
+        block, warps = 16, 4  # keep interpreter tests small while exercising several chunks
     per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
-    return block, _ONLINE_WARPS, max(1, min(n_rows, sms * per_sm))
+    return block, warps, max(1, min(n_rows, sms * per_sm))
 
 
 def _fwd_fused(x2, y2, log):
@@ -359,7 +399,7 @@ def _fwd_online(x2, y2, log):
     M, N = x2.shape
     block, warps, progs = _online_config(x2, N * x2.element_size(), M)
     _softmax_fwd_kernel[(progs,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
-                                  LOG=log, ONE_PASS=False, num_warps=warps)
+                                  LOG=log, ONE_PASS=False, REVERSE=_FWD_REVERSE, num_warps=warps)
 
 
 def _fwd_unfused(x2, y2, log):
@@ -388,9 +428,10 @@ def _bwd_fused(y2, g2, dx2, log):
 
 def _bwd_online(y2, g2, dx2, log):
     M, N = y2.shape
-    block, warps, progs = _online_config(y2, 2 * N * y2.element_size(), M)
+    block, warps, progs = _online_config(y2, 2 * N * y2.element_size(), M, streams=2)
     _softmax_bwd_kernel[(progs,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
-                                  ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, num_warps=warps)
+                                  ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, REVERSE=_BWD_REVERSE,
+                                  num_warps=warps)
 
 
 def _bwd_unfused(y2, g2, dx2, log):
@@ -417,9 +458,55 @@ def _cluster_config(x2) -> tuple[int, int, int]:
     return block, 16 if block >= 16384 else 8, ctas
 
 
+_CLUSTER_REASON: dict = {}
+
+
+def cluster_unsupported_reason(device: torch.device | int | None = None) -> str | None:
+    """None when this Triton builds v4_cluster's multi-CTA kernels (num_ctas > 1) for ``device``
+    (default: the current CUDA device) and they give the right answer; otherwise why not.
+
+    Found out once per device by compiling and running the forward kernel on one row split over
+    2 CTAs (Triton 3.6 fails in TritonGPUPlanCTAPass on the reductions). The interpreter runs
+    v4_cluster as one CTA, so it is always supported there.
+    """
+    if _interpreting() or not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else
+                       device if isinstance(device, int) else
+                       (device.index if device.index is not None else torch.cuda.current_device()))
+    if dev.index not in _CLUSTER_REASON:
+        n = 2 * CLUSTER_SLICE
+        try:
+            with torch.cuda.device(dev):
+                x = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
+                y = torch.full_like(x, float("nan"))
+                _softmax_fwd_kernel[(1,)](x, y, 1, n, n, n, ROWS=1, BLOCK=n, LOG=False,
+                                          ONE_PASS=True, num_warps=16, num_ctas=2)
+                torch.cuda.synchronize(dev)
+            ok = bool(torch.allclose(y.float(), torch.full((1, n), 1.0 / n, device=dev), rtol=1e-2))
+            reason = None if ok else "gives wrong results"
+        except Exception as e:  # a compile failure: the message is long MLIR; keep its first line
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            reason = f"fails to compile ({type(e).__name__}: {first})"
+        _CLUSTER_REASON[dev.index] = None if reason is None else (
+            f"Triton {triton.__version__} {reason} for multi-CTA (num_ctas > 1) reductions on "
+            f"{torch.cuda.get_device_name(dev)}")
+    return _CLUSTER_REASON[dev.index]
+
+
+def _require_cluster(t: torch.Tensor, ctas: int, op: str = "softmax") -> None:
+    """Raise NotImplementedError (never run a miscompiled kernel) when a row needs > 1 CTA and
+    this Triton cannot build the multi-CTA kernel."""
+    if ctas > 1 and t.is_cuda:
+        why = cluster_unsupported_reason(t.device)
+        if why:
+            raise NotImplementedError(f"{op}.v4_cluster: {why}; use v3_online (variant=None)")
+
+
 def _fwd_cluster(x2, y2, log):
     M, N = x2.shape
     block, warps, ctas = _cluster_config(x2)
+    _require_cluster(x2, ctas)
     _softmax_fwd_kernel[(M,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
                               LOG=log, ONE_PASS=True, num_warps=warps, num_ctas=ctas)
 
@@ -427,6 +514,7 @@ def _fwd_cluster(x2, y2, log):
 def _bwd_cluster(y2, g2, dx2, log):
     M, N = y2.shape
     block, warps, ctas = _cluster_config(y2)
+    _require_cluster(y2, ctas, "softmax_backward")
     _softmax_bwd_kernel[(M,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
                               ROWS=1, BLOCK=block, LOG=log, ONE_PASS=True, num_warps=warps,
                               num_ctas=ctas)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ...cost import Cost
 from ...ops import recompute as op
 from ..harness import check, time_ms
 
@@ -45,6 +46,21 @@ def run(r) -> None:
               baseline_ms=t_torch)
         r.add("sigmoid3", "recomputed", shape, dtype, times["recomputed"],
               op.cost(n, dtype, recompute=True), baseline="stored", baseline_ms=times["stored"])
+        # Each kernel alone (no autograd), against its own bytes: shows which one, if any, falls
+        # short of copy bandwidth (on the first H200 run 'stored' was at 82 %: autograd wrote
+        # zero gradients for a1 and a2, 2 n b more bytes, fixed in ops.recompute).
+        b = x.element_size()
+        xd = x.detach()
+        y, a1, a2 = torch.ops.tilewise.sigmoid3_fwd(xd, True)
+        for name, fn, nbytes in (
+                ("stored", lambda: torch.ops.tilewise.sigmoid3_fwd(xd, True), 4 * n * b),
+                ("recomputed", lambda: torch.ops.tilewise.sigmoid3_fwd(xd, False), 2 * n * b)):
+            r.add("sigmoid3_fwd", name, shape, dtype, time_ms(fn), Cost(12 * n, nbytes))
+        for name, fn, nbytes in (
+                ("stored", lambda: torch.ops.tilewise.sigmoid3_bwd_stored(a1, a2, y, dy), 5 * n * b),
+                ("recomputed", lambda: torch.ops.tilewise.sigmoid3_bwd_recompute(xd, dy), 3 * n * b)):
+            r.add("sigmoid3_bwd", name, shape, dtype, time_ms(fn), Cost(22 * n, nbytes))
+        del y, a1, a2
         ratio = times["recomputed"] / times["stored"]
         r.log(f"  sigmoid3 {dtype}: time recomputed / stored = {ratio:.3f}; bytes counted "
               f"{op.BYTES_RATIO:.3f} (5/9), lecture {op.LECTURE_RATIO:.3f} (5/8); "
