@@ -149,7 +149,7 @@ def cmd_roofline(args) -> int:
     ceil_path = Path(args.ceilings) if args.ceilings else csv_path.with_name(csv_path.stem + "-ceilings.json")
     if not ceil_path.is_file():
         raise SystemExit(f"no ceilings file {ceil_path}; `tilewise bench` writes it beside the CSV")
-    rows = report.latest_run(harness.read_csv(csv_path))
+    rows = report.best_of_ours(report.latest_run(harness.read_csv(csv_path)))
     out = roofline.plot(rows, load_ceilings(ceil_path), args.out or csv_path.with_suffix(".png"))
     _console().print(f"roofline written to {out}")
     return 0

@@ -18,7 +18,8 @@ def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path)
 
     pts = [r for r in rows if r.get("gbps") and r.get("tflops") and float(r["tflops"]) > 0]
     shares = [r for r in rows if r.get("roofline_pct")]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [3, 2]})
+    height = max(6.0, 0.22 * len(shares) + 1.5)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(18, height), gridspec_kw={"width_ratios": [3, 2]})
 
     bw = ceilings.copy_gbps * 1e9
     x = np.logspace(-2, 4, 400)
@@ -29,16 +30,16 @@ def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path)
     for i, r in enumerate(pts):
         intensity = float(r["tflops"]) * 1e12 / (float(r["gbps"]) * 1e9)
         ax.scatter(intensity, float(r["tflops"]), marker=markers[i % len(markers)], s=50, zorder=3,
-                   label=f"{r['op']} {r['variant']} {r['dtype']} {r['shape']}")
+                   label=f"{r['op']} {r['variant']} {r['dtype']} {r['shape'][:28]}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"{ceilings.device}: copy {ceilings.copy_gbps:.0f} GB/s (measured)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
 
-    labels = [f"{r['op']} {r['variant']} {r['dtype']} {r['shape']}" for r in shares]
+    labels = [f"{r['op']} {r['variant']} {r['dtype']} {r['shape'][:32]}" for r in shares]
     vals = [float(r["roofline_pct"]) for r in shares]
     bx.barh(range(len(vals)), vals, color=["tab:green" if v >= 90 else "tab:orange" for v in vals])
     bx.set_yticks(range(len(vals)), labels, fontsize=7)
