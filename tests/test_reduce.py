@@ -254,3 +254,13 @@ def test_masked_mean_under_torch_compile_on_gpu():
     x2 = x.detach().requires_grad_()
     (want_gx,) = torch.autograd.grad(rd.masked_mean_reference(x2, lengths), (x2,), gy)
     torch.testing.assert_close(gx, want_gx)
+
+
+def test_masked_mean_cost_counts_only_the_valid_rows():
+    B, T, E = 3, 10, 4
+    full = rd.masked_mean_cost(B, T, E, torch.float32)
+    assert full.bytes == (B * T * E + B * E) * 4 + B * 8
+    lengths = torch.tensor([2, 0, 15], dtype=torch.int32)  # 15 is clamped to T
+    c = rd.masked_mean_cost(B, T, E, torch.float32, lengths)
+    assert c.bytes == ((2 + 0 + 10) * E + B * E) * 4 + B * 4
+    assert c.flops == (2 + 0 + 10) * E

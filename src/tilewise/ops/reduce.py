@@ -275,10 +275,20 @@ def masked_mean_reference(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return s / lens.clamp(min=1).to(x.dtype)[:, None]
 
 
-def masked_mean_cost(B: int, T: int, E: int, dtype: torch.dtype = torch.float32) -> Cost:
-    """Upper bound: all of x read (padding rows are not needed, but their count is data-dependent)."""
+def masked_mean_cost(B: int, T: int, E: int, dtype: torch.dtype = torch.float32,
+                     lengths: torch.Tensor | None = None) -> Cost:
+    """The rows t < lengths[b] of x read once, the (B, E) mean written once, the lengths read.
+
+    The padding rows need not be read, so the floor depends on the data: pass ``lengths`` for it.
+    Without them this is the upper bound of full rows.
+    """
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return Cost(flops=B * T * E, bytes=(B * T * E + B * E) * itemsize + B * 8)
+    rows = B * T if lengths is None else int(lengths.long().clamp(0, T).sum())
+    return Cost(flops=rows * E, bytes=(rows * E + B * E) * itemsize + B * lengths_itemsize(lengths))
+
+
+def lengths_itemsize(lengths: torch.Tensor | None) -> int:
+    return 8 if lengths is None else lengths.element_size()
 
 
 def _check_masked(what, x, lengths):

@@ -39,7 +39,7 @@ def run(r) -> None:
         lengths = torch.randint(1, T + 1, (B,), device="cuda", generator=g)
         shape = f"B={B} T={T} E={E}"
         r.status(f"masked_mean {shape} {dtype}")
-        cost = op.masked_mean_cost(B, T, E, dtype)
+        cost = op.masked_mean_cost(B, T, E, dtype, lengths)
         ref = op.masked_mean_reference(xs, lengths)
         base_ms = time_ms(lambda: op.masked_mean_reference(xs, lengths))
         r.add("masked_mean", "torch_eager", shape, dtype, base_ms, cost)
