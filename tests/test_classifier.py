@@ -178,6 +178,40 @@ def test_cli_arguments_and_missing_data(tmp_path, monkeypatch, capsys):
         p.parse_args(["--buckets", "0"])
 
 
+def test_cli_prints_unexpected_failures(tmp_path, monkeypatch, capsys):
+    """A failure inside training (a kernel error, say) is printed with its traceback on both
+    streams and exits 1, even with --no-progress (the first GPU run left an empty log)."""
+    p = argparse.ArgumentParser()
+    tr.add_arguments(p)
+    args = p.parse_args(["--no-progress", "--device", "cpu", "--output-dir", str(tmp_path / "o")])
+
+    def boom(cfg):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(tr, "train", boom)
+    assert tr.main(args) == 1
+    cap = capsys.readouterr()
+    for stream in (cap.out, cap.err):
+        assert "RuntimeError: CUDA error: an illegal memory access" in stream and "Traceback" in stream
+
+
+def test_tilewise_backend_pads_to_buckets(tmp_path, monkeypatch):
+    """The tilewise backend defaults to bucket lengths (few GEMM shapes to autotune); checked on
+    the CPU by faking the backend choice, since the shapes are decided before any kernel runs."""
+    seen = []
+    real = tr.sst2.EncodedSplit.batches
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("buckets"))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(tr.sst2.EncodedSplit, "batches", spy)
+    monkeypatch.setattr(tr, "resolve_device_backend", lambda cfg: (torch.device("cpu"), "tilewise", []))
+    m = tr.train(tiny_config(tmp_path, epochs=1, max_len=40))
+    assert seen and all(b == (16, 32, 40) for b in seen)
+    assert any("bucket lengths (16, 32, 40)" in n for n in m["notes"])
+
+
 def test_cli_trains_with_glove_cache(tmp_path):
     """GloVe init from a cached extract (the package itself is not needed then)."""
     import numpy as np

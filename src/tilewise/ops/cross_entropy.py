@@ -12,11 +12,14 @@ Versions:
     v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
                num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
                in distributed shared memory: one read, one write. Experimental, not the default
-               until measured (PREFER_CLUSTER).
+               until measured (PREFER_CLUSTER); raises NotImplementedError for C > 16384 where
+               this Triton cannot build multi-CTA kernels (softmax.cluster_unsupported_reason).
 
 The forward writes the gradient for an upstream gradient of 1 (the common case: the loss is the
 last op). Backward returns it unchanged when the upstream gradient is 1 (one scalar read back to
-the host), else scales it: one more pass (mean/sum: by a scalar; none: by row).
+the host), else scales it in place (mean/sum: by a scalar; none: by row, a new tensor). In eager
+mode backward drops its own reference before returning the gradient, so AccumulateGrad adopts it
+as .grad without a copy: peak extra memory is the gradient itself (+ N x 4 B of row losses).
 
 Loss of row i with smoothing e:  lse_i - (1 - e) x[i, t_i] - (e / C) sum_j x[i, j]
 Gradient:                        softmax(x_i)_j - (1 - e) [j == t_i] - e / C, times 1/n_valid for

@@ -32,6 +32,7 @@ template <typename I>
 __global__ void __launch_bounds__(1024) embedding_sort_keys_v2(const I* __restrict__ ids,
                                                                 long long* __restrict__ sorted_ids,
                                                                 long long* __restrict__ sorted_pos,
+                                                                int* __restrict__ row_start,
                                                                 long long n_ids, long long V, int n_pow2) {
   extern __shared__ unsigned long long keys[];
   for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) {
@@ -66,39 +67,42 @@ __global__ void __launch_bounds__(1024) embedding_sort_keys_v2(const I* __restri
     sorted_ids[i] = idp == 0xFFFFFFFFull ? V : static_cast<long long>(idp);
     sorted_pos[i] = static_cast<long long>(key & 0xFFFFFFFFull);
   }
+  // row_start[v] = first sorted index whose id is >= v, for v in [0, V]: row v's segment is
+  // [row_start[v], row_start[v + 1]). Searched here, in shared memory (tens of cycles a probe),
+  // so that step 2 reads two numbers instead of chasing ~2 log2(n) dependent global loads.
+  // Bad ids (0xFFFFFFFF > V) land after row_start[V]. The launcher keeps V + 1 small (<= 65536).
+  for (long long v = threadIdx.x; v <= V; v += blockDim.x) {
+    const unsigned long long target = static_cast<unsigned long long>(v) << 32;
+    int lo = 0, hi = static_cast<int>(n_ids);
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (keys[mid] < target) lo = mid + 1; else hi = mid;
+    }
+    row_start[v] = lo;
+  }
 }
 
 // Backward, step 2: one warp per table row v writes grad_weight[v, :] in full (zeros for rows no id
-// names, so no separate memset): binary search of v's segment [begin, end) in the sorted ids, then
-// the sum of those positions' grad_out rows in position order, in fp32. Eight partial sums per
-// lane keep eight loads in flight for long segments (frequent words); they are combined in a fixed
-// order, so the result is the same bits on every run. Ids outside [0, V) were given a value >= V
-// before sorting, so no v matches them. Row `padding_idx` (-1: none) is written as zeros.
+// names, so no separate memset): v's segment of the sorted ids is [row_start[v], row_start[v + 1])
+// (from step 1, or torch.searchsorted for v1); the sum of those positions' grad_out rows in position
+// order, in fp32. Eight partial sums per lane keep eight loads in flight for long segments
+// (frequent words); they are combined in a fixed order, so the result is the same bits on every
+// run. Ids outside [0, V) sort after row_start[V], so no row takes them. Row `padding_idx` (-1:
+// none) is written as zeros.
 template <typename T>
-__global__ void __launch_bounds__(256) embedding_bwd_segment_sum(const long long* __restrict__ sorted_ids,
+__global__ void __launch_bounds__(256) embedding_bwd_segment_sum(const int* __restrict__ row_start,
                                                                  const long long* __restrict__ sorted_pos,
                                                                  const T* __restrict__ grad_out,
-                                                                 T* __restrict__ grad_weight, long long n_ids,
-                                                                 long long V, long long E,
-                                                                 long long padding_idx) {
+                                                                 T* __restrict__ grad_weight, long long V,
+                                                                 long long E, long long padding_idx) {
   constexpr int U = 8;
   const int lane = threadIdx.x & 31;
   const long long warps = tw::grid_threads() >> 5;
   for (long long v = tw::global_thread_id() >> 5; v < V; v += warps) {
-    long long lo = 0, hi = n_ids;  // first index with sorted_ids >= v
-    while (lo < hi) {
-      const long long mid = (lo + hi) >> 1;
-      if (sorted_ids[mid] < v) lo = mid + 1; else hi = mid;
-    }
-    const long long begin = lo;
-    hi = n_ids;  // first index with sorted_ids > v
-    while (lo < hi) {
-      const long long mid = (lo + hi) >> 1;
-      if (sorted_ids[mid] <= v) lo = mid + 1; else hi = mid;
-    }
-    const long long end = lo;
+    const long long begin = row_start[v];
+    const long long end = row_start[v + 1];
     T* dst = grad_weight + v * E;
-    if (begin == end || v == padding_idx) {
+    if (begin >= end || v == padding_idx) {
       for (long long e = lane; e < E; e += 32) dst[e] = tw::from_float<T>(0.f);
       continue;
     }

@@ -3,14 +3,16 @@
 Versions (``embedding.cu``); the forward is the same gather in both, the backward differs:
     v1_naive:     forward one thread per output element (grid-stride).
                   backward: ``torch.sort(ids, stable=True)`` (equal ids stay in position order),
-                  then ``embedding_bwd_segment_sum``: one warp per table row finds its segment of
-                  the sorted ids by binary search and adds those grad_out rows in position order,
+                  and ``torch.searchsorted`` for each row's segment start, then
+                  ``embedding_bwd_segment_sum``: one warp per table row reads its segment
+                  [start[v], start[v+1]) and adds those grad_out rows in position order,
                   writing every row of grad_weight (zeros where no id points), so no memset and
                   no float atomics: the same bits every run.
                   bound: launches (torch.sort is several kernels); bytes are tiny at training sizes.
     v2_fused_sort: v1 with the sort done by one block: a bitonic sort of (id << 32 | position)
-                  keys in shared memory (n_ids <= 8192), one launch instead of torch.sort's.
-                  Larger n_ids fall back to v1's sort.
+                  keys in shared memory (n_ids <= 8192), then each row's segment start found by
+                  binary search in that shared memory: one launch instead of torch.sort's and
+                  searchsorted's. More than 8192 ids, or more than 65535 rows, take v1's path.
                   bound: one block's shared-memory sort (log2(n)^2 / 2 barrier stages) + the
                   segment sum's write of grad_weight (V x E x itemsize bytes).
 
@@ -36,6 +38,9 @@ _SRC = "embedding.cu"
 _THREADS = 256
 _SORT_THREADS = 1024
 SORT_MAX_IDS = 8192  # 8192 x 8-byte keys = 64 KiB of shared memory for the one-block sort
+# The one block also writes the V + 1 segment starts; past this many rows that is slower than
+# torch.sort + torch.searchsorted on the whole GPU, so larger tables take v1's path.
+ROW_START_MAX = 65536
 
 
 def _ict(dtype: torch.dtype) -> str:
@@ -103,8 +108,8 @@ def _sort_kernel(id_dtype, dev) -> rt.Kernel:
     k = _kernels.get(key)
     if k is None:
         p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("sorted_ids", (torch.int64,)),
-             rt.Tensor("sorted_pos", (torch.int64,)), rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"),
-             rt.Scalar("n_pow2", "i32"))
+             rt.Tensor("sorted_pos", (torch.int64,)), rt.Tensor("row_start", (torch.int32,)),
+             rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("n_pow2", "i32"))
         k = _module(dev).kernel(f"embedding_sort_keys_v2<{_ict(id_dtype)}>", p)
         k.set_max_dynamic_shared(SORT_MAX_IDS * 8)
         _kernels[key] = k
@@ -115,8 +120,8 @@ def _seg_kernel(dtype, dev) -> rt.Kernel:
     key = ("seg", dtype, dev)
     k = _kernels.get(key)
     if k is None:
-        p = (rt.Tensor("sorted_ids", (torch.int64,)), rt.Tensor("sorted_pos", (torch.int64,)),
-             rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)), rt.Scalar("n_ids", "i64"),
+        p = (rt.Tensor("row_start", (torch.int32,)), rt.Tensor("sorted_pos", (torch.int64,)),
+             rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)),
              rt.Scalar("V", "i64"), rt.Scalar("E", "i64"), rt.Scalar("padding_idx", "i64"))
         k = _kernels[key] = _module(dev).kernel(f"embedding_bwd_segment_sum<{rt.ctype(dtype)}>", p)
     return k
@@ -192,21 +197,26 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
         grad_w = out
     if V == 0 or E == 0:
         return grad_w
+    if n >= 2**31:
+        raise ValueError(f"embedding backward: {n} ids; at most 2^31 - 1 are supported (int32 segment starts)")
     flat = ids.reshape(-1)
-    if fused_sort and 0 < n <= SORT_MAX_IDS:
+    if fused_sort and 0 < n <= SORT_MAX_IDS and V < ROW_START_MAX:
         sorted_ids = torch.empty(n, dtype=torch.int64, device=grad_out.device)
         sorted_pos = torch.empty(n, dtype=torch.int64, device=grad_out.device)
+        row_start = torch.empty(V + 1, dtype=torch.int32, device=grad_out.device)
         n_pow2 = 1 << max(0, (n - 1).bit_length())
-        _sort_kernel(ids.dtype, dev)(1, _SORT_THREADS, flat, sorted_ids, sorted_pos, n, V, n_pow2,
+        _sort_kernel(ids.dtype, dev)(1, _SORT_THREADS, flat, sorted_ids, sorted_pos, row_start, n, V, n_pow2,
                                      shmem=n_pow2 * 8)
     else:
         # Out-of-range ids become V so that they sort after every row and match none.
         keyed = torch.where((flat >= 0) & (flat < V), flat.long(), torch.full_like(flat, V, dtype=torch.int64))
         sorted_ids, sorted_pos = torch.sort(keyed, stable=True)
+        rows = torch.arange(V + 1, dtype=torch.int64, device=grad_out.device)
+        row_start = torch.searchsorted(sorted_ids, rows, out_int32=True)  # first index with id >= v
     k = _seg_kernel(grad_out.dtype, dev)
     pad = -1 if padding_idx is None else padding_idx % V
     blocks = max(1, min(_wave(k, _THREADS), -(-V * 32 // _THREADS)))
-    k(blocks, _THREADS, sorted_ids, sorted_pos, grad_out, grad_w, n, V, E, pad)
+    k(blocks, _THREADS, row_start, sorted_pos, grad_out, grad_w, V, E, pad)
     return grad_w
 
 
@@ -301,8 +311,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
                  NaN rows forward and no gradient).
     weight:      CUDA tensor (num_rows, dim), float32 / float16 / bfloat16, contiguous.
     padding_idx: like ``F.embedding``: that row gets no gradient (its forward rows are still read).
-    variant:     ``None`` = ``v2_fused_sort`` (its one-block sort serves up to 8192 ids and falls
-                 back to ``torch.sort`` above that), or a key of ``VARIANTS``.
+    variant:     ``None`` = ``v2_fused_sort`` (its one-block sort serves up to 8192 ids and tables
+                 of up to 65535 rows, and takes v1's torch.sort path beyond), or a key of ``VARIANTS``.
     Returns (*S, dim) in weight's dtype. The backward writes grad_weight (num_rows, dim) in
     weight's dtype, accumulated in float32 in position order.
     """

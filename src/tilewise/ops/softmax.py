@@ -8,16 +8,22 @@ Versions (forward; the backward follows the same pattern):
     v2_fused:   one kernel, each row (or a tile of several short rows) held in registers: x read
                 once, y written once. Rows up to MAX_FUSED elements.
                 bound: copy bandwidth on the floor's bytes (2 x M x N x itemsize).
-    v3_online:  one kernel for any row length: pass 1 keeps a running max and a running sum
-                (rescaled when the max grows), pass 2 re-reads x and writes y. A persistent grid
-                keeps few enough rows in flight that pass 2's re-read hits L2.
+    v3_online:  one kernel for any row length: pass 1 keeps a running row max (one reduction a
+                chunk) and per-lane sums rescaled by one scalar exp a chunk (one exp an element:
+                the exp unit, 16 a clock an SM, is otherwise a bound at 131072-long rows); pass 2
+                re-reads x and writes y. Both passes issue the next chunk's load before this
+                chunk's math (software prefetch: 32 KB an SM in flight). A persistent grid keeps
+                few enough rows in flight that pass 2's re-read should hit L2; the backward's
+                pass 2 walks the row backwards (_BWD_REVERSE) so the freshest chunks come first.
                 bound: copy bandwidth on the floor's bytes when pass 2 hits L2, on 3/2 x them
-                when it does not.
+                (backward 5/3) when it does not.
     v4_cluster: v2 for rows up to 131072: the row is split over a cluster of up to 8 CTAs
                 (Triton num_ctas, sm_90), each holding 16384 elements in registers; the row max,
                 sum and dot are reduced across the cluster in distributed shared memory. One
                 read, one write, like v2. Experimental: Triton's multi-CTA layouts are little
-                used outside matmul; not the default until measured (PREFER_CLUSTER).
+                used outside matmul; not the default until measured (PREFER_CLUSTER). Triton 3.6
+                cannot build it (TritonGPUPlanCTAPass fails on the reductions): where the probe
+                cluster_unsupported_reason() says so, rows > 16384 raise NotImplementedError.
                 bound: copy bandwidth on the floor's bytes.
 
 Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);

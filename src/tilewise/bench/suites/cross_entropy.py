@@ -88,6 +88,13 @@ def run(r) -> None:
                 r.log(f"  {name} fwd+bwd peak extra memory: {_peak_extra(ours) / 2**30:.2f} GiB "
                       f"(gradient {grad_bytes / 2**30:.2f} GiB)")
 
+            # The kernel alone (loss + gradient, no autograd, still the target check's host sync):
+            # tells the kernel's time from the autograd wrapper's.
+            v = "v2_fused" if C <= op.MAX_FUSED else "v3_online"
+            ms = time_ms(lambda: op._launch(x.detach(), t, "mean", -100, 0.0, True, v))
+            r.add("cross_entropy_kernel", v, shape, dtype, ms, cost, baseline="F.cross_entropy",
+                  baseline_ms=base_ms)
+
             # Forward only, no gradient wanted: one read of the logits.
             fcost = op.cost(N, C, dtype, grad=False)
             with torch.no_grad():
