@@ -10,7 +10,7 @@ from conftest import poison
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # v4 configurations the GPU tests run besides the default: the first run's, and shapes the sweep
 # in scripts/experiments/transpose_variants.py tries (other tiles, block sizes, orders, hints).
-V4_EXTRA = {d: [tp.V4_FIRST[d], tp.V4Config(tm=128, tw=32, group=3, ldcs=False),
+V4_EXTRA = {d: [tp.V4_TRIED[d], tp.V4Config(tm=128, tw=32, group=3, ldcs=False),
                 tp.V4Config(tm=32, tw=64, threads=128, gl=32 // (16 // torch.empty((), dtype=d).element_size()),
                             group=10**6, minb=8),
                 tp.V4Config(tm=64, tw=64, threads=128, gl=64 // (16 // torch.empty((), dtype=d).element_size()),
@@ -62,7 +62,7 @@ def test_v4_config_check_rejects(cfg, dtype):
 
 
 def test_v4_built_configs_are_instantiated_in_the_cu():
-    """The package module's v4 names (V4_BUILT, from V4_DEFAULT and V4_FIRST) are the ones the .cu
+    """The package module's v4 names (V4_BUILT, from V4_DEFAULT and V4_TRIED) are the ones the .cu
     lists for the compile check, so a default change cannot ship an unchecked kernel."""
     from tilewise.runtime import cuda as rt
 
@@ -150,7 +150,7 @@ def test_v4_index_model_covers_output(M, N, E, cfg):
 
 def test_v4_default_models():
     for dtype in tp.V4_DEFAULT:
-        for cfg in (tp.V4_DEFAULT[dtype], tp.V4_FIRST[dtype]):
+        for cfg in (tp.V4_DEFAULT[dtype], tp.V4_TRIED[dtype]):
             cfg.check(dtype)
             x, out = _model_v4(70, 200, 4 // torch.empty((), dtype=dtype).element_size(), cfg)
             assert torch.equal(out, x.t())

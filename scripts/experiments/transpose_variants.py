@@ -3,7 +3,7 @@
 template and launch parameters, 16384 x 16384 fp32 and bf16, each output checked bit-exact first.
 
 Knobs (see V4Config in tilewise/ops/transpose.py):
-  D, F. V4_DEFAULT and V4_FIRST (the first bench run's configuration).
+  D, T. V4_DEFAULT (the first bench run's configuration) and V4_TRIED (the prediction that lost).
   A. cache hints x launch order on the default tile: ld.cs/st.cs (evict-first) against plain, and
      tile-row-major / groups of 4..32 tile rows / tile-column-major. Hypothesis: evict-first stores
      push each half-written output line to DRAM before the neighbouring tile completes it; grouped
@@ -156,7 +156,7 @@ def configs_for(dtype):
     v = 16 // torch.empty((), dtype=dtype).element_size()
     base = tp.V4Config(tm=64, tw=64, threads=256, minb=1, gl=32 // v, ldcs=True, stcs=False, group=0)
     # D / F: the library's default and the first measured configuration.
-    runs = [("D", tp.V4_DEFAULT[dtype]), ("F", tp.V4_FIRST[dtype])]
+    runs = [("D", tp.V4_DEFAULT[dtype]), ("T", tp.V4_TRIED[dtype])]
     # A: hints x order on the first run's tile.
     for ldcs, stcs in ((True, True), (True, False), (False, False), (False, True)):
         for group in (0, 4, 8, 16, 32, SIZE):  # SIZE >= tiles_m: tile-column-major

@@ -48,7 +48,7 @@ def run(r) -> None:
             runs = dict(op.VARIANTS)
             # v4 as first measured (streaming stores, tile-row-major order, 64-byte bf16 store runs)
             # beside the new default: the same run says whether the default change paid.
-            runs["v4_vec/first"] = lambda x_, o_: op.v4_vec(x_, o_, config=op.V4_FIRST[dtype])
+            runs["v4_vec/tried"] = lambda x_, o_: op.v4_vec(x_, o_, config=op.V4_TRIED[dtype])
             for name, fn in runs.items():
                 out.fill_(float("nan"))
                 fn(x, out)
