@@ -103,7 +103,8 @@ def cmd_bench(args) -> int:
     info = dev.device_info()
     with con.status("ceilings..."):
         ceil = dev.ceilings()
-    runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con)
+    runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con,
+                            out_dir=Path(args.out))
     failed: list[str] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=con) as prog:

@@ -124,11 +124,14 @@ def _console(cfg):
 class _GraphedStep:
     """One captured training step per bucket length: static ids/lengths/labels in, loss out."""
 
-    def __init__(self, model, opt, batch_size: int, buckets: Sequence[int], device):
+    def __init__(self, model, opt, batch_size: int, buckets: Sequence[int], device, keep_graph: bool = False):
         self.model, self.opt, self.B = model, opt, batch_size
         self.graphs: dict[int, tuple] = {}
         self.device = device
         self.buckets = list(buckets)
+        # keep_graph: keep each cudaGraph_t after capture so that graph_kernel_nodes() can count its
+        # nodes (needs PyTorch's CUDAGraph(keep_graph=...); older versions capture without it).
+        self.keep_graph = keep_graph
 
     def _capture(self, T: int):
         B, dev = self.B, self.device
@@ -148,7 +151,13 @@ class _GraphedStep:
                 loss.backward()
                 self.opt.step()
         torch.cuda.current_stream(dev).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
+        g = None
+        if self.keep_graph:
+            try:
+                g = torch.cuda.CUDAGraph(keep_graph=True)
+            except TypeError:
+                g = None
+        g = g if g is not None else torch.cuda.CUDAGraph()
         # The grads exist (warm-up), so backward adds into them: zeroing them is part of the step.
         # Each bucket's graph has its own memory pool: graphs replay in any order.
         with torch.cuda.graph(g):
@@ -488,6 +497,128 @@ def main_evaluate(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- step throughput
 
+STEP_MODES = ("eager", "compile", "graph")
+
+
+def synthetic_batches(n_batches: int, batch_size: int = 64, seq_len: int = 64, vocab_size: int = 14819,
+                      num_classes: int = 2, *, pad_id: int = 0, min_len: int = 1, seed: int = 0,
+                      device="cpu") -> list[sst2.Batch]:
+    """``n_batches`` SST-2-shaped batches: ids (B, T) int64, every sentence padded to ``seq_len``.
+
+    Lengths are uniform in [min_len, seq_len]; positions at or past a sentence's length hold
+    ``pad_id``; the tokens before it are uniform over the vocabulary without ``pad_id``; labels
+    uniform in [0, num_classes). Drawn on the CPU from ``seed`` (the same batches on any device),
+    then moved to ``device``.
+    """
+    for n, v in (("n_batches", n_batches), ("batch_size", batch_size), ("seq_len", seq_len),
+                 ("num_classes", num_classes)):
+        if v < 1:
+            raise ValueError(f"synthetic_batches: {n} must be >= 1, got {v}")
+    if vocab_size < 2:
+        raise ValueError(f"synthetic_batches: vocab_size must be >= 2 (a pad id and a token), got {vocab_size}")
+    if not 0 <= pad_id < vocab_size:
+        raise ValueError(f"synthetic_batches: pad_id must be in [0, {vocab_size}), got {pad_id}")
+    if not 1 <= min_len <= seq_len:
+        raise ValueError(f"synthetic_batches: min_len must be in [1, seq_len={seq_len}], got {min_len}")
+    g = torch.Generator().manual_seed(seed)
+    shape = (n_batches, batch_size, seq_len)
+    ids = torch.randint(0, vocab_size - 1, shape, generator=g)
+    ids += (ids >= pad_id).long()  # skip pad_id: tokens cover [0, V) minus pad_id
+    lengths = torch.randint(min_len, seq_len + 1, shape[:2], generator=g)
+    ids[torch.arange(seq_len)[None, None, :] >= lengths[:, :, None]] = pad_id
+    labels = torch.randint(0, num_classes, shape[:2], generator=g)
+    ids, lengths, labels = ids.to(device), lengths.to(device), labels.to(device)
+    return [sst2.Batch(ids[i], lengths[i], labels[i]) for i in range(n_batches)]
+
+
+def step_model(backend: str, mode: str, *, vocab_size: int = 14819, embed_dim: int = 50, hidden: int = 256,
+               num_classes: int = 2, dropout: float = 0.3, lr: float = 1e-3, weight_decay: float = 0.01,
+               seed: int = 0, device="cuda"):
+    """(model in train mode, AdamW) as ``train`` builds them; one ``seed`` gives every backend and
+    mode the same initial weights. AdamW is ``capturable`` for ``mode="graph"``."""
+    if mode not in STEP_MODES:
+        raise ValueError(f"step_model: mode must be one of {STEP_MODES}, got {mode!r}")
+    torch.manual_seed(seed)
+    model = SentimentClassifier(vocab_size, embed_dim, hidden, num_classes, dropout, backend).to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, capturable=(mode == "graph"))
+    return model, opt
+
+
+def build_step(model, opt, mode: str, *, batch_size: int, seq_len: int, device, keep_graph: bool = False):
+    """A function ``step(batch) -> loss`` running one training step (zero grads, forward, backward,
+    AdamW) of ``model`` for batches of (batch_size, seq_len).
+
+    mode "eager"; "compile": ``torch.compile`` (default mode) of forward + loss, AdamW eager;
+    "graph": the whole step captured in a CUDA graph on the first call, replayed from static input
+    buffers (the returned loss is the graph's static output: clone it to keep it). ``step.graphed``
+    is the ``_GraphedStep`` for mode "graph", else None.
+    """
+    if mode not in STEP_MODES:
+        raise ValueError(f"build_step: mode must be one of {STEP_MODES}, got {mode!r}")
+    dev = torch.device(device)
+    graphed = None
+    if mode == "graph":
+        graphed = _GraphedStep(model, opt, batch_size, (seq_len,), dev, keep_graph=keep_graph)
+
+        def step(b):
+            return graphed(b)
+    elif mode == "compile":
+        fwd = torch.compile(lambda i, l, y: model.loss(model(i, l), y))
+
+        def step(b):
+            opt.zero_grad(set_to_none=True)
+            loss = fwd(b.ids, b.lengths, b.labels)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+    else:
+        def step(b):
+            return _eager_step(model, opt, b)
+    step.graphed = graphed
+    return step
+
+
+def count_step_kernels(step, batch, device="cuda") -> dict[str, int]:
+    """GPU work one ``step(batch)`` puts on the device, from the profiler (CUPTI): kernels, and
+    memcpy / memset operations apart. Kernels replayed from a CUDA graph are counted one by one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    _sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(batch)
+        _sync(dev)
+    out = {"kernels": 0, "memcpy": 0, "memset": 0}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name.lower()
+        key = "memcpy" if "memcpy" in name else "memset" if "memset" in name else "kernels"
+        out[key] += 1
+    return out
+
+
+def graph_kernel_nodes(step) -> int | None:
+    """Kernel nodes in the CUDA graph of a ``build_step(..., mode="graph", keep_graph=True)`` step
+    (after its first call); None where PyTorch or cuda.bindings cannot say."""
+    graphed = getattr(step, "graphed", None)
+    if graphed is None or not graphed.graphs:
+        return None
+    try:
+        from cuda.bindings import runtime as cudart
+
+        g = next(iter(graphed.graphs.values()))[0]
+        raw = cudart.cudaGraph_t(init_value=int(g.raw_cuda_graph()))
+        err, nodes, n = cudart.cudaGraphGetNodes(raw, 0)
+        if err != cudart.cudaError_t.cudaSuccess:
+            return None
+        err, nodes, n = cudart.cudaGraphGetNodes(raw, n)
+        kinds = [cudart.cudaGraphNodeGetType(nd)[1] for nd in nodes]
+        return sum(1 for k in kinds if k == cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel)
+    except Exception:  # no keep_graph in this PyTorch, no cuda.bindings, a changed binding API
+        return None
+
 
 def step_throughput(backend: str = "tilewise", mode: str = "eager", *, vocab_size: int = 20000,
                     embed_dim: int = 50, hidden: int = 256, batch_size: int = 64, seq_len: int = 64,
@@ -497,37 +628,17 @@ def step_throughput(backend: str = "tilewise", mode: str = "eager", *, vocab_siz
 
     mode: "eager"; "compile" (``torch.compile`` of forward + loss, default mode); "graph" (the
     whole step captured in a CUDA graph and replayed). Returns ms per step, examples/s and, with
-    ``count_kernels``, the GPU kernels one step launches (from the profiler). For the bench rows
-    ``train_step`` (variants torch_eager, torch_compile, torch_graph, tilewise_*).
+    ``count_kernels``, the GPU kernels one step launches (from the profiler). The bench suite
+    ``train_step`` times the same steps with device events and checks their losses first.
     """
-    if mode not in ("eager", "compile", "graph"):
+    if mode not in STEP_MODES:
         raise ValueError(f"step_throughput: mode must be eager, compile or graph, got {mode!r}")
     dev = torch.device(device)
-    torch.manual_seed(0)
-    model = SentimentClassifier(vocab_size, embed_dim, hidden, 2, dropout, backend).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=(mode == "graph"))
-    g = torch.Generator(device=dev).manual_seed(0)
+    model, opt = step_model(backend, mode, vocab_size=vocab_size, embed_dim=embed_dim, hidden=hidden,
+                            dropout=dropout, device=dev)
     n_batches = 8
-    ids = torch.randint(1, vocab_size, (n_batches, batch_size, seq_len), device=dev, generator=g)
-    lengths = torch.randint(1, seq_len + 1, (n_batches, batch_size), device=dev, generator=g)
-    labels = torch.randint(0, 2, (n_batches, batch_size), device=dev, generator=g)
-    batches = [sst2.Batch(ids[i], lengths[i], labels[i]) for i in range(n_batches)]
-
-    if mode == "graph":
-        graphed = _GraphedStep(model, opt, batch_size, (seq_len,), dev)
-        step = graphed
-    elif mode == "compile":
-        fwd = torch.compile(lambda i, l, y: model.loss(model(i, l), y))
-
-        def step(b):
-            opt.zero_grad(set_to_none=True)
-            loss = fwd(b.ids, b.lengths, b.labels)
-            loss.backward()
-            opt.step()
-            return loss
-    else:
-        def step(b):
-            return _eager_step(model, opt, b)
+    batches = synthetic_batches(n_batches, batch_size, seq_len, vocab_size, device=dev)
+    step = build_step(model, opt, mode, batch_size=batch_size, seq_len=seq_len, device=dev)
 
     for i in range(10):  # warm-up: compile, capture, autotune
         step(batches[i % n_batches])
@@ -539,14 +650,7 @@ def step_throughput(backend: str = "tilewise", mode: str = "eager", *, vocab_siz
     secs = time.perf_counter() - t0
     out = {"ms_per_step": 1e3 * secs / steps, "examples_per_second": steps * batch_size / secs}
     if count_kernels:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step(batches[0])
-            _sync(dev)
-        out["kernels_per_step"] = sum(1 for e in prof.events()
-                                      if e.device_type == torch.autograd.DeviceType.CUDA
-                                      and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+        out["kernels_per_step"] = count_step_kernels(step, batches[0], dev)["kernels"]
     return out
 
 

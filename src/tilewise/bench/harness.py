@@ -184,10 +184,14 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
 class Runner:
     """Collects rows for one bench run (one device, git sha and timestamp for every row)."""
 
-    def __init__(self, ceilings=None, device: str = "", quick: bool = False, console=None):
+    def __init__(self, ceilings=None, device: str = "", quick: bool = False, console=None,
+                 out_dir: str | os.PathLike | None = None):
         self.ceilings = ceilings
         self.device = device
         self.quick = quick
+        # Where the CSV goes (None: not known, e.g. a runner built in a test); suites that write
+        # extra files (a plot, its data) put them beside the CSV.
+        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.sha = git_sha()
         self.date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.rows: list[Row] = []
