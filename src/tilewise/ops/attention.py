@@ -130,7 +130,7 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
     dQ, dK, dV written (Q, K, V, O, LSE read again). ``bias_bytes``: a bias read (and its
     gradient written, pass both) once."""
     Hkv = H if Hkv is None else Hkv
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     flops = 4.0 * B * H * Sq * Sk * D
     if causal:
         flops /= 2

@@ -60,7 +60,7 @@ def reference(op: str, *args: torch.Tensor) -> torch.Tensor:
 def cost(op: str, *dims: int, dtype: torch.dtype = torch.float32) -> Cost:
     """dot(n): 2n FLOPs, 2n elements read; gemv(M, N): 2MN FLOPs, MN + N + M elements;
     gemm(M, N, K): 2MNK FLOPs, MK + KN + MN elements."""
-    s = torch.empty((), dtype=dtype).element_size()
+    s = dtype.itemsize
     if op == "dot":
         (n,) = dims
         return Cost(2 * n, s * (2 * n + 1))

@@ -63,7 +63,7 @@ def reference(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean
 def cost(N: int, C: int, dtype: torch.dtype = torch.float32, grad: bool = True) -> Cost:
     """Read the logits once; with grad, write dL/dlogits once (targets and loss are negligible).
     ~6 FLOPs an element with the gradient (max, exp, sum, sum of x, scale, subtract)."""
-    b = torch.empty((), dtype=dtype).element_size()
+    b = dtype.itemsize
     n = N * C
     return Cost(flops=(6 if grad else 4) * n, bytes=(2 if grad else 1) * n * b + N * 8)
 

@@ -92,7 +92,7 @@ def reference(op: str, *inputs: torch.Tensor) -> torch.Tensor:
 
 def cost(op: str, out_numel: int, input_numels: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> Cost:
     """Each input read once (a broadcast input: its own numel), the output written once."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if isinstance(input_numels, int):
         input_numels = (input_numels,)
     table = MAP_OPS if len(input_numels) == 1 else ZIP_OPS
@@ -293,9 +293,6 @@ def _out(what, out, shape, like):
     return out
 
 
-def _aligned16(*ts):
-    return all(t.data_ptr() % 16 == 0 for t in ts)
-
 
 _grid: dict[tuple, int] = {}
 
@@ -416,7 +413,7 @@ def _launch_rows(functor, a, b, out, layout):
 
 
 def _contiguous_ok(inputs, out):
-    return (all(t.is_contiguous() and t.shape == out.shape for t in inputs) and _aligned16(*inputs, out))
+    return (all(t.is_contiguous() and t.shape == out.shape for t in inputs) and rt.aligned16(*inputs, out))
 
 
 def _map_prepare(op, x, out):

@@ -70,8 +70,8 @@ def cost(n_ids: int, num_rows: int, dim: int, dtype: torch.dtype = torch.float32
          id_dtype: torch.dtype = torch.int64, backward: bool = False) -> Cost:
     """Forward: ids read once, n_ids rows read, n_ids rows written. With ``backward``: also the
     backward's ids and grad_out read once and the whole grad_weight (num_rows x dim) written."""
-    it = torch.empty((), dtype=dtype).element_size()
-    iid = torch.empty((), dtype=id_dtype).element_size()
+    it = dtype.itemsize
+    iid = id_dtype.itemsize
     fwd = n_ids * iid + 2 * n_ids * dim * it
     if not backward:
         return Cost(0, fwd)

@@ -321,7 +321,7 @@ class FusedFunction:
         """One read of each input, one write of the output; FLOPs one per op node per element."""
         g, out = self.traced(len(input_numels))
         ops = sum(1 for n in _live(g, out) if n.op not in ("input", "const"))
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         return Cost(flops=ops * out_numel, bytes=(sum(input_numels) + out_numel) * itemsize)
 
     def _kernel_pair(self, arity, dtype, dev):

@@ -68,8 +68,8 @@ def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
 def cost(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
          bias: bool = False) -> Cost:
     """2 M N K FLOPs (the epilogue's M N are not counted); bytes: A, B, bias once, C once."""
-    it = torch.empty((), dtype=dtype).element_size()
-    ot = torch.empty((), dtype=out_dtype or _default_out_dtype(dtype)).element_size()
+    it = dtype.itemsize
+    ot = (out_dtype or _default_out_dtype(dtype)).itemsize
     return Cost(flops=2 * M * N * K, bytes=it * (M * K + K * N) + ot * M * N + (4 * N if bias else 0))
 
 
@@ -418,7 +418,7 @@ def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None 
     """Whether v3_tma_persistent takes these operands (A K-contiguous; B N- or K-contiguous;
     row lengths in bytes multiples of 16)."""
     N = b.shape[1]
-    ot = torch.empty((), dtype=out_dtype or _default_out_dtype(a.dtype)).element_size()
+    ot = (out_dtype or _default_out_dtype(a.dtype)).itemsize
     b_ok = _tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0)
     return _tma_ok(a, unit_dim=1) and b_ok and (N * ot) % 16 == 0
 

@@ -47,7 +47,7 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def cost(M: int, N: int, K: int, batch: int = 1, dtype: torch.dtype = torch.float32,
          batch_a: int | None = None, batch_b: int | None = None) -> Cost:
     """2 M N K FLOPs per batch; bytes: each operand once (a broadcast operand once in all), C once."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     ba = batch if batch_a is None else batch_a
     bb = batch if batch_b is None else batch_b
     return Cost(flops=2 * batch * M * N * K, bytes=itemsize * (ba * M * K + bb * K * N + batch * M * N))

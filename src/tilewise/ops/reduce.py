@@ -47,7 +47,7 @@ def cost(shape: tuple[int, ...], dim: int, dtype: torch.dtype = torch.float32) -
     for s in shape:
         n *= s
     n_out = n // shape[dim] if shape[dim] else 0
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     return Cost(flops=n, bytes=(n + n_out) * itemsize)
 
 
@@ -282,7 +282,7 @@ def masked_mean_cost(B: int, T: int, E: int, dtype: torch.dtype = torch.float32,
     The padding rows need not be read, so the floor depends on the data: pass ``lengths`` for it.
     Without them this is the upper bound of full rows.
     """
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     rows = B * T if lengths is None else int(lengths.long().clamp(0, T).sum())
     return Cost(flops=rows * E, bytes=(rows * E + B * E) * itemsize + B * lengths_itemsize(lengths))
 

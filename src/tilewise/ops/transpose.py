@@ -52,7 +52,7 @@ def cost(shape, dtype: torch.dtype = torch.float32) -> Cost:
     n = 1
     for s in shape:
         n *= int(s)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     return Cost(flops=0, bytes=2 * n * itemsize)
 
 
@@ -187,7 +187,7 @@ class V4Config:
 
     def check(self, dtype: torch.dtype) -> None:
         """Raise ValueError unless the kernel's static_asserts hold for this dtype."""
-        V = 16 // torch.empty((), dtype=dtype).element_size()
+        V = 16 // dtype.itemsize
         nw, wl = self.threads // 32, 32 // self.gl if self.gl in (2, 4, 8, 16) else 0
         ok = (self.tm in (32, 64, 128) and self.tw in (32, 64) and self.threads in (64, 128, 256, 512)
               and self.minb >= 1 and wl and 32 <= self.gl * V <= 64 and self.tm % (self.gl * V) == 0
@@ -243,7 +243,7 @@ def v4_prepare(dtype: torch.dtype, configs, device_index: int | None = None) -> 
 def v4_tile(dtype: torch.dtype, config: V4Config | None = None) -> tuple[int, int]:
     """v4's tile (rows of x, columns of x) for ``config`` (default ``V4_DEFAULT[dtype]``)."""
     cfg = V4_DEFAULT[dtype] if config is None else config
-    return cfg.tm, cfg.tw * (4 // torch.empty((), dtype=dtype).element_size())
+    return cfg.tm, cfg.tw * (4 // dtype.itemsize)
 
 
 def v4_uses_vectors(x: torch.Tensor, out: torch.Tensor) -> bool:

@@ -35,7 +35,7 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def cost(n: int, dtype: torch.dtype = torch.float32) -> Cost:
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     return Cost(flops=n, bytes=3 * n * itemsize)
 
 
@@ -79,9 +79,6 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.
     return out
 
 
-def _aligned16(*ts: torch.Tensor) -> bool:
-    return all(t.data_ptr() % 16 == 0 for t in ts)
-
 
 def _run_v1(a, b, out):
     n = a.numel()
@@ -121,20 +118,20 @@ def v1_naive(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
     return _run_v1(a, b, _check(a, b, out))
 
 
-def v2_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _check_vec16(name: str, a, b, out) -> torch.Tensor:
     out = _check(a, b, out)
-    if not _aligned16(a, b, out):
-        raise ValueError("vector_add.v2_vectorized: a, b and out must start on 16-byte boundaries "
+    if not rt.aligned16(a, b, out):
+        raise ValueError(f"vector_add.{name}: a, b and out must start on 16-byte boundaries "
                          "(a view with an offset does not); use v1_naive or vector_add()")
-    return _run_v2(a, b, out)
+    return out
+
+
+def v2_vectorized(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    return _run_v2(a, b, _check_vec16("v2_vectorized", a, b, out))
 
 
 def v3_blocked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    out = _check(a, b, out)
-    if not _aligned16(a, b, out):
-        raise ValueError("vector_add.v3_blocked: a, b and out must start on 16-byte boundaries "
-                         "(a view with an offset does not); use v1_naive or vector_add()")
-    return _run_v3(a, b, out)
+    return _run_v3(a, b, _check_vec16("v3_blocked", a, b, out))
 
 
 VARIANTS = {"v1_naive": v1_naive, "v2_vectorized": v2_vectorized, "v3_blocked": v3_blocked}
@@ -155,4 +152,4 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = N
             raise ValueError(f"vector_add: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
         return VARIANTS[variant](a, b, out)
     out = _check(a, b, out)
-    return _run_v3(a, b, out) if _aligned16(a, b, out) else _run_v1(a, b, out)
+    return _run_v3(a, b, out) if rt.aligned16(a, b, out) else _run_v1(a, b, out)

@@ -473,6 +473,11 @@ def ctype(dtype) -> str:
         raise ValueError(f"no CUDA C type for dtype {dtype}") from None
 
 
+def aligned16(*ts) -> bool:
+    """Whether every tensor starts on a 16-byte boundary (what 16-byte vector accesses need)."""
+    return all(t.data_ptr() % 16 == 0 for t in ts)
+
+
 # --------------------------------------------------------------------------- launch
 
 _streams: dict[int, Any] = {}
