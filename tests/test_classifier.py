@@ -229,6 +229,96 @@ def test_cli_trains_with_glove_cache(tmp_path):
     assert any("GloVe" in n and f"{100 * found[2:].mean():.1f}%" in n for n in m["notes"])
 
 
+# --------------------------------------------------------------------------- training options
+
+
+def test_lr_factor_and_group_lrs():
+    assert tr.lr_factor("constant", 5, 10) == 1.0
+    assert tr.lr_factor("cosine", 0, 10) == 1.0
+    assert tr.lr_factor("cosine", 5, 10) == pytest.approx(0.5)
+    assert tr.lr_factor("cosine", 10, 10) == pytest.approx(0.0, abs=1e-12)
+    assert tr.lr_factor("linear", 3, 4) == pytest.approx(0.25)
+    assert tr.lr_factor("linear", 99, 4) == 0.0 and tr.lr_factor("linear", 0, 0) == 1.0
+    with pytest.raises(ValueError, match="lr_schedule"):
+        tr.lr_factor("step", 0, 1)
+    cfg = tr.TrainConfig(lr=2e-3, embedding_lr=1e-2, lr_schedule="linear", freeze_embeddings_epochs=1)
+    assert tr.group_lrs(cfg, 0, 0, 10) == (0.0, 2e-3)
+    emb, rest = tr.group_lrs(cfg, 1, 5, 10)
+    assert emb == pytest.approx(5e-3) and rest == pytest.approx(1e-3)
+    assert tr.group_lrs(tr.TrainConfig(lr=1e-3), 0, 3, 10) == (1e-3, 1e-3)
+
+
+def test_training_option_errors(tmp_path):
+    for kw, msg in ((dict(lr_schedule="step"), "--lr-schedule"), (dict(freeze_embeddings_epochs=-1), "freeze"),
+                    (dict(embed_dropout=1.0), "--embed-dropout")):
+        with pytest.raises(ValueError, match=msg):
+            tr.train(tiny_config(tmp_path, **kw))
+    with pytest.raises(ValueError, match="embed_dropout"):
+        SentimentClassifier(10, 4, 4, embed_dropout=-0.1)
+
+
+def test_schedule_freeze_and_best_epoch(tmp_path):
+    """Linear decay ends at ~0; a frozen first epoch leaves the table bit-identical; the best epoch
+    is the one with the highest dev accuracy; no plot when asked."""
+    m = tr.train(tiny_config(tmp_path, epochs=2, lr_schedule="linear", freeze_embeddings_epochs=1, plot=False,
+                             embed_dropout=0.2))
+    ep = m["epochs"]
+    steps = ep[0]["steps"] + ep[1]["steps"]
+    assert ep[0]["lr_end"][0] == 0.0  # frozen embedding
+    assert ep[0]["lr_end"][1] == pytest.approx(1e-2 * (1 - (ep[0]["steps"] - 1) / steps))
+    assert ep[1]["lr_end"][0] == pytest.approx(1e-2 / steps) and ep[1]["lr_end"][1] == pytest.approx(1e-2 / steps)
+    assert m["best_epoch"] == max(ep, key=lambda e: e["dev_accuracy"])["epoch"]
+    assert not (tmp_path / "run" / "loss_curve.png").exists()
+
+    # Freezing: after one frozen epoch the table equals its initial value exactly.
+    tr.train(tiny_config(tmp_path, epochs=1, freeze_embeddings_epochs=1, output_dir=str(tmp_path / "f"),
+                         plot=False))
+    frozen = torch.load(tmp_path / "f" / "checkpoint.pt", weights_only=False)["model"]["embedding.weight"]
+    tr.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "moved"), plot=False))
+    moved = torch.load(tmp_path / "moved" / "checkpoint.pt", weights_only=False)["model"]["embedding.weight"]
+    assert not torch.equal(frozen, moved)  # the unfrozen run moves it
+    torch.manual_seed(0)
+    init = SentimentClassifier(frozen.shape[0], 50, 16, dropout=0.1).embedding.weight.detach()
+    assert torch.equal(frozen, init)
+
+
+def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
+    """A 3-epoch cosine run with a frozen first epoch, killed during epoch 2 and resumed, gives the
+    uninterrupted run's step losses (the schedule spans the configured epochs, not the resumed ones)."""
+    kw = dict(epochs=3, lr_schedule="cosine", freeze_embeddings_epochs=1, embed_dropout=0.1, plot=False)
+    full = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
+    real = tr.evaluate
+    calls = []
+
+    def dies_in_epoch_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(tr, "evaluate", dies_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
+    monkeypatch.setattr(tr, "evaluate", real)
+    assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["epoch"] == 1
+    resumed = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+    assert resumed["step_losses"] == full["step_losses"]
+    assert [e["lr_end"] for e in resumed["epochs"]] == [e["lr_end"] for e in full["epochs"]]
+
+
+def test_cli_training_options():
+    p = argparse.ArgumentParser()
+    tr.add_arguments(p)
+    cfg = tr.config_from_args(p.parse_args(["--lr-schedule", "cosine", "--freeze-embeddings-epochs", "2",
+                                            "--embed-dropout", "0.25", "--no-plot", "--weight-decay", "0"]))
+    assert (cfg.lr_schedule, cfg.freeze_embeddings_epochs, cfg.embed_dropout, cfg.plot, cfg.weight_decay) == \
+        ("cosine", 2, 0.25, False, 0.0)
+    d = tr.config_from_args(p.parse_args([]))
+    assert (d.lr_schedule, d.freeze_embeddings_epochs, d.embed_dropout, d.plot) == ("constant", 0, 0.0, True)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--lr-schedule", "step"])
+
+
 # --------------------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -313,6 +403,22 @@ def test_train_gpu_graph_matches_eager_without_dropout(tmp_path):
                                rtol=1e-3, atol=1e-4)
 
 
+@gpu
+@pytest.mark.parametrize("backend", ["torch", "tilewise"])
+def test_train_gpu_graph_schedule_matches_eager(tmp_path, backend):
+    """With a schedule and a frozen epoch the graphed step reads its lrs from device tensors that
+    change between replays: its losses must follow the eager run's (same seed, no dropout)."""
+    kw = dict(device="cuda", backend=backend, dropout=0.0, epochs=2, buckets=(24,), lr_schedule="cosine",
+              freeze_embeddings_epochs=1, plot=False)
+    eager = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
+    graph = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
+    torch.testing.assert_close(torch.tensor(graph["step_losses"]), torch.tensor(eager["step_losses"]),
+                               rtol=1e-3, atol=1e-4)
+    assert (sum((e["lr_end"] for e in graph["epochs"]), [])
+            == pytest.approx(sum((e["lr_end"] for e in eager["epochs"]), [])))
+    assert graph["epochs"][0]["lr_end"][0] == 0.0
+
+
 def test_step_throughput_cpu():
     out = tr.step_throughput("torch", "eager", device="cpu", steps=2, vocab_size=50, hidden=8,
                              batch_size=4, seq_len=5)
@@ -352,3 +458,35 @@ def test_resume_eager_checkpoint_into_graph_gpu(tmp_path):
     tr.train(tiny_config(tmp_path, epochs=1, **kw))
     m = tr.train(tiny_config(tmp_path, epochs=3, resume=True, graph=True, **kw))
     assert len(m["epochs"]) == 3 and m["epochs"][-1]["train_loss"] < m["epochs"][0]["train_loss"]
+
+
+def test_sweep_script_smoke(tmp_path):
+    """scripts/experiments/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
+    a JSON table with each run's best dev accuracy, its epoch, and the command that reproduces it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "sst2_sweep.py"
+    spec = importlib.util.spec_from_file_location("sst2_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    data = write_tiny_sst2(tmp_path / "sst2")
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--epochs", "2", "--stages", "14",
+                       "--max-steps", "4", "--out", str(out), "--work-dir", str(tmp_path / "w")]) == 0
+    table = json.loads(out.read_text())
+    runs = table["runs"]
+    assert len(runs) == 9 and "chosen on dev" in table["note"]
+    for r in runs:
+        assert 0 <= r["best_dev_accuracy"] <= 1 and r["best_epoch"] in (1, 2)
+        assert r["best_dev_accuracy"] == max(r["dev_accuracy_per_epoch"])
+        assert r["command"].startswith("tilewise train --data-dir")
+    assert {r["setting"]["seed"] for r in runs} == {0, 1, 2}
+    best = max((r for r in runs if r["setting"]["seed"] == 0), key=lambda r: r["best_dev_accuracy"])
+    assert table["best"]["command"] == best["command"]
+    # The command's options parse back into the same TrainConfig fields.
+    p = argparse.ArgumentParser()
+    tr.add_arguments(p)
+    cfg = tr.config_from_args(p.parse_args(best["command"].split()[2:]))
+    for k, v in best["setting"].items():
+        assert getattr(cfg, k) == v, k

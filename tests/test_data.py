@@ -194,6 +194,21 @@ def test_glove_extract_coverage_and_cache(fake_glove, tmp_path, monkeypatch):
         glove.glove_vectors(tokens + ["new"])
 
 
+def test_glove_cache_superset_serves_a_smaller_vocabulary(fake_glove, tmp_path, monkeypatch):
+    big = ["<pad>", "<unk>", "great", "zzz", "the", "bad"]
+    path = tmp_path / "extract.npz"
+    g = glove.glove_vectors(big, path)
+    monkeypatch.setattr(glove, "_package_root", lambda: (_ for _ in ()).throw(glove.GloveUnavailable("gone")))
+    small = ["<pad>", "<unk>", "bad", "great"]  # a larger min_count: a subset, in another order
+    s = glove.glove_vectors(small, path)
+    assert s.tokens == small
+    np.testing.assert_array_equal(s.vectors, g.vectors[[0, 1, 5, 2]])
+    assert s.found.tolist() == [False, False, True, True]
+    assert glove.subset(g, ["<pad>", "nope"]) is None
+    with pytest.raises(glove.GloveUnavailable):
+        glove.glove_vectors(small + ["nope"], path)
+
+
 def test_glove_init_matrix(fake_glove):
     tokens = ["<pad>", "<unk>", "great", "zzz"]
     g = glove.glove_vectors(tokens)

@@ -214,22 +214,55 @@ def test_rows_layout_cuts_one_long_row():
     assert ew._rows_grid(1, 4, 4) == (1, (1, 256))
 
 
+BLOCKED_CONFIGS = [ew.BlockedConfig(), ew.BlockedConfig(1, 128, 1), ew.BlockedConfig(4, 512, 2),
+                   ew.BlockedConfig(16, 256, 1), ew.BlockedConfig(2, 64, 8)]
+
+
 def test_blocked_grid_covers_every_element_once():
-    """v4_blocked's host grid and kernel indexing: each 16-byte vector exactly once (the scalar tail
-    is the last block's, checked on the GPU at sizes with a tail)."""
-    for itemsize in (4, 2):
-        vec = 16 // itemsize
-        for n in (1, 7, 8, 31, 33, 4097, 8192 * 3, 8192 * 3 + 5, 16384 * 2 - 1, (1 << 20) + 3):
-            per_block = ew._THREADS * ew._BLOCKED_UNROLL * vec
-            grid = max(1, -(-n // per_block))
-            nvec = n // vec
-            seen = np.zeros(nvec, dtype=np.int64)
-            for blk in range(grid):
-                base = blk * ew._THREADS * ew._BLOCKED_UNROLL + np.arange(ew._THREADS)
-                for u in range(ew._BLOCKED_UNROLL):
-                    j = base + u * ew._THREADS
-                    np.add.at(seen, j[j < nvec], 1)
-            assert (seen == 1).all(), (itemsize, n)
+    """v4_blocked's host grid and kernel indexing: each 16-byte vector exactly once for every
+    config (the scalar tail is the last block's, checked on the GPU at sizes with a tail)."""
+    for cfg in BLOCKED_CONFIGS:
+        for itemsize in (4, 2):
+            vec = 16 // itemsize
+            for n in (1, 7, 8, 31, 33, 4097, 8192 * 3, 8192 * 3 + 5, 16384 * 2 - 1, (1 << 20) + 3):
+                grid = ew.blocked_grid(n, itemsize, cfg)
+                nvec = n // vec
+                seen = np.zeros(nvec, dtype=np.int64)
+                for blk in range(grid):
+                    base = blk * cfg.threads * cfg.unroll + np.arange(cfg.threads)
+                    for u in range(cfg.unroll):
+                        j = base + u * cfg.threads
+                        np.add.at(seen, j[j < nvec], 1)
+                assert (seen == 1).all(), (cfg, itemsize, n)
+                assert (grid - 1) * cfg.threads * cfg.unroll <= nvec  # at most the tail block has no vectors
+
+
+def test_blocked_config_names_and_validation():
+    assert ew.blocked_name("map", "Relu", torch.float32, ew.BlockedConfig(4, 128, 2)) == \
+        "map_v4_blocked<float,ew::Relu,4,128,2>"
+    assert ew.blocked_name("zip", "Add", torch.bfloat16) == (
+        f"zip_v4_blocked<__nv_bfloat16,ew::Add,{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].unroll},"
+        f"{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].threads},{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].minb}>")
+    for d in DTYPES:
+        for kind in ("map", "zip"):
+            ew.BLOCKED_DEFAULT[(kind, d)].check()
+            assert all(ew.blocked_name(kind, f, d) in ew.module_names(d)
+                       for f, _, _ in (ew.MAP_OPS if kind == "map" else ew.ZIP_OPS).values())
+    for bad in ((3, 256, 1), (8, 100, 1), (8, 2048, 1), (8, 256, 0), (8, 256, 9)):
+        with pytest.raises(ValueError, match="not valid"):
+            ew.BlockedConfig(*bad).check()
+
+
+@pytest.mark.parametrize("cfg", BLOCKED_CONFIGS[1:], ids=str)
+def test_blocked_configs_compile_for_sm90(cfg):
+    from tilewise.runtime import cuda as rt
+
+    names = [ew.blocked_name("map", "Gelu", torch.float32, cfg), ew.blocked_name("zip", "Add", torch.float32, cfg),
+             ew.blocked_name("map", "Relu", torch.bfloat16, cfg), ew.blocked_name("zip", "Pow", torch.float16, cfg)]
+    m = rt.compile_file(ew._SRC, arch="sm_90", name_expressions=names)
+    assert sorted(m.symbol_mapping) == sorted(names)
+    for r in m.resources:
+        assert r.registers > 0 and not r.spills, r
 
 
 def test_zip_dispatch_picks_rows_for_bias_layouts():
@@ -436,6 +469,28 @@ def test_map_variants(op, variant, n, dtype):
     out = poison(torch.empty_like(x))
     assert ew.MAP_VARIANTS[variant](op, x, out) is out
     _check(out, _map_ref(op, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", BLOCKED_CONFIGS[:3], ids=str)  # each new config: one NVRTC run per kind
+def test_v4_blocked_configs_at_odd_sizes(cfg, dtype):
+    for n in (1, 31, 33, 4097, cfg.threads * cfg.unroll * 8 + 5, (1 << 20) + 3):
+        g = torch.Generator(device="cuda").manual_seed(n)
+        for op in ("relu", "gelu", "sigmoid"):
+            x = _inputs(op, n, dtype, g)
+            out = poison(torch.empty_like(x))
+            assert ew.map_v4_blocked(op, x, out, config=cfg) is out
+            _check(out, _map_ref(op, x))
+        for op in ("add", "div"):
+            a, b = _zip_operands(op, n, dtype, g)
+            out = poison(torch.empty_like(a))
+            assert ew.zip_v4_blocked(op, a, b, out, config=cfg) is out
+            _check(out, ew.ZIP_OPS[op][1](a.double(), b.double()).to(a.dtype))
+    with pytest.raises(ValueError, match="not valid"):
+        ew.map_v4_blocked("relu", x, config=ew.BlockedConfig(3, 256, 1))
+    with pytest.raises(ValueError, match="'config' must be a BlockedConfig"):
+        ew.zip_v4_blocked("add", a, b, config=(4, 256, 1))
 
 
 def _zip_operands(op, shape, dtype, g):

@@ -175,7 +175,8 @@ def test_forward_backward_gpu(variant, dtype, shape, V, E, id_dtype):
     assert _rel(gw, ref) <= DTYPE_TOL[dtype] * 4
     # The kernel itself, writing into a NaN-filled buffer: every element must be written.
     buf = poison(torch.empty(V, E, device="cuda", dtype=dtype))
-    em._backward(ids.contiguous(), gout, V, None, variant == "v2_fused_sort", out=buf)
+    kind = {"v1_naive": 0, "v2_fused_sort": 1, "v3_scan": em.SCAN}[variant]
+    em._backward(ids.contiguous(), gout, V, None, kind, out=buf)
     assert not torch.isnan(buf).any()
     assert torch.equal(buf, gw)  # same order of adds: the same bits
 
@@ -270,3 +271,127 @@ def test_torch_compile_traces_the_custom_op_gpu():
     f(ids, w).backward()
     ref = em.reference_backward(ids, torch.full((31, 33, 50), 2.0, device="cuda"), 300)
     torch.testing.assert_close(w.grad, ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_sort_workspace_reuse_rules(monkeypatch):
+    """The backward's sort buffers are reused per (device, stream, n, V), fresh while capturing."""
+    stream = [7]
+    capturing = [False]
+    monkeypatch.setattr(em, "_raw_stream", lambda dev: stream[0])
+    monkeypatch.setattr(em, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(em, "_workspaces", {})
+    dev = torch.device("cpu")
+    a = em._workspace(10, 5, dev, 0)
+    assert a[0].shape == (10,) and a[0].dtype == torch.int64
+    assert a[1].shape == (6,) and a[1].dtype == torch.int32
+    b = em._workspace(10, 5, dev, 0)
+    assert b[0] is a[0] and b[1] is a[1]
+    assert em._workspace(11, 5, dev, 0)[0] is not a[0]  # another size
+    stream[0] = 8
+    assert em._workspace(10, 5, dev, 0)[0] is not a[0]  # another stream
+    stream[0] = 7
+    capturing[0] = True
+    c = em._workspace(10, 5, dev, 0)
+    assert c[0] is not a[0] and len(em._workspaces) == 3  # not cached
+    capturing[0] = False
+    for n in range(20):
+        em._workspace(100 + n, 5, dev, 0)
+    assert len(em._workspaces) <= em._MAX_WORKSPACES
+
+
+@gpu
+@pytest.mark.parametrize("variant", ["v1_naive", "v2_fused_sort"])
+def test_repeated_calls_reuse_workspace_gpu(variant):
+    """Back-to-back steps with different ids (the workspace reused, no sync between them), and a
+    step on a second stream: every gradient matches its reference."""
+    V, E = 1000, 50
+    w = torch.randn(V, E, device="cuda", requires_grad=True)
+    grads, refs = [], []
+    for i in range(4):
+        ids = torch.randint(0, V, (31, 33), device="cuda")
+        gout = torch.randn(31, 33, E, device="cuda")
+        grads.append(torch.autograd.grad(em.VARIANTS[variant](ids, w), w, gout)[0])
+        refs.append(em.reference_backward(ids, gout, V).float())
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ids = torch.randint(0, V, (31, 33), device="cuda")
+        gout = torch.randn(31, 33, E, device="cuda")
+        grads.append(torch.autograd.grad(em.VARIANTS[variant](ids, w), w, gout)[0])
+        refs.append(em.reference_backward(ids, gout, V).float())
+    torch.cuda.current_stream().wait_stream(s)
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_launch_plumbing_with_recorded_kernels(monkeypatch):
+    """forward + backward through the autograd.Function with the kernels replaced by recorders
+    (CPU tensors): what each launch gets, and the sort buffers passed on to the segment sum."""
+    calls = []
+
+    class Rec:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, grid, block, *args, shmem=0):
+            calls.append((self.name, grid, block, args, shmem))
+
+    plan = (Rec("fwd"), 264, Rec("sort"), Rec("seg"), 528)
+    monkeypatch.setattr(em, "_plan", lambda *a: plan)
+    monkeypatch.setattr(em, "_check", lambda ids, w, p: ids.contiguous())
+    V, E = 300, 5
+    w = torch.randn(V, E, requires_grad=True)
+    ids = torch.randint(0, V, (7, 9))
+    out = em.v2_fused_sort(ids, w, padding_idx=3)
+    assert out.shape == (7, 9, E)
+    name, grid, block, args, _ = calls[0]
+    assert name == "fwd" and block == 256 and grid == min(264, -(-63 * E // 256))
+    assert args[0] is not None and args[3:] == (63, V, E)
+    out.backward(torch.ones_like(out))
+    (_, g1, b1, sargs, shmem), (_, g2, b2, gargs, _) = calls[1], calls[2]
+    assert (g1, b1, shmem) == (1, 1024, 64 * 8)
+    assert sargs[1].shape == (63,) and sargs[1].dtype == torch.int64
+    assert sargs[2].shape == (V + 1,) and sargs[2].dtype == torch.int32
+    assert sargs[3:] == (63, V, 64)
+    assert gargs[0] is sargs[2] and gargs[1] is sargs[1]  # row_start, sorted_pos
+    assert gargs[3].shape == (V, E) and w.grad.shape == (V, E) and gargs[4:] == (V, E, 3)
+    assert g2 == min(528, -(-V * 32 // 256))
+    out.backward(torch.ones_like(out))  # retain_graph is not needed for a Function without saved tensors
+    assert [c[0] for c in calls] == ["fwd", "sort", "seg", "sort", "seg"]
+
+
+def test_scan_applies_limits():
+    assert em.scan_applies(4096, 14819, 50)
+    assert not em.scan_applies(0, 10, 50)
+    assert not em.scan_applies(em.SCAN_MAX_IDS + 1, 10, 50)
+    assert not em.scan_applies(4096, (1 << 28) // 4096 + 1, 50)
+    assert not em.scan_applies(64, 10, 257)
+    assert [em._scan_chunks(e) for e in (1, 32, 33, 64, 65, 128, 129, 256)] == [1, 1, 2, 2, 4, 4, 8, 8]
+
+
+@gpu
+@pytest.mark.parametrize("E", [1, 50, 100, 256])
+def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E):
+    """v3_scan: a frequent id (a long position list), padding, out-of-range ids and a table whose
+    row count is not a multiple of a block's rows; every row written (NaN-filled buffer)."""
+    V = 1000 * 4 + 3
+    g = torch.Generator(device="cuda").manual_seed(E)
+    ids = torch.randint(0, V, (61, 67), device="cuda", generator=g)
+    ids[:, 40:] = 0               # padding, as in padded sentences
+    ids[3, :20] = 17              # one frequent word
+    ids[5, 1] = V + 5             # out of range: no gradient anywhere
+    ids[6, 2] = -3
+    gout = torch.randn(61, 67, E, device="cuda", generator=g)
+    ref = em.reference_backward(ids.clamp(0, V - 1), gout.float(), V)
+    ref_fix = ref.clone()
+    # remove the two bad positions' contributions from the clamped reference
+    ref_fix[V - 1] -= gout[5, 1].double()
+    ref_fix[0] -= gout[6, 2].double()
+    ref_fix[0] = 0.0              # padding_idx
+    buf = poison(torch.empty(V, E, device="cuda"))
+    em._backward(ids, gout, V, 0, em.SCAN, out=buf)
+    assert not torch.isnan(buf).any()
+    assert _rel(buf, ref_fix.float()) <= 1e-5
+    again = poison(torch.empty(V, E, device="cuda"))
+    em._backward(ids, gout, V, 0, em.SCAN, out=again)
+    assert torch.equal(buf, again)  # deterministic

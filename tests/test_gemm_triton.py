@@ -33,6 +33,38 @@ def _run(variant, a, b, **kw):
 # --------------------------------------------------------------------------- CPU (interpreter) and GPU
 
 
+@pytest.mark.parametrize("splits", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_split_k_odd_sizes(splits, dtype, activation):
+    """K sliced into partial products summed in a fixed order, then bias + activation + cast;
+    b as the transposed view a linear layer's weight gradient passes (g.t())."""
+    M, N, K = 21, 13, 101
+    a, b, bias = _operands(M, N, K, dtype, "kmajor", seed=splits)
+    out = poison(torch.empty(M, N, device=DEV, dtype=dtype))
+    res = gt.gemm_splitk(a, b, bias=bias, activation=activation, out=out, splits=splits)
+    assert res is out
+    assert rel_error(out, gt.reference(a, b, bias, activation).float()) < TOL[dtype]
+    again = gt.gemm_splitk(a, b, bias=bias, activation=activation, splits=splits)
+    assert torch.equal(again, out)  # deterministic
+    with pytest.raises(ValueError, match="splits"):
+        gt.gemm_splitk(a, b, splits=0)
+
+
+def test_split_k_heuristic_and_auto_route(monkeypatch):
+    assert gt.split_k_for(256, 50, 4096) > 1      # a linear layer's weight gradient (H x E from tokens)
+    assert gt.split_k_for(4096, 4096, 4096) == 1  # big outputs fill the GPU without it
+    assert gt.split_k_for(256, 50, 512) == 1      # short K: not worth a second kernel
+    calls = []
+    real = gt.gemm_splitk
+    monkeypatch.setattr(gt, "gemm_splitk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(gt, "split_k_for", lambda M, N, K: 4)
+    a, b, _ = _operands(9, 7, 1030, torch.float32, "rowmajor")
+    out = gt.gemm(a, b)
+    assert calls and rel_error(out, gt.reference(a, b).float()) < TOL[torch.float32]
+
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])

@@ -1,4 +1,7 @@
+import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -264,3 +267,131 @@ def test_masked_mean_cost_counts_only_the_valid_rows():
     c = rd.masked_mean_cost(B, T, E, torch.float32, lengths)
     assert c.bytes == ((2 + 0 + 10) * E + B * E) * 4 + B * 4
     assert c.flops == (2 + 0 + 10) * E
+
+
+# --------------------------------------------------------------------------- v5_columns (CPU)
+
+
+def _aligned(*shape, dtype=torch.float32):
+    n = math.prod(shape)
+    t = torch.empty(n + 16, dtype=dtype)
+    skip = (-t.data_ptr() % 16) // t.element_size()
+    return t[skip:skip + n].view(shape)
+
+
+def _choice(x, dim):
+    _, R, rs, other, ost, _ = rd._prepare("t", x, dim, "sum", False, None, cuda=False)
+    return rd.choose(x, R, rs, other, ost)
+
+
+def test_reduce_picks_v5_columns_where_16_byte_loads_fit():
+    x = _aligned(64, 32)
+    assert _choice(x, 0) == ("v5_columns", (1, 32, 0))
+    assert _choice(x, 1) == ("v3_warp", None)
+    y = _aligned(3, 64, 32)
+    assert _choice(y, 1) == ("v5_columns", (3, 32, 64 * 32))
+    assert _choice(y, 0) == ("v5_columns", (1, 64 * 32, 0))  # kept dims (64, 32) merge into one
+    assert _choice(_aligned(64, 32, dtype=torch.bfloat16), 0) == ("v5_columns", (1, 32, 0))
+    # Columns that are not whole 16-byte vectors, a misaligned start, odd strides: v4.
+    assert _choice(_aligned(64, 9), 0) == ("v4_columns", None)
+    assert _choice(_aligned(64 * 32 + 1)[1:].view(64, 32), 0) == ("v4_columns", None)
+    assert _choice(_aligned(64, 34)[:, :32], 0) == ("v4_columns", None)  # row stride 34
+    assert _choice(_aligned(64, 36)[:, 4:36], 0) == ("v5_columns", (1, 32, 0))  # stride 36, start +16 B
+    assert _choice(_aligned(64, 16, dtype=torch.bfloat16)[:, :8], 0) == ("v5_columns", (1, 8, 0))
+    assert _choice(_aligned(64, 16, dtype=torch.bfloat16)[:, :4], 0) == ("v4_columns", None)
+    # Kept dims that do not collapse to (B, C) with C contiguous: v4; a transposed x: v3 (rows scatter).
+    assert _choice(_aligned(4, 64, 8).permute(1, 0, 2)[:, :, :4], 0) == ("v5_columns", (4, 4, 512))
+    assert _choice(_aligned(2, 64, 3, 8)[:, :, :, :4], 1) == ("v4_columns", None)  # kept (2, 3, 4) do not merge
+    assert _choice(_aligned(32, 64).t(), 0) == ("v3_warp", None)
+
+
+def test_columns_grid_reads_every_element_once():
+    """v5_columns' host grid and the kernel's index arithmetic, emulated: every (b, r, c) of the
+    (B, R, C) view is read by exactly one (block, thread, step) and every output column is written
+    by exactly one split of one block."""
+    cfgs = [rd.ColumnsConfig(), rd.ColumnsConfig(tx=8, ty=4, unroll=2, waves=1, min_rows=3),
+            rd.ColumnsConfig(tx=16, ty=16, unroll=8, waves=4, min_rows=1)]
+    for cfg in cfgs:
+        for itemsize in (4, 2):
+            N = 16 // itemsize
+            for B, R, C in ((1, 1, N), (1, 37, 3 * N), (2, 1000, 5 * N), (3, 33, 40 * N), (1, 4099, N)):
+                col_blocks, splits, chunk, gx = rd.columns_grid(B, R, C, itemsize, cfg, resident=24)
+                assert 1 <= splits <= 65535 and (splits - 1) * chunk < R <= splits * chunk
+                reads = np.zeros((B, R, C), dtype=np.int64)
+                writes = np.zeros((splits, B, C), dtype=np.int64)
+                for bx in range(gx):
+                    bc, b = bx % col_blocks, bx // col_blocks
+                    for by in range(splits):
+                        r0, r1 = by * chunk, min(R, by * chunk + chunk)
+                        for tx in range(cfg.tx):
+                            c0 = (bc * cfg.tx + tx) * N
+                            if c0 >= C:
+                                continue
+                            for ty in range(cfg.ty):
+                                rows = list(range(r0 + ty, r1, cfg.ty))
+                                reads[b, rows, c0:c0 + N] += 1
+                        for o in range(cfg.tx * N):
+                            c = bc * cfg.tx * N + o
+                            if c < C:
+                                writes[by, b, c] += 1
+                assert (reads == 1).all(), (cfg, itemsize, B, R, C)
+                assert (writes == 1).all(), (cfg, itemsize, B, R, C)
+
+
+def test_columns_config_validation():
+    for d in DTYPES:
+        rd.COLUMNS_DEFAULT[d].check(d)
+    for bad in (dict(tx=12), dict(ty=3), dict(tx=128, ty=16), dict(unroll=3), dict(minb=0), dict(minb=9),
+                dict(waves=0), dict(min_rows=0), dict(fold="atomic")):
+        with pytest.raises(ValueError, match="config"):
+            rd.ColumnsConfig(**bad).check(torch.float32)
+    rd.ColumnsConfig(tx=128, ty=8).check(torch.bfloat16)  # 1024 threads, 32 KiB of smem: valid
+
+
+# --------------------------------------------------------------------------- v5_columns (GPU)
+
+COLUMNS_CONFIGS = [rd.ColumnsConfig(), rd.ColumnsConfig(tx=8, ty=4, unroll=2, waves=1, min_rows=3),
+                   rd.ColumnsConfig(tx=16, ty=16, unroll=8, minb=2, waves=4, min_rows=1),
+                   rd.ColumnsConfig(tx=32, ty=8, unroll=4, minb=6, waves=3, min_rows=5, fold="last"),
+                   rd.ColumnsConfig(tx=64, ty=8, unroll=4, waves=1, min_rows=100000)]  # one split
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", COLUMNS_CONFIGS, ids=str)
+def test_v5_columns_odd_sizes(cfg, dtype):
+    g = torch.Generator(device="cuda").manual_seed(11)
+    N = 16 // torch.empty((), dtype=dtype).element_size()
+    base = torch.randn(2, 4099, 40 * N + N, device="cuda", dtype=dtype, generator=g)
+    xs = [torch.randn(1, N, device="cuda", dtype=dtype, generator=g),
+          torch.randn(33, 3 * N, device="cuda", dtype=dtype, generator=g),
+          torch.randn(4097, 5 * N, device="cuda", dtype=dtype, generator=g),
+          torch.randn(3, 1000, 7 * N, device="cuda", dtype=dtype, generator=g),
+          base[:, :, N:]]  # padded rows, 16-byte aligned start
+    for x in xs:
+        for op in rd.OPS:
+            for keepdim in (False, True):
+                dim = x.dim() - 2
+                _, R, rs, other, ost, _ = rd._prepare("t", x, dim, op, keepdim, None)
+                assert R == 1 or rd.choose(x, R, rs, other, ost)[0] == "v5_columns"
+                ref = _ref(x, dim, op, keepdim)
+                out = poison(torch.empty(ref.shape, device="cuda", dtype=dtype))
+                assert rd.v5_columns(x, dim, op, keepdim, out, config=cfg) is out
+                _check(out, ref, x.shape[dim], dtype, op)
+
+
+@pytest.mark.gpu
+def test_v5_columns_is_deterministic_and_falls_back():
+    x = torch.randn(32768, 520, device="cuda")
+    a, b = rd.reduce(x, 0), rd.reduce(x, 0)
+    assert torch.equal(a, b)  # fixed-order fold of the splits
+    last = replace(rd.COLUMNS_DEFAULT[torch.float32], fold="last")  # the same splits as reduce()
+    for _ in range(3):  # the counters are left at zero for the next launch
+        c = rd.v5_columns(x, 0, config=last)
+        assert torch.equal(c, a)  # the same fold order as the second kernel: bit-identical
+    torch.cuda.synchronize()
+    assert all(int(t.abs().sum()) == 0 for t in rd._counters.values())
+    y = torch.randn(1000, 33, device="cuda")  # columns not whole vectors: v4_columns inside v5
+    _check(rd.v5_columns(y, 0), _ref(y, 0, "sum"), 1000, torch.float32)
+    with pytest.raises(ValueError, match="'config' must be a ColumnsConfig"):
+        rd.v5_columns(x, 0, config="fast")

@@ -301,3 +301,33 @@ def test_module_loads_from_disk_cache_in_second_process(tmp_path):
     for o in outs:
         assert o.returncode == 0, o.stderr
     assert [o.stdout.strip().splitlines()[-1] for o in outs] == ["False", "True"]
+
+
+@pytest.mark.gpu
+def test_gpu_launch_from_a_thread_without_a_current_context():
+    """A new thread (as PyTorch's autograd device thread) may have no current CUDA context when
+    our kernel is its first CUDA work: the launch binds the primary context and succeeds."""
+    import threading
+
+    from tilewise.ops import vector_add as va
+
+    a = torch.randn(1001, device="cuda")
+    b = torch.randn(1001, device="cuda")
+    out = torch.full_like(a, float("nan"))
+    va.v1_naive(a, b, out)  # loaded (and its context made current) on the main thread
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    errors = []
+
+    def work():
+        try:
+            va.v1_naive(a, b, out)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    assert torch.equal(out, a + b)

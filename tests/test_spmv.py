@@ -173,21 +173,23 @@ def test_choose_and_sub_width():
     S = sp.RowStats
     suite_stats = {  # rows, nnz, mean, max, std, empty rows
         "uniform": (S(2_000_000, 64_000_000, 32.0, 32, 0.0, 0), "jds"),
-        "powerlaw": (S(2_000_000, 10_599_269, 5.3, 100_000, 203.3, 0), "csr_split"),
+        "powerlaw": (S(2_000_000, 10_599_269, 5.3, 100_000, 203.3, 0), "csr_merge"),
         "banded5": (S(4_194_304, 20_963_328, 5.0, 5, 0.0, 0), "jds"),
         "banded27": (S(2_097_152, 55_742_968, 26.6, 27, 1.9, 0), "jds"),
         "short": (S(8_000_000, 15_998_964, 2.0, 3, 0.8, 0), "ell"),
-        "wide": (S(256, 16_293_276, 63645.6, 95807, 20202.7, 0), "csr_split"),
+        "wide": (S(256, 16_293_276, 63645.6, 95807, 20202.7, 0), "csr_merge"),
     }
     for kind, (st, want) in suite_stats.items():
         assert sp.choose(st) == want, kind
     no_convert = {k: sp.choose(st, convert=False) for k, (st, _) in suite_stats.items()}
-    assert no_convert == {"uniform": "csr_vector", "powerlaw": "csr_split", "banded5": "csr_stream",
-                          "banded27": "csr_vector", "short": "csr_stream", "wide": "csr_split"}
-    # thresholds: split past 128 x SUB; jds from mean >= 0.9 max; ell up to 16 and 2x padding
+    assert no_convert == {"uniform": "csr_vector", "powerlaw": "csr_merge", "banded5": "csr_stream",
+                          "banded27": "csr_vector", "short": "csr_stream", "wide": "csr_merge"}
+    # thresholds: merge past 128 x SUB or std > mean; jds from mean >= 0.9 max; ell up to 16 and 2x padding
     assert sp.split_len(5.0) == 256 and sp.split_len(32.0) == 1024 and sp.split_len(1e5) == sp.LONG_LEN
-    assert sp.choose(S(10, 50, 5.0, 257, 80.0, 0)) == "csr_split"
-    assert sp.choose(S(10, 50, 5.0, 256, 80.0, 0)) == "csr_stream"
+    assert sp.choose(S(10, 50, 5.0, 257, 4.0, 0)) == "csr_merge"
+    assert sp.choose(S(10, 50, 5.0, 256, 4.0, 0)) == "csr_stream"
+    assert sp.choose(S(10, 50, 5.0, 256, 5.1, 0)) == "csr_merge"
+    assert sp.choose(S(10, 50, 5.0, 256, 5.1, 0), convert=False) == "csr_merge"
     assert sp.choose(S(10, 95, 9.5, 10, 0.5, 0)) == "jds"
     assert sp.choose(S(10, 85, 8.5, 10, 1.0, 0)) == "ell"
     assert sp.choose(S(10, 85, 8.5, 18, 3.0, 0)) == "csr_stream"
@@ -214,20 +216,222 @@ def test_suite_matrices_small_are_valid(kind):
     assert A.nnz > 0
     if kind in ("powerlaw", "wide"):
         assert A.stats.max > sp.LONG_LEN  # exercises csr_split's chunks
-        assert sp.choose(A.stats) == "csr_split"
+        assert sp.choose(A.stats) == "csr_merge"
     if kind == "banded5":
         assert A.stats.max == 5
 
 
+# --------------------------------------------------------------------------- csr_merge's partition (CPU)
+
+
+def _csr_from_lengths(lengths, N=None, seed=0):
+    """A CSR with the given row lengths, random sorted columns (distinct within a row), random values."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    N = N or max(1, int(lengths.max()) if lengths.numel() else 1)
+    cols = [torch.randperm(N, generator=g)[:int(k)].sort().values for k in lengths]
+    rp = torch.zeros(lengths.numel() + 1, dtype=torch.long)
+    rp[1:] = torch.cumsum(lengths, 0)
+    col = torch.cat(cols) if cols else torch.zeros(0, dtype=torch.long)
+    return sp.CSR.from_arrays(rp, col, torch.randn(col.numel(), generator=g), (lengths.numel(), N))
+
+
+def _walk_path(row_ptr):
+    """Every state (rows closed, nonzeros taken) of the merge path, one step at a time."""
+    rp = row_ptr.tolist()
+    M, nnz = len(rp) - 1, rp[-1]
+    i = j = 0
+    states = [(0, 0)]
+    while i < M or j < nnz:
+        if i < M and rp[i + 1] <= j:
+            i += 1
+        else:
+            j += 1
+        states.append((i, j))
+    return states
+
+
+MERGE_MATRICES = {
+    "empty_rows": [0, 3, 0, 0, 7, 1, 0, 2, 0],
+    "one_huge_row": [2, 3, 0, 1, 500, 4, 0, 2, 5, 1],
+    "only_a_huge_row": [777],
+    "all_empty": [0] * 9,
+    "one_row_one_nz": [1],
+    "trailing_empty": [4, 4, 4, 0, 0, 0, 0],
+    "ragged": [int(v) for v in torch.randint(0, 40, (61,), generator=torch.Generator().manual_seed(3))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MERGE_MATRICES))
+@pytest.mark.parametrize("tile", [1, 5, 12, 64, 1792])
+def test_merge_coords_match_a_step_by_step_walk(name, tile):
+    A = _csr_from_lengths(MERGE_MATRICES[name])
+    states = _walk_path(A.row_ptr)
+    rows, nzs = sp.merge_coords(A.row_ptr, tile)
+    total = len(states) - 1
+    want = [states[min(t * tile, total)] for t in range(-(-total // tile) + 1)]
+    assert list(zip(rows.tolist(), nzs.tolist())) == want
+    # segments: exactly the tiles whose end leaves part of an existing row open
+    rp = A.row_ptr.tolist()
+    M = A.shape[0]
+    carry_rows = [(b, r) for b, (r, z) in enumerate(want[1:]) if r < M and z > rp[r]]
+    seg_row, b0, b1 = sp.merge_segments(A.row_ptr, rows, nzs)
+    got = [(b, r) for r, s, e in zip(seg_row.tolist(), b0.tolist(), b1.tolist()) for b in range(s, e)]
+    assert got == carry_rows
+    assert len(set(seg_row.tolist())) == seg_row.numel()  # one segment per straddling row
+
+
+def test_merge_coords_rejects_bad_tile():
+    with pytest.raises(ValueError, match="tile must be positive"):
+        sp.merge_coords(torch.tensor([0, 1]), 0)
+
+
+def _kernel_scan(elems):
+    """spmv_csr_merge's block scan step by step: Hillis-Steele segmented inclusive scan per warp
+    (``__shfl_up_sync`` reads the values from before each step), the warps' totals folded in order,
+    each thread's exclusive prefix from its lane - 1 neighbour. Returns (exclusive prefixes, block total)."""
+    n = len(elems)
+    f = [int(e[0]) for e in elems]
+    v = [float(e[1]) for e in elems]
+    for w0 in range(0, n, 32):
+        off = 1
+        while off < 32:
+            fu, vu = f[:], v[:]  # the shuffle sees the pre-step values
+            for t in range(w0 + off, w0 + 32):
+                if not f[t]:
+                    v[t] += vu[t - off]
+                f[t] |= fu[t - off]
+            off *= 2
+    ex = []
+    for t in range(n):
+        w, lane = t // 32, t % 32
+        before = 0.0
+        for k in range(w):
+            last = 32 * k + 31
+            before = v[last] if f[last] else before + v[last]
+        ev, ef = (0.0, 0) if lane == 0 else (v[t - 1], f[t - 1])
+        ex.append(ev if ef else before + ev)
+    w = (n - 1) // 32
+    before = 0.0
+    for k in range(w):
+        last = 32 * k + 31
+        before = v[last] if f[last] else before + v[last]
+    return ex, (v[n - 1] if f[n - 1] else before + v[n - 1])
+
+
+def _merge_model(A, x, nt, ipt, alpha=1.0, beta=0.0, y0=None):
+    """y computed the way spmv_csr_merge + spmv_csr_merge_fixup compute it, from merge_plan: each
+    tile staged, each thread's start searched in the tile's row ends, IPT steps walked, a segmented
+    scan over the threads, then each straddling row's carries added. float64."""
+    P = sp.merge_plan(A, nt * ipt)
+    rp = A.row_ptr.tolist()
+    prod_all = (A.val.double() * x.double()[A.col.long()]).tolist()
+    M = A.shape[0]
+    y = [math.nan] * M if y0 is None else y0.double().tolist()
+    pr, pz = P.plan_row.tolist(), P.plan_nz.tolist()
+    carry, closed = [], []
+    for b in range(P.n_tiles):
+        r0, z0 = pr[b], pz[b]
+        nr, nz = pr[b + 1] - r0, pz[b + 1] - z0
+        ends = [rp[r0 + 1 + k] - z0 for k in range(nr)]
+        prod = prod_all[z0:z0 + nz]
+        L = nr + nz
+        assert 0 < L <= nt * ipt
+        out = [None] * nr
+        elems, heads = [], []
+        for t in range(nt):
+            d = min(t * ipt, L)
+            lo, hi = max(0, d - nz), min(d, nr)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if mid + ends[mid] < d:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i, j, s, head, head_sum = lo, d - lo, 0.0, -1, 0.0
+            for _ in range(d, min(d + ipt, L)):
+                if i < nr and ends[i] <= j:
+                    if head < 0:
+                        head, head_sum = i, s
+                    else:
+                        out[i] = s
+                    s, i = 0.0, i + 1
+                else:
+                    s, j = s + prod[j], j + 1
+            heads.append((head, head_sum))
+            elems.append((head >= 0, s))
+        run = 0.0  # the exclusive segmented prefix
+        for t, ((head, head_sum), (f, s)) in enumerate(zip(heads, elems)):
+            if head >= 0:
+                out[head] = head_sum + run
+            run = s if f else run + s
+        carry.append(run)
+        if nt % 32 == 0:  # the kernel's shuffle + warp-fold scan gives the same prefixes
+            ex, total = _kernel_scan(elems)
+            serial, r = [], 0.0
+            for f, s in elems:
+                serial.append(r)
+                r = s if f else r + s
+            assert ex == pytest.approx(serial) and total == pytest.approx(run)
+        assert None not in out  # every row of the tile closed by exactly one thread
+        closed.extend(range(r0, r0 + nr))
+        for k in range(nr):
+            y[r0 + k] = alpha * out[k] + (beta * y[r0 + k] if beta != 0.0 else 0.0)
+    assert closed == list(range(M))  # the tiles close every row once, in order
+    for r, s, e in zip(P.seg_row.tolist(), P.seg_b0.tolist(), P.seg_b1.tolist()):
+        y[r] += alpha * sum(carry[s:e])
+    return torch.tensor(y, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", sorted(MERGE_MATRICES))
+@pytest.mark.parametrize("nt,ipt", [(4, 3), (2, 1), (8, 7), (32, 5), (64, 3)])
+def test_merge_model_matches_reference(name, nt, ipt):
+    A = _csr_from_lengths(MERGE_MATRICES[name], seed=len(name))
+    g = torch.Generator().manual_seed(5)
+    x, y0 = torch.randn(A.shape[1], generator=g), torch.randn(A.shape[0], generator=g)
+    want = sp.reference(A.row_ptr, A.col, A.val, x, y0, alpha=1.5, beta=-0.25)
+    torch.testing.assert_close(_merge_model(A, x, nt, ipt, 1.5, -0.25, y0), want)
+    # beta = 0 never reads y (the model starts from NaN)
+    torch.testing.assert_close(_merge_model(A, x, nt, ipt), sp.reference(A.row_ptr, A.col, A.val, x))
+
+
+def test_merge_model_on_small_powerlaw_with_default_tile():
+    A = suite.make_matrix("powerlaw", small=True, device="cpu")
+    x = torch.randn(A.shape[1], generator=torch.Generator().manual_seed(0))
+    nt, ipt = sp.MERGE_DEFAULT
+    P = sp.merge_plan(A, nt * ipt)
+    assert P.n_seg > 0 and int((P.seg_b1 - P.seg_b0).max()) > 1  # the 5000 rows span several tiles
+    got = _merge_model(A, x, nt, ipt)
+    ref = sp.reference(A.row_ptr, A.col, A.val, x)
+    torch.testing.assert_close(got, ref)
+
+
+def test_merge_plan_cached_and_costed():
+    A = _csr_from_lengths(MERGE_MATRICES["one_huge_row"])
+    P = sp.merge_plan(A, 12)
+    assert sp.merge_plan(A, 12) is P and sp.merge_plan(A, 13) is not P
+    assert P.build_ms >= 0 and P.n_tiles == -(-(A.shape[0] + A.nnz) // 12)
+    for t in (P.plan_row, P.plan_nz, P.seg_row, P.seg_b0, P.seg_b1):
+        assert t.dtype == torch.int32 and t.is_contiguous()
+    E = _csr_from_lengths(MERGE_MATRICES["all_empty"])
+    assert sp.merge_plan(E, 4).n_seg == 0
+
+
+def test_csr_merge_rejects_unknown_config():
+    A = sp.CSR.from_dense(torch.eye(4))
+    with pytest.raises(ValueError, match=r"\(nt, ipt\) must be one of"):
+        sp.csr_merge(A, torch.ones(4), nt=64, ipt=7)
+    assert set(sp.MERGE_CONFIGS) >= {sp.MERGE_DEFAULT}
+
+
 # --------------------------------------------------------------------------- GPU
 
-CSR_VARIANTS = [("csr_scalar", {}), ("csr_split", {}), ("csr_stream", {})] + [("csr_vector", {"sub": s}) for s in (2, 4, 8, 16, 32)]
+CSR_VARIANTS = ([("csr_scalar", {}), ("csr_split", {}), ("csr_stream", {}), ("csr_merge", {}),
+                 ("csr_merge", {"nt": 128, "ipt": 5})] + [("csr_vector", {"sub": s}) for s in (2, 4, 8, 16, 32)])
 
 
 def _run(name, F, x, y, alpha=1.0, beta=0.0, **kw):
-    if name == "csr_vector":
-        return sp.csr_vector(F, x, y, alpha, beta, **kw)
-    return sp.VARIANTS[name](F, x, y, alpha, beta)
+    return sp.VARIANTS[name](F, x, y, alpha, beta, **kw)
 
 
 def _all_formats(A):
@@ -281,6 +485,8 @@ def test_empty_matrices():
         y = sp.spmv(A, torch.randn(N, device="cuda"))
         assert y.shape == (M,) and bool((y == 0).all())
         assert sp.jds(sp.JDS.from_csr(A), torch.randn(N, device="cuda")).shape == (M,)
+        ym = sp.csr_merge(A, torch.randn(N, device="cuda"), poison(torch.empty(M, device="cuda")))
+        assert ym.shape == (M,) and bool((ym == 0).all())
 
 
 @pytest.mark.gpu
@@ -339,3 +545,92 @@ def test_auto_converts_once_and_keeps_the_copy():
         assert isinstance(sp.converted(S, sp.ELL), sp.ELL)
         refs = sp.reference(S.row_ptr, S.col, S.val, xs)
         assert float((ys.double() - refs).norm() / refs.norm()) < 1e-5
+
+
+def _bound(A, x, alpha=1.0, beta=0.0, y0=None):
+    """Elementwise fp32 error allowance: a few ulps of alpha |A| |x| + beta |y0| (a long row's
+    rounding grows with its terms' magnitudes, not with its sum)."""
+    absA = sp.CSR.from_arrays(A.row_ptr, A.col, A.val.abs(), A.shape, validate=False)
+    b = abs(alpha) * sp.reference(absA.row_ptr, absA.col, absA.val, x.abs())
+    if y0 is not None and beta != 0.0:
+        b = b + abs(beta) * y0.double().abs()
+    return 2e-6 * b + 1e-6
+
+
+def _merge_cases():
+    g = torch.Generator().manual_seed(11)
+    huge = torch.randint(0, 6, (4097,), generator=g)
+    huge[:7] = 0
+    huge[17] = 100_000  # one huge row among short ones and leading empty rows
+    odd = torch.randint(0, 9, (1000,), generator=g) * (torch.rand(1000, generator=g) < 0.7)  # 30 % empty
+    return {
+        "odd_empty_rows": (odd, 4097),
+        "one_huge_row": (huge, 100_003),
+        "only_one_huge_row": (torch.tensor([300_001]), 300_007),
+        "all_empty": (torch.zeros(33, dtype=torch.long), 31),
+        "one_by_one": (torch.tensor([1]), 1),
+        "ends_on_empty_rows": (torch.cat([torch.full((1791,), 1), torch.zeros(5, dtype=torch.long)]), 33),
+    }
+
+
+def _lengths_csr_cuda(lengths, N, seed):
+    """Random sorted columns for the given row lengths, built on the GPU (suite helper)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return suite._random_rows(lengths.cuda(), N, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(_merge_cases()))
+def test_csr_merge_against_float64(case):
+    """Every (nt, ipt) instantiation against a float64 reference: odd sizes, empty rows, one huge
+    row, an all-empty matrix; alpha/beta with y read, and beta = 0 on a NaN-poisoned y; the same
+    bits on a second run (the fix-up has no atomics)."""
+    lengths, N = _merge_cases()[case]
+    A = _lengths_csr_cuda(lengths, N, seed=len(case))
+    M = A.shape[0]
+    x = torch.randn(N, device="cuda")
+    y0 = torch.randn(M, device="cuda")
+    want = sp.reference(A.row_ptr, A.col, A.val, x, y0, alpha=1.5, beta=-0.25)
+    want0 = sp.reference(A.row_ptr, A.col, A.val, x)
+    tol, tol0 = _bound(A, x, 1.5, -0.25, y0), _bound(A, x)
+    for nt, ipt in sp.MERGE_CONFIGS:
+        y = y0.clone()
+        sp.csr_merge(A, x, y, 1.5, -0.25, nt=nt, ipt=ipt)
+        err = (y.double() - want).abs()
+        assert bool((err <= tol).all()), (case, nt, ipt, float((err / tol).max()))
+        y = poison(torch.empty(M, device="cuda"))
+        sp.csr_merge(A, x, y, nt=nt, ipt=ipt)
+        err = (y.double() - want0).abs()
+        assert bool((err <= tol0).all()), (case, nt, ipt, "beta=0", float((err / tol0).max()))
+        y2 = poison(torch.empty(M, device="cuda"))
+        sp.csr_merge(A, x, y2, nt=nt, ipt=ipt)
+        assert torch.equal(y, y2), (case, nt, ipt, "not deterministic")
+
+
+@pytest.mark.gpu
+def test_csr_merge_is_the_auto_pick_for_powerlaw():
+    A = suite.make_matrix("powerlaw", small=True)
+    assert sp.choose(A.stats) == "csr_merge"
+    x = torch.randn(A.shape[1], device="cuda")
+    ref = sp.reference(A.row_ptr, A.col, A.val, x)
+    y = sp.spmv(A, x)
+    assert bool(((y.double() - ref).abs() <= _bound(A, x)).all())
+    assert sp.merge_plan(A) is sp.merge_plan(A)
+
+
+@pytest.mark.gpu
+def test_sanitizer_csr_merge_small():
+    """csr_merge at every (nt, ipt) on small matrices with empty rows, a row spanning many tiles,
+    an all-empty matrix and beta != 0, for
+    ``compute-sanitizer --tool memcheck|racecheck|initcheck python -m pytest -m gpu -k sanitizer tests/test_spmv.py``."""
+    cases = [(torch.tensor([0, 3, 0, 0, 7, 1, 0, 2, 0] * 5), 31), (torch.tensor([2, 0, 5000, 1, 0, 3]), 5003),
+             (torch.zeros(7, dtype=torch.long), 5)]
+    for k, (lengths, N) in enumerate(cases):
+        A = _lengths_csr_cuda(lengths, N, seed=k)
+        x = torch.randn(N, device="cuda")
+        y0 = torch.randn(A.shape[0], device="cuda")
+        want = sp.reference(A.row_ptr, A.col, A.val, x, y0, alpha=2.0, beta=0.5)
+        for nt, ipt in sp.MERGE_CONFIGS:
+            y = y0.clone()
+            sp.csr_merge(A, x, y, 2.0, 0.5, nt=nt, ipt=ipt)
+            assert bool(((y.double() - want).abs() <= _bound(A, x, 2.0, 0.5, y0)).all()), (k, nt, ipt)

@@ -226,11 +226,18 @@ def test_torch_step_graph_capture_gpu():
 
 @gpu
 def test_tilewise_step_graph_capture_gpu():
+    from tilewise.nn import functional as twf
+
+    twf.reset()
     out = _graph_vs_eager("tilewise")
     (le, _, _), (lg, _, _) = out["eager"], out["graph"]
     assert not lg.isnan().any()
-    # eager tilewise may use its own cross-entropy, the graph PyTorch's (NOT_CAPTURABLE): fp32 rounding apart
     torch.testing.assert_close(lg, le, rtol=1e-3, atol=1e-4)
+    rep = twf.report()
+    # Every op the tilewise backend has runs inside the graph too: no PyTorch fallback while capturing.
+    assert not [k for k in rep if "CUDA graphs" in k], rep
+    if "cross_entropy_capturable" in rep["cross_entropy"]:
+        twf.check_targets()  # synthetic labels are all in range
 
 
 @gpu
@@ -254,3 +261,28 @@ def test_run_paths_gpu_all_paths():
         assert row.median_ms > 0 and row.op == "train_step" and row.shape == ts.SHAPE
         assert row.baseline == ("torch_graph" if row.variant.startswith("tilewise") else "")
     assert all(x["kernels"] > 0 or (x["graph_nodes"] or 0) > 0 for x in res), res
+
+
+@gpu
+def test_tilewise_eager_step_has_no_host_sync_gpu():
+    """With the sync-free cross-entropy, an eager tilewise step (after its first, which autotunes)
+    makes no synchronizing CUDA call, so the host can run ahead of the GPU. A failure names the
+    op that still syncs."""
+    from tilewise.nn import functional as twf
+
+    twf.reset()
+    batches = tr.synthetic_batches(3, ts.B, ts.T, ts.V, device="cuda")
+    model, opt = tr.step_model("tilewise", "eager", vocab_size=ts.V, dropout=0.0, device="cuda")
+    step = tr.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device="cuda")
+    step(batches[0])
+    torch.cuda.synchronize()
+    if "cross_entropy_capturable" not in twf.report()["cross_entropy"]:
+        pytest.skip("the sync-free cross-entropy is not the one in use")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in batches[1:]:
+            step(b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    twf.check_targets()

@@ -44,7 +44,7 @@ def test_input_errors_on_cpu():
 
 def test_v4_tile_per_dtype():
     assert tp.v4_tile(torch.float32) == (64, 64)
-    assert tp.v4_tile(torch.bfloat16) == (64, 128) and tp.v4_tile(torch.float16) == (64, 128)
+    assert tp.v4_tile(torch.bfloat16) == (128, 128) and tp.v4_tile(torch.float16) == (128, 128)
     assert tp.v4_tile(torch.float32, tp.V4Config(tm=128, tw=32)) == (128, 32)
     assert tp.v4_tile(torch.bfloat16, tp.V4Config(tm=32, tw=32, gl=4)) == (32, 64)
 

@@ -18,6 +18,7 @@ and, per dtype, the best config as a line to paste into V4_DEFAULT.
 Run on the GPU (< 2 minutes on an H200): PYTHONPATH=src python3 scripts/experiments/transpose_variants.py
 """
 
+import os
 import time
 from dataclasses import replace
 
@@ -28,6 +29,8 @@ from tilewise.ops import transpose as tp
 from tilewise.runtime import cuda as rt
 
 SIZE = 16384
+# STAGES=DTC runs only those stages (P: the pipelined experiment kernel).
+STAGES = os.environ.get("STAGES", "DTABCP")
 T0 = time.time()
 
 # Stage P: an experiment kernel (not in the library): v4's tile and index maps in a persistent loop,
@@ -174,6 +177,18 @@ def configs_for(dtype):
                     continue
                 for group in (0, 8):
                     runs.append(("B", replace(c, group=group)))
+    # C: the first run's winning hints and order (plain loads, streaming stores, tile-column-major)
+    # over the shapes, gl and register caps of B.
+    for tm, tw, nt in shapes:
+        for gl in (32 // v, 64 // v):
+            for minb in sorted({1, max(1, 65536 // (nt * 48))}):
+                c = tp.V4Config(tm=tm, tw=tw, threads=nt, minb=minb, gl=gl, ldcs=False, stcs=True, group=SIZE)
+                try:
+                    c.check(dtype)
+                except ValueError:
+                    continue
+                runs.append(("C", c))
+    runs = [(st, c) for st, c in runs if st in STAGES]
     seen, out = set(), []
     for stage, c in runs:  # each config once, under its first stage letter
         if c not in seen:
@@ -273,7 +288,8 @@ def main():
             ms = bench(lambda c=c: tp.v4_vec(x, out, config=c))
             results.append((ms, c))
             print(f"{head} {gbs(ms):6.0f} {100 * copy_ms / ms:6.1f} {comp_ms / ms:6.3f} {ms:7.4f}")
-        run_pipe(dtype, x, out, ref, gbs, copy_ms, comp_ms, wrong)
+        if "P" in STAGES:
+            run_pipe(dtype, x, out, ref, gbs, copy_ms, comp_ms, wrong)
         results.sort(key=lambda t: t[0])
         print(f"{dtype}: default {tp.V4_DEFAULT[dtype]}")
         for ms, c in results[:3]:

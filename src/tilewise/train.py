@@ -47,7 +47,10 @@ class TrainConfig:
     embed_dim: int = 50
     embedding_init: str = "glove"      # glove | random
     glove_cache: str | None = None     # .npz extract (tilewise.data.glove); default: looked up
-    dropout: float = 0.3
+    dropout: float = 0.3               # on the pooled (B, H) features
+    embed_dropout: float = 0.0         # on the embedded (B, T, E) vectors (0: none, no kernel)
+    lr_schedule: str = "constant"      # constant | cosine | linear: per step, from lr to 0 at the last step
+    freeze_embeddings_epochs: int = 0  # the embedding's lr is 0 for this many first epochs
     min_count: int = 1
     max_len: int = 64                  # sentences are cut to this many tokens
     # pad batches to these lengths; None: to the longest, except with --graph or the tilewise
@@ -62,6 +65,45 @@ class TrainConfig:
     log_every: int = 50
     progress: bool = True
     max_steps: int | None = None       # stop each epoch after this many steps (tests, smoke runs)
+    plot: bool = True                  # write loss_curve.png (matplotlib: ~0.5 s; sweeps turn it off)
+
+
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+def lr_factor(schedule: str, step: int, total_steps: int) -> float:
+    """The multiplier of the base learning rate at optimizer step ``step`` (0-based) of
+    ``total_steps``: constant 1; cosine 0.5 (1 + cos(pi step / total)); linear 1 - step / total.
+    Both decays start at 1 and reach 0 only after the last step (step = total_steps)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+    if schedule == "constant" or total_steps <= 0:
+        return 1.0
+    t = min(max(step, 0), total_steps) / total_steps
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * t))
+    return 1.0 - t
+
+
+def group_lrs(cfg: "TrainConfig", epoch: int, step: int, total_steps: int) -> tuple[float, float]:
+    """(embedding lr, lr of the other parameters) for ``step`` (0-based, over the whole run) of
+    ``epoch`` (0-based): the base rates times ``lr_factor``; the embedding's is 0 while
+    ``epoch < freeze_embeddings_epochs`` (AdamW with lr 0 neither moves nor decays the table; its
+    moments still follow the gradients)."""
+    f = lr_factor(cfg.lr_schedule, step, total_steps)
+    emb = cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr
+    if epoch < cfg.freeze_embeddings_epochs:
+        emb = 0.0
+    return emb * f, cfg.lr * f
+
+
+def _set_lrs(opt, lrs: Sequence[float]) -> None:
+    # A tensor lr (graph mode) is updated in place: captured graphs read it from its address.
+    for grp, lr in zip(opt.param_groups, lrs):
+        if torch.is_tensor(grp["lr"]):
+            grp["lr"].fill_(lr)
+        else:
+            grp["lr"] = lr
 
 
 # --------------------------------------------------------------------------- set-up
@@ -104,7 +146,7 @@ def _embedding_init(cfg: TrainConfig, vocab: sst2.Vocab, notes: list[str]) -> to
     cache = cfg.glove_cache
     if cache is None:
         local = Path(".data") / "glove50_sst2.npz"  # the extract that travels with the repo's ignored .data/
-        if local.is_file() and glove.load(local).tokens == vocab.itos:
+        if local.is_file() and glove.subset(glove.load(local), vocab.itos) is not None:
             cache = str(local)
     g = glove.glove_vectors(vocab.itos, cache)
     notes.append(f"GloVe 6B 50-d: {g.found.sum()} of {len(vocab) - 2} vocabulary words found "
@@ -241,6 +283,44 @@ def _set_rng_state(st: dict, gen: torch.Generator, device) -> None:
         torch.cuda.set_rng_state(st["cuda"], device)
 
 
+_DATA_CACHE: dict = {}
+
+
+def _load_data(data_dir, download: bool) -> dict:
+    """SST-2's splits, kept for the process while the files are unchanged: a sweep calls ``train``
+    many times in one process, and reading and tokenizing the TSVs each time would cost more than
+    a graphed epoch."""
+    d = sst2.find_data_dir(data_dir, download=download)
+    key = (str(d.resolve()),) + tuple((f.stat().st_mtime_ns, f.stat().st_size)
+                                      for f in (d / "train.tsv", d / "dev.tsv") if f.is_file())
+    if _DATA_CACHE.get("key") != key:
+        _DATA_CACHE.clear()
+        _DATA_CACHE.update(key=key, data=sst2.load_sst2(d), encoded={})
+    return _DATA_CACHE["data"]
+
+
+def _vocab(data: dict, min_count: int) -> sst2.Vocab:
+    """The training split's vocabulary, kept per min_count for the cached data."""
+    cache = _DATA_CACHE.setdefault("vocab", {}) if _DATA_CACHE.get("data") is data else {}
+    if min_count not in cache:
+        cache[min_count] = sst2.Vocab.build(data["train"].tokens, min_count=min_count)
+    return cache[min_count]
+
+
+def _encoded(data: dict, vocab: sst2.Vocab, max_len: int):
+    """(train, dev) EncodedSplits of ``data``, kept for the last (vocabulary, max_len) of the cached data."""
+    enc = _DATA_CACHE.get("encoded") if _DATA_CACHE.get("data") is data else None
+    key = (tuple(vocab.itos), max_len)
+    if enc is not None and key in enc:
+        return enc[key]
+    pair = (sst2.EncodedSplit(data["train"], vocab, max_len=max_len),
+            sst2.EncodedSplit(data["dev"], vocab, max_len=max_len))
+    if enc is not None:
+        enc.clear()
+        enc[key] = pair
+    return pair
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -252,13 +332,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.epochs < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.hidden < 1:
         raise ValueError(f"train: need epochs >= 0, batch_size >= 1, lr > 0, hidden >= 1; got epochs={cfg.epochs}, "
                          f"batch_size={cfg.batch_size}, lr={cfg.lr}, hidden={cfg.hidden}")
+    if cfg.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"--lr-schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
+    if cfg.freeze_embeddings_epochs < 0:
+        raise ValueError(f"--freeze-embeddings-epochs must be >= 0, got {cfg.freeze_embeddings_epochs}")
+    if not 0.0 <= cfg.embed_dropout < 1.0:
+        raise ValueError(f"--embed-dropout must be in [0, 1), got {cfg.embed_dropout}")
     device, backend, notes = resolve_device_backend(cfg)
     con = _console(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
 
-    data = sst2.load_sst2(cfg.data_dir, download=cfg.download)
+    data = _load_data(cfg.data_dir, cfg.download)
     ckpt_path = out / "checkpoint.pt"
     ckpt = None
     if cfg.resume:
@@ -267,21 +353,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         vocab = sst2.Vocab(ckpt["vocab"])
     else:
-        vocab = sst2.Vocab.build(data["train"].tokens, min_count=cfg.min_count)
-    train_set = sst2.EncodedSplit(data["train"], vocab, max_len=cfg.max_len)
-    dev_set = sst2.EncodedSplit(data["dev"], vocab, max_len=cfg.max_len)
+        vocab = _vocab(data, cfg.min_count)
+    train_set, dev_set = _encoded(data, vocab, cfg.max_len)
     notes.append(f"SST-2: {len(train_set)} train / {len(dev_set)} dev sentences, vocabulary {len(vocab)} "
                  f"(min count {cfg.min_count}), dev token coverage {100 * vocab.coverage(data['dev'].tokens):.1f}%")
 
     init = None if ckpt is not None else _embedding_init(cfg, vocab, notes)
     model = SentimentClassifier(len(vocab), cfg.embed_dim, cfg.hidden, 2, cfg.dropout, backend,
-                                padding_idx=vocab.pad_id, embedding_init=init).to(device)
+                                padding_idx=vocab.pad_id, embedding_init=init,
+                                embed_dropout=cfg.embed_dropout).to(device)
     # capturable: the step's bookkeeping stays on the device, which a captured graph needs.
     emb = [model.embedding.weight]
     rest = [p for n, p in model.named_parameters() if n != "embedding.weight"]
     groups = [{"params": emb, "lr": cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr},
               {"params": rest}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, capturable=cfg.graph)
+    # A schedule or a freeze changes the lrs between steps; a captured graph keeps the lr it was
+    # captured with unless the lr is a device tensor it reads (AdamW allows that when capturable).
+    tensor_lr = cfg.graph and (cfg.lr_schedule != "constant" or cfg.freeze_embeddings_epochs > 0)
+    if tensor_lr:
+        for grp in groups:
+            grp["lr"] = torch.tensor(float(grp.get("lr", cfg.lr)), dtype=torch.float32, device=device)
+    opt = torch.optim.AdamW(groups, lr=groups[1].get("lr", cfg.lr) if tensor_lr else cfg.lr,
+                            weight_decay=cfg.weight_decay, capturable=cfg.graph)
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list[dict] = []
     step_losses: list[float] = []
@@ -293,6 +386,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # counters on the device, the plain one on the CPU.
         for grp in opt.param_groups:
             grp["capturable"] = cfg.graph
+            lr = float(grp["lr"])  # the schedule sets the value below; here only its kind and device
+            grp["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if tensor_lr else lr
         for st in opt.state.values():
             if "step" in st and torch.is_tensor(st["step"]):
                 st["step"] = st["step"].to(device if cfg.graph else "cpu", torch.float32)
@@ -320,6 +415,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     steps_per_epoch = train_set.num_batches(cfg.batch_size)
     if cfg.max_steps is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
+    total_steps = steps_per_epoch * cfg.epochs
+    scheduled = cfg.lr_schedule != "constant" or cfg.freeze_embeddings_epochs > 0
     model.train()
     with Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"),
@@ -334,6 +431,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                                                        buckets=buckets, device=device)):
                 if cfg.max_steps is not None and step >= cfg.max_steps:
                     break
+                if scheduled:
+                    _set_lrs(opt, group_lrs(cfg, epoch, epoch * steps_per_epoch + step, total_steps))
                 if graphed is not None and b.ids.shape[0] == cfg.batch_size:
                     loss = graphed(b).detach().clone()
                 else:
@@ -345,10 +444,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     bar.update(task, completed=step + 1, loss=f"{loss.item():.4f}", rate=f"{rate:,.0f}")
             _sync(device)
             secs = time.perf_counter() - t0
+            if backend == "tilewise":
+                # The sync-free cross-entropy counts bad labels on the device; one check per epoch.
+                twf.check_targets(device)
             epoch_losses = torch.stack(losses).float().cpu().tolist() if losses else []
             step_losses += epoch_losses
             ev = evaluate(model, dev_set, device=device, buckets=buckets)
             rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
+                   "lr_end": [float(g["lr"]) for g in opt.param_groups],
                    "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
                    "examples_per_second": examples / secs if secs > 0 else math.nan, "steps": len(losses)}
             history.append(rec)
@@ -364,12 +467,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "ops": twf.report() if backend == "tilewise" else {}, "notes": notes, "vocab_size": len(vocab),
         "epochs": history, "step_losses": step_losses,
+        # Chosen on dev, which is also what is reported: GLUE's test labels are hidden.
         "best_dev_accuracy": max((h["dev_accuracy"] for h in history), default=None),
+        "best_epoch": max(history, key=lambda h: h["dev_accuracy"])["epoch"] if history else None,
         "final_dev_accuracy": history[-1]["dev_accuracy"] if history else None,
         "torch": torch.__version__,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    _plot(step_losses, history, out / "loss_curve.png")
+    if cfg.plot:
+        _plot(step_losses, history, out / "loss_curve.png")
     return metrics
 
 
@@ -680,7 +786,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden size H")
     p.add_argument("--embedding-init", choices=("glove", "random"), default=d.embedding_init)
     p.add_argument("--glove-cache", default=None, help="GloVe extract (.npz) for this vocabulary")
-    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--dropout", type=float, default=d.dropout, help="dropout on the pooled features")
+    p.add_argument("--embed-dropout", type=float, default=d.embed_dropout,
+                   help="dropout on the embedded token vectors (default 0: off)")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
+                   help="per-step decay of every lr to 0 at the last step (default: constant)")
+    p.add_argument("--freeze-embeddings-epochs", type=int, default=d.freeze_embeddings_epochs,
+                   help="keep the embedding table fixed for this many first epochs (default 0)")
     p.add_argument("--min-count", type=int, default=d.min_count, help="vocabulary: least count in train")
     p.add_argument("--max-len", type=int, default=d.max_len, help="cut sentences to this many tokens")
     p.add_argument("--buckets", type=_buckets, default=None, help="pad batches to these lengths, e.g. 16,32,64")
@@ -692,6 +804,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt")
     p.add_argument("--max-steps", type=int, default=None, help="at most this many steps per epoch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or messages")
+    p.add_argument("--no-plot", action="store_true", help="do not write loss_curve.png")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -699,6 +812,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        batch_size=args.batch_size, lr=args.lr, embedding_lr=args.embedding_lr,
                        weight_decay=args.weight_decay, hidden=args.hidden,
                        embedding_init=args.embedding_init, glove_cache=args.glove_cache, dropout=args.dropout,
+                       embed_dropout=args.embed_dropout, lr_schedule=args.lr_schedule,
+                       freeze_embeddings_epochs=args.freeze_embeddings_epochs, plot=not args.no_plot,
                        min_count=args.min_count, max_len=args.max_len, buckets=args.buckets,
                        backend=args.backend, device=args.device, graph=args.graph, seed=args.seed,
                        output_dir=args.output_dir, resume=args.resume, max_steps=args.max_steps,

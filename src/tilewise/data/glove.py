@@ -113,14 +113,29 @@ def load(path: str | os.PathLike) -> GloveVectors:
         return GloveVectors([str(t) for t in z["tokens"]], z["vectors"].astype(np.float32), z["found"].astype(bool))
 
 
+def subset(g: GloveVectors, tokens: Sequence[str]) -> GloveVectors | None:
+    """The rows of ``g`` for ``tokens`` in that order, or None when some token is not in ``g``."""
+    row = {t: i for i, t in enumerate(g.tokens)}
+    idx = [row.get(t) for t in tokens]
+    if any(i is None for i in idx):
+        return None
+    ix = np.asarray(idx, dtype=np.int64)
+    return GloveVectors(list(tokens), g.vectors[ix], g.found[ix])
+
+
 def glove_vectors(tokens: Sequence[str], cache: str | os.PathLike | None = None) -> GloveVectors:
     """Vectors for ``tokens``: from ``cache`` (or the default cache file for this vocabulary) when
-    it holds exactly these tokens, else extracted from the package and written there."""
+    it holds exactly these tokens, or the rows of these tokens when it holds a superset of them (an
+    extract for the ``min_count=1`` vocabulary serves every larger ``min_count``), else extracted
+    from the package and written there."""
     path = Path(cache) if cache is not None else default_cache_path(tokens)
     if path.is_file():
         g = load(path)
         if g.tokens == list(tokens):
             return g
+        sub = subset(g, tokens)
+        if sub is not None:
+            return sub
         if cache is not None and not _package_available():
             raise GloveUnavailable(f"{path} was extracted for another vocabulary ({len(g.tokens)} tokens, "
                                    f"this one has {len(tokens)}) and the GloVe package is not installed")

@@ -24,16 +24,19 @@ BACKENDS = ("torch", "tilewise")
 class SentimentClassifier(nn.Module):
     """vocab_size: rows of the embedding table (id 0 = <pad>, which gets no gradient);
     embed_dim E (50 for GloVe 6B 50-d); hidden H; num_classes C; dropout on the pooled (B, H);
-    backend "torch" or "tilewise"; embedding_init: optional (vocab_size, E) tensor to copy in."""
+    backend "torch" or "tilewise"; embedding_init: optional (vocab_size, E) tensor to copy in;
+    embed_dropout: dropout on the embedded (B, T, E) vectors (default 0: off, nothing launched)."""
 
     def __init__(self, vocab_size: int, embed_dim: int = 50, hidden: int = 256, num_classes: int = 2,
                  dropout: float = 0.3, backend: str = "torch", padding_idx: int = 0,
-                 embedding_init: torch.Tensor | None = None):
+                 embedding_init: torch.Tensor | None = None, embed_dropout: float = 0.0):
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"SentimentClassifier: backend must be one of {BACKENDS}, got {backend!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"SentimentClassifier: dropout must be in [0, 1), got {dropout}")
+        if not 0.0 <= embed_dropout < 1.0:
+            raise ValueError(f"SentimentClassifier: embed_dropout must be in [0, 1), got {embed_dropout}")
         for n, v in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden", hidden),
                      ("num_classes", num_classes)):
             if v < 1:
@@ -41,6 +44,7 @@ class SentimentClassifier(nn.Module):
         self.backend = backend
         self.padding_idx = padding_idx
         self.dropout_p = float(dropout)
+        self.embed_dropout_p = float(embed_dropout)
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
         self.fc1 = nn.Linear(embed_dim, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
@@ -59,11 +63,15 @@ class SentimentClassifier(nn.Module):
             raise ValueError(f"SentimentClassifier: lengths must be ({ids.shape[0]},), got {tuple(lengths.shape)}")
         if self.backend == "torch":
             x = F.embedding(ids, self.embedding.weight, padding_idx=self.padding_idx)
+            if self.embed_dropout_p:
+                x = F.dropout(x, self.embed_dropout_p, self.training)
             h = F.relu(self.fc1(x))
             pooled = twf.masked_mean_reference(h, lengths)
             pooled = F.dropout(pooled, self.dropout_p, self.training)
             return self.fc2(pooled)
         x = twf.embedding(ids, self.embedding.weight, padding_idx=self.padding_idx)
+        if self.embed_dropout_p:
+            x = F.dropout(x, self.embed_dropout_p, self.training)  # same RNG stream as the torch backend
         h = twf.linear(x, self.fc1.weight, self.fc1.bias, activation="relu")
         pooled = twf.masked_mean(h, lengths)
         pooled = F.dropout(pooled, self.dropout_p, self.training)  # no tilewise dropout yet

@@ -8,7 +8,11 @@ only. The contract each op is expected to meet (looked up by name at first use):
     linear         tilewise.ops.gemm_triton.linear(x, w, b=None, activation=None|"relu")
                    (x, w, b passed by position; also accepted: tilewise.linear)
     masked_mean    tilewise.ops.reduce.masked_mean(x, lengths, dim=1)  (x (B, T, H), lengths (B,))
-    cross_entropy  tilewise.ops.cross_entropy.cross_entropy(logits, target)  (mean over the batch)
+    cross_entropy  tilewise.ops.cross_entropy.cross_entropy_capturable(logits, target): no host
+                   sync, so CUDA graphs capture it and an eager loop runs ahead of the GPU; targets
+                   out of range are counted on the device: ``check_targets()`` raises on them
+                   (``tilewise train`` calls it after every epoch). Else ...cross_entropy(logits,
+                   target), which checks the targets on the host (NOT_CAPTURABLE).
 
 A candidate that is missing, raises on import, or lacks the parameters above is skipped with a
 note, and the PyTorch expression of the same math is used. On CPU tensors every operation uses
@@ -30,16 +34,18 @@ CANDIDATES: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "linear": [("tilewise.ops.gemm_triton", "linear", ("x", "activation")),
                ("tilewise", "linear", ("x", "activation"))],
     "masked_mean": [("tilewise.ops.reduce", "masked_mean", ("x", "lengths"))],
-    "cross_entropy": [("tilewise.ops.cross_entropy", "cross_entropy", ())],
+    "cross_entropy": [("tilewise.ops.cross_entropy", "cross_entropy_capturable", ()),
+                      ("tilewise.ops.cross_entropy", "cross_entropy", ())],
 }
 
-# Ops that synchronize with the host (so cannot be captured in a CUDA graph), and why; while a
-# graph is being captured these use PyTorch. Remove an entry when its op gets a sync-free path.
+# Implementations ("module.attr") that synchronize with the host (so cannot be captured in a CUDA
+# graph), and why; when one of them is the resolved one, PyTorch's op is used while capturing.
 NOT_CAPTURABLE: dict[str, str] = {
-    "cross_entropy": "tilewise.ops.cross_entropy checks the targets with a device-to-host copy",
+    "tilewise.ops.cross_entropy.cross_entropy": "it checks the targets with a device-to-host copy",
 }
 
 _resolved: dict[str, Callable | None] = {}
+_impl: dict[str, str] = {}  # name -> "module.attr" of the resolved implementation
 _notes: dict[str, str] = {}
 
 
@@ -76,6 +82,7 @@ def resolve(name: str) -> Callable | None:
             why.append(f"{mod_name}.{attr}: {bad}")
             continue
         fn = cand
+        _impl[name] = f"{mod_name}.{attr}"
         _notes[name] = f"tilewise ({mod_name}.{attr})"
         break
     if fn is None:
@@ -87,6 +94,7 @@ def resolve(name: str) -> Callable | None:
 def reset() -> None:
     """Forget what was resolved (tests; or after an op module was added at run time)."""
     _resolved.clear()
+    _impl.clear()
     _notes.clear()
 
 
@@ -97,11 +105,26 @@ def report() -> dict[str, str]:
     return dict(_notes)
 
 
+def _capture_fallback(name: str) -> bool:
+    """Whether ``name``'s resolved implementation synchronizes with the host (NOT_CAPTURABLE)."""
+    resolve(name)
+    return _impl.get(name) in NOT_CAPTURABLE
+
+
 def _capturing(name: str) -> bool:
-    if name in NOT_CAPTURABLE and torch.cuda.is_current_stream_capturing():
-        _notes[name + " (in CUDA graphs)"] = f"torch ({NOT_CAPTURABLE[name]})"
+    if _capture_fallback(name) and torch.cuda.is_current_stream_capturing():
+        _notes[name + " (in CUDA graphs)"] = f"torch ({_impl[name]}: {NOT_CAPTURABLE[_impl[name]]})"
         return True
     return False
+
+
+def check_targets(device=None) -> None:
+    """Raise ValueError if the sync-free cross-entropy saw class targets out of range on
+    ``device`` since the last call (one host sync; a no-op when that op is not the one in use)."""
+    if _impl.get("cross_entropy", "").endswith("cross_entropy_capturable"):
+        from ..ops import cross_entropy as ce
+
+        ce.check_targets(device)
 
 
 def _gpu(*ts: torch.Tensor) -> bool:

@@ -15,6 +15,16 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                query tile per program, also writing dS for the bias gradient); P recomputed from
                LSE; no atomics, so results are deterministic.
                bound: tensor-core FLOPs: 4 B H Sq Sk D forward (half when causal), 2.5x that back.
+    v3_flash2_atomic: v3 with ``deterministic=False``: the backward is one kernel per key tile
+               (grid ceil(Sk / BLOCK_N) x B Hkv) that keeps dK, dV in registers and adds each
+               query tile's dQ into an fp32 (B, H, Sq, D) buffer with atomics (zeroed by the Delta
+               kernel, cast to q's dtype after): Q K^T and dO V^T once per tile pair, so 5 matmuls
+               where v3's two kernels do 7; dS for the bias gradient is stored by the same kernel.
+               At D = 128 on sm_90 the dQ tile is added by one TMA bulk reduce-add from shared
+               memory (no per-element addresses: the register budget then allows two stages).
+               Not bitwise reproducible (the order of the fp32 adds into dQ varies); dK, dV and
+               dBias still are. D > 128 uses v3's backward. bound: tensor-core FLOPs, plus the
+               dQ reductions (Sk / BLOCK_N fp32 read-modify-writes of each dQ element, in L2).
     v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
                per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
                {32, 64, 128, 256}; opt-in (``use_tma()``) until measured. bound: as v3.
@@ -30,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -160,13 +171,35 @@ _DKDV_CONFIGS = {32: (64, 128, 8, 3), 64: (32, 128, 8, 3), 128: (32, 128, 8, 2),
 _DQ_CONFIGS = {32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)}
 # dQ that also stores dS for the bias gradient: the extra (BLOCK_M, BLOCK_N) store spills at 128 x 64.
 _DQ_BIAS_CONFIGS = {**_DQ_CONFIGS, 128: (128, 32, 8, 2)}
+# Atomic backward (deterministic=False): a key tile of BLOCK_N in registers as in dK/dV, plus a
+# (BLOCK_M, D) fp32 dQ tile per query tile whose atomic add needs one 64-bit address per element;
+# from the sm_90 register report (docs/notes-attention.md). At D = 128 every BLOCK_M >= 32 spills
+# (dK + dV alone are 128 registers at 8 warps): 16 x 128 with one stage is the only spill-free one
+# found, causal included (2 stages: 23 spill instructions causal).
+# scripts/experiments/attention_bwd_configs.py times the candidates on the device.
+# Measured on the H200 (scripts/experiments/attention_bwd_configs.py, B=4 H=16 S=4096 bf16, backward
+# alone): at D = 128 the spilling 64 x 128 x 2 stages ran 330.8 TFLOP/s non-causal / 306.1 causal
+# against 181.5 / 177.4 for the spill-free 16 x 128 and 263.4 / 230.9 for the best TMA-dQ tile, so
+# it is the default (its spills are a few cold registers; ptxas' count is not the cost); at D = 64
+# 64 x 128 x 2 ran 272.2 / 230.9 against 154.0 / 146.7 for 64 x 64.
+_ATOMIC_CONFIGS = {32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2), 256: (16, 32, 4, 1)}
+# + the dS store for the bias gradient: 64 x 64 is spill-free at D = 64; nothing tried at D = 128 is
+# (32 x 64: 67 spill instructions, 16 x 128: 71), the fewest-spill wgmma-friendly one is used.
+_ATOMIC_BIAS_CONFIGS = {**_ATOMIC_CONFIGS, 64: (64, 64, 8, 2), 128: (32, 64, 8, 2)}
+# The same kernel with dQ added by a TMA bulk reduce-add (``DQ_TMA``) from shared memory instead of
+# per-element atomics: the 64-bit addresses go, and D = 128 fits two stages without a spill
+# (bias grad: 18 spill instructions, vs 67 for the pointer path's best). Only where it helps.
+_ATOMIC_TMA_CONFIGS = {128: (16, 128, 8, 2)}
+_ATOMIC_TMA_BIAS_CONFIGS = {128: (16, 128, 8, 2)}
 _OVERRIDE: dict[str, tuple] = {}
 
 
 @contextlib.contextmanager
 def override_configs(**kinds):
-    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'dkdv', 'dq' (tests use
-    tiny tiles so that the interpreter walks several tiles; the bench sweeps)."""
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'dkdv', 'dq', 'dq_bias',
+    'atomic', 'atomic_bias', 'atomic_tma', 'atomic_tma_bias' (the bias-grad kinds default to their
+    plain kind's override; tests use tiny tiles so that the interpreter walks several tiles; the
+    bench sweeps)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update(kinds)
     try:
@@ -183,9 +216,11 @@ def _block_d(D: int) -> int:
 def _config(kind: str, D: int) -> tuple:
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
-    if kind == "dq_bias" and "dq" in _OVERRIDE:
-        return _OVERRIDE["dq"]
-    table = {"fwd": _FWD_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS, "dq_bias": _DQ_BIAS_CONFIGS}[kind]
+    if kind.endswith("_bias") and kind[:-5] in _OVERRIDE:
+        return _OVERRIDE[kind[:-5]]
+    table = {"fwd": _FWD_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS, "dq_bias": _DQ_BIAS_CONFIGS,
+             "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
+             "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}[kind]
     bd = _block_d(D)
     return table[min(max(bd, 32), 256)] if bd != 16 else table[32]
 
@@ -297,6 +332,32 @@ def use_tma(on: bool = True):
         _TMA["on"] = old
 
 
+# dQ of the atomic backward by TMA reduce-add where ``_ATOMIC_TMA_CONFIGS`` has the head dim; GPU
+# only (the interpreter has no descriptor reduce). "works" turns False at the first build failure
+# (e.g. a Triton without descriptor atomic_add), after which pointer atomics are used.
+# Off by default: on the H200 the TMA reduce-add path's best tile (32 x 128) ran 263.4 TFLOP/s
+# against 330.8 for pointer atomics at 64 x 128 (D = 128, non-causal).
+_DQ_TMA = {"on": False, "works": None}
+
+
+@contextlib.contextmanager
+def dq_tma(on: bool = True):
+    """Turn the atomic backward's TMA reduce-add of dQ on or off (experiments, tests)."""
+    old = _DQ_TMA["on"]
+    _DQ_TMA["on"] = on
+    try:
+        yield
+    finally:
+        _DQ_TMA["on"] = old
+
+
+def _dq_tma_applies(q, D) -> bool:
+    """sm_90+, and a head dim with a TMA config that equals its tile width (the fp32 (B * H, Sq, D)
+    dQ view then has 16-byte rows and the box never exceeds the tensor's last dim)."""
+    return (_DQ_TMA["on"] and _DQ_TMA["works"] is not False and not _interpreting() and q.is_cuda
+            and D in _ATOMIC_TMA_CONFIGS and torch.cuda.get_device_capability(q.device)[0] >= 9)
+
+
 def _tma_applies(q, k, v, mask, bias) -> bool:
     """v4 needs dense (rows, D) views with 16-byte aligned rows, a power-of-two D, no mask or bias,
     and row indices that fit int32."""
@@ -359,7 +420,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
     return out, lse
 
 
-def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad):
+def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic=True):
     from . import attention_kernels as K_
 
     B, H, Sq, D = q.shape
@@ -380,16 +441,68 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
     dummy = q
 
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
+    # keep the two-kernel backward whatever ``deterministic`` says.
+    atomic = not deterministic and bd <= 128
+    # The atomic path's fp32 dQ accumulator, zeroed by the preprocess kernel.
+    dq_acc = None if not atomic else torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     pm = 64
     K_._attn_bwd_preprocess_kernel[(-(-Sq // pm), B * H)](
-        out, do, dlse if dlse is not None else delta, delta, H, Sq, *out.stride(), *do.stride(),
-        BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None)
+        out, do, dlse if dlse is not None else delta, delta, dq_acc if dq_acc is not None else delta,
+        H, Sq, *out.stride(), *do.stride(),
+        BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None)
 
     mask8 = mask.view(torch.uint8) if mask is not None else None
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
               *_bcast_strides(bias, full), *_bcast_strides(mask8, full))
     bias_arg = bias if bias is not None else dummy
     mask_arg = mask8 if mask8 is not None else dummy
+    # A bias of the full (B, H, Sq, Sk) shape takes dS directly (contiguous, its own dtype); a
+    # broadcast one gets an fp32 (B, H, Sq, Sk) buffer, summed in a fixed order afterwards.
+    # Without causal or mask every (query, key) of dS is stored by the kernels: no zero fill
+    # (4.3 GB of writes at B=4, H=16, S=4096 in fp32, about 1 ms).
+    direct = bias_grad and tuple(_as4(bias).shape) == full
+    alloc = torch.zeros if (causal or mask is not None) else torch.empty
+    if direct:
+        ds = alloc(full, dtype=bias.dtype, device=q.device)
+    else:
+        ds = alloc(full, dtype=torch.float32, device=q.device) if bias_grad else dummy
+
+    if atomic:
+        def launch(use_tma):
+            kind = ("atomic_tma" if use_tma else "atomic") + ("_bias" if bias_grad else "")
+            bm, bn, warps, stages = _config(kind, D)
+            flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+            dq_arg = dq_acc
+            if use_tma:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                d3 = dq_acc.view(B * H, Sq, D)
+                dq_arg = TensorDescriptor(d3, list(d3.shape), list(d3.stride()), [1, bm, bd])
+            K_._attn_bwd_atomic_kernel[(-(-Sk // bn), B * Hkv)](
+                q, k, v, do, lse, delta, dk, dv, dq_arg, ds, bias_arg, mask_arg,
+                flags if flags is not None else dummy,
+                H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+                *(flags.stride() if flags is not None else (0, 0, 0, 0)),
+                BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
+                HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, DQ_TMA=use_tma,
+                PREC=prec, num_warps=warps, num_stages=stages)
+
+        if _dq_tma_applies(q, D):
+            try:
+                launch(True)
+                _DQ_TMA["works"] = True
+            except Exception as e:  # compile error before any launch: dq_acc is still zero
+                if _DQ_TMA["works"]:
+                    raise
+                _DQ_TMA["works"] = False
+                warnings.warn(f"tilewise attention: dQ by TMA reduce-add failed to build ({type(e).__name__}: "
+                              f"{str(e)[:200]}); using pointer atomics from now on")
+                launch(False)
+        else:
+            launch(False)
+        dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
+        return dq, dk, dv, _reduce_dbias(ds, bias, direct) if bias_grad else dbias
 
     bm, bn, warps, stages = _config("dkdv", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
@@ -403,13 +516,6 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
 
     bm, bn, warps, stages = _config("dq_bias" if bias_grad else "dq", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-    # A bias of the full (B, H, Sq, Sk) shape takes dS directly (contiguous, its own dtype); a
-    # broadcast one gets an fp32 (B, H, Sq, Sk) buffer, summed in a fixed order afterwards.
-    direct = bias_grad and tuple(_as4(bias).shape) == full
-    if direct:
-        ds = torch.zeros(full, dtype=bias.dtype, device=q.device)
-    else:
-        ds = torch.zeros(full, dtype=torch.float32, device=q.device) if bias_grad else dummy
     K_._attn_bwd_dq_kernel[(-(-Sq // bm), B * H)](
         q, k, v, do, lse, delta, dq, ds, bias_arg, mask_arg, flags if flags is not None else dummy,
         H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
@@ -418,9 +524,13 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
         HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, PREC=prec,
         num_warps=warps, num_stages=stages)
     if bias_grad:
-        # dBias = dS summed over the dims the bias was broadcast along (a fixed-order reduction).
-        dbias = ds.reshape(bias.shape) if direct else ds.sum_to_size(_as4(bias).shape).reshape(bias.shape).to(bias.dtype)
+        dbias = _reduce_dbias(ds, bias, direct)
     return dq, dk, dv, dbias
+
+
+def _reduce_dbias(ds, bias, direct):
+    """dBias = dS summed over the dims the bias was broadcast along (a fixed-order reduction)."""
+    return ds.reshape(bias.shape) if direct else ds.sum_to_size(_as4(bias).shape).reshape(bias.shape).to(bias.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,12 +539,15 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
 
 @torch.library.custom_op("tilewise::flash_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-            bias: Optional[torch.Tensor], causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+            bias: Optional[torch.Tensor], causal: bool, scale: float,
+            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # ``deterministic`` only selects the backward; it is an argument here so that autograd's
+    # setup_context sees it (and torch.compile traces it as a plain bool).
     return _fwd_impl(q, k, v, mask, bias, causal, scale)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, mask, bias, causal, scale):
+def _(q, k, v, mask, bias, causal, scale, deterministic):
     B, H, Sq, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -443,12 +556,12 @@ def _(q, k, v, mask, bias, causal, scale):
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
             lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
             bias: Optional[torch.Tensor], causal: bool, scale: float,
-            bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad)
+            bias_grad: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic)
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad):
+def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic):
     c = torch.contiguous_format
     db = torch.empty_like(bias, memory_format=c) if bias_grad else q.new_empty((0,))
     return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
@@ -456,24 +569,25 @@ def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, bias, causal, scale = inputs
+    q, k, v, mask, bias, causal, scale, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask, bias)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, bias = ctx.saved_tensors
     if dout is None and dlse is None:
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is not None:
         dlse = dlse.float().contiguous()  # e.g. sum()'s gradient is an expanded, stride-0 tensor
     bias_grad = bias is not None and ctx.needs_input_grad[4]
-    dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad)
-    return dq, dk, dv, None, (db if bias_grad else None), None, None
+    dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
+                             ctx.deterministic)
+    return dq, dk, dv, None, (db if bias_grad else None), None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -485,7 +599,7 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                    scale: Optional[float] = None, return_lse: bool = False):
+                    scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True):
     """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
 
     q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
@@ -502,20 +616,33 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     scale:  multiplies q @ k^T; default 1 / sqrt(D).
     return_lse: also return the log-sum-exp of each row of scaled scores, (B, H, Sq) float32
             (-inf for rows with every key masked); differentiable.
+    deterministic: True (default): the backward is bitwise reproducible (two kernels, no float
+            atomics). False: one fused backward kernel that adds dQ with fp32 atomics (5 matmuls
+            instead of 7, faster; dQ may differ in the last bits from run to run; dK, dV and the
+            bias gradient stay reproducible). D > 128 always uses the deterministic kernels. The
+            forward is the same either way.
 
     Returns out (B, H, Sq, D) in q's dtype, contiguous; or (out, lse) with ``return_lse``.
-    Differentiable in q, k, v and bias (deterministic backward, no atomics); a
+    Differentiable in q, k, v and bias; a
     ``torch.library.custom_op`` (``torch.ops.tilewise.flash_attention_fwd``), so it traces
     under ``torch.compile``.
     """
     _check(q, k, v, mask, bias, scale)
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"flash_attention: 'deterministic' must be a bool, got {deterministic!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, lse = _fwd_op(q, k, v, mask, bias, bool(causal), scale)
+    out, lse = _fwd_op(q, k, v, mask, bias, bool(causal), scale, deterministic)
     return (out, lse) if return_lse else out
 
 
 def v3_flash2(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
     return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
+
+
+def v3_flash2_atomic(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+    """v3's forward; the backward is the fused atomic-dQ kernel (``deterministic=False``)."""
+    return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse,
+                           deterministic=False)
 
 
 def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
@@ -526,4 +653,4 @@ def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, re
 
 
 VARIANTS = {"v1_naive": reference, "v2_online": reference_tiled, "v3_flash2": v3_flash2,
-            "v4_flash2_tma": v4_flash2_tma}
+            "v3_flash2_atomic": v3_flash2_atomic, "v4_flash2_tma": v4_flash2_tma}

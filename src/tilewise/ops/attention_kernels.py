@@ -142,12 +142,13 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
 
 
 @triton.jit
-def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, H, Sq,
+def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
                                 stride_ob, stride_oh, stride_om, stride_od,
                                 stride_db, stride_dh, stride_dm, stride_dd,
                                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                HAS_DLSE: tl.constexpr):
-    """Delta = rowsum(dO * O) - dLSE: the row term of dS = P * (dP - Delta)."""
+                                HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
+    """Delta = rowsum(dO * O) - dLSE: the row term of dS = P * (dP - Delta). With ZERO_DQ also
+    zeroes the fp32 (B, H, Sq, HEAD_DIM) dQ accumulator of the atomic backward (no memset launch)."""
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
     off_b = (bh // H).to(tl.int64)
@@ -163,6 +164,9 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, H, Sq,
     if HAS_DLSE:
         delta -= tl.load(Dlse + bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
     tl.store(Delta + bh.to(tl.int64) * Sq + offs_m, delta, mask=offs_m < Sq)
+    if ZERO_DQ:
+        tl.store(DQacc + bh.to(tl.int64) * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=msk)
 
 
 @triton.jit
@@ -380,3 +384,188 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Out, Lse, H, GROUP, Sq, Sk, qk_scale,
     offs_d = tl.arange(0, HEAD_DIM)
     tl.store(Out + (bh64 // H) * stride_ob + (bh64 % H) * stride_oh + offs_m[:, None] * stride_om
              + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, dq_head, offs_n, offs_d, Sq, Sk,
+                     stride_qm, stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
+                     qk_scale, sm_scale,
+                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_MASK: tl.constexpr, BIAS_GRAD: tl.constexpr, DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+    # BOUNDS=False is only used on tiles with every row < Sq, every key < Sk and (causal) every key
+    # at or before every query: no row/key tests, unmasked loads.
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_ptrs = Qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    do_ptrs = DOh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+    if BOUNDS:
+        md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+        q = tl.load(q_ptrs, mask=md_mask, other=0.0)
+        do = tl.load(do_ptrs, mask=md_mask, other=0.0)
+        lse = tl.load(Lh + offs_m, mask=offs_m < Sq, other=0.0)
+        delta = tl.load(Dh + offs_m, mask=offs_m < Sq, other=0.0)
+    else:
+        md_mask = offs_d[None, :] < HEAD_DIM
+        if BLOCK_D == HEAD_DIM:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+        else:
+            q = tl.load(q_ptrs, mask=md_mask, other=0.0)
+            do = tl.load(do_ptrs, mask=md_mask, other=0.0)
+        lse = tl.load(Lh + offs_m)
+        delta = tl.load(Dh + offs_m)
+    lse = lse * LOG2E
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+    if BOUNDS:
+        inb = (offs_n[:, None] < Sk) & (offs_m[None, :] < Sq)
+        keep = inb
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :])
+    if HAS_BIAS:
+        b_ptrs = Bh + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn
+        if BOUNDS:
+            b = tl.load(b_ptrs, mask=inb, other=0.0)
+        else:
+            b = tl.load(b_ptrs)
+        sT += b.to(tl.float32) * LOG2E
+    if HAS_MASK:
+        m_ptrs = Mh + offs_m[None, :] * stride_mm + offs_n[:, None] * stride_mn
+        if BOUNDS:
+            keep = keep & (tl.load(m_ptrs, mask=inb, other=0) != 0)
+        else:
+            keep = tl.load(m_ptrs) != 0
+    if BOUNDS or HAS_MASK:
+        sT = tl.where(keep, sT, float("-inf"))
+    pT = tl.math.exp2(sT - lse[None, :])
+    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
+    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dsT = pT * (dpT - delta[None, :])
+    if BIAS_GRAD:
+        # Each (query, key) of a head belongs to one key tile: dS is written once, no atomics.
+        ds_ptrs = DSh + offs_m[None, :] * Sk + offs_n[:, None]
+        if BOUNDS:
+            tl.store(ds_ptrs, dsT.to(DSh.dtype.element_ty), mask=inb)
+        else:
+            tl.store(ds_ptrs, dsT.to(DSh.dtype.element_ty))
+    ds16 = dsT.to(q.dtype)
+    dk = tl.dot(ds16, q, dk, input_precision=PREC)
+    dq = tl.dot(tl.trans(ds16), k, input_precision=PREC) * sm_scale  # (BLOCK_M, BLOCK_D)
+    if DQ_TMA:
+        # One TMA reduce-add of the tile from shared memory (the copy engine clips rows past Sq and
+        # columns past HEAD_DIM): no per-element addresses in registers.
+        DQh.atomic_add([dq_head, start_m, 0], dq.reshape([1, BLOCK_M, BLOCK_D]))
+    else:
+        # relaxed: only the sum matters, no ordering with other memory (acq_rel fences each add).
+        # The (BLOCK_M, BLOCK_D) 64-bit addresses are formed only here, not live across the dots.
+        dq_ptrs = DQh + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        if BOUNDS:
+            tl.atomic_add(dq_ptrs, dq, mask=md_mask, sem="relaxed")
+        elif BLOCK_D == HEAD_DIM:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, mask=md_mask, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, dq_head, lo, hi, offs_n, offs_d, Sq, Sk,
+                     stride_qm, stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
+                     stride_fm, qk_scale, sm_scale,
+                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                     DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        live = 1
+        if HAS_FLAGS:
+            live = tl.load(Fh + (start_m // BLOCK_M) * stride_fm)
+        if live != 0:
+            dk, dv = _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, dq_head, offs_n,
+                                      offs_d, Sq, Sk, stride_qm, stride_qd, stride_dm, stride_dd, stride_bm,
+                                      stride_bn, stride_mm, stride_mn, qk_scale, sm_scale, BLOCK_M, HEAD_DIM,
+                                      BLOCK_D, CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, BIAS_GRAD, DQ_TMA, PREC)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Mask, Flags,
+                            H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                            stride_qb, stride_qh, stride_qm, stride_qd,
+                            stride_kb, stride_kh, stride_kn, stride_kd,
+                            stride_vb, stride_vh, stride_vn, stride_vd,
+                            stride_db, stride_dh, stride_dm, stride_dd,
+                            stride_bb, stride_bh, stride_bm, stride_bn,
+                            stride_mb, stride_mh, stride_mm, stride_mn,
+                            stride_fb, stride_fh, stride_fm, stride_fn,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                            DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+    """v3 backward with ``deterministic=False``: one key tile of one K/V head, dK and dV in
+    registers as in the dK/dV kernel, and each query tile's dQ contribution (dS K, scaled) added
+    with fp32 atomics into DQ, a (B, H, Sq, HEAD_DIM) fp32 buffer zeroed by the preprocess kernel
+    (DQ_TMA: DQ is a (B * H, Sq, HEAD_DIM) tensor descriptor and each tile is one TMA reduce-add).
+    Q K^T and dO V^T are computed once per tile pair: 5 matmuls instead of 7. With BIAS_GRAD, dS is
+    also stored (to a (B, H, Sq, Sk) buffer), as the dQ kernel does."""
+    start_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    HK = H // GROUP
+    off_b = (bhk // HK).to(tl.int64)
+    off_hk = (bhk % HK).to(tl.int64)
+    n0 = start_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=nd_mask, other=0.0)
+    v = tl.load(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=nd_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # Query tiles [lo, mid) cross the causal diagonal, [mid, full) need no test at all, [full, Sq)
+    # is the partial last tile. A partial key tile (n0 + BLOCK_N > Sk) tests everywhere.
+    full = (Sq // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (n0 // BLOCK_M) * BLOCK_M
+        mid = tl.maximum(tl.minimum(((n0 + BLOCK_N - 1 + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, full), lo)
+    else:
+        lo = 0
+        mid = 0
+    if n0 + BLOCK_N <= Sk:
+        clean_hi = tl.maximum(full, mid)
+    else:
+        clean_hi = mid
+    for g in range(0, GROUP):
+        off_h = off_hk * GROUP + g
+        bh = off_b * H + off_h
+        Qh = Q + off_b * stride_qb + off_h * stride_qh
+        DOh = DO + off_b * stride_db + off_h * stride_dh
+        if DQ_TMA:
+            DQh = DQ
+        else:
+            DQh = DQ + bh * Sq * HEAD_DIM
+        Lh = Lse + bh * Sq
+        Dh = Delta + bh * Sq
+        Bh = Bias + off_b * stride_bb + off_h * stride_bh
+        Mh = Mask + off_b * stride_mb + off_h * stride_mh
+        DSh = DBias + bh * Sq * Sk
+        Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
+        bh32 = bh.to(tl.int32)
+        for part in tl.static_range(3):
+            if part == 0:
+                p_lo, p_hi = lo, mid
+            elif part == 1:
+                p_lo, p_hi = mid, clean_hi
+            else:
+                p_lo, p_hi = clean_hi, Sq
+            dk, dv = _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, bh32, p_lo, p_hi,
+                                      offs_n, offs_d, Sq, Sk, stride_qm, stride_qd, stride_dm, stride_dd,
+                                      stride_bm, stride_bn, stride_mm, stride_mn, stride_fm, qk_scale, sm_scale,
+                                      BLOCK_M, HEAD_DIM, BLOCK_D, CAUSAL, part != 1, HAS_BIAS, HAS_MASK,
+                                      HAS_FLAGS, BIAS_GRAD, DQ_TMA, PREC)
+    dk *= sm_scale
+    tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=nd_mask)
+    tl.store(DV + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=nd_mask)

@@ -9,6 +9,17 @@ Versions:
     v3_online: any C (a 128k vocabulary): pass 1 keeps a running max, sum of exp and sum of
                logits (with smoothing); pass 2 re-reads the row (from L2, with a persistent
                grid that keeps few rows in flight) and writes the gradient. bound: as v2 when the re-read hits L2.
+    v5_cluster_cuda: v4's design in CUDA C thread-block clusters (rowwise_cluster.cu; Triton 3.6
+               cannot build v4): a row split over 2-8 CTAs in registers, max / sum of exp / sum
+               of x reduced across the cluster in distributed shared memory, the loss and the
+               gradient written in the same pass: one read, one write. C up to 262144 (fp32 131072
+               per 8 x 512-thread cluster, 262144 with 1024 threads); rows whose length, stride and
+               start are multiples of 16 bytes. The default past MAX_FUSED where that holds.
+               bound: copy bandwidth on N x C x itemsize x 2.
+    v6_cluster_pipe: v5 in a persistent grid of resident clusters, each thread copying its vectors
+               of the next row into shared memory (cp.async, two row slices a block) while the
+               current row is reduced, exchanged and written: loads in flight through the cluster
+               barriers. C up to 131072. bound: as v5.
     v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
                num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
                in distributed shared memory: one read, one write. Experimental, not the default
@@ -44,7 +55,8 @@ _REDUCTIONS = ("mean", "sum", "none")
 MAX_FUSED = 16384
 CLUSTER_SLICE = 16384      # classes of a row each CTA of a v4_cluster cluster holds
 MAX_CLUSTER = 8 * CLUSTER_SLICE
-PREFER_CLUSTER = False     # v4_cluster is unverified on a GPU: v3_online stays the default past 16k
+PREFER_CLUSTER = False
+PREFER_CUDA_CLUSTER = True  # v5_cluster_cuda past MAX_FUSED where the layout allows it     # v4_cluster is unverified on a GPU: v3_online stays the default past 16k
 
 _FUSED_TILE = 2048
 _ONLINE_CHUNK_BYTES = 32768
@@ -149,6 +161,24 @@ def _ce_kernel(X, T, LOSS, DX, M, N, stride_xm, stride_dxm, ignore_index, smooth
                              mask=mk, eviction_policy="evict_first")
 
 
+def default_variant(logits: torch.Tensor) -> str:
+    """The version ``variant=None`` runs for these logits."""
+    C = logits.shape[-1] if logits.dim() == 2 else 0
+    return ("v2_fused" if C <= MAX_FUSED else
+            "v4_cluster" if PREFER_CLUSTER and C <= MAX_CLUSTER else
+            "v5_cluster_cuda" if _cuda_cluster_ok(logits) else "v3_online")
+
+
+def _cuda_cluster_ok(logits) -> bool:
+    """v5_cluster_cuda takes these logits (and a gradient laid out like them, the contiguous one
+    the forward allocates): sm_90+, rows of whole 16-byte vectors, C <= its largest config."""
+    if not PREFER_CUDA_CLUSTER or _interpreting() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        return False
+    from . import rowwise_cluster as rc
+
+    return rc.unsupported_reason(logits, kind="ce") is None
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -224,6 +254,17 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             _ce_kernel[grid](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
                              HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+        elif variant in ("v5_cluster_cuda", "v6_cluster_pipe"):
+            from . import rowwise_cluster as rc
+
+            pipe = variant == "v6_cluster_pipe"
+            ts = (x, *((grad,) if compute_grad else ()))
+            why = rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.unsupported_reason(*ts, kind="ce")
+            if why:
+                raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
+            rc.cross_entropy(x, t if t.dtype == torch.int64 else t.long(), loss_rows,
+                             grad if compute_grad else None, ignore_index, float(label_smoothing), scale,
+                             pipe=pipe)
         elif variant == "v4_cluster":
             if C > MAX_CLUSTER:
                 raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
@@ -274,6 +315,9 @@ def _(logits, target, reduction, ignore_index, label_smoothing, compute_grad, va
 def _setup(ctx, inputs, output):
     ctx.reduction, ctx.has_grad = inputs[2], inputs[5]
     ctx.mark_non_differentiable(output[1])
+    # Autograd would otherwise hand backward a zero-filled (N, C) tensor as the gradient of the
+    # non-differentiable second output: a second gradient-sized buffer (peak 2x, measured on the H200).
+    ctx.set_materialize_grads(False)
     ctx.compiled = torch.compiler.is_compiling()
     if ctx.compiled:
         ctx.save_for_backward(output[1])
@@ -296,6 +340,8 @@ def _grad(ctx, dloss, _dgrad):
                                "gradient written by the forward was handed out by the first backward")
         g = ctx.holder.pop()
     nones = (None,) * 6
+    if dloss is None:  # grads are not materialized: the loss did not reach the output
+        return (None,) + nones
     if ctx.reduction == "none":
         return (g * dloss.to(g.dtype)[:, None],) + nones
     if ctx.compiled:
@@ -322,7 +368,7 @@ def _torch(logits, target, reduction="mean", ignore_index=-100, label_smoothing=
                            label_smoothing=label_smoothing)
 
 
-_KERNEL_VARIANTS = ("v2_fused", "v3_online", "v4_cluster")
+_KERNEL_VARIANTS = ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe")
 VARIANTS = {"v1_torch": _torch, **{v: _variant(v) for v in _KERNEL_VARIANTS}}
 
 
@@ -339,16 +385,15 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
                      are none, as PyTorch), 'sum', or 'none' (per-row loss, 0 for ignored rows).
     ignore_index:    target value whose rows give loss 0 and gradient 0 (default -100).
     label_smoothing: e in [0, 1] (default 0): the target distribution is (1-e) one-hot + e/C.
-    variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v3_online) or 'v2_fused' /
-                     'v3_online' / 'v4_cluster' (C <= 131072).
+    variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v5_cluster_cuda where its
+                     layout and GPU conditions hold, else v3_online) or 'v2_fused' / 'v3_online' /
+                     'v4_cluster' (C <= 131072) / 'v5_cluster_cuda'.
     Returns the loss in logits' dtype: shape () or (N,) for 'none'. When logits require grad,
     the gradient (N, C, logits' dtype) is written during this call and held for backward: the
     only extra memory of any size.
     """
     if variant is None:
-        C = logits.shape[-1] if logits.dim() == 2 else 0
-        variant = ("v2_fused" if C <= MAX_FUSED else
-                   "v4_cluster" if PREFER_CLUSTER and C <= MAX_CLUSTER else "v3_online")
+        variant = default_variant(logits) if isinstance(logits, torch.Tensor) else "v2_fused"
     elif variant not in _KERNEL_VARIANTS:
         raise ValueError(f"cross_entropy: unknown variant {variant!r}; choose from "
                          f"{list(_KERNEL_VARIANTS)} (v1_torch is F.cross_entropy)")
@@ -357,3 +402,178 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
     loss, _ = _ce_op(logits, target, reduction, int(ignore_index), float(label_smoothing),
                      compute_grad, variant)
     return loss
+
+
+# --------------------------------------------------------------------------- capturable path
+# Added for the classifier's CUDA-graph step (issue 8): cross_entropy() above checks the targets and
+# counts the valid rows with a device-to-host copy, which a CUDA graph cannot capture, and its
+# backward reads the upstream gradient on the host. This path does neither: the targets are checked
+# and counted on the device, a bad one is recorded in a per-device counter (bad_target_count /
+# check_targets read it later, once per epoch say) instead of raising, and the 1/n_valid of 'mean'
+# is applied by the backward's scale from a device scalar. It reuses _ce_kernel (v2_fused's one-pass
+# configuration) unchanged. Kernels per forward + backward: targets, _ce_kernel, reduction, scale.
+
+_BAD_TARGETS: dict[str, torch.Tensor] = {}
+_CAPTURABLE_BLOCK = 1024
+
+
+def _bad_counter(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    c = _BAD_TARGETS.get(key)
+    if c is None:
+        c = _BAD_TARGETS[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return c
+
+
+@triton.jit
+def _ce_targets_kernel(T, T_SAFE, BAD, INV_N, M, C, ignore_index, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    # One program: targets outside [0, C) that are not ignore_index become ignore_index (so the
+    # loss kernel never reads outside its row) and are added to BAD; INV_N = 1 / rows that count
+    # ('mean'; NaN when none does, as F.cross_entropy) or 1 ('sum').
+    offs = tl.arange(0, BLOCK)
+    n_ok = tl.zeros([BLOCK], tl.int32)
+    n_bad = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, M, BLOCK):
+        o = start + offs
+        m = o < M
+        t = tl.load(T + o, mask=m, other=ignore_index).to(tl.int64)
+        keep = m & (t != ignore_index)
+        bad = keep & ((t < 0) | (t >= C))
+        ok = keep & (t >= 0) & (t < C)
+        tl.store(T_SAFE + o, tl.where(ok, t, ignore_index), mask=m)
+        n_ok += ok.to(tl.int32)
+        n_bad += bad.to(tl.int32)
+    n = tl.sum(n_ok, 0)
+    if MEAN:
+        inv = tl.where(n > 0, 1.0 / n.to(tl.float32), float("nan"))
+    else:
+        inv = n.to(tl.float32) * 0.0 + 1.0  # a tensor, like the other branch's
+    tl.store(INV_N, inv)
+    tl.store(BAD, tl.load(BAD) + tl.sum(n_bad, 0).to(tl.int64))
+
+
+@triton.jit
+def _ce_reduce_kernel(LOSS_ROWS, INV_N, OUT, M, BLOCK: tl.constexpr):
+    # One program, a fixed order: the same bits every run (no atomics).
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, M, BLOCK):
+        o = start + offs
+        acc += tl.load(LOSS_ROWS + o, mask=o < M, other=0.0)
+    total = tl.sum(acc, 0) * tl.load(INV_N)
+    tl.store(OUT, total.to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def _ce_scale_kernel(G, DLOSS, INV_N, total, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    o = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < total
+    s = tl.load(DLOSS).to(tl.float32) * tl.load(INV_N)
+    g = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
+    tl.store(G + o, (g * s).to(G.dtype.element_ty), mask=m)
+
+
+def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing, compute_grad):
+    N, C = logits.shape
+    dev = logits.device
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    t = target if target.is_contiguous() else target.contiguous()
+    t_safe = torch.empty(N, device=dev, dtype=torch.int64)
+    inv_n = torch.empty(1, device=dev, dtype=torch.float32)
+    loss_rows = torch.empty(max(N, 1), device=dev, dtype=torch.float32)
+    grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
+    _ce_targets_kernel[(1,)](t, t_safe, _bad_counter(dev), inv_n, N, C, ignore_index,
+                             MEAN=reduction == "mean", BLOCK=_CAPTURABLE_BLOCK)
+    if N:
+        block = max(16, 1 << (C - 1).bit_length())
+        rows = max(1, _FUSED_TILE // block)
+        warps = 4 if rows * block <= 1024 else 8 if rows * block <= 4096 else 16
+        dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
+        sdx = grad.stride(0) if compute_grad else 0
+        # grad_scale 1: 1/n_valid is only known on the device; the backward applies it.
+        _ce_kernel[(triton.cdiv(N, rows),)](x, t_safe, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+                                            float(label_smoothing), 1.0, ROWS=rows, BLOCK=block, ONE_PASS=True,
+                                            HAS_GRAD=compute_grad, SMOOTH=label_smoothing > 0, num_warps=warps)
+    loss = torch.empty((), device=dev, dtype=logits.dtype)
+    _ce_reduce_kernel[(1,)](loss_rows, inv_n, loss, N, BLOCK=_CAPTURABLE_BLOCK)
+    return loss, grad, inv_n
+
+
+class _CapturableCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, reduction, ignore_index, label_smoothing, compute_grad):
+        loss, grad, inv_n = _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
+                                               compute_grad)
+        # Held outside save_for_backward so that backward hands the one reference to autograd and
+        # AccumulateGrad adopts it as .grad (as cross_entropy's eager path does).
+        ctx.holder = [grad, inv_n]
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        if not ctx.holder:
+            raise RuntimeError("cross_entropy_capturable: backward ran a second time (retain_graph=True)")
+        if ctx.holder[0].numel() == 0 and ctx.holder[0].dim() == 1:
+            raise RuntimeError("cross_entropy_capturable: the forward ran without grad mode; no gradient was kept")
+        g, inv_n = ctx.holder
+        ctx.holder = []
+        n = g.numel()
+        if n:
+            d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
+            _ce_scale_kernel[(triton.cdiv(n, 1024),)](g, d, inv_n, n, BLOCK=1024)
+        return g, None, None, None, None, None
+
+
+def cross_entropy_capturable(logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",
+                             ignore_index: int = -100, label_smoothing: float = 0.0) -> torch.Tensor:
+    """``cross_entropy`` without any host synchronization, so that it can be captured in a CUDA
+    graph (and lets an eager training loop run ahead of the GPU).
+
+    logits: CUDA tensor (N, C), float32 / float16 / bfloat16, C <= MAX_FUSED (16384); target: (N,)
+    integer class indices; reduction 'mean' (default) or 'sum'; ignore_index, label_smoothing as
+    ``cross_entropy``. Returns the loss () in logits' dtype.
+
+    Targets are checked on the device: one outside [0, C) that is not ``ignore_index`` does NOT
+    raise here; its row counts as ignored (loss 0, gradient 0, not in the mean's count) and it is
+    added to a per-device counter: call ``check_targets(device)`` (one host sync) when a host sync
+    is affordable, e.g. after each epoch, to raise on it. The gradient is written by the forward
+    without the 1/n_valid of 'mean'; the backward scales it in place by upstream x 1/n_valid (one
+    pass over N x C; the target row count lives in a device scalar).
+    """
+    _check(logits, target, reduction, ignore_index, label_smoothing)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cross_entropy_capturable: reduction must be 'mean' or 'sum', got {reduction!r}")
+    if logits.shape[1] > MAX_FUSED:
+        raise ValueError(f"cross_entropy_capturable: C = {logits.shape[1]} classes; at most {MAX_FUSED} "
+                         f"(the one-pass kernel); use cross_entropy")
+    # Decided here: inside Function.forward grad mode is off.
+    compute_grad = torch.is_grad_enabled() and logits.requires_grad
+    return _CapturableCE.apply(logits, target, reduction, int(ignore_index), float(label_smoothing), compute_grad)
+
+
+def _counter_device(device) -> torch.device:
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def bad_target_count(device: torch.device | str | None = None) -> int:
+    """Targets ``cross_entropy_capturable`` found out of range on ``device`` since the last
+    reset (a host sync). ``device`` None or "cuda": the current CUDA device."""
+    dev = _counter_device(device)
+    c = _BAD_TARGETS.get(str(dev))
+    return 0 if c is None else int(c.item())
+
+
+def check_targets(device: torch.device | str | None = None, reset: bool = True) -> None:
+    """Raise ValueError if ``cross_entropy_capturable`` saw targets out of range on ``device``
+    (one host sync); ``reset`` zeroes the counter (also when it raises)."""
+    dev = _counter_device(device)
+    n = bad_target_count(dev)
+    if reset and str(dev) in _BAD_TARGETS:
+        _BAD_TARGETS[str(dev)].zero_()
+    if n:
+        raise ValueError(f"cross_entropy_capturable: {n} target(s) out of range of the classes and not "
+                         f"ignore_index were seen on {dev} (their rows were ignored)")

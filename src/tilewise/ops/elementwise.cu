@@ -166,34 +166,39 @@ __global__ void __launch_bounds__(256) zip_v3_tiled(const T* __restrict__ a, con
 // over the whole array (measured ~5 % slower on vector_add). The last block does the scalar tail.
 // Every block but the last skips the per-vector bounds checks ("full"); with them in every block
 // ptxas put a 16-byte vector on the stack in some 2-byte kernels (bf16 Neg, fp16 Div).
-// How many of a thread's UNROLL vectors v4_blocked loads before computing on them. fp32 Sigmoid at
+// Template knobs (BlockedConfig in elementwise.py): UNROLL vectors per thread, NT threads per
+// block, MINB the minimum resident blocks per SM asked of ptxas (a register cap: 1 = none); the
+// defaults are the round-2 kernel. The block's chunk is NT x UNROLL vectors.
+// How many of a thread's UNROLL vectors map_v4_blocked loads before computing on them. fp32 Sigmoid at
 // 8 spilled 40 bytes around the call to the division's slow path (ptxas, NVRTC 13.5); at 4 it does
 // not. The block's chunk stays 256 x UNROLL vectors, so the host's grid does not depend on the op.
 template <typename Op, typename T> struct BlockedBatch { static constexpr int value = 8; };
 template <> struct BlockedBatch<ew::Sigmoid, float> { static constexpr int value = 4; };
 
-template <typename T, typename Op>
-__global__ void __launch_bounds__(256) map_v4_blocked(const T* __restrict__ x, T* __restrict__ out,
-                                                      long long n) {
+template <typename T, typename Op, int UNROLL = 8, int NT = 256, int MINB = 1>
+__global__ void __launch_bounds__(NT, MINB) map_v4_blocked(const T* __restrict__ x, T* __restrict__ out,
+                                                           long long n) {
   using V = tw::Vec16<T>;
-  constexpr int UNROLL = 8, BATCH = BlockedBatch<Op, T>::value;
+  constexpr int BATCH = BlockedBatch<Op, T>::value < UNROLL ? BlockedBatch<Op, T>::value : UNROLL;
+  static_assert(UNROLL % BATCH == 0, "UNROLL must be a multiple of the batch");
   const long long nvec = n / V::N;
   const uint4* __restrict__ x4 = reinterpret_cast<const uint4*>(x);
   uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
-  const long long base = static_cast<long long>(blockIdx.x) * blockDim.x * UNROLL + threadIdx.x;
+  const long long first = static_cast<long long>(blockIdx.x) * NT * UNROLL;
+  const long long base = first + threadIdx.x;
   const Op op;
-  const bool full = base - threadIdx.x + UNROLL * blockDim.x <= nvec;  // every block but the last
+  const bool full = first + UNROLL * NT <= nvec;  // every block but the last
 #pragma unroll
   for (int u0 = 0; u0 < UNROLL; u0 += BATCH) {
     V v[BATCH];
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const long long j = base + (u0 + u) * blockDim.x;
+      const long long j = base + (u0 + u) * NT;
       if (full || j < nvec) v[u].raw = x4[j];
     }
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
-      const long long j = base + (u0 + u) * blockDim.x;
+      const long long j = base + (u0 + u) * NT;
       if (full || j < nvec) {
         V r;
 #pragma unroll
@@ -203,26 +208,26 @@ __global__ void __launch_bounds__(256) map_v4_blocked(const T* __restrict__ x, T
     }
   }
   if (blockIdx.x == gridDim.x - 1)
-    for (long long j = nvec * V::N + threadIdx.x; j < n; j += blockDim.x)
+    for (long long j = nvec * V::N + threadIdx.x; j < n; j += NT)
       out[j] = tw::from_float<T>(op(tw::to_float(x[j])));
 }
 
-template <typename T, typename Op>
-__global__ void __launch_bounds__(256) zip_v4_blocked(const T* __restrict__ a, const T* __restrict__ b,
-                                                      T* __restrict__ out, long long n) {
+template <typename T, typename Op, int UNROLL = 8, int NT = 256, int MINB = 1>
+__global__ void __launch_bounds__(NT, MINB) zip_v4_blocked(const T* __restrict__ a, const T* __restrict__ b,
+                                                           T* __restrict__ out, long long n) {
   using V = tw::Vec16<T>;
-  constexpr int UNROLL = 8;
   const long long nvec = n / V::N;
   const uint4* __restrict__ a4 = reinterpret_cast<const uint4*>(a);
   const uint4* __restrict__ b4 = reinterpret_cast<const uint4*>(b);
   uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
-  const long long base = static_cast<long long>(blockIdx.x) * blockDim.x * UNROLL + threadIdx.x;
+  const long long first = static_cast<long long>(blockIdx.x) * NT * UNROLL;
+  const long long base = first + threadIdx.x;
   const Op op;
   V x[UNROLL], y[UNROLL];
-  const bool full = base - threadIdx.x + UNROLL * blockDim.x <= nvec;  // every block but the last
+  const bool full = first + UNROLL * NT <= nvec;  // every block but the last
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const long long j = base + u * blockDim.x;
+    const long long j = base + u * NT;
     if (full || j < nvec) {
       x[u].raw = a4[j];
       y[u].raw = b4[j];
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__(256) zip_v4_blocked(const T* __restrict__ a, c
   }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
-    const long long j = base + u * blockDim.x;
+    const long long j = base + u * NT;
     if (full || j < nvec) {
       V r;
 #pragma unroll
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(256) zip_v4_blocked(const T* __restrict__ a, c
     }
   }
   if (blockIdx.x == gridDim.x - 1)
-    for (long long j = nvec * V::N + threadIdx.x; j < n; j += blockDim.x)
+    for (long long j = nvec * V::N + threadIdx.x; j < n; j += NT)
       out[j] = tw::from_float<T>(op(tw::to_float(a[j]), tw::to_float(b[j])));
 }
 

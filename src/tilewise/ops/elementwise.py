@@ -13,10 +13,12 @@ Versions (``elementwise.cu``; the op is a template functor from ``include/elemen
     v3_tiled:      (zip) layouts that collapse to 2 dims with a transposed operand: 32 x 32
                    tiles staged through shared memory, each input read along its own fast dim.
                    bound: copy bandwidth (every read and write coalesced).
-    v4_blocked:    v2 without the grid-stride loop: block k owns one contiguous chunk of 256 x 8
-                   vectors, each thread 8 of them 256 apart, all loads before the first use, so
-                   the blocks in flight touch one window of memory (vector_add v3_blocked: the
-                   grid-stride loop measured ~5 % slower). bound: copy bandwidth.
+    v4_blocked:    v2 without the grid-stride loop: block k owns one contiguous chunk of NT x
+                   UNROLL vectors, each thread UNROLL of them NT apart, all loads before the first
+                   use, so the blocks in flight touch one window of memory (vector_add v3_blocked:
+                   the grid-stride loop measured ~5 % slower). NT, UNROLL and the register cap
+                   (min blocks per SM) are template parameters (``BlockedConfig``, default
+                   ``BLOCKED_DEFAULT[(kind, dtype)]`` = 256 x 8, no cap). bound: copy bandwidth.
     v5_rows:       (zip) layouts that collapse to 2 dims (R, C) in which every operand walks a row
                    with stride 1 or 0 (a bias row, a bias column, a scalar, padded rows): 16-byte
                    loads along the row, a row-broadcast operand loaded once per 8 rows, a
@@ -39,6 +41,7 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -227,8 +230,10 @@ def _module(dtype: torch.dtype, device_index: int) -> rt.Module:
 
 def module_names(dtype: torch.dtype) -> list[str]:
     """Every kernel of elementwise.cu for one dtype (the CPU tests compile this list for sm_90)."""
-    names = [_name(v, kind, table[op][0], dtype) for v in ("v1_strided", "v2_contiguous", "v4_blocked")
+    names = [_name(v, kind, table[op][0], dtype) for v in ("v1_strided", "v2_contiguous")
              for kind, table in (("map", MAP_OPS), ("zip", ZIP_OPS)) for op in table]
+    names += [blocked_name(kind, table[op][0], dtype, cfg) for kind, table in (("map", MAP_OPS), ("zip", ZIP_OPS))
+              for cfg in blocked_built(kind, dtype) for op in table]
     names += [_name(v, "zip", ZIP_OPS[op][0], dtype) for v in ("v3_tiled", "v5_rows") for op in ZIP_OPS]
     if dtype == torch.float32:
         names += [f"divergence_{v}" for v in DIVERGENCE_VARIANTS]
@@ -242,9 +247,19 @@ def _name(version, kind, functor, dtype):
 _kernels: dict[tuple, rt.Kernel] = {}
 
 
-def _kernel(version: str, kind: str, functor: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
-    key = (version, kind, functor, dtype, device_index)
+def _kernel(version: str, kind: str, functor: str, dtype: torch.dtype, device_index: int,
+            config: "BlockedConfig | None" = None) -> rt.Kernel:
+    key = (version, kind, functor, dtype, device_index, config)
     k = _kernels.get(key)
+    if k is None and version == "v4_blocked":
+        name = blocked_name(kind, functor, dtype, config)
+        mod = _module(dtype, device_index)
+        if name not in mod.compiled.symbol_mapping:
+            # A config outside blocked_built(): one module with every op of this kind for it.
+            blocked_prepare(kind, list(MAP_OPS if kind == "map" else ZIP_OPS), dtype, [config], device_index)
+            return _kernels[key]
+        ins = [rt.Tensor(n, (dtype,)) for n in (("x",) if kind == "map" else ("a", "b"))]
+        k = _kernels[key] = mod.kernel(name, (*ins, rt.Tensor("out", (dtype,)), rt.Scalar("n", "i64")))
     if k is None:
         strided = version not in ("v2_contiguous", "v4_blocked")
         ins = [rt.Tensor(n, (dtype,), contiguous=not strided) for n in (("x",) if kind == "map" else ("a", "b"))]
@@ -328,17 +343,99 @@ def _launch_contiguous(kind, functor, inputs, out):
     return out
 
 
-def _launch_blocked(kind, functor, inputs, out):
+@dataclass(frozen=True)
+class BlockedConfig:
+    """v4_blocked's template parameters (elementwise.cu): unroll = 16-byte vectors per thread (1, 2,
+    4, 8, 16; all loaded before the first use, fp32 sigmoid in batches of 4), threads = block size
+    (64 to 1024, a multiple of 32), minb = minimum resident blocks per SM asked of ptxas
+    (``__launch_bounds__(threads, minb)``: a register cap; 1 = none). One block owns
+    threads x unroll consecutive vectors."""
+
+    unroll: int = 8
+    threads: int = 256
+    minb: int = 1
+
+    def check(self) -> None:
+        if (self.unroll not in (1, 2, 4, 8, 16) or self.threads % 32 or not 64 <= self.threads <= 1024
+                or not 1 <= self.minb <= 2048 // self.threads):
+            raise ValueError(f"v4_blocked: config {self} is not valid (unroll 1/2/4/8/16, threads a multiple "
+                             f"of 32 in [64, 1024], 1 <= minb <= 2048 / threads)")
+
+
+# The round-2 kernel (80 registers in fp32 map, 3 blocks per SM). Per (kind, dtype); the GPU
+# measurements (scripts/experiments/elementwise_variants.py) print the line that replaces an entry.
+# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29, 2^28 elements, each
+# beside PyTorch eager in the same run): fewer vectors per thread and 128-thread blocks keep more
+# blocks resident; fp32 map relu 0.999x / gelu 0.989x eager at 2 x 128 capped at 32 registers (minb 16;
+# minb 12, 42 registers, is used: at 16 sinf / cosf spill their range reduction) (the
+# old 8 x 256: 0.964x / 0.985x), zip add 1.012x at 1 x 128, bf16 relu 1.000x and add 1.001x at 1 x 128.
+# fp16 follows bf16 (not measured apart).
+_MEASURED_BLOCKED = {
+    ("map", torch.float32): BlockedConfig(unroll=2, threads=128, minb=12),
+    ("zip", torch.float32): BlockedConfig(unroll=1, threads=128, minb=1),
+    ("map", torch.bfloat16): BlockedConfig(unroll=1, threads=128, minb=1),
+    ("zip", torch.bfloat16): BlockedConfig(unroll=1, threads=128, minb=1),
+    ("map", torch.float16): BlockedConfig(unroll=1, threads=128, minb=1),
+    ("zip", torch.float16): BlockedConfig(unroll=1, threads=128, minb=1),
+}
+BLOCKED_DEFAULT: dict[tuple[str, torch.dtype], BlockedConfig] = {
+    (kind, d): _MEASURED_BLOCKED.get((kind, d), BlockedConfig()) for kind in ("map", "zip") for d in _DTYPES}
+
+
+def _check_blocked(config) -> None:
+    if not isinstance(config, BlockedConfig):
+        raise ValueError(f"v4_blocked: 'config' must be a BlockedConfig, got {type(config).__name__}")
+    config.check()
+
+
+def blocked_built(kind: str, dtype: torch.dtype) -> tuple[BlockedConfig, ...]:
+    """The v4 configs compiled into the package module (the default one)."""
+    return (BLOCKED_DEFAULT[(kind, dtype)],)
+
+
+def blocked_name(kind: str, functor: str, dtype: torch.dtype, config: BlockedConfig | None = None) -> str:
+    cfg = config or BLOCKED_DEFAULT[(kind, dtype)]
+    return f"{kind}_v4_blocked<{rt.ctype(dtype)},ew::{functor},{cfg.unroll},{cfg.threads},{cfg.minb}>"
+
+
+def blocked_prepare(kind: str, ops, dtype: torch.dtype, configs, device_index: int | None = None) -> rt.Module:
+    """Compile v4_blocked for many (op, config) pairs in one NVRTC module (for sweeps such as
+    scripts/experiments/elementwise_variants.py); later launches with those configs use it."""
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    table = MAP_OPS if kind == "map" else ZIP_OPS
+    configs = list(dict.fromkeys(configs))
+    for c in configs:
+        c.check()
+    names = [blocked_name(kind, table[op][0], dtype, c) for op in ops for c in configs]
+    mod = rt.load(_SRC, names, device_index=dev)
+    ins = [rt.Tensor(n, (dtype,)) for n in (("x",) if kind == "map" else ("a", "b"))]
+    params = (*ins, rt.Tensor("out", (dtype,)), rt.Scalar("n", "i64"))
+    for op in ops:
+        for c in configs:
+            key = ("v4_blocked", kind, table[op][0], dtype, dev, c)
+            if key not in _kernels:
+                _kernels[key] = mod.kernel(blocked_name(kind, table[op][0], dtype, c), params)
+    return mod
+
+
+def blocked_grid(n: int, itemsize: int, config: BlockedConfig) -> int:
+    """Blocks of v4_blocked for n elements: one per threads x unroll vectors, at least one (an empty
+    vector chunk still does the scalar tail)."""
+    return max(1, -(-n // (config.threads * config.unroll * (16 // itemsize))))
+
+
+def _launch_blocked(kind, functor, inputs, out, config: BlockedConfig | None = None):
     n = out.numel()
     if n == 0:
         return out
-    k = _kernel("v4_blocked", kind, functor, out.dtype, out.get_device())
-    per_block = _THREADS * _BLOCKED_UNROLL * (16 // out.element_size())
-    k(max(1, -(-n // per_block)), _THREADS, *inputs, out, n)  # an empty vector chunk still does the tail
+    cfg = config or BLOCKED_DEFAULT[(kind, out.dtype)]
+    if not isinstance(cfg, BlockedConfig):
+        raise ValueError(f"v4_blocked: 'config' must be a BlockedConfig, got {type(cfg).__name__}")
+    k = _kernel("v4_blocked", kind, functor, out.dtype, out.get_device(), cfg)
+    k(blocked_grid(n, out.element_size(), cfg), cfg.threads, *inputs, out, n)
     return out
 
 
-_BLOCKED_UNROLL = 8  # vectors per thread in v4_blocked (UNROLL in elementwise.cu)
 _ROWS_PER_THREAD = 8  # rows per thread in v5_rows (ROWS in elementwise.cu)
 
 
@@ -442,12 +539,17 @@ def map_v2_contiguous(op: str, x: torch.Tensor, out: torch.Tensor | None = None)
     return _launch_contiguous("map", functor, (x,), out)
 
 
-def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None,
+                   config: BlockedConfig | None = None) -> torch.Tensor:
+    """``config``: a ``BlockedConfig`` (default ``BLOCKED_DEFAULT[("map", x.dtype)]``); others are
+    compiled on first use."""
     functor, out = _map_prepare(op, x, out)
     if not _contiguous_ok((x,), out):
         raise ValueError("map.v4_blocked: x and out must be contiguous and start on 16-byte boundaries; "
                          "use v1_strided or map()")
-    return _launch_blocked("map", functor, (x,), out)
+    if config is not None:
+        _check_blocked(config)
+    return _launch_blocked("map", functor, (x,), out, config)
 
 
 def zip_v1_strided(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -473,12 +575,16 @@ def zip_v3_tiled(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     return _launch_tiled(functor, a, b, out, layout)
 
 
-def zip_v4_blocked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def zip_v4_blocked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
+                   config: BlockedConfig | None = None) -> torch.Tensor:
+    """``config``: a ``BlockedConfig`` (default ``BLOCKED_DEFAULT[("zip", a.dtype)]``)."""
     functor, out = _zip_prepare(op, a, b, out)
     if not _contiguous_ok((a, b), out):
         raise ValueError("zip.v4_blocked: a, b and out must be contiguous, of one shape (no broadcasting) "
                          "and start on 16-byte boundaries; use v1_strided or zip()")
-    return _launch_blocked("zip", functor, (a, b), out)
+    if config is not None:
+        _check_blocked(config)
+    return _launch_blocked("zip", functor, (a, b), out, config)
 
 
 def zip_v5_rows(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

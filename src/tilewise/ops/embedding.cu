@@ -4,6 +4,9 @@
 // tilewise-instantiate: embedding_fwd_v1_naive<float,int> embedding_fwd_v1_naive<__half,int> embedding_fwd_v1_naive<__nv_bfloat16,int>
 // tilewise-instantiate: embedding_sort_keys_v2<i64> embedding_sort_keys_v2<int>
 // tilewise-instantiate: embedding_bwd_segment_sum<float> embedding_bwd_segment_sum<__half> embedding_bwd_segment_sum<__nv_bfloat16>
+// tilewise-instantiate: embedding_bwd_scan_v3<float,i64,1> embedding_bwd_scan_v3<float,i64,2> embedding_bwd_scan_v3<float,i64,4> embedding_bwd_scan_v3<float,i64,8> embedding_bwd_scan_v3<float,int,1> embedding_bwd_scan_v3<float,int,2> embedding_bwd_scan_v3<float,int,4> embedding_bwd_scan_v3<float,int,8>
+// tilewise-instantiate: embedding_bwd_scan_v3<__half,i64,1> embedding_bwd_scan_v3<__half,i64,2> embedding_bwd_scan_v3<__half,i64,4> embedding_bwd_scan_v3<__half,i64,8> embedding_bwd_scan_v3<__half,int,1> embedding_bwd_scan_v3<__half,int,2> embedding_bwd_scan_v3<__half,int,4> embedding_bwd_scan_v3<__half,int,8>
+// tilewise-instantiate: embedding_bwd_scan_v3<__nv_bfloat16,i64,1> embedding_bwd_scan_v3<__nv_bfloat16,i64,2> embedding_bwd_scan_v3<__nv_bfloat16,i64,4> embedding_bwd_scan_v3<__nv_bfloat16,i64,8> embedding_bwd_scan_v3<__nv_bfloat16,int,1> embedding_bwd_scan_v3<__nv_bfloat16,int,2> embedding_bwd_scan_v3<__nv_bfloat16,int,4> embedding_bwd_scan_v3<__nv_bfloat16,int,8>
 #include "tilewise_common.cuh"
 
 // One token per type name: the instantiate lines above are split at spaces.
@@ -28,9 +31,9 @@ __global__ void embedding_fwd_v1_naive(const I* __restrict__ ids, const T* __res
 // bitonic sort in shared memory. Equal ids end up in position order, so step 2 adds each row's
 // gradients in a fixed order: bit-identical results from run to run. Ids outside [0, V) get the
 // id part 0xFFFFFFFF (written out as V), which step 2 never looks for. Dynamic shared memory: n_pow2 x 8 bytes.
+// Only the positions are written out: step 2 reads the segments from row_start, never the ids.
 template <typename I>
 __global__ void __launch_bounds__(1024) embedding_sort_keys_v2(const I* __restrict__ ids,
-                                                                long long* __restrict__ sorted_ids,
                                                                 long long* __restrict__ sorted_pos,
                                                                 int* __restrict__ row_start,
                                                                 long long n_ids, long long V, int n_pow2) {
@@ -61,12 +64,7 @@ __global__ void __launch_bounds__(1024) embedding_sort_keys_v2(const I* __restri
       __syncthreads();
     }
   }
-  for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
-    const unsigned long long key = keys[i];
-    const unsigned long long idp = key >> 32;
-    sorted_ids[i] = idp == 0xFFFFFFFFull ? V : static_cast<long long>(idp);
-    sorted_pos[i] = static_cast<long long>(key & 0xFFFFFFFFull);
-  }
+  for (int i = threadIdx.x; i < n_ids; i += blockDim.x) sorted_pos[i] = static_cast<long long>(keys[i] & 0xFFFFFFFFull);
   // row_start[v] = first sorted index whose id is >= v, for v in [0, V]: row v's segment is
   // [row_start[v], row_start[v + 1]). Searched here, in shared memory (tens of cycles a probe),
   // so that step 2 reads two numbers instead of chasing ~2 log2(n) dependent global loads.
@@ -122,6 +120,64 @@ __global__ void __launch_bounds__(256) embedding_bwd_segment_sum(const int* __re
 #pragma unroll
       for (int u = 0; u < U; ++u) total += acc[u];
       dst[e] = tw::from_float<T>(total);
+    }
+  }
+}
+
+// Backward without a sort (v3_scan): each warp owns RPW consecutive table rows and walks all ids,
+// 32 at a time from shared memory; a ballot per row gives the lanes whose id names it, and the
+// warp adds those positions' grad_out rows in position order (lane = dim element, EC chunks of
+// 32), so each row's sum has a fixed order: the same bits on every run, no atomics. Every row of
+// grad_weight is written (zeros for rows no id names and for padding_idx). Ids outside [0, V) are
+// stored as -1 and match nothing. Dynamic shared memory: n_ids x 4 bytes.
+template <typename T, typename I, int EC>
+__global__ void __launch_bounds__(1024) embedding_bwd_scan_v3(const I* __restrict__ ids,
+                                                               const T* __restrict__ grad_out,
+                                                               T* __restrict__ grad_weight, long long n_ids,
+                                                               long long V, long long E, long long padding_idx) {
+  constexpr int RPW = 4;
+  extern __shared__ int sid[];
+  for (long long i = threadIdx.x; i < n_ids; i += blockDim.x) {
+    const long long r = static_cast<long long>(ids[i]);
+    sid[i] = (r >= 0 && r < V) ? static_cast<int>(r) : -1;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const long long v0 = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RPW;
+  if (v0 >= V) return;  // whole warps; no barrier follows
+  bool live[RPW];
+  float acc[RPW][EC];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    live[r] = v0 + r < V && v0 + r != padding_idx;
+#pragma unroll
+    for (int c = 0; c < EC; ++c) acc[r][c] = 0.f;
+  }
+  for (long long base = 0; base < n_ids; base += 32) {
+    const int id = base + lane < n_ids ? sid[base + lane] : -1;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      unsigned m = __ballot_sync(0xffffffffu, live[r] && id == static_cast<int>(v0 + r));
+      while (m) {
+        const int b = __ffs(m) - 1;
+        m &= m - 1;
+        const T* g = grad_out + (base + b) * E;
+#pragma unroll
+        for (int c = 0; c < EC; ++c) {
+          const long long e = lane + 32 * c;
+          if (e < E) acc[r][c] += tw::to_float(g[e]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    if (v0 + r >= V) break;
+    T* dst = grad_weight + (v0 + r) * E;
+#pragma unroll
+    for (int c = 0; c < EC; ++c) {
+      const long long e = lane + 32 * c;
+      if (e < E) dst[e] = tw::from_float<T>(acc[r][c]);
     }
   }
 }

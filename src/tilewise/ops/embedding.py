@@ -16,6 +16,15 @@ Versions (``embedding.cu``); the forward is the same gather in both, the backwar
                   bound: one block's shared-memory sort (log2(n)^2 / 2 barrier stages) + the
                   segment sum's write of grad_weight (V x E x itemsize bytes).
 
+    v3_scan:      no sort at all: one kernel, each warp owns 4 table rows, the block holds the ids
+                  in shared memory, and the warp walks them 32 at a time, a ballot per row finding
+                  the positions that name it, adding their grad_out rows in position order (the
+                  same fixed order as v1/v2: deterministic) and writing every row (zeros where no
+                  id points). rows x ids comparisons (6 x 10^7 at the classifier's 64 x 64 ids into
+                  14,819 rows: a few microseconds), so it serves up to 12288 ids and rows x ids <=
+                  2^28; past that v2's sort. The default.
+                  bound: one launch; the ballots (rows x ids / 32 a warp) and grad_w's write.
+
 Forward and backward are both one pass over their bytes; at the classifier's sizes (64 x 64 ids,
 20000 x 50 table) they take a few microseconds each, so launches set the time.
 
@@ -87,6 +96,8 @@ def _module(device_index: int) -> rt.Module:
     names = [f"embedding_fwd_v1_naive<{rt.ctype(d)},{_ict(i)}>" for d in _DTYPES for i in _ID_DTYPES]
     names += [f"embedding_sort_keys_v2<{_ict(i)}>" for i in _ID_DTYPES]
     names += [f"embedding_bwd_segment_sum<{rt.ctype(d)}>" for d in _DTYPES]
+    names += [f"embedding_bwd_scan_v3<{rt.ctype(d)},{_ict(i)},{ec}>" for d in _DTYPES for i in _ID_DTYPES
+              for ec in (1, 2, 4, 8)]
     return rt.load(_SRC, names, device_index=device_index)
 
 
@@ -107,8 +118,8 @@ def _sort_kernel(id_dtype, dev) -> rt.Kernel:
     key = ("sort", id_dtype, dev)
     k = _kernels.get(key)
     if k is None:
-        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("sorted_ids", (torch.int64,)),
-             rt.Tensor("sorted_pos", (torch.int64,)), rt.Tensor("row_start", (torch.int32,)),
+        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("sorted_pos", (torch.int64,)),
+             rt.Tensor("row_start", (torch.int32,)),
              rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("n_pow2", "i32"))
         k = _module(dev).kernel(f"embedding_sort_keys_v2<{_ict(id_dtype)}>", p)
         k.set_max_dynamic_shared(SORT_MAX_IDS * 8)
@@ -124,6 +135,34 @@ def _seg_kernel(dtype, dev) -> rt.Kernel:
              rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)),
              rt.Scalar("V", "i64"), rt.Scalar("E", "i64"), rt.Scalar("padding_idx", "i64"))
         k = _kernels[key] = _module(dev).kernel(f"embedding_bwd_segment_sum<{rt.ctype(dtype)}>", p)
+    return k
+
+
+SCAN = 2               # _backward's kind for v3_scan (0: v1's torch.sort, 1: v2's one-block sort)
+SCAN_MAX_IDS = 12288   # ids as int32 in shared memory: 48 KiB, no opt-in needed
+SCAN_MAX_WORK = 1 << 28  # rows x ids compared: ~2^28 ballots' worth is a few tens of us
+_SCAN_THREADS = 1024
+_SCAN_ROWS_PER_BLOCK = (_SCAN_THREADS // 32) * 4  # 4 rows a warp (RPW in embedding.cu)
+
+
+def scan_applies(n: int, V: int, E: int) -> bool:
+    """Whether v3_scan's one-kernel backward takes n ids into a (V, E) table."""
+    return 0 < n <= SCAN_MAX_IDS and V * n <= SCAN_MAX_WORK and 0 < E <= 256 and V < 2**31
+
+
+def _scan_chunks(E: int) -> int:
+    return 1 if E <= 32 else 2 if E <= 64 else 4 if E <= 128 else 8
+
+
+def _scan_kernel(dtype, id_dtype, ec: int, dev) -> rt.Kernel:
+    key = ("scan", dtype, id_dtype, ec, dev)
+    k = _kernels.get(key)
+    if k is None:
+        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)),
+             rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("E", "i64"),
+             rt.Scalar("padding_idx", "i64"))
+        k = _kernels[key] = _module(dev).kernel(
+            f"embedding_bwd_scan_v3<{rt.ctype(dtype)},{_ict(id_dtype)},{ec}>", p)
     return k
 
 
@@ -167,23 +206,60 @@ def _check(ids, weight, padding_idx):
     return ids.contiguous()
 
 
-def _forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(dtype, id_dtype, dev: int) -> tuple:
+    """(forward kernel, its resident grid, sort kernel, segment-sum kernel, its resident grid) for
+    one (table dtype, id dtype, device): one dict lookup per call instead of five."""
+    key = (dtype, id_dtype, dev)
+    p = _plans.get(key)
+    if p is None:
+        fk, sk, gk = _fwd_kernel(dtype, id_dtype, dev), _sort_kernel(id_dtype, dev), _seg_kernel(dtype, dev)
+        p = _plans[key] = (fk, _wave(fk, _THREADS), sk, gk, _wave(gk, _THREADS))
+    return p
+
+
+def _forward(ids: torch.Tensor, weight: torch.Tensor, plan: tuple | None = None) -> torch.Tensor:
     V, E = weight.shape
     out = torch.empty(*ids.shape, E, dtype=weight.dtype, device=weight.device)
     n = ids.numel()
     if n and E:
-        k = _fwd_kernel(weight.dtype, ids.dtype, weight.get_device())
-        blocks = max(1, min(_wave(k, _THREADS), -(-(n * E) // _THREADS)))
-        k(blocks, _THREADS, ids, weight, out, n, V, E)
+        fk, wave = (plan or _plan(weight.dtype, ids.dtype, weight.get_device()))[:2]
+        fk(max(1, min(wave, -(-(n * E) // _THREADS))), _THREADS, ids, weight, out, n, V, E)
     return out
 
 
+# Sort workspaces (sorted positions, segment starts) kept per (device, stream, n, V): the backward
+# runs every training step at the same sizes, and three allocations cost more host time than the
+# kernels take. Reuse is safe on one stream (its kernels run in order); another stream gets its
+# own. While a CUDA graph is being captured the buffers are allocated normally (the graph's pool
+# keeps them), so that replays never share them with eager calls.
+_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_WORKSPACES = 16
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _workspace(n: int, V: int, device: torch.device, dev: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if _raw_stream is None or _capturing is None or _capturing():
+        return (torch.empty(n, dtype=torch.int64, device=device),
+                torch.empty(V + 1, dtype=torch.int32, device=device))
+    key = (dev, _raw_stream(dev), n, V)
+    ws = _workspaces.get(key)
+    if ws is None:
+        if len(_workspaces) >= _MAX_WORKSPACES:
+            _workspaces.clear()
+        ws = _workspaces[key] = (torch.empty(n, dtype=torch.int64, device=device),
+                                 torch.empty(V + 1, dtype=torch.int32, device=device))
+    return ws
+
+
 def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: int | None,
-              fused_sort: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+              fused_sort: int, out: torch.Tensor | None = None, plan: tuple | None = None) -> torch.Tensor:
     """grad_weight (V, E). ``out``: an optional contiguous (V, E) buffer to write into (tests pass
     a NaN-filled one, to show that every element is written)."""
     E = grad_out.shape[-1]
-    dev = grad_out.get_device()
     n = ids.numel()
     grad_out = grad_out.reshape(n, E)
     if not grad_out.is_contiguous():
@@ -199,24 +275,26 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
         return grad_w
     if n >= 2**31:
         raise ValueError(f"embedding backward: {n} ids; at most 2^31 - 1 are supported (int32 segment starts)")
+    dev = grad_out.get_device()
+    _, _, sk, gk, wave = plan or _plan(grad_out.dtype, ids.dtype, dev)
     flat = ids.reshape(-1)
+    pad = -1 if padding_idx is None else padding_idx % V
+    if fused_sort == SCAN and scan_applies(n, V, E):
+        ec = _scan_chunks(E)
+        k = _scan_kernel(grad_out.dtype, ids.dtype, ec, dev)
+        k(-(-V // _SCAN_ROWS_PER_BLOCK), _SCAN_THREADS, flat, grad_out, grad_w, n, V, E, pad, shmem=n * 4)
+        return grad_w
     if fused_sort and 0 < n <= SORT_MAX_IDS and V < ROW_START_MAX:
-        sorted_ids = torch.empty(n, dtype=torch.int64, device=grad_out.device)
-        sorted_pos = torch.empty(n, dtype=torch.int64, device=grad_out.device)
-        row_start = torch.empty(V + 1, dtype=torch.int32, device=grad_out.device)
+        sorted_pos, row_start = _workspace(n, V, grad_out.device, dev)
         n_pow2 = 1 << max(0, (n - 1).bit_length())
-        _sort_kernel(ids.dtype, dev)(1, _SORT_THREADS, flat, sorted_ids, sorted_pos, row_start, n, V, n_pow2,
-                                     shmem=n_pow2 * 8)
+        sk(1, _SORT_THREADS, flat, sorted_pos, row_start, n, V, n_pow2, shmem=n_pow2 * 8)
     else:
         # Out-of-range ids become V so that they sort after every row and match none.
         keyed = torch.where((flat >= 0) & (flat < V), flat.long(), torch.full_like(flat, V, dtype=torch.int64))
         sorted_ids, sorted_pos = torch.sort(keyed, stable=True)
         rows = torch.arange(V + 1, dtype=torch.int64, device=grad_out.device)
         row_start = torch.searchsorted(sorted_ids, rows, out_int32=True)  # first index with id >= v
-    k = _seg_kernel(grad_out.dtype, dev)
-    pad = -1 if padding_idx is None else padding_idx % V
-    blocks = max(1, min(_wave(k, _THREADS), -(-V * 32 // _THREADS)))
-    k(blocks, _THREADS, row_start, sorted_pos, grad_out, grad_w, V, E, pad)
+    gk(max(1, min(wave, -(-V * 32 // _THREADS))), _THREADS, row_start, sorted_pos, grad_out, grad_w, V, E, pad)
     return grad_w
 
 
@@ -224,7 +302,7 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
 
 
 @torch.library.custom_op("tilewise::embedding_forward", mutates_args=())
-def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, fused_sort: bool) -> torch.Tensor:
+def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, fused_sort: int) -> torch.Tensor:
     return _forward(ids, weight)
 
 
@@ -235,7 +313,7 @@ def _(ids, weight, padding_idx, fused_sort):
 
 @torch.library.custom_op("tilewise::embedding_backward", mutates_args=())
 def _embedding_bwd_op(ids: torch.Tensor, grad_out: torch.Tensor, num_rows: int, padding_idx: int,
-                      fused_sort: bool) -> torch.Tensor:
+                      fused_sort: int) -> torch.Tensor:
     return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, fused_sort)
 
 
@@ -269,19 +347,22 @@ class _EmbeddingFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, ids, weight, padding_idx, fused_sort):
-        ctx.save_for_backward(ids)
-        ctx.num_rows = weight.shape[0]
-        ctx.padding_idx = padding_idx
-        ctx.fused_sort = fused_sort
-        return _forward(ids, weight)
+        # ids are kept as an attribute, not through save_for_backward: they are an input that does
+        # not require grad, and the saved-tensor bookkeeping (version counters, unpacking) is host
+        # time on every step. The ids must then not be modified in place before backward (as for
+        # any input the caller passes to a training step). They live as long as the autograd graph
+        # (retain_graph=True keeps working), as saved tensors would.
+        plan = _plan(weight.dtype, ids.dtype, weight.get_device())
+        ctx.ids, ctx.num_rows, ctx.padding_idx, ctx.fused_sort, ctx.plan = (
+            ids, weight.shape[0], padding_idx, fused_sort, plan)
+        return _forward(ids, weight, plan)
 
     @staticmethod
     def backward(ctx, grad):
-        (ids,) = ctx.saved_tensors
         if not ctx.needs_input_grad[1]:
             return None, None, None, None
         pad = None if ctx.padding_idx < 0 else ctx.padding_idx
-        return None, _backward(ids, grad, ctx.num_rows, pad, ctx.fused_sort), None, None
+        return None, _backward(ctx.ids, grad, ctx.num_rows, pad, ctx.fused_sort, plan=ctx.plan), None, None
 
 
 def _run(ids, weight, padding_idx, fused_sort):
@@ -293,14 +374,18 @@ def _run(ids, weight, padding_idx, fused_sort):
 
 
 def v1_naive(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
-    return _run(ids, weight, padding_idx, False)
+    return _run(ids, weight, padding_idx, 0)
 
 
 def v2_fused_sort(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
-    return _run(ids, weight, padding_idx, True)
+    return _run(ids, weight, padding_idx, 1)
 
 
-VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort}
+def v3_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    return _run(ids, weight, padding_idx, SCAN)
+
+
+VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_scan}
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,
@@ -311,11 +396,12 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
                  NaN rows forward and no gradient).
     weight:      CUDA tensor (num_rows, dim), float32 / float16 / bfloat16, contiguous.
     padding_idx: like ``F.embedding``: that row gets no gradient (its forward rows are still read).
-    variant:     ``None`` = ``v2_fused_sort`` (its one-block sort serves up to 8192 ids and tables
-                 of up to 65535 rows, and takes v1's torch.sort path beyond), or a key of ``VARIANTS``.
+    variant:     ``None`` = ``v3_scan`` (no sort: up to 12288 ids, tables with rows x ids <= 2^28
+                 and dim <= 256; past that v2's one-block sort, up to 8192 ids and 65535 rows;
+                 past that v1's torch.sort), or a key of ``VARIANTS``.
     Returns (*S, dim) in weight's dtype. The backward writes grad_weight (num_rows, dim) in
     weight's dtype, accumulated in float32 in position order.
     """
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"embedding: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
-    return VARIANTS[variant or "v2_fused_sort"](ids, weight, padding_idx)
+    return VARIANTS[variant or "v3_scan"](ids, weight, padding_idx)

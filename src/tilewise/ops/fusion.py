@@ -3,15 +3,24 @@
 ``fn`` is traced once per arity with placeholder objects: tilewise's elementwise ops (``sin``,
 ``relu``, ``add``... from ``tilewise.ops.elementwise``), the operators ``+ - * / ** -x`` and Python
 numbers build an expression DAG (identical subexpressions are shared). From it one CUDA C source is
-generated, each node one fp32 line through the functors of ``include/elementwise_ops.cuh``, in two
-kernels:
+generated, each node one fp32 line through the functors of ``include/elementwise_ops.cuh``
+(``fused_expr<MODE>``, MODE the trig mode of ``FuseConfig``: sinf+cosf / one sincosf / intrinsics),
+with four kernel templates:
     strided:    one thread per output, every input read through its strides with broadcasting
                 (``include/strided.cuh``: stride 0 on broadcast dims). bound: copy bandwidth when the
                 reads coalesce.
-    contiguous: inputs contiguous, one shape, 16-byte aligned: 16-byte loads and stores in a
-                grid-stride loop. bound: copy bandwidth ((k inputs + 1) x n x itemsize).
+    contiguous: (round 2) inputs contiguous, one shape, 16-byte aligned: 16-byte loads and stores in
+                a grid-stride loop with streaming hints.
+    blocked:    the same inputs as contiguous, elementwise v4_blocked's scheme: block k owns NT x
+                UNROLL consecutive 16-byte vectors, plain loads, all before the first use.
+                bound: copy bandwidth ((k inputs + 1) x n x itemsize).
+    rows:       layouts that collapse to 2 dims (R, C) in which every input walks a row with stride
+                1 (16-byte loads) or 0 (a scalar per row): a bias row or column, a scalar, padded
+                rows; a row-broadcast input loaded once per ROWS rows. bound: copy bandwidth.
+A call picks blocked, else rows, else strided (``FusedFunction.plan``); ``FuseConfig`` /
+``FUSE_DEFAULT`` hold the knobs (scripts/experiments/elementwise_variants.py sweeps them).
 The source depends on (expression, dtype) only; the broadcast pattern is data (the layout array),
-so one compiled module per (expression, dtype) serves every pattern and NVRTC runs once for it
+so one compiled module per (expression, dtype, config) serves every pattern and NVRTC runs once for it
 (then the disk cache answers). Intermediates stay in registers: ``sin(x)**2 + cos(x)**2`` reads x
 once and writes once (8 bytes per fp32 element), where eager PyTorch runs five kernels that read
 7 and write 5 tensors (48 bytes per element).
@@ -24,6 +33,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -170,20 +182,84 @@ def _live(graph: Graph, out: Node) -> list[Node]:
 
 # --------------------------------------------------------------------------- code generation
 
+# How sin and cos are computed (template parameter MODE of every generated kernel):
+#   "libm":   sinf / cosf, each with its own full-range argument reduction (the round-2 code);
+#   "sincos": one sincosf where sin(v) and cos(v) of the same v are both live (one reduction for
+#             both; the same accuracy class as sinf/cosf), sinf / cosf otherwise;
+#   "fast":   the __sinf / __cosf (__sincosf) intrinsics: a few instructions, but their error grows
+#             with |x| (about 2^-21 absolute in [-pi, pi]); not for inputs of large magnitude.
+TRIG_MODES = {"libm": 0, "sincos": 1, "fast": 2}
+
+
+@dataclass(frozen=True)
+class FuseConfig:
+    """The generated kernels' template and launch parameters.
+
+    trig: a key of ``TRIG_MODES``. blocked path (contiguous same-shape inputs): unroll = 16-byte
+    vectors per thread and operand (1, 2, 4, 8, 16), threads = block size, minb = minimum resident
+    blocks per SM (``__launch_bounds__``; 1 = no register cap). rows path (inputs that walk rows with
+    stride 1 or 0: a bias row or column, a scalar): rows = rows per thread (1, 2, 4, 8),
+    rows_threads = block size (TX x TY with TX the next power of two of the row's vectors).
+    """
+
+    trig: str = "sincos"
+    unroll: int = 8
+    threads: int = 256
+    minb: int = 1
+    rows: int = 8
+    rows_threads: int = 256
+
+    def check(self) -> None:
+        ok = (self.trig in TRIG_MODES and self.unroll in (1, 2, 4, 8, 16) and self.rows in (1, 2, 4, 8)
+              and all(t % 32 == 0 and 64 <= t <= 1024 for t in (self.threads, self.rows_threads))
+              and 1 <= self.minb <= 2048 // self.threads)
+        if not ok:
+            raise ValueError(f"tilewise.fuse: config {self} is not valid")
+
+
+# The default of every FusedFunction; scripts/experiments/elementwise_variants.py prints the line
+# that replaces it.
+# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29): sin^2 + cos^2 on
+# 2^28 fp32 at 4,203 GB/s = 98.9 % of copy, 1.100x torch.compile (one sincosf, 4 x 512 blocked);
+# relu(x + b) with a bias row 1.002x torch.compile on the rows path at 2 rows a thread.
+FUSE_DEFAULT = FuseConfig(trig="sincos", unroll=4, threads=512, minb=1, rows=2, rows_threads=256)
+
+KINDS = ("strided", "contiguous", "blocked", "rows")
+
 
 def _float_literal(v: float) -> str:
     bits = struct.unpack("<I", struct.pack("<f", v))[0]
     return f"__int_as_float(0x{bits:08x})"  # exact, whatever the decimal printing would round to
 
 
-def _expr_lines(nodes: list[Node], arity: int) -> tuple[list[str], str]:
+def _expr_lines(nodes: list[Node], arity: int, mode: int = 0) -> tuple[list[str], str]:
     names: dict[int, str] = {}
     lines: list[str] = []
+    live = {n.key: n for n in nodes}
+    done: set[int] = set()  # sin/cos nodes already computed by a sincosf
     for i, n in enumerate(nodes):
         if n.op == "input":
             names[id(n)] = f"v{n.index}"
             continue
         name = f"t{i}"
+        if id(n) in done:
+            continue
+        if n.op in ("sin", "cos") and mode in (1, 2):
+            a = names[id(n.args[0])]
+            twin = live.get(("cos" if n.op == "sin" else "sin", (n.args[0].key,), None, None))
+            if twin is not None:
+                tname = f"t{nodes.index(twin)}"
+                s_name, c_name = (name, tname) if n.op == "sin" else (tname, name)
+                fn = "__sincosf" if mode == 2 else "sincosf"
+                lines.append(f"  float {s_name}, {c_name};")
+                lines.append(f"  {fn}({a}, &{s_name}, &{c_name});")
+                names[id(n)], names[id(twin)] = name, tname
+                done.add(id(twin))
+                continue
+            if mode == 2:
+                lines.append(f"  const float {name} = {'__sinf' if n.op == 'sin' else '__cosf'}({a});")
+                names[id(n)] = name
+                continue
         if n.op == "const":
             rhs = _float_literal(n.value)
         elif n.op in ew.MAP_OPS:
@@ -200,41 +276,84 @@ def _expr_lines(nodes: list[Node], arity: int) -> tuple[list[str], str]:
     return lines, names[id(nodes[-1])]
 
 
-def generate_source(graph: Graph, out: Node, arity: int, dtype: torch.dtype) -> tuple[str, str, str]:
-    """(CUDA C source, strided kernel name, contiguous kernel name) for one expression and dtype."""
+class FusedSource(NamedTuple):
+    """A generated source and its kernels' template names (``kernel_name`` adds the arguments)."""
+
+    src: str
+    strided: str
+    contiguous: str
+    blocked: str
+    rows: str
+
+
+def kernel_name(source: FusedSource, kind: str, config: FuseConfig) -> str:
+    """The name expression of one generated kernel for ``config``."""
+    mode = TRIG_MODES[config.trig]
+    base = getattr(source, kind)
+    if kind == "blocked":
+        return f"{base}<{mode},{config.unroll},{config.threads},{config.minb}>"
+    if kind == "rows":
+        return f"{base}<{mode},{config.rows},{config.rows_threads}>"
+    return f"{base}<{mode}>"
+
+
+def generate_source(graph: Graph, out: Node, arity: int, dtype: torch.dtype) -> FusedSource:
+    """One CUDA C source for one expression and dtype, with four kernel templates (each over the
+    trig MODE; blocked and rows also over their FuseConfig knobs):
+      strided:    a thread per output, every input through its strides (strided.cuh);
+      contiguous: same-shape contiguous inputs, 16-byte vectors in a grid-stride loop (round 2);
+      blocked:    same-shape contiguous inputs, block k owns NT x UNROLL consecutive 16-byte vectors,
+                  each thread UNROLL of them NT apart, loads before the first use (elementwise
+                  v4_blocked's scheme);
+      rows:       2-D layouts whose inputs walk rows with stride 1 (16-byte loads) or 0 (a scalar
+                  per row, splat); a row-broadcast input loaded once per ROWS rows (zip v5_rows)."""
     nodes = _live(graph, out)
-    lines, result = _expr_lines(nodes, arity)
     ct = rt.ctype(dtype)
     expr = repr(out)
     tag = hashlib.sha256(f"{expr}|{arity}|{ct}".encode()).hexdigest()[:16]
-    strided, contig = f"fused_strided_{tag}", f"fused_contiguous_{tag}"
+    names = FusedSource("", f"fused_strided_{tag}", f"fused_contiguous_{tag}", f"fused_blocked_{tag}",
+                        f"fused_rows_{tag}")
     params = ", ".join(f"float v{i}" for i in range(arity))
+    exprs = []
+    for mode in (0, 1, 2):
+        lines, result = _expr_lines(nodes, arity, mode)
+        exprs.append(f"""template <>
+__device__ __forceinline__ float fused_expr<{mode}>({params}) {{
+{chr(10).join(lines)}
+  return {result};
+}}""")
     ins = ", ".join(f"const T* __restrict__ in{i}" for i in range(arity))
+    K = range(arity)
+    call = lambda fmt: ", ".join(fmt.format(k=k) for k in K)  # noqa: E731
+    # Register budget: 16-byte vectors in flight are arity x batch x 4 registers.
+    batch = 8 if arity == 1 else 4
+    rows_params = ", ".join(f"long long sr{k}, long long sc{k}" for k in K)
     src = f"""// generated by tilewise.fuse: {expr} ({ct})
 #include "tilewise_common.cuh"
 #include "strided.cuh"
 #include "elementwise_ops.cuh"
 
 using T = {ct};
+using V = tw::Vec16<T>;
 
-__device__ __forceinline__ float fused_expr({params}) {{
-{chr(10).join(lines)}
-  return {result};
-}}
+template <int MODE>
+__device__ __forceinline__ float fused_expr({params});
+{chr(10).join(exprs)}
 
-extern "C" __global__ void __launch_bounds__(256) {strided}({ins}, T* __restrict__ out,
-                                                           const long long* __restrict__ meta) {{
+template <int MODE>
+__global__ void __launch_bounds__(256) {names.strided}({ins}, T* __restrict__ out,
+                                                       const long long* __restrict__ meta) {{
   __shared__ tw::StridedLayout<{arity}> s;
   tw::load_layout(s, meta);
   const long long i = tw::global_thread_id();
   if (i >= s.n) return;
   long long off[{arity}];
   tw::broadcast_offsets(s, i, off);
-  out[i] = tw::from_float<T>(fused_expr({", ".join(f"tw::to_float(in{k}[off[{k}]])" for k in range(arity))}));
+  out[i] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(in{k}[off[{k}]])")}));
 }}
 
-extern "C" __global__ void __launch_bounds__(256) {contig}({ins}, T* __restrict__ out, long long n) {{
-  using V = tw::Vec16<T>;
+template <int MODE>
+__global__ void __launch_bounds__(256) {names.contiguous}({ins}, T* __restrict__ out, long long n) {{
   constexpr int UNROLL = {max(1, 4 // arity)};
   const long long nvec = n / V::N;
   const long long stride = tw::grid_threads();
@@ -243,29 +362,130 @@ extern "C" __global__ void __launch_bounds__(256) {contig}({ins}, T* __restrict_
     V x[{arity}][UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
-{chr(10).join(f"      x[{k}][u].raw = __ldcs(reinterpret_cast<const uint4*>(in{k}) + i + u * stride);" for k in range(arity))}
+{chr(10).join(f"      x[{k}][u].raw = __ldcs(reinterpret_cast<const uint4*>(in{k}) + i + u * stride);" for k in K)}
     }}
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
 #pragma unroll
       for (int e = 0; e < V::N; ++e)
-        x[0][u].v[e] = tw::from_float<T>(fused_expr({", ".join(f"tw::to_float(x[{k}][u].v[e])" for k in range(arity))}));
+        x[0][u].v[e] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(x[{k}][u].v[e])")}));
       __stcs(reinterpret_cast<uint4*>(out) + i + u * stride, x[0][u].raw);
     }}
   }}
   for (; i < nvec; i += stride) {{
     V x[{arity}];
-{chr(10).join(f"    x[{k}].raw = __ldcs(reinterpret_cast<const uint4*>(in{k}) + i);" for k in range(arity))}
+{chr(10).join(f"    x[{k}].raw = __ldcs(reinterpret_cast<const uint4*>(in{k}) + i);" for k in K)}
 #pragma unroll
     for (int e = 0; e < V::N; ++e)
-      x[0].v[e] = tw::from_float<T>(fused_expr({", ".join(f"tw::to_float(x[{k}].v[e])" for k in range(arity))}));
+      x[0].v[e] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(x[{k}].v[e])")}));
     __stcs(reinterpret_cast<uint4*>(out) + i, x[0].raw);
   }}
   for (long long j = nvec * V::N + tw::global_thread_id(); j < n; j += stride)
-    out[j] = tw::from_float<T>(fused_expr({", ".join(f"tw::to_float(in{k}[j])" for k in range(arity))}));
+    out[j] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(in{k}[j])")}));
+}}
+
+// Every block but the last owns NT x UNROLL whole vectors ("full": no bounds checks); the last
+// also does the n % V::N scalar tail.
+template <int MODE, int UNROLL, int NT, int MINB>
+__global__ void __launch_bounds__(NT, MINB) {names.blocked}({ins}, T* __restrict__ out, long long n) {{
+  constexpr int BATCH = UNROLL < {batch} ? UNROLL : {batch};
+  static_assert(UNROLL % BATCH == 0, "UNROLL must be a multiple of the batch");
+  const long long nvec = n / V::N;
+  const long long first = static_cast<long long>(blockIdx.x) * NT * UNROLL;
+  const long long base = first + threadIdx.x;
+  const bool full = first + UNROLL * NT <= nvec;
+  uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
+#pragma unroll
+  for (int u0 = 0; u0 < UNROLL; u0 += BATCH) {{
+    V x[{arity}][BATCH];
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {{
+      const long long j = base + (u0 + u) * NT;
+      if (full || j < nvec) {{
+{chr(10).join(f"        x[{k}][u].raw = reinterpret_cast<const uint4*>(in{k})[j];" for k in K)}
+      }}
+    }}
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {{
+      const long long j = base + (u0 + u) * NT;
+      if (full || j < nvec) {{
+        V r;
+#pragma unroll
+        for (int e = 0; e < V::N; ++e)
+          r.v[e] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(x[{k}][u].v[e])")}));
+        o4[j] = r.raw;
+      }}
+    }}
+  }}
+  if (blockIdx.x == gridDim.x - 1)
+    for (long long j = nvec * V::N + threadIdx.x; j < n; j += NT)
+      out[j] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(in{k}[j])")}));
+}}
+
+// One operand's ROWS vectors for rows r0, r0 + dy, ...: row stride 0 -> one load reused; column
+// stride 1 -> 16-byte loads; column stride 0 -> one scalar per row, splat.
+template <int ROWS>
+__device__ __forceinline__ void fused_load_rows(V (&v)[ROWS], const T* __restrict__ p, long long r0, int dy,
+                                                long long R, bool full, long long cv, long long sr, long long sc) {{
+  if (sr == 0) {{
+    if (sc != 0) v[0].raw = reinterpret_cast<const uint4*>(p)[cv];
+    else {{
+      const T s = p[0];
+#pragma unroll
+      for (int k = 0; k < V::N; ++k) v[0].v[k] = s;
+    }}
+#pragma unroll
+    for (int u = 1; u < ROWS; ++u) v[u].raw = v[0].raw;
+  }} else if (sc != 0) {{
+#pragma unroll
+    for (int u = 0; u < ROWS; ++u) {{
+      const long long r = r0 + static_cast<long long>(u) * dy;
+      if (full || r < R) v[u].raw = reinterpret_cast<const uint4*>(p + r * sr)[cv];
+    }}
+  }} else {{
+#pragma unroll
+    for (int u = 0; u < ROWS; ++u) {{
+      const long long r = r0 + static_cast<long long>(u) * dy;
+      if (full || r < R) {{
+        const T s = p[r * sr];
+#pragma unroll
+        for (int k = 0; k < V::N; ++k) v[u].v[k] = s;
+      }}
+    }}
+  }}
+}}
+
+// Block (TX, TY), TX x TY = NT: thread x one 16-byte column vector, thread y a row, ROWS rows TY
+// apart per thread; the block index splits into (column block, row block) once per thread.
+template <int MODE, int ROWS, int NT>
+__global__ void __launch_bounds__(NT) {names.rows}({ins}, T* __restrict__ out, long long R, long long C,
+                                                   {rows_params}) {{
+  const long long CV = C / V::N;  // the host checks C % V::N == 0
+  const unsigned gx = static_cast<unsigned>((CV + blockDim.x - 1) / blockDim.x);
+  const unsigned bx = blockIdx.x % gx, by = blockIdx.x / gx;
+  const long long cv = static_cast<long long>(bx) * blockDim.x + threadIdx.x;
+  if (cv >= CV) return;
+  const long long rows_per_block = static_cast<long long>(blockDim.y) * ROWS;
+  const long long r0 = by * rows_per_block + threadIdx.y;
+  const bool full = (by + 1) * rows_per_block <= R;
+  const int dy = blockDim.y;
+  V x[{arity}][ROWS];
+{chr(10).join(f"  fused_load_rows<ROWS>(x[{k}], in{k}, r0, dy, R, full, cv, sr{k}, sc{k});" for k in K)}
+  uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
+#pragma unroll
+  for (int u = 0; u < ROWS; ++u) {{
+    const long long r = r0 + static_cast<long long>(u) * dy;
+    if (full || r < R) {{
+      V o;
+#pragma unroll
+      for (int e = 0; e < V::N; ++e)
+        o.v[e] = tw::from_float<T>(fused_expr<MODE>({call("tw::to_float(x[{k}][u].v[e])")}));
+      o4[r * CV + cv] = o.raw;
+    }}
+  }}
 }}
 """
-    return src, strided, contig
+    return names._replace(src=src)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -296,11 +516,13 @@ class FusedFunction:
     """What ``fuse(fn)`` returns: call it with tensors (CUDA: one generated kernel; CPU: the
     PyTorch reference, node by node)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, config: FuseConfig | None = None):
         self.fn = fn
         functools.update_wrapper(self, fn)
+        self.config = config  # None: FUSE_DEFAULT at call time
         self._traces: dict[int, tuple[Graph, Node]] = {}
-        self._kernels: dict[tuple, tuple[rt.Kernel, rt.Kernel]] = {}
+        self._kernels: dict[tuple, rt.Kernel] = {}
+        self._modules: dict[tuple, tuple[Path, FusedSource]] = {}
         self._waves: dict[tuple, int] = {}
         self.compiles = 0  # how many distinct modules this function has loaded (tests read it)
 
@@ -313,7 +535,7 @@ class FusedFunction:
     def expression(self, arity: int = 1) -> str:
         return repr(self.traced(arity)[1])
 
-    def source(self, arity: int = 1, dtype: torch.dtype = torch.float32) -> tuple[str, str, str]:
+    def source(self, arity: int = 1, dtype: torch.dtype = torch.float32) -> FusedSource:
         g, out = self.traced(arity)
         return generate_source(g, out, arity, dtype)
 
@@ -324,35 +546,88 @@ class FusedFunction:
         itemsize = dtype.itemsize
         return Cost(flops=ops * out_numel, bytes=(sum(input_numels) + out_numel) * itemsize)
 
-    def _kernel_pair(self, arity, dtype, dev):
-        key = (arity, dtype, dev)
-        pair = self._kernels.get(key)
-        if pair is None:
-            src, strided, contig = self.source(arity, dtype)
-            path = rt.cache_dir() / "fused" / (hashlib.sha256(src.encode()).hexdigest()[:24] + ".cu")
-            if not path.is_file() or path.read_text() != src:
+    def _source_file(self, arity, dtype):
+        key = (arity, dtype)
+        got = self._modules.get(key)
+        if got is None:
+            fs = self.source(arity, dtype)
+            path = rt.cache_dir() / "fused" / (hashlib.sha256(fs.src.encode()).hexdigest()[:24] + ".cu")
+            if not path.is_file() or path.read_text() != fs.src:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{id(self)}.tmp")
-                tmp.write_text(src)
+                tmp.write_text(fs.src)
                 tmp.replace(path)
-            mod = rt.load(path, [strided, contig], device_index=dev)
-            self.compiles += 1
+            got = self._modules[key] = (path, fs)
+        return got
+
+    def prepare(self, arity: int, dtype: torch.dtype, configs=(), device_index: int | None = None) -> rt.Module:
+        """Compile every kernel for ``configs`` (default: the function's config) in one NVRTC run,
+        e.g. before a sweep; later calls with those configs launch from this module."""
+        dev = torch.cuda.current_device() if device_index is None else device_index
+        configs = list(dict.fromkeys(configs or [self.config or FUSE_DEFAULT]))
+        path, fs = self._source_file(arity, dtype)
+        names = list(dict.fromkeys(kernel_name(fs, kind, c) for c in configs for kind in KINDS))
+        mod = rt.load(path, names, device_index=dev)
+        self.compiles += 1
+        for c in configs:
+            for kind in KINDS:
+                key = (kind, arity, dtype, dev, kernel_name(fs, kind, c))
+                if key not in self._kernels:
+                    self._kernels[key] = mod.kernel(kernel_name(fs, kind, c), self._params(kind, arity, dtype))
+        return mod
+
+    @staticmethod
+    def _params(kind, arity, dtype):
+        out = rt.Tensor("out", (dtype,))
+        if kind == "strided":
             ins = [rt.Tensor(f"x{i}", (dtype,), contiguous=False) for i in range(arity)]
-            out = rt.Tensor("out", (dtype,))
-            ks = mod.kernel(strided, (*ins, out, rt.Tensor("meta", (torch.int64,))))
-            kc = mod.kernel(contig, (*[rt.Tensor(f"x{i}", (dtype,)) for i in range(arity)], out, rt.Scalar("n", "i64")))
-            pair = self._kernels[key] = (ks, kc)
-        return pair
+            return (*ins, out, rt.Tensor("meta", (torch.int64,)))
+        if kind == "rows":
+            ins = [rt.Tensor(f"x{i}", (dtype,), contiguous=False) for i in range(arity)]
+            tail = [rt.Scalar(n, "i64") for n in ("R", "C")]
+            tail += [rt.Scalar(f"{w}{i}", "i64") for i in range(arity) for w in ("sr", "sc")]
+            return (*ins, out, *tail)
+        return (*[rt.Tensor(f"x{i}", (dtype,)) for i in range(arity)], out, rt.Scalar("n", "i64"))
+
+    def _kernel(self, kind, arity, dtype, dev, cfg):
+        _, fs = self._source_file(arity, dtype)
+        key = (kind, arity, dtype, dev, kernel_name(fs, kind, cfg))
+        k = self._kernels.get(key)
+        if k is None:
+            self.prepare(arity, dtype, [cfg], dev)
+            k = self._kernels[key]
+        return k
+
+    def plan(self, *inputs: torch.Tensor, out: torch.Tensor) -> tuple[str, tuple | None]:
+        """The kernel a call runs with these inputs and output (any device: the CPU tests ask):
+        "blocked" when every input is contiguous, of the output's shape and 16-byte aligned;
+        "rows" when the layout collapses to 2 dims in which every input walks a row with stride
+        1 (aligned 16-byte loads) or 0, rows whole 16-byte vectors (a bias row or column, a
+        scalar); else "strided". Returns (kind, the 2-D layout for "rows")."""
+        if ew._contiguous_ok(inputs, out):
+            return "blocked", None
+        layout = ew._layout_2d(inputs, out)
+        if ew._rows_ok(inputs, out, layout):
+            return "rows", layout
+        return "strided", None
 
     def __call__(self, *inputs: torch.Tensor, out: torch.Tensor | None = None,
-                 variant: str | None = None) -> torch.Tensor:
+                 variant: str | None = None, config: FuseConfig | None = None) -> torch.Tensor:
         """inputs: tensors of one float dtype on one device, broadcastable shapes, any strides.
         out: optional contiguous tensor of the broadcast shape and the inputs' dtype (CUDA only).
-        variant: None (contiguous when every input is contiguous, of the output's shape and 16-byte
-        aligned, else strided), "strided" or "contiguous". Returns ``out`` (a new contiguous tensor
-        when not given) of the broadcast shape and the inputs' dtype."""
+        variant: None (``plan``: blocked, rows or strided) or one of "strided", "contiguous" (the
+        round-2 grid-stride vector kernel), "blocked", "rows" (the last three raise ValueError
+        when the inputs do not fit them). config: a ``FuseConfig`` (default: the one given to
+        ``fuse``, else ``FUSE_DEFAULT``). Returns ``out`` (a new contiguous tensor when not given)
+        of the broadcast shape and the inputs' dtype."""
         if not inputs:
             raise ValueError("tilewise.fuse: call the fused function with at least one tensor")
+        if variant not in (None, *KINDS):
+            raise ValueError(f"fused: unknown variant {variant!r}; choose from None, {', '.join(map(repr, KINDS))}")
+        cfg = config or self.config or FUSE_DEFAULT
+        if not isinstance(cfg, FuseConfig):
+            raise ValueError(f"fused: 'config' must be a FuseConfig, got {type(cfg).__name__}")
+        cfg.check()
         names = {f"x{i}": t for i, t in enumerate(inputs)}
         first = ew.check_inputs("fused", names, cuda=False)
         shape = ew.broadcast_shape(*(tuple(t.shape) for t in inputs), names=tuple(names))
@@ -365,25 +640,47 @@ class FusedFunction:
         if n == 0:
             return out
         dev = first.get_device()
-        ks, kc = self._kernel_pair(len(inputs), first.dtype, dev)
-        contiguous_ok = all(t.is_contiguous() and t.shape == out.shape for t in inputs) and ew._aligned16(*inputs, out)
-        if variant not in (None, "strided", "contiguous"):
-            raise ValueError(f"fused: unknown variant {variant!r}; choose from None, 'strided', 'contiguous'")
-        if variant == "contiguous" and not contiguous_ok:
-            raise ValueError("fused: the contiguous kernel needs contiguous, same-shape, 16-byte aligned inputs")
-        if variant == "contiguous" or (variant is None and contiguous_ok):
+        kind, layout = self.plan(*inputs, out=out)
+        if variant in ("contiguous", "blocked") and kind != "blocked":
+            raise ValueError(f"fused: the {variant} kernel needs contiguous, same-shape, 16-byte aligned inputs")
+        if variant == "rows" and kind != "rows":
+            layout = ew._layout_2d(inputs, out)
+            kind = "rows" if ew._rows_ok(inputs, out, layout) else "strided"
+        if variant == "rows" and kind == "strided":
+            raise ValueError("fused: the rows kernel needs a layout that collapses to 2 dims (rows, columns) "
+                             "in which each input walks a row with stride 1 or 0, rows of whole 16-byte "
+                             "vectors, 16-byte aligned")
+        kind = variant or kind
+        arity, dtype = len(inputs), first.dtype
+        k = self._kernel(kind, arity, dtype, dev, cfg)
+        if kind == "blocked":
+            k(ew.blocked_grid(n, out.element_size(), cfg), cfg.threads, *inputs, out, n)
+        elif kind == "rows":
+            R, C, strides = ew._rows_layout(layout, out.element_size())
+            blocks, block = rows_grid(R, C, out.element_size(), cfg)
+            k(blocks, block, *inputs, out, R, C, *(v for st in strides for v in st))
+        elif kind == "contiguous":
             per_vec = 16 // out.element_size()
-            wave = self._waves.get(key := (first.dtype, dev, len(inputs)))
+            wave = self._waves.get(key := (dtype, dev, arity))
             if wave is None:
-                wave = self._waves[key] = kc.resident_grid(_THREADS)
-            kc(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, *inputs, out, n)
+                wave = self._waves[key] = k.resident_grid(_THREADS)
+            k(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, *inputs, out, n)
         else:
             words = ew._plan(tuple(shape), ew._specs(inputs))[0]
-            ks((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, ew.layout_tensor(words, dev))
+            k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, ew.layout_tensor(words, dev))
         return out
 
 
-def fuse(fn) -> FusedFunction:
+def rows_grid(R: int, C: int, itemsize: int, cfg: FuseConfig) -> tuple[int, tuple[int, int]]:
+    """(blocks, (TX, TY)) of the rows kernel: TX threads across a row's 16-byte vectors (a power of
+    two, at most rows_threads), TY = rows_threads / TX rows, each thread cfg.rows rows TY apart."""
+    cv = C // (16 // itemsize)
+    tx = min(cfg.rows_threads, 1 << max(0, cv - 1).bit_length())
+    ty = cfg.rows_threads // tx
+    return -(-cv // tx) * -(-R // (ty * cfg.rows)), (tx, ty)
+
+
+def fuse(fn, config: FuseConfig | None = None) -> FusedFunction:
     """Fuse an elementwise function of tensors into one generated CUDA C kernel.
 
     fn: a Python function of k tensors built from tilewise's elementwise ops (``sin``, ``cos``,
@@ -393,7 +690,12 @@ def fuse(fn) -> FusedFunction:
     Returns a callable taking k tensors of one float dtype (CUDA float32/float16/bfloat16: one
     kernel, fp32 arithmetic; CPU: the PyTorch reference) of broadcastable shapes and any strides,
     returning the broadcast shape. The kernel is compiled once per (expression, dtype) and cached.
+    config: the kernels' ``FuseConfig`` (default None: ``FUSE_DEFAULT`` at each call).
     """
     if not callable(fn):
         raise ValueError(f"tilewise.fuse: 'fn' must be callable, got {type(fn).__name__}")
-    return FusedFunction(fn)
+    if config is not None:
+        if not isinstance(config, FuseConfig):
+            raise ValueError(f"tilewise.fuse: 'config' must be a FuseConfig, got {type(config).__name__}")
+        config.check()
+    return FusedFunction(fn, config)

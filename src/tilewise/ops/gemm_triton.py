@@ -32,6 +32,7 @@ import math
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -167,6 +168,42 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_pt
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
     _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
+def _gemm_splitk_kernel(a_ptr, b_ptr, ws_ptr, M, N, K, K_PER,
+                        stride_am, stride_ak, stride_bk, stride_bn,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # One (tile, K slice) per program: the fp32 partial product of K_PER columns of a and rows of
+    # b, stored to its own (M, N) slab of the workspace (no atomics: the reduce sums slabs in order).
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    s = tl.program_id(2)
+    k0 = s * K_PER
+    kn = tl.minimum(K - k0, K_PER)
+    acc = _mainloop(a_ptr + k0 * stride_ak, b_ptr + k0 * stride_bk, pid_m, pid_n, M, N, kn,
+                    stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(ws_ptr + s.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, M, N, S, stride_cm, stride_cn,
+                          HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, S):  # slab order fixed: the same bits every run
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    m = offs // N
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    acc = _activate(acc, ACTIVATION)
+    tl.store(c_ptr + m * stride_cm + n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -455,6 +492,59 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
     return out
 
 
+_SPLITK_TILE = 64
+
+
+def split_k_for(M: int, N: int, K: int) -> int:
+    """K slices for a problem whose output has too few 64 x 64 tiles to fill the GPU and a long K
+    (the weight gradient of a linear layer: (out, in) from K = tokens); 1 = no split. Each slice
+    keeps at least 128 of K; slices x tiles aims at two CTAs an SM of the H200."""
+    tiles = triton.cdiv(M, _SPLITK_TILE) * triton.cdiv(N, _SPLITK_TILE)
+    if tiles >= 64 or K < 1024:
+        return 1
+    return max(1, min(64, triton.cdiv(K, 128), 264 // tiles))
+
+
+def gemm_splitk(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
+                activation: str | None = None, out_dtype: torch.dtype | None = None,
+                precision: str = "tf32", out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """``act(a @ b + bias)`` with K split into ``splits`` slices (default ``split_k_for``): one
+    kernel writes each slice's fp32 partial product to a workspace (splits x M x N x 4 bytes), a
+    second sums the slices in a fixed order (deterministic) and applies bias, activation and the
+    output cast. For small outputs with a long K, where one CTA per output tile leaves most SMs
+    idle. Same operands as ``gemm`` without fp8 scales or aux."""
+    out = _check(a, b, bias, activation, out_dtype, None, None, precision, out)
+    M, K = a.shape
+    N = b.shape[1]
+    if a.dtype == torch.float8_e4m3fn:
+        raise ValueError("gemm_splitk: float8 inputs are not supported (use gemm)")
+    if M == 0 or N == 0:
+        return out
+    if K == 0:  # an empty sum: act(bias) or act(0)
+        z = torch.zeros((M, N), device=a.device, dtype=torch.float32) + (bias.float() if bias is not None else 0.0)
+        z = torch.relu(z) if activation == "relu" else F.gelu(z) if activation == "gelu" else z
+        return out.copy_(z)
+    S = split_k_for(M, N, K) if splits is None else int(splits)
+    if S < 1:
+        raise ValueError(f"gemm_splitk: splits must be >= 1, got {splits}")
+    bk = _INTERP_META["BLOCK_K"] if _INTERPRET else _BK_FOR_ITEMSIZE[a.element_size()]
+    k_per = triton.cdiv(triton.cdiv(K, S), bk) * bk
+    S = triton.cdiv(K, k_per)
+    ws = torch.empty((S, M, N), device=a.device, dtype=torch.float32)
+    bm = bn = _INTERP_META["BLOCK_M"] if _INTERPRET else _SPLITK_TILE
+    meta = dict(PRECISION=precision if a.dtype == torch.float32 else "tf32",
+                UPCAST=_INTERPRET and a.dtype == torch.bfloat16)
+    opts = {} if _INTERPRET else dict(num_warps=4, num_stages=3)
+    _gemm_splitk_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), S)](
+        a, b, ws, M, N, K, k_per, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **meta, **opts)
+    block = 256 if _INTERPRET else 1024
+    _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
+        ws, out, bias if bias is not None else ws, M, N, S, out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, ACTIVATION=_ACTIVATIONS[activation], BLOCK=block)
+    return out
+
+
 def _variant(kind):
     def fn(a, b, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None,
            precision="tf32", out=None, aux=None):
@@ -491,9 +581,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     precision:  for float32 inputs: "tf32" (default; tensor cores) or "ieee" (full fp32).
     out:        optional (M, N) tensor of out_dtype to write into (any strides for v1/v2).
     aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
-    variant:    None (v3_tma_persistent where the layouts allow TMA, else v1_tiled) or a key of VARIANTS.
+    variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
+                GPU and K is long, else v3_tma_persistent where the layouts allow TMA, else
+                v1_tiled) or a key of VARIANTS.
     Returns the (M, N) result of dtype out_dtype.
     """
+    if (variant is None and aux is None and scale_a is None and scale_b is None and isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 and a.dtype != torch.float8_e4m3fn
+            and split_k_for(a.shape[0], b.shape[1], a.shape[1]) > 1):
+        return gemm_splitk(a, b, bias=bias, activation=activation, out_dtype=out_dtype, precision=precision, out=out)
     if variant is None:
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
               and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype)

@@ -5,6 +5,7 @@
 // tilewise-instantiate: reduce_v2_smem<float,rd::Sum> reduce_v2_smem<float,rd::Max> reduce_v2_smem<__half,rd::Sum> reduce_v2_smem<__nv_bfloat16,rd::Max>
 // tilewise-instantiate: reduce_v3_warp<float,rd::Sum> reduce_v3_warp<float,rd::Max> reduce_v3_warp<__half,rd::Sum> reduce_v3_warp<__nv_bfloat16,rd::Sum> reduce_v3_warp<__nv_bfloat16,rd::Max>
 // tilewise-instantiate: reduce_v4_columns<float,rd::Sum> reduce_v4_columns<float,rd::Max> reduce_v4_columns<__half,rd::Sum> reduce_v4_columns<__nv_bfloat16,rd::Sum>
+// tilewise-instantiate: reduce_v5_columns<float,rd::Sum,32,8,4,1> reduce_v5_columns<float,rd::Max,32,8,4,1> reduce_v5_columns<__half,rd::Sum,32,8,4,1> reduce_v5_columns<__nv_bfloat16,rd::Sum,32,8,4,1>
 // tilewise-instantiate: reduce_finish<float,rd::Sum> reduce_finish<float,rd::Max> reduce_finish<__half,rd::Sum> reduce_finish<__nv_bfloat16,rd::Sum>
 // tilewise-instantiate: masked_mean_fwd<float,i64> masked_mean_fwd<__half,i64> masked_mean_fwd<__nv_bfloat16,int> masked_mean_fwd<float,int>
 // tilewise-instantiate: masked_mean_bwd<float,i64> masked_mean_bwd<__half,i64> masked_mean_bwd<__nv_bfloat16,int> masked_mean_bwd<float,int>
@@ -167,6 +168,93 @@ __global__ void __launch_bounds__(256) reduce_v4_columns(const T* __restrict__ x
     if (gridDim.y == 1) out[o] = tw::from_float<T>(acc * scale);
     else ws[blockIdx.y * s.n + o] = acc;
   }
+}
+
+// v5_columns: v4's job with 16-byte loads and more bytes in flight. x is seen as (B, R, C) with
+// strides (sb, rs, 1) (the host collapses the kept dims; C, sb, rs multiples of 16 / sizeof(T),
+// 16-byte aligned base). Block (TX, TY) owns TX x N adjacent columns (N = 16 / sizeof(T), one
+// 16-byte vector per thread: a warp reads TX x 16 contiguous bytes of a row) of one b, and a chunk
+// of `chunk` rows (grid.y splits R); each thread walks its chunk TY rows apart with U vector loads
+// in flight, N fp32 accumulators. The TY partials meet in shared memory ([TY][N][TX]: conflict-free
+// stores); with grid.y > 1 each split writes its partial to the workspace [grid.y, B x C] and
+// reduce_finish folds the splits in a fixed order (deterministic, no atomics).
+// With `counters` non-null (ColumnsConfig fold="last"), the last split block of each column block
+// to finish (an atomic count per grid.x block, reset by that block for the next launch) folds the
+// partials itself, in split order, instead of a second kernel: one launch fewer, same result.
+template <typename T, typename Op, int TX, int TY, int U, int MINB>
+__global__ void __launch_bounds__(TX * TY, MINB) reduce_v5_columns(
+    const T* __restrict__ x, T* __restrict__ out, float* __restrict__ ws, unsigned* __restrict__ counters,
+    long long B, long long R, long long C, long long sb, long long rs, long long col_blocks, long long chunk,
+    float scale) {
+  using V = tw::Vec16<T>;
+  constexpr int N = V::N;
+  __shared__ float part[TY][N][TX];
+  const long long bc = blockIdx.x % col_blocks, b = blockIdx.x / col_blocks;
+  const long long c0 = (bc * TX + threadIdx.x) * N;
+  const long long r0 = static_cast<long long>(blockIdx.y) * chunk;
+  const long long r1 = min(R, r0 + chunk);
+  float acc[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc[k] = Op::identity();
+  if (c0 < C) {
+    // A pointer that steps by TY rows (no 64-bit multiply per load); the tail loop is kept rolled
+    // (unrolled, it cost ~30 registers for a handful of rows).
+    long long r = r0 + threadIdx.y;
+    const T* __restrict__ p = x + b * sb + c0 + r * rs;
+    const long long step = TY * rs;
+    for (; r + (U - 1) * TY < r1; r += U * TY, p += U * step) {
+      V v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u].raw = *reinterpret_cast<const uint4*>(p + u * step);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) acc[k] = Op()(acc[k], tw::to_float(v[u].v[k]));
+      }
+    }
+#pragma unroll 1
+    for (; r < r1; r += TY, p += step) {
+      V v;
+      v.raw = *reinterpret_cast<const uint4*>(p);
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[k] = Op()(acc[k], tw::to_float(v.v[k]));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) part[threadIdx.y][k][threadIdx.x] = acc[k];
+  __syncthreads();
+  // Thread t folds the TY partials of the block's column t (and t + TX x TY ...): contiguous writes.
+  const long long n = B * C;
+#pragma unroll 1
+  for (int o = threadIdx.y * TX + threadIdx.x; o < TX * N; o += TX * TY) {
+    const int tx = o / N, k = o % N;
+    float a = part[0][k][tx];
+#pragma unroll
+    for (int y = 1; y < TY; ++y) a = Op()(a, part[y][k][tx]);
+    const long long c = bc * TX * N + o;
+    if (c < C) {
+      if (gridDim.y == 1) out[b * C + c] = tw::from_float<T>(a * scale);
+      else ws[static_cast<long long>(blockIdx.y) * n + b * C + c] = a;
+    }
+  }
+  if (gridDim.y == 1 || counters == nullptr) return;
+  __shared__ bool last;
+  __threadfence();  // this block's partials are visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+#pragma unroll 1
+  for (int o = threadIdx.y * TX + threadIdx.x; o < TX * N; o += TX * TY) {
+    const long long c = bc * TX * N + o;
+    if (c >= C) continue;
+    float a = Op::identity();
+#pragma unroll 1
+    for (unsigned k = 0; k < gridDim.y; ++k) a = Op()(a, __ldcg(ws + k * n + b * C + c));  // L2: written by other SMs
+    out[b * C + c] = tw::from_float<T>(a * scale);
+  }
+  if (threadIdx.x == 0 && threadIdx.y == 0) counters[blockIdx.x] = 0;  // ready for the next launch
 }
 
 template <typename T, typename Op>

@@ -13,14 +13,22 @@ Versions (``reduce.cu``; rows are the outputs, each a walk of length R with stri
     v4_columns: for a reduced dim that is not innermost: 32 adjacent outputs per block (coalesced),
                 the row split over 8 thread rows and over grid.y blocks (float workspace + a small
                 finishing kernel). bound: copy bandwidth for the first dim.
+    v5_columns: v4 with 16-byte loads: x seen as (B, R, C) with the kept dims collapsed to (B, C)
+                and C contiguous; a (TX, TY) block owns TX x 16 bytes of adjacent columns and a
+                chunk of rows, U vector loads in flight per thread (``ColumnsConfig``), the row
+                split over grid.y in about ``waves`` full waves of resident blocks; partials in a
+                float workspace folded by the finishing kernel in a fixed order (deterministic).
+                Needs C, the row stride and B's stride multiples of 16 / itemsize and a 16-byte
+                aligned x; other layouts run v4_columns. bound: copy bandwidth.
 
 The public ``reduce`` takes v3_warp when the reduced dim is innermost in memory (rs == 1) or the
-outputs are not adjacent in memory, else v4_columns. Accumulation in fp32; max propagates NaN.
+outputs are not adjacent in memory, else v5_columns where its layout applies, else v4_columns. Accumulation in fp32; max propagates NaN.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,6 +77,7 @@ def module_names(dtype: torch.dtype) -> list[str]:
     """Every kernel of reduce.cu for one dtype (the CPU tests compile this list for sm_90)."""
     names = [_reduce_name(v, f, dtype) for v in ("v1_thread", "v2_smem", "v3_warp", "v4_columns", "finish")
              for f in ("Sum", "Max")]
+    names += [columns_name(f, dtype, COLUMNS_DEFAULT[dtype]) for f in ("Sum", "Max")]
     return names + [_mm_name(k, dtype, lt) for k in ("fwd", "bwd") for lt in (torch.int32, torch.int64)]
 
 
@@ -217,6 +226,182 @@ def _run_v4(x, op, R, rs, other, ost, out):
     return out
 
 
+@dataclass(frozen=True)
+class ColumnsConfig:
+    """v5_columns' template and launch parameters (reduce.cu): tx = threads across columns (each
+    one 16-byte vector), ty = thread rows, unroll = vector loads in flight per thread, minb =
+    minimum resident blocks per SM asked of ptxas (1 = no register cap); waves = how many full
+    waves of resident blocks the row split aims for (grid.y, the number of splits, is about waves x
+    the kernel's resident blocks (SMs x blocks per SM at its register and smem use) / column
+    blocks), min_rows = the fewest rows one split walks (short columns split less); fold = how the
+    split partials meet: "pass" (a second small kernel) or "last" (the last split block of each
+    column block folds them, counted with an atomic: one launch fewer; counters are cached per
+    device and stream, so two streams never share them)."""
+
+    tx: int = 32
+    ty: int = 8
+    unroll: int = 4
+    minb: int = 1
+    waves: int = 2
+    min_rows: int = 256
+    fold: str = "pass"
+
+    def check(self, dtype: torch.dtype = torch.float32) -> None:
+        nt = self.tx * self.ty
+        smem = self.ty * (16 // dtype.itemsize) * self.tx * 4
+        if (self.tx not in (8, 16, 32, 64, 128) or self.ty not in (1, 2, 4, 8, 16, 32) or not 32 <= nt <= 1024
+                or self.unroll not in (1, 2, 4, 8) or not 1 <= self.minb <= 2048 // nt or smem > 48 * 1024
+                or self.waves < 1 or self.min_rows < 1 or self.fold not in ("pass", "last")):
+            raise ValueError(f"reduce.v5_columns: config {self} is not valid for {dtype}")
+
+
+# Per dtype; scripts/experiments/elementwise_variants.py prints the line that replaces an entry.
+# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29): sum along dim 0,
+# fp32 3,973 GB/s = 93.5 % of copy, 1.059x torch.sum; bf16 3,400 GB/s, 1.084x (fp16 follows bf16).
+COLUMNS_DEFAULT: dict[torch.dtype, ColumnsConfig] = {
+    torch.float32: ColumnsConfig(tx=16, ty=16, unroll=8, minb=1, waves=2, min_rows=256, fold="pass"),
+    torch.bfloat16: ColumnsConfig(tx=16, ty=4, unroll=8, minb=1, waves=1, min_rows=256, fold="pass"),
+    torch.float16: ColumnsConfig(tx=16, ty=4, unroll=8, minb=1, waves=1, min_rows=256, fold="pass"),
+}
+
+
+def columns_name(functor: str, dtype: torch.dtype, cfg: ColumnsConfig) -> str:
+    return f"reduce_v5_columns<{rt.ctype(dtype)},rd::{functor},{cfg.tx},{cfg.ty},{cfg.unroll},{cfg.minb}>"
+
+
+_V5_PARAMS = ("B", "R", "C", "sb", "rs", "col_blocks", "chunk")
+
+
+def _v5_kernel(functor, dtype, dev, cfg):
+    name = columns_name(functor, dtype, cfg)  # waves / min_rows are launch knobs: not in the key
+    key = ("v5_columns", dtype, dev, name)
+    k = _kernels.get(key)
+    if k is None:
+        mod = _module(dtype, dev)
+        if name not in mod.compiled.symbol_mapping:  # a config outside the package module: Sum and Max
+            columns_prepare(dtype, [replace(cfg, waves=1, min_rows=1, fold="pass")], ("Sum", "Max"), dev)
+            return _kernels[key]
+        k = _kernels[key] = mod.kernel(name, _v5_params(dtype))
+    return k
+
+
+def _v5_params(dtype):
+    # counters: the address of an int32 array (read as unsigned: the same bits) or 0, a null pointer
+    # (fold="pass"); a Scalar, because a Tensor parameter cannot be null.
+    return (rt.Tensor("x", (dtype,), contiguous=False), rt.Tensor("out", (dtype,)),
+            rt.Tensor("ws", (torch.float32,)), rt.Scalar("counters", "i64"),
+            *(rt.Scalar(n, "i64") for n in _V5_PARAMS), rt.Scalar("scale", "f32"))
+
+
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _fold_counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """Zeroed int32 counters for fold="last", at least ``blocks`` of them, one array per (device,
+    stream): the kernel leaves them at zero after each launch."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    t = _counters.get(key)
+    if t is None or t.numel() < blocks:
+        t = _counters[key] = torch.zeros(max(blocks, 1024), dtype=torch.int32, device=device)
+    return t
+
+
+def columns_prepare(dtype: torch.dtype, configs, functors=("Sum",), device_index: int | None = None) -> rt.Module:
+    """Compile v5_columns for many configs in one NVRTC module (sweeps); launches then use them."""
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    configs = list(dict.fromkeys(configs))
+    for c in configs:
+        c.check(dtype)
+    mod = rt.load(_SRC, [columns_name(f, dtype, c) for f in functors for c in configs], device_index=dev)
+    for f in functors:
+        for c in configs:
+            name = columns_name(f, dtype, c)
+            if ("v5_columns", dtype, dev, name) not in _kernels:
+                _kernels[("v5_columns", dtype, dev, name)] = mod.kernel(name, _v5_params(dtype))
+    return mod
+
+
+def columns_layout(x: torch.Tensor, R: int, rs: int, other, ost) -> tuple[int, int, int] | None:
+    """(B, C, sb) when v5_columns can read x: the kept dims collapse to (C,) or (B, C) with C
+    contiguous in x, and C, sb, rs are multiples of 16 / itemsize with a 16-byte aligned x (every
+    16-byte load aligned); else None."""
+    if R < 1 or rs == 1 or not other:
+        return None
+    shape, (st,) = ew.collapse(tuple(other), [tuple(ost)])
+    if len(shape) > 2 or st[-1] != 1:
+        return None
+    C = shape[-1]
+    B, sb = (shape[0], st[0]) if len(shape) == 2 else (1, 0)
+    vec = 16 // x.element_size()
+    if C % vec or sb % vec or rs % vec or rs < 0 or sb < 0 or x.data_ptr() % 16:
+        return None
+    return B, C, sb
+
+
+def columns_grid(B: int, R: int, C: int, itemsize: int, cfg: ColumnsConfig, resident: int) -> tuple[int, int, int, int]:
+    """(column blocks, splits, chunk rows, grid.x) of v5_columns for x seen as (B, R, C);
+    ``resident``: how many blocks of the kernel fit on the GPU at once (``Kernel.resident_grid``)."""
+    vec = 16 // itemsize
+    col_blocks = -(-C // (cfg.tx * vec))
+    want = -(-cfg.waves * resident // (col_blocks * B))
+    splits = max(1, min(want, R // cfg.min_rows, 65535))
+    chunk = -(-R // splits)
+    splits = -(-R // chunk)  # no empty split
+    return col_blocks, splits, chunk, col_blocks * B
+
+
+_resident: dict[tuple, int] = {}
+
+
+def _resident_blocks(k, cfg, key):
+    r = _resident.get(key)
+    if r is None:
+        r = _resident[key] = k.resident_grid(cfg.tx * cfg.ty)
+    return r
+
+
+def _run_v5(x, op, R, rs, other, ost, out, layout, config=None):
+    B, C, sb = layout
+    dev = x.get_device()
+    cfg = config or COLUMNS_DEFAULT[x.dtype]
+    k = _v5_kernel(_FUNCTOR[op], x.dtype, dev, cfg)
+    resident = _resident_blocks(k, cfg, (_FUNCTOR[op], x.dtype, dev, cfg.tx, cfg.ty, cfg.unroll, cfg.minb))
+    col_blocks, splits, chunk, gx = columns_grid(B, R, C, x.element_size(), cfg, resident)
+    if gx >= 2**31:
+        raise ValueError(f"reduce.v5_columns: {B} x {C} outputs need {gx} blocks, past the grid limit")
+    scale = _scale(op, R)
+    block = (cfg.tx, cfg.ty)
+    if splits == 1:
+        k((gx, 1), block, x, out, _no_workspace(x.device), 0, B, R, C, sb, rs, col_blocks, chunk, scale)
+        return out
+    n = out.numel()
+    ws = torch.empty((splits, n), dtype=torch.float32, device=x.device)
+    if cfg.fold == "last":
+        cnt = _fold_counters(x.device, gx)
+        k((gx, splits), block, x, out, ws, cnt.data_ptr(), B, R, C, sb, rs, col_blocks, chunk, scale)
+        return out
+    k((gx, splits), block, x, out, ws, 0, B, R, C, sb, rs, col_blocks, chunk, scale)
+    fin = _kernel("finish", _FUNCTOR[op], x.dtype, dev)
+    fin((n + _THREADS - 1) // _THREADS, _THREADS, ws, out, n, splits, scale)
+    return out
+
+
+def v5_columns(x, dim, op="sum", keepdim=False, out=None, config: ColumnsConfig | None = None):
+    """``config``: a ``ColumnsConfig`` (default ``COLUMNS_DEFAULT[x.dtype]``). Layouts v5 cannot
+    read with aligned 16-byte loads (see ``columns_layout``) run v4_columns."""
+    dim, R, rs, other, ost, out = _prepare("reduce.v5_columns", x, dim, op, keepdim, out)
+    if config is not None:
+        if not isinstance(config, ColumnsConfig):
+            raise ValueError(f"reduce.v5_columns: 'config' must be a ColumnsConfig, got {type(config).__name__}")
+        config.check(x.dtype)
+    if _trivial(op, R, out):
+        return out
+    layout = columns_layout(x, R, rs, other, ost)
+    if layout is None:
+        return _run_v4(x, op, R, rs, other, ost, out)
+    return _run_v5(x, op, R, rs, other, ost, out, layout, config)
+
+
 def v4_columns(x, dim, op="sum", keepdim=False, out=None):
     dim, R, rs, other, ost, out = _prepare("reduce.v4_columns", x, dim, op, keepdim, out)
     if _trivial(op, R, out):
@@ -224,7 +409,8 @@ def v4_columns(x, dim, op="sum", keepdim=False, out=None):
     return _run_v4(x, op, R, rs, other, ost, out)
 
 
-VARIANTS = {"v1_thread": v1_thread, "v2_smem": v2_smem, "v3_warp": v3_warp, "v4_columns": v4_columns}
+VARIANTS = {"v1_thread": v1_thread, "v2_smem": v2_smem, "v3_warp": v3_warp, "v4_columns": v4_columns,
+            "v5_columns": v5_columns}
 
 
 def _outputs_adjacent(other, ost):
@@ -246,7 +432,8 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
     keepdim: keep ``dim`` with size 1 (default False).
     out:     optional contiguous output of the result's shape and x's dtype.
     variant: None (v3_warp when ``dim`` is innermost in memory or the outputs are not adjacent,
-             else v4_columns) or a key of ``VARIANTS``.
+             else v5_columns when its 16-byte layout applies, else v4_columns) or a key of
+             ``VARIANTS``.
     Returns x's shape without ``dim`` (or with size 1), x's dtype. Sum over an empty dim is 0, mean
     NaN; max over an empty dim raises.
     """
@@ -257,9 +444,28 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
     dim, R, rs, other, ost, out = _prepare("reduce", x, dim, op, keepdim, out)
     if _trivial(op, R, out):
         return out
-    if rs != 1 and R > 1 and _outputs_adjacent(other, ost):
+    version, layout = choose(x, R, rs, other, ost)
+    if version == "v5_columns":
+        return _run_v5(x, op, R, rs, other, ost, out, layout)
+    if version == "v4_columns":
         return _run_v4(x, op, R, rs, other, ost, out)
     return _run_v3(x, op, R, rs, other, ost, out)
+
+
+# What reduce() runs for a leading-dim reduction that v5's 16-byte loads can read: "v5_columns"
+# (round 3, predicted faster) or "v4_columns" (round 2: 0.88x torch.sum); the experiment script
+# times both.
+COLUMNS_VERSION = "v5_columns"
+
+
+def choose(x, R, rs, other, ost) -> tuple[str, tuple | None]:
+    """The version ``reduce`` runs for _prepare's row walk (and v5's (B, C, sb) layout)."""
+    if rs != 1 and R > 1 and _outputs_adjacent(other, ost):
+        layout = columns_layout(x, R, rs, other, ost)
+        if layout is not None and COLUMNS_VERSION == "v5_columns":
+            return "v5_columns", layout
+        return "v4_columns", None
+    return "v3_warp", None
 
 
 # --------------------------------------------------------------------------- masked mean

@@ -25,6 +25,18 @@ Versions (forward; the backward follows the same pattern):
                 cannot build it (TritonGPUPlanCTAPass fails on the reductions): where the probe
                 cluster_unsupported_reason() says so, rows > 16384 raise NotImplementedError.
                 bound: copy bandwidth on the floor's bytes.
+    v5_cluster_cuda: v4's design in CUDA C (rowwise_cluster.cu), which the Triton here cannot
+                build: a cluster of 2-8 CTAs a row, each thread holding its 16-byte vectors of
+                the row packed in registers, block then cluster reductions through distributed
+                shared memory, output written from registers. Rows up to 262144 (fp32 backward
+                131072) whose length, stride and start are multiples of 16 bytes; the default
+                past MAX_FUSED where that holds (PREFER_CUDA_CLUSTER).
+                bound: copy bandwidth on the floor's bytes.
+    v6_cluster_pipe: v5 in a persistent grid of clusters (as many as run at once), each thread
+                copying its vectors of the next row into shared memory with cp.async (two row
+                slices a block) while it reduces, exchanges and writes the current one: loads stay
+                in flight through the barriers that idle v5's memory pipe between rows. Forward
+                only (the backward is v5's); rows up to 131072. bound: as v5.
 
 Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);
 floor 3 x M x N x itemsize (read y and dy, write dx). v1: a row-dot kernel then an elementwise
@@ -51,6 +63,9 @@ MAX_CLUSTER = 8 * CLUSTER_SLICE  # 131072: 8 CTAs, the portable cluster size
 # v4_cluster (one read) is unverified on a GPU so far: the default for rows past MAX_FUSED stays
 # v3_online until the GPU tests pass for v4_cluster and the bench shows it faster.
 PREFER_CLUSTER = False
+# v5_cluster_cuda (rowwise_cluster.cu: CUDA C thread-block clusters, one read and one write) is the
+# default past MAX_FUSED where the layout allows 16-byte vectors and the GPU is sm_90+.
+PREFER_CUDA_CLUSTER = True
 _NEG_INF = float("-inf")
 
 # Launch parameters, picked for the H200 (reasoning in docs/notes-softmax.md; the lead tunes).
@@ -526,13 +541,56 @@ def _bwd_cluster(y2, g2, dx2, log):
                               num_ctas=ctas)
 
 
+def _require_cuda_cluster(kind: str, *ts: torch.Tensor) -> None:
+    from . import rowwise_cluster as rc
+
+    why = rc.unsupported_reason(*ts, kind=kind)
+    if why:
+        op = "softmax" if kind == "fwd" else "softmax_backward"
+        raise ValueError(f"{op}.v5_cluster_cuda: {why}; use v3_online (variant=None picks it)")
+
+
+def _fwd_cluster_cuda(x2, y2, log):
+    from . import rowwise_cluster as rc
+
+    _require_cuda_cluster("fwd", x2, y2)
+    rc.softmax_fwd(x2, y2, log)
+
+
+def _bwd_cluster_cuda(y2, g2, dx2, log):
+    from . import rowwise_cluster as rc
+
+    _require_cuda_cluster("bwd", y2, g2, dx2)
+    rc.softmax_bwd(y2, g2, dx2, log)
+
+
+def _fwd_cluster_pipe(x2, y2, log):
+    from . import rowwise_cluster as rc
+
+    why = rc.pipe_unsupported_reason(x2, y2, kind="fwd")
+    if why:
+        raise ValueError(f"softmax.v6_cluster_pipe: {why}; use v3_online (variant=None picks it)")
+    rc.softmax_fwd(x2, y2, log, pipe=True)
+
+
+def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
+    if not PREFER_CUDA_CLUSTER or _interpreting():
+        return False
+    from . import rowwise_cluster as rc
+
+    return rc.unsupported_reason(*ts, kind=kind) is None
+
+
 _FWD = {"v1_unfused": _fwd_unfused, "v2_fused": _fwd_fused, "v3_online": _fwd_online,
-        "v4_cluster": _fwd_cluster}
+        "v4_cluster": _fwd_cluster, "v5_cluster_cuda": _fwd_cluster_cuda, "v6_cluster_pipe": _fwd_cluster_pipe}
+# v6 has no backward of its own: v5's backward (two inputs in registers) already runs at 84 % of its floor.
 _BWD = {"v1_unfused": _bwd_unfused, "v2_fused": _bwd_fused, "v3_online": _bwd_online,
-        "v4_cluster": _bwd_cluster}
+        "v4_cluster": _bwd_cluster, "v5_cluster_cuda": _bwd_cluster_cuda, "v6_cluster_pipe": _bwd_cluster_cuda}
 
 
 def _pick(variant: str | None, N: int) -> str:
+    """The named variant, or for None the default by row length (v5_cluster_cuda is then taken
+    in _forward / _backward where the layout allows it, see _cuda_cluster_ok)."""
     if variant is None:
         if N <= MAX_FUSED:
             return "v2_fused"
@@ -540,6 +598,15 @@ def _pick(variant: str | None, N: int) -> str:
     if variant not in _FWD:
         raise ValueError(f"softmax: unknown variant {variant!r}; choose from {sorted(_FWD)}")
     return variant
+
+
+def default_variant(x: torch.Tensor, kind: str = "fwd") -> str:
+    """The version ``variant=None`` runs for x (kind "fwd") or for y and dy like x ("bwd")."""
+    N = x.shape[-1]
+    v = _pick(None, N)
+    if v == "v3_online" and x.numel() and _cuda_cluster_ok(kind, _rows(x)):
+        v = "v5_cluster_cuda"
+    return v
 
 
 def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor | None = None):
@@ -551,7 +618,10 @@ def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor 
         raise ValueError(f"softmax: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     if x.numel() == 0:
         return y
-    _FWD[v](_rows(x), y.view(-1, N), log)
+    x2, y2 = _rows(x), y.view(-1, N)
+    if variant is None and v == "v3_online" and _cuda_cluster_ok("fwd", x2, y2):
+        v = "v5_cluster_cuda"
+    _FWD[v](x2, y2, log)
     return y
 
 
@@ -566,7 +636,10 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None)
     dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     if y.numel() == 0:
         return dx
-    _BWD[v](_rows(y), _rows(dy), dx.view(-1, N), log)
+    y2, g2, dx2 = _rows(y), _rows(dy), dx.view(-1, N)
+    if variant is None and v == "v3_online" and _cuda_cluster_ok("bwd", y2, g2, dx2):
+        v = "v5_cluster_cuda"
+    _BWD[v](y2, g2, dx2, log)
     return dx
 
 
@@ -629,8 +702,9 @@ def softmax(x: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
 
     x:       CUDA tensor, any shape with at least one dim, float32 / float16 / bfloat16; rows must
              be contiguous along the last dim (other layouts are copied first).
-    variant: None (v2_fused when the row has at most MAX_FUSED = 16384 elements, else v3_online)
-             or a key of VARIANTS.
+    variant: None (v2_fused when the row has at most MAX_FUSED = 16384 elements, else
+             v5_cluster_cuda where its layout and GPU conditions hold, else v3_online) or a key
+             of VARIANTS.
     Returns y, same shape and dtype as x; fp32 arithmetic. A row of only -inf gives zeros.
     """
     _check(x)

@@ -2,6 +2,9 @@
 // beta == 0 never reads y (y may hold anything, NaN included), as in BLAS.
 // tilewise-instantiate: spmv_csr_scalar spmv_ell spmv_jds spmv_csr_chunks spmv_csr_stream
 // tilewise-instantiate: spmv_csr_vector<2> spmv_csr_vector<4> spmv_csr_vector<8> spmv_csr_vector<16> spmv_csr_vector<32>
+// tilewise-instantiate: spmv_csr_merge_fixup
+// tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
+// tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
 namespace {
@@ -147,4 +150,138 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_stream(
       write_y(y, r, sum, alpha, beta);
     }
   }
+}
+
+// csr_merge: merge-path load balancing. The rows' ends (row_ptr[1:]) and the nonzeros (0 .. nnz-1)
+// form one merged path of M + nnz items; block b takes items [b * TILE, (b + 1) * TILE) whatever the
+// row lengths, starting at (plan_row[b], plan_nz[b]) (found once per matrix by a binary search on
+// row_ptr, cached with the CSR). The block stages its row ends and its products val * x[col] in
+// shared memory with coalesced loads, then each thread walks IPT items of the path from there
+// (a binary search in shared memory finds its start): a nonzero adds to the open row, a row end
+// closes it. A thread's first closed row may have begun in earlier threads: a block-wide segmented
+// scan of the threads' open-row sums supplies that part. The block's rows are then written to y
+// with coalesced stores, and the sum of the row still open at the block's end goes to carry[b];
+// spmv_csr_merge_fixup, launched after, adds each straddling row's carries (no atomics, a fixed
+// order: the result is the same on every run).
+// An odd IPT keeps the walk's shared-memory reads (threads IPT apart) off a common bank.
+template <int NT, int IPT>
+__global__ void __launch_bounds__(NT) spmv_csr_merge(
+    const int* __restrict__ row_ptr, const int* __restrict__ col, const float* __restrict__ val,
+    const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ plan_row,
+    const int* __restrict__ plan_nz, float* __restrict__ carry, float alpha, float beta) {
+  constexpr int TILE = NT * IPT, WARPS = NT / 32;
+  static_assert(NT % 32 == 0, "whole warps");
+  // path[0 .. nr) holds the rows' ends (as int bits, relative to z0), path[nr .. nr + nz) the products.
+  __shared__ float path[TILE];
+  __shared__ float out[TILE];
+  __shared__ float warp_sum[WARPS];
+  __shared__ int warp_flag[WARPS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r0 = plan_row[blockIdx.x], z0 = plan_nz[blockIdx.x];
+  const int nr = plan_row[blockIdx.x + 1] - r0, nz = plan_nz[blockIdx.x + 1] - z0;
+  float* prod = path + nr;
+
+  // Stage: every column and value load of the block issued before the first gather from x waits.
+  int c[IPT];
+  float v[IPT];
+#pragma unroll
+  for (int u = 0; u < IPT; ++u) {
+    const int k = u * NT + tid;
+    if (k < nz) {
+      c[u] = __ldcs(col + z0 + k);
+      v[u] = __ldcs(val + z0 + k);
+    }
+    if (k < nr) path[k] = __int_as_float(row_ptr[r0 + 1 + k] - z0);
+  }
+#pragma unroll
+  for (int u = 0; u < IPT; ++u) {
+    const int k = u * NT + tid;
+    if (k < nz) prod[k] = v[u] * __ldg(x + c[u]);
+  }
+  __syncthreads();
+
+  // This thread's start on the path: i rows closed, j nonzeros taken, i + j = d. Row k closes at
+  // item k + end(k), so i = #{k < nr : k + end(k) < d}, searched between the bounds the diagonal allows.
+  const int L = nr + nz;
+  const int d = min(tid * IPT, L), d_end = min(d + IPT, L);
+  int lo = max(0, d - nz), hi = min(d, nr);
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (mid + __float_as_int(path[mid]) < d) lo = mid + 1; else hi = mid;
+  }
+  int i = lo, j = d - lo;
+  float sum = 0.0f, head_sum = 0.0f;
+  int head = -1;  // the first row this thread closes: its start may lie in earlier threads
+#pragma unroll
+  for (int u = 0; u < IPT; ++u) {
+    if (d + u < d_end) {
+      if (i < nr && __float_as_int(path[i]) <= j) {
+        if (head < 0) {
+          head = i;
+          head_sum = sum;
+        } else {
+          out[i] = sum;
+        }
+        sum = 0.0f;
+        ++i;
+      } else {
+        sum += prod[j];
+        ++j;
+      }
+    }
+  }
+
+  // Segmented inclusive scan of (closed a row?, open-row sum) over the block: a thread that closed
+  // a row starts a new segment. The exclusive prefix is what earlier threads hold of this thread's
+  // head row.
+  int f = head >= 0;
+  float s = sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float su = __shfl_up_sync(0xffffffffu, s, off);
+    const int fu = __shfl_up_sync(0xffffffffu, f, off);
+    if (lane >= off) {
+      if (!f) s += su;
+      f |= fu;
+    }
+  }
+  if (lane == 31) {
+    warp_sum[warp] = s;
+    warp_flag[warp] = f;
+  }
+  __syncthreads();
+  float before = 0.0f;  // the earlier warps' open-row sum, in warp order
+  for (int w = 0; w < warp; ++w) before = warp_flag[w] ? warp_sum[w] : before + warp_sum[w];
+  float ex = __shfl_up_sync(0xffffffffu, s, 1);
+  int exf = __shfl_up_sync(0xffffffffu, f, 1);
+  if (lane == 0) {
+    ex = 0.0f;
+    exf = 0;
+  }
+  if (head >= 0) out[head] = head_sum + (exf ? ex : before + ex);
+  if (tid == NT - 1) carry[blockIdx.x] = f ? s : before + s;
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < IPT; ++u) {
+    const int k = u * NT + tid;
+    if (k < nr) write_y(y, r0 + k, out[k], alpha, beta);
+  }
+}
+
+// csr_merge's second pass: one warp per row that straddles blocks (seg_row, carries of blocks
+// seg_b0 .. seg_b1 - 1), summed in a fixed order (lane stride, then a shuffle tree) and added to the
+// y[row] that the block closing the row wrote.
+extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
+    const float* __restrict__ carry, const int* __restrict__ seg_row, const int* __restrict__ seg_b0,
+    const int* __restrict__ seg_b1, float* __restrict__ y, int n_seg, float alpha) {
+  const long long w = tw::global_thread_id() >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= n_seg) return;
+  const int b1 = seg_b1[w];
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int b = seg_b0[w] + lane; b < b1; b += 32) sum += carry[b];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) y[seg_row[w]] += alpha * sum;
 }

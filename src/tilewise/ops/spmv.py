@@ -17,6 +17,12 @@ x (once if it stays in cache, up to once per nonzero if not) and y:
     csr_split:   load-balanced CSR by row splitting: csr_vector over the rows of at most
                  ``long_len`` nonzeros, then one warp per 512-nonzero chunk of the longer rows,
                  added with atomicAdd (the chunk plan is built once per matrix and cached).
+    csr_merge:   load-balanced CSR by merge path: the rows' ends and the nonzeros form one path of
+                 M + nnz items, cut into equal tiles of NT x IPT items (NT threads x IPT items each)
+                 whatever the row lengths; start points found once per matrix by a binary search on
+                 row_ptr (``merge_plan``, cached); products and row ends staged in shared memory
+                 with coalesced loads; rows that straddle tiles fixed up by a second, tiny kernel
+                 over the tiles' carry-outs (no atomics: the same sum order on every run).
     csr_stream:  for short rows: a block per ~1024 nonzeros (or 256 rows) computes its products into
                  shared memory with coalesced loads, then a thread per row sums them there
                  (CSR-stream; the block plan is built once per matrix and cached).
@@ -44,6 +50,8 @@ _SUBS = (2, 4, 8, 16, 32)
 CHUNK = 512          # nonzeros per warp in csr_split's chunk kernel (the .cu's CHUNK)
 STREAM_NNZ = 1024    # csr_stream: nonzeros per block (its shared buffer holds 2048, the .cu's CAP)
 STREAM_ROWS = 256    # csr_stream: rows per block when rows are shorter than STREAM_NNZ / 256
+MERGE_CONFIGS = tuple((nt, ipt) for nt in (128, 256) for ipt in (5, 7, 8, 9, 11, 15))  # the .cu's instantiations
+MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads avoid a common bank
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
 _INT32_MAX = 2**31 - 1
@@ -249,6 +257,84 @@ def stream_plan(A: "CSR") -> torch.Tensor:
     return plan
 
 
+def merge_coords(row_ptr: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each tile of the merge path starts: (rows, nzs), int64, n_tiles + 1 entries each.
+
+    The path merges the rows' ends row_ptr[1:] with the nonzeros 0 .. nnz - 1: at (i rows closed, j
+    nonzeros taken) the next item closes row i if row_ptr[i + 1] <= j, else takes nonzero j. Row k
+    therefore closes at item k + row_ptr[k + 1], a strictly increasing key, and after d items
+    i = #{k : k + row_ptr[k + 1] < d} (one ``searchsorted``), j = d - i. Tile t starts at
+    d = t * tile (the last entry is the path's end, (M, nnz))."""
+    if tile <= 0:
+        raise ValueError(f"merge_coords: tile must be positive, got {tile}")
+    M = row_ptr.numel() - 1
+    total = M + int(row_ptr[-1])
+    n_tiles = -(-total // tile)
+    d = (torch.arange(n_tiles + 1, device=row_ptr.device, dtype=torch.int64) * tile).clamp_(max=total)
+    key = torch.arange(M, device=row_ptr.device, dtype=torch.int64) + row_ptr[1:].long()
+    rows = torch.searchsorted(key, d)  # side="left": the count of keys < d
+    return rows, d - rows
+
+
+def merge_segments(row_ptr: torch.Tensor, rows: torch.Tensor, nzs: torch.Tensor):
+    """The rows that straddle tiles, for csr_merge's fix-up: (seg_row, seg_b0, seg_b1), int64.
+
+    Tile b ends with row rows[b + 1] open; it holds part of that row (a nonzero carry) when the row
+    exists (< M) and the tile's end nzs[b + 1] lies past the row's start. The tiles carrying one row
+    are consecutive: seg_b0 .. seg_b1 - 1. Rows that fit in one tile need no fix-up."""
+    M = row_ptr.numel() - 1
+    r_end, z_end = rows[1:], nzs[1:]
+    if M == 0 or r_end.numel() == 0:
+        e = torch.zeros(0, dtype=torch.int64, device=rows.device)
+        return e, e, e
+    has = (r_end < M) & (z_end > row_ptr.long()[r_end.clamp(max=M - 1)])
+    blocks = torch.nonzero(has).flatten()
+    seg_row, counts = torch.unique_consecutive(r_end[blocks], return_counts=True)
+    b0 = blocks[torch.cumsum(counts, 0) - counts]
+    return seg_row, b0, b0 + counts
+
+
+@dataclass
+class MergePlan:
+    """csr_merge's partition of one matrix for one tile size, int32 device tensors: plan_row /
+    plan_nz (n_tiles + 1,) where each tile starts on the path (``merge_coords``); seg_row / seg_b0 /
+    seg_b1 (n_seg,) the rows that straddle tiles and their tiles (``merge_segments``); ``build_ms``
+    the time it took (the conversion cost, reported like ELL's and JDS's)."""
+
+    tile: int
+    plan_row: torch.Tensor
+    plan_nz: torch.Tensor
+    seg_row: torch.Tensor
+    seg_b0: torch.Tensor
+    seg_b1: torch.Tensor
+    build_ms: float = 0.0
+
+    @property
+    def n_tiles(self) -> int:
+        return self.plan_row.numel() - 1
+
+    @property
+    def n_seg(self) -> int:
+        return self.seg_row.numel()
+
+
+def merge_plan(A: "CSR", tile: int = MERGE_DEFAULT[0] * MERGE_DEFAULT[1]) -> MergePlan:
+    """csr_merge's plan for A and ``tile`` = NT x IPT items per block: built on A's device with
+    torch ops (a ``searchsorted`` over M keys, about the cost of reading row_ptr twice) on first
+    use and cached with A."""
+    key = ("merge", tile)
+    plan = A._plans.get(key)
+    if plan is None:
+        def build():
+            rows, nzs = merge_coords(A.row_ptr, tile)
+            seg = merge_segments(A.row_ptr, rows, nzs)
+            return [t.int().contiguous() for t in (rows, nzs, *seg)]
+
+        arrays, ms = _timed(build)
+        plan = A._plans[key] = MergePlan(tile, *arrays, build_ms=ms)
+    return plan
+
+
 def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> None:
     """Everything a kernel relies on, checked on the device; raises ValueError naming what is wrong."""
     if len(shape) != 2 or int(shape[0]) < 0 or int(shape[1]) < 0:
@@ -375,7 +461,8 @@ class JDS:
 
 @functools.cache
 def _module(device_index: int) -> rt.Module:
-    names = ["spmv_csr_scalar", "spmv_ell", "spmv_jds", "spmv_csr_chunks", "spmv_csr_stream"] + [f"spmv_csr_vector<{s}>" for s in _SUBS]
+    names = ["spmv_csr_scalar", "spmv_ell", "spmv_jds", "spmv_csr_chunks", "spmv_csr_stream", "spmv_csr_merge_fixup"]
+    names += [f"spmv_csr_vector<{s}>" for s in _SUBS] + [f"spmv_csr_merge<{nt},{ipt}>" for nt, ipt in MERGE_CONFIGS]
     return rt.load(_SRC, names, device_index=device_index)
 
 
@@ -386,6 +473,9 @@ _PARAMS = {
     "spmv_csr_chunks": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "chunk_row:i", "chunk_start:i",
                         "n_chunks", "alpha"),
     "spmv_csr_stream": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "block_row:i", "alpha", "beta"),
+    "spmv_csr_merge": ("row_ptr:i", "col:i", "val:f", "x:f", "y:f", "plan_row:i", "plan_nz:i", "carry:f",
+                       "alpha", "beta"),
+    "spmv_csr_merge_fixup": ("carry:f", "seg_row:i", "seg_b0:i", "seg_b1:i", "y:f", "n_seg", "alpha"),
     "spmv_ell": ("col:i", "val:f", "x:f", "y:f", "M", "K", "alpha", "beta"),
     "spmv_jds": ("perm:i", "len_sorted:i", "jd_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
 }
@@ -513,6 +603,32 @@ def csr_split(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, long_len
     return y
 
 
+def csr_merge(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, nt: int | None = None,
+              ipt: int | None = None):
+    """Merge-path CSR: every block takes nt x ipt items of the merged (row ends, nonzeros) path
+    (default ``MERGE_DEFAULT``; (nt, ipt) one of ``MERGE_CONFIGS``), so a 100k-nonzero row is
+    spread over many blocks and a run of empty rows costs one item each. Two launches: the tiles,
+    then (when a row straddles tiles) the fix-up of their carry-outs. The plan is cached with A."""
+    _need(A, CSR, "csr_merge")
+    nt = MERGE_DEFAULT[0] if nt is None else nt
+    ipt = MERGE_DEFAULT[1] if ipt is None else ipt
+    if (nt, ipt) not in MERGE_CONFIGS:
+        raise ValueError(f"spmv.csr_merge: (nt, ipt) must be one of {MERGE_CONFIGS}, got {(nt, ipt)}")
+    y = _check(A, x, y, beta)
+    if not A.shape[0]:
+        return y
+    P = merge_plan(A, nt * ipt)
+    dev = x.get_device()
+    # A fresh carry buffer per call: a shared one would race between calls on different streams.
+    carry = torch.empty(P.n_tiles, dtype=torch.float32, device=y.device)
+    _kernel(f"spmv_csr_merge<{nt},{ipt}>", dev)(P.n_tiles, nt, A.row_ptr, A.col, A.val, x, y, P.plan_row,
+                                                  P.plan_nz, carry, alpha, beta)
+    if P.n_seg:
+        _kernel("spmv_csr_merge_fixup", dev)(_blocks(32 * P.n_seg), _THREADS, carry, P.seg_row, P.seg_b0,
+                                             P.seg_b1, y, P.n_seg, alpha)
+    return y
+
+
 def csr_stream(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     _need(A, CSR, "csr_stream")
     y = _check(A, x, y, beta)
@@ -542,16 +658,21 @@ def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     return y
 
 
-VARIANTS = {"csr_scalar": csr_scalar, "csr_vector": csr_vector, "csr_split": csr_split,
+VARIANTS = {"csr_scalar": csr_scalar, "csr_vector": csr_vector, "csr_split": csr_split, "csr_merge": csr_merge,
             "csr_stream": csr_stream, "ell": ell, "jds": jds}
-FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_stream": CSR, "ell": ELL, "jds": JDS}
+FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_merge": CSR, "csr_stream": CSR,
+             "ell": ELL, "jds": JDS}
 
 
 def choose(stats: RowStats, convert: bool = True) -> str:
     """The kernel for a matrix with these row lengths, from the H200 table in docs/notes-spmv.md
-    (speed-ups over cuSPARSE in brackets):
-      * a row longer than ``split_len(mean)``: csr_split (powerlaw, wide: every kernel that keeps a
-        long row on one thread or sub-warp is 3x to 1000x slower);
+    (speed-ups over cuSPARSE in brackets; "predicted" marks a rule not yet measured on the GPU):
+      * a row longer than ``split_len(mean)``, or rows of very uneven length (std > mean):
+        csr_merge (predicted; powerlaw, wide). Every kernel that gives a row to one thread or
+        sub-warp is as slow as its longest row (3x to 1000x slower there); csr_split cut the long
+        rows but left rows up to its threshold on 2-lane sub-warps (powerlaw 0.33, wide 1.10);
+        merge path gives every block the same number of rows + nonzeros, so no row length can
+        make a straggler;
       * mean >= 0.9 x max (nearly every row as long as the longest): jds (banded5 1.33, banded27
         1.35, uniform 1.05, against 1.26 / 0.82 / 0.97 for the best CSR kernel): a thread per row
         with coalesced diagonals, and the stable length sort leaves perm close to the identity, so
@@ -565,8 +686,8 @@ def choose(stats: RowStats, convert: bool = True) -> str:
     by the last two rules)."""
     if stats.rows == 0 or stats.nnz == 0:
         return "csr_vector"
-    if stats.max > split_len(stats.mean):
-        return "csr_split"
+    if stats.max > split_len(stats.mean) or stats.std > stats.mean:
+        return "csr_merge"
     if convert and stats.mean >= 0.9 * stats.max:
         return "jds"
     if convert and stats.max <= 16 and stats.max <= 2.0 * stats.mean:

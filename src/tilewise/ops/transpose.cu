@@ -5,11 +5,11 @@
 // tilewise-instantiate: transpose_v2_smem<float> transpose_v2_smem<__half> transpose_v2_smem<__nv_bfloat16>
 // tilewise-instantiate: transpose_v3_padded<float> transpose_v3_padded<__half> transpose_v3_padded<__nv_bfloat16>
 // tilewise-instantiate: transpose_v4_vec<float,true,64,64,256,5,8,true,false> transpose_v4_vec<float,false,64,64,256,5,8,true,false>
-// tilewise-instantiate: transpose_v4_vec<float,true,64,64,256,1,8,true,true> transpose_v4_vec<float,false,64,64,256,1,8,true,true>
+// tilewise-instantiate: transpose_v4_vec<float,true,64,64,128,1,16,false,true> transpose_v4_vec<float,false,64,64,128,1,16,false,true>
 // tilewise-instantiate: transpose_v4_vec<__half,true,64,64,256,1,8,true,false> transpose_v4_vec<__half,false,64,64,256,1,8,true,false>
-// tilewise-instantiate: transpose_v4_vec<__half,true,64,64,256,1,4,true,true> transpose_v4_vec<__half,false,64,64,256,1,4,true,true>
+// tilewise-instantiate: transpose_v4_vec<__half,true,128,64,512,2,8,false,true> transpose_v4_vec<__half,false,128,64,512,2,8,false,true>
 // tilewise-instantiate: transpose_v4_vec<__nv_bfloat16,true,64,64,256,1,8,true,false> transpose_v4_vec<__nv_bfloat16,false,64,64,256,1,8,true,false>
-// tilewise-instantiate: transpose_v4_vec<__nv_bfloat16,true,64,64,256,1,4,true,true> transpose_v4_vec<__nv_bfloat16,false,64,64,256,1,4,true,true>
+// tilewise-instantiate: transpose_v4_vec<__nv_bfloat16,true,128,64,512,2,8,false,true> transpose_v4_vec<__nv_bfloat16,false,128,64,512,2,8,false,true>
 #include "tilewise_common.cuh"
 
 namespace {

@@ -560,8 +560,15 @@ class Kernel:
         try:
             self._launch(stream, cfg, self.handle, *cargs)
         except Exception as e:
-            raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
-                                    f"shmem={shmem}) failed: {e}") from e
+            if "INVALID_CONTEXT" in str(e):
+                # A thread that has made no CUDA runtime call yet (PyTorch's autograd device
+                # thread, when no PyTorch kernel ran before ours in a backward) has no current
+                # context for the driver API: bind the device's primary context and retry once.
+                _cuda_core().Device(self.device_index).set_current()
+                self._launch(stream, cfg, self.handle, *cargs)
+            else:
+                raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
+                                        f"shmem={shmem}) failed: {e}") from e
         if _debug_sync:
             self._sync_and_check()
 

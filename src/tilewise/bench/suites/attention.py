@@ -5,11 +5,17 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
 (1, H, S, S) additive bias, whose gradient is taken in the backward rows):
     sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd), v3_flash2 (ours; its
     baseline is sdpa_flash, or the fastest SDPA backend that accepts the bias), v4_flash2_tma (v3
-    with TMA loads in the forward; no-bias rows only).
-The full run also sweeps the forward block sizes of v3/v4 at S = 4096 (variants
-``v3_flash2[BM,BN,w,s]``) and the dK/dV and dQ tiles of the backward (``v3_flash2[dkdv=...]``).
+    with TMA loads in the forward; no-bias rows only), v3_flash2_atomic (v3 with
+    ``deterministic=False``: the fused backward with atomic dQ; forward + backward rows only).
+Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
+16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
+tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
+(non-causal: SDPA takes no bias with is_causal). The full run also sweeps, at S = 4096, the forward
+block sizes of v3/v4 (variants ``v3_flash2[BM,BN,w,s]``), the dK/dV and dQ tiles of the
+deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
+(``v3_flash2_atomic[atomic=...]``).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
-the fp32 reference. Inputs are far larger than L2 (4 x 16 x 4096 x 128 bf16 = 64 MiB per tensor).
+the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from ..harness import CheckError, check, time_ms
 # Backward candidates (full run, S = 4096, no bias): one kernel's tile changed at a time.
 _BWD_SWEEP = [("dkdv", (64, 64, 8, 2)), ("dkdv", (64, 128, 8, 2)), ("dkdv", (32, 64, 4, 2)), ("dkdv", (32, 128, 8, 3)),
               ("dq", (128, 32, 8, 2)), ("dq", (64, 64, 4, 2)), ("dq", (128, 64, 8, 3)), ("dq", (64, 128, 8, 2))]
+# Atomic backward candidates (full run, S = 4096, no bias): "atomic" = pointer atomics for dQ,
+# "atomic_tma" = TMA reduce-add (D = 128 only).
+_ATOMIC_SWEEP = [("atomic", (64, 64, 8, 2)), ("atomic", (64, 128, 8, 2)), ("atomic", (32, 128, 8, 2)),
+                 ("atomic", (16, 128, 8, 1)), ("atomic", (32, 128, 8, 1)), ("atomic_tma", (16, 128, 8, 2)),
+                 ("atomic_tma", (32, 128, 8, 2))]
 _FWD_SWEEP = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
               (128, 32, 4, 4), (64, 128, 4, 3)]
 
@@ -60,6 +71,10 @@ def _flex():
 
 def _ours(q, k, v, causal, bias):
     return op.flash_attention(q, k, v, causal=causal, bias=bias)
+
+
+def _ours_atomic(q, k, v, causal, bias):
+    return op.flash_attention(q, k, v, causal=causal, bias=bias, deterministic=False)
 
 
 def _ours_tma(q, k, v, causal, bias):
@@ -106,27 +121,26 @@ def _time(fn, q, k, v, bias, causal, go, backward):
 def run(r) -> None:
     from torch.nn.attention import SDPBackend
 
-    B, H = 4, 16
+    H, TOKENS = 16, 16384
     if r.quick:
         shapes = [(4096, 128)]
-        modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
-                 ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
     else:
-        shapes = [(S, D) for D in (64, 128) for S in (1024, 4096, 16384)]
-        modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
-                 ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
+        shapes = [(S, D) for D in (64, 128) for S in (1024, 2048, 4096, 8192, 16384)]
+    modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
+             ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
     dtype = torch.bfloat16
     baselines = {"sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
                  "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION)}
     flex = _flex()
     g = torch.Generator(device="cuda").manual_seed(0)
     for S, D in shapes:
+        B = TOKENS // S
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
         go = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
         for causal in (False, True):
             for opname, backward, with_bias in modes:
                 if with_bias and (causal or S > 8192):
-                    continue  # SDPA has no causal + bias; a (B, H, S, S) fp32 dS buffer at 16k is 68 GB
+                    continue  # SDPA has no causal + bias; at 16k the bias alone is 8.6 GB (and slow baselines)
                 bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=dtype, generator=g)
                         if with_bias else None)
                 shape = f"B={B},H={H},S={S},D={D}" + (",causal" if causal else "") + (",bias" if with_bias else "")
@@ -153,6 +167,12 @@ def run(r) -> None:
                 _check_version("v3_flash2", _ours, q, k, v, bias, causal, go, backward)
                 ms = _time(_ours, q, k, v, bias, causal, go, backward)
                 r.add(opname, "v3_flash2", shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if backward:
+                    r.status(f"{opname} {shape} v3_flash2_atomic")
+                    _check_version("v3_flash2_atomic", _ours_atomic, q, k, v, bias, causal, go, True)
+                    ms = _time(_ours_atomic, q, k, v, bias, causal, go, True)
+                    r.add(opname, "v3_flash2_atomic", shape, dtype, ms, cost, baseline=base,
+                          baseline_ms=times.get(base))
                 if not with_bias:
                     r.status(f"{opname} {shape} v4_flash2_tma")
                     try:
@@ -185,6 +205,20 @@ def run(r) -> None:
                             with op.override_configs(**{kind: cfg}):
                                 _check_version(name, _ours, q, k, v, None, causal, go, True)
                                 ms = _time(_ours, q, k, v, None, causal, go, True)
+                        except CheckError:
+                            raise
+                        except Exception as e:  # e.g. out of shared memory for this tile
+                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
+                            continue
+                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                    for kind, cfg in _ATOMIC_SWEEP:
+                        if kind == "atomic_tma" and D not in op._ATOMIC_TMA_CONFIGS:
+                            continue
+                        name = f"v3_flash2_atomic[{kind}=" + ",".join(map(str, cfg)) + "]"
+                        try:
+                            with op.override_configs(**{kind: cfg}), op.dq_tma(kind == "atomic_tma"):
+                                _check_version(name, _ours_atomic, q, k, v, None, causal, go, True)
+                                ms = _time(_ours_atomic, q, k, v, None, causal, go, True)
                         except CheckError:
                             raise
                         except Exception as e:  # e.g. out of shared memory for this tile

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops import cross_entropy as op
+from ...ops import rowwise_cluster as rc
 from ..harness import check, time_ms
 
 
@@ -62,8 +63,12 @@ def run(r) -> None:
             comp()
             r.add("cross_entropy", "torch.compile", shape, dtype, time_ms(comp), cost)
 
-            for name in ("v2_fused", "v3_online", "v4_cluster"):
+            for name in ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe"):
                 if name == "v2_fused" and C > op.MAX_FUSED or name == "v4_cluster" and C > op.MAX_CLUSTER:
+                    continue
+                if name == "v5_cluster_cuda" and (C <= op.MAX_FUSED or rc.unsupported_reason(x, kind="ce")):
+                    continue
+                if name == "v6_cluster_pipe" and (C <= op.MAX_FUSED or rc.pipe_unsupported_reason(x, kind="ce")):
                     continue
                 why = op.cluster_unsupported_reason() if name == "v4_cluster" and C > op.CLUSTER_SLICE else None
                 if why:
@@ -90,17 +95,20 @@ def run(r) -> None:
 
             # The kernel alone (loss + gradient, no autograd, still the target check's host sync):
             # tells the kernel's time from the autograd wrapper's.
-            v = "v2_fused" if C <= op.MAX_FUSED else "v3_online"
-            ms = time_ms(lambda: op._launch(x.detach(), t, "mean", -100, 0.0, True, v))
-            r.add("cross_entropy_kernel", v, shape, dtype, ms, cost, baseline="F.cross_entropy",
-                  baseline_ms=base_ms)
+            kernels = [op.default_variant(x)]
+            if C > op.MAX_FUSED and not rc.pipe_unsupported_reason(x, kind="ce"):
+                kernels.append("v6_cluster_pipe")
+            for v in dict.fromkeys(kernels):
+                ms = time_ms(lambda v=v: op._launch(x.detach(), t, "mean", -100, 0.0, True, v))
+                r.add("cross_entropy_kernel", v, shape, dtype, ms, cost, baseline="F.cross_entropy",
+                      baseline_ms=base_ms)
 
             # Forward only, no gradient wanted: one read of the logits.
             fcost = op.cost(N, C, dtype, grad=False)
             with torch.no_grad():
                 fb = time_ms(lambda: F.cross_entropy(x, t))
                 r.add("cross_entropy_fwd", "F.cross_entropy", shape, dtype, fb, fcost)
-                v = "v2_fused" if C <= op.MAX_FUSED else "v3_online"  # the default (PREFER_CLUSTER off)
+                v = op.default_variant(x)
                 check(f"cross_entropy_fwd.{v}", op.cross_entropy(x, t, variant=v).float(), ref_loss,
                       dtype=dtype)
                 ms = time_ms(lambda: op.cross_entropy(x, t, variant=v))

@@ -31,7 +31,9 @@ def run(r) -> None:
         compiled = torch.compile(eager, dynamic=False)
         check(f"{opname}.torch.compile", compiled(*inputs), ref)
         r.add(opname, "torch.compile", shape, dtype, time_ms(lambda: compiled(*inputs)), cost)
-        variants = ["contiguous", "strided"] if len(inputs) == 1 else ["strided"]
+        # None: what a call picks (fu.FUSE_DEFAULT; blocked for the contiguous case, rows for the
+        # bias row); the named kernels beside it, the round-2 ones (contiguous, strided) included.
+        variants = [None, "blocked", "contiguous", "strided"] if len(inputs) == 1 else [None, "rows", "strided"]
         out = torch.empty_like(ref)
         for v in variants:
             out.fill_(float("nan"))
@@ -39,6 +41,6 @@ def run(r) -> None:
             check(f"{opname}.{v}", out, ref)
             # Timed with a new output per call, as eager and torch.compile return one.
             ms = time_ms(lambda: fused(*inputs, variant=v))
-            r.add(opname, v, shape, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
+            r.add(opname, v or "auto", shape, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
         del ref, out
         torch.cuda.empty_cache()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
+from ...ops import rowwise_cluster as rc
 from ...ops import softmax as op
 from ..harness import check, time_ms
 
@@ -19,7 +20,12 @@ def _shapes(quick: bool):
     return big if quick else big + [(1024, 262147), (65536, 1000)]
 
 
-def _applies(name: str, N: int) -> bool:
+def _applies(name: str, N: int, x: torch.Tensor | None = None, kind: str = "fwd") -> bool:
+    if name == "v5_cluster_cuda":
+        return x is not None and N > op.MAX_FUSED and rc.unsupported_reason(x.view(-1, N), kind=kind) is None
+    if name == "v6_cluster_pipe":  # forward only (its backward row would repeat v5's)
+        return (x is not None and kind == "fwd" and N > op.MAX_FUSED
+                and rc.pipe_unsupported_reason(x.view(-1, N), kind=kind) is None)
     return not (name == "v2_fused" and N > op.MAX_FUSED or name == "v4_cluster" and N > op.MAX_CLUSTER)
 
 
@@ -54,7 +60,7 @@ def run(r) -> None:
 
             ref = op.reference(x)
             for name, fn in op.VARIANTS.items():
-                if not _applies(name, N):
+                if not _applies(name, N, x):
                     continue
                 why = _cluster_skip(name, N)
                 if why:
@@ -81,7 +87,8 @@ def run(r) -> None:
             dref = op.reference_backward(ref, dy)
             dx = None
             for name, fn in op.BACKWARD_VARIANTS.items():
-                if not _applies(name, N) or name == "v1_unfused" and r.quick or _cluster_skip(name, N):
+                if (not _applies(name, N, x, "bwd") or name == "v1_unfused" and r.quick
+                        or _cluster_skip(name, N)):
                     continue
                 try:
                     dx = fn(ref, dy)
@@ -99,7 +106,7 @@ def run(r) -> None:
             # log-softmax, default version only (same kernels with LOG=True).
             lb = time_ms(lambda: torch.log_softmax(x, -1))
             r.add("log_softmax", "torch.log_softmax", shape, dtype, lb, cost)
-            v = op._pick(None, N)
+            v = op.default_variant(x)
             fn = op.LOG_VARIANTS[v]
             y.fill_(float("nan"))
             fn(x, y)

@@ -1,6 +1,8 @@
 """spmv over a matrix suite generated from seeds (no downloads), beside PyTorch's CSR ``A @ x``
 (cuSPARSE) in the same run: every kernel at every applicable width, the format conversions' cost
-(op ``spmv_convert``), and the kernel ``spmv()`` picks (variant ``auto=<kernel>``).
+(op ``spmv_convert``, csr_merge's partition plan included), and the kernel ``spmv()`` picks
+(variant ``auto=<kernel>``). csr_merge runs at its default (nt, ipt) here; every (nt, ipt) is timed
+by scripts/experiments/spmv_variants.py.
 
 Matrices (``make_matrix(kind, small)``; ``small`` is the test-sized version):
     uniform:   2M x 2M, 32 random columns per row
@@ -95,6 +97,7 @@ def kernels_for(A: op.CSR):
     for s in (2, 4, 8, 16, 32):
         out.append((f"csr_vector/sub={s}", None, lambda A_, x, y, s=s: op.csr_vector(A_, x, y, sub=s)))
     out.append(("csr_split", None, op.csr_split))
+    out.append(("csr_merge", None, op.csr_merge))
     out.append(("csr_stream", None, op.csr_stream))
     out.append(("ell", op.ELL.from_csr, op.ell))
     out.append(("jds", op.JDS.from_csr, op.jds))
@@ -121,6 +124,9 @@ def run(r) -> None:
         check("spmv.torch.sparse", At @ x, ref, tol=1e-4)
         base_ms = time_ms(lambda: At @ x)
         r.add("spmv", "torch.sparse", shape, torch.float32, base_ms, c)
+
+        P = op.merge_plan(A)  # built here so that its cost has a row, not hidden in the first call
+        r.add("spmv_convert", f"csr->merge_plan(tile={P.tile})", shape, torch.float32, P.build_ms)
 
         times = {}
         for name, build, fn in kernels_for(A):

@@ -1,0 +1,119 @@
+"""Which tiles for the attention backward? Times tilewise's backward alone (forward done once, the
+autograd graph kept) at B=4, H=16, S=4096, bf16, D in {128, 64}, causal and not:
+    - SDPA flash and cuDNN backwards (what a user gets),
+    - the deterministic two-kernel backward (default tiles),
+    - the atomic backward (deterministic=False) over a handful of (BLOCK_M, BLOCK_N, warps, stages),
+      with dQ added by pointer atomics ("ptr") or by TMA reduce-add ("tma", D = 128 only).
+Every candidate's dQ, dK, dV are first checked against SDPA math in fp32 on batch 0, heads 0-1, and
+against SDPA flash's full-size gradients; a failing config is reported and not timed.
+TFLOP/s = 2.5 x 4 B H S^2 D / time (halved when causal), the backward's share of the usual count.
+Run on the GPU (< 2 min): PYTHONPATH=src python3 scripts/experiments/attention_bwd_configs.py [D ...]
+"""
+
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from tilewise.ops import attention as A
+
+B, H, S = 4, 16, 4096
+ATOMIC = {  # D: [(dQ path, (BLOCK_M, BLOCK_N, num_warps, num_stages)), ...]; the default is starred
+    128: [("ptr", (16, 128, 8, 1)), ("ptr", (32, 128, 8, 1)), ("ptr", (32, 128, 8, 2)), ("ptr", (64, 128, 8, 2)),
+          ("tma", (16, 128, 8, 2)), ("tma", (32, 128, 8, 2))],
+    64: [("ptr", (64, 64, 8, 2)), ("ptr", (64, 128, 8, 2)), ("ptr", (32, 128, 8, 2)), ("ptr", (64, 128, 8, 1)),
+         ("ptr", (128, 64, 8, 2))],
+}
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def main():
+    dims = [int(a) for a in sys.argv[1:]] or [128, 64]
+    t_start = time.time()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for D in dims:
+        q, k, v, go = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        for causal in (False, True):
+            flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+            sl = (slice(0, 1), slice(0, 2))
+            qs, ks, vs = (t[sl].float().requires_grad_(True) for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.MATH):
+                ref = torch.autograd.grad(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal),
+                                          (qs, ks, vs), go[sl].float())
+
+            def setup(fwd):
+                qi, ki, vi = (t.detach().requires_grad_(True) for t in (q, k, v))
+                out = fwd(qi, ki, vi)
+                return lambda: torch.autograd.grad(out, (qi, ki, vi), go, retain_graph=True)
+
+            def sdpa(backend):
+                def fwd(a, b, c):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+                return fwd
+
+            flash_bwd = setup(sdpa(SDPBackend.FLASH_ATTENTION))
+            flash_grads = flash_bwd()
+            cands = [("sdpa_flash", flash_bwd, None), ("sdpa_cudnn", None, sdpa(SDPBackend.CUDNN_ATTENTION)),
+                     ("tilewise deterministic", None, lambda a, b, c: A.flash_attention(a, b, c, causal=causal))]
+            default = A._config("atomic_tma" if A._dq_tma_applies(q, D) else "atomic", D)
+            for path, cfg in ATOMIC.get(D, []):
+                star = "*" if cfg == default and (path == "tma") == A._dq_tma_applies(q, D) else ""
+                cands.append((f"atomic {path} {cfg}{star}", (path, cfg), None))
+            for name, spec, fwd in cands:
+                try:
+                    if isinstance(spec, tuple):
+                        path, cfg = spec
+                        kind = "atomic_tma" if path == "tma" else "atomic"
+                        with A.override_configs(**{kind: cfg}), A.dq_tma(path == "tma"):
+                            bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal,
+                                                                          deterministic=False))
+                            grads = bwd()
+                            ms = None
+                            if path == "tma" and A._DQ_TMA["works"] is not True:
+                                print(f"D={D} causal={causal} {name}: TMA reduce-add unavailable (fell back)")
+                                continue
+                            errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
+                                    + [rel(x, f) for x, f in zip(grads, flash_grads)])
+                            if max(errs) < 2e-2:
+                                ms = do_bench(bwd, warmup=25, rep=100, return_mode="median")
+                    else:
+                        bwd = spec if spec is not None else setup(fwd)
+                        grads = bwd()
+                        errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
+                                + [rel(x, f) for x, f in zip(grads, flash_grads)])
+                        ms = do_bench(bwd, warmup=25, rep=100, return_mode="median") if max(errs) < 2e-2 else None
+                except Exception as e:  # a config that does not build (shared memory, registers) is reported
+                    print(f"D={D} causal={causal} {name}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    continue
+                if ms is None:
+                    print(f"D={D} causal={causal} {name}: WRONG, max rel err {max(errs):.3g} (not timed)", flush=True)
+                    continue
+                rows.append((D, causal, name, ms, flops / ms / 1e9, max(errs)))
+                print(f"D={D:3d} causal={causal!s:5} {name:34s} {ms:7.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s "
+                      f"(max rel err {max(errs):.2g})", flush=True)
+            del flash_bwd, flash_grads
+            torch.cuda.empty_cache()
+    print("\nbest atomic per case (bwd TFLOP/s; vs sdpa_flash and the deterministic backward):")
+    for D in dims:
+        for causal in (False, True):
+            case = [r for r in rows if r[0] == D and r[1] == causal]
+            at = [r for r in case if r[2].startswith("atomic")]
+            ref = {r[2]: r[3] for r in case}
+            if at:
+                best = min(at, key=lambda r: r[3])
+                print(f"  D={D} causal={causal}: {best[2]} {best[4]:.1f} TFLOP/s, "
+                      f"{ref.get('sdpa_flash', float('nan')) / best[3]:.2f}x flash, "
+                      f"{ref.get('tilewise deterministic', float('nan')) / best[3]:.2f}x deterministic")
+    print(f"elapsed {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,570 @@
+// Long rows (softmax, log-softmax, their backward, cross-entropy with its gradient) on sm_90
+// thread-block clusters: a row is split over the CL CTAs of one cluster, each CTA holds its slice
+// in registers (CH 16-byte chunks a thread, kept packed), the row statistics are reduced in the
+// block and then across the cluster through distributed shared memory, and the output is written
+// from the registers. One read of the input and one write of the output: the bytes floor, where a
+// single CTA (at most 64K 32-bit registers) cannot hold a 128k-element row and a two-pass kernel
+// must read it twice.
+//
+// Layout: rows of unit stride, row starts and N a multiple of 16 bytes (the launcher checks).
+// Columns of the CTA of cluster rank r: [r * L, min(N, (r + 1) * L)) with L = ceil(N / CL)
+// rounded up to whole 16-byte vectors; chunk c of thread t holds the vector at c * NT + t
+// (coalesced per chunk). Rows are walked by cluster id with a cluster-uniform stride, so the
+// kernel is right whether the launch grid counts clusters or blocks.
+//
+// Cluster protocol per row: thread 0 writes the CTA's partials to shared memory; arrive/wait
+// (release/acquire) makes them visible; every warp reads the CL partials (lane i from rank i)
+// and combines them with shuffles; arrive (done reading the others' shared memory) ... compute
+// and store ... wait: no CTA reuses or releases its partials while another may still read them.
+//
+// tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,2,256,8> rc_softmax_fwd<__nv_bfloat16,4,256,8> rc_softmax_fwd<__nv_bfloat16,8,256,8> rc_softmax_fwd<__nv_bfloat16,8,1024,4> rc_softmax_fwd<__nv_bfloat16,8,512,4>
+// tilewise-instantiate: rc_softmax_fwd<__half,2,256,8> rc_softmax_fwd<__half,4,256,8> rc_softmax_fwd<__half,8,256,8> rc_softmax_fwd<__half,8,1024,4>
+// tilewise-instantiate: rc_softmax_fwd<float,2,512,8> rc_softmax_fwd<float,4,512,8> rc_softmax_fwd<float,8,512,8> rc_softmax_fwd<float,8,1024,8> rc_softmax_fwd<float,8,1024,4>
+// tilewise-instantiate: rc_softmax_bwd<__nv_bfloat16,2,256,8> rc_softmax_bwd<__nv_bfloat16,4,256,8> rc_softmax_bwd<__nv_bfloat16,8,256,8> rc_softmax_bwd<__nv_bfloat16,8,1024,4> rc_softmax_bwd<__nv_bfloat16,8,512,4>
+// tilewise-instantiate: rc_softmax_bwd<__half,2,256,8> rc_softmax_bwd<__half,4,256,8> rc_softmax_bwd<__half,8,256,8> rc_softmax_bwd<__half,8,1024,4>
+// tilewise-instantiate: rc_softmax_bwd<float,2,512,8> rc_softmax_bwd<float,4,512,8> rc_softmax_bwd<float,8,512,8> rc_softmax_bwd<float,8,1024,4>
+// tilewise-instantiate: rc_cross_entropy<__nv_bfloat16,2,256,8> rc_cross_entropy<__nv_bfloat16,4,256,8> rc_cross_entropy<__nv_bfloat16,8,256,8> rc_cross_entropy<__nv_bfloat16,8,1024,4> rc_cross_entropy<__nv_bfloat16,8,512,4>
+// tilewise-instantiate: rc_cross_entropy<__half,2,256,8> rc_cross_entropy<__half,4,256,8> rc_cross_entropy<__half,8,256,8> rc_cross_entropy<__half,8,1024,4>
+// tilewise-instantiate: rc_cross_entropy<float,2,512,8> rc_cross_entropy<float,4,512,8> rc_cross_entropy<float,8,512,8> rc_cross_entropy<float,8,1024,8> rc_cross_entropy<float,8,1024,4>
+// tilewise-instantiate: rc_softmax_fwd_pipe<__nv_bfloat16,2,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,4,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,8,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,8,1024,4>
+// tilewise-instantiate: rc_softmax_fwd_pipe<__half,2,256,8> rc_softmax_fwd_pipe<__half,4,256,8> rc_softmax_fwd_pipe<__half,8,256,8> rc_softmax_fwd_pipe<__half,8,1024,4>
+// tilewise-instantiate: rc_softmax_fwd_pipe<float,2,512,8> rc_softmax_fwd_pipe<float,4,512,8> rc_softmax_fwd_pipe<float,8,512,8> rc_softmax_fwd_pipe<float,8,1024,8>
+// tilewise-instantiate: rc_cross_entropy_pipe<__nv_bfloat16,2,256,8> rc_cross_entropy_pipe<__nv_bfloat16,4,256,8> rc_cross_entropy_pipe<__nv_bfloat16,8,256,8> rc_cross_entropy_pipe<__nv_bfloat16,8,1024,4>
+// tilewise-instantiate: rc_cross_entropy_pipe<__half,2,256,8> rc_cross_entropy_pipe<__half,4,256,8> rc_cross_entropy_pipe<__half,8,256,8> rc_cross_entropy_pipe<__half,8,1024,4>
+// tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8> rc_cross_entropy_pipe<float,8,1024,8>
+#include "tilewise_common.cuh"
+
+namespace rc {
+
+constexpr float kLog2e = 1.4426950408889634f;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ unsigned cta_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// A float in the shared memory of the cluster's CTA `rank`, at the address `p` has in ours.
+__device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Every thread gets the block's result; `red` (32 floats) is free again after the next barrier.
+template <int NT>
+__device__ __forceinline__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < NT / 32 ? red[threadIdx.x & 31] : -INFINITY;
+  return warp_max(v);
+}
+template <int NT>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < NT / 32 ? red[threadIdx.x & 31] : 0.f;
+  return warp_sum(v);
+}
+
+template <typename T>
+struct Pack {
+  static constexpr int V = 16 / sizeof(T);
+  __device__ static __forceinline__ void unpack(const uint4& u, float (&f)[V]) {
+    tw::Vec16<T> w;
+    w.raw = u;
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i] = tw::to_float(w.v[i]);
+  }
+  __device__ static __forceinline__ uint4 pack(const float (&f)[V]) {
+    tw::Vec16<T> w;
+#pragma unroll
+    for (int i = 0; i < V; ++i) w.v[i] = tw::from_float<T>(f[i]);
+    return w.raw;
+  }
+};
+
+// This CTA's column range of a row of N and the column of chunk c of this thread.
+template <typename T, int CL, int NT>
+struct Slice {
+  long long c0, c1;
+  __device__ Slice(long long N, unsigned rank) {
+    constexpr int V = Pack<T>::V;
+    const long long L = (N + (long long)CL * V - 1) / ((long long)CL * V) * V;
+    c0 = rank * L;
+    c1 = c0 + L < N ? c0 + L : N;
+  }
+  __device__ __forceinline__ long long col(int c) const {
+    return c0 + ((long long)c * NT + threadIdx.x) * Pack<T>::V;
+  }
+};
+
+}  // namespace rc
+
+// y = softmax(x) (log_softmax when log != 0) along rows of N.
+template <typename T, int CL, int NT, int CH>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_softmax_fwd(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
+               long long sy, int log) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  __shared__ float red_a[32], red_b[32];
+  __shared__ float part[2];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  for (long long row = rc::cluster_id(); row < M; row += rc::cluster_count()) {
+    const T* xr = x + row * sx;
+    uint4 buf[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) buf[c] = __ldcs(reinterpret_cast<const uint4*>(xr + col));
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    m = rc::block_max<NT>(m, red_a);
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
+      }
+    }
+    s = rc::block_sum<NT>(s, red_b);
+    if (threadIdx.x == 0) {
+      part[0] = m;
+      part[1] = s;
+    }
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    const unsigned lane = threadIdx.x & 31;
+    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
+    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
+    rc::cluster_arrive();
+    const float Mx = rc::warp_max(pm);
+    const float Ms = Mx == -INFINITY ? 0.f : Mx * rc::kLog2e;
+    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
+    const float inv = S > 0.f ? 1.f / S : 0.f;
+    const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
+    T* yr = y + row * sy;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          f[i] = log ? (S > 0.f ? f[i] - lse : -INFINITY) : exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv;
+        __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
+      }
+    }
+    rc::cluster_wait();
+  }
+}
+
+// dx = y * (dy - sum(y * dy)) (softmax) or dx = dy - exp(y) * sum(dy) (log_softmax, y = log-probs).
+template <typename T, int CL, int NT, int CH>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long M,
+               long long N, long long sy, long long sdy, long long sdx, int log) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  __shared__ float red[32];
+  __shared__ float part[1];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  for (long long row = rc::cluster_id(); row < M; row += rc::cluster_count()) {
+    const T* yr = y + row * sy;
+    const T* gr = dy + row * sdy;
+    uint4 yb[CH], gb[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        yb[c] = __ldcs(reinterpret_cast<const uint4*>(yr + col));
+        gb[c] = __ldcs(reinterpret_cast<const uint4*>(gr + col));
+      }
+    }
+    float d = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float fy[V], fg[V];
+        P::unpack(yb[c], fy);
+        P::unpack(gb[c], fg);
+#pragma unroll
+        for (int i = 0; i < V; ++i) d += log ? fg[i] : fy[i] * fg[i];
+      }
+    }
+    d = rc::block_sum<NT>(d, red);
+    if (threadIdx.x == 0) part[0] = d;
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    const unsigned lane = threadIdx.x & 31;
+    const float pd = lane < CL ? rc::load_remote(&part[0], lane) : 0.f;
+    rc::cluster_arrive();
+    const float D = rc::warp_sum(pd);
+    T* dr = dx + row * sdx;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        float fy[V], fg[V];
+        P::unpack(yb[c], fy);
+        P::unpack(gb[c], fg);
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          fy[i] = log ? fg[i] - exp2f(fy[i] * rc::kLog2e) * D : fy[i] * (fg[i] - D);
+        __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(fy));
+      }
+    }
+    rc::cluster_wait();
+  }
+}
+
+// Cross-entropy of each row of logits against target[row] (int64; ignore_index rows give loss 0
+// and gradient 0), label smoothing e: loss = lse - (1 - e) x_t - (e / N) sum_j x_j; with grad != 0
+// also dx = (softmax(x) - (1 - e) [j == t] - e / N) * grad_scale, written from the registers.
+template <typename T, int CL, int NT, int CH>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_cross_entropy(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
+                 T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
+                 long long ignore_index, float smoothing, float grad_scale, int grad) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  __shared__ float red_a[32], red_b[32], red_c[32];
+  __shared__ float part[3];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  const bool smooth = smoothing > 0.f;
+  for (long long row = rc::cluster_id(); row < M; row += rc::cluster_count()) {
+    const T* xr = x + row * sx;
+    const long long t = target[row];
+    const bool valid = t != ignore_index;
+    uint4 buf[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      // plain caching: the loss reads x[t] back from L2
+      if (col < sl.c1) buf[c] = __ldg(reinterpret_cast<const uint4*>(xr + col));
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    m = rc::block_max<NT>(m, red_a);
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float s = 0.f, sxv = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
+          sxv += f[i];
+        }
+      }
+    }
+    s = rc::block_sum<NT>(s, red_b);
+    if (smooth) sxv = rc::block_sum<NT>(sxv, red_c);
+    if (threadIdx.x == 0) {
+      part[0] = m;
+      part[1] = s;
+      part[2] = sxv;
+    }
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    const unsigned lane = threadIdx.x & 31;
+    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
+    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
+    const float px = lane < CL && smooth ? rc::load_remote(&part[2], lane) : 0.f;
+    rc::cluster_arrive();
+    const float Mx = rc::warp_max(pm);
+    const float Mz = Mx == -INFINITY ? 0.f : Mx;
+    const float Ms = Mz * rc::kLog2e;
+    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
+    const float SX = smooth ? rc::warp_sum(px) : 0.f;
+    if (rank == 0 && threadIdx.x == 0) {
+      float l = 0.f;
+      if (valid) l = Mz + logf(S) - (1.f - smoothing) * tw::to_float(xr[t]) - smoothing / (float)N * SX;
+      loss[row] = l;
+    }
+    if (grad) {
+      const float inv = valid && S > 0.f ? grad_scale / S : 0.f;
+      const float hit = valid ? (1.f - smoothing) * grad_scale : 0.f;
+      const float off = valid ? smoothing / (float)N * grad_scale : 0.f;
+      T* dr = dx + row * sdx;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const long long col = sl.col(c);
+        if (col < sl.c1) {
+          float f[V];
+          P::unpack(buf[c], f);
+#pragma unroll
+          for (int i = 0; i < V; ++i)
+            f[i] = exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv - (col + i == t ? hit : 0.f) - off;
+          __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
+        }
+      }
+    }
+    rc::cluster_wait();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined versions (v6): a persistent grid of clusters walks the rows; each thread copies its
+// 16-byte vectors of the NEXT row into shared memory with cp.async (double buffer: 2 x CH x NT x
+// 16 bytes) before working on the current one, so loads stay in flight through the reductions,
+// the cluster barriers and the stores that left the memory system idle in v5 (one row per
+// cluster, registers only). Each thread reads back only the vectors it copied itself, so
+// cp.async.wait_group alone orders them (no block barrier on the data).
+
+namespace rc {
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <typename T, int CL, int NT, int CH>
+__device__ __forceinline__ void issue_row(uint4* buf, const T* row, const Slice<T, CL, NT>& sl) {
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    const long long col = sl.col(c);
+    if (col < sl.c1) cp_async16(&buf[c * NT + threadIdx.x], row + col);
+  }
+}
+}  // namespace rc
+
+template <typename T, int CL, int NT, int CH>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_softmax_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
+                    long long sy, int log) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  extern __shared__ uint4 sbuf[];  // [2][CH][NT]
+  __shared__ float red_a[32], red_b[32];
+  __shared__ float part[2];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  const long long step = rc::cluster_count();
+  long long row = rc::cluster_id();
+  int cur = 0;
+  if (row < M) rc::issue_row<T, CL, NT, CH>(sbuf, x + row * sx, sl);
+  rc::cp_async_commit();
+  for (; row < M; row += step) {
+    if (row + step < M) rc::issue_row<T, CL, NT, CH>(sbuf + (cur ^ 1) * CH * NT, x + (row + step) * sx, sl);
+    rc::cp_async_commit();
+    rc::cp_async_wait<1>();  // this row's copies (all groups but the newest) have landed
+    const uint4* buf = sbuf + cur * CH * NT;
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    m = rc::block_max<NT>(m, red_a);
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
+      }
+    }
+    s = rc::block_sum<NT>(s, red_b);
+    if (threadIdx.x == 0) {
+      part[0] = m;
+      part[1] = s;
+    }
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    const unsigned lane = threadIdx.x & 31;
+    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
+    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
+    rc::cluster_arrive();
+    const float Mx = rc::warp_max(pm);
+    const float Ms = Mx == -INFINITY ? 0.f : Mx * rc::kLog2e;
+    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
+    const float inv = S > 0.f ? 1.f / S : 0.f;
+    const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
+    T* yr = y + row * sy;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        float f[V];
+        P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          f[i] = log ? (S > 0.f ? f[i] - lse : -INFINITY) : exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv;
+        __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
+      }
+    }
+    rc::cluster_wait();
+    cur ^= 1;
+  }
+  rc::cp_async_wait<0>();
+}
+
+template <typename T, int CL, int NT, int CH>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
+                      T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
+                      long long ignore_index, float smoothing, float grad_scale, int grad) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  extern __shared__ uint4 sbuf[];  // [2][CH][NT]
+  __shared__ float red_a[32], red_b[32], red_c[32];
+  __shared__ float part[3];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  const bool smooth = smoothing > 0.f;
+  const long long step = rc::cluster_count();
+  long long row = rc::cluster_id();
+  int cur = 0;
+  if (row < M) rc::issue_row<T, CL, NT, CH>(sbuf, x + row * sx, sl);
+  rc::cp_async_commit();
+  for (; row < M; row += step) {
+    if (row + step < M) rc::issue_row<T, CL, NT, CH>(sbuf + (cur ^ 1) * CH * NT, x + (row + step) * sx, sl);
+    rc::cp_async_commit();
+    const T* xr = x + row * sx;
+    const long long t = target[row];
+    const bool valid = t != ignore_index;
+    rc::cp_async_wait<1>();
+    const uint4* buf = sbuf + cur * CH * NT;
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    m = rc::block_max<NT>(m, red_a);
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float s = 0.f, sxv = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
+          sxv += f[i];
+        }
+      }
+    }
+    s = rc::block_sum<NT>(s, red_b);
+    if (smooth) sxv = rc::block_sum<NT>(sxv, red_c);
+    if (threadIdx.x == 0) {
+      part[0] = m;
+      part[1] = s;
+      part[2] = sxv;
+    }
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    const unsigned lane = threadIdx.x & 31;
+    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
+    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
+    const float px = lane < CL && smooth ? rc::load_remote(&part[2], lane) : 0.f;
+    rc::cluster_arrive();
+    const float Mx = rc::warp_max(pm);
+    const float Mz = Mx == -INFINITY ? 0.f : Mx;
+    const float Ms = Mz * rc::kLog2e;
+    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
+    const float SX = smooth ? rc::warp_sum(px) : 0.f;
+    if (rank == 0 && threadIdx.x == 0) {
+      float l = 0.f;
+      if (valid) l = Mz + logf(S) - (1.f - smoothing) * tw::to_float(xr[t]) - smoothing / (float)N * SX;
+      loss[row] = l;
+    }
+    if (grad) {
+      const float inv = valid && S > 0.f ? grad_scale / S : 0.f;
+      const float hit = valid ? (1.f - smoothing) * grad_scale : 0.f;
+      const float off = valid ? smoothing / (float)N * grad_scale : 0.f;
+      T* dr = dx + row * sdx;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const long long col = sl.col(c);
+        if (col < sl.c1) {
+          float f[V];
+          P::unpack(buf[c * NT + threadIdx.x], f);
+#pragma unroll
+          for (int i = 0; i < V; ++i)
+            f[i] = exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv - (col + i == t ? hit : 0.f) - off;
+          __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
+        }
+      }
+    }
+    rc::cluster_wait();
+    cur ^= 1;
+  }
+  rc::cp_async_wait<0>();
+}

@@ -1,0 +1,224 @@
+"""Launchers of ``rowwise_cluster.cu``: softmax / log-softmax forward and backward and
+cross-entropy (loss and gradient in one pass) for rows too long for one CTA's registers.
+
+A row is split over a thread-block cluster (sm_90) of ``cl`` CTAs of ``nt`` threads, each thread
+holding ``ch`` 16-byte vectors of it in registers; the row's max / sum / dot are reduced in each
+block and then across the cluster through distributed shared memory. The input is read once and
+the output written once, so the bound is the bytes floor at copy bandwidth (forward 2, backward 3,
+cross-entropy with gradient 2 passes over the row), where the two-pass Triton kernels (v3_online)
+re-read the row and reach 62-66 % of it at 131072 columns on the H200.
+
+A configuration ``(cl, nt, ch)`` holds rows of up to ``cl * nt * ch * (16 / itemsize)`` elements.
+``pick(dtype, N, kind)`` takes the smallest listed configuration that holds the row. The layout
+must allow 16-byte vectors: unit stride along the row, N, the row stride and the base pointer
+multiples of 16 bytes (``unsupported_reason`` says what is missing).
+
+The softmax and cross-entropy modules expose these as their ``v5_cluster_cuda`` variants.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..runtime import cuda as rt
+
+_SRC = "rowwise_cluster.cu"
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# (cl, nt, ch) per dtype and kernel, smallest capacity first (each is instantiated in the .cu).
+# 2-byte types: 256 threads x 8 chunks measured fastest at 131072 on the H200 (2026-11-29,
+# scripts/experiments/rowwise_cluster_configs.py, bf16 4096 x 131072 forward, GB/s):
+# 8 x 256 x 8: 2,927-2,949; 8 x 512 x 4: 2,671-2,696; 8 x 128 x 16: 2,565; 4 x 256 x 16: 2,482;
+# 4 x 1024 x 4: 2,113; 8 x 1024 x 4: 1,253 (more resident CTAs an SM, more rows in flight);
+# cross-entropy 8192 x 131072: 1.750 ms at 8 x 256 x 8 against 2.099-2.116 at 8 x 512 x 4.
+_TWO_BYTE = ((2, 256, 8), (4, 256, 8), (8, 256, 8), (8, 1024, 4))  # the last: rows past 131072
+CONFIGS = {
+    ("fwd", 2): _TWO_BYTE, ("bwd", 2): _TWO_BYTE, ("ce", 2): _TWO_BYTE,
+    ("fwd", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8), (8, 1024, 8)),
+    ("bwd", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8)),
+    ("ce", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8), (8, 1024, 8)),
+}
+# Also built, for the experiment script (bf16 only): other splits of a 131072-element row.
+EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
+EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
+_NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
+          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe"}
+# The pipelined kernels (v6) take the same configurations as their v5 kind.
+PIPE_KINDS = ("fwd", "ce")
+
+
+def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
+    cl, nt, ch = config
+    return cl * nt * ch * (16 // dtype.itemsize)
+
+
+def max_row(dtype: torch.dtype, kind: str = "fwd") -> int:
+    """Longest row the listed configurations hold (262144 for 2-byte types; fp32 backward 131072)."""
+    return capacity(dtype, CONFIGS[(kind, dtype.itemsize)][-1])
+
+
+def pick(dtype: torch.dtype, N: int, kind: str = "fwd") -> tuple[int, int, int]:
+    for cfg in CONFIGS[(kind, dtype.itemsize)]:
+        if capacity(dtype, cfg) >= N:
+            return cfg
+    raise ValueError(f"rowwise_cluster: rows of {N} {dtype} elements exceed {max_row(dtype, kind)}")
+
+
+SHMEM_LIMIT = 227 * 1024  # opt-in shared memory of one block on sm_90
+
+
+def pipe_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
+    """As ``unsupported_reason``, for the pipelined (v6) kernels, whose two row slices must fit in
+    one block's shared memory (rows up to 131072 for 2-byte types and fp32)."""
+    why = unsupported_reason(*ts, kind=kind)
+    if why:
+        return why
+    t0 = ts[0]
+    if kind not in PIPE_KINDS:
+        return f"no pipelined kernel for {kind!r}"
+    if pipe_shmem(pick(t0.dtype, t0.shape[-1], kind)) > SHMEM_LIMIT:
+        return f"rows of {t0.shape[-1]} {t0.dtype} need more shared memory than a block has"
+    return None
+
+
+@functools.cache
+def _cc_ok(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
+    """None when the cluster kernels take these (N, row-stride) 2-D tensors, else why not."""
+    t0 = ts[0]
+    if not t0.is_cuda:
+        return "needs CUDA tensors"
+    if not _cc_ok(t0.device.index if t0.device.index is not None else torch.cuda.current_device()):
+        return "thread-block clusters need compute capability 9.0 (Hopper) or newer"
+    if t0.dtype not in _DTYPES:
+        return f"dtype {t0.dtype} is not float32/float16/bfloat16"
+    N = t0.shape[-1]
+    v = 16 // t0.dtype.itemsize
+    if N > max_row(t0.dtype, kind):
+        return f"rows of {N} exceed {max_row(t0.dtype, kind)} elements"
+    for t in ts:
+        if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] % v or t.stride(0) % v or t.data_ptr() % 16:
+            return (f"needs unit-stride rows whose length ({N}), stride and start are multiples of "
+                    f"16 bytes ({v} elements)")
+    return None
+
+
+@functools.cache
+def _module(device_index: int) -> rt.Module:
+    names = []
+    for (kind, size), cfgs in CONFIGS.items():
+        types = ("__nv_bfloat16", "__half") if size == 2 else ("float",)
+        for ty in types:
+            extra = EXTRA_BF16[kind] if ty == "__nv_bfloat16" else EXTRA_FP32[kind] if ty == "float" else ()
+            for cl, nt, ch in tuple(cfgs) + tuple(extra):
+                names.append(f"{_NAMES[kind]}<{ty},{cl},{nt},{ch}>")
+    for kind in PIPE_KINDS:
+        for size, types in ((2, ("__nv_bfloat16", "__half")), (4, ("float",))):
+            for ty in types:
+                for cl, nt, ch in CONFIGS[(kind, size)]:
+                    names.append(f"{_NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>")
+    return rt.load(_SRC, list(dict.fromkeys(names)), device_index=device_index)
+
+
+def _params(kind: str, dtype: torch.dtype):
+    T = rt.Tensor
+    if kind == "fwd":
+        return (T("x", (dtype,)), T("y", (dtype,)), rt.Scalar("M", "i64"), rt.Scalar("N", "i64"),
+                rt.Scalar("sx", "i64"), rt.Scalar("sy", "i64"), rt.Scalar("log", "i32"))
+    if kind == "bwd":
+        return (T("y", (dtype,)), T("dy", (dtype,)), T("dx", (dtype,)), rt.Scalar("M", "i64"),
+                rt.Scalar("N", "i64"), rt.Scalar("sy", "i64"), rt.Scalar("sdy", "i64"),
+                rt.Scalar("sdx", "i64"), rt.Scalar("log", "i32"))
+    return (T("x", (dtype,)), T("target", (torch.int64,)), T("loss", (torch.float32,)), T("dx", (dtype,)),
+            rt.Scalar("M", "i64"), rt.Scalar("N", "i64"), rt.Scalar("sx", "i64"), rt.Scalar("sdx", "i64"),
+            rt.Scalar("ignore_index", "i64"), rt.Scalar("smoothing", "f32"), rt.Scalar("grad_scale", "f32"),
+            rt.Scalar("grad", "i32"))
+
+
+def pipe_shmem(config: tuple[int, int, int]) -> int:
+    """Dynamic shared memory of a pipelined (v6) block: two row slices of 16-byte vectors."""
+    cl, nt, ch = config
+    return 2 * ch * nt * 16
+
+
+@functools.cache
+def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int) -> rt.Kernel:
+    cl, nt, ch = config
+    name = f"{_NAMES[kind]}<{rt.ctype(dtype)},{cl},{nt},{ch}>"
+    # Strided rows: the kernel takes row strides, so the tensors need not be contiguous.
+    params = tuple(rt.Tensor(p.name, p.dtypes, contiguous=False) if isinstance(p, rt.Tensor) else p
+                   for p in _params(kind.replace("_pipe", ""), dtype))
+    k = _module(device_index).kernel(name, params)
+    if kind.endswith("_pipe") and pipe_shmem(config) > 48 * 1024:
+        k.set_max_dynamic_shared(pipe_shmem(config))
+    return k
+
+
+@functools.cache
+def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int) -> int:
+    """Clusters of the pipelined kernel that run at once: its persistent grid (rows are dealt out
+    statically, so a cluster that waited for a free GPC would double the tail)."""
+    cl, nt, _ = config
+    k = _kernel(kind, dtype, config, device_index)
+    shmem = pipe_shmem(config)
+    try:
+        import cuda.core as cc
+
+        lc = cc.LaunchConfig(grid=1, cluster=cl, block=nt, shmem_size=shmem)
+        dev = cc.Device(device_index)
+        n = int(k.handle.occupancy.max_active_clusters(lc, stream=dev.default_stream))
+        if n > 0:
+            return n
+    except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
+        pass
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return max(1, sms * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
+
+
+def _launch(kind, t0, config, M, args, pipe=False):
+    cfg = pick(t0.dtype, t0.shape[1], kind) if config is None else tuple(config)
+    if capacity(t0.dtype, cfg) < t0.shape[1]:
+        raise ValueError(f"rowwise_cluster: config {cfg} holds {capacity(t0.dtype, cfg)} < {t0.shape[1]} elements")
+    cl, nt, _ = cfg
+    dev = t0.device.index if t0.device.index is not None else torch.cuda.current_device()
+    if pipe:
+        kk = kind + "_pipe"
+        k = _kernel(kk, t0.dtype, cfg, dev)
+        clusters = min(M, _resident_clusters(kk, t0.dtype, cfg, dev))
+        k((clusters * cl,), (nt,), *args, shmem=pipe_shmem(cfg))
+        return
+    k = _kernel(kind, t0.dtype, cfg, dev)
+    # One row per cluster: the grid counts blocks, a multiple of the compile-time cluster size.
+    k((M * cl,), (nt,), *args)
+
+
+def softmax_fwd(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None, pipe: bool = False) -> None:
+    """y2 = (log_)softmax(x2) along rows; x2, y2 (M, N) of one dtype (see unsupported_reason).
+    ``pipe``: the persistent, cp.async double-buffered kernel (v6)."""
+    M, N = x2.shape
+    if M:
+        _launch("fwd", x2, config, M, (x2, y2, M, N, x2.stride(0), y2.stride(0), int(log)), pipe)
+
+
+def softmax_bwd(y2: torch.Tensor, g2: torch.Tensor, dx2: torch.Tensor, log: bool, config=None) -> None:
+    """dx2 = softmax backward from y2 (probabilities, or log-probabilities when log) and g2."""
+    M, N = y2.shape
+    if M:
+        _launch("bwd", y2, config, M, (y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0), int(log)))
+
+
+def cross_entropy(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, dx: torch.Tensor | None,
+                  ignore_index: int, smoothing: float, grad_scale: float, config=None, pipe: bool = False) -> None:
+    """loss_rows[i] (fp32) and, when dx is given, dx = dL/dx scaled by grad_scale, for logits x
+    (M, N) and int64 targets (M,) already range-checked (or ignore_index)."""
+    M, N = x.shape
+    if M:
+        grad = dx is not None
+        d = dx if grad else x  # never written without grad
+        _launch("ce", x, config, M, (x, target, loss_rows, d, M, N, x.stride(0), d.stride(0) if grad else 0,
+                                     int(ignore_index), float(smoothing), float(grad_scale), int(grad)), pipe)

@@ -1,0 +1,237 @@
+"""rowwise_cluster.cu: softmax / log-softmax forward and backward and cross-entropy over
+thread-block clusters (softmax's and cross_entropy's v5_cluster_cuda)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilewise.ops import cross_entropy as ce
+from tilewise.ops import rowwise_cluster as rc
+from tilewise.ops import softmax as sm
+
+from conftest import poison
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _rel(out, ref):
+    o, r = out.double(), ref.double()
+    assert not torch.isnan(o).any(), "NaN in output"
+    return ((o - r).norm() / r.norm().clamp_min(1e-2)).item()
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def test_pick_takes_the_smallest_config_that_holds_the_row():
+    bf = torch.bfloat16
+    assert rc.pick(bf, 16392) == (2, 256, 8)          # 2 x 256 x 8 x 8 = 32768
+    assert rc.pick(bf, 32768) == (2, 256, 8)
+    assert rc.pick(bf, 32776) == (4, 256, 8)
+    assert rc.pick(bf, 131072) == (8, 256, 8)
+    assert rc.pick(bf, 131080) == (8, 1024, 4)
+    assert rc.max_row(bf) == 262144
+    assert rc.pick(torch.float32, 131072) == (8, 512, 8)
+    assert rc.max_row(torch.float32, "bwd") == 131072
+    with pytest.raises(ValueError, match="exceed"):
+        rc.pick(bf, 262152)
+    for (kind, size), cfgs in rc.CONFIGS.items():
+        caps = [rc.capacity(torch.float32 if size == 4 else bf, c) for c in cfgs]
+        assert caps == sorted(caps) and len(set(caps)) == len(caps), (kind, size)
+
+
+def test_every_config_is_instantiated_in_the_cu():
+    import pathlib
+
+    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
+              for n in line.split(":", 1)[1].split()}
+    for (kind, size), cfgs in rc.CONFIGS.items():
+        for ty in (("__nv_bfloat16", "__half") if size == 2 else ("float",)):
+            extra = rc.EXTRA_BF16[kind] if ty == "__nv_bfloat16" else rc.EXTRA_FP32[kind] if ty == "float" else ()
+            for cl, nt, ch in tuple(cfgs) + tuple(extra):
+                assert f"{rc._NAMES[kind]}<{ty},{cl},{nt},{ch}>" in listed
+            if kind in rc.PIPE_KINDS:
+                for cl, nt, ch in cfgs:
+                    assert f"{rc._NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>" in listed
+
+
+def test_unsupported_reason_on_cpu():
+    assert "CUDA" in rc.unsupported_reason(torch.zeros(2, 16))
+
+
+# ---------------------------------------------------------------- GPU
+
+SHAPES = [(1, 16392), (33, 40000), (5, 65536), (7, 100008), (4, 131072), (3, 262144)]
+
+
+def _x(M, N, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(M, N, generator=g, device="cuda") * 3).to(dtype)
+    if M > 2:
+        x[1] = float("-inf")               # a fully masked row
+        x[2, : N // 3] = float("-inf")     # masked at the start (other CTAs of the cluster see it)
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_gpu_softmax_forward_backward(shape, dtype, log):
+    M, N = shape
+    if N > rc.max_row(dtype, "fwd"):
+        pytest.skip("row longer than the configurations hold")
+    x = _x(M, N, dtype, seed=M + N)
+    y = poison(torch.empty_like(x))
+    rc.softmax_fwd(x, y, log)
+    ref = sm.reference(x.double(), log)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(y), fin)  # -inf exactly where the reference has it (log)
+    assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+    if N > rc.max_row(dtype, "bwd"):
+        return
+    yb = y if not log else torch.where(torch.isfinite(y), y, torch.full_like(y, -1e4))
+    dy = torch.randn(x.shape, device="cuda").to(dtype)
+    dx = poison(torch.empty_like(x))
+    rc.softmax_bwd(yb, dy, dx, log)
+    assert _rel(dx, sm.reference_backward(yb.double(), dy.double(), log)) <= 2 * TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [(8, 512, 4), (8, 256, 8), (8, 1024, 4)], ids=str)
+def test_gpu_bf16_configs_of_a_131072_row(config):
+    x = _x(6, 131072, torch.bfloat16, seed=7)
+    y = poison(torch.empty_like(x))
+    rc.softmax_fwd(x, y, False, config=config)
+    assert _rel(y, sm.reference(x.double())) <= TOL[torch.bfloat16]
+    dy = torch.randn_like(y)
+    dx = poison(torch.empty_like(x))
+    rc.softmax_bwd(y, dy, dx, False, config=config)
+    assert _rel(dx, sm.reference_backward(y.double(), dy.double(), False)) <= 2 * TOL[torch.bfloat16]
+    t = torch.randint(0, 131072, (6,), device="cuda")
+    xs = torch.randn(6, 131072, device="cuda", dtype=torch.bfloat16)
+    loss = poison(torch.empty(6, device="cuda"))
+    g = poison(torch.empty_like(xs))
+    rc.cross_entropy(xs, t, loss, g, -100, 0.0, 1.0, config=config)
+    b = xs.double().requires_grad_()
+    lb = F.cross_entropy(b, t, reduction="none")
+    lb.sum().backward()
+    assert _rel(loss, lb.detach()) <= 1e-4
+    assert _rel(g, b.grad) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_gpu_softmax_default_and_autograd():
+    x = torch.randn(8, 131072, device="cuda")
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    w = torch.randn_like(x)
+    (sm.softmax(a) * w).sum().backward()
+    (torch.softmax(b, -1) * w).sum().backward()
+    assert _rel(a.grad, b.grad) < 1e-4
+    # the default picks v5 past MAX_FUSED when the layout allows: same bits as naming it
+    xb = x.to(torch.bfloat16)
+    assert torch.equal(sm.softmax(xb), sm.softmax(xb, variant="v5_cluster_cuda"))
+    with pytest.raises(ValueError, match="16 bytes"):
+        sm.softmax(torch.randn(2, 40001, device="cuda"), variant="v5_cluster_cuda")
+    odd = torch.randn(2, 40001, device="cuda")  # the default falls back to v3_online
+    assert _rel(sm.softmax(odd), torch.softmax(odd.double(), -1)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 16392), (33, 40000), (17, 131072), (3, 262144)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gpu_cross_entropy_against_torch(shape, dtype, reduction):
+    N, C = shape
+    if C > rc.max_row(dtype, "ce"):
+        pytest.skip("C larger than the configurations hold")
+    g = torch.Generator(device="cuda").manual_seed(N + C)
+    x = (torch.randn(N, C, generator=g, device="cuda") * 2).to(dtype)
+    t = torch.randint(0, C, (N,), generator=g, device="cuda")
+    if N > 3:
+        t[3] = -100
+    t[0] = C - 1  # the target in the last CTA's slice
+    for ls in (0.0, 0.1):
+        a = x.clone().requires_grad_()
+        b = x.double().requires_grad_()
+        la = ce.cross_entropy(a, t, reduction=reduction, label_smoothing=ls, variant="v5_cluster_cuda")
+        lb = F.cross_entropy(b, t, reduction=reduction, label_smoothing=ls)
+        w = torch.randn(la.shape, dtype=torch.float64, device="cuda")
+        (la.double() * w).sum().backward()
+        (lb * w).sum().backward()
+        assert _rel(la.detach(), lb.detach()) <= TOL[dtype]
+        assert _rel(a.grad, b.grad) <= 2 * TOL[dtype]
+    with torch.no_grad():  # loss only: no gradient written
+        assert _rel(ce.cross_entropy(x, t, reduction=reduction, variant="v5_cluster_cuda"),
+                    F.cross_entropy(x.double(), t, reduction=reduction)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_cross_entropy_default_is_v5_and_peak_memory():
+    N, C = 1024, 131072
+    x = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, C, (N,), device="cuda")
+    la = ce.cross_entropy(x.detach(), t)
+    assert torch.equal(la, ce.cross_entropy(x.detach(), t, variant="v5_cluster_cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    ce.cross_entropy(x, t).backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= N * C * 2 + (1 << 20), f"peak extra {extra} B vs gradient {N * C * 2} B"
+
+
+@pytest.mark.gpu
+def test_sanitizer_cluster_kernels_small():
+    """Small enough for compute-sanitizer (memcheck / racecheck): every kernel once."""
+    x = _x(3, 16392, torch.bfloat16, seed=1)
+    y = poison(torch.empty_like(x))
+    rc.softmax_fwd(x, y, False)
+    dx = poison(torch.empty_like(x))
+    rc.softmax_bwd(y, y, dx, False)
+    t = torch.tensor([0, 16391, -100], device="cuda")
+    loss = poison(torch.empty(3, device="cuda"))
+    rc.cross_entropy(x.nan_to_num(neginf=0.0), t, loss, dx, -100, 0.1, 1.0)
+    torch.cuda.synchronize()
+    assert not torch.isnan(dx).any() and not torch.isnan(loss).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 16392), (33, 40000), (300, 65536), (97, 131072)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_pipelined_forward_and_cross_entropy(shape, dtype):
+    """v6: more rows than resident clusters (each cluster walks several, double-buffered), odd
+    row counts, masked rows; outputs poisoned."""
+    M, N = shape
+    x = _x(M, N, dtype, seed=M * 7 + N)
+    for log in (False, True):
+        y = poison(torch.empty_like(x))
+        rc.softmax_fwd(x, y, log, pipe=True)
+        ref = sm.reference(x.double(), log)
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(y), fin)
+        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+    g = torch.Generator(device="cuda").manual_seed(N)
+    xs = (torch.randn(M, N, generator=g, device="cuda") * 2).to(dtype)
+    t = torch.randint(0, N, (M,), generator=g, device="cuda")
+    t[0] = N - 1
+    if M > 3:
+        t[3] = -100
+    for ls in (0.0, 0.1):
+        a = xs.clone().requires_grad_()
+        b = xs.double().requires_grad_()
+        la = ce.cross_entropy(a, t, reduction="none", label_smoothing=ls, variant="v6_cluster_pipe")
+        lb = F.cross_entropy(b, t, reduction="none", label_smoothing=ls)
+        w = torch.randn(la.shape, dtype=torch.float64, device="cuda")
+        (la.double() * w).sum().backward()
+        (lb * w).sum().backward()
+        assert _rel(la.detach(), lb.detach()) <= TOL[dtype]
+        assert _rel(a.grad, b.grad) <= 2 * TOL[dtype]
+
+
+def test_pipe_limits_on_cpu():
+    assert rc.pipe_shmem((8, 256, 8)) == 65536
+    assert rc.pipe_shmem((8, 1024, 8)) > rc.SHMEM_LIMIT   # fp32 rows past 131072: v5 only
