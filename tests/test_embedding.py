@@ -175,7 +175,7 @@ def test_forward_backward_gpu(variant, dtype, shape, V, E, id_dtype):
     assert _rel(gw, ref) <= DTYPE_TOL[dtype] * 4
     # The kernel itself, writing into a NaN-filled buffer: every element must be written.
     buf = poison(torch.empty(V, E, device="cuda", dtype=dtype))
-    kind = {"v1_naive": 0, "v2_fused_sort": 1, "v3_scan": em.SCAN}[variant]
+    kind = {"v1_naive": 0, "v2_fused_sort": 1, "v3_scan": em.SCAN, "v4_block_scan": em.BLOCK_SCAN}[variant]
     em._backward(ids.contiguous(), gout, V, None, kind, out=buf)
     assert not torch.isnan(buf).any()
     assert torch.equal(buf, gw)  # same order of adds: the same bits
@@ -370,8 +370,9 @@ def test_scan_applies_limits():
 
 
 @gpu
+@pytest.mark.parametrize("kind", ["scan", "block_scan"])
 @pytest.mark.parametrize("E", [1, 50, 100, 256])
-def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E):
+def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind):
     """v3_scan: a frequent id (a long position list), padding, out-of-range ids and a table whose
     row count is not a multiple of a block's rows; every row written (NaN-filled buffer)."""
     V = 1000 * 4 + 3
@@ -389,9 +390,17 @@ def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E):
     ref_fix[0] -= gout[6, 2].double()
     ref_fix[0] = 0.0              # padding_idx
     buf = poison(torch.empty(V, E, device="cuda"))
-    em._backward(ids, gout, V, 0, em.SCAN, out=buf)
+    k = em.SCAN if kind == "scan" else em.BLOCK_SCAN
+    em._backward(ids, gout, V, 0, k, out=buf)
     assert not torch.isnan(buf).any()
     assert _rel(buf, ref_fix.float()) <= 1e-5
     again = poison(torch.empty(V, E, device="cuda"))
-    em._backward(ids, gout, V, 0, em.SCAN, out=again)
+    em._backward(ids, gout, V, 0, k, out=again)
     assert torch.equal(buf, again)  # deterministic
+
+
+def test_block_scan_limits():
+    assert em.block_scan_applies(4096, 14819, 50)
+    assert em.block_scan_shmem(4096, 50) == (4 * 32 * 50 + 4096) * 4
+    assert not em.block_scan_applies(60000, 10, 50)   # shared memory
+    assert not em.block_scan_applies(0, 10, 50)

@@ -136,7 +136,9 @@ def cmd_bench(args) -> int:
 def _pick_csv(path: str | None) -> Path:
     if path:
         return Path(path)
-    found = sorted(DEFAULT_RESULTS.glob("*.csv"), key=lambda p: p.stat().st_mtime)
+    # <device>.csv files only: suites write extra tables beside it (e.g. <device>-wave.csv).
+    found = sorted((p for p in DEFAULT_RESULTS.glob("*.csv") if "-" not in p.stem),
+                   key=lambda p: p.stat().st_mtime)
     if not found:
         raise SystemExit(f"no CSV under {DEFAULT_RESULTS}; run `tilewise bench` first or pass --csv")
     return found[-1]

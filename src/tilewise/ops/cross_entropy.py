@@ -27,8 +27,8 @@ Versions:
                this Triton cannot build multi-CTA kernels (softmax.cluster_unsupported_reason).
 
 The forward writes the gradient for an upstream gradient of 1 (the common case: the loss is the
-last op). Backward returns it unchanged when the upstream gradient is 1 (one scalar read back to
-the host), else scales it in place (mean/sum: by a scalar; none: by row, a new tensor). In eager
+last op). Backward returns it unchanged when the upstream gradient is 1 (decided on the device by
+a small kernel that scales only otherwise: no host sync), else scales it in place (mean/sum: by a scalar; none: by row, a new tensor). In eager
 mode backward drops its own reference before returning the gradient, so AccumulateGrad adopts it
 as .grad without a copy: peak extra memory is the gradient itself (+ N x 4 B of row losses).
 
@@ -344,12 +344,44 @@ def _grad(ctx, dloss, _dgrad):
         return (None,) + nones
     if ctx.reduction == "none":
         return (g * dloss.to(g.dtype)[:, None],) + nones
-    if ctx.compiled:
+    if ctx.compiled or torch.compiler.is_compiling() or type(g) is not torch.Tensor or type(dloss) is not torch.Tensor:
+        # Traced (fake / functional tensors, e.g. AOT autograd tracing the backward): plain ops.
         return (g * dloss.to(g.dtype),) + nones
-    # The common case (the loss is the output): the gradient written in the forward is the answer.
-    if dloss.numel() == 1 and float(dloss) == 1.0:
-        return (g,) + nones
-    return (g.mul_(dloss.to(g.dtype)),) + nones  # ours alone now: scale in place, no second copy
+    # The common case (the loss is the output, dloss = 1): the gradient written in the forward is
+    # the answer. Decided on the device, not the host (no sync): a small persistent kernel reads
+    # dloss and scales g in place only when it is not 1, so g is touched only when it must be.
+    g = g if g.is_contiguous() else g.contiguous()
+    if g.numel():
+        d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
+        progs = _scale_programs(g)
+        _scale_unless_one_kernel[(progs,)](g, d, g.numel(), BLOCK=_SCALE_BLOCK,
+                                           ITERS=triton.cdiv(triton.cdiv(g.numel(), _SCALE_BLOCK), progs))
+    return (g,) + nones  # ours alone now: scaled in place, no second copy
+
+
+_SCALE_BLOCK = 4096
+
+
+def _scale_programs(g: torch.Tensor) -> int:
+    if not g.is_cuda:
+        return max(1, min(4, triton.cdiv(g.numel(), _SCALE_BLOCK)))
+    sms = torch.cuda.get_device_properties(g.device).multi_processor_count
+    return max(1, min(4 * sms, triton.cdiv(g.numel(), _SCALE_BLOCK)))
+
+
+@triton.jit
+def _scale_unless_one_kernel(G, DLOSS, total, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    # Every program reads the scalar; when it is 1 the loop runs zero times (a few us for the
+    # whole grid instead of a host sync or a pass over the gradient).
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    s = tl.load(DLOSS).to(tl.float32)
+    n = tl.where(s == 1.0, 0, ITERS)
+    for i in range(0, n):
+        o = (pid + i * nprog).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = o < total
+        v = tl.load(G + o, mask=m, other=0.0).to(tl.float32)
+        tl.store(G + o, (v * s).to(G.dtype.element_ty), mask=m)
 
 
 _ce_op.register_autograd(_grad, setup_context=_setup)

@@ -7,6 +7,7 @@
 // tilewise-instantiate: embedding_bwd_scan_v3<float,i64,1> embedding_bwd_scan_v3<float,i64,2> embedding_bwd_scan_v3<float,i64,4> embedding_bwd_scan_v3<float,i64,8> embedding_bwd_scan_v3<float,int,1> embedding_bwd_scan_v3<float,int,2> embedding_bwd_scan_v3<float,int,4> embedding_bwd_scan_v3<float,int,8>
 // tilewise-instantiate: embedding_bwd_scan_v3<__half,i64,1> embedding_bwd_scan_v3<__half,i64,2> embedding_bwd_scan_v3<__half,i64,4> embedding_bwd_scan_v3<__half,i64,8> embedding_bwd_scan_v3<__half,int,1> embedding_bwd_scan_v3<__half,int,2> embedding_bwd_scan_v3<__half,int,4> embedding_bwd_scan_v3<__half,int,8>
 // tilewise-instantiate: embedding_bwd_scan_v3<__nv_bfloat16,i64,1> embedding_bwd_scan_v3<__nv_bfloat16,i64,2> embedding_bwd_scan_v3<__nv_bfloat16,i64,4> embedding_bwd_scan_v3<__nv_bfloat16,i64,8> embedding_bwd_scan_v3<__nv_bfloat16,int,1> embedding_bwd_scan_v3<__nv_bfloat16,int,2> embedding_bwd_scan_v3<__nv_bfloat16,int,4> embedding_bwd_scan_v3<__nv_bfloat16,int,8>
+// tilewise-instantiate: embedding_bwd_block_scan_v4<float,i64,4> embedding_bwd_block_scan_v4<float,int,4> embedding_bwd_block_scan_v4<__half,i64,4> embedding_bwd_block_scan_v4<__half,int,4> embedding_bwd_block_scan_v4<__nv_bfloat16,i64,4> embedding_bwd_block_scan_v4<__nv_bfloat16,int,4>
 #include "tilewise_common.cuh"
 
 // One token per type name: the instantiate lines above are split at spaces.
@@ -179,5 +180,56 @@ __global__ void __launch_bounds__(1024) embedding_bwd_scan_v3(const I* __restric
       const long long e = lane + 32 * c;
       if (e < E) dst[e] = tw::from_float<T>(acc[r][c]);
     }
+  }
+}
+
+// Backward without a sort, split over the ids (v4_block_scan): a block owns 32 consecutive table
+// rows; while loading the ids into shared memory it maps each to its local row (or -1: another
+// block's row, padding_idx, out of range), so the scan is one ballot per 32 ids. Each of the NW
+// warps walks a contiguous 1/NW of the ids and adds the matching grad_out rows, in position order,
+// into its own shared-memory partial (NW x 32 x E floats); the block then sums the partials in warp
+// order and writes its 32 rows. A fixed order throughout: the same bits on every run, no atomics.
+// Dynamic shared memory: (NW x 32 x E + n_ids) x 4 bytes.
+template <typename T, typename I, int NW>
+__global__ void __launch_bounds__(NW * 32) embedding_bwd_block_scan_v4(const I* __restrict__ ids,
+                                                                      const T* __restrict__ grad_out,
+                                                                      T* __restrict__ grad_weight, long long n_ids,
+                                                                      long long V, long long E,
+                                                                      long long padding_idx) {
+  extern __shared__ float smem[];
+  float* part = smem;                                    // [NW][32][E]
+  int* loc = reinterpret_cast<int*>(smem + NW * 32 * E);  // [n_ids]
+  const long long r0 = static_cast<long long>(blockIdx.x) * 32;
+  for (long long i = threadIdx.x; i < NW * 32 * E; i += blockDim.x) part[i] = 0.f;
+  for (long long i = threadIdx.x; i < n_ids; i += blockDim.x) {
+    const long long r = static_cast<long long>(ids[i]);
+    loc[i] = (r >= r0 && r < r0 + 32 && r < V && r != padding_idx) ? static_cast<int>(r - r0) : -1;
+  }
+  __syncthreads();
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long per = (n_ids + NW - 1) / NW;
+  const long long b0 = w * per;
+  const long long b1 = b0 + per < n_ids ? b0 + per : n_ids;
+  float* mine = part + w * 32 * E;
+  for (long long base = b0; base < b1; base += 32) {
+    const int l = base + lane < b1 ? loc[base + lane] : -1;
+    unsigned m = __ballot_sync(0xffffffffu, l >= 0);
+    while (m) {
+      const int b = __ffs(m) - 1;
+      m &= m - 1;
+      const int r = __shfl_sync(0xffffffffu, l, b);
+      const T* g = grad_out + (base + b) * E;
+      float* dst = mine + r * E;
+      for (long long e = lane; e < E; e += 32) dst[e] += tw::to_float(g[e]);
+    }
+  }
+  __syncthreads();
+  for (long long k = threadIdx.x; k < 32 * E; k += blockDim.x) {
+    const long long r = k / E;
+    if (r0 + r >= V) break;  // k grows with r
+    float s = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < NW; ++ww) s += part[ww * 32 * E + k];
+    grad_weight[r0 * E + k] = tw::from_float<T>(s);
   }
 }

@@ -25,6 +25,13 @@ Versions (``embedding.cu``); the forward is the same gather in both, the backwar
                   2^28; past that v2's sort. The default.
                   bound: one launch; the ballots (rows x ids / 32 a warp) and grad_w's write.
 
+    v4_block_scan: v3 turned around: a block owns 32 table rows and maps every id to its local
+                  row (or -1) while loading them, so the scan is one ballot per 32 ids, and the
+                  ids are split over 4 warps (a quarter of v3's serial walk each), whose partial
+                  rows in shared memory are summed in warp order: deterministic. Past its limits
+                  (shared memory, rows x ids <= 2^33) v3, then v2, then v1.
+                  bound: one launch; V / 32 blocks each reading the ids (n x id bytes) from L2.
+
 Forward and backward are both one pass over their bytes; at the classifier's sizes (64 x 64 ids,
 20000 x 50 table) they take a few microseconds each, so launches set the time.
 
@@ -98,6 +105,7 @@ def _module(device_index: int) -> rt.Module:
     names += [f"embedding_bwd_segment_sum<{rt.ctype(d)}>" for d in _DTYPES]
     names += [f"embedding_bwd_scan_v3<{rt.ctype(d)},{_ict(i)},{ec}>" for d in _DTYPES for i in _ID_DTYPES
               for ec in (1, 2, 4, 8)]
+    names += [f"embedding_bwd_block_scan_v4<{rt.ctype(d)},{_ict(i)},4>" for d in _DTYPES for i in _ID_DTYPES]
     return rt.load(_SRC, names, device_index=device_index)
 
 
@@ -148,6 +156,36 @@ _SCAN_ROWS_PER_BLOCK = (_SCAN_THREADS // 32) * 4  # 4 rows a warp (RPW in embedd
 def scan_applies(n: int, V: int, E: int) -> bool:
     """Whether v3_scan's one-kernel backward takes n ids into a (V, E) table."""
     return 0 < n <= SCAN_MAX_IDS and V * n <= SCAN_MAX_WORK and 0 < E <= 256 and V < 2**31
+
+
+BLOCK_SCAN = 3         # _backward's kind for v4_block_scan
+_BLOCK_SCAN_WARPS = 4  # NW in embedding.cu
+_SHMEM_OPT_IN = 227 * 1024
+
+
+def block_scan_shmem(n: int, E: int) -> int:
+    """v4_block_scan's dynamic shared memory: the warps' partial rows and the ids' local rows."""
+    return (_BLOCK_SCAN_WARPS * 32 * E + n) * 4
+
+
+def block_scan_applies(n: int, V: int, E: int) -> bool:
+    """Whether v4_block_scan takes n ids into a (V, E) table: its shared memory fits a block and
+    the blocks' scans (V / 32 blocks x n ids) stay small."""
+    return 0 < n and 0 < E and block_scan_shmem(n, E) <= _SHMEM_OPT_IN and V * n <= 32 * SCAN_MAX_WORK and V < 2**31
+
+
+def _block_scan_kernel(dtype, id_dtype, dev) -> rt.Kernel:
+    key = ("block_scan", dtype, id_dtype, dev)
+    k = _kernels.get(key)
+    if k is None:
+        p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)),
+             rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("E", "i64"),
+             rt.Scalar("padding_idx", "i64"))
+        k = _module(dev).kernel(
+            f"embedding_bwd_block_scan_v4<{rt.ctype(dtype)},{_ict(id_dtype)},{_BLOCK_SCAN_WARPS}>", p)
+        k.set_max_dynamic_shared(_SHMEM_OPT_IN)
+        _kernels[key] = k
+    return k
 
 
 def _scan_chunks(E: int) -> int:
@@ -279,7 +317,12 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
     _, _, sk, gk, wave = plan or _plan(grad_out.dtype, ids.dtype, dev)
     flat = ids.reshape(-1)
     pad = -1 if padding_idx is None else padding_idx % V
-    if fused_sort == SCAN and scan_applies(n, V, E):
+    if fused_sort == BLOCK_SCAN and block_scan_applies(n, V, E):
+        k = _block_scan_kernel(grad_out.dtype, ids.dtype, dev)
+        k(-(-V // 32), _BLOCK_SCAN_WARPS * 32, flat, grad_out, grad_w, n, V, E, pad,
+          shmem=block_scan_shmem(n, E))
+        return grad_w
+    if fused_sort >= SCAN and scan_applies(n, V, E):
         ec = _scan_chunks(E)
         k = _scan_kernel(grad_out.dtype, ids.dtype, ec, dev)
         k(-(-V // _SCAN_ROWS_PER_BLOCK), _SCAN_THREADS, flat, grad_out, grad_w, n, V, E, pad, shmem=n * 4)
@@ -385,7 +428,12 @@ def v3_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = N
     return _run(ids, weight, padding_idx, SCAN)
 
 
-VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_scan}
+def v4_block_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    return _run(ids, weight, padding_idx, BLOCK_SCAN)
+
+
+VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_scan,
+            "v4_block_scan": v4_block_scan}
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,

@@ -33,8 +33,12 @@ def _capture(fn, ids, w, gout, backward: bool):
     """(graph, static out, static grad or None) of one ``fn(ids, w)`` (+ its weight gradient)."""
     def body():
         with torch.set_grad_enabled(backward):
-            out = fn(ids, w)
-            gw = torch.autograd.grad(out, w, gout)[0] if backward else None
+            # A fresh leaf made on the capturing stream: a leaf made earlier keeps its
+            # AccumulateGrad node on the default stream, and the engine's sync with that stream
+            # is illegal during capture (cudaErrorStreamCaptureImplicit, seen on the H200).
+            wl = w.detach().requires_grad_(backward)
+            out = fn(ids, wl)
+            gw = torch.autograd.grad(out, wl, gout)[0] if backward else None
         return out, gw
 
     s = torch.cuda.Stream()
