@@ -117,3 +117,26 @@ def test_best_of_ours_keeps_the_fastest_version_per_case():
     rows = [row("torch", 2.0, ""), row("v1", 1.5, "torch"), row("v2", 1.2, "torch"), row("v1", 0.9, "torch", "m")]
     best = report.best_of_ours(rows)
     assert [(r["variant"], r["shape"]) for r in best] == [("v1", "m"), ("v2", "n")]
+
+
+def test_time_ms_graph_rejects_bad_counts():
+    from tilewise.bench.harness import time_ms_graph
+
+    with pytest.raises(ValueError, match="calls and repeats"):
+        time_ms_graph(lambda: None, calls=0)
+
+
+@pytest.mark.gpu
+def test_gpu_time_ms_graph_matches_device_bound_timing():
+    """On a device-bound op (a 256 MB copy) the graph-replayed time per call agrees with the
+    event timing of eager calls; on a tiny op it is far below the eager (host-bound) time."""
+    import torch
+
+    from tilewise.bench.harness import time_ms, time_ms_graph
+
+    x = torch.randn(1 << 26, device="cuda")
+    y = torch.empty_like(x)
+    eager, graph = time_ms(lambda: y.copy_(x)), time_ms_graph(lambda: y.copy_(x), calls=5)
+    assert 0.7 < graph / eager < 1.4, (graph, eager)
+    s = torch.zeros(1, device="cuda")
+    assert time_ms_graph(lambda: s.add_(1.0), calls=50) < 0.02  # a few us a launch, host excluded

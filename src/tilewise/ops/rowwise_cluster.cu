@@ -132,6 +132,146 @@ struct Slice {
   }
 };
 
+
+// One row of (log-)softmax over this thread's CH vectors, read through at(c) (registers in v5,
+// shared memory in v6): block then cluster reductions, then the thread's outputs written to yr.
+// The caller ends the row with cluster_wait() (nobody may reuse `part` while a peer reads it).
+template <typename T, int CL, int NT, int CH, class At>
+__device__ __forceinline__ void softmax_row(const At& at, const Slice<T, CL, NT>& sl, T* yr, int log,
+                                            float* red_a, float* red_b, float* part) {
+  using P = Pack<T>;
+  constexpr int V = P::V;
+  float m = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (sl.col(c) < sl.c1) {
+      float f[V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+    }
+  }
+  m = block_max<NT>(m, red_a);
+  const float ms = m == -INFINITY ? 0.f : m * kLog2e;
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (sl.col(c) < sl.c1) {
+      float f[V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += exp2f(fmaf(f[i], kLog2e, -ms));
+    }
+  }
+  s = block_sum<NT>(s, red_b);
+  if (threadIdx.x == 0) {
+    part[0] = m;
+    part[1] = s;
+  }
+  cluster_arrive();
+  cluster_wait();
+  const unsigned lane = threadIdx.x & 31;
+  const float pm = lane < CL ? load_remote(&part[0], lane) : -INFINITY;
+  const float ps = lane < CL ? load_remote(&part[1], lane) : 0.f;
+  cluster_arrive();
+  const float Mx = warp_max(pm);
+  const float Ms = Mx == -INFINITY ? 0.f : Mx * kLog2e;
+  const float S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
+  const float inv = S > 0.f ? 1.f / S : 0.f;
+  const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    const long long col = sl.col(c);
+    if (col < sl.c1) {
+      float f[V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        f[i] = log ? (S > 0.f ? f[i] - lse : -INFINITY) : exp2f(fmaf(f[i], kLog2e, -Ms)) * inv;
+      __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
+    }
+  }
+}
+
+// One row of cross-entropy (see rc_cross_entropy) over this thread's vectors read through at(c);
+// the caller ends the row with cluster_wait().
+template <typename T, int CL, int NT, int CH, class At>
+__device__ __forceinline__ void ce_row(const At& at, const Slice<T, CL, NT>& sl, unsigned rank, const T* xr,
+                                       long long t, long long ignore_index, float* loss_row, T* dr, long long N,
+                                       float smoothing, float grad_scale, int grad, float* red_a,
+                                       float* red_b, float* red_c, float* part) {
+  using P = Pack<T>;
+  constexpr int V = P::V;
+  const bool valid = t != ignore_index;
+  const bool smooth = smoothing > 0.f;
+  float m = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (sl.col(c) < sl.c1) {
+      float f[V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+    }
+  }
+  m = block_max<NT>(m, red_a);
+  const float ms = m == -INFINITY ? 0.f : m * kLog2e;
+  float s = 0.f, sxv = 0.f;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (sl.col(c) < sl.c1) {
+      float f[V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        s += exp2f(fmaf(f[i], kLog2e, -ms));
+        sxv += f[i];
+      }
+    }
+  }
+  s = block_sum<NT>(s, red_b);
+  if (smooth) sxv = block_sum<NT>(sxv, red_c);
+  if (threadIdx.x == 0) {
+    part[0] = m;
+    part[1] = s;
+    part[2] = sxv;
+  }
+  cluster_arrive();
+  cluster_wait();
+  const unsigned lane = threadIdx.x & 31;
+  const float pm = lane < CL ? load_remote(&part[0], lane) : -INFINITY;
+  const float ps = lane < CL ? load_remote(&part[1], lane) : 0.f;
+  const float px = lane < CL && smooth ? load_remote(&part[2], lane) : 0.f;
+  cluster_arrive();
+  const float Mx = warp_max(pm);
+  const float Mz = Mx == -INFINITY ? 0.f : Mx;
+  const float Ms = Mz * kLog2e;
+  const float S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
+  const float SX = smooth ? warp_sum(px) : 0.f;
+  if (rank == 0 && threadIdx.x == 0) {
+    float l = 0.f;
+    if (valid) l = Mz + logf(S) - (1.f - smoothing) * tw::to_float(xr[t]) - smoothing / (float)N * SX;
+    *loss_row = l;
+  }
+  if (grad) {
+    const float inv = valid && S > 0.f ? grad_scale / S : 0.f;
+    const float hit = valid ? (1.f - smoothing) * grad_scale : 0.f;
+    const float off = valid ? smoothing / (float)N * grad_scale : 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        float f[V];
+        P::unpack(at(c), f);
+#pragma unroll
+        for (int i = 0; i < V; ++i)
+          f[i] = exp2f(fmaf(f[i], kLog2e, -Ms)) * inv - (col + i == t ? hit : 0.f) - off;
+        __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
+      }
+    }
+  }
+}
+
 }  // namespace rc
 
 // y = softmax(x) (log_softmax when log != 0) along rows of N.
@@ -139,12 +279,9 @@ template <typename T, int CL, int NT, int CH>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_softmax_fwd(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
                long long sy, int log) {
-  using P = rc::Pack<T>;
-  constexpr int V = P::V;
   __shared__ float red_a[32], red_b[32];
   __shared__ float part[2];
-  const unsigned rank = rc::cta_rank();
-  const rc::Slice<T, CL, NT> sl(N, rank);
+  const rc::Slice<T, CL, NT> sl(N, rc::cta_rank());
   for (long long row = rc::cluster_id(); row < M; row += rc::cluster_count()) {
     const T* xr = x + row * sx;
     uint4 buf[CH];
@@ -153,57 +290,7 @@ rc_softmax_fwd(const T* __restrict__ x, T* __restrict__ y, long long M, long lon
       const long long col = sl.col(c);
       if (col < sl.c1) buf[c] = __ldcs(reinterpret_cast<const uint4*>(xr + col));
     }
-    float m = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-      }
-    }
-    m = rc::block_max<NT>(m, red_a);
-    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
-      }
-    }
-    s = rc::block_sum<NT>(s, red_b);
-    if (threadIdx.x == 0) {
-      part[0] = m;
-      part[1] = s;
-    }
-    rc::cluster_arrive();
-    rc::cluster_wait();
-    const unsigned lane = threadIdx.x & 31;
-    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
-    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
-    rc::cluster_arrive();
-    const float Mx = rc::warp_max(pm);
-    const float Ms = Mx == -INFINITY ? 0.f : Mx * rc::kLog2e;
-    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
-    const float inv = S > 0.f ? 1.f / S : 0.f;
-    const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
-    T* yr = y + row * sy;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      const long long col = sl.col(c);
-      if (col < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-          f[i] = log ? (S > 0.f ? f[i] - lse : -INFINITY) : exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv;
-        __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
-      }
-    }
+    rc::softmax_row<T, CL, NT, CH>([&](int c) { return buf[c]; }, sl, y + row * sy, log, red_a, red_b, part);
     rc::cluster_wait();
   }
 }
@@ -276,17 +363,12 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_cross_entropy(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
                  T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
                  long long ignore_index, float smoothing, float grad_scale, int grad) {
-  using P = rc::Pack<T>;
-  constexpr int V = P::V;
   __shared__ float red_a[32], red_b[32], red_c[32];
   __shared__ float part[3];
   const unsigned rank = rc::cta_rank();
   const rc::Slice<T, CL, NT> sl(N, rank);
-  const bool smooth = smoothing > 0.f;
   for (long long row = rc::cluster_id(); row < M; row += rc::cluster_count()) {
     const T* xr = x + row * sx;
-    const long long t = target[row];
-    const bool valid = t != ignore_index;
     uint4 buf[CH];
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -294,73 +376,9 @@ rc_cross_entropy(const T* __restrict__ x, const long long* __restrict__ target, 
       // plain caching: the loss reads x[t] back from L2
       if (col < sl.c1) buf[c] = __ldg(reinterpret_cast<const uint4*>(xr + col));
     }
-    float m = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-      }
-    }
-    m = rc::block_max<NT>(m, red_a);
-    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
-    float s = 0.f, sxv = 0.f;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
-          sxv += f[i];
-        }
-      }
-    }
-    s = rc::block_sum<NT>(s, red_b);
-    if (smooth) sxv = rc::block_sum<NT>(sxv, red_c);
-    if (threadIdx.x == 0) {
-      part[0] = m;
-      part[1] = s;
-      part[2] = sxv;
-    }
-    rc::cluster_arrive();
-    rc::cluster_wait();
-    const unsigned lane = threadIdx.x & 31;
-    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
-    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
-    const float px = lane < CL && smooth ? rc::load_remote(&part[2], lane) : 0.f;
-    rc::cluster_arrive();
-    const float Mx = rc::warp_max(pm);
-    const float Mz = Mx == -INFINITY ? 0.f : Mx;
-    const float Ms = Mz * rc::kLog2e;
-    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
-    const float SX = smooth ? rc::warp_sum(px) : 0.f;
-    if (rank == 0 && threadIdx.x == 0) {
-      float l = 0.f;
-      if (valid) l = Mz + logf(S) - (1.f - smoothing) * tw::to_float(xr[t]) - smoothing / (float)N * SX;
-      loss[row] = l;
-    }
-    if (grad) {
-      const float inv = valid && S > 0.f ? grad_scale / S : 0.f;
-      const float hit = valid ? (1.f - smoothing) * grad_scale : 0.f;
-      const float off = valid ? smoothing / (float)N * grad_scale : 0.f;
-      T* dr = dx + row * sdx;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const long long col = sl.col(c);
-        if (col < sl.c1) {
-          float f[V];
-          P::unpack(buf[c], f);
-#pragma unroll
-          for (int i = 0; i < V; ++i)
-            f[i] = exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv - (col + i == t ? hit : 0.f) - off;
-          __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
-        }
-      }
-    }
+    rc::ce_row<T, CL, NT, CH>([&](int c) { return buf[c]; }, sl, rank, xr, target[row], ignore_index,
+                              loss + row, dx + row * sdx, N, smoothing, grad_scale, grad, red_a, red_b,
+                              red_c, part);
     rc::cluster_wait();
   }
 }
@@ -396,13 +414,10 @@ template <typename T, int CL, int NT, int CH>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_softmax_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
                     long long sy, int log) {
-  using P = rc::Pack<T>;
-  constexpr int V = P::V;
   extern __shared__ uint4 sbuf[];  // [2][CH][NT]
   __shared__ float red_a[32], red_b[32];
   __shared__ float part[2];
-  const unsigned rank = rc::cta_rank();
-  const rc::Slice<T, CL, NT> sl(N, rank);
+  const rc::Slice<T, CL, NT> sl(N, rc::cta_rank());
   const long long step = rc::cluster_count();
   long long row = rc::cluster_id();
   int cur = 0;
@@ -413,57 +428,8 @@ rc_softmax_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, long long M, lon
     rc::cp_async_commit();
     rc::cp_async_wait<1>();  // this row's copies (all groups but the newest) have landed
     const uint4* buf = sbuf + cur * CH * NT;
-    float m = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-      }
-    }
-    m = rc::block_max<NT>(m, red_a);
-    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
-      }
-    }
-    s = rc::block_sum<NT>(s, red_b);
-    if (threadIdx.x == 0) {
-      part[0] = m;
-      part[1] = s;
-    }
-    rc::cluster_arrive();
-    rc::cluster_wait();
-    const unsigned lane = threadIdx.x & 31;
-    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
-    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
-    rc::cluster_arrive();
-    const float Mx = rc::warp_max(pm);
-    const float Ms = Mx == -INFINITY ? 0.f : Mx * rc::kLog2e;
-    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
-    const float inv = S > 0.f ? 1.f / S : 0.f;
-    const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
-    T* yr = y + row * sy;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      const long long col = sl.col(c);
-      if (col < sl.c1) {
-        float f[V];
-        P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i)
-          f[i] = log ? (S > 0.f ? f[i] - lse : -INFINITY) : exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv;
-        __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
-      }
-    }
+    rc::softmax_row<T, CL, NT, CH>([&](int c) { return buf[c * NT + threadIdx.x]; }, sl, y + row * sy, log,
+                                   red_a, red_b, part);
     rc::cluster_wait();
     cur ^= 1;
   }
@@ -475,14 +441,11 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
                       T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
                       long long ignore_index, float smoothing, float grad_scale, int grad) {
-  using P = rc::Pack<T>;
-  constexpr int V = P::V;
   extern __shared__ uint4 sbuf[];  // [2][CH][NT]
   __shared__ float red_a[32], red_b[32], red_c[32];
   __shared__ float part[3];
   const unsigned rank = rc::cta_rank();
   const rc::Slice<T, CL, NT> sl(N, rank);
-  const bool smooth = smoothing > 0.f;
   const long long step = rc::cluster_count();
   long long row = rc::cluster_id();
   int cur = 0;
@@ -491,78 +454,12 @@ rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ tar
   for (; row < M; row += step) {
     if (row + step < M) rc::issue_row<T, CL, NT, CH>(sbuf + (cur ^ 1) * CH * NT, x + (row + step) * sx, sl);
     rc::cp_async_commit();
-    const T* xr = x + row * sx;
     const long long t = target[row];
-    const bool valid = t != ignore_index;
     rc::cp_async_wait<1>();
     const uint4* buf = sbuf + cur * CH * NT;
-    float m = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-      }
-    }
-    m = rc::block_max<NT>(m, red_a);
-    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
-    float s = 0.f, sxv = 0.f;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          s += exp2f(fmaf(f[i], rc::kLog2e, -ms));
-          sxv += f[i];
-        }
-      }
-    }
-    s = rc::block_sum<NT>(s, red_b);
-    if (smooth) sxv = rc::block_sum<NT>(sxv, red_c);
-    if (threadIdx.x == 0) {
-      part[0] = m;
-      part[1] = s;
-      part[2] = sxv;
-    }
-    rc::cluster_arrive();
-    rc::cluster_wait();
-    const unsigned lane = threadIdx.x & 31;
-    const float pm = lane < CL ? rc::load_remote(&part[0], lane) : -INFINITY;
-    const float ps = lane < CL ? rc::load_remote(&part[1], lane) : 0.f;
-    const float px = lane < CL && smooth ? rc::load_remote(&part[2], lane) : 0.f;
-    rc::cluster_arrive();
-    const float Mx = rc::warp_max(pm);
-    const float Mz = Mx == -INFINITY ? 0.f : Mx;
-    const float Ms = Mz * rc::kLog2e;
-    const float S = rc::warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, rc::kLog2e, -Ms)));
-    const float SX = smooth ? rc::warp_sum(px) : 0.f;
-    if (rank == 0 && threadIdx.x == 0) {
-      float l = 0.f;
-      if (valid) l = Mz + logf(S) - (1.f - smoothing) * tw::to_float(xr[t]) - smoothing / (float)N * SX;
-      loss[row] = l;
-    }
-    if (grad) {
-      const float inv = valid && S > 0.f ? grad_scale / S : 0.f;
-      const float hit = valid ? (1.f - smoothing) * grad_scale : 0.f;
-      const float off = valid ? smoothing / (float)N * grad_scale : 0.f;
-      T* dr = dx + row * sdx;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const long long col = sl.col(c);
-        if (col < sl.c1) {
-          float f[V];
-          P::unpack(buf[c * NT + threadIdx.x], f);
-#pragma unroll
-          for (int i = 0; i < V; ++i)
-            f[i] = exp2f(fmaf(f[i], rc::kLog2e, -Ms)) * inv - (col + i == t ? hit : 0.f) - off;
-          __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
-        }
-      }
-    }
+    rc::ce_row<T, CL, NT, CH>([&](int c) { return buf[c * NT + threadIdx.x]; }, sl, rank, x + row * sx, t,
+                              ignore_index, loss + row, dx + row * sdx, N, smoothing, grad_scale, grad,
+                              red_a, red_b, red_c, part);
     rc::cluster_wait();
     cur ^= 1;
   }
