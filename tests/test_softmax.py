@@ -377,6 +377,12 @@ def _cross_entropy_jobs():
                 jobs.append(["tilewise.ops.cross_entropy", "_ce_kernel", sig,
                              {"ROWS": 1, "BLOCK": ce.MAX_CLUSTER, "ONE_PASS": True, "HAS_GRAD": True,
                               "SMOOTH": smooth}, 16, ce.MAX_CLUSTER // ce.CLUSTER_SLICE])
+    # The backward's device-side scale (runs after every eager cross-entropy backward): a loop whose
+    # trip count comes from a loaded value must build for sm_90.
+    for p in ("*bf16", "*fp32"):
+        jobs.append(["tilewise.ops.cross_entropy", "_scale_unless_one_kernel",
+                     {"G": p, "DLOSS": p, "total": "i64", "BLOCK": "constexpr", "ITERS": "constexpr"},
+                     {"BLOCK": ce._SCALE_BLOCK, "ITERS": 4}, 4])
     return jobs
 
 
