@@ -235,3 +235,45 @@ def test_gpu_pipelined_forward_and_cross_entropy(shape, dtype):
 def test_pipe_limits_on_cpu():
     assert rc.pipe_shmem((8, 256, 8)) == 65536
     assert rc.pipe_shmem((8, 1024, 8)) > rc.SHMEM_LIMIT   # fp32 rows past 131072: v5 only
+
+
+def test_one_exp_names_are_instantiated():
+    import pathlib
+
+    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
+              for n in line.split(":", 1)[1].split()}
+    for (kind, size), cfgs in rc.ONE_EXP_CONFIGS.items():
+        ty = "__nv_bfloat16" if size == 2 else "float"
+        for cl, nt, ch in cfgs:
+            assert f"{rc._NAMES[kind]}<{ty},{cl},{nt},{ch},true>" in listed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gpu_one_exp_softmax_and_cross_entropy(dtype):
+    """X1 (one exp an element): the same results within the dtype's tolerance, masked rows too."""
+    cfg = rc.ONE_EXP_CONFIGS[("fwd", dtype.itemsize)][0]
+    M, N = 37, rc.capacity(dtype, cfg) - 8 * (16 // dtype.itemsize)
+    x = _x(M, N, dtype, seed=11)
+    for log in (False, True):
+        y = poison(torch.empty_like(x))
+        rc.softmax_fwd(x, y, log, config=cfg, one_exp=True)
+        ref = sm.reference(x.double(), log)
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(y), fin)
+        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+    xs = torch.randn(M, N, device="cuda", dtype=dtype) * 2
+    t = torch.randint(0, N, (M,), device="cuda")
+    t[3] = -100
+    for ls in (0.0, 0.1):
+        loss = poison(torch.empty(M, device="cuda"))
+        g = poison(torch.empty_like(xs))
+        rc.cross_entropy(xs, t, loss, g, -100, ls, 1.0, config=cfg, one_exp=True)
+        b = xs.double().requires_grad_()
+        lb = F.cross_entropy(b, t, reduction="none", label_smoothing=ls)
+        lb.sum().backward()
+        assert _rel(loss, lb.detach()) <= TOL[dtype]
+        assert _rel(g, b.grad) <= 2 * TOL[dtype]
+    with pytest.raises(ValueError, match="one_exp"):
+        rc.softmax_fwd(x, y, False, config=(2, 256, 8), one_exp=True)

@@ -16,6 +16,7 @@ from tilewise.ops import softmax as sm
 
 CONFIGS = [(8, 512, 4), (8, 256, 8)]
 BWD_CONFIGS = [(8, 512, 4), (8, 256, 8)]
+PIPE_CONFIGS = [(8, 256, 8)]  # the pipelined kernels are built for CONFIGS of rowwise_cluster only
 
 
 def bench(fn):
@@ -47,7 +48,14 @@ def main():
         ms = bench(lambda: rc.softmax_fwd(x, y, False, config=cfg))
         best.append((ms, cfg))
         print(f"  fwd {cfg}: {gbs(nbytes, ms):.0f} GB/s = {100 * copy / ms:.1f}% of copy  err {err:.1e}")
-    for cfg in CONFIGS:
+    for cfg in rc.ONE_EXP_CONFIGS[("fwd", 2)]:
+        y.fill_(float("nan"))
+        rc.softmax_fwd(x, y, False, config=cfg, one_exp=True)
+        err = rel(y, ref)
+        ms = bench(lambda: rc.softmax_fwd(x, y, False, config=cfg, one_exp=True))
+        best.append((ms, ("one_exp",) + cfg))
+        print(f"  fwd one_exp {cfg}: {gbs(nbytes, ms):.0f} GB/s = {100 * copy / ms:.1f}% of copy  err {err:.1e}")
+    for cfg in PIPE_CONFIGS:
         y.fill_(float("nan"))
         rc.softmax_fwd(x, y, False, config=cfg, pipe=True)
         err = rel(y, ref)
@@ -94,7 +102,14 @@ def main():
         ms = bench(lambda: rc.cross_entropy(x, t, loss, g, -100, 0.0, 1.0, config=cfg))
         best.append((ms, cfg))
         print(f"  ce {cfg}: {ms:.4f} ms = {100 * floor_ms / ms:.1f}% of floor  err {err:.1e}")
-    for cfg in CONFIGS:
+    for cfg in rc.ONE_EXP_CONFIGS[("ce", 2)]:
+        g.fill_(float("nan"))
+        rc.cross_entropy(x, t, loss, g, -100, 0.0, 1.0, config=cfg, one_exp=True)
+        err = max(rel(loss, lr.detach()), rel(g, xr.grad))
+        ms = bench(lambda: rc.cross_entropy(x, t, loss, g, -100, 0.0, 1.0, config=cfg, one_exp=True))
+        best.append((ms, ("one_exp",) + cfg))
+        print(f"  ce one_exp {cfg}: {ms:.4f} ms = {100 * floor_ms / ms:.1f}% of floor  err {err:.1e}")
+    for cfg in PIPE_CONFIGS:
         g.fill_(float("nan"))
         rc.cross_entropy(x, t, loss, g, -100, 0.0, 1.0, config=cfg, pipe=True)
         err = max(rel(loss, lr.detach()), rel(g, xr.grad))

@@ -47,6 +47,10 @@ _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entr
           "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe"}
 # The pipelined kernels (v6) take the same configurations as their v5 kind.
 PIPE_KINDS = ("fwd", "ce")
+# One exp an element (X1 in the .cu; softmax forward and cross-entropy, not yet measured): built for
+# these (dtype itemsize, config) pairs only.
+ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
+                   ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
 
 
 def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
@@ -117,6 +121,10 @@ def _module(device_index: int) -> rt.Module:
             extra = EXTRA_BF16[kind] if ty == "__nv_bfloat16" else EXTRA_FP32[kind] if ty == "float" else ()
             for cl, nt, ch in tuple(cfgs) + tuple(extra):
                 names.append(f"{_NAMES[kind]}<{ty},{cl},{nt},{ch}>")
+    for (kind, size), cfgs in ONE_EXP_CONFIGS.items():
+        for ty in (("__nv_bfloat16",) if size == 2 else ("float",)):
+            for cl, nt, ch in cfgs:
+                names.append(f"{_NAMES[kind]}<{ty},{cl},{nt},{ch},true>")
     for kind in PIPE_KINDS:
         for size, types in ((2, ("__nv_bfloat16", "__half")), (4, ("float",))):
             for ty in types:
@@ -147,9 +155,10 @@ def pipe_shmem(config: tuple[int, int, int]) -> int:
 
 
 @functools.cache
-def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int) -> rt.Kernel:
+def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int,
+            one_exp: bool = False) -> rt.Kernel:
     cl, nt, ch = config
-    name = f"{_NAMES[kind]}<{rt.ctype(dtype)},{cl},{nt},{ch}>"
+    name = f"{_NAMES[kind]}<{rt.ctype(dtype)},{cl},{nt},{ch}{',true' if one_exp else ''}>"
     # Strided rows: the kernel takes row strides, so the tensors need not be contiguous.
     params = tuple(rt.Tensor(p.name, p.dtypes, contiguous=False) if isinstance(p, rt.Tensor) else p
                    for p in _params(kind.replace("_pipe", ""), dtype))
@@ -180,12 +189,19 @@ def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, in
     return max(1, sms * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
 
 
-def _launch(kind, t0, config, M, args, pipe=False):
+def _launch(kind, t0, config, M, args, pipe=False, one_exp=False):
     cfg = pick(t0.dtype, t0.shape[1], kind) if config is None else tuple(config)
     if capacity(t0.dtype, cfg) < t0.shape[1]:
         raise ValueError(f"rowwise_cluster: config {cfg} holds {capacity(t0.dtype, cfg)} < {t0.shape[1]} elements")
     cl, nt, _ = cfg
     dev = t0.device.index if t0.device.index is not None else torch.cuda.current_device()
+    if one_exp:
+        built = ONE_EXP_CONFIGS.get((kind, t0.dtype.itemsize), ())
+        if pipe or t0.dtype == torch.float16 or cfg not in built:
+            raise ValueError(f"rowwise_cluster: one_exp is built for {kind} {t0.dtype} only at {built} "
+                             f"(bf16 / fp32, not pipelined), got {cfg}")
+        _kernel(kind, t0.dtype, cfg, dev, True)((M * cl,), (nt,), *args)
+        return
     if pipe:
         kk = kind + "_pipe"
         k = _kernel(kk, t0.dtype, cfg, dev)
@@ -197,12 +213,14 @@ def _launch(kind, t0, config, M, args, pipe=False):
     k((M * cl,), (nt,), *args)
 
 
-def softmax_fwd(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None, pipe: bool = False) -> None:
+def softmax_fwd(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None, pipe: bool = False,
+                one_exp: bool = False) -> None:
     """y2 = (log_)softmax(x2) along rows; x2, y2 (M, N) of one dtype (see unsupported_reason).
-    ``pipe``: the persistent, cp.async double-buffered kernel (v6)."""
+    ``pipe``: the persistent, cp.async double-buffered kernel (v6). ``one_exp``: one exp an
+    element (the sum pass keeps exp(x - block max) in place of x; ONE_EXP_CONFIGS only)."""
     M, N = x2.shape
     if M:
-        _launch("fwd", x2, config, M, (x2, y2, M, N, x2.stride(0), y2.stride(0), int(log)), pipe)
+        _launch("fwd", x2, config, M, (x2, y2, M, N, x2.stride(0), y2.stride(0), int(log)), pipe, one_exp)
 
 
 def softmax_bwd(y2: torch.Tensor, g2: torch.Tensor, dx2: torch.Tensor, log: bool, config=None) -> None:
@@ -213,7 +231,8 @@ def softmax_bwd(y2: torch.Tensor, g2: torch.Tensor, dx2: torch.Tensor, log: bool
 
 
 def cross_entropy(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, dx: torch.Tensor | None,
-                  ignore_index: int, smoothing: float, grad_scale: float, config=None, pipe: bool = False) -> None:
+                  ignore_index: int, smoothing: float, grad_scale: float, config=None, pipe: bool = False,
+                  one_exp: bool = False) -> None:
     """loss_rows[i] (fp32) and, when dx is given, dx = dL/dx scaled by grad_scale, for logits x
     (M, N) and int64 targets (M,) already range-checked (or ignore_index)."""
     M, N = x.shape
@@ -221,4 +240,5 @@ def cross_entropy(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor
         grad = dx is not None
         d = dx if grad else x  # never written without grad
         _launch("ce", x, config, M, (x, target, loss_rows, d, M, N, x.stride(0), d.stride(0) if grad else 0,
-                                     int(ignore_index), float(smoothing), float(grad_scale), int(grad)), pipe)
+                                     int(ignore_index), float(smoothing), float(grad_scale), int(grad)), pipe,
+                one_exp)
