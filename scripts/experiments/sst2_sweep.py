@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tilewise", action="store_true", help="skip the tilewise re-run of the best setting")
     ap.add_argument("--max-steps", type=int, default=None, help="steps per epoch (smoke tests)")
     ap.add_argument("--stages", default="1234", help="which stages to run (e.g. 12)")
+    ap.add_argument("--confirm", default=None,
+                    help="a JSON setting (TrainConfig fields, e.g. '{\"hidden\": 1024, \"lr\": 0.005}') to run "
+                         "instead of the stages: seeds 0, 1, 2 on the torch and the tilewise backends")
     args = ap.parse_args(argv)
     if args.glove_cache is None:
         g = Path(args.data_dir).resolve().parent / "glove50_sst2.npz"
@@ -191,6 +194,20 @@ def main(argv=None) -> int:
     # Time kept back from the torch runs for the tilewise re-run of the best setting.
     keep = args.tilewise_reserve_s if ("4" in args.stages and not args.no_tilewise
                                        and torch.cuda.is_available()) else 0.0
+
+    # Confirmation of one setting (e.g. the CPU sweep's best, logs/sst2-sweep-cpu.json): seed noise
+    # and the tilewise backend against torch from the same seeds.
+    if args.confirm:
+        setting = json.loads(args.confirm)
+        if not isinstance(setting, dict) or set(setting) - set(_FLAGS):
+            raise SystemExit(f"--confirm: a JSON object of {sorted(_FLAGS)}, got {args.confirm!r}")
+        for backend in ("torch", "tilewise"):
+            if backend == "tilewise" and (args.no_tilewise or not torch.cuda.is_available()):
+                continue
+            for seed in (0, 1, 2):
+                sw.run("C", {**setting, "seed": seed, "backend": backend},
+                       budget_factor=2.0 if backend == "tilewise" else 1.0)
+        args.stages = ""
 
     # Stage 1: the defaults, then lr x dropout under cosine decay.
     if "1" in args.stages:
