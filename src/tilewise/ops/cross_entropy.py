@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ..cost import Cost
+from ..runtime import cuda as rt
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -278,7 +279,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
                              num_ctas=ctas)
         else:
             if x.is_cuda:
-                sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                sms = rt.sm_count(x.get_device())
                 block = min(_ONLINE_CHUNK_BYTES // x.element_size(), max(16, 1 << (C - 1).bit_length()))
             else:
                 sms, block = 4, 16
@@ -365,8 +366,7 @@ _SCALE_BLOCK = 4096
 def _scale_programs(g: torch.Tensor) -> int:
     if not g.is_cuda:
         return max(1, min(4, triton.cdiv(g.numel(), _SCALE_BLOCK)))
-    sms = torch.cuda.get_device_properties(g.device).multi_processor_count
-    return max(1, min(4 * sms, triton.cdiv(g.numel(), _SCALE_BLOCK)))
+    return max(1, min(4 * rt.sm_count(g.get_device()), triton.cdiv(g.numel(), _SCALE_BLOCK)))
 
 
 @triton.jit

@@ -160,7 +160,7 @@ def scan_applies(n: int, V: int, E: int) -> bool:
 
 BLOCK_SCAN = 3         # _backward's kind for v4_block_scan
 _BLOCK_SCAN_WARPS = 4  # NW in embedding.cu
-_SHMEM_OPT_IN = 227 * 1024
+_SHMEM_OPT_IN = rt.SM90_SHARED_OPT_IN
 
 
 def block_scan_shmem(n: int, E: int) -> int:
@@ -294,9 +294,10 @@ def _workspace(n: int, V: int, device: torch.device, dev: int) -> tuple[torch.Te
 
 
 def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: int | None,
-              fused_sort: int, out: torch.Tensor | None = None, plan: tuple | None = None) -> torch.Tensor:
-    """grad_weight (V, E). ``out``: an optional contiguous (V, E) buffer to write into (tests pass
-    a NaN-filled one, to show that every element is written)."""
+              kind: int, out: torch.Tensor | None = None, plan: tuple | None = None) -> torch.Tensor:
+    """grad_weight (V, E). ``kind``: 0 v1 (torch.sort), 1 v2 (one-block sort), SCAN v3, BLOCK_SCAN
+    v4; each falls back to the next simpler kind past its limits. ``out``: an optional contiguous
+    (V, E) buffer to write into (tests pass a NaN-filled one, to show that every element is written)."""
     E = grad_out.shape[-1]
     n = ids.numel()
     grad_out = grad_out.reshape(n, E)
@@ -317,17 +318,17 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
     _, _, sk, gk, wave = plan or _plan(grad_out.dtype, ids.dtype, dev)
     flat = ids.reshape(-1)
     pad = -1 if padding_idx is None else padding_idx % V
-    if fused_sort == BLOCK_SCAN and block_scan_applies(n, V, E):
+    if kind == BLOCK_SCAN and block_scan_applies(n, V, E):
         k = _block_scan_kernel(grad_out.dtype, ids.dtype, dev)
         k(-(-V // 32), _BLOCK_SCAN_WARPS * 32, flat, grad_out, grad_w, n, V, E, pad,
           shmem=block_scan_shmem(n, E))
         return grad_w
-    if fused_sort >= SCAN and scan_applies(n, V, E):
+    if kind >= SCAN and scan_applies(n, V, E):
         ec = _scan_chunks(E)
         k = _scan_kernel(grad_out.dtype, ids.dtype, ec, dev)
         k(-(-V // _SCAN_ROWS_PER_BLOCK), _SCAN_THREADS, flat, grad_out, grad_w, n, V, E, pad, shmem=n * 4)
         return grad_w
-    if fused_sort and 0 < n <= SORT_MAX_IDS and V < ROW_START_MAX:
+    if kind and 0 < n <= SORT_MAX_IDS and V < ROW_START_MAX:
         sorted_pos, row_start = _workspace(n, V, grad_out.device, dev)
         n_pow2 = 1 << max(0, (n - 1).bit_length())
         sk(1, _SORT_THREADS, flat, sorted_pos, row_start, n, V, n_pow2, shmem=n_pow2 * 8)
@@ -345,39 +346,39 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
 
 
 @torch.library.custom_op("tilewise::embedding_forward", mutates_args=())
-def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, fused_sort: int) -> torch.Tensor:
+def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, kind: int) -> torch.Tensor:
     return _forward(ids, weight)
 
 
 @_embedding_op.register_fake
-def _(ids, weight, padding_idx, fused_sort):
+def _(ids, weight, padding_idx, kind):
     return weight.new_empty(*ids.shape, weight.shape[1])
 
 
 @torch.library.custom_op("tilewise::embedding_backward", mutates_args=())
 def _embedding_bwd_op(ids: torch.Tensor, grad_out: torch.Tensor, num_rows: int, padding_idx: int,
-                      fused_sort: int) -> torch.Tensor:
-    return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, fused_sort)
+                      kind: int) -> torch.Tensor:
+    return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, kind)
 
 
 @_embedding_bwd_op.register_fake
-def _(ids, grad_out, num_rows, padding_idx, fused_sort):
+def _(ids, grad_out, num_rows, padding_idx, kind):
     return grad_out.new_empty(num_rows, grad_out.shape[-1])
 
 
 def _setup(ctx, inputs, output):
-    ids, weight, padding_idx, fused_sort = inputs
+    ids, weight, padding_idx, kind = inputs
     ctx.save_for_backward(ids)
     ctx.num_rows = weight.shape[0]
     ctx.padding_idx = padding_idx
-    ctx.fused_sort = fused_sort
+    ctx.kind = kind
 
 
 def _bwd(ctx, grad):
     (ids,) = ctx.saved_tensors
     if not ctx.needs_input_grad[1]:
         return None, None, None, None
-    gw = _embedding_bwd_op(ids, grad.contiguous(), ctx.num_rows, ctx.padding_idx, ctx.fused_sort)
+    gw = _embedding_bwd_op(ids, grad.contiguous(), ctx.num_rows, ctx.padding_idx, ctx.kind)
     return None, gw, None, None
 
 
@@ -389,15 +390,15 @@ class _EmbeddingFunction(torch.autograd.Function):
     the custom op's dispatch, and at the classifier's sizes host time is the whole cost."""
 
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx, fused_sort):
+    def forward(ctx, ids, weight, padding_idx, kind):
         # ids are kept as an attribute, not through save_for_backward: they are an input that does
         # not require grad, and the saved-tensor bookkeeping (version counters, unpacking) is host
         # time on every step. The ids must then not be modified in place before backward (as for
         # any input the caller passes to a training step). They live as long as the autograd graph
         # (retain_graph=True keeps working), as saved tensors would.
         plan = _plan(weight.dtype, ids.dtype, weight.get_device())
-        ctx.ids, ctx.num_rows, ctx.padding_idx, ctx.fused_sort, ctx.plan = (
-            ids, weight.shape[0], padding_idx, fused_sort, plan)
+        ctx.ids, ctx.num_rows, ctx.padding_idx, ctx.kind, ctx.plan = (
+            ids, weight.shape[0], padding_idx, kind, plan)
         return _forward(ids, weight, plan)
 
     @staticmethod
@@ -405,15 +406,15 @@ class _EmbeddingFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[1]:
             return None, None, None, None
         pad = None if ctx.padding_idx < 0 else ctx.padding_idx
-        return None, _backward(ctx.ids, grad, ctx.num_rows, pad, ctx.fused_sort, plan=ctx.plan), None, None
+        return None, _backward(ctx.ids, grad, ctx.num_rows, pad, ctx.kind, plan=ctx.plan), None, None
 
 
-def _run(ids, weight, padding_idx, fused_sort):
+def _run(ids, weight, padding_idx, kind):
     ids = _check(ids, weight, padding_idx)
     pad = -1 if padding_idx is None else padding_idx % weight.shape[0]
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (it has a fake impl)
-        return _embedding_op(ids, weight, pad, fused_sort)
-    return _EmbeddingFunction.apply(ids, weight, pad, fused_sort)
+        return _embedding_op(ids, weight, pad, kind)
+    return _EmbeddingFunction.apply(ids, weight, pad, kind)
 
 
 def v1_naive(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:

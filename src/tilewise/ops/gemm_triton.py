@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..cost import Cost
+from ..runtime import cuda as rt
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -354,11 +355,10 @@ else:
 _INTERP_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
 
-@functools.cache
 def _num_sms(device_index: int) -> int:
     if _INTERPRET or not torch.cuda.is_available():
         return 4
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return rt.sm_count(device_index)
 
 
 # --------------------------------------------------------------------------- launchers

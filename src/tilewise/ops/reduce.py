@@ -194,7 +194,6 @@ def v3_warp(x, dim, op="sum", keepdim=False, out=None):
     return _run_v3(x, op, R, rs, other, ost, out)
 
 
-_sms: dict[int, int] = {}
 _empty_ws: dict[torch.device, torch.Tensor] = {}
 
 
@@ -212,7 +211,7 @@ def _run_v4(x, op, R, rs, other, ost, out):
     k = _kernel("v4_columns", _FUNCTOR[op], x.dtype, dev)
     n = out.numel()
     cols = (n + 31) // 32
-    sms = _sms.get(dev) or _sms.setdefault(dev, torch.cuda.get_device_properties(dev).multi_processor_count)
+    sms = rt.sm_count(dev)
     # Enough blocks for about 8 per SM, each thread row still walking >= 64 elements.
     splits = max(1, min(-(-8 * sms // cols), R // (8 * 64), 65535))
     scale = _scale(op, R)

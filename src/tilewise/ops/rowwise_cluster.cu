@@ -134,6 +134,31 @@ struct Slice {
 };
 
 
+// The largest of this thread's elements of the row, read through at(c) (-inf for none).
+template <typename T, int CL, int NT, int CH, class At>
+__device__ __forceinline__ float thread_max(const At& at, const Slice<T, CL, NT>& sl) {
+  using P = Pack<T>;
+  float m = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    if (sl.col(c) < sl.c1) {
+      float f[P::V];
+      P::unpack(at(c), f);
+#pragma unroll
+      for (int i = 0; i < P::V; ++i) m = fmaxf(m, f[i]);
+    }
+  }
+  return m;
+}
+
+// The row's max Mx (Ms = Mx log2 e, 0 for an all -inf row) and sum of exp(x - Mx), from each
+// lane's CTA partial (pm: the CTA's max, ps: its sum of exp(x - pm); lanes past CL hold -inf, 0).
+__device__ __forceinline__ void combine(float pm, float ps, float& Mx, float& Ms, float& S) {
+  Mx = warp_max(pm);
+  Ms = Mx == -INFINITY ? 0.f : Mx * kLog2e;
+  S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
+}
+
 // One row of (log-)softmax over this thread's CH vectors, read through at(c) (registers in v5,
 // shared memory in v6): block then cluster reductions, then the thread's outputs written to yr.
 // The caller ends the row with cluster_wait() (nobody may reuse `part` while a peer reads it).
@@ -146,17 +171,7 @@ __device__ __forceinline__ void softmax_row(const At& at, const Slice<T, CL, NT>
                                             float* red_a, float* red_b, float* part) {
   using P = Pack<T>;
   constexpr int V = P::V;
-  float m = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    if (sl.col(c) < sl.c1) {
-      float f[V];
-      P::unpack(at(c), f);
-#pragma unroll
-      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-    }
-  }
-  m = block_max<NT>(m, red_a);
+  float m = block_max<NT>(thread_max<T, CL, NT, CH>(at, sl), red_a);
   const float ms = m == -INFINITY ? 0.f : m * kLog2e;
   float s = 0.f;
 #pragma unroll
@@ -183,9 +198,8 @@ __device__ __forceinline__ void softmax_row(const At& at, const Slice<T, CL, NT>
   const float pm = lane < CL ? load_remote(&part[0], lane) : -INFINITY;
   const float ps = lane < CL ? load_remote(&part[1], lane) : 0.f;
   cluster_arrive();
-  const float Mx = warp_max(pm);
-  const float Ms = Mx == -INFINITY ? 0.f : Mx * kLog2e;
-  const float S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
+  float Mx, Ms, S;
+  combine(pm, ps, Mx, Ms, S);
   const float inv = S > 0.f ? 1.f / S : 0.f;
   const float lse = (Mx == -INFINITY ? 0.f : Mx) + logf(S);
   const float rescale = m == -INFINITY ? 0.f : exp2f(ms - Ms) * inv;  // X1: block-max e -> output
@@ -215,17 +229,7 @@ __device__ __forceinline__ void ce_row(const At& at, const Slice<T, CL, NT>& sl,
   constexpr int V = P::V;
   const bool valid = t != ignore_index;
   const bool smooth = smoothing > 0.f;
-  float m = -INFINITY;
-#pragma unroll
-  for (int c = 0; c < CH; ++c) {
-    if (sl.col(c) < sl.c1) {
-      float f[V];
-      P::unpack(at(c), f);
-#pragma unroll
-      for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-    }
-  }
-  m = block_max<NT>(m, red_a);
+  float m = block_max<NT>(thread_max<T, CL, NT, CH>(at, sl), red_a);
   const float ms = m == -INFINITY ? 0.f : m * kLog2e;
   float s = 0.f, sxv = 0.f;
 #pragma unroll
@@ -256,10 +260,9 @@ __device__ __forceinline__ void ce_row(const At& at, const Slice<T, CL, NT>& sl,
   const float ps = lane < CL ? load_remote(&part[1], lane) : 0.f;
   const float px = lane < CL && smooth ? load_remote(&part[2], lane) : 0.f;
   cluster_arrive();
-  const float Mx = warp_max(pm);
+  float Mx, Ms, S;
+  combine(pm, ps, Mx, Ms, S);
   const float Mz = Mx == -INFINITY ? 0.f : Mx;
-  const float Ms = Mz * kLog2e;
-  const float S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
   const float SX = smooth ? warp_sum(px) : 0.f;
   if (rank == 0 && threadIdx.x == 0) {
     float l = 0.f;

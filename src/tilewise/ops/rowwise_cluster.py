@@ -70,7 +70,7 @@ def pick(dtype: torch.dtype, N: int, kind: str = "fwd") -> tuple[int, int, int]:
     raise ValueError(f"rowwise_cluster: rows of {N} {dtype} elements exceed {max_row(dtype, kind)}")
 
 
-SHMEM_LIMIT = 227 * 1024  # opt-in shared memory of one block on sm_90
+SHMEM_LIMIT = rt.SM90_SHARED_OPT_IN
 
 
 def pipe_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
@@ -185,8 +185,7 @@ def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, in
             return n
     except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
         pass
-    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return max(1, sms * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
+    return max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
 
 
 def _launch(kind, t0, config, M, args, pipe=False, one_exp=False):

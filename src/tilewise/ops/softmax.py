@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from ..cost import Cost
+from ..runtime import cuda as rt
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
@@ -349,7 +350,7 @@ def _interpreting() -> bool:
 
 def _sms(t: torch.Tensor) -> int:
     if t.is_cuda:
-        return torch.cuda.get_device_properties(t.device).multi_processor_count
+        return rt.sm_count(t.get_device())
     return 4  # the interpreter: a few programs, each looping, exercise the persistent loop
 
 

@@ -473,6 +473,18 @@ def ctype(dtype) -> str:
         raise ValueError(f"no CUDA C type for dtype {dtype}") from None
 
 
+# Dynamic shared memory one block may opt into on sm_90 (H100 / H200): 227 KiB of the SM's 228.
+SM90_SHARED_OPT_IN = 227 * 1024
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (looked up once)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def aligned16(*ts) -> bool:
     """Whether every tensor starts on a 16-byte boundary (what 16-byte vector accesses need)."""
     return all(t.data_ptr() % 16 == 0 for t in ts)
@@ -578,10 +590,7 @@ class Kernel:
 
     def resident_grid(self, block_size: int, dynamic_shmem: int = 0) -> int:
         """Blocks that are all resident at once: the grid of a grid-stride kernel (one full wave)."""
-        import torch
-
-        sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
-        return sms * max(1, self.max_active_blocks_per_sm(block_size, dynamic_shmem))
+        return sm_count(self.device_index) * max(1, self.max_active_blocks_per_sm(block_size, dynamic_shmem))
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory per block (up to the device's opt-in limit)."""
