@@ -287,7 +287,7 @@ _CONFIGS = [
     _cfg(128, 256, 32, 3, 8), _cfg(128, 128, 32, 4, 8), _cfg(128, 128, 32, 3, 4), _cfg(64, 128, 32, 4, 4),
 ]
 _BK_FOR_ITEMSIZE = {1: 128, 2: 64, 4: 32}
-_SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on H100 / H200
+_SMEM_LIMIT = rt.SM90_SHARED_OPT_IN  # opt-in shared memory per block on H100 / H200
 
 
 def _dtype_of(arg):
