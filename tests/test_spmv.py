@@ -100,6 +100,12 @@ def test_ell_and_jds_layouts(seed):
     torch.testing.assert_close(_jds_model(J, x), want)
 
 
+def test_jds_refuses_unbuilt_config():
+    J = sp.JDS.from_csr(sp.CSR.from_dense(torch.eye(3)))
+    with pytest.raises(ValueError, match="not built"):
+        sp.jds(J, torch.randn(3), config=(64, 3))
+
+
 def test_ell_refuses_heavy_padding():
     D = torch.zeros(2000, 100)
     D[0] = 1.0
@@ -436,7 +442,8 @@ def _run(name, F, x, y, alpha=1.0, beta=0.0, **kw):
 
 def _all_formats(A):
     out = [(n, kw, A) for n, kw in CSR_VARIANTS]
-    out.append(("jds", {}, sp.JDS.from_csr(A)))
+    J = sp.JDS.from_csr(A)
+    out += [("jds", {"config": c}, J) for c in sp.JDS_CONFIGS]
     try:
         out.append(("ell", {}, sp.ELL.from_csr(A)))
     except ValueError:

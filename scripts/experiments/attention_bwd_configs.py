@@ -24,7 +24,7 @@ B, H, S = 4, 16, 4096
 ATOMIC = {  # D: [(dQ path, (BLOCK_M, BLOCK_N, num_warps, num_stages)), ...]; the default is starred
     # First run (logs/attention-bwd-configs.log): 64 x 128 x 8 warps x 2 stages best (330.8 TFLOP/s
     # non-causal), spilling; the next candidates trade the key tile for registers or add stages.
-    128: [("ptr", (64, 128, 8, 2)), ("ptr", (64, 128, 8, 3)), ("ptr", (64, 64, 4, 2)), ("ptr", (64, 64, 8, 3)),
+    128: [("ptr", (64, 128, 8, 3)), ("ptr", (64, 128, 8, 2)), ("ptr", (64, 64, 4, 2)), ("ptr", (64, 64, 8, 3)),
           ("ptr", (128, 64, 8, 2)), ("ptr", (128, 128, 8, 2)), ("ptr", (32, 128, 8, 2))],
     64: [("ptr", (64, 64, 8, 2)), ("ptr", (64, 128, 8, 2)), ("ptr", (32, 128, 8, 2)), ("ptr", (64, 128, 8, 1)),
          ("ptr", (128, 64, 8, 2))],
@@ -66,6 +66,8 @@ def main():
             cands = [("sdpa_flash", flash_bwd, None), ("sdpa_cudnn", None, sdpa(SDPBackend.CUDNN_ATTENTION)),
                      ("tilewise deterministic", None, lambda a, b, c: A.flash_attention(a, b, c, causal=causal))]
             default = A._config("atomic_tma" if A._dq_tma_applies(q, D) else "atomic", D)
+            if not A._dq_tma_applies(q, D) and q.dtype.itemsize == 2:
+                default = A._ATOMIC_2BYTE.get(A._block_d(D), default)
             for path, cfg in ATOMIC.get(D, []):
                 star = "*" if cfg == default and (path == "tma") == A._dq_tma_applies(q, D) else ""
                 cands.append((f"atomic {path} {cfg}{star}", (path, cfg), None))

@@ -41,7 +41,8 @@ def variants(A):
     for nt, ipt in op.MERGE_CONFIGS:
         out.append((f"csr_merge/{nt}x{ipt}", None, lambda F, x, y, nt=nt, ipt=ipt: op.csr_merge(F, x, y, nt=nt, ipt=ipt)))
     out.append(("ell", op.ELL.from_csr, op.ell))
-    out.append(("jds", op.JDS.from_csr, op.jds))
+    for c in op.JDS_CONFIGS:
+        out.append((f"jds/{c[0]}x{c[1]}", op.JDS.from_csr, lambda F, x, y, c=c: op.jds(F, x, y, config=c)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out
 

@@ -28,6 +28,7 @@ Writes the JSON table (setting -> best dev accuracy, its epoch, final accuracy, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -163,6 +164,41 @@ class Sweep:
         os.replace(tmp, p)
 
 
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def run_grid(sw: "Sweep", grid: dict, seeds: list[int], args) -> None:
+    """Every combination of ``grid`` for every seed (torch backend), ranked by the mean over seeds
+    of the final epoch's dev accuracy; the best combination again on the tilewise backend."""
+    keys = list(grid)
+    combos = [dict(zip(keys, vals)) for vals in itertools.product(*(grid[k] for k in keys))]
+    table = []
+    for combo in combos:
+        rows = [sw.run("G", {**combo, "seed": seed, "backend": "torch"}) for seed in seeds]
+        rows = [r for r in rows if r is not None and "final_dev_accuracy" in r]
+        if len(rows) == len(seeds):
+            table.append((combo, _mean([r["final_dev_accuracy"] for r in rows]),
+                          _mean([r["best_dev_accuracy"] for r in rows]), [r["final_dev_accuracy"] for r in rows]))
+    table.sort(key=lambda t: -t[1])
+    print(f"\n[grid] {len(table)} of {len(combos)} settings ran on all seeds {seeds}; ranked by the mean final "
+          f"dev accuracy (no epoch chosen on dev); 'best-epoch' = mean of each run's best epoch (chosen on dev)")
+    print(f"{'final %':>8} {'best-epoch %':>12}  {'per seed (final)':24s} setting")
+    for combo, fin, best, per in table:
+        print(f"{100 * fin:8.2f} {100 * best:12.2f}  {' '.join(f'{100 * a:.2f}' for a in per):24s} {name_of(combo)}")
+    if table and torch.cuda.is_available() and not args.no_tilewise:
+        combo = table[0][0]
+        tw = [sw.run("G", {**combo, "seed": seed, "backend": "tilewise"}, budget_factor=2.0) for seed in seeds]
+        tw = [r for r in tw if r is not None and "final_dev_accuracy" in r]
+        if tw:
+            print(f"[grid] best setting on the tilewise backend: mean final {100 * _mean([r['final_dev_accuracy'] for r in tw]):.2f}% "
+                  f"(torch {100 * table[0][1]:.2f}%), per seed "
+                  + " ".join(f"{100 * r['final_dev_accuracy']:.2f}" for r in tw) + f"; {tw[0]['command']}")
+    out = Path(args.out).with_name(Path(args.out).stem + "-grid.json")
+    out.write_text(json.dumps([{"setting": c, "mean_final": f, "mean_best_epoch": b, "final_per_seed": p}
+                               for c, f, b, p in table], indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default=".data/sst2")
@@ -183,6 +219,12 @@ def main(argv=None) -> int:
     ap.add_argument("--confirm", default=None,
                     help="a JSON setting (TrainConfig fields, e.g. '{\"hidden\": 1024, \"lr\": 0.005}') to run "
                          "instead of the stages: seeds 0, 1, 2 on the torch and the tilewise backends")
+    ap.add_argument("--grid", default=None,
+                    help="a JSON object of lists (TrainConfig fields, e.g. '{\"hidden\": [512, 1024], \"epochs\": [1, 2]}'): "
+                         "every combination on the torch backend for each of --seeds, ranked by the mean over "
+                         "seeds of the LAST epoch's dev accuracy (no epoch chosen on dev); then the best "
+                         "combination on the tilewise backend for the same seeds")
+    ap.add_argument("--seeds", default="0,1,2", help="seeds of --grid (comma separated)")
     args = ap.parse_args(argv)
     if args.glove_cache is None:
         g = Path(args.data_dir).resolve().parent / "glove50_sst2.npz"
@@ -208,6 +250,16 @@ def main(argv=None) -> int:
                 sw.run("C", {**setting, "seed": seed, "backend": backend},
                        budget_factor=2.0 if backend == "tilewise" else 1.0)
         args.stages = ""
+
+    if args.grid:
+        grid = json.loads(args.grid)
+        if not isinstance(grid, dict) or set(grid) - set(_FLAGS) or not all(isinstance(v, list) for v in grid.values()):
+            raise SystemExit(f"--grid: a JSON object of lists over {sorted(_FLAGS)}, got {args.grid!r}")
+        run_grid(sw, grid, [int(v) for v in args.seeds.split(",")], args)
+        sw.save()
+        for s_ in sw.skipped:
+            print(f"  skipped (budget): {s_}")
+        return 0
 
     # Stage 1: the defaults, then lr x dropout under cosine decay.
     if "1" in args.stages:

@@ -181,8 +181,13 @@ _DQ_BIAS_CONFIGS = {**_DQ_CONFIGS, 128: (128, 32, 8, 2)}
 # alone): at D = 128 the spilling 64 x 128 x 2 stages ran 330.8 TFLOP/s non-causal / 306.1 causal
 # against 181.5 / 177.4 for the spill-free 16 x 128 and 263.4 / 230.9 for the best TMA-dQ tile, so
 # it is the default (its spills are a few cold registers; ptxas' count is not the cost); at D = 64
-# 64 x 128 x 2 ran 272.2 / 230.9 against 154.0 / 146.7 for 64 x 64.
+# 64 x 128 x 2 ran 272.2 / 230.9 against 154.0 / 146.7 for 64 x 64. Second run (2026-11-29,
+# logs/attention-bwd-configs-run2.log): at D = 128 three stages beat two, 363.1 vs 333.0 TFLOP/s
+# non-causal (1.25x SDPA flash's backward) and 312.6 vs 308.7 causal, so D = 128 takes 3 stages
+# for 2-byte inputs (_ATOMIC_2BYTE: fp32 tiles are twice the shared memory); at D = 64 two stages
+# stay (274.9 non-causal; one stage 244.6).
 _ATOMIC_CONFIGS = {32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2), 256: (16, 32, 4, 1)}
+_ATOMIC_2BYTE = {128: (64, 128, 8, 3)}
 # + the dS store for the bias gradient: 64 x 64 is spill-free at D = 64; nothing tried at D = 128 is
 # (32 x 64: 67 spill instructions, 16 x 128: 71), the fewest-spill wgmma-friendly one is used.
 _ATOMIC_BIAS_CONFIGS = {**_ATOMIC_CONFIGS, 64: (64, 64, 8, 2), 128: (32, 64, 8, 2)}
@@ -472,6 +477,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         def launch(use_tma):
             kind = ("atomic_tma" if use_tma else "atomic") + ("_bias" if bias_grad else "")
             bm, bn, warps, stages = _config(kind, D)
+            if (kind == "atomic" and kind not in _OVERRIDE and q.dtype.itemsize == 2
+                    and _block_d(D) in _ATOMIC_2BYTE):
+                bm, bn, warps, stages = _ATOMIC_2BYTE[_block_d(D)]
             flags = _block_flags(mask, full, bm, bn) if mask is not None else None
             dq_arg = dq_acc
             if use_tma:

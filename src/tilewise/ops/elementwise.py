@@ -18,7 +18,8 @@ Versions (``elementwise.cu``; the op is a template functor from ``include/elemen
                    use, so the blocks in flight touch one window of memory (vector_add v3_blocked:
                    the grid-stride loop measured ~5 % slower). NT, UNROLL and the register cap
                    (min blocks per SM) are template parameters (``BlockedConfig``, default
-                   ``BLOCKED_DEFAULT[(kind, dtype)]`` = 256 x 8, no cap). bound: copy bandwidth.
+                   ``blocked_default(kind, functor, dtype)``: per kind and dtype, with its own
+                   entry for one-instruction ops). bound: copy bandwidth.
     v5_rows:       (zip) layouts that collapse to 2 dims (R, C) in which every operand walks a row
                    with stride 1 or 0 (a bias row, a bias column, a scalar, padded rows): 16-byte
                    loads along the row, a row-broadcast operand loaded once per 8 rows, a
@@ -382,6 +383,23 @@ BLOCKED_DEFAULT: dict[tuple[str, torch.dtype], BlockedConfig] = {
     (kind, d): _MEASURED_BLOCKED.get((kind, d), BlockedConfig()) for kind in ("map", "zip") for d in _DTYPES}
 
 
+# Ops of one instruction an element (neg, relu): in fp32 map they ran fastest at one vector a
+# thread in 256-thread blocks (relu 1.006x and 1.007x eager in the two passes of the same
+# elementwise_variants run, 2^28 elements), a config at which gelu loses 8 %; other ops keep
+# BLOCKED_DEFAULT.
+_LIGHT_FUNCTORS = frozenset({"Neg", "Relu"})
+_MEASURED_LIGHT = {("map", torch.float32): BlockedConfig(unroll=1, threads=256, minb=1)}
+
+
+def blocked_default(kind: str, functor: str, dtype: torch.dtype) -> BlockedConfig:
+    """v4_blocked's config for one op (functor name, e.g. "Relu") when the caller gives none."""
+    if functor in _LIGHT_FUNCTORS:
+        c = _MEASURED_LIGHT.get((kind, dtype))
+        if c is not None:
+            return c
+    return BLOCKED_DEFAULT[(kind, dtype)]
+
+
 def _check_blocked(config) -> None:
     if not isinstance(config, BlockedConfig):
         raise ValueError(f"v4_blocked: 'config' must be a BlockedConfig, got {type(config).__name__}")
@@ -389,12 +407,14 @@ def _check_blocked(config) -> None:
 
 
 def blocked_built(kind: str, dtype: torch.dtype) -> tuple[BlockedConfig, ...]:
-    """The v4 configs compiled into the package module (the default one)."""
-    return (BLOCKED_DEFAULT[(kind, dtype)],)
+    """The v4 configs compiled into the package module (the defaults: BLOCKED_DEFAULT's and the
+    light ops' one)."""
+    light = [c for (k, d), c in _MEASURED_LIGHT.items() if k == kind and d == dtype]
+    return tuple(dict.fromkeys((BLOCKED_DEFAULT[(kind, dtype)], *light)))
 
 
 def blocked_name(kind: str, functor: str, dtype: torch.dtype, config: BlockedConfig | None = None) -> str:
-    cfg = config or BLOCKED_DEFAULT[(kind, dtype)]
+    cfg = config or blocked_default(kind, functor, dtype)
     return f"{kind}_v4_blocked<{rt.ctype(dtype)},ew::{functor},{cfg.unroll},{cfg.threads},{cfg.minb}>"
 
 
@@ -428,7 +448,7 @@ def _launch_blocked(kind, functor, inputs, out, config: BlockedConfig | None = N
     n = out.numel()
     if n == 0:
         return out
-    cfg = config or BLOCKED_DEFAULT[(kind, out.dtype)]
+    cfg = config or blocked_default(kind, functor, out.dtype)
     if not isinstance(cfg, BlockedConfig):
         raise ValueError(f"v4_blocked: 'config' must be a BlockedConfig, got {type(cfg).__name__}")
     k = _kernel("v4_blocked", kind, functor, out.dtype, out.get_device(), cfg)
@@ -541,8 +561,8 @@ def map_v2_contiguous(op: str, x: torch.Tensor, out: torch.Tensor | None = None)
 
 def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None,
                    config: BlockedConfig | None = None) -> torch.Tensor:
-    """``config``: a ``BlockedConfig`` (default ``BLOCKED_DEFAULT[("map", x.dtype)]``); others are
-    compiled on first use."""
+    """``config``: a ``BlockedConfig`` (default ``blocked_default("map", functor, x.dtype)``: relu
+    and neg have their own in fp32); others are compiled on first use."""
     functor, out = _map_prepare(op, x, out)
     if not _contiguous_ok((x,), out):
         raise ValueError("map.v4_blocked: x and out must be contiguous and start on 16-byte boundaries; "

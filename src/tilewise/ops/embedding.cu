@@ -201,9 +201,24 @@ __global__ void __launch_bounds__(NW * 32) embedding_bwd_block_scan_v4(const I* 
   int* loc = reinterpret_cast<int*>(smem + NW * 32 * E);  // [n_ids]
   const long long r0 = static_cast<long long>(blockIdx.x) * 32;
   for (long long i = threadIdx.x; i < NW * 32 * E; i += blockDim.x) part[i] = 0.f;
-  for (long long i = threadIdx.x; i < n_ids; i += blockDim.x) {
-    const long long r = static_cast<long long>(ids[i]);
-    loc[i] = (r >= r0 && r < r0 + 32 && r < V && r != padding_idx) ? static_cast<int>(r - r0) : -1;
+  // The ids, LU a thread at a time: all LU loads are issued before the first is used, so a block
+  // waits for n_ids / (blockDim x LU) L2 round trips instead of n_ids / blockDim (the launcher
+  // keeps n_ids small enough for shared memory, far below 2^31).
+  constexpr int LU = 8;
+  const int n = static_cast<int>(n_ids);
+  for (int i0 = threadIdx.x; i0 < n; i0 += NW * 32 * LU) {
+    long long rr[LU];
+#pragma unroll
+    for (int u = 0; u < LU; ++u) {
+      const int i = i0 + u * NW * 32;
+      rr[u] = i < n ? static_cast<long long>(__ldg(ids + i)) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < LU; ++u) {
+      const int i = i0 + u * NW * 32;
+      const long long r = rr[u];
+      if (i < n) loc[i] = (r >= r0 && r < r0 + 32 && r < V && r != padding_idx) ? static_cast<int>(r - r0) : -1;
+    }
   }
   __syncthreads();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;

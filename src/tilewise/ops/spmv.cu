@@ -1,8 +1,9 @@
 // spmv: y = alpha * A x + beta * y, fp32 values and vectors, int32 indices.
 // beta == 0 never reads y (y may hold anything, NaN included), as in BLAS.
-// tilewise-instantiate: spmv_csr_scalar spmv_ell spmv_jds spmv_csr_chunks spmv_csr_stream
+// tilewise-instantiate: spmv_csr_scalar spmv_ell spmv_csr_chunks spmv_csr_stream
 // tilewise-instantiate: spmv_csr_vector<2> spmv_csr_vector<4> spmv_csr_vector<8> spmv_csr_vector<16> spmv_csr_vector<32>
 // tilewise-instantiate: spmv_csr_merge_fixup
+// tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
@@ -97,23 +98,42 @@ extern "C" __global__ void __launch_bounds__(256) spmv_ell(
 }
 
 // jds: rows sorted by length (longest first), stored diagonal by diagonal: diagonal k holds element k
-// of each row that has more than k, at jd_ptr[k] + (rank of the row). One thread per sorted row;
-// neighbouring threads read neighbouring entries of each diagonal (coalesced) with no padding.
-extern "C" __global__ void __launch_bounds__(256) spmv_jds(
+// of each row that has more than k, at jd_ptr[k] + (rank of the row). Neighbouring threads take
+// neighbouring sorted rows, so they read neighbouring entries of each diagonal (coalesced), with no
+// padding. Each thread takes R rows NT apart (R = 1: the lecture's kernel), so R rows' loads are in
+// flight at once; the first of them is the longest (rows are sorted), which bounds the loop.
+template <int NT, int R>
+__global__ void __launch_bounds__(NT) spmv_jds(
     const int* __restrict__ perm, const int* __restrict__ len_sorted, const int* __restrict__ jd_ptr,
     const int* __restrict__ col, const float* __restrict__ val, const float* __restrict__ x,
     float* __restrict__ y, int M, float alpha, float beta) {
-  const long long s = tw::global_thread_id();
-  if (s >= M) return;
-  const int len = len_sorted[s];
-  float sum = 0.0f;
-  // Unrolled so that several iterations' loads are in flight before the first add waits.
-#pragma unroll 4
-  for (int k = 0; k < len; ++k) {
-    const long long i = (long long)__ldg(jd_ptr + k) + s;
-    sum += __ldcs(val + i) * __ldg(x + __ldcs(col + i));
+  const long long s0 = (long long)blockIdx.x * (NT * R) + threadIdx.x;
+  int len[R];
+  float sum[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const long long s = s0 + (long long)j * NT;
+    len[j] = s < M ? __ldcs(len_sorted + s) : 0;
+    sum[j] = 0.0f;
   }
-  write_y(y, perm[s], sum, alpha, beta);
+  const int kmax = len[0];
+  // Unrolled so that several diagonals' loads are in flight before the first add waits.
+#pragma unroll 2
+  for (int k = 0; k < kmax; ++k) {
+    const long long i0 = (long long)__ldg(jd_ptr + k) + s0;
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (k < len[j]) {
+        const long long i = i0 + (long long)j * NT;
+        sum[j] += __ldcs(val + i) * __ldg(x + __ldcs(col + i));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const long long s = s0 + (long long)j * NT;
+    if (s < M) write_y(y, __ldcs(perm + s), sum[j], alpha, beta);
+  }
 }
 
 // csr_stream: for short rows. Block b owns rows block_row[b] .. block_row[b + 1] (about 1024

@@ -51,6 +51,14 @@ CHUNK = 512          # nonzeros per warp in csr_split's chunk kernel (the .cu's 
 STREAM_NNZ = 1024    # csr_stream: nonzeros per block (its shared buffer holds 2048, the .cu's CAP)
 STREAM_ROWS = 256    # csr_stream: rows per block when rows are shorter than STREAM_NNZ / 256
 MERGE_CONFIGS = tuple((nt, ipt) for nt in (128, 256) for ipt in (5, 7, 8, 9, 11, 15))  # the .cu's instantiations
+# spmv_jds<NT, R> instantiations (threads a block, rows a thread) and the default: on the H200
+# (scripts/experiments/spmv_variants.py, logs/spmv-variants-jds.log) 128 threads x 2 rows ran
+# banded5 in 70.4 us (256 x 1, the lecture's layout: 73.5 us), banded27 133.7 us (137.0), uniform
+# 460.3 us (459.9); a fully unrolled kernel without len_sorted was slower on every matrix (banded5
+# 83.1 us). 256 x 2, 256 x 4 and 128 x 4 (71.0 / 71.3 / 71.2 us on banded5) are not built: ptxas
+# spills 4 bytes in 256 x 2 and 128 x 4.
+JDS_CONFIGS = ((256, 1), (128, 1), (512, 1), (128, 2))
+JDS_DEFAULT = (128, 2)
 MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads avoid a common bank
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
@@ -461,7 +469,8 @@ class JDS:
 
 @functools.cache
 def _module(device_index: int) -> rt.Module:
-    names = ["spmv_csr_scalar", "spmv_ell", "spmv_jds", "spmv_csr_chunks", "spmv_csr_stream", "spmv_csr_merge_fixup"]
+    names = ["spmv_csr_scalar", "spmv_ell", "spmv_csr_chunks", "spmv_csr_stream", "spmv_csr_merge_fixup"]
+    names += [f"spmv_jds<{nt},{r}>" for nt, r in JDS_CONFIGS]
     names += [f"spmv_csr_vector<{s}>" for s in _SUBS] + [f"spmv_csr_merge<{nt},{ipt}>" for nt, ipt in MERGE_CONFIGS]
     return rt.load(_SRC, names, device_index=device_index)
 
@@ -648,13 +657,18 @@ def ell(A: ELL, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     return y
 
 
-def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0):
+def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tuple[int, int] | None = None):
+    """``config``: (threads a block, rows a thread), one of JDS_CONFIGS (default JDS_DEFAULT)."""
     _need(A, JDS, "jds")
+    cfg = JDS_DEFAULT if config is None else tuple(config)
+    if cfg not in JDS_CONFIGS:
+        raise ValueError(f"jds: config {config!r} is not built; choose from {JDS_CONFIGS}")
     y = _check(A, x, y, beta)
     M = A.shape[0]
     if M:
-        _kernel("spmv_jds", x.get_device())(_blocks(M), _THREADS, A.perm, A.len_sorted, A.jd_ptr, A.col, A.val,
-                                            x, y, M, alpha, beta)
+        nt, r = cfg
+        _kernel(f"spmv_jds<{nt},{r}>", x.get_device())(-(-M // (nt * r)), nt, A.perm, A.len_sorted, A.jd_ptr,
+                                                     A.col, A.val, x, y, M, alpha, beta)
     return y
 
 

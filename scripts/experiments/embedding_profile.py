@@ -1,0 +1,76 @@
+"""Where does an embedding forward + backward spend its device time? (issue 8: >= 5x
+torch.nn.functional.embedding at 64 x 64 ids into a 20000 x 50 fp32 table.)
+
+Captures forward + backward (torch.autograd.grad, as the bench's *_graph rows do) of
+torch.embedding and of each tilewise version in a CUDA graph, checks the gradient against the
+float64 reference, times the replay with events (median of 200), and lists the kernels of 50
+replays under torch.profiler: device microseconds a replay per kernel, and the gap (replay time
+minus the kernels' sum: launch latency between graph nodes).
+
+Run on the GPU (< 20 s): PYTHONPATH=src python3 scripts/experiments/embedding_profile.py
+"""
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from tilewise.bench.suites.embedding import _capture  # noqa: E402
+from tilewise.ops import embedding as op  # noqa: E402
+
+
+def median_ms(fn, reps=200):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
+
+
+def main():
+    B, T, V, E = 64, 64, 20000, 50
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(0, V, (B, T), device="cuda", generator=g)
+    w = torch.randn(V, E, device="cuda", generator=g)
+    gout = torch.randn(B, T, E, device="cuda", generator=g)
+    ref = op.reference_backward(ids, gout, V)
+    fns = {"torch.embedding": lambda i, ww: torch.nn.functional.embedding(i, ww), **op.VARIANTS}
+    totals = {}
+    for name, fn in fns.items():
+        graph, out, gw = _capture(fn, ids, w, gout, True)
+        gw.fill_(float("nan"))
+        graph.replay()
+        err = ((gw.double() - ref).norm() / ref.norm()).item()
+        ms = median_ms(graph.replay)
+        totals[name] = ms
+        reps = 50
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                graph.replay()
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per[ev.name] += ev.device_time / reps
+        ksum = sum(per.values())
+        print(f"{name:16s} replay {ms * 1e3:6.1f} us  (kernels {ksum:5.1f} us, gaps {ms * 1e3 - ksum:5.1f} us, "
+              f"{len(per)} kernels)  grad rel. err {err:.1e}")
+        for k, us in sorted(per.items(), key=lambda kv: -kv[1]):
+            print(f"      {us:6.1f} us  {k[:110]}")
+        del graph, out, gw
+    base = totals["torch.embedding"]
+    print("speed-up over torch.embedding (graph replay): "
+          + ", ".join(f"{k} {base / v:.2f}x" for k, v in totals.items() if k != "torch.embedding"))
+
+
+if __name__ == "__main__":
+    main()
