@@ -1,5 +1,6 @@
 """embedding: references and input checks on the CPU; every variant on the GPU (`pytest -m gpu`)."""
 
+import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
@@ -370,9 +371,10 @@ def test_scan_applies_limits():
 
 
 @gpu
-@pytest.mark.parametrize("kind", ["scan", "block_scan"])
+@pytest.mark.parametrize("kind,cfg", [("scan", None), ("block_scan", None)]
+                         + [("block_scan", c) for c in em.BLOCK_SCAN_EXTRA])
 @pytest.mark.parametrize("E", [1, 50, 100, 256])
-def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind):
+def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind, cfg):
     """v3_scan: a frequent id (a long position list), padding, out-of-range ids and a table whose
     row count is not a multiple of a block's rows; every row written (NaN-filled buffer)."""
     V = 1000 * 4 + 3
@@ -391,16 +393,22 @@ def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind):
     ref_fix[0] = 0.0              # padding_idx
     buf = poison(torch.empty(V, E, device="cuda"))
     k = em.SCAN if kind == "scan" else em.BLOCK_SCAN
-    em._backward(ids, gout, V, 0, k, out=buf)
-    assert not torch.isnan(buf).any()
-    assert _rel(buf, ref_fix.float()) <= 1e-5
-    again = poison(torch.empty(V, E, device="cuda"))
-    em._backward(ids, gout, V, 0, k, out=again)
-    assert torch.equal(buf, again)  # deterministic
+    ctx = em.block_scan_config(cfg) if cfg else contextlib.nullcontext()
+    with ctx:
+        em._backward(ids, gout, V, 0, k, out=buf)
+        assert not torch.isnan(buf).any()
+        assert _rel(buf, ref_fix.float()) <= 1e-5
+        again = poison(torch.empty(V, E, device="cuda"))
+        em._backward(ids, gout, V, 0, k, out=again)
+        assert torch.equal(buf, again)  # deterministic
 
 
 def test_block_scan_limits():
     assert em.block_scan_applies(4096, 14819, 50)
     assert em.block_scan_shmem(4096, 50) == (4 * 32 * 50 + 4096) * 4
+    assert em.block_scan_shmem(4096, 50, (8, 8, 64)) == (8 * 64 * 50 + 4096) * 4
+    with pytest.raises(ValueError, match="not built"):
+        with em.block_scan_config((2, 2, 2)):
+            pass
     assert not em.block_scan_applies(60000, 10, 50)   # shared memory
     assert not em.block_scan_applies(0, 10, 50)

@@ -153,6 +153,16 @@ def test_tensor_parameter_rejects_cpu_tensor_naming_it():
         conv([1.0])
 
 
+def test_nullable_tensor_parameter_takes_none_as_null():
+    conv = rt._tensor_converter("k", rt.Tensor("scale", (torch.float32,), nullable=True), 0)
+    assert conv(None) == 0
+    with pytest.raises(ValueError, match="'scale' is on cpu"):
+        conv(torch.ones(1))
+    strict = rt._tensor_converter("k", rt.Tensor("scale", (torch.float32,)), 0)
+    with pytest.raises(ValueError, match="must be a torch.Tensor"):
+        strict(None)
+
+
 def test_scalar_parameter_range_and_type():
     conv = rt._scalar_converter("k", rt.Scalar("n", "i32"))
     assert conv(5).dtype.name == "int32"

@@ -2,13 +2,15 @@
 torch.nn.functional.embedding at 64 x 64 ids into a 20000 x 50 fp32 table.)
 
 Captures forward + backward (torch.autograd.grad, as the bench's *_graph rows do) of
-torch.embedding and of each tilewise version in a CUDA graph, checks the gradient against the
+torch.embedding, of each tilewise version, and of v4_block_scan at each of its extra (warps, ids a
+thread at once, rows a block) configs ("v4(NW, LU, RB)") in a CUDA graph, checks the gradient against the
 float64 reference, times the replay with events (median of 200), and lists the kernels of 50
 replays under torch.profiler: device microseconds a replay per kernel, and the gap (replay time
 minus the kernels' sum: launch latency between graph nodes).
 
 Run on the GPU (< 20 s): PYTHONPATH=src python3 scripts/experiments/embedding_profile.py
 """
+import contextlib
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -43,10 +45,13 @@ def main():
     w = torch.randn(V, E, device="cuda", generator=g)
     gout = torch.randn(B, T, E, device="cuda", generator=g)
     ref = op.reference_backward(ids, gout, V)
-    fns = {"torch.embedding": lambda i, ww: torch.nn.functional.embedding(i, ww), **op.VARIANTS}
+    fns = {"torch.embedding": (lambda i, ww: torch.nn.functional.embedding(i, ww), None),
+           **{k: (f, None) for k, f in op.VARIANTS.items()},
+           **{f"v4{c}": (op.v4_block_scan, c) for c in op.BLOCK_SCAN_EXTRA}}
     totals = {}
-    for name, fn in fns.items():
-        graph, out, gw = _capture(fn, ids, w, gout, True)
+    for name, (fn, cfg) in fns.items():
+        with op.block_scan_config(cfg) if cfg else contextlib.nullcontext():
+            graph, out, gw = _capture(fn, ids, w, gout, True)
         gw.fill_(float("nan"))
         graph.replay()
         err = ((gw.double() - ref).norm() / ref.norm()).item()

@@ -228,8 +228,54 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
     return n_valid
 
 
+def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+    """v5_cluster_cuda / v6_cluster_pipe on a CUDA device, N > 0, with no idle GPU for the target
+    check: one small kernel checks and counts the targets on the device (bad ones become
+    ignore_index, so the loss kernel never reads outside a row) and copies the count of bad ones
+    to pinned host memory; the loss kernel is launched next and reads 1/(rows that count) of
+    'mean' from the device; only then does the host wait, for the copy (done long before the
+    loss kernel ends), and raise on a bad target. The old order (count, sync, then launch) left
+    the GPU idle for the host's launch latency on every call."""
+    from . import rowwise_cluster as rc
+
+    N, C = logits.shape
+    dev = logits.device
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    t = target if target.is_contiguous() else target.contiguous()
+    pipe = variant == "v6_cluster_pipe"
+    grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
+    ts = (x, *((grad,) if compute_grad else ()))
+    why = rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.unsupported_reason(*ts, kind="ce")
+    if why:
+        raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
+    t_safe = torch.empty(N, device=dev, dtype=torch.int64)
+    inv_n = torch.empty(1, device=dev, dtype=torch.float32)
+    bad = torch.zeros(1, device=dev, dtype=torch.int64)
+    _ce_targets_kernel[(1,)](t, t_safe, bad, inv_n, N, C, ignore_index, MEAN=reduction == "mean",
+                             BLOCK=_CAPTURABLE_BLOCK)
+    bad_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+    bad_host.copy_(bad, non_blocking=True)
+    counted = torch.cuda.Event()
+    counted.record()
+    loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
+    rc.cross_entropy(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index, float(label_smoothing),
+                     1.0, pipe=pipe, scale_dev=inv_n if reduction == "mean" else None)
+    counted.synchronize()
+    if int(bad_host[0]):
+        _count_valid(target, C, ignore_index)  # raises, naming a bad target
+    if reduction == "none":
+        loss = loss_rows.to(logits.dtype)
+    elif reduction == "sum":
+        loss = loss_rows.sum().to(logits.dtype)
+    else:  # NaN when no row counts (inv_n is NaN then), as F.cross_entropy
+        loss = (loss_rows.sum() * inv_n[0]).to(logits.dtype)
+    return loss, grad
+
+
 def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
     N, C = logits.shape
+    if variant in ("v5_cluster_cuda", "v6_cluster_pipe") and N and logits.is_cuda:
+        return _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
     n_valid = _count_valid(target, C, ignore_index)
     dev = logits.device
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)

@@ -7,7 +7,7 @@
 // tilewise-instantiate: embedding_bwd_scan_v3<float,i64,1> embedding_bwd_scan_v3<float,i64,2> embedding_bwd_scan_v3<float,i64,4> embedding_bwd_scan_v3<float,i64,8> embedding_bwd_scan_v3<float,int,1> embedding_bwd_scan_v3<float,int,2> embedding_bwd_scan_v3<float,int,4> embedding_bwd_scan_v3<float,int,8>
 // tilewise-instantiate: embedding_bwd_scan_v3<__half,i64,1> embedding_bwd_scan_v3<__half,i64,2> embedding_bwd_scan_v3<__half,i64,4> embedding_bwd_scan_v3<__half,i64,8> embedding_bwd_scan_v3<__half,int,1> embedding_bwd_scan_v3<__half,int,2> embedding_bwd_scan_v3<__half,int,4> embedding_bwd_scan_v3<__half,int,8>
 // tilewise-instantiate: embedding_bwd_scan_v3<__nv_bfloat16,i64,1> embedding_bwd_scan_v3<__nv_bfloat16,i64,2> embedding_bwd_scan_v3<__nv_bfloat16,i64,4> embedding_bwd_scan_v3<__nv_bfloat16,i64,8> embedding_bwd_scan_v3<__nv_bfloat16,int,1> embedding_bwd_scan_v3<__nv_bfloat16,int,2> embedding_bwd_scan_v3<__nv_bfloat16,int,4> embedding_bwd_scan_v3<__nv_bfloat16,int,8>
-// tilewise-instantiate: embedding_bwd_block_scan_v4<float,i64,4> embedding_bwd_block_scan_v4<float,int,4> embedding_bwd_block_scan_v4<__half,i64,4> embedding_bwd_block_scan_v4<__half,int,4> embedding_bwd_block_scan_v4<__nv_bfloat16,i64,4> embedding_bwd_block_scan_v4<__nv_bfloat16,int,4>
+// tilewise-instantiate: embedding_bwd_block_scan_v4<float,i64,4,8,32> embedding_bwd_block_scan_v4<float,int,4,8,32> embedding_bwd_block_scan_v4<__half,i64,4,8,32> embedding_bwd_block_scan_v4<__half,int,4,8,32> embedding_bwd_block_scan_v4<__nv_bfloat16,i64,4,8,32> embedding_bwd_block_scan_v4<__nv_bfloat16,int,4,8,32> embedding_bwd_block_scan_v4<float,i64,4,32,32> embedding_bwd_block_scan_v4<float,i64,4,8,64> embedding_bwd_block_scan_v4<float,i64,8,8,64> embedding_bwd_block_scan_v4<float,i64,8,16,32>
 #include "tilewise_common.cuh"
 
 // One token per type name: the instantiate lines above are split at spaces.
@@ -183,28 +183,27 @@ __global__ void __launch_bounds__(1024) embedding_bwd_scan_v3(const I* __restric
   }
 }
 
-// Backward without a sort, split over the ids (v4_block_scan): a block owns 32 consecutive table
+// Backward without a sort, split over the ids (v4_block_scan): a block owns RB consecutive table
 // rows; while loading the ids into shared memory it maps each to its local row (or -1: another
 // block's row, padding_idx, out of range), so the scan is one ballot per 32 ids. Each of the NW
 // warps walks a contiguous 1/NW of the ids and adds the matching grad_out rows, in position order,
-// into its own shared-memory partial (NW x 32 x E floats); the block then sums the partials in warp
-// order and writes its 32 rows. A fixed order throughout: the same bits on every run, no atomics.
-// Dynamic shared memory: (NW x 32 x E + n_ids) x 4 bytes.
-template <typename T, typename I, int NW>
+// into its own shared-memory partial (NW x RB x E floats); the block then sums the partials in warp
+// order and writes its RB rows. A fixed order throughout: the same bits on every run, no atomics.
+// The ids are loaded LU a thread at a time: all LU loads are issued before the first is used, so a
+// block waits for n_ids / (NW x 32 x LU) L2 round trips. Dynamic shared memory:
+// (NW x RB x E + n_ids) x 4 bytes (the launcher keeps n_ids far below 2^31).
+template <typename T, typename I, int NW, int LU, int RB>
 __global__ void __launch_bounds__(NW * 32) embedding_bwd_block_scan_v4(const I* __restrict__ ids,
                                                                       const T* __restrict__ grad_out,
                                                                       T* __restrict__ grad_weight, long long n_ids,
                                                                       long long V, long long E,
                                                                       long long padding_idx) {
   extern __shared__ float smem[];
-  float* part = smem;                                    // [NW][32][E]
-  int* loc = reinterpret_cast<int*>(smem + NW * 32 * E);  // [n_ids]
-  const long long r0 = static_cast<long long>(blockIdx.x) * 32;
-  for (long long i = threadIdx.x; i < NW * 32 * E; i += blockDim.x) part[i] = 0.f;
-  // The ids, LU a thread at a time: all LU loads are issued before the first is used, so a block
-  // waits for n_ids / (blockDim x LU) L2 round trips instead of n_ids / blockDim (the launcher
-  // keeps n_ids small enough for shared memory, far below 2^31).
-  constexpr int LU = 8;
+  const int e_n = static_cast<int>(E);
+  float* part = smem;                                      // [NW][RB][E]
+  int* loc = reinterpret_cast<int*>(smem + NW * RB * e_n);  // [n_ids]
+  const long long r0 = static_cast<long long>(blockIdx.x) * RB;
+  for (int i = threadIdx.x; i < NW * RB * e_n; i += NW * 32) part[i] = 0.f;
   const int n = static_cast<int>(n_ids);
   for (int i0 = threadIdx.x; i0 < n; i0 += NW * 32 * LU) {
     long long rr[LU];
@@ -217,34 +216,35 @@ __global__ void __launch_bounds__(NW * 32) embedding_bwd_block_scan_v4(const I* 
     for (int u = 0; u < LU; ++u) {
       const int i = i0 + u * NW * 32;
       const long long r = rr[u];
-      if (i < n) loc[i] = (r >= r0 && r < r0 + 32 && r < V && r != padding_idx) ? static_cast<int>(r - r0) : -1;
+      if (i < n) loc[i] = (r >= r0 && r < r0 + RB && r < V && r != padding_idx) ? static_cast<int>(r - r0) : -1;
     }
   }
   __syncthreads();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long per = (n_ids + NW - 1) / NW;
-  const long long b0 = w * per;
-  const long long b1 = b0 + per < n_ids ? b0 + per : n_ids;
-  float* mine = part + w * 32 * E;
-  for (long long base = b0; base < b1; base += 32) {
+  const int per = (n + NW - 1) / NW;
+  const int b0 = w * per;
+  const int b1 = b0 + per < n ? b0 + per : n;
+  float* mine = part + w * RB * e_n;
+  for (int base = b0; base < b1; base += 32) {
     const int l = base + lane < b1 ? loc[base + lane] : -1;
     unsigned m = __ballot_sync(0xffffffffu, l >= 0);
     while (m) {
       const int b = __ffs(m) - 1;
       m &= m - 1;
       const int r = __shfl_sync(0xffffffffu, l, b);
-      const T* g = grad_out + (base + b) * E;
-      float* dst = mine + r * E;
-      for (long long e = lane; e < E; e += 32) dst[e] += tw::to_float(g[e]);
+      const T* g = grad_out + static_cast<long long>(base + b) * E;
+      float* dst = mine + r * e_n;
+#pragma unroll 1  // unrolled, ptxas spilled 4 bytes at 32 registers
+      for (int e = lane; e < e_n; e += 32) dst[e] += tw::to_float(g[e]);
     }
   }
   __syncthreads();
-  for (long long k = threadIdx.x; k < 32 * E; k += blockDim.x) {
-    const long long r = k / E;
+  for (int k = threadIdx.x; k < RB * e_n; k += NW * 32) {
+    const int r = k / e_n;
     if (r0 + r >= V) break;  // k grows with r
     float s = 0.f;
 #pragma unroll
-    for (int ww = 0; ww < NW; ++ww) s += part[ww * 32 * E + k];
+    for (int ww = 0; ww < NW; ++ww) s += part[ww * RB * e_n + k];
     grad_weight[r0 * E + k] = tw::from_float<T>(s);
   }
 }

@@ -44,6 +44,7 @@ ignores it (checking ids on the host would need a device-to-host copy every call
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -162,13 +163,35 @@ def scan_applies(n: int, V: int, E: int) -> bool:
 
 
 BLOCK_SCAN = 3         # _backward's kind for v4_block_scan
-_BLOCK_SCAN_WARPS = 4  # NW in embedding.cu
+# v4_block_scan's (warps NW, ids loaded at once a thread LU, table rows a block RB): the default is
+# built for every dtype; the others for fp32 tables and int64 ids only (for
+# scripts/experiments/embedding_profile.py, through ``block_scan_config``).
+BLOCK_SCAN_DEFAULT = (4, 8, 32)
+BLOCK_SCAN_EXTRA = ((4, 32, 32), (4, 8, 64), (8, 8, 64), (8, 16, 32))
+_block_scan_override: tuple | None = None
 _SHMEM_OPT_IN = rt.SM90_SHARED_OPT_IN
 
 
-def block_scan_shmem(n: int, E: int) -> int:
+@contextlib.contextmanager
+def block_scan_config(config: tuple[int, int, int]):
+    """Run v4_block_scan's backward with ``config`` (one of BLOCK_SCAN_DEFAULT, BLOCK_SCAN_EXTRA;
+    the extra ones for fp32 tables with int64 ids) inside the block."""
+    global _block_scan_override
+    config = tuple(config)
+    if config != BLOCK_SCAN_DEFAULT and config not in BLOCK_SCAN_EXTRA:
+        raise ValueError(f"embedding: block-scan config {config} is not built; "
+                         f"choose from {(BLOCK_SCAN_DEFAULT, *BLOCK_SCAN_EXTRA)}")
+    old, _block_scan_override = _block_scan_override, config
+    try:
+        yield
+    finally:
+        _block_scan_override = old
+
+
+def block_scan_shmem(n: int, E: int, config: tuple | None = None) -> int:
     """v4_block_scan's dynamic shared memory: the warps' partial rows and the ids' local rows."""
-    return (_BLOCK_SCAN_WARPS * 32 * E + n) * 4
+    nw, _, rb = config or _block_scan_override or BLOCK_SCAN_DEFAULT
+    return (nw * rb * E + n) * 4
 
 
 def block_scan_applies(n: int, V: int, E: int) -> bool:
@@ -177,15 +200,19 @@ def block_scan_applies(n: int, V: int, E: int) -> bool:
     return 0 < n and 0 < E and block_scan_shmem(n, E) <= _SHMEM_OPT_IN and V * n <= 32 * SCAN_MAX_WORK and V < 2**31
 
 
-def _block_scan_kernel(dtype, id_dtype, dev) -> rt.Kernel:
-    key = ("block_scan", dtype, id_dtype, dev)
+def _block_scan_kernel(dtype, id_dtype, dev, config: tuple) -> rt.Kernel:
+    key = ("block_scan", dtype, id_dtype, dev, config)
     k = _kernels.get(key)
     if k is None:
+        if config != BLOCK_SCAN_DEFAULT and (dtype, id_dtype) != (torch.float32, torch.int64):
+            raise ValueError(f"embedding: block-scan config {config} is built for float32 tables and int64 "
+                             f"ids only, got {dtype} / {id_dtype}")
         p = (rt.Tensor("ids", (id_dtype,)), rt.Tensor("grad_out", (dtype,)), rt.Tensor("grad_weight", (dtype,)),
              rt.Scalar("n_ids", "i64"), rt.Scalar("V", "i64"), rt.Scalar("E", "i64"),
              rt.Scalar("padding_idx", "i64"))
+        nw, lu, rb = config
         k = _module(dev).kernel(
-            f"embedding_bwd_block_scan_v4<{rt.ctype(dtype)},{_ict(id_dtype)},{_BLOCK_SCAN_WARPS}>", p)
+            f"embedding_bwd_block_scan_v4<{rt.ctype(dtype)},{_ict(id_dtype)},{nw},{lu},{rb}>", p)
         k.set_max_dynamic_shared(_SHMEM_OPT_IN)
         _kernels[key] = k
     return k
@@ -322,9 +349,9 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
     flat = ids.reshape(-1)
     pad = -1 if padding_idx is None else padding_idx % V
     if kind == BLOCK_SCAN and block_scan_applies(n, V, E):
-        k = _block_scan_kernel(grad_out.dtype, ids.dtype, dev)
-        k(-(-V // 32), _BLOCK_SCAN_WARPS * 32, flat, grad_out, grad_w, n, V, E, pad,
-          shmem=block_scan_shmem(n, E))
+        cfg = _block_scan_override or BLOCK_SCAN_DEFAULT
+        k = _block_scan_kernel(grad_out.dtype, ids.dtype, dev, cfg)
+        k(-(-V // cfg[2]), cfg[0] * 32, flat, grad_out, grad_w, n, V, E, pad, shmem=block_scan_shmem(n, E, cfg))
         return grad_w
     if kind >= SCAN and scan_applies(n, V, E):
         ec = _scan_chunks(E)

@@ -379,7 +379,8 @@ template <typename T, int CL, int NT, int CH, bool X1 = false>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_cross_entropy(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
                  T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
-                 long long ignore_index, float smoothing, float grad_scale, int grad) {
+                 long long ignore_index, float smoothing, float grad_scale, const float* __restrict__ scale_dev,
+                 int grad) {
   __shared__ float red_a[32], red_b[32], red_c[32];
   __shared__ float part[3];
   const unsigned rank = rc::cta_rank();
@@ -393,8 +394,12 @@ rc_cross_entropy(const T* __restrict__ x, const long long* __restrict__ target, 
       // plain caching: the loss reads x[t] back from L2
       if (col < sl.c1) buf[c] = __ldg(reinterpret_cast<const uint4*>(xr + col));
     }
+    // scale_dev: a device scalar multiplying grad_scale (1 / rows that count, for 'mean', known only
+    // on the device when the targets are checked there), or null. Read a row at a time: a value
+    // live across the whole loop cost the fp32 8 x 512 x 8 kernel a spill.
+    const float gs = scale_dev != nullptr ? grad_scale * __ldg(scale_dev) : grad_scale;
     rc::ce_row<T, CL, NT, CH, X1>([&](int c) -> uint4& { return buf[c]; }, sl, rank, xr, target[row], ignore_index,
-                              loss + row, dx + row * sdx, N, smoothing, grad_scale, grad, red_a, red_b,
+                              loss + row, dx + row * sdx, N, smoothing, gs, grad, red_a, red_b,
                               red_c, part);
     rc::cluster_wait();
   }
@@ -457,7 +462,8 @@ template <typename T, int CL, int NT, int CH, bool X1 = false>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
 rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
                       T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
-                      long long ignore_index, float smoothing, float grad_scale, int grad) {
+                      long long ignore_index, float smoothing, float grad_scale,
+                      const float* __restrict__ scale_dev, int grad) {
   extern __shared__ uint4 sbuf[];  // [2][CH][NT]
   __shared__ float red_a[32], red_b[32], red_c[32];
   __shared__ float part[3];
@@ -474,8 +480,9 @@ rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ tar
     const long long t = target[row];
     rc::cp_async_wait<1>();
     uint4* buf = sbuf + cur * CH * NT;
+    const float gs = scale_dev != nullptr ? grad_scale * __ldg(scale_dev) : grad_scale;  // as rc_cross_entropy
     rc::ce_row<T, CL, NT, CH, X1>([&](int c) -> uint4& { return buf[c * NT + threadIdx.x]; }, sl, rank, x + row * sx, t,
-                              ignore_index, loss + row, dx + row * sdx, N, smoothing, grad_scale, grad,
+                              ignore_index, loss + row, dx + row * sdx, N, smoothing, gs, grad,
                               red_a, red_b, red_c, part);
     rc::cluster_wait();
     cur ^= 1;

@@ -148,7 +148,7 @@ def _params(kind: str, dtype: torch.dtype):
     return (T("x", (dtype,)), T("target", (torch.int64,)), T("loss", (torch.float32,)), T("dx", (dtype,)),
             rt.Scalar("M", "i64"), rt.Scalar("N", "i64"), rt.Scalar("sx", "i64"), rt.Scalar("sdx", "i64"),
             rt.Scalar("ignore_index", "i64"), rt.Scalar("smoothing", "f32"), rt.Scalar("grad_scale", "f32"),
-            rt.Scalar("grad", "i32"))
+            T("scale_dev", (torch.float32,), nullable=True), rt.Scalar("grad", "i32"))
 
 
 def pipe_shmem(config: tuple[int, int, int]) -> int:
@@ -238,13 +238,14 @@ def softmax_bwd(y2: torch.Tensor, g2: torch.Tensor, dx2: torch.Tensor, log: bool
 
 def cross_entropy(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, dx: torch.Tensor | None,
                   ignore_index: int, smoothing: float, grad_scale: float, config=None, pipe: bool = False,
-                  one_exp: bool | None = None) -> None:
-    """loss_rows[i] (fp32) and, when dx is given, dx = dL/dx scaled by grad_scale, for logits x
-    (M, N) and int64 targets (M,) already range-checked (or ignore_index)."""
+                  one_exp: bool | None = None, scale_dev: torch.Tensor | None = None) -> None:
+    """loss_rows[i] (fp32) and, when dx is given, dx = dL/dx scaled by grad_scale (times the
+    device scalar ``scale_dev``, a float32 tensor of one element, when given), for logits x (M, N)
+    and int64 targets (M,) already range-checked (or ignore_index)."""
     M, N = x.shape
     if M:
         grad = dx is not None
         d = dx if grad else x  # never written without grad
         _launch("ce", x, config, M, (x, target, loss_rows, d, M, N, x.stride(0), d.stride(0) if grad else 0,
-                                     int(ignore_index), float(smoothing), float(grad_scale), int(grad)), pipe,
-                one_exp)
+                                     int(ignore_index), float(smoothing), float(grad_scale), scale_dev, int(grad)),
+                pipe, one_exp)

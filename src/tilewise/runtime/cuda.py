@@ -372,12 +372,14 @@ class Tensor:
     """A pointer parameter fed from a CUDA ``torch.Tensor``.
 
     ``dtypes``: accepted dtypes (None: any); ``contiguous``: reject non-contiguous tensors
-    (kernels that walk strides themselves set False).
+    (kernels that walk strides themselves set False); ``nullable``: None is accepted and passed as
+    a null pointer (for optional inputs the kernel tests against nullptr).
     """
 
     name: str
     dtypes: tuple | None = None
     contiguous: bool = True
+    nullable: bool = False
 
 
 _SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "f32": np.float32, "f64": np.float64}
@@ -422,7 +424,11 @@ def _tensor_converter(kernel: str, p: Tensor, device_index: int):
         return ValueError(f"{kernel}: argument '{p.name}' is not contiguous (strides {tuple(x.stride())}); "
                           f"pass x.contiguous()")
 
+    nullable = p.nullable
+
     def conv(x):
+        if x is None and nullable:
+            return 0
         try:
             ok = x.get_device() == device_index
             if single is not None:
