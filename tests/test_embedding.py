@@ -403,6 +403,17 @@ def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind, cfg):
         assert torch.equal(buf, again)  # deterministic
 
 
+def test_module_names_are_instantiated_in_the_cu():
+    """Every kernel name _module asks NVRTC for is instantiated by embedding.cu (a name missing
+    there fails only when the module loads, on a GPU)."""
+    from pathlib import Path
+
+    from tilewise.runtime import cuda as rtc
+
+    declared = set(rtc.name_expressions_for(Path(em.__file__).with_name("embedding.cu")))
+    assert set(em.module_names()) <= declared, sorted(set(em.module_names()) - declared)
+
+
 def test_block_scan_limits():
     assert em.block_scan_applies(4096, 14819, 50)
     assert em.block_scan_shmem(4096, 50) == (4 * 32 * 50 + 4096) * 4

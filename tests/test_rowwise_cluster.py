@@ -278,3 +278,19 @@ def test_gpu_one_exp_softmax_and_cross_entropy(dtype):
     small = x[:, :1024].contiguous()  # a row that (2, 256, 8) holds, a config one_exp is not built for
     with pytest.raises(ValueError, match="one_exp"):
         rc.softmax_fwd(small, torch.empty_like(small), False, config=(2, 256, 8), one_exp=True)
+
+
+def test_kernel_params_keep_nullable_scale_and_take_strided_rows(monkeypatch):
+    """_kernel rebuilds the tensor parameters as non-contiguous (the kernels take row strides);
+    the cross-entropy's optional device scale must stay nullable through that (a None scale_dev
+    is the common case)."""
+
+    class FakeModule:
+        def kernel(self, name, params):
+            return params
+
+    monkeypatch.setattr(rc, "_module", lambda device_index: FakeModule())
+    params = rc._kernel.__wrapped__("ce", torch.bfloat16, (8, 256, 8), 0)
+    by_name = {p.name: p for p in params}
+    assert by_name["scale_dev"].nullable and not by_name["scale_dev"].contiguous
+    assert not by_name["x"].nullable and not by_name["x"].contiguous

@@ -102,15 +102,24 @@ def cost(n_ids: int, num_rows: int, dim: int, dtype: torch.dtype = torch.float32
 # --------------------------------------------------------------------------- kernels
 
 
-@functools.cache
-def _module(device_index: int) -> rt.Module:
+def module_names() -> list[str]:
+    """Every kernel _module loads (the CPU tests check them against embedding.cu's instantiations)."""
     names = [f"embedding_fwd_v1_naive<{rt.ctype(d)},{_ict(i)}>" for d in _DTYPES for i in _ID_DTYPES]
     names += [f"embedding_sort_keys_v2<{_ict(i)}>" for i in _ID_DTYPES]
     names += [f"embedding_bwd_segment_sum<{rt.ctype(d)}>" for d in _DTYPES]
     names += [f"embedding_bwd_scan_v3<{rt.ctype(d)},{_ict(i)},{ec}>" for d in _DTYPES for i in _ID_DTYPES
               for ec in (1, 2, 4, 8)]
-    names += [f"embedding_bwd_block_scan_v4<{rt.ctype(d)},{_ict(i)},4>" for d in _DTYPES for i in _ID_DTYPES]
-    return rt.load(_SRC, names, device_index=device_index)
+    nw, lu, rb = BLOCK_SCAN_DEFAULT
+    names += [f"embedding_bwd_block_scan_v4<{rt.ctype(d)},{_ict(i)},{nw},{lu},{rb}>" for d in _DTYPES
+              for i in _ID_DTYPES]
+    names += [f"embedding_bwd_block_scan_v4<float,{_ict(torch.int64)},{nw},{lu},{rb}>"
+              for nw, lu, rb in BLOCK_SCAN_EXTRA]
+    return names
+
+
+@functools.cache
+def _module(device_index: int) -> rt.Module:
+    return rt.load(_SRC, module_names(), device_index=device_index)
 
 
 _kernels: dict[tuple, rt.Kernel] = {}

@@ -18,6 +18,7 @@ The softmax and cross-entropy modules expose these as their ``v5_cluster_cuda`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -163,7 +164,7 @@ def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_
     cl, nt, ch = config
     name = f"{_NAMES[kind]}<{rt.ctype(dtype)},{cl},{nt},{ch}{',true' if one_exp else ''}>"
     # Strided rows: the kernel takes row strides, so the tensors need not be contiguous.
-    params = tuple(rt.Tensor(p.name, p.dtypes, contiguous=False) if isinstance(p, rt.Tensor) else p
+    params = tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
                    for p in _params(kind.replace("_pipe", ""), dtype))
     k = _module(device_index).kernel(name, params)
     if kind.endswith("_pipe") and pipe_shmem(config) > 48 * 1024:
