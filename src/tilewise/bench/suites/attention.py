@@ -13,12 +13,15 @@ tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bia
 (non-causal: SDPA takes no bias with is_causal). The full run also sweeps, at S = 4096, the forward
 block sizes of v3/v4 (variants ``v3_flash2[BM,BN,w,s]``), the dK/dV and dQ tiles of the
 deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
-(``v3_flash2_atomic[atomic=...]``).
+(``v3_flash2_atomic[atomic=...]``). ``TILEWISE_BENCH_ATTENTION_SHAPES="4096x64,8192x128"`` (S x D)
+times those shapes of the grid instead (without the S = 4096 sweeps in quick runs).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
 the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -126,6 +129,15 @@ def run(r) -> None:
         shapes = [(4096, 128)]
     else:
         shapes = [(S, D) for D in (64, 128) for S in (1024, 2048, 4096, 8192, 16384)]
+    env = os.environ.get("TILEWISE_BENCH_ATTENTION_SHAPES")  # e.g. "4096x64,8192x128" (S x D): part of the grid
+    if env:
+        try:
+            shapes = [tuple(int(v) for v in item.lower().split("x")) for item in env.split(",") if item.strip()]
+            if not shapes or any(len(t) != 2 or t[0] < 1 or t[1] < 1 or TOKENS % t[0] for t in shapes):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"TILEWISE_BENCH_ATTENTION_SHAPES={env!r}: expected SxD items dividing {TOKENS} "
+                             f"tokens, e.g. '4096x64,8192x128'") from None
     modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
              ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
     dtype = torch.bfloat16
