@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -240,10 +241,12 @@ def _restore_opt_state(opt, saved: dict) -> None:
                     v.zero_()
 
 
-def _eager_step(model, opt, batch: sst2.Batch, set_to_none: bool = True) -> torch.Tensor:
+def _eager_step(model, opt, batch: sst2.Batch, set_to_none: bool = True, fwd=None) -> torch.Tensor:
+    """One step. ``fwd``: what runs the forward (the DistributedDataParallel wrapper under
+    torchrun, whose backward averages the gradients over the processes); default the model."""
     # With captured graphs the .grad tensors must stay: the graphs hold their addresses.
     opt.zero_grad(set_to_none=set_to_none)
-    loss = model.loss(model(batch.ids, batch.lengths), batch.labels)
+    loss = model.loss((fwd or model)(batch.ids, batch.lengths), batch.labels)
     loss.backward()
     opt.step()
     return loss.detach()
@@ -326,9 +329,62 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class _Dist:
+    """Data-parallel run under torchrun: this process's rank among world_size."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def _init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, "_Dist | None", list[str]]:
+    """Under torchrun (WORLD_SIZE > 1 in the environment): join the process group (NCCL on GPUs,
+    gloo on the CPU), pin this process to its GPU (LOCAL_RANK), and return the config adjusted for
+    a data-parallel run: rank 0 alone prints, plots, evaluates and writes; CUDA graphs are off (a
+    step's gradient all-reduce is not captured). Outside torchrun: (cfg, None, [])."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return cfg, None, []
+    import torch.distributed as dist
+
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    on_gpu = torch.cuda.is_available() and cfg.device in ("auto", "cuda") or cfg.device.startswith("cuda")
+    notes = [f"data-parallel: rank {rank} of {world} ({'NCCL' if on_gpu else 'gloo'}), batch {cfg.batch_size} "
+             f"per process, {cfg.batch_size * world} a step in all"]
+    if on_gpu:
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {cfg.device} under torchrun: no CUDA GPU is visible to PyTorch")
+        torch.cuda.set_device(local)
+        cfg = replace(cfg, device=f"cuda:{local}")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    if cfg.graph:
+        notes.append("--graph is off under torchrun (the gradient all-reduce is not captured)")
+        cfg = replace(cfg, graph=False)
+    if rank != 0:
+        cfg = replace(cfg, progress=False, plot=False)
+    return cfg, _Dist(rank, world, local), notes
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train, evaluate each epoch, write metrics.json, loss_curve.png and checkpoint.pt in
-    ``cfg.output_dir``; return the metrics."""
+    ``cfg.output_dir``; return the metrics. Under torchrun (``torchrun --nproc_per_node N -m
+    tilewise train ...``) it trains data-parallel with DistributedDataParallel: each process takes
+    every N-th batch of the same shuffled order, gradients are averaged, and rank 0 evaluates and
+    writes the outputs (the others return its metrics' shape with their own losses)."""
+    cfg, ddp, dist_notes = _init_distributed(cfg)
+    try:
+        return _train(cfg, ddp, dist_notes)
+    finally:
+        if ddp is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict[str, Any]:
     if cfg.epochs < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.hidden < 1:
         raise ValueError(f"train: need epochs >= 0, batch_size >= 1, lr > 0, hidden >= 1; got epochs={cfg.epochs}, "
                          f"batch_size={cfg.batch_size}, lr={cfg.lr}, hidden={cfg.hidden}")
@@ -339,6 +395,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if not 0.0 <= cfg.embed_dropout < 1.0:
         raise ValueError(f"--embed-dropout must be in [0, 1), got {cfg.embed_dropout}")
     device, backend, notes = resolve_device_backend(cfg)
+    notes = dist_notes + notes
+    rank, world = (ddp.rank, ddp.world_size) if ddp is not None else (0, 1)
+    lead = rank == 0  # prints, evaluates and writes
     con = _console(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -409,10 +468,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         notes.append(f"batches padded to the bucket lengths {buckets}")
         con.print(notes[-1])
     graphed = _GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
+    fwd = model
+    if ddp is not None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        fwd = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    steps_per_epoch = train_set.num_batches(cfg.batch_size)
+    # Each process takes every world-th batch of the same shuffled order, and all take the same
+    # number of steps (a process with one more would wait in its all-reduce for ever).
+    steps_per_epoch = train_set.num_batches(cfg.batch_size) // world
     if cfg.max_steps is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
     total_steps = steps_per_epoch * cfg.epochs
@@ -427,16 +493,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             examples = 0
             _sync(device)
             t0 = time.perf_counter()
-            for step, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
-                                                       buckets=buckets, device=device)):
-                if cfg.max_steps is not None and step >= cfg.max_steps:
+            for i, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
+                                                    buckets=buckets, device=device)):
+                if i % world != rank:
+                    continue
+                step = i // world
+                if step >= steps_per_epoch:
                     break
                 if scheduled:
                     _set_lrs(opt, group_lrs(cfg, epoch, epoch * steps_per_epoch + step, total_steps))
                 if graphed is not None and b.ids.shape[0] == cfg.batch_size:
                     loss = graphed(b).detach().clone()
                 else:
-                    loss = _eager_step(model, opt, b, set_to_none=graphed is None)
+                    loss = _eager_step(model, opt, b, set_to_none=graphed is None, fwd=fwd)
                 losses.append(loss)
                 examples += b.ids.shape[0]
                 if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
@@ -449,18 +518,22 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 twf.check_targets(device)
             epoch_losses = torch.stack(losses).float().cpu().tolist() if losses else []
             step_losses += epoch_losses
-            ev = evaluate(model, dev_set, device=device, buckets=buckets)
+            # The replicas hold the same weights: rank 0 evaluates for all.
+            ev = evaluate(model, dev_set, device=device, buckets=buckets) if lead else {"accuracy": math.nan,
+                                                                                       "loss": math.nan}
             rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
                    "lr_end": [float(g["lr"]) for g in opt.param_groups],
                    "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
-                   "examples_per_second": examples / secs if secs > 0 else math.nan, "steps": len(losses)}
+                   # all processes' examples (each took as many steps in the same time)
+                   "examples_per_second": world * examples / secs if secs > 0 else math.nan, "steps": len(losses)}
             history.append(rec)
             bar.update(task, completed=steps_per_epoch)
             con.print(f"epoch {epoch + 1}: train loss {rec['train_loss']:.4f}, dev accuracy "
                       f"{100 * rec['dev_accuracy']:.2f}%, {rec['examples_per_second']:,.0f} ex/s")
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
-                        "rng": _rng_state(gen, device), "history": history, "step_losses": step_losses,
-                        "vocab": vocab.itos, "config": asdict(cfg)}, ckpt_path)
+            if lead:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
+                            "rng": _rng_state(gen, device), "history": history, "step_losses": step_losses,
+                            "vocab": vocab.itos, "config": asdict(cfg)}, ckpt_path)
 
     metrics = {
         "config": asdict(cfg), "device": str(device), "backend": backend,
@@ -471,8 +544,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "best_dev_accuracy": max((h["dev_accuracy"] for h in history), default=None),
         "best_epoch": max(history, key=lambda h: h["dev_accuracy"])["epoch"] if history else None,
         "final_dev_accuracy": history[-1]["dev_accuracy"] if history else None,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "world_size": world,
     }
+    if not lead:
+        return metrics
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     if cfg.plot:
         _plot(step_losses, history, out / "loss_curve.png")
