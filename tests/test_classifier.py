@@ -492,6 +492,33 @@ def test_sweep_script_smoke(tmp_path):
         assert getattr(cfg, k) == v, k
 
 
+def test_sweep_script_grid_ranks_by_seed_mean(tmp_path):
+    """sst2_sweep.py --grid: every combination for every seed, ranked by the mean of the last
+    epoch's dev accuracy over the seeds (no epoch chosen on dev), written as a JSON list."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "sst2_sweep.py"
+    spec = importlib.util.spec_from_file_location("sst2_sweep_grid", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    data = write_tiny_sst2(tmp_path / "sst2")
+    out = tmp_path / "grid.json"
+    assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--max-steps", "3", "--out", str(out),
+                       "--work-dir", str(tmp_path / "w"), "--seeds", "0,1",
+                       "--grid", '{"hidden": [8, 16], "epochs": [1, 2]}']) == 0
+    table = json.loads((tmp_path / "grid-grid.json").read_text())
+    assert len(table) == 4
+    assert [t["mean_final"] for t in table] == sorted((t["mean_final"] for t in table), reverse=True)
+    for t in table:
+        assert len(t["final_per_seed"]) == 2
+        assert abs(t["mean_final"] - sum(t["final_per_seed"]) / 2) < 1e-12
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 8 and {r["setting"]["seed"] for r in runs} == {0, 1}
+    with pytest.raises(SystemExit, match="--grid"):
+        sweep.main(["--data-dir", str(data), "--grid", '{"hidden": 8}'])
+
+
 def test_torchrun_data_parallel_on_cpu(tmp_path):
     """`torchrun --nproc_per_node 2 -m tilewise train` on the CPU (gloo): both processes train on
     their halves of each epoch (the same number of steps each), rank 0 alone writes metrics and a

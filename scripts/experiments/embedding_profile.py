@@ -18,24 +18,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import median_event_ms  # noqa: E402
 from tilewise.bench.suites.embedding import _capture  # noqa: E402
 from tilewise.ops import embedding as op  # noqa: E402
 
 
 def median_ms(fn, reps=200):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    return median_event_ms(fn, reps=reps, warmup=10)
 
 
 def main():

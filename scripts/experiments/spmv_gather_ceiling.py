@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import median_event_ms  # noqa: E402
 from tilewise.runtime import cuda as rt  # noqa: E402
 from tilewise.ops import spmv as op  # noqa: E402
 
@@ -60,18 +62,7 @@ extern "C" __global__ void __launch_bounds__(256) seq(const int* __restrict__ co
 
 
 def bench(fn, reps=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+    return median_event_ms(fn, reps=reps, warmup=5)
 
 
 def main():
