@@ -392,7 +392,7 @@ def _recompute_jobs():
     return [
         ["tilewise.ops.recompute", "_fwd_kernel", {"X": p, "A1": p, "A2": p, "Y": p, "n": "i64",
          "STORE": "constexpr", "BLOCK": "constexpr"}, {"STORE": True, "BLOCK": rc._BLOCK}, 8],
-        ["tilewise.ops.recompute", "_bwd_stored_kernel", {"A1": p, "A2": p, "Y": p, "DY": p, "DX": p,
+        ["tilewise.ops.recompute", "_bwd_stored_kernel", {"A1": p, "A2": p, "DY": p, "DX": p,
          "n": "i64", "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],
         ["tilewise.ops.recompute", "_bwd_recompute_kernel", {"X": p, "DY": p, "DX": p, "n": "i64",
          "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],

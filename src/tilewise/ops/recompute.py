@@ -2,17 +2,18 @@
 backward against recomputed in backward (checkpointing), forward and backward both in Triton.
 
 Versions (each a forward kernel and a backward kernel, elementwise, n elements of b bytes):
-    stored:     forward reads x, writes a1 = s(x), a2 = s(a1) and y = s(a2) (all kept);
-                backward reads a1, a2, y and dy, writes dx = dy * y(1-y) * a2(1-a2) * a1(1-a1).
-                bytes: (1 + 3) + (4 + 1) = 9 n b.
+    stored:     forward reads x, writes a1 = s(x), a2 = s(a1) (kept for backward) and y = s(a2);
+                backward reads a1, a2 and dy, writes dx = dy * y(1-y) * a2(1-a2) * a1(1-a1) with
+                y = s(a2) taken again from the a2 it reads (one sigmoid instead of a read of y).
+                bytes: (1 + 3) + (3 + 1) = 8 n b.
     recomputed: forward reads x, writes y (only x is kept: it exists anyway);
                 backward reads x and dy, recomputes a1, a2, y in registers, writes dx.
                 bytes: (1 + 1) + (2 + 1) = 5 n b.  Extra FLOPs: three sigmoids, free at this
                 intensity. bound: copy bandwidth on those bytes for both.
 
-Counted this way, recomputation moves 5/9 of the bytes. The lecture's 5/8 leaves the incoming
-gradient dy out of the stored backward's reads (4 + 4 = 8 against 2 + 3 = 5); both ratios are
-printed beside the measured one (docs/notes-softmax.md).
+Recomputation moves 5/8 of the bytes: the lecture's ratio. (Until 2026-11-29 the stored backward
+also read y: 9 streams, a 5/9 ratio, which the H200 measured at 0.546, 12.7 % off the lecture's;
+docs/notes-softmax.md.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..cost import Cost
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LECTURE_RATIO = 5 / 8
-BYTES_RATIO = 5 / 9
+BYTES_RATIO = 5 / 8  # recomputed (5 streams) over stored (8 streams)
 _BLOCK = 2048  # 8 elements a thread at 8 warps: two 16-byte bf16 loads per tensor in flight
 
 
@@ -45,9 +46,9 @@ def reference_backward(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
 
 def cost(n: int, dtype: torch.dtype = torch.float32, recompute: bool = True) -> Cost:
     """Forward + backward. A sigmoid ~4 FLOPs (exp, add, divide, negate), its derivative ~2,
-    the chain ~4: stored 12 + 10, recomputed 12 + 22 per element."""
+    the chain ~4: stored 12 + 14 (y again from a2), recomputed 12 + 22 per element."""
     b = dtype.itemsize
-    return Cost(flops=34 * n, bytes=5 * n * b) if recompute else Cost(flops=22 * n, bytes=9 * n * b)
+    return Cost(flops=34 * n, bytes=5 * n * b) if recompute else Cost(flops=26 * n, bytes=8 * n * b)
 
 
 @triton.jit
@@ -70,12 +71,12 @@ def _fwd_kernel(X, A1, A2, Y, n, STORE: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _bwd_stored_kernel(A1, A2, Y, DY, DX, n, BLOCK: tl.constexpr):
+def _bwd_stored_kernel(A1, A2, DY, DX, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a1 = tl.load(A1 + offs, mask=mask).to(tl.float32)
     a2 = tl.load(A2 + offs, mask=mask).to(tl.float32)
-    y = tl.load(Y + offs, mask=mask).to(tl.float32)
+    y = _sigmoid(a2)  # from the stored a2: a sigmoid instead of a read of y
     g = tl.load(DY + offs, mask=mask).to(tl.float32)
     dx = g * y * (1.0 - y) * a2 * (1.0 - a2) * a1 * (1.0 - a1)
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -129,19 +130,19 @@ def _(x, store):
 
 
 @torch.library.custom_op("tilewise::sigmoid3_bwd_stored", mutates_args=())
-def _bwd_stored_op(a1: torch.Tensor, a2: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def _bwd_stored_op(a1: torch.Tensor, a2: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dy = dy.contiguous()
-    dx = torch.empty_like(y)
-    n = y.numel()
+    dx = torch.empty_like(a2)
+    n = a2.numel()
     if n:
-        B = _block(y)
-        _bwd_stored_kernel[(triton.cdiv(n, B),)](a1, a2, y, dy, dx, n, BLOCK=B, num_warps=8)
+        B = _block(a2)
+        _bwd_stored_kernel[(triton.cdiv(n, B),)](a1, a2, dy, dx, n, BLOCK=B, num_warps=8)
     return dx
 
 
 @_bwd_stored_op.register_fake
-def _(a1, a2, y, dy):
-    return torch.empty_like(y)
+def _(a1, a2, dy):
+    return torch.empty_like(a2)
 
 
 @torch.library.custom_op("tilewise::sigmoid3_bwd_recompute", mutates_args=())
@@ -164,7 +165,7 @@ def _setup(ctx, inputs, output):
     x, store = inputs
     ctx.store = store
     if store:
-        ctx.save_for_backward(output[1], output[2], output[0])
+        ctx.save_for_backward(output[1], output[2])
     else:
         ctx.save_for_backward(x)
     ctx.mark_non_differentiable(output[1], output[2])
@@ -178,8 +179,8 @@ def _grad(ctx, dy, _d1, _d2):
     if dy is None:  # not materialized (see _setup): y did not reach the loss
         return None, None
     if ctx.store:
-        a1, a2, y = ctx.saved_tensors
-        return _bwd_stored_op(a1, a2, y, dy), None
+        a1, a2 = ctx.saved_tensors
+        return _bwd_stored_op(a1, a2, dy), None
     (x,) = ctx.saved_tensors
     return _bwd_recompute_op(x, dy), None
 
@@ -192,7 +193,8 @@ def sigmoid3(x: torch.Tensor, *, recompute: bool = True) -> torch.Tensor:
 
     x:         CUDA tensor, any shape, float32 / float16 / bfloat16 (non-contiguous is copied).
     recompute: True (default): keep only x for backward and recompute the sigmoids there;
-               False: keep the two intermediates and y (three tensors of x's size).
+               False: keep the two intermediates a1, a2 (two tensors of x's size; the
+               backward takes y = sigmoid(a2) again instead of reading it).
     Returns y, same shape and dtype as x (fp32 arithmetic inside).
     """
     _check(x)
