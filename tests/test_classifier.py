@@ -460,9 +460,8 @@ def test_resume_eager_checkpoint_into_graph_gpu(tmp_path):
     assert len(m["epochs"]) == 3 and m["epochs"][-1]["train_loss"] < m["epochs"][0]["train_loss"]
 
 
-def test_sweep_script_smoke(tmp_path):
-    """scripts/experiments/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
-    a JSON table with each run's best dev accuracy, its epoch, and the command that reproduces it."""
+def _sweep_script():
+    """scripts/experiments/sst2_sweep.py as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
 
@@ -470,6 +469,13 @@ def test_sweep_script_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("sst2_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
+    return sweep
+
+
+def test_sweep_script_smoke(tmp_path):
+    """scripts/experiments/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
+    a JSON table with each run's best dev accuracy, its epoch, and the command that reproduces it."""
+    sweep = _sweep_script()
     data = write_tiny_sst2(tmp_path / "sst2")
     out = tmp_path / "sweep.json"
     assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--epochs", "2", "--stages", "14",
@@ -495,13 +501,7 @@ def test_sweep_script_smoke(tmp_path):
 def test_sweep_script_grid_ranks_by_seed_mean(tmp_path):
     """sst2_sweep.py --grid: every combination for every seed, ranked by the mean of the last
     epoch's dev accuracy over the seeds (no epoch chosen on dev), written as a JSON list."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "sst2_sweep.py"
-    spec = importlib.util.spec_from_file_location("sst2_sweep_grid", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _sweep_script()
     data = write_tiny_sst2(tmp_path / "sst2")
     out = tmp_path / "grid.json"
     assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--max-steps", "3", "--out", str(out),
