@@ -3,7 +3,8 @@ autograd graph kept) at B=4, H=16, S=4096, bf16, D in {128, 64}, causal and not:
     - SDPA flash and cuDNN backwards (what a user gets),
     - the deterministic two-kernel backward (default tiles),
     - the atomic backward (deterministic=False) over a handful of (BLOCK_M, BLOCK_N, warps, stages),
-      with dQ added by pointer atomics ("ptr") or by TMA reduce-add ("tma", D = 128 only).
+      with dQ added by pointer atomics ("ptr") or by TMA reduce-add ("tma", D = 128 only),
+    - the deterministic backward with one of its two kernels' tiles overridden ("det ...").
 Every candidate's dQ, dK, dV are first checked against SDPA math in fp32 on batch 0, heads 0-1, and
 against SDPA flash's full-size gradients; a failing config is reported and not timed.
 TFLOP/s = 2.5 x 4 B H S^2 D / time (halved when causal), the backward's share of the usual count.
@@ -28,6 +29,17 @@ ATOMIC = {  # D: [(dQ path, (BLOCK_M, BLOCK_N, num_warps, num_stages)), ...]; th
           ("ptr", (128, 64, 8, 2)), ("ptr", (128, 128, 8, 2)), ("ptr", (32, 128, 8, 2))],
     64: [("ptr", (64, 64, 8, 2)), ("ptr", (64, 128, 8, 2)), ("ptr", (32, 128, 8, 2)), ("ptr", (64, 128, 8, 1)),
          ("ptr", (128, 64, 8, 2))],
+}
+
+
+# Deterministic backward (two kernels: dK/dV with a key tile kept, dQ with a query tile kept): tile
+# overrides to time beside its defaults (A._DKDV_CONFIGS, A._DQ_CONFIGS). At D = 64 the bench had
+# fwd+bwd at 1.17x flash with the defaults (logs/bench-attention-d64-s16k.log); these are the next
+# candidates, one kind changed at a time.
+DETERMINISTIC = {
+    64: [{"dkdv": (64, 128, 8, 3)}, {"dkdv": (64, 128, 8, 2)}, {"dkdv": (128, 64, 8, 3)}, {"dkdv": (32, 64, 4, 4)},
+         {"dq": (128, 128, 8, 2)}, {"dq": (64, 64, 4, 4)}, {"dq": (128, 64, 4, 3)}],
+    128: [{"dkdv": (64, 128, 8, 2)}, {"dkdv": (32, 64, 4, 3)}, {"dq": (128, 128, 8, 2)}, {"dq": (64, 64, 4, 3)}],
 }
 
 
@@ -71,9 +83,18 @@ def main():
             for path, cfg in ATOMIC.get(D, []):
                 star = "*" if cfg == default and (path == "tma") == A._dq_tma_applies(q, D) else ""
                 cands.append((f"atomic {path} {cfg}{star}", (path, cfg), None))
+            for over in DETERMINISTIC.get(D, []):
+                cands.append(("det " + " ".join(f"{k}={v}" for k, v in over.items()), ("det", over), None))
             for name, spec, fwd in cands:
                 try:
-                    if isinstance(spec, tuple):
+                    if isinstance(spec, tuple) and spec[0] == "det":
+                        with A.override_configs(**spec[1]):
+                            bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal))
+                            grads = bwd()
+                            errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
+                                    + [rel(x, f) for x, f in zip(grads, flash_grads)])
+                            ms = do_bench(bwd, warmup=25, rep=100, return_mode="median") if max(errs) < 2e-2 else None
+                    elif isinstance(spec, tuple):
                         path, cfg = spec
                         kind = "atomic_tma" if path == "tma" else "atomic"
                         with A.override_configs(**{kind: cfg}), A.dq_tma(path == "tma"):
@@ -111,11 +132,12 @@ def main():
             case = [r for r in rows if r[0] == D and r[1] == causal]
             at = [r for r in case if r[2].startswith("atomic")]
             ref = {r[2]: r[3] for r in case}
-            if at:
-                best = min(at, key=lambda r: r[3])
-                print(f"  D={D} causal={causal}: {best[2]} {best[4]:.1f} TFLOP/s, "
-                      f"{ref.get('sdpa_flash', float('nan')) / best[3]:.2f}x flash, "
-                      f"{ref.get('tilewise deterministic', float('nan')) / best[3]:.2f}x deterministic")
+            for label, group in (("atomic", at), ("deterministic tiles", [r for r in case if r[2].startswith("det ")])):
+                if group:
+                    best = min(group, key=lambda r: r[3])
+                    print(f"  D={D} causal={causal} {label}: {best[2]} {best[4]:.1f} TFLOP/s, "
+                          f"{ref.get('sdpa_flash', float('nan')) / best[3]:.2f}x flash, "
+                          f"{ref.get('tilewise deterministic', float('nan')) / best[3]:.2f}x deterministic defaults")
     print(f"elapsed {time.time() - t_start:.0f} s")
 
 
