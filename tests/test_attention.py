@@ -446,7 +446,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
 
     fn = {"fwd": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
           "atomic": K._attn_bwd_atomic_kernel}[kind]
-    bm, bn, w, s = A._config(("atomic_tma" if dq_tma else kind) + ("_bias" if bias_grad else ""), D)
+    bm, bn, w, s = A._config(("atomic_tma" if dq_tma else kind) + ("_bias" if bias_grad else ""), D, 2)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
                   HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
     if "BIAS_GRAD" in fn.arg_names:

@@ -74,6 +74,21 @@ def test_capturable_bad_targets_are_counted_not_read():
     ce.check_targets(dev)  # reset: no error now
 
 
+@pytest.mark.parametrize("add", [True, False])
+def test_targets_kernel_counts_into_or_writes_the_bad_counter(add):
+    """_ce_targets_kernel: ADD=True adds this call's bad targets to a running counter (the
+    capturable path's), ADD=False writes the count (the v5/v6 path's per-call counter, left
+    unzeroed); bad targets become ignore_index, 1/n counts the others."""
+    t = torch.tensor([0, 5, 1, -100, -7, 2, 9], device=DEV)
+    t_safe = torch.full_like(t, 123)
+    inv_n = torch.full((1,), float("nan"), device=DEV)
+    bad = torch.full((1,), 40, dtype=torch.int64, device=DEV)  # a stale value
+    ce._ce_targets_kernel[(1,)](t, t_safe, bad, inv_n, t.numel(), 3, -100, MEAN=True, BLOCK=4, ADD=add)
+    assert int(bad) == (40 + 3 if add else 3)
+    assert t_safe.tolist() == [0, -100, 1, -100, -100, 2, -100]
+    assert float(inv_n) == pytest.approx(1 / 3)
+
+
 def test_capturable_input_errors():
     x, t = _inputs(4, 3)
     with pytest.raises(ValueError, match="reduction"):

@@ -144,6 +144,22 @@ def test_batches_shuffle_is_seeded_and_complete(tmp_path, no_env):
     assert sorted(labels(1)) == sorted(l for _, l in TRAIN)
 
 
+def test_batches_shards_split_one_shuffled_order(tmp_path, no_env):
+    """shard=(rank, world): each data-parallel process gets every world-th batch of the same
+    shuffled order; together the shards are the unsharded batches, in that order."""
+    data = sst2.load_sst2(write_sst2(tmp_path / "s"))
+    enc = EncodedSplit(data["train"], Vocab.build(data["train"].tokens))
+
+    def ids(shard):
+        return [b.ids.tolist() for b in enc.batches(2, shuffle=True, generator=torch.Generator().manual_seed(5),
+                                                    shard=shard)]
+
+    whole = ids((0, 1))
+    assert ids((0, 2)) == whole[0::2] and ids((1, 2)) == whole[1::2]
+    with pytest.raises(ValueError, match="shard"):
+        ids((2, 2))
+
+
 def test_buckets_and_max_len(tmp_path, no_env):
     data = sst2.load_sst2(write_sst2(tmp_path / "s"))
     v = Vocab.build(data["train"].tokens)

@@ -77,9 +77,7 @@ def main():
             flash_grads = flash_bwd()
             cands = [("sdpa_flash", flash_bwd, None), ("sdpa_cudnn", None, sdpa(SDPBackend.CUDNN_ATTENTION)),
                      ("tilewise deterministic", None, lambda a, b, c: A.flash_attention(a, b, c, causal=causal))]
-            default = A._config("atomic_tma" if A._dq_tma_applies(q, D) else "atomic", D)
-            if not A._dq_tma_applies(q, D) and q.dtype.itemsize == 2:
-                default = A._ATOMIC_2BYTE.get(A._block_d(D), default)
+            default = A._config("atomic_tma" if A._dq_tma_applies(q, D) else "atomic", D, q.dtype.itemsize)
             for path, cfg in ATOMIC.get(D, []):
                 star = "*" if cfg == default and (path == "tma") == A._dq_tma_applies(q, D) else ""
                 cands.append((f"atomic {path} {cfg}{star}", (path, cfg), None))

@@ -95,7 +95,7 @@ def main():
     kg(grid, 256, col, x, y, M, K)
     want = x[col.long()].sum(0)
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
-    At = A.to_torch() if hasattr(A, "to_torch") else torch.sparse_csr_tensor(A.row_ptr, A.col, A.val, A.shape)
+    At = A.to_torch()
     copy_src = torch.randn(floor // 4, device="cuda")
     copy_dst = torch.empty_like(copy_src)
     rows = [

@@ -335,7 +335,6 @@ class _Dist:
 
     rank: int
     world_size: int
-    local_rank: int
 
 
 def _init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, "_Dist | None", list[str]]:
@@ -349,7 +348,7 @@ def _init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, "_Dist | None", li
     import torch.distributed as dist
 
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    on_gpu = torch.cuda.is_available() and cfg.device in ("auto", "cuda") or cfg.device.startswith("cuda")
+    on_gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
     notes = [f"data-parallel: rank {rank} of {world} ({'NCCL' if on_gpu else 'gloo'}), batch {cfg.batch_size} "
              f"per process, {cfg.batch_size * world} a step in all"]
     if on_gpu:
@@ -364,7 +363,7 @@ def _init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, "_Dist | None", li
         cfg = replace(cfg, graph=False)
     if rank != 0:
         cfg = replace(cfg, progress=False, plot=False)
-    return cfg, _Dist(rank, world, local), notes
+    return cfg, _Dist(rank, world), notes
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -493,11 +492,8 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
             examples = 0
             _sync(device)
             t0 = time.perf_counter()
-            for i, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
-                                                    buckets=buckets, device=device)):
-                if i % world != rank:
-                    continue
-                step = i // world
+            for step, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
+                                                       buckets=buckets, device=device, shard=(rank, world))):
                 if step >= steps_per_epoch:
                     break
                 if scheduled:

@@ -281,14 +281,18 @@ class EncodedSplit:
 
     def batches(self, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None,
                 drop_last: bool = False, buckets: Sequence[int] | None = None,
-                device: str | torch.device | None = None) -> Iterator[Batch]:
+                device: str | torch.device | None = None, shard: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
         """Batches in order (or shuffled by ``generator``, a CPU generator), each padded to its
         longest sentence, or, with ``buckets`` (lengths, e.g. (16, 32, 64)), to the smallest
         bucket that fits, so that only a few shapes occur (what a captured CUDA graph needs); a
         sentence longer than the largest bucket is cut to it. ``device``: where the batches are
-        made (the split is copied there once)."""
+        made (the split is copied there once). ``shard`` (rank, world): only every world-th batch
+        of that order, from the rank-th (data-parallel processes share one shuffled order)."""
         if batch_size < 1:
             raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
+        rank, world = shard
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"batches: shard must be (rank, world) with 0 <= rank < world, got {shard}")
         if buckets is not None:
             buckets = sorted(int(b) for b in buckets)
             if not buckets or buckets[0] < 1:
@@ -300,7 +304,7 @@ class EncodedSplit:
         padded, lengths, labels = self._on[key]
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        for start in range(0, n, batch_size):
+        for start in range(rank * batch_size, n, world * batch_size):
             idx = order[start:start + batch_size]
             if drop_last and idx.numel() < batch_size:
                 return

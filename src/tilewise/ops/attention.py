@@ -218,7 +218,9 @@ def _block_d(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
-def _config(kind: str, D: int) -> tuple:
+def _config(kind: str, D: int, itemsize: int = 4) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of one kernel kind at head dim D for inputs of
+    ``itemsize`` bytes (2-byte inputs have their own atomic-backward entries: _ATOMIC_2BYTE)."""
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
     if kind.endswith("_bias") and kind[:-5] in _OVERRIDE:
@@ -227,7 +229,10 @@ def _config(kind: str, D: int) -> tuple:
              "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
              "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}[kind]
     bd = _block_d(D)
-    return table[min(max(bd, 32), 256)] if bd != 16 else table[32]
+    key = min(max(bd, 32), 256) if bd != 16 else 32
+    if kind == "atomic" and itemsize == 2 and key in _ATOMIC_2BYTE:
+        return _ATOMIC_2BYTE[key]
+    return table[key]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -476,10 +481,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     if atomic:
         def launch(use_tma):
             kind = ("atomic_tma" if use_tma else "atomic") + ("_bias" if bias_grad else "")
-            bm, bn, warps, stages = _config(kind, D)
-            if (kind == "atomic" and kind not in _OVERRIDE and q.dtype.itemsize == 2
-                    and _block_d(D) in _ATOMIC_2BYTE):
-                bm, bn, warps, stages = _ATOMIC_2BYTE[_block_d(D)]
+            bm, bn, warps, stages = _config(kind, D, q.dtype.itemsize)
             flags = _block_flags(mask, full, bm, bn) if mask is not None else None
             dq_arg = dq_acc
             if use_tma:

@@ -229,7 +229,7 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
 
 
 def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
-    """v5_cluster_cuda / v6_cluster_pipe on a CUDA device, N > 0, with no idle GPU for the target
+    """v5_cluster_cuda / v6_cluster_pipe (N > 0), with no idle GPU for the target
     check: one small kernel checks and counts the targets on the device (bad ones become
     ignore_index, so the loss kernel never reads outside a row) and copies the count of bad ones
     to pinned host memory; the loss kernel is launched next and reads 1/(rows that count) of
@@ -250,9 +250,9 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
         raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
     t_safe = torch.empty(N, device=dev, dtype=torch.int64)
     inv_n = torch.empty(1, device=dev, dtype=torch.float32)
-    bad = torch.zeros(1, device=dev, dtype=torch.int64)
+    bad = torch.empty(1, device=dev, dtype=torch.int64)
     _ce_targets_kernel[(1,)](t, t_safe, bad, inv_n, N, C, ignore_index, MEAN=reduction == "mean",
-                             BLOCK=_CAPTURABLE_BLOCK)
+                             BLOCK=_CAPTURABLE_BLOCK, ADD=False)
     bad_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
     bad_host.copy_(bad, non_blocking=True)
     counted = torch.cuda.Event()
@@ -274,7 +274,7 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
 
 def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
     N, C = logits.shape
-    if variant in ("v5_cluster_cuda", "v6_cluster_pipe") and N and logits.is_cuda:
+    if variant in ("v5_cluster_cuda", "v6_cluster_pipe") and N:
         return _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
     n_valid = _count_valid(target, C, ignore_index)
     dev = logits.device
@@ -301,17 +301,6 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             _ce_kernel[grid](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
                              HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
-        elif variant in ("v5_cluster_cuda", "v6_cluster_pipe"):
-            from . import rowwise_cluster as rc
-
-            pipe = variant == "v6_cluster_pipe"
-            ts = (x, *((grad,) if compute_grad else ()))
-            why = rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.unsupported_reason(*ts, kind="ce")
-            if why:
-                raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
-            rc.cross_entropy(x, t if t.dtype == torch.int64 else t.long(), loss_rows,
-                             grad if compute_grad else None, ignore_index, float(label_smoothing), scale,
-                             pipe=pipe)
         elif variant == "v4_cluster":
             if C > MAX_CLUSTER:
                 raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
@@ -504,9 +493,11 @@ def _bad_counter(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _ce_targets_kernel(T, T_SAFE, BAD, INV_N, M, C, ignore_index, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+def _ce_targets_kernel(T, T_SAFE, BAD, INV_N, M, C, ignore_index, MEAN: tl.constexpr, BLOCK: tl.constexpr,
+                       ADD: tl.constexpr = True):
     # One program: targets outside [0, C) that are not ignore_index become ignore_index (so the
-    # loss kernel never reads outside its row) and are added to BAD; INV_N = 1 / rows that count
+    # loss kernel never reads outside its row) and are counted into BAD (added to it with ADD, a
+    # running counter; written without, so BAD needs no zeroing); INV_N = 1 / rows that count
     # ('mean'; NaN when none does, as F.cross_entropy) or 1 ('sum').
     offs = tl.arange(0, BLOCK)
     n_ok = tl.zeros([BLOCK], tl.int32)
@@ -527,7 +518,10 @@ def _ce_targets_kernel(T, T_SAFE, BAD, INV_N, M, C, ignore_index, MEAN: tl.const
     else:
         inv = n.to(tl.float32) * 0.0 + 1.0  # a tensor, like the other branch's
     tl.store(INV_N, inv)
-    tl.store(BAD, tl.load(BAD) + tl.sum(n_bad, 0).to(tl.int64))
+    if ADD:
+        tl.store(BAD, tl.load(BAD) + tl.sum(n_bad, 0).to(tl.int64))
+    else:
+        tl.store(BAD, tl.sum(n_bad, 0).to(tl.int64))
 
 
 @triton.jit
