@@ -202,7 +202,8 @@ def test_triton_interpreter_fwd_bwd(shape, extra):
         assert (ours["out"][0, :, 5] == 0).all() and (ours["dq"][0, :, 5] == 0).all()
 
 
-@pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles"])
+@pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles",
+                                  "batch_shared_bias", "batch_shared_bias_causal", "full_bias_no_prefetch"])
 def test_triton_interpreter_more(case):
     kw, cfg = {}, TINY
     if case == "D96_gqa":
@@ -222,6 +223,25 @@ def test_triton_interpreter_more(case):
         assert not q.is_contiguous()
         kw["causal"] = True
         kw["bias"] = torch.randn(2, 1, 1, 18)  # gradient summed over H and Sq
+    elif case.startswith("batch_shared_bias"):
+        # No mask: the forward loads bias tiles a key tile ahead, and the bias shared by the batch
+        # orders the grid batch-fastest (Lse rows must still land at their (b, h)); Sk = 61 gives
+        # three full 16-key tiles and a partial one.
+        q, k, v = _inputs(3, 2, 2, 37, 61, 32, dtype=torch.float32, seed=6)
+        kw["bias"] = torch.randn(1, 2, 37, 61)
+        kw["causal"] = case.endswith("causal")
+    elif case == "full_bias_no_prefetch":  # the bias paths as they were: loaded in the tile, grid head-fastest
+        q, k, v = _inputs(2, 2, 1, 29, 50, 32, dtype=torch.float32, seed=7)
+        kw["bias"] = torch.randn(2, 2, 29, 50)
+        old = dict(A._BIAS_FWD)
+        A._BIAS_FWD.update(prefetch=False, batch_fastest=False)
+        try:
+            with A.override_configs(**cfg):
+                ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+        finally:
+            A._BIAS_FWD.update(old)
+        _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
+        return
     else:  # the H200 tile sizes, one tile each
         q, k, v = _inputs(1, 1, 1, 33, 33, 64, dtype=torch.float32, seed=5)
         kw["causal"] = True

@@ -294,3 +294,60 @@ def test_kernel_params_keep_nullable_scale_and_take_strided_rows(monkeypatch):
     by_name = {p.name: p for p in params}
     assert by_name["scale_dev"].nullable and not by_name["scale_dev"].contiguous
     assert not by_name["x"].nullable and not by_name["x"].contiguous
+
+
+# ---------------------------------------------------------------- v7: TMA-pipelined forward
+
+
+def test_tma_configs_are_instantiated_and_fit_shared_memory():
+    import pathlib
+
+    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
+              for n in line.split(":", 1)[1].split()}
+    for (kind, size), cfgs in rc.TMA_CONFIGS.items():
+        assert rc.TMA_DEFAULT[(kind, size)] in cfgs
+        for cl, nt, ch, st in cfgs:
+            assert f"{rc._NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st}>" in listed
+            assert rc.tma_shmem((cl, nt, ch, st)) <= rc.SHMEM_LIMIT
+    assert rc.tma_shmem((8, 256, 8, 3)) == 3 * 32768
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", rc.TMA_CONFIGS[("fwd", 2)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 8), (37, 1000), (300, 4104), (97, 131072), (5, 130008)], ids=str)
+def test_gpu_tma_forward(config, shape):
+    """v7: rows of any multiple of 8 up to the config's capacity (slices of unequal length, empty
+    slices when N is short), more rows than resident clusters (the stages wrap around several
+    times), fully and partly masked rows; outputs poisoned; softmax and log-softmax."""
+    M, N = shape
+    x = _x(M, N, torch.bfloat16, seed=M * 3 + N)
+    for log in (False, True):
+        y = poison(torch.empty_like(x))
+        rc.softmax_fwd_tma(x, y, log, config=config)
+        ref = sm.reference(x.double(), log)
+        fin = torch.isfinite(ref)
+        assert torch.equal(torch.isfinite(y), fin)
+        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[torch.bfloat16]
+        if M > 1 and not log:
+            assert torch.all(y[1] == 0)  # every key masked: zeros, no NaN
+
+
+@pytest.mark.gpu
+def test_gpu_tma_forward_strided_rows_and_bad_input():
+    x = _x(40, 2048, torch.bfloat16, seed=5)
+    big = torch.randn(40, 4096, device="cuda").to(torch.bfloat16)
+    big[:, :2048] = x
+    out = poison(torch.empty(40, 3000, device="cuda", dtype=torch.bfloat16))
+    rc.softmax_fwd_tma(big[:, :2048], out[:, 8:2056], False)
+    ref = sm.reference(x.double())
+    fin = torch.isfinite(ref)
+    assert _rel(torch.where(fin, out[:, 8:2056].double(), 0), torch.where(fin, ref, 0)) <= TOL[torch.bfloat16]
+    assert torch.isnan(out[:, :8].float()).all() and torch.isnan(out[:, 2056:].float()).all()  # untouched
+    with pytest.raises(ValueError, match="bfloat16"):
+        rc.softmax_fwd_tma(x.float(), x.float(), False)
+    with pytest.raises(ValueError, match="16 bytes"):
+        rc.softmax_fwd_tma(big[:, 1:2045], torch.empty(40, 2044, device="cuda", dtype=torch.bfloat16), False)
+    with pytest.raises(ValueError, match="exceed|not built"):
+        rc.softmax_fwd_tma(torch.randn(2, 131080, device="cuda").to(torch.bfloat16),
+                           torch.empty(2, 131080, device="cuda", dtype=torch.bfloat16), False)

@@ -24,7 +24,7 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, b_pre=0.0, BIAS_PRE: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
@@ -34,7 +34,10 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
     if HAS_BIAS or HAS_MASK:
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
     if HAS_BIAS:
-        b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
+        if BIAS_PRE:  # loaded one iteration ahead by _fwd_loop
+            b = b_pre
+        else:
+            b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
         s += b.to(tl.float32) * LOG2E
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
@@ -61,7 +64,25 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+              BIAS_PREFETCH: tl.constexpr = False):
+    if HAS_BIAS and BIAS_PREFETCH and not BOUNDS and not HAS_FLAGS:
+        # The bias tile of key tile n + 1 is loaded while tile n computes: Triton's pipeliner stages
+        # only the loads that feed a dot, so a bias load in the tile waited its full latency.
+        offs_nb = tl.arange(0, BLOCK_N)
+        row_ok = offs_m[:, None] < Sq
+        b_next = tl.load(Bias + offs_m[:, None] * stride_bm + (lo + offs_nb)[None, :] * stride_bn,
+                         mask=row_ok & ((lo + offs_nb)[None, :] < hi), other=0.0)
+        for start_n in range(lo, hi, BLOCK_N):
+            b_cur = b_next
+            nxt = start_n + BLOCK_N
+            b_next = tl.load(Bias + offs_m[:, None] * stride_bm + (nxt + offs_nb)[None, :] * stride_bn,
+                             mask=row_ok & ((nxt + offs_nb)[None, :] < hi), other=0.0)
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                      stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, b_cur, True)
+        return acc, l_i, m_i
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -91,13 +112,21 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      stride_fb, stride_fh, stride_fm, stride_fn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+                     HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+                     BIAS_PREFETCH: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
     bh = tl.program_id(1)
-    off_b = (bh // H).to(tl.int64)
-    off_h = (bh % H).to(tl.int64)
+    if BATCH_FASTEST:
+        # A bias shared by the batch: the B programs of one head and query tile run together, so
+        # its tiles come from DRAM once and from L2 B - 1 times.
+        nb = tl.num_programs(1) // H
+        off_b = (bh % nb).to(tl.int64)
+        off_h = (bh // nb).to(tl.int64)
+    else:
+        off_b = (bh // H).to(tl.int64)
+        off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -125,7 +154,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_PREFETCH)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
@@ -136,7 +165,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     out = acc / l_div[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
     row_ok = offs_m < Sq
-    tl.store(Lse + bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
+    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
     tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 

@@ -33,6 +33,7 @@
 // tilewise-instantiate: rc_cross_entropy_pipe<__half,2,256,8> rc_cross_entropy_pipe<__half,4,256,8> rc_cross_entropy_pipe<__half,8,256,8> rc_cross_entropy_pipe<__half,8,1024,4>
 // tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8> rc_cross_entropy_pipe<float,8,1024,8>
 // tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,8,256,8,true> rc_cross_entropy<__nv_bfloat16,8,256,8,true> rc_softmax_fwd<float,8,512,8,true> rc_cross_entropy<float,8,512,8,true>
+// tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,3> rc_softmax_fwd_tma<__nv_bfloat16,4,256,16,2>
 #include "tilewise_common.cuh"
 
 namespace rc {
@@ -488,4 +489,181 @@ rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ tar
     cur ^= 1;
   }
   rc::cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA-pipelined versions (v7): a persistent grid of clusters walks the rows; each CTA's slice of
+// a row is one contiguous run of bytes, so ONE thread fetches it with a single bulk copy
+// (cp.async.bulk, the TMA engine) into one of S shared-memory stages, completing on an mbarrier.
+// The copies of the next S - 1 rows are in flight while the threads work on the current one, so
+// DRAM keeps streaming through the exp pass, the reductions and the cluster barrier that left v5's
+// memory pipe idle (and v6's per-thread cp.async cost an instruction per 16 bytes).
+// Per row, one cluster barrier: every warp reduces its threads' (max, sum of exp(x - max)) pairs
+// and leaves one pair in shared memory (double-buffered by row parity); after barrier.cluster
+// every warp reads all CL x NT/32 pairs through distributed shared memory and combines them. The
+// barrier also tells thread 0 that every thread of its CTA has copied the stage into registers, so
+// it refills that stage with the row S steps ahead at once. Each thread keeps exp(x - its own
+// max) packed in T (one exp an element) and multiplies by exp(own max - row max) / row sum.
+
+namespace rc {
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// bytes (a multiple of 16) from global src (16-byte aligned) into this CTA's shared dst, completing on bar.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ float2 load_remote2(const float2* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  return v;
+}
+// Combine (max, sum of exp(x - max)) pairs across a warp; m == -inf marks an empty pair.
+__device__ __forceinline__ void warp_combine(float& m, float& s) {
+  const float M = warp_max(m);
+  s = m == -INFINITY ? 0.f : s * exp2f((m - M) * kLog2e);
+  s = warp_sum(s);
+  m = M;
+}
+
+// The pipeline of one CTA: S stages of its row slice, filled by bulk copies (thread 0 issues).
+template <typename T, int CL, int NT, int CH, int S>
+struct TmaRows {
+  uint4* stage;                 // [S][CH * NT] vectors, dynamic shared memory
+  unsigned long long* full;     // [S] mbarriers
+  unsigned bytes;               // this CTA's slice of a row (0: nothing to fetch or wait for)
+  long long c0;
+  __device__ void fetch(int s, const T* row) const {
+    if (threadIdx.x == 0 && bytes) {
+      mbar_expect_tx(&full[s], bytes);
+      bulk_load(stage + s * CH * NT, row + c0, bytes, &full[s]);
+    }
+  }
+  __device__ void wait(int s, unsigned phase) const {
+    if (bytes) mbar_wait(&full[s], phase);
+  }
+};
+}  // namespace rc
+
+template <typename T, int CL, int NT, int CH, int S>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
+                   long long sy, int log) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  constexpr int NW = NT / 32;
+  extern __shared__ __align__(128) uint4 tma_stage[];  // [S][CH][NT]
+  __shared__ __align__(8) unsigned long long full[S];
+  __shared__ float2 part[2][NW];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  const long long n_mine = sl.c1 > sl.c0 ? sl.c1 - sl.c0 : 0;
+  const rc::TmaRows<T, CL, NT, CH, S> pipe{tma_stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
+  const long long step = rc::cluster_count();
+  const long long first = rc::cluster_id();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) rc::mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+    if (first + s * step < M) pipe.fetch(s, x + (first + s * step) * sx);
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int it = 0;
+  for (long long row = first; row < M; row += step, ++it) {
+    const int s = it % S;
+    pipe.wait(s, static_cast<unsigned>(it / S) & 1u);
+    const uint4* st = tma_stage + s * CH * NT;
+    uint4 buf[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
+    // This thread's max and sum of exp(x - max); softmax keeps the exps in place of x.
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          f[i] = exp2f(fmaf(f[i], rc::kLog2e, -ms));
+          sum += f[i];
+        }
+        if (!log) buf[c] = P::pack(f);
+      }
+    }
+    float wm = m, ws = sum;
+    rc::warp_combine(wm, ws);
+    if (lane == 0) part[it & 1][warp] = make_float2(wm, ws);
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    // Every thread of this CTA holds its part of stage s in registers: refill it.
+    if (row + S * step < M) pipe.fetch(s, x + (row + S * step) * sx);
+    float pm = -INFINITY, ps = 0.f;
+#pragma unroll
+    for (int k = 0; k < (CL * NW + 31) / 32; ++k) {  // lane takes pairs lane, lane + 32, ...
+      const int idx = lane + 32 * k;
+      if (idx < CL * NW) {
+        const float2 p = rc::load_remote2(&part[it & 1][idx % NW], idx / NW);
+        const float Mx = fmaxf(pm, p.x);
+        ps = (pm == -INFINITY ? 0.f : ps * exp2f((pm - Mx) * rc::kLog2e)) +
+             (p.x == -INFINITY ? 0.f : p.y * exp2f((p.x - Mx) * rc::kLog2e));
+        pm = Mx;
+      }
+    }
+    rc::warp_combine(pm, ps);  // the row's max and sum
+    T* yr = y + row * sy;
+    const float lse = (pm == -INFINITY ? 0.f : pm) + logf(ps);
+    const float rescale = m == -INFINITY || !(ps > 0.f) ? 0.f : exp2f((m - pm) * rc::kLog2e) / ps;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const long long col = sl.col(c);
+      if (col < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = log ? (ps > 0.f ? f[i] - lse : -INFINITY) : f[i] * rescale;
+        __stcs(reinterpret_cast<uint4*>(yr + col), P::pack(f));
+      }
+    }
+  }
+  // No CTA leaves while a peer may still read its partials.
+  rc::cluster_arrive();
+  rc::cluster_wait();
 }

@@ -45,7 +45,7 @@ CONFIGS = {
 EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
 EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
 _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
-          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe"}
+          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe", "fwd_tma": "rc_softmax_fwd_tma"}
 # The pipelined kernels (v6) take the same configurations as their v5 kind.
 PIPE_KINDS = ("fwd", "ce")
 # One exp an element (X1 in the .cu), softmax forward and cross-entropy: built for these (dtype
@@ -55,6 +55,12 @@ PIPE_KINDS = ("fwd", "ce")
 # loss + gradient 8192 x 131072 1.581 ms = 64.7 % of its floor (two exps: 1.755 ms, 58.3 %).
 ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
                    ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
+
+
+# TMA-pipelined forward (v7): (cl, nt, ch, stages), bf16 only for now (the experiment's candidates).
+TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2), (8, 256, 8, 3), (8, 256, 8, 4), (8, 512, 4, 2), (8, 512, 4, 3),
+                            (4, 256, 16, 2))}
+TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 3)}
 
 
 def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
@@ -134,6 +140,9 @@ def _module(device_index: int) -> rt.Module:
             for ty in types:
                 for cl, nt, ch in CONFIGS[(kind, size)]:
                     names.append(f"{_NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>")
+    for (kind, size), cfgs in TMA_CONFIGS.items():
+        for cl, nt, ch, st in cfgs:
+            names.append(f"{_NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st}>")
     return rt.load(_SRC, list(dict.fromkeys(names)), device_index=device_index)
 
 
@@ -190,6 +199,71 @@ def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, in
     except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
         pass
     return max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
+
+
+def tma_shmem(config: tuple[int, int, int, int]) -> int:
+    """Dynamic shared memory of a TMA-pipelined (v7) block: ``stages`` row slices."""
+    cl, nt, ch, st = config
+    return st * ch * nt * 16
+
+
+@functools.cache
+def _tma_kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int, int], device_index: int):
+    """(kernel, resident clusters) of a TMA-pipelined kernel: the grid is persistent."""
+    cl, nt, ch, st = config
+    name = f"{_NAMES[kind + '_tma']}<{rt.ctype(dtype)},{cl},{nt},{ch},{st}>"
+    params = tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
+                   for p in _params(kind, dtype))
+    k = _module(device_index).kernel(name, params)
+    shmem = tma_shmem(config)
+    if shmem > 48 * 1024:
+        k.set_max_dynamic_shared(shmem)
+    n = 0
+    try:
+        import cuda.core as cc
+
+        lc = cc.LaunchConfig(grid=1, cluster=cl, block=nt, shmem_size=shmem)
+        n = int(k.handle.occupancy.max_active_clusters(lc, stream=cc.Device(device_index).default_stream))
+    except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
+        pass
+    if n <= 0:
+        n = max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
+    return k, n
+
+
+def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) -> str | None:
+    """None when the TMA-pipelined (v7) kernel takes these tensors, else why not."""
+    why = unsupported_reason(*ts, kind=kind)
+    if why:
+        return why
+    t0 = ts[0]
+    cfgs = TMA_CONFIGS.get((kind, t0.dtype.itemsize), ())
+    if t0.dtype != torch.bfloat16 or not cfgs:
+        return f"the TMA-pipelined kernel is built for bfloat16 {kind} only, got {t0.dtype}"
+    cfg = TMA_DEFAULT[(kind, 2)] if config is None else tuple(config)
+    if cfg not in cfgs:
+        return f"config {cfg} is not built (built: {cfgs})"
+    if capacity(t0.dtype, cfg[:3]) < t0.shape[1]:
+        return f"rows of {t0.shape[1]} exceed the {capacity(t0.dtype, cfg[:3])} elements config {cfg} holds"
+    if tma_shmem(cfg) > SHMEM_LIMIT:
+        return f"config {cfg} needs {tma_shmem(cfg)} bytes of shared memory"
+    return None
+
+
+def softmax_fwd_tma(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None) -> None:
+    """y2 = (log_)softmax(x2) along rows by the TMA-pipelined (v7) kernel; bf16 (M, N), N up to the
+    config's capacity (131072 at (8, 256, 8, *)); ``tma_unsupported_reason`` says what it takes."""
+    why = tma_unsupported_reason(x2, y2, kind="fwd", config=config)
+    if why:
+        raise ValueError(f"rowwise_cluster.softmax_fwd_tma: {why}")
+    M, N = x2.shape
+    if not M:
+        return
+    cfg = TMA_DEFAULT[("fwd", 2)] if config is None else tuple(config)
+    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    k, clusters = _tma_kernel("fwd", x2.dtype, cfg, dev)
+    k((min(M, clusters) * cfg[0],), (cfg[1],), x2, y2, M, N, x2.stride(0), y2.stride(0), int(log),
+      shmem=tma_shmem(cfg))
 
 
 def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
