@@ -203,7 +203,7 @@ def test_triton_interpreter_fwd_bwd(shape, extra):
 
 
 @pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles",
-                                  "batch_shared_bias", "batch_shared_bias_causal", "full_bias_no_prefetch"])
+                                  "batch_shared_bias", "batch_shared_bias_causal", "batch_shared_bias_head_fastest"])
 def test_triton_interpreter_more(case):
     kw, cfg = {}, TINY
     if case == "D96_gqa":
@@ -224,17 +224,16 @@ def test_triton_interpreter_more(case):
         kw["causal"] = True
         kw["bias"] = torch.randn(2, 1, 1, 18)  # gradient summed over H and Sq
     elif case.startswith("batch_shared_bias"):
-        # No mask: the forward loads bias tiles a key tile ahead, and the bias shared by the batch
-        # orders the grid batch-fastest (Lse rows must still land at their (b, h)); Sk = 61 gives
-        # three full 16-key tiles and a partial one.
+        # No mask, a bias shared by the batch: the grid runs batch-fastest at D <= 64 (Lse rows
+        # must still land at their (b, h)); Sk = 61 gives three full 16-key tiles and a partial one.
         q, k, v = _inputs(3, 2, 2, 37, 61, 32, dtype=torch.float32, seed=6)
         kw["bias"] = torch.randn(1, 2, 37, 61)
         kw["causal"] = case.endswith("causal")
-    elif case == "full_bias_no_prefetch":  # the bias paths as they were: loaded in the tile, grid head-fastest
+    elif case == "batch_shared_bias_head_fastest":  # the switch off: the grid head-fastest
         q, k, v = _inputs(2, 2, 1, 29, 50, 32, dtype=torch.float32, seed=7)
-        kw["bias"] = torch.randn(2, 2, 29, 50)
+        kw["bias"] = torch.randn(2, 29, 50)
         old = dict(A._BIAS_FWD)
-        A._BIAS_FWD.update(prefetch=False, batch_fastest=False)
+        A._BIAS_FWD.update(batch_fastest={})
         try:
             with A.override_configs(**cfg):
                 ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)

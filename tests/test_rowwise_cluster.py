@@ -307,10 +307,10 @@ def test_tma_configs_are_instantiated_and_fit_shared_memory():
               for n in line.split(":", 1)[1].split()}
     for (kind, size), cfgs in rc.TMA_CONFIGS.items():
         assert rc.TMA_DEFAULT[(kind, size)] in cfgs
-        for cl, nt, ch, st in cfgs:
-            assert f"{rc._NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st}>" in listed
-            assert rc.tma_shmem((cl, nt, ch, st)) <= rc.SHMEM_LIMIT
-    assert rc.tma_shmem((8, 256, 8, 3)) == 3 * 32768
+        for cl, nt, ch, st, mb in cfgs:
+            assert f"{rc._NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st},{mb}>" in listed
+            assert rc.tma_shmem((cl, nt, ch, st, mb)) <= rc.SHMEM_LIMIT
+    assert rc.tma_shmem((8, 256, 8, 3, 2)) == 3 * 32768
 
 
 @pytest.mark.gpu

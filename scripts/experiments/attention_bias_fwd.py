@@ -11,11 +11,12 @@ Prediction (before the run): prefetching the next tile's bias hides its latency,
 batch-fastest grid cuts its DRAM reads to 0.54 GB: D = 64 about 0.75 ms (~1.35x cuDNN), D = 128
 about 1.38 ms (~1.33x).
 
-Each switch of attention._BIAS_FWD is timed against the others in the same run, outputs checked
-against SDPA cuDNN's. Run on the GPU (< 1 minute): PYTHONPATH=src python3 scripts/experiments/attention_bias_fwd.py
-"""
+Run 1 (logs/attention-bias-fwd-run1.log): prefetching made both slower (D = 64 1.35 ms, D = 128
+1.75 ms) and was dropped; batch-fastest: D = 64 1.078 -> 1.044 ms, D = 128 1.372 -> 1.426 ms.
+Run 2 times forward tiles (BLOCK_M, BLOCK_N, warps, stages) with a bias, each in both grid orders.
 
-import itertools
+Each candidate is timed against the others in the same run, outputs checked against SDPA cuDNN's. Run on the GPU (< 1 minute): PYTHONPATH=src python3 scripts/experiments/attention_bias_fwd.py
+"""
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from triton.testing import do_bench
 from tilewise.ops import attention as A
 
 B, H, S = 4, 16, 4096
+TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 4)]
 
 
 def main():
@@ -42,13 +44,16 @@ def main():
               f"ours without bias {t_plain:.4f} ms")
         old = dict(A._BIAS_FWD)
         try:
-            for pf, bf in itertools.product((False, True), (False, True)):
-                A._BIAS_FWD.update(prefetch=pf, batch_fastest=bf)
-                out = A.flash_attention(q, k, v, bias=bias)
-                err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-                t = do_bench(lambda: A.flash_attention(q, k, v, bias=bias), warmup=10, rep=100, return_mode="median")
-                print(f"  prefetch={pf!s:5} batch_fastest={bf!s:5} {t:.4f} ms {flops / t / 1e9:4.0f} TFLOP/s "
-                      f"{t_cudnn / t:.3f}x cuDNN  rel err vs cuDNN {err:.1e}")
+            for tile in TILES:
+                for bf in (False, True):
+                    A._BIAS_FWD.update(batch_fastest={32: bf, 64: bf, 128: bf})
+                    with A.override_configs(fwd=tile):
+                        out = A.flash_attention(q, k, v, bias=bias)
+                        err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+                        t = do_bench(lambda: A.flash_attention(q, k, v, bias=bias), warmup=10, rep=100,
+                                     return_mode="median")
+                    print(f"  fwd {tile} batch_fastest={bf!s:5} {t:.4f} ms {flops / t / 1e9:4.0f} TFLOP/s "
+                          f"{t_cudnn / t:.3f}x cuDNN  rel err vs cuDNN {err:.1e}")
         finally:
             A._BIAS_FWD.update(old)
 

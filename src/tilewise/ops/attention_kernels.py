@@ -24,7 +24,7 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr, b_pre=0.0, BIAS_PRE: tl.constexpr = False):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
@@ -34,10 +34,7 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
     if HAS_BIAS or HAS_MASK:
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
     if HAS_BIAS:
-        if BIAS_PRE:  # loaded one iteration ahead by _fwd_loop
-            b = b_pre
-        else:
-            b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
+        b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
         s += b.to(tl.float32) * LOG2E
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
@@ -64,25 +61,7 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-              BIAS_PREFETCH: tl.constexpr = False):
-    if HAS_BIAS and BIAS_PREFETCH and not BOUNDS and not HAS_FLAGS:
-        # The bias tile of key tile n + 1 is loaded while tile n computes: Triton's pipeliner stages
-        # only the loads that feed a dot, so a bias load in the tile waited its full latency.
-        offs_nb = tl.arange(0, BLOCK_N)
-        row_ok = offs_m[:, None] < Sq
-        b_next = tl.load(Bias + offs_m[:, None] * stride_bm + (lo + offs_nb)[None, :] * stride_bn,
-                         mask=row_ok & ((lo + offs_nb)[None, :] < hi), other=0.0)
-        for start_n in range(lo, hi, BLOCK_N):
-            b_cur = b_next
-            nxt = start_n + BLOCK_N
-            b_next = tl.load(Bias + offs_m[:, None] * stride_bm + (nxt + offs_nb)[None, :] * stride_bn,
-                             mask=row_ok & ((nxt + offs_nb)[None, :] < hi), other=0.0)
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
-                                      stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
-                                      stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, b_cur, True)
-        return acc, l_i, m_i
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -113,7 +92,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BIAS_PREFETCH: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -154,7 +133,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_PREFETCH)
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,

@@ -33,7 +33,7 @@
 // tilewise-instantiate: rc_cross_entropy_pipe<__half,2,256,8> rc_cross_entropy_pipe<__half,4,256,8> rc_cross_entropy_pipe<__half,8,256,8> rc_cross_entropy_pipe<__half,8,1024,4>
 // tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8> rc_cross_entropy_pipe<float,8,1024,8>
 // tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,8,256,8,true> rc_cross_entropy<__nv_bfloat16,8,256,8,true> rc_softmax_fwd<float,8,512,8,true> rc_cross_entropy<float,8,512,8,true>
-// tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,3> rc_softmax_fwd_tma<__nv_bfloat16,4,256,16,2>
+// tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,1,3> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2,3>
 #include "tilewise_common.cuh"
 
 namespace rc {
@@ -506,6 +506,10 @@ rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ tar
 // max) packed in T (one exp an element) and multiplies by exp(own max - row max) / row sum.
 
 namespace rc {
+__device__ __forceinline__ __half __low2half_or_bf16(__half2 a) { return __low2half(a); }
+__device__ __forceinline__ __half __high2half_or_bf16(__half2 a) { return __high2half(a); }
+__device__ __forceinline__ __nv_bfloat16 __low2half_or_bf16(__nv_bfloat162 a) { return __low2bfloat16(a); }
+__device__ __forceinline__ __nv_bfloat16 __high2half_or_bf16(__nv_bfloat162 a) { return __high2bfloat16(a); }
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -547,6 +551,49 @@ __device__ __forceinline__ void warp_combine(float& m, float& s) {
   m = M;
 }
 
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; static constexpr unsigned kNegInf2 = 0xFC00FC00u; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; static constexpr unsigned kNegInf2 = 0xFF80FF80u; };
+template <> struct Pair<float> { using type = float; static constexpr unsigned kNegInf2 = 0u; };
+
+// The largest of this thread's CH vectors (-inf for none); 2-byte types by paired max
+// instructions on the packed values (exact: a max only picks one of its inputs; NaN is skipped as
+// by fmaxf), half the instructions of unpacking every element first.
+template <typename T, int CL, int NT, int CH>
+__device__ __forceinline__ float packed_max(const uint4 (&buf)[CH], const Slice<T, CL, NT>& sl) {
+  if constexpr (sizeof(T) == 2) {
+    using T2 = typename Pair<T>::type;
+    const unsigned ninf = Pair<T>::kNegInf2;
+    unsigned acc = ninf;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        const unsigned w[4] = {buf[c].x, buf[c].y, buf[c].z, buf[c].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          T2 a = *reinterpret_cast<const T2*>(&acc), b = *reinterpret_cast<const T2*>(&w[i]);
+          a = __hmax2(a, b);
+          acc = *reinterpret_cast<unsigned*>(&a);
+        }
+      }
+    }
+    const T2 a = *reinterpret_cast<const T2*>(&acc);
+    return fmaxf(tw::to_float(__low2half_or_bf16(a)), tw::to_float(__high2half_or_bf16(a)));
+  } else {
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[Pack<T>::V];
+        Pack<T>::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < Pack<T>::V; ++i) m = fmaxf(m, f[i]);
+      }
+    }
+    return m;
+  }
+}
+
 // The pipeline of one CTA: S stages of its row slice, filled by bulk copies (thread 0 issues).
 template <typename T, int CL, int NT, int CH, int S>
 struct TmaRows {
@@ -566,8 +613,8 @@ struct TmaRows {
 };
 }  // namespace rc
 
-template <typename T, int CL, int NT, int CH, int S>
-__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT)
+template <typename T, int CL, int NT, int CH, int S, int MINB>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
 rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long long N, long long sx,
                    long long sy, int log) {
   using P = rc::Pack<T>;
@@ -603,16 +650,7 @@ rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long
     for (int c = 0; c < CH; ++c)
       if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
     // This thread's max and sum of exp(x - max); softmax keeps the exps in place of x.
-    float m = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (sl.col(c) < sl.c1) {
-        float f[V];
-        P::unpack(buf[c], f);
-#pragma unroll
-        for (int i = 0; i < V; ++i) m = fmaxf(m, f[i]);
-      }
-    }
+    const float m = rc::packed_max<T, CL, NT, CH>(buf, sl);
     const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
     float sum = 0.f;
 #pragma unroll

@@ -57,10 +57,13 @@ ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
                    ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
 
 
-# TMA-pipelined forward (v7): (cl, nt, ch, stages), bf16 only for now (the experiment's candidates).
-TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2), (8, 256, 8, 3), (8, 256, 8, 4), (8, 512, 4, 2), (8, 512, 4, 3),
-                            (4, 256, 16, 2))}
-TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 3)}
+# TMA-pipelined forward (v7): (cl, nt, ch, stages, min blocks an SM for __launch_bounds__), bf16
+# only for now. First H200 run (logs/softmax-tma-run1.log, 4096 x 131072): (8, 256, 8) with 2 stages
+# 82.8 % of copy, 3 stages 71.1 %, 4 stages 48.1 %: fewer CTAs an SM (shared memory) cost more than
+# rows in flight gained; the candidates now trade stages for resident CTAs.
+TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
+                            (8, 512, 4, 2, 3))}
+TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 2, 3)}
 
 
 def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
@@ -141,8 +144,8 @@ def _module(device_index: int) -> rt.Module:
                 for cl, nt, ch in CONFIGS[(kind, size)]:
                     names.append(f"{_NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>")
     for (kind, size), cfgs in TMA_CONFIGS.items():
-        for cl, nt, ch, st in cfgs:
-            names.append(f"{_NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st}>")
+        for cl, nt, ch, st, mb in cfgs:
+            names.append(f"{_NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st},{mb}>")
     return rt.load(_SRC, list(dict.fromkeys(names)), device_index=device_index)
 
 
@@ -201,17 +204,17 @@ def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, in
     return max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
 
 
-def tma_shmem(config: tuple[int, int, int, int]) -> int:
+def tma_shmem(config: tuple[int, ...]) -> int:
     """Dynamic shared memory of a TMA-pipelined (v7) block: ``stages`` row slices."""
-    cl, nt, ch, st = config
+    cl, nt, ch, st = config[:4]
     return st * ch * nt * 16
 
 
 @functools.cache
-def _tma_kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int, int], device_index: int):
+def _tma_kernel(kind: str, dtype: torch.dtype, config: tuple[int, ...], device_index: int):
     """(kernel, resident clusters) of a TMA-pipelined kernel: the grid is persistent."""
-    cl, nt, ch, st = config
-    name = f"{_NAMES[kind + '_tma']}<{rt.ctype(dtype)},{cl},{nt},{ch},{st}>"
+    cl, nt, ch, st, mb = config
+    name = f"{_NAMES[kind + '_tma']}<{rt.ctype(dtype)},{cl},{nt},{ch},{st},{mb}>"
     params = tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
                    for p in _params(kind, dtype))
     k = _module(device_index).kernel(name, params)
