@@ -130,9 +130,16 @@ def test_gpu_softmax_default_and_autograd():
     (sm.softmax(a) * w).sum().backward()
     (torch.softmax(b, -1) * w).sum().backward()
     assert _rel(a.grad, b.grad) < 1e-4
-    # the default picks v5 past MAX_FUSED when the layout allows: same bits as naming it
+    # past MAX_FUSED the default forward is v7 for 2-byte rows up to 131072, v5 for fp32 or longer
+    # rows, when the layout allows: same bits as naming it
     xb = x.to(torch.bfloat16)
-    assert torch.equal(sm.softmax(xb), sm.softmax(xb, variant="v5_cluster_cuda"))
+    assert sm.default_variant(xb) == "v7_cluster_tma" and sm.default_variant(x) == "v5_cluster_cuda"
+    assert sm.default_variant(xb, "bwd") == "v5_cluster_cuda"
+    assert torch.equal(sm.softmax(xb), sm.softmax(xb, variant="v7_cluster_tma"))
+    assert torch.equal(sm.softmax(x), sm.softmax(x, variant="v5_cluster_cuda"))
+    xl = torch.randn(2, 131080, device="cuda", dtype=torch.bfloat16)
+    assert sm.default_variant(xl) == "v5_cluster_cuda"
+    assert torch.equal(sm.softmax(xl), sm.softmax(xl, variant="v5_cluster_cuda"))
     with pytest.raises(ValueError, match="16 bytes"):
         sm.softmax(torch.randn(2, 40001, device="cuda"), variant="v5_cluster_cuda")
     odd = torch.randn(2, 40001, device="cuda")  # the default falls back to v3_online
@@ -314,21 +321,23 @@ def test_tma_configs_are_instantiated_and_fit_shared_memory():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", rc.TMA_CONFIGS[("fwd", 2)], ids=str)
+@pytest.mark.parametrize("config", [(torch.bfloat16, c) for c in rc.TMA_CONFIGS[("fwd", 2)]]
+                         + [(torch.float16, rc.TMA_DEFAULT[("fwd", 2)])], ids=str)
 @pytest.mark.parametrize("shape", [(1, 8), (37, 1000), (300, 4104), (97, 131072), (5, 130008)], ids=str)
 def test_gpu_tma_forward(config, shape):
     """v7: rows of any multiple of 8 up to the config's capacity (slices of unequal length, empty
     slices when N is short), more rows than resident clusters (the stages wrap around several
     times), fully and partly masked rows; outputs poisoned; softmax and log-softmax."""
     M, N = shape
-    x = _x(M, N, torch.bfloat16, seed=M * 3 + N)
+    dtype, config = config
+    x = _x(M, N, dtype, seed=M * 3 + N)
     for log in (False, True):
         y = poison(torch.empty_like(x))
         rc.softmax_fwd_tma(x, y, log, config=config)
         ref = sm.reference(x.double(), log)
         fin = torch.isfinite(ref)
         assert torch.equal(torch.isfinite(y), fin)
-        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[torch.bfloat16]
+        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
         if M > 1 and not log:
             assert torch.all(y[1] == 0)  # every key masked: zeros, no NaN
 
@@ -344,8 +353,10 @@ def test_gpu_tma_forward_strided_rows_and_bad_input():
     fin = torch.isfinite(ref)
     assert _rel(torch.where(fin, out[:, 8:2056].double(), 0), torch.where(fin, ref, 0)) <= TOL[torch.bfloat16]
     assert torch.isnan(out[:, :8].float()).all() and torch.isnan(out[:, 2056:].float()).all()  # untouched
-    with pytest.raises(ValueError, match="bfloat16"):
+    with pytest.raises(ValueError, match="bfloat16 / float16"):
         rc.softmax_fwd_tma(x.float(), x.float(), False)
+    with pytest.raises(ValueError, match="not built"):
+        rc.softmax_fwd_tma(x.half(), torch.empty_like(x.half()), False, config=(8, 512, 4, 1, 3))
     with pytest.raises(ValueError, match="16 bytes"):
         rc.softmax_fwd_tma(big[:, 1:2045], torch.empty(40, 2044, device="cuda", dtype=torch.bfloat16), False)
     with pytest.raises(ValueError, match="exceed|not built"):

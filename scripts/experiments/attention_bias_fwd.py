@@ -46,7 +46,7 @@ def main():
         try:
             for tile in TILES:
                 for bf in (False, True):
-                    A._BIAS_FWD.update(batch_fastest={32: bf, 64: bf, 128: bf})
+                    A._BIAS_FWD.update(batch_fastest=bf)
                     with A.override_configs(fwd=tile):
                         out = A.flash_attention(q, k, v, bias=bias)
                         err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()

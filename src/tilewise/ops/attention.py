@@ -201,18 +201,23 @@ _ATOMIC_BIAS_CONFIGS = {**_ATOMIC_CONFIGS, 64: (64, 64, 8, 2), 128: (32, 64, 8, 
 _ATOMIC_TMA_CONFIGS = {128: (16, 128, 8, 2)}
 _ATOMIC_TMA_BIAS_CONFIGS = {128: (16, 128, 8, 2)}
 _OVERRIDE: dict[str, tuple] = {}
-# Forward with a bias shared by the batch (stride 0 over B): order the grid batch-fastest so that
-# the B programs reading one bias tile run together and share it through L2, by head dim. Measured
-# (scripts/experiments/attention_bias_fwd.py, logs/attention-bias-fwd-run1.log, B=4 H=16 S=4096
-# bf16, (1, H, S, S) bias): D = 64 1.078 -> 1.044 ms, D = 128 1.372 -> 1.426 ms (slower: at D = 128
-# the math, not the bias, bounds the tile). Loading the next key tile's bias one iteration ahead
-# (by hand; Triton pipelines only loads that feed a dot) ran 25-30 % slower at both and was dropped.
-_BIAS_FWD = {"batch_fastest": {32: True, 64: True}}
+# Forward with a bias shared by the batch (stride 0 over B): the grid runs batch-fastest so that the
+# B programs reading one bias tile run together and share it through L2. Measured
+# (scripts/experiments/attention_bias_fwd.py, B=4 H=16 S=4096 bf16, (1, H, S, S) bias): D = 64
+# 1.078 -> 1.044 ms (run 1), 1.105 -> 1.041 (run 2); D = 128 1.372 -> 1.426 (run 1), 1.386 -> 1.365
+# (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
+# Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
+# that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
+_BIAS_FWD = {"batch_fastest": True}
+# With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
+# warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
+# 2.01 ms against 1.37).
+_FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
 
 
 @contextlib.contextmanager
 def override_configs(**kinds):
-    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'dkdv', 'dq', 'dq_bias',
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'dkdv', 'dq', 'dq_bias',
     'atomic', 'atomic_bias', 'atomic_tma', 'atomic_tma_bias' (the bias-grad kinds default to their
     plain kind's override; tests use tiny tiles so that the interpreter walks several tiles; the
     bench sweeps)."""
@@ -236,7 +241,8 @@ def _config(kind: str, D: int, itemsize: int = 4) -> tuple:
         return _OVERRIDE[kind]
     if kind.endswith("_bias") and kind[:-5] in _OVERRIDE:
         return _OVERRIDE[kind[:-5]]
-    table = {"fwd": _FWD_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS, "dq_bias": _DQ_BIAS_CONFIGS,
+    table = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
+             "dq_bias": _DQ_BIAS_CONFIGS,
              "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
              "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}[kind]
     bd = _block_d(D)
@@ -423,14 +429,13 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
     if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
     full = (B, H, Sq, Sk)
-    bm, bn, warps, stages = _config("fwd", D)
+    bm, bn, warps, stages = _config("fwd_bias" if bias is not None else "fwd", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
     mask8 = mask.view(torch.uint8) if mask is not None else None
     dummy = q
     grid = (-(-Sq // bm), B * H)
     bias_strides = _bcast_strides(bias, full)
-    batch_fastest = (bias is not None and B > 1 and bias_strides[0] == 0
-                     and _BIAS_FWD["batch_fastest"].get(_block_d(D), False))
+    batch_fastest = bias is not None and B > 1 and bias_strides[0] == 0 and _BIAS_FWD["batch_fastest"]
     K_._attn_fwd_kernel[grid](
         q, k, v, out, lse,
         bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,

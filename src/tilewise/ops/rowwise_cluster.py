@@ -57,13 +57,18 @@ ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
                    ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
 
 
-# TMA-pipelined forward (v7): (cl, nt, ch, stages, min blocks an SM for __launch_bounds__), bf16
-# only for now. First H200 run (logs/softmax-tma-run1.log, 4096 x 131072): (8, 256, 8) with 2 stages
-# 82.8 % of copy, 3 stages 71.1 %, 4 stages 48.1 %: fewer CTAs an SM (shared memory) cost more than
-# rows in flight gained; the candidates now trade stages for resident CTAs.
+# TMA-pipelined forward (v7): (cl, nt, ch, stages, min blocks an SM for __launch_bounds__), 2-byte
+# types (bf16, fp16). H200, 4096 x 131072 bf16 (scripts/experiments/softmax_tma.py): run 1
+# (logs/softmax-tma-run1.log) (8, 256, 8) with 2 stages 82.8 % of copy, 3 stages 71.1 %, 4 stages
+# 48.1 %: fewer CTAs an SM (shared memory) cost more than rows in flight gained. Run 2
+# (logs/softmax-tma-run2.log, paired max): 1 stage x 4 CTAs an SM 86.7 % (0.587 ms, 1.87x
+# torch.softmax), 2 stages x 3 CTAs 84.9 %, 512 threads x 4 chunks 82.0 %; v5 73.9 % in that run.
+# With one stage the next row's copy starts right after the row's cluster barrier and runs under
+# its exchange, its output and the SM's three other CTAs.
 TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
                             (8, 512, 4, 2, 3))}
-TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 2, 3)}
+TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 1, 4)}
+_TMA_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 
 
 def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
@@ -146,6 +151,8 @@ def _module(device_index: int) -> rt.Module:
     for (kind, size), cfgs in TMA_CONFIGS.items():
         for cl, nt, ch, st, mb in cfgs:
             names.append(f"{_NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st},{mb}>")
+        cl, nt, ch, st, mb = TMA_DEFAULT[(kind, size)]
+        names.append(f"{_NAMES[kind + '_tma']}<__half,{cl},{nt},{ch},{st},{mb}>")
     return rt.load(_SRC, list(dict.fromkeys(names)), device_index=device_index)
 
 
@@ -241,11 +248,13 @@ def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) ->
         return why
     t0 = ts[0]
     cfgs = TMA_CONFIGS.get((kind, t0.dtype.itemsize), ())
-    if t0.dtype != torch.bfloat16 or not cfgs:
-        return f"the TMA-pipelined kernel is built for bfloat16 {kind} only, got {t0.dtype}"
+    if t0.dtype not in _TMA_TYPES or not cfgs:
+        return f"the TMA-pipelined kernel is built for bfloat16 / float16 {kind} only, got {t0.dtype}"
     cfg = TMA_DEFAULT[(kind, 2)] if config is None else tuple(config)
+    if t0.dtype == torch.float16:
+        cfgs = (TMA_DEFAULT[(kind, 2)],)
     if cfg not in cfgs:
-        return f"config {cfg} is not built (built: {cfgs})"
+        return f"config {cfg} is not built for {t0.dtype} (built: {cfgs})"
     if capacity(t0.dtype, cfg[:3]) < t0.shape[1]:
         return f"rows of {t0.shape[1]} exceed the {capacity(t0.dtype, cfg[:3])} elements config {cfg} holds"
     if tma_shmem(cfg) > SHMEM_LIMIT:
@@ -254,8 +263,8 @@ def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) ->
 
 
 def softmax_fwd_tma(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None) -> None:
-    """y2 = (log_)softmax(x2) along rows by the TMA-pipelined (v7) kernel; bf16 (M, N), N up to the
-    config's capacity (131072 at (8, 256, 8, *)); ``tma_unsupported_reason`` says what it takes."""
+    """y2 = (log_)softmax(x2) along rows by the TMA-pipelined (v7) kernel; bf16 / fp16 (M, N), N up to
+    the config's capacity (131072 at (8, 256, 8, *)); ``tma_unsupported_reason`` says what it takes."""
     why = tma_unsupported_reason(x2, y2, kind="fwd", config=config)
     if why:
         raise ValueError(f"rowwise_cluster.softmax_fwd_tma: {why}")

@@ -36,7 +36,16 @@ Versions (forward; the backward follows the same pattern):
                 copying its vectors of the next row into shared memory with cp.async (two row
                 slices a block) while it reduces, exchanges and writes the current one: loads stay
                 in flight through the barriers that idle v5's memory pipe between rows. Forward
-                only (the backward is v5's); rows up to 131072. bound: as v5.
+                only (the backward is v5's); rows up to 131072. bound: as v5. Measured slower
+                than v5 (the per-thread copies cost an instruction per 16 bytes).
+    v7_cluster_tma: v6's idea with the TMA engine: each CTA's slice of a row is one contiguous
+                run, fetched by one thread with one bulk copy (cp.async.bulk) into shared memory,
+                completing on an mbarrier; the copy of a CTA's next row starts right after the
+                current row's single cluster barrier and runs under its exchange and output and
+                under the SM's other CTAs (4 an SM). Stats: each thread's (max, sum of exp) pair,
+                combined per warp, all warps' pairs read through distributed shared memory; one
+                exp an element, paired bf16/fp16 max. 2-byte types, rows up to 131072 (longer or
+                fp32 rows: v5); the default forward where it applies. Backward: v5's.
 
 Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);
 floor 3 x M x N x itemsize (read y and dy, write dx). v1: a row-dot kernel then an elementwise
@@ -574,6 +583,21 @@ def _fwd_cluster_pipe(x2, y2, log):
     rc.softmax_fwd(x2, y2, log, pipe=True)
 
 
+def _fwd_cluster_tma(x2, y2, log):
+    from . import rowwise_cluster as rc
+
+    why = rc.tma_unsupported_reason(x2, y2, kind="fwd")
+    if why:
+        raise ValueError(f"softmax.v7_cluster_tma: {why}; use v5_cluster_cuda or v3_online")
+    rc.softmax_fwd_tma(x2, y2, log)
+
+
+def _tma_ok(*ts: torch.Tensor) -> bool:
+    from . import rowwise_cluster as rc
+
+    return rc.tma_unsupported_reason(*ts, kind="fwd") is None
+
+
 def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
     if not PREFER_CUDA_CLUSTER or _interpreting():
         return False
@@ -583,10 +607,12 @@ def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
 
 
 _FWD = {"v1_unfused": _fwd_unfused, "v2_fused": _fwd_fused, "v3_online": _fwd_online,
-        "v4_cluster": _fwd_cluster, "v5_cluster_cuda": _fwd_cluster_cuda, "v6_cluster_pipe": _fwd_cluster_pipe}
+        "v4_cluster": _fwd_cluster, "v5_cluster_cuda": _fwd_cluster_cuda, "v6_cluster_pipe": _fwd_cluster_pipe,
+        "v7_cluster_tma": _fwd_cluster_tma}
 # v6 has no backward of its own: v5's backward (two inputs in registers) already runs at 84 % of its floor.
 _BWD = {"v1_unfused": _bwd_unfused, "v2_fused": _bwd_fused, "v3_online": _bwd_online,
-        "v4_cluster": _bwd_cluster, "v5_cluster_cuda": _bwd_cluster_cuda, "v6_cluster_pipe": _bwd_cluster_cuda}
+        "v4_cluster": _bwd_cluster, "v5_cluster_cuda": _bwd_cluster_cuda, "v6_cluster_pipe": _bwd_cluster_cuda,
+        "v7_cluster_tma": _bwd_cluster_cuda}
 
 
 def _pick(variant: str | None, N: int) -> str:
@@ -606,7 +632,7 @@ def default_variant(x: torch.Tensor, kind: str = "fwd") -> str:
     N = x.shape[-1]
     v = _pick(None, N)
     if v == "v3_online" and x.numel() and _cuda_cluster_ok(kind, _rows(x)):
-        v = "v5_cluster_cuda"
+        v = "v7_cluster_tma" if kind == "fwd" and _tma_ok(_rows(x)) else "v5_cluster_cuda"
     return v
 
 
@@ -621,7 +647,7 @@ def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor 
         return y
     x2, y2 = _rows(x), y.view(-1, N)
     if variant is None and v == "v3_online" and _cuda_cluster_ok("fwd", x2, y2):
-        v = "v5_cluster_cuda"
+        v = "v7_cluster_tma" if _tma_ok(x2, y2) else "v5_cluster_cuda"
     _FWD[v](x2, y2, log)
     return y
 

@@ -23,6 +23,9 @@ def _shapes(quick: bool):
 def _applies(name: str, N: int, x: torch.Tensor | None = None, kind: str = "fwd") -> bool:
     if name == "v5_cluster_cuda":
         return x is not None and N > op.MAX_FUSED and rc.unsupported_reason(x.view(-1, N), kind=kind) is None
+    if name == "v7_cluster_tma":  # forward only (its backward is v5's)
+        return (x is not None and kind == "fwd" and N > op.MAX_FUSED
+                and rc.tma_unsupported_reason(x.view(-1, N), kind=kind) is None)
     if name == "v6_cluster_pipe":  # forward only (its backward row would repeat v5's)
         return (x is not None and kind == "fwd" and N > op.MAX_FUSED
                 and rc.pipe_unsupported_reason(x.view(-1, N), kind=kind) is None)
