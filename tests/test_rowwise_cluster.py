@@ -362,3 +362,16 @@ def test_gpu_tma_forward_strided_rows_and_bad_input():
     with pytest.raises(ValueError, match="exceed|not built"):
         rc.softmax_fwd_tma(torch.randn(2, 131080, device="cuda").to(torch.bfloat16),
                            torch.empty(2, 131080, device="cuda", dtype=torch.bfloat16), False)
+
+
+def test_tma_default_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "from tilewise.ops import rowwise_cluster as rc; print(rc.TMA_DEFAULT[('fwd', 2)])"
+    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,128,16,1,5"})
+    assert ok.returncode == 0 and ok.stdout.strip() == "(8, 128, 16, 1, 5)", ok.stderr[-500:]
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,9,9"})
+    assert bad.returncode != 0 and "TILEWISE_SOFTMAX_TMA_CONFIG" in bad.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -65,9 +66,22 @@ ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
 # torch.softmax), 2 stages x 3 CTAs 84.9 %, 512 threads x 4 chunks 82.0 %; v5 73.9 % in that run.
 # With one stage the next row's copy starts right after the row's cluster barrier and runs under
 # its exchange, its output and the SM's three other CTAs.
+# Bench (logs/bench-softmax-v7.log): 0.5966 ms = 85.1 % of that run's copy, 1.84x torch.softmax.
+# 128 threads x 16 chunks at 5 blocks an SM (95 registers, 5 CTAs x 32 KB) is the next candidate;
+# 6 and 7 blocks spill (ptxas: 800 and 1,904 bytes).
 TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
-                            (8, 512, 4, 2, 3))}
+                            (8, 512, 4, 2, 3), (8, 128, 16, 1, 5))}
 TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 1, 4)}
+# TILEWISE_SOFTMAX_TMA_CONFIG="cl,nt,ch,stages,minb" picks another built configuration as the default.
+_env_cfg = os.environ.get("TILEWISE_SOFTMAX_TMA_CONFIG")
+if _env_cfg:
+    try:
+        _cfg = tuple(int(v) for v in _env_cfg.split(","))
+    except ValueError:
+        _cfg = ()
+    if _cfg not in TMA_CONFIGS[("fwd", 2)]:
+        raise ValueError(f"TILEWISE_SOFTMAX_TMA_CONFIG={_env_cfg!r}: expected one of {TMA_CONFIGS[('fwd', 2)]}")
+    TMA_DEFAULT = {("fwd", 2): _cfg}
 _TMA_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 
 
