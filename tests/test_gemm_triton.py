@@ -348,3 +348,30 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
     assert r["ptr"]["smem"] == 3 * (128 + 256) * 64 * 2  # three stages of A and B tiles
     assert r["tma"]["wgmma"] and r["tma"]["tma"] and r["tma"]["e4m3"]
     assert r["tma"]["smem"] <= r["limit"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(512, 512, 512), (200, 312, 96), (1, 8, 8), (130, 1000, 2048)], ids=str)
+def test_gpu_small_problem_path(dtype, shape):
+    """gemm(variant=None) on small 16-bit problems takes the fixed 64 x 64 persistent tile: right
+    answers with bias and activation, sizes not multiples of the tile, poisoned output; layouts it
+    cannot vectorize (odd row lengths) and larger problems keep the old paths."""
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", generator=g).to(dtype)
+    w = torch.randn(N, K, device="cuda", generator=g).to(dtype)
+    bias = torch.randn(N, device="cuda", generator=g)
+    b = w.t()  # K-major B, no copy
+    assert gt._small_applies(a, b, bias, "relu", None, None, None, None, None)
+    out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    gt.gemm(a, b, bias=bias, activation="relu", out=out)
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    assert rel_error(out, ref) <= TOL[dtype]
+    c = gt.gemm(a, b)
+    assert rel_error(c, a.double() @ b.double()) <= TOL[dtype]
+    odd = torch.randn(M, K + 1, device="cuda", generator=g).to(dtype)[:, :K]  # rows of K + 1: not 16-byte
+    assert not gt._small_applies(odd, b, None, None, None, None, None, None, None)
+    assert rel_error(gt.gemm(odd, b), odd.double() @ b.double()) <= TOL[dtype]
+    big = torch.randn(768, 768, device="cuda", dtype=dtype)
+    assert not gt._small_applies(big, big, None, None, None, None, None, None, None)

@@ -370,8 +370,8 @@ def test_tma_default_from_the_environment():
 
     code = "from tilewise.ops import rowwise_cluster as rc; print(rc.TMA_DEFAULT[('fwd', 2)])"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,128,16,1,5"})
-    assert ok.returncode == 0 and ok.stdout.strip() == "(8, 128, 16, 1, 5)", ok.stderr[-500:]
+                        env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,1,4"})
+    assert ok.returncode == 0 and ok.stdout.strip() == "(8, 256, 8, 1, 4)", ok.stderr[-500:]
     bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,9,9"})
     assert bad.returncode != 0 and "TILEWISE_SOFTMAX_TMA_CONFIG" in bad.stderr

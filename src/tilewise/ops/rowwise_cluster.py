@@ -67,11 +67,13 @@ ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
 # With one stage the next row's copy starts right after the row's cluster barrier and runs under
 # its exchange, its output and the SM's three other CTAs.
 # Bench (logs/bench-softmax-v7.log): 0.5966 ms = 85.1 % of that run's copy, 1.84x torch.softmax.
-# 128 threads x 16 chunks at 5 blocks an SM (95 registers, 5 CTAs x 32 KB) is the next candidate;
-# 6 and 7 blocks spill (ptxas: 800 and 1,904 bytes).
+# Run 3 (logs/softmax-tma-run3.log): 128 threads x 16 chunks at 5 blocks an SM (95 registers,
+# 5 CTAs x 32 KB of shared memory) 87.3 % against 85.4 % for 256 x 8 at 4; its bench row
+# (logs/bench-softmax-v7-128x16.log): 0.5831 ms = 86.6 % of copy, 1.92x torch.softmax, 1.87x
+# torch.compile. 6 and 7 blocks an SM spill (ptxas: 800 and 1,904 bytes).
 TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
                             (8, 512, 4, 2, 3), (8, 128, 16, 1, 5))}
-TMA_DEFAULT = {("fwd", 2): (8, 256, 8, 1, 4)}
+TMA_DEFAULT = {("fwd", 2): (8, 128, 16, 1, 5)}
 # TILEWISE_SOFTMAX_TMA_CONFIG="cl,nt,ch,stages,minb" picks another built configuration as the default.
 _env_cfg = os.environ.get("TILEWISE_SOFTMAX_TMA_CONFIG")
 if _env_cfg:

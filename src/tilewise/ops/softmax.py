@@ -42,7 +42,7 @@ Versions (forward; the backward follows the same pattern):
                 run, fetched by one thread with one bulk copy (cp.async.bulk) into shared memory,
                 completing on an mbarrier; the copy of a CTA's next row starts right after the
                 current row's single cluster barrier and runs under its exchange and output and
-                under the SM's other CTAs (4 an SM). Stats: each thread's (max, sum of exp) pair,
+                under the SM's other CTAs (5 of 128 threads an SM). Stats: each thread's (max, sum of exp) pair,
                 combined per warp, all warps' pairs read through distributed shared memory; one
                 exp an element, paired bf16/fp16 max. 2-byte types, rows up to 131072 (longer or
                 fp32 rows: v5); the default forward where it applies. Backward: v5's.
