@@ -99,6 +99,23 @@ def test_fetch_writes_tsvs_through_datasets(tmp_path, no_env, monkeypatch):
     assert (d / "test.tsv").read_text().splitlines()[1] == "5\tmeh"
 
 
+def test_fetch_without_network_says_how_else(tmp_path, no_env, monkeypatch):
+    import sys
+    import types
+
+    calls = []
+
+    def load_dataset(name, *a, **k):
+        calls.append(name)
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(MissingDataError, match="--data-dir") as e:
+        sst2.fetch_sst2(tmp_path / "dl")
+    assert calls == ["nyu-mll/glue", "glue"] and "ConnectionError" in str(e.value)
+    assert not (tmp_path / "dl" / "train.tsv").exists()
+
+
 def test_vocab_min_count_and_order():
     toks = [["b", "a", "a"], ["c", "b", "a"], ["d"]]
     v = Vocab.build(toks, min_count=2)

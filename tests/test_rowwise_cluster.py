@@ -176,12 +176,15 @@ def test_gpu_cross_entropy_against_torch(shape, dtype, reduction):
 
 
 @pytest.mark.gpu
-def test_gpu_cross_entropy_default_is_v5_and_peak_memory():
+def test_gpu_cross_entropy_default_is_v7_and_peak_memory():
     N, C = 1024, 131072
     x = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     t = torch.randint(0, C, (N,), device="cuda")
+    assert ce.default_variant(x) == "v7_cluster_tma"
+    assert ce.default_variant(x.detach().float()) == "v5_cluster_cuda"
     la = ce.cross_entropy(x.detach(), t)
-    assert torch.equal(la, ce.cross_entropy(x.detach(), t, variant="v5_cluster_cuda"))
+    assert torch.equal(la, ce.cross_entropy(x.detach(), t, variant="v7_cluster_tma"))
+    assert _rel(la.float(), ce.cross_entropy(x.detach(), t, variant="v5_cluster_cuda").float()) < 1e-3
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -375,3 +378,36 @@ def test_tma_default_from_the_environment():
     bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,9,9"})
     assert bad.returncode != 0 and "TILEWISE_SOFTMAX_TMA_CONFIG" in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 16392), (33, 40000), (300, 65536), (97, 131072), (5, 130008)], ids=str)
+def test_gpu_tma_cross_entropy_against_torch(shape, dtype):
+    """v7 cross-entropy: loss and gradient against F.cross_entropy in float64, every reduction,
+    label smoothing, ignore_index, the first and last class as targets, more rows than resident
+    clusters; the gradient poisoned by construction (a fresh torch.empty the kernel must fill)."""
+    M, N = shape
+    g = torch.Generator(device="cuda").manual_seed(M + N)
+    xs = (torch.randn(M, N, generator=g, device="cuda") * 2).to(dtype)
+    t = torch.randint(0, N, (M,), generator=g, device="cuda")
+    t[0] = N - 1
+    if M > 3:
+        t[1], t[3] = 0, -100
+    for reduction in ("mean", "sum", "none"):
+        for ls in (0.0, 0.1):
+            a = xs.clone().requires_grad_()
+            b = xs.double().requires_grad_()
+            la = ce.cross_entropy(a, t, reduction=reduction, label_smoothing=ls, variant="v7_cluster_tma")
+            lb = F.cross_entropy(b, t, reduction=reduction, label_smoothing=ls)
+            w = torch.randn(la.shape, dtype=torch.float64, device="cuda", generator=g)
+            (la.double() * w).sum().backward()
+            (lb * w).sum().backward()
+            assert _rel(la.detach(), lb.detach()) <= TOL[dtype]
+            assert _rel(a.grad, b.grad) <= 2 * TOL[dtype]
+            if M > 3:
+                assert torch.all(a.grad[3] == 0)  # ignore_index row: zero gradient
+    loss = poison(torch.empty(M, device="cuda"))
+    rc.cross_entropy_tma(xs, torch.where(t < 0, torch.full_like(t, -100), t), loss, None, -100, 0.0, 1.0)
+    ref = F.cross_entropy(xs.double(), t, reduction="none")
+    assert _rel(loss, ref) <= TOL[dtype]  # loss only, no gradient written

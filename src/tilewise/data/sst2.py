@@ -102,7 +102,17 @@ def fetch_sst2(dest: str | os.PathLike | None = None) -> Path:
         raise MissingDataError("fetching SST-2 needs the optional package 'datasets' "
                                "(pip install datasets), or pass a directory of GLUE SST-2 TSV files "
                                "with --data-dir") from None
-    ds = datasets.load_dataset("glue", "sst2")
+    ds, errors = None, []
+    for name in _HUB_NAMES:  # the GLUE repository's current id first, then its old alias
+        try:
+            ds = datasets.load_dataset(name, "sst2")
+            break
+        except Exception as e:  # no network, hub down, a renamed repository: say how else to get it
+            errors.append(f"{name}: {type(e).__name__}: {str(e)[:160]}")
+    if ds is None:
+        raise MissingDataError("could not fetch SST-2 through Hugging Face datasets ("
+                               + "; ".join(errors) + "). Without internet, pass a directory of GLUE "
+                               "SST-2 TSV files (train.tsv, dev.tsv) with --data-dir or TILEWISE_SST2_DIR")
     dest.mkdir(parents=True, exist_ok=True)
     for split, name in (("train", "train"), ("validation", "dev"), ("test", "test")):
         if split not in ds:
@@ -119,6 +129,9 @@ def fetch_sst2(dest: str | os.PathLike | None = None) -> Path:
                     f.write(f"{_clean(row['sentence'])}\t{int(row['label'])}\n")
         os.replace(tmp, dest / f"{name}.tsv")
     return dest
+
+
+_HUB_NAMES = ("nyu-mll/glue", "glue")
 
 
 def _clean(s: str) -> str:

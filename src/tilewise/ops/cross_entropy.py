@@ -19,7 +19,12 @@ Versions:
     v6_cluster_pipe: v5 in a persistent grid of resident clusters, each thread copying its vectors
                of the next row into shared memory (cp.async, two row slices a block) while the
                current row is reduced, exchanged and written: loads in flight through the cluster
-               barriers. C up to 131072. bound: as v5.
+               barriers. C up to 131072. bound: as v5. Measured slower than v5.
+    v7_cluster_tma: softmax's v7 pipeline (rowwise_cluster.cu, rc_cross_entropy_tma): each CTA's
+               slice of a row arrives by one bulk copy (TMA) into shared memory, the next row's
+               copy starts right after the row's single cluster barrier; every warp's (max, sum of
+               exp, sum of x) exchanged through distributed shared memory; one exp an element.
+               2-byte logits, C up to 131072; the default there (else v5). bound: as v5.
     v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
                num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
                in distributed shared memory: one read, one write. Experimental, not the default
@@ -167,7 +172,14 @@ def default_variant(logits: torch.Tensor) -> str:
     C = logits.shape[-1] if logits.dim() == 2 else 0
     return ("v2_fused" if C <= MAX_FUSED else
             "v4_cluster" if PREFER_CLUSTER and C <= MAX_CLUSTER else
-            "v5_cluster_cuda" if _cuda_cluster_ok(logits) else "v3_online")
+            ("v7_cluster_tma" if _tma_ok(logits) else "v5_cluster_cuda") if _cuda_cluster_ok(logits) else "v3_online")
+
+
+def _tma_ok(logits) -> bool:
+    """v7_cluster_tma takes these logits (2-byte, C <= 131072, 16-byte rows; see _cuda_cluster_ok)."""
+    from . import rowwise_cluster as rc
+
+    return rc.tma_unsupported_reason(logits, kind="ce") is None
 
 
 def _cuda_cluster_ok(logits) -> bool:
@@ -243,9 +255,11 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     t = target if target.is_contiguous() else target.contiguous()
     pipe = variant == "v6_cluster_pipe"
+    tma = variant == "v7_cluster_tma"
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
     ts = (x, *((grad,) if compute_grad else ()))
-    why = rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.unsupported_reason(*ts, kind="ce")
+    why = (rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.tma_unsupported_reason(*ts, kind="ce")
+           if tma else rc.unsupported_reason(*ts, kind="ce"))
     if why:
         raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
     t_safe = torch.empty(N, device=dev, dtype=torch.int64)
@@ -258,8 +272,12 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     counted = torch.cuda.Event()
     counted.record()
     loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
-    rc.cross_entropy(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index, float(label_smoothing),
-                     1.0, pipe=pipe, scale_dev=inv_n if reduction == "mean" else None)
+    if tma:
+        rc.cross_entropy_tma(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index,
+                             float(label_smoothing), 1.0, scale_dev=inv_n if reduction == "mean" else None)
+    else:
+        rc.cross_entropy(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index, float(label_smoothing),
+                         1.0, pipe=pipe, scale_dev=inv_n if reduction == "mean" else None)
     counted.synchronize()
     if int(bad_host[0]):
         _count_valid(target, C, ignore_index)  # raises, naming a bad target
@@ -274,7 +292,7 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
 
 def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
     N, C = logits.shape
-    if variant in ("v5_cluster_cuda", "v6_cluster_pipe") and N:
+    if variant in ("v5_cluster_cuda", "v6_cluster_pipe", "v7_cluster_tma") and N:
         return _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
     n_valid = _count_valid(target, C, ignore_index)
     dev = logits.device
@@ -435,7 +453,7 @@ def _torch(logits, target, reduction="mean", ignore_index=-100, label_smoothing=
                            label_smoothing=label_smoothing)
 
 
-_KERNEL_VARIANTS = ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe")
+_KERNEL_VARIANTS = ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe", "v7_cluster_tma")
 VARIANTS = {"v1_torch": _torch, **{v: _variant(v) for v in _KERNEL_VARIANTS}}
 
 
@@ -452,9 +470,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
                      are none, as PyTorch), 'sum', or 'none' (per-row loss, 0 for ignored rows).
     ignore_index:    target value whose rows give loss 0 and gradient 0 (default -100).
     label_smoothing: e in [0, 1] (default 0): the target distribution is (1-e) one-hot + e/C.
-    variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v5_cluster_cuda where its
-                     layout and GPU conditions hold, else v3_online) or 'v2_fused' / 'v3_online' /
-                     'v4_cluster' (C <= 131072) / 'v5_cluster_cuda'.
+    variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v7_cluster_tma for 2-byte
+                     logits of C <= 131072 and v5_cluster_cuda otherwise where their layout and GPU
+                     conditions hold, else v3_online) or a name of _KERNEL_VARIANTS.
     Returns the loss in logits' dtype: shape () or (N,) for 'none'. When logits require grad,
     the gradient (N, C, logits' dtype) is written during this call and held for backward: the
     only extra memory of any size.

@@ -33,7 +33,7 @@
 // tilewise-instantiate: rc_cross_entropy_pipe<__half,2,256,8> rc_cross_entropy_pipe<__half,4,256,8> rc_cross_entropy_pipe<__half,8,256,8> rc_cross_entropy_pipe<__half,8,1024,4>
 // tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8> rc_cross_entropy_pipe<float,8,1024,8>
 // tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,8,256,8,true> rc_cross_entropy<__nv_bfloat16,8,256,8,true> rc_softmax_fwd<float,8,512,8,true> rc_cross_entropy<float,8,512,8,true>
-// tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,1,3> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2,3> rc_softmax_fwd_tma<__half,8,128,16,1,5> rc_softmax_fwd_tma<__nv_bfloat16,8,128,16,1,5>
+// tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,1,3> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2,3> rc_softmax_fwd_tma<__half,8,128,16,1,5> rc_cross_entropy_tma<__nv_bfloat16,8,128,16,1,5> rc_cross_entropy_tma<__half,8,128,16,1,5> rc_cross_entropy_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,128,16,1,5>
 #include "tilewise_common.cuh"
 
 namespace rc {
@@ -536,6 +536,16 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+__device__ __forceinline__ float4 load_remote4(const float4* p, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ float2 load_remote2(const float2* p, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
@@ -702,6 +712,121 @@ rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long
     }
   }
   // No CTA leaves while a peer may still read its partials.
+  rc::cluster_arrive();
+  rc::cluster_wait();
+}
+
+// Cross-entropy with its gradient on the v7 pipeline (as rc_cross_entropy: loss[row] and, with
+// grad != 0, dx = (softmax(x) - (1 - e) [j == t] - e / N) * grad_scale): the row's slice arrives
+// by one bulk copy; each warp leaves (max, sum of exp(x - max), sum of x) in shared memory; one
+// cluster barrier; every warp combines all CL x NT/32 triples through distributed shared memory.
+template <typename T, int CL, int NT, int CH, int S, int MINB>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
+rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
+                     T* __restrict__ dx, long long M, long long N, long long sx, long long sdx,
+                     long long ignore_index, float smoothing, float grad_scale,
+                     const float* __restrict__ scale_dev, int grad) {
+  using P = rc::Pack<T>;
+  constexpr int V = P::V;
+  constexpr int NW = NT / 32;
+  extern __shared__ __align__(128) uint4 tma_stage[];  // [S][CH][NT]
+  __shared__ __align__(8) unsigned long long full[S];
+  __shared__ float4 part[2][NW];
+  const unsigned rank = rc::cta_rank();
+  const rc::Slice<T, CL, NT> sl(N, rank);
+  const long long n_mine = sl.c1 > sl.c0 ? sl.c1 - sl.c0 : 0;
+  const rc::TmaRows<T, CL, NT, CH, S> pipe{tma_stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
+  const long long step = rc::cluster_count();
+  const long long first = rc::cluster_id();
+  const bool smooth = smoothing > 0.f;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) rc::mbar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+    if (first + s * step < M) pipe.fetch(s, x + (first + s * step) * sx);
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int it = 0;
+  for (long long row = first; row < M; row += step, ++it) {
+    const int s = it % S;
+    const long long t = target[row];
+    const bool valid = t != ignore_index;
+    pipe.wait(s, static_cast<unsigned>(it / S) & 1u);
+    const uint4* st = tma_stage + s * CH * NT;
+    uint4 buf[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
+    const float m = rc::packed_max<T, CL, NT, CH>(buf, sl);
+    const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
+    float sum = 0.f, sxv = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (sl.col(c) < sl.c1) {
+        float f[V];
+        P::unpack(buf[c], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          sxv += f[i];
+          f[i] = exp2f(fmaf(f[i], rc::kLog2e, -ms));
+          sum += f[i];
+        }
+        buf[c] = P::pack(f);
+      }
+    }
+    float wm = m, ws = sum;
+    rc::warp_combine(wm, ws);
+    const float wx = smooth ? rc::warp_sum(sxv) : 0.f;
+    if (lane == 0) part[it & 1][warp] = make_float4(wm, ws, wx, 0.f);
+    rc::cluster_arrive();
+    rc::cluster_wait();
+    if (row + S * step < M) pipe.fetch(s, x + (row + S * step) * sx);
+    float pm = -INFINITY, ps = 0.f, px = 0.f;
+#pragma unroll
+    for (int k = 0; k < (CL * NW + 31) / 32; ++k) {
+      const int idx = lane + 32 * k;
+      if (idx < CL * NW) {
+        const float4 p = rc::load_remote4(&part[it & 1][idx % NW], idx / NW);
+        const float Mx = fmaxf(pm, p.x);
+        ps = (pm == -INFINITY ? 0.f : ps * exp2f((pm - Mx) * rc::kLog2e)) +
+             (p.x == -INFINITY ? 0.f : p.y * exp2f((p.x - Mx) * rc::kLog2e));
+        pm = Mx;
+        px += p.z;
+      }
+    }
+    rc::warp_combine(pm, ps);  // the row's max and sum
+    const float SX = smooth ? rc::warp_sum(px) : 0.f;
+    if (rank == 0 && threadIdx.x == 0) {
+      float l = 0.f;
+      if (valid)
+        l = (pm == -INFINITY ? 0.f : pm) + logf(ps) - (1.f - smoothing) * tw::to_float(x[row * sx + t]) -
+            smoothing / (float)N * SX;
+      loss[row] = l;
+    }
+    if (grad) {
+      const float gs = scale_dev != nullptr ? grad_scale * __ldg(scale_dev) : grad_scale;
+      const float inv = valid && ps > 0.f ? gs / ps : 0.f;
+      const float hit = valid ? (1.f - smoothing) * gs : 0.f;
+      const float off = valid ? smoothing / (float)N * gs : 0.f;
+      const float rescale = m == -INFINITY ? 0.f : exp2f((m - pm) * rc::kLog2e) * inv;
+      T* dr = dx + row * sdx;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const long long col = sl.col(c);
+        if (col < sl.c1) {
+          float f[V];
+          P::unpack(buf[c], f);
+#pragma unroll
+          for (int i = 0; i < V; ++i) f[i] = f[i] * rescale - (col + i == t ? hit : 0.f) - off;
+          __stcs(reinterpret_cast<uint4*>(dr + col), P::pack(f));
+        }
+      }
+    }
+  }
   rc::cluster_arrive();
   rc::cluster_wait();
 }

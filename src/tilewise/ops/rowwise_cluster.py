@@ -46,7 +46,7 @@ CONFIGS = {
 EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
 EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
 _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
-          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe", "fwd_tma": "rc_softmax_fwd_tma"}
+          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe", "fwd_tma": "rc_softmax_fwd_tma", "ce_tma": "rc_cross_entropy_tma"}
 # The pipelined kernels (v6) take the same configurations as their v5 kind.
 PIPE_KINDS = ("fwd", "ce")
 # One exp an element (X1 in the .cu), softmax forward and cross-entropy: built for these (dtype
@@ -72,8 +72,10 @@ ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
 # (logs/bench-softmax-v7-128x16.log): 0.5831 ms = 86.6 % of copy, 1.92x torch.softmax, 1.87x
 # torch.compile. 6 and 7 blocks an SM spill (ptxas: 800 and 1,904 bytes).
 TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
-                            (8, 512, 4, 2, 3), (8, 128, 16, 1, 5))}
-TMA_DEFAULT = {("fwd", 2): (8, 128, 16, 1, 5)}
+                            (8, 512, 4, 2, 3), (8, 128, 16, 1, 5)),
+               # cross-entropy with its gradient on the same pipeline (rc_cross_entropy_tma)
+               ("ce", 2): ((8, 128, 16, 1, 5), (8, 256, 8, 1, 4))}
+TMA_DEFAULT = {("fwd", 2): (8, 128, 16, 1, 5), ("ce", 2): (8, 128, 16, 1, 5)}
 # TILEWISE_SOFTMAX_TMA_CONFIG="cl,nt,ch,stages,minb" picks another built configuration as the default.
 _env_cfg = os.environ.get("TILEWISE_SOFTMAX_TMA_CONFIG")
 if _env_cfg:
@@ -83,7 +85,7 @@ if _env_cfg:
         _cfg = ()
     if _cfg not in TMA_CONFIGS[("fwd", 2)]:
         raise ValueError(f"TILEWISE_SOFTMAX_TMA_CONFIG={_env_cfg!r}: expected one of {TMA_CONFIGS[('fwd', 2)]}")
-    TMA_DEFAULT = {("fwd", 2): _cfg}
+    TMA_DEFAULT = {**TMA_DEFAULT, ("fwd", 2): _cfg}
 _TMA_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 
 
@@ -267,6 +269,8 @@ def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) ->
     if t0.dtype not in _TMA_TYPES or not cfgs:
         return f"the TMA-pipelined kernel is built for bfloat16 / float16 {kind} only, got {t0.dtype}"
     cfg = TMA_DEFAULT[(kind, 2)] if config is None else tuple(config)
+    if capacity(t0.dtype, cfg[:3]) < t0.shape[1] and config is None:
+        return f"rows of {t0.shape[1]} exceed the {capacity(t0.dtype, cfg[:3])} elements of the TMA kernel"
     if t0.dtype == torch.float16:
         cfgs = (TMA_DEFAULT[(kind, 2)],)
     if cfg not in cfgs:
@@ -291,6 +295,28 @@ def softmax_fwd_tma(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None) 
     dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     k, clusters = _tma_kernel("fwd", x2.dtype, cfg, dev)
     k((min(M, clusters) * cfg[0],), (cfg[1],), x2, y2, M, N, x2.stride(0), y2.stride(0), int(log),
+      shmem=tma_shmem(cfg))
+
+
+def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, dx: torch.Tensor | None,
+                      ignore_index: int, smoothing: float, grad_scale: float, config=None,
+                      scale_dev: torch.Tensor | None = None) -> None:
+    """As ``cross_entropy``, by the TMA-pipelined (v7) kernel: bf16 / fp16 logits (M, N), N up to the
+    config's capacity; ``tma_unsupported_reason(x, kind="ce")`` says what it takes."""
+    ts = (x,) if dx is None else (x, dx)
+    why = tma_unsupported_reason(*ts, kind="ce", config=config)
+    if why:
+        raise ValueError(f"rowwise_cluster.cross_entropy_tma: {why}")
+    M, N = x.shape
+    if not M:
+        return
+    cfg = TMA_DEFAULT[("ce", 2)] if config is None else tuple(config)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    k, clusters = _tma_kernel("ce", x.dtype, cfg, dev)
+    grad = dx is not None
+    d = dx if grad else x  # never written without grad
+    k((min(M, clusters) * cfg[0],), (cfg[1],), x, target, loss_rows, d, M, N, x.stride(0),
+      d.stride(0) if grad else 0, int(ignore_index), float(smoothing), float(grad_scale), scale_dev, int(grad),
       shmem=tma_shmem(cfg))
 
 

@@ -63,12 +63,14 @@ def run(r) -> None:
             comp()
             r.add("cross_entropy", "torch.compile", shape, dtype, time_ms(comp), cost)
 
-            for name in ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe"):
+            for name in ("v2_fused", "v3_online", "v4_cluster", "v5_cluster_cuda", "v6_cluster_pipe", "v7_cluster_tma"):
                 if name == "v2_fused" and C > op.MAX_FUSED or name == "v4_cluster" and C > op.MAX_CLUSTER:
                     continue
                 if name == "v5_cluster_cuda" and (C <= op.MAX_FUSED or rc.unsupported_reason(x, kind="ce")):
                     continue
                 if name == "v6_cluster_pipe" and (C <= op.MAX_FUSED or rc.pipe_unsupported_reason(x, kind="ce")):
+                    continue
+                if name == "v7_cluster_tma" and (C <= op.MAX_FUSED or rc.tma_unsupported_reason(x, kind="ce")):
                     continue
                 why = op.cluster_unsupported_reason() if name == "v4_cluster" and C > op.CLUSTER_SLICE else None
                 if why:
@@ -96,6 +98,8 @@ def run(r) -> None:
             # The kernel alone (loss + gradient, no autograd, still the target check's host sync):
             # tells the kernel's time from the autograd wrapper's.
             kernels = [op.default_variant(x)]
+            if C > op.MAX_FUSED and not rc.unsupported_reason(x, kind="ce"):
+                kernels.append("v5_cluster_cuda")
             if C > op.MAX_FUSED and not rc.pipe_unsupported_reason(x, kind="ce"):
                 kernels.append("v6_cluster_pipe")
             for v in dict.fromkeys(kernels):
