@@ -306,6 +306,11 @@ def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
     assert [e["lr_end"] for e in resumed["epochs"]] == [e["lr_end"] for e in full["epochs"]]
 
 
+def test_graph_auto_is_off_on_the_cpu(tmp_path):
+    m = tr.train(tiny_config(tmp_path, epochs=1, graph=None))
+    assert m["config"]["graph"] is False and m["epochs"][0]["steps"] > 0
+
+
 def test_cli_training_options():
     p = argparse.ArgumentParser()
     tr.add_arguments(p)
@@ -315,6 +320,10 @@ def test_cli_training_options():
         ("cosine", 2, 0.25, False, 0.0)
     d = tr.config_from_args(p.parse_args([]))
     assert (d.lr_schedule, d.freeze_embeddings_epochs, d.embed_dropout, d.plot) == ("constant", 0, 0.0, True)
+    # graphs: the CLI asks for the automatic choice (on a GPU, off on the CPU and under torchrun)
+    assert d.graph is None
+    assert tr.config_from_args(p.parse_args(["--graph"])).graph is True
+    assert tr.config_from_args(p.parse_args(["--no-graph"])).graph is False
     with pytest.raises(SystemExit):
         p.parse_args(["--lr-schedule", "step"])
 

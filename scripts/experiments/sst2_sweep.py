@@ -56,8 +56,7 @@ def command(data_dir: str, setting: dict, graph: bool) -> str:
     parts = ["tilewise", "train", "--data-dir", data_dir]
     for k, v in setting.items():
         parts += [_FLAGS[k], str(v)]
-    if graph:
-        parts.append("--graph")
+    parts.append("--graph" if graph else "--no-graph")  # the CLI's default is graphs on a GPU
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -11,7 +11,8 @@ the GPU) and shown on the progress bar every ``log_every`` steps.
 
 ``--graph`` captures one whole step (forward, backward, AdamW) per bucket length in a CUDA graph
 and replays it from static input buffers; batches are padded to the smallest bucket that fits, a
-short last batch runs eagerly. It needs a CUDA device. The tilewise backend pads to the same
+short last batch runs eagerly. It needs a CUDA device; ``tilewise train`` turns it on by default
+there (``--no-graph`` runs eagerly; it is off on the CPU and under torchrun). The tilewise backend pads to the same
 buckets by default: its Triton GEMMs autotune once per shape. A failure other than a bad option
 or missing data prints its traceback on stderr and stdout (exit 1).
 """
@@ -59,7 +60,8 @@ class TrainConfig:
     buckets: tuple[int, ...] | None = None
     backend: str = "auto"              # tilewise | torch | auto (tilewise on a GPU, torch on CPU)
     device: str = "auto"               # cuda | cpu | cuda:N | auto
-    graph: bool = False                # CUDA-graph the whole step (needs a GPU)
+    graph: bool | None = False         # CUDA-graph the whole step (needs a GPU); None: on a GPU, off on
+    #                                    the CPU and under torchrun (the CLI's default)
     seed: int = 0
     output_dir: str = "runs/sst2"
     resume: bool = False               # continue from OUTPUT_DIR/checkpoint.pt
@@ -360,7 +362,7 @@ def _init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, "_Dist | None", li
         dist.init_process_group("nccl" if on_gpu else "gloo")
     if cfg.graph:
         notes.append("--graph is off under torchrun (the gradient all-reduce is not captured)")
-        cfg = replace(cfg, graph=False)
+    cfg = replace(cfg, graph=False)
     if rank != 0:
         cfg = replace(cfg, progress=False, plot=False)
     return cfg, _Dist(rank, world), notes
@@ -394,6 +396,10 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     if not 0.0 <= cfg.embed_dropout < 1.0:
         raise ValueError(f"--embed-dropout must be in [0, 1), got {cfg.embed_dropout}")
     device, backend, notes = resolve_device_backend(cfg)
+    if cfg.graph is None:  # auto: every op of the step is capturable, so a GPU replays graphs
+        cfg = replace(cfg, graph=device.type == "cuda")
+        if cfg.graph:
+            notes.append("each step is replayed from a CUDA graph (--no-graph runs it eagerly)")
     notes = dist_notes + notes
     rank, world = (ddp.rank, ddp.world_size) if ddp is not None else (0, 1)
     lead = rank == 0  # prints, evaluates and writes
@@ -869,7 +875,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buckets", type=_buckets, default=None, help="pad batches to these lengths, e.g. 16,32,64")
     p.add_argument("--backend", choices=("auto", "tilewise", "torch"), default=d.backend)
     p.add_argument("--device", default=d.device, help="cuda, cuda:N, cpu or auto")
-    p.add_argument("--graph", action="store_true", help="capture each step in a CUDA graph (GPU)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture each step in a CUDA graph (default: on a GPU, off on the CPU and under "
+                        "torchrun)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--output-dir", default=d.output_dir)
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt")
