@@ -540,7 +540,12 @@ def test_torchrun_data_parallel_on_cpu(tmp_path):
     data = write_tiny_sst2(tmp_path / "sst2", n_train=192, n_dev=48)
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    import socket
+
+    with socket.socket() as sock:  # a free port: two test runs at once must not meet in one group
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            "-m", "tilewise", "train", "--data-dir", str(data), "--epochs", "2", "--batch-size", "16",
            "--hidden", "16", "--embedding-init", "random", "--backend", "torch", "--device", "cpu",
            "--output-dir", str(out), "--no-progress", "--no-plot", "--seed", "3"]

@@ -78,6 +78,22 @@ def test_plain_gemm_odd_sizes(variant, dtype, b_layout):
     assert rel_error(out, gt.reference(a, b).float()) < TOL[dtype]
 
 
+@pytest.mark.parametrize("sms", [3, 4, 7])
+@pytest.mark.parametrize("shape", [(16, 16, 1000), (40, 24, 200), (33, 70, 45)], ids=str)
+def test_streamk_splits_tiles_across_programs(shape, sms, monkeypatch):
+    """v4_streamk with K split over several programs: one tile over 3-7 programs (middle segments),
+    several tiles with heads and tails in different programs, odd sizes; the same bits on a second
+    run (partials added in program order)."""
+    monkeypatch.setattr(gt, "_num_sms", lambda device_index: sms)
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, torch.float32, "kmajor", seed=M + K)
+    out = poison(torch.empty(M, N, device=DEV, dtype=torch.float32))
+    gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="relu", out=out)
+    assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
+    again = gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="relu")
+    assert torch.equal(again, out)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_fused_epilogue_bias_activation_cast(variant, activation):
@@ -330,7 +346,14 @@ tsig = {"a_desc": "tensordesc<fp8e4nv[128, 128]>", "b_desc": "tensordesc<fp8e4nv
         "dtype_tag": "i32"}
 tma = build(gt._gemm_tma_persistent_kernel, tsig, {**meta, "BLOCK_K": 128, "HAS_SCALES": True, "B_KMAJOR": True},
             ["M", "N", "K"], 8, 3)
-print(json.dumps({"ptr": ptr, "tma": tma, "limit": gt._SMEM_LIMIT}))
+ssig = {**{k: v for k, v in sig.items() if k not in meta}, "ws_ptr": "*fp32", "flag_ptr": "*i32",
+        "ITERS_PER_PROG": "i32"}
+ssig = {k: ssig[k] for k in ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "aux_ptr", "scale_a_ptr", "scale_b_ptr", "ws_ptr",
+                             "flag_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
+                             "stride_cm", "stride_cn", "ITERS_PER_PROG"]}
+sk = build(gt._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1},
+           ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 3)
+print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "limit": gt._SMEM_LIMIT}))
 """
 
 
@@ -348,6 +371,7 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
     assert r["ptr"]["smem"] == 3 * (128 + 256) * 64 * 2  # three stages of A and B tiles
     assert r["tma"]["wgmma"] and r["tma"]["tma"] and r["tma"]["e4m3"]
     assert r["tma"]["smem"] <= r["limit"]
+    assert r["streamk"]["wgmma"] and r["streamk"]["cp_async"] and r["streamk"]["smem"] <= r["limit"]
 
 
 @pytest.mark.gpu

@@ -2,7 +2,9 @@
 device time only (time_ms_graph: 20 calls in one CUDA graph, replayed), for:
     - torch.matmul (cuBLAS), gemm(auto) (today: v3_tma_persistent, autotuned over 5 tiles),
     - v1_tiled's kernel with each tile forced (no autotuner), v2_persistent's with a few,
-    - gemm_splitk with 2 and 4 K slices (64 x 64 tiles).
+    - gemm_splitk with 2 and 4 K slices (64 x 64 tiles),
+    - v4_streamk (added after run 1: the answer to 1536's 144 tiles on 132 SMs; prediction: about
+      1.1 tile-times instead of 2 waves, i.e. 0.66x -> ~1.1x cuBLAS at 1536, ~0.9x at 1000).
 Bench (55151a6^, logs/bench-gemm-triton.log): graph-replayed gemm(auto) / cuBLAS 512: 0.86x bf16,
 0.42x fp16; 1000: 0.74x bf16, 0.65x fp16 (the sweep target is 0.85x).
 
@@ -21,7 +23,7 @@ import triton
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
-SIZES = [512, 768, 1000, 1536, 2048]
+SIZES = [512, 768, 1000, 1536, 2048, 3072]
 TILED = [(64, 64, 4, 4), (64, 64, 3, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 4), (128, 128, 4, 8),
          (64, 256, 3, 8)]
 PERSISTENT = [(64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 4, 8)]
@@ -69,6 +71,7 @@ def main():
                 cands[f"persistent {c}"] = lambda c=c: persistent(a, b, out, c, sms)
             for s in (2, 4):
                 cands[f"splitk {s}"] = lambda s=s: G.gemm_splitk(a, b, out=out, splits=s)
+            cands["v4_streamk"] = lambda: G.VARIANTS["v4_streamk"](a, b, out=out)
             times = {}
             for name, fn in cands.items():
                 out.fill_(float("nan"))

@@ -19,6 +19,15 @@ Versions (F = 2 M N K; floor F / peak of the dtype: bf16 ~700-790, fp16 ~667, tf
     v3_tma_persistent: v2 with TMA tensor descriptors for A, B (and C): the copy engine moves
                        tiles (out-of-range parts read as zero), fewer registers spent on address
                        arithmetic; needs unit-stride rows and 16-byte aligned strides.
+    v4_streamk:        stream-K: the (tile, K-step) iterations of the whole problem are dealt out
+                       in equal contiguous ranges to one program per SM, so a tile count that
+                       does not divide into waves (1536^2: 144 tiles of 128 x 128 on 132 SMs) costs
+                       no second, nearly empty wave. A program ending inside a tile leaves its
+                       fp32 partial in a workspace and raises a flag; the program holding the
+                       tile's last K-steps waits for the flags, adds the partials in program order
+                       (deterministic) and runs the epilogue. Fixed tile, no autotuning. Not the
+                       default: written after the last device call of its session, tested under
+                       the interpreter only; the next GPU run measures it.
 
 Each kernel is autotuned over a short config list (per dtype class: K tile 128 for fp8, 64 for
 16-bit, 32 for fp32), keyed on (M, N, K) and the dtypes. Under TRITON_INTERPRET=1 (CPU tests),
@@ -226,6 +235,58 @@ def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr,
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
         _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
+def _gemm_streamk_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr, ws_ptr, flag_ptr,
+                         M, N, K,
+                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                         ITERS_PER_PROG,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
+                         STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
+                         UPCAST: tl.constexpr):
+    # Iteration i is K-step i % ipt of tile i // ipt; program p owns [p * IPP, (p + 1) * IPP). A
+    # program writes at most one partial (the segment at the end of its range, when it stops inside
+    # a tile), so the workspace has one (BLOCK_M, BLOCK_N) slab a program. The holder of a tile's
+    # last K-step waits only on lower programs: no cycle, and under the interpreter (programs in
+    # order) the flags are already up.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    ipt = tl.cdiv(K, BLOCK_K)
+    total = num_pid_m * num_pid_n * ipt
+    it = pid * ITERS_PER_PROG
+    end = tl.minimum(it + ITERS_PER_PROG, total)
+    slab = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    while it < end:
+        tile = it // ipt
+        k0 = it % ipt
+        k1 = tl.minimum(ipt, k0 + (end - it))
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        kb = k0 * BLOCK_K
+        acc = _mainloop(a_ptr + kb * stride_ak, b_ptr + kb * stride_bk, pid_m, pid_n, M, N,
+                        tl.minimum(K - kb, (k1 - k0) * BLOCK_K), stride_am, stride_ak, stride_bk, stride_bn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        if k1 == ipt:
+            if k0 > 0:  # the tile's earlier K-steps are partials of programs first .. pid - 1
+                first = (tile * ipt) // ITERS_PER_PROG
+                for q in range(first, pid):
+                    while tl.atomic_add(flag_ptr + q, 0, sem="acquire") == 0:
+                        pass
+                    tl.debug_barrier()
+                    acc += tl.load(ws_ptr + q * (BLOCK_M * BLOCK_N) + slab, cache_modifier=".cg")
+                    tl.debug_barrier()
+                    tl.atomic_xchg(flag_ptr + q, 0)  # consumed: zero again for the next call or replay
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+            _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+        else:  # stops inside the tile: leave the partial, then raise the flag (after every thread's store)
+            tl.store(ws_ptr + pid * (BLOCK_M * BLOCK_N) + slab, acc)
+            tl.debug_barrier()
+            tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
+        it += k1 - k0
 
 
 @triton.jit
@@ -443,6 +504,35 @@ def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision,
     return out
 
 
+# v4_streamk's fixed tile per input itemsize: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps).
+_STREAMK_TILE = {1: (128, 128, 128, 3, 8), 2: (128, 128, 64, 3, 8), 4: (128, 128, 32, 3, 8)}
+
+
+def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    M, K = a.shape
+    N = b.shape[1]
+    if _INTERPRET:
+        bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
+        opts = {}
+    else:
+        bm, bn, bk, stages, warps = _STREAMK_TILE[a.element_size()]
+        opts = dict(num_stages=stages, num_warps=warps)
+    total = triton.cdiv(M, bm) * triton.cdiv(N, bn) * triton.cdiv(K, bk)
+    progs = min(_num_sms(a.get_device()), total)
+    ipp = triton.cdiv(total, progs)
+    progs = triton.cdiv(total, ipp)  # no program without work
+    ws = torch.empty((progs, bm * bn), device=a.device, dtype=torch.float32)
+    flags = torch.zeros(progs, device=a.device, dtype=torch.int32)
+    dummy = out
+    _gemm_streamk_kernel[(progs,)](
+        a, b, out, bias if bias is not None else dummy, aux if aux is not None else dummy,
+        scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy, ws, flags,
+        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), ipp,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=_INTERP_META["GROUP_M"] if _INTERPRET else 8,
+        **_common_meta(a, bias, activation, scale_a, precision, aux), **opts)
+    return out
+
+
 def _tma_ok(t: torch.Tensor, *, unit_dim: int) -> bool:
     """TMA wants the unit-stride dimension last in memory order, other strides and base 16-byte aligned."""
     it = t.element_size()
@@ -556,13 +646,15 @@ def _variant(kind):
             return out
         if kind == "tma":
             return _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+        if kind == "streamk":
+            return _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
         return _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux)
 
     return fn
 
 
 VARIANTS = {"v1_tiled": _variant("tiled"), "v2_persistent": _variant("persistent"),
-            "v3_tma_persistent": _variant("tma")}
+            "v3_tma_persistent": _variant("tma"), "v4_streamk": _variant("streamk")}
 
 
 # Small problems (at most 16 tiles of 128 x 128, e.g. 512 x 512): the persistent kernel with a fixed
