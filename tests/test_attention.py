@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops import attention as A
 
 from conftest import HAS_CUDA, poison
@@ -382,14 +383,20 @@ def test_gpu_output_is_fully_written_and_matches_sdpa(poisoned_outputs):
 @pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
-    B, H, Sq, Sk, D = 2, 4, 1000, 777, 64
-    q, k, v = _inputs(B, H, H, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=3)
-    g = torch.Generator(device="cuda").manual_seed(4)
+    _check_mask_bias_grads(A.flash_attention, bias_shape, causal, Hkv=4, D=64, seeds=(3, 4))
+
+
+def _check_mask_bias_grads(fn, bias_shape, causal, Hkv, D, seeds):
+    """fn against the fp32 reference with a (B, 1, Sq, Sk) mask that blocks whole key tiles and one
+    row entirely, and a bias of bias_shape whose gradient is taken: bf16, B=2, H=4, Sq=1000, Sk=777."""
+    B, H, Sq, Sk = 2, 4, 1000, 777
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=seeds[0])
+    g = torch.Generator(device="cuda").manual_seed(seeds[1])
     bias = torch.randn(bias_shape, device="cuda", generator=g)
     mask = torch.rand(B, 1, Sq, Sk, device="cuda", generator=g) > 0.3
     mask[..., 100:400] = False  # several whole key tiles
     mask[1, 0, 17] = False  # a row with no key
-    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, mask=mask, bias=bias)
+    ours = _run_fwd_bwd(fn, q, k, v, causal=causal, mask=mask, bias=bias)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, mask=mask, bias=bias)
     for name in ("out", "dq", "dk", "dv", "dbias"):
         o, r = ours[name], ref[name]
@@ -414,13 +421,7 @@ def test_gpu_peak_memory_is_linear_in_s():
     def extra_peak(S):
         q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
         go = torch.randn_like(q)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        out = A.flash_attention(q, k, v, causal=True)
-        out.backward(go)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+        return peak_extra_bytes(lambda: A.flash_attention(q, k, v, causal=True).backward(go))
 
     extra_peak(1024)  # warm-up: compile, allocator
     small, large = extra_peak(2048), extra_peak(16384)
@@ -664,21 +665,7 @@ def test_gpu_atomic_backward(shape, dtype, causal, dq_path, poisoned_outputs):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_atomic_mask_bias_and_bias_grad(bias_shape, D, causal):
-    B, H, Sq, Sk = 2, 4, 1000, 777
-    q, k, v = _inputs(B, H, 2, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=30 + D)
-    g = torch.Generator(device="cuda").manual_seed(31)
-    bias = torch.randn(bias_shape, device="cuda", generator=g)
-    mask = torch.rand(B, 1, Sq, Sk, device="cuda", generator=g) > 0.3
-    mask[..., 100:400] = False  # several whole key tiles
-    mask[1, 0, 17] = False  # a row with no key
-    ours = _run_fwd_bwd(A.v3_flash2_atomic, q, k, v, causal=causal, mask=mask, bias=bias)
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, mask=mask, bias=bias)
-    for name in ("out", "dq", "dk", "dv", "dbias"):
-        o, r = ours[name], ref[name]
-        assert o.shape == r.shape and not torch.isnan(o).any(), name
-        e = ((o.double() - r.double()).norm() / r.double().norm()).item()
-        assert e < 2e-2, f"{name}: {e:.3g}"
-    assert (ours["out"][1, :, 17] == 0).all() and (ours["dq"][1, :, 17] == 0).all()
+    _check_mask_bias_grads(A.v3_flash2_atomic, bias_shape, causal, Hkv=2, D=D, seeds=(30 + D, 31))
 
 
 @pytest.mark.gpu
@@ -697,12 +684,7 @@ def test_gpu_atomic_peak_memory_is_linear_in_s():
     def extra_peak(S):
         q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
         go = torch.randn_like(q)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        A.flash_attention(q, k, v, causal=True, deterministic=False).backward(go)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+        return peak_extra_bytes(lambda: A.flash_attention(q, k, v, causal=True, deterministic=False).backward(go))
 
     extra_peak(1024)
     small, large = extra_peak(2048), extra_peak(16384)

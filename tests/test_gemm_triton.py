@@ -78,6 +78,16 @@ def test_plain_gemm_odd_sizes(variant, dtype, b_layout):
     assert rel_error(out, gt.reference(a, b).float()) < TOL[dtype]
 
 
+def test_persistent_with_a_fixed_tile(monkeypatch):
+    """_run_pointer(fixed=...): the persistent kernel with one given tile and no autotuner (the
+    small-problem path of gemm() on the GPU), here with more tiles than programs."""
+    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 3)
+    a, b, bias = _operands(45, 38, 29, torch.float32, "kmajor", seed=11)
+    out = poison(torch.empty(45, 38, device=DEV, dtype=torch.float32))
+    gt._run_pointer("persistent", a, b, out, bias, "relu", None, None, "ieee", None, fixed=(16, 16, 16, 1, 4))
+    assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("sms", [3, 4, 7])
 @pytest.mark.parametrize("shape", [(16, 16, 1000), (40, 24, 200), (33, 70, 45)], ids=str)
 def test_streamk_splits_tiles_across_programs(shape, sms, monkeypatch):

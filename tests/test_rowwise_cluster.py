@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops import cross_entropy as ce
 from tilewise.ops import rowwise_cluster as rc
 from tilewise.ops import softmax as sm
@@ -75,6 +76,18 @@ def _x(M, N, dtype, seed):
     return x
 
 
+def _check_forward(fwd, x, log, dtype):
+    """fwd(x, y, log) into a poisoned y against the float64 reference: -inf exactly where the
+    reference has it (log-softmax of masked entries), the finite part within dtype's tolerance."""
+    y = poison(torch.empty_like(x))
+    fwd(x, y, log)
+    ref = sm.reference(x.double(), log)
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(y), fin)
+    assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+    return y
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -84,12 +97,7 @@ def test_gpu_softmax_forward_backward(shape, dtype, log):
     if N > rc.max_row(dtype, "fwd"):
         pytest.skip("row longer than the configurations hold")
     x = _x(M, N, dtype, seed=M + N)
-    y = poison(torch.empty_like(x))
-    rc.softmax_fwd(x, y, log)
-    ref = sm.reference(x.double(), log)
-    fin = torch.isfinite(ref)
-    assert torch.equal(torch.isfinite(y), fin)  # -inf exactly where the reference has it (log)
-    assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+    y = _check_forward(rc.softmax_fwd, x, log, dtype)
     if N > rc.max_row(dtype, "bwd"):
         return
     yb = y if not log else torch.where(torch.isfinite(y), y, torch.full_like(y, -1e4))
@@ -185,12 +193,7 @@ def test_gpu_cross_entropy_default_is_v7_and_peak_memory():
     la = ce.cross_entropy(x.detach(), t)
     assert torch.equal(la, ce.cross_entropy(x.detach(), t, variant="v7_cluster_tma"))
     assert _rel(la.float(), ce.cross_entropy(x.detach(), t, variant="v5_cluster_cuda").float()) < 1e-3
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    ce.cross_entropy(x, t).backward()
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
+    extra = peak_extra_bytes(lambda: ce.cross_entropy(x, t).backward())
     assert extra <= N * C * 2 + (1 << 20), f"peak extra {extra} B vs gradient {N * C * 2} B"
 
 
@@ -218,12 +221,7 @@ def test_gpu_pipelined_forward_and_cross_entropy(shape, dtype):
     M, N = shape
     x = _x(M, N, dtype, seed=M * 7 + N)
     for log in (False, True):
-        y = poison(torch.empty_like(x))
-        rc.softmax_fwd(x, y, log, pipe=True)
-        ref = sm.reference(x.double(), log)
-        fin = torch.isfinite(ref)
-        assert torch.equal(torch.isfinite(y), fin)
-        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+        _check_forward(lambda a, b, lg: rc.softmax_fwd(a, b, lg, pipe=True), x, log, dtype)
     g = torch.Generator(device="cuda").manual_seed(N)
     xs = (torch.randn(M, N, generator=g, device="cuda") * 2).to(dtype)
     t = torch.randint(0, N, (M,), generator=g, device="cuda")
@@ -267,12 +265,7 @@ def test_gpu_one_exp_softmax_and_cross_entropy(dtype):
     M, N = 37, rc.capacity(dtype, cfg) - 8 * (16 // dtype.itemsize)
     x = _x(M, N, dtype, seed=11)
     for log in (False, True):
-        y = poison(torch.empty_like(x))
-        rc.softmax_fwd(x, y, log, config=cfg, one_exp=True)
-        ref = sm.reference(x.double(), log)
-        fin = torch.isfinite(ref)
-        assert torch.equal(torch.isfinite(y), fin)
-        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+        _check_forward(lambda a, b, lg: rc.softmax_fwd(a, b, lg, config=cfg, one_exp=True), x, log, dtype)
     xs = torch.randn(M, N, device="cuda", dtype=dtype) * 2
     t = torch.randint(0, N, (M,), device="cuda")
     t[3] = -100
@@ -335,12 +328,7 @@ def test_gpu_tma_forward(config, shape):
     dtype, config = config
     x = _x(M, N, dtype, seed=M * 3 + N)
     for log in (False, True):
-        y = poison(torch.empty_like(x))
-        rc.softmax_fwd_tma(x, y, log, config=config)
-        ref = sm.reference(x.double(), log)
-        fin = torch.isfinite(ref)
-        assert torch.equal(torch.isfinite(y), fin)
-        assert _rel(torch.where(fin, y.double(), 0), torch.where(fin, ref, 0)) <= TOL[dtype]
+        y = _check_forward(lambda a, b, lg: rc.softmax_fwd_tma(a, b, lg, config=config), x, log, dtype)
         if M > 1 and not log:
             assert torch.all(y[1] == 0)  # every key masked: zeros, no NaN
 

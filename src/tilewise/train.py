@@ -12,9 +12,9 @@ the GPU) and shown on the progress bar every ``log_every`` steps.
 ``--graph`` captures one whole step (forward, backward, AdamW) per bucket length in a CUDA graph
 and replays it from static input buffers; batches are padded to the smallest bucket that fits, a
 short last batch runs eagerly. It needs a CUDA device; ``tilewise train`` turns it on by default
-there (``--no-graph`` runs eagerly; it is off on the CPU and under torchrun). The tilewise backend pads to the same
-buckets by default: its Triton GEMMs autotune once per shape. A failure other than a bad option
-or missing data prints its traceback on stderr and stdout (exit 1).
+there (``--no-graph`` runs eagerly; it is off on the CPU and under torchrun). The tilewise backend
+pads to the same buckets by default: its Triton GEMMs autotune once per shape. A failure other than
+a bad option or missing data prints its traceback on stderr and stdout (exit 1).
 """
 
 from __future__ import annotations

@@ -131,6 +131,21 @@ def host_us_per_call(fn: Callable[[], object], *, calls: int = 2000, repeats: in
     return samples[len(samples) // 2]
 
 
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Peak CUDA memory fn() allocates beyond what was allocated before it (its result included
+    while it lives: dropped before returning)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    del out
+    return extra
+
+
 def git_sha() -> str:
     if os.environ.get("TILEWISE_GIT_SHA"):
         return os.environ["TILEWISE_GIT_SHA"]

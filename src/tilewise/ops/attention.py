@@ -234,24 +234,24 @@ def _block_d(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
+# The table of each kernel kind, and the kinds whose 2-byte inputs have entries of their own.
+_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
+           "dq_bias": _DQ_BIAS_CONFIGS, "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
+           "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}
+_TABLES_2BYTE = {"atomic": _ATOMIC_2BYTE, "dkdv": _DKDV_2BYTE}
+
+
 def _config(kind: str, D: int, itemsize: int = 4) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of one kernel kind at head dim D for inputs of
-    ``itemsize`` bytes (2-byte inputs have their own atomic-backward entries: _ATOMIC_2BYTE)."""
+    ``itemsize`` bytes (2-byte inputs first look in _TABLES_2BYTE)."""
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
     if kind.endswith("_bias") and kind[:-5] in _OVERRIDE:
         return _OVERRIDE[kind[:-5]]
-    table = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
-             "dq_bias": _DQ_BIAS_CONFIGS,
-             "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
-             "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}[kind]
-    bd = _block_d(D)
-    key = min(max(bd, 32), 256) if bd != 16 else 32
-    if kind == "atomic" and itemsize == 2 and key in _ATOMIC_2BYTE:
-        return _ATOMIC_2BYTE[key]
-    if kind == "dkdv" and itemsize == 2 and key in _DKDV_2BYTE:
-        return _DKDV_2BYTE[key]
-    return table[key]
+    key = min(max(_block_d(D), 32), 256)
+    if itemsize == 2 and key in _TABLES_2BYTE.get(kind, {}):
+        return _TABLES_2BYTE[kind][key]
+    return _TABLES[kind][key]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -61,8 +61,8 @@ _REDUCTIONS = ("mean", "sum", "none")
 MAX_FUSED = 16384
 CLUSTER_SLICE = 16384      # classes of a row each CTA of a v4_cluster cluster holds
 MAX_CLUSTER = 8 * CLUSTER_SLICE
-PREFER_CLUSTER = False
-PREFER_CUDA_CLUSTER = True  # v5_cluster_cuda past MAX_FUSED where the layout allows it     # v4_cluster is unverified on a GPU: v3_online stays the default past 16k
+PREFER_CLUSTER = False  # v4_cluster (Triton multi-CTA) does not build on Triton 3.6: never the default
+PREFER_CUDA_CLUSTER = True  # v7 / v5 (CUDA C clusters) past MAX_FUSED where the layout allows them
 
 _FUSED_TILE = 2048
 _ONLINE_CHUNK_BYTES = 32768

@@ -36,7 +36,6 @@ one small config runs without autotuning and CPU tensors are accepted.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -485,22 +484,35 @@ def _common_meta(a, bias, activation, scale_a, precision, aux):
                 UPCAST=_INTERPRET and a.dtype == torch.bfloat16)
 
 
-def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+def _pointer_args(a, b, out, bias, scale_a, scale_b, aux) -> tuple:
+    """The pointer kernels' leading arguments: the seven pointers (out stands in for the optional
+    ones, never read when the matching constexpr flag is off), then M, N, K and the six strides."""
+    dummy = out
+    ptrs = (a, b, out, bias if bias is not None else dummy, aux if aux is not None else dummy,
+            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy)
     M, K = a.shape
-    N = b.shape[1]
-    dummy = out  # never read when the matching constexpr flag is off
-    args = (a, b, out, bias if bias is not None else dummy, aux if aux is not None else dummy,
-            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
-            M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+    return ptrs + (M, b.shape[1], K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+
+
+def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """v1_tiled ("tiled") or v2_persistent ("persistent"), autotuned; ``fixed`` = (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_stages, num_warps) runs the persistent kernel with that tile instead, no autotuner."""
+    M, N = out.shape
+    args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     interp = _INTERP_META if _INTERPRET else {}
     if kind == "tiled":
         grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
         _tiled[grid](*args, **meta, **interp)
-    else:
-        sms = _num_sms(a.get_device())
-        grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-        _persistent[grid](*args, sms, **meta, **interp)
+        return out
+    sms = _num_sms(a.get_device())
+    if fixed is not None:
+        bm, bn, bk, stages, warps = fixed
+        _gemm_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
+            *args, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
+        return out
+    grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+    _persistent[grid](*args, sms, **meta, **interp)
     return out
 
 
@@ -523,11 +535,9 @@ def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
     progs = triton.cdiv(total, ipp)  # no program without work
     ws = torch.empty((progs, bm * bn), device=a.device, dtype=torch.float32)
     flags = torch.zeros(progs, device=a.device, dtype=torch.int32)
-    dummy = out
+    args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
     _gemm_streamk_kernel[(progs,)](
-        a, b, out, bias if bias is not None else dummy, aux if aux is not None else dummy,
-        scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy, ws, flags,
-        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), ipp,
+        *args[:7], ws, flags, *args[7:], ipp,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=_INTERP_META["GROUP_M"] if _INTERPRET else 8,
         **_common_meta(a, bias, activation, scale_a, precision, aux), **opts)
     return out
@@ -682,26 +692,15 @@ def _small_applies(a, b, bias, activation, out_dtype, scale_a, scale_b, out, aux
     if triton.cdiv(M, 128) * triton.cdiv(N, 128) > _SMALL_MAX_TILES:
         return False
 
-    def aligned(t):  # one unit stride, the other a multiple of 8 elements, base 16-byte aligned
-        return t.data_ptr() % 16 == 0 and ((t.stride(1) == 1 and t.stride(0) % 8 == 0)
-                                           or (t.stride(0) == 1 and t.stride(1) % 8 == 0))
+    def aligned(t):  # one unit stride, the other stride and the base 16-byte aligned (2-byte types)
+        return _tma_ok(t, unit_dim=1) or _tma_ok(t, unit_dim=0)
 
     return aligned(a) and aligned(b) and (out is None or aligned(out))
 
 
 def _run_small(a, b, bias, activation, out_dtype, precision, out):
     out = _check(a, b, bias, activation, out_dtype, None, None, precision, out)
-    M, K = a.shape
-    N = b.shape[1]
-    bm, bn, bk, stages, warps = _SMALL_TILE
-    sms = _num_sms(a.get_device())
-    meta = _common_meta(a, bias, activation, None, precision, None)
-    dummy = out
-    _gemm_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
-        a, b, out, bias if bias is not None else dummy, dummy, dummy, dummy,
-        M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), sms,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
-    return out
+    return _run_pointer("persistent", a, b, out, bias, activation, None, None, precision, None, fixed=_SMALL_TILE)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,

@@ -46,7 +46,8 @@ CONFIGS = {
 EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
 EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
 _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
-          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe", "fwd_tma": "rc_softmax_fwd_tma", "ce_tma": "rc_cross_entropy_tma"}
+          "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe",
+          "fwd_tma": "rc_softmax_fwd_tma", "ce_tma": "rc_cross_entropy_tma"}
 # The pipelined kernels (v6) take the same configurations as their v5 kind.
 PIPE_KINDS = ("fwd", "ce")
 # One exp an element (X1 in the .cu), softmax forward and cross-entropy: built for these (dtype
@@ -123,6 +124,10 @@ def pipe_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
     return None
 
 
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _cc_ok(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
@@ -133,7 +138,7 @@ def unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
     t0 = ts[0]
     if not t0.is_cuda:
         return "needs CUDA tensors"
-    if not _cc_ok(t0.device.index if t0.device.index is not None else torch.cuda.current_device()):
+    if not _cc_ok(_device_index(t0)):
         return "thread-block clusters need compute capability 9.0 (Hopper) or newer"
     if t0.dtype not in _DTYPES:
         return f"dtype {t0.dtype} is not float32/float16/bfloat16"
@@ -189,6 +194,13 @@ def _params(kind: str, dtype: torch.dtype):
             T("scale_dev", (torch.float32,), nullable=True), rt.Scalar("grad", "i32"))
 
 
+def _strided_params(kind: str, dtype: torch.dtype) -> tuple:
+    """The kernel's parameters for tensors of unit-stride rows: the kernels take row strides, so the
+    tensors need not be contiguous."""
+    return tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
+                 for p in _params(kind, dtype))
+
+
 def pipe_shmem(config: tuple[int, int, int]) -> int:
     """Dynamic shared memory of a pipelined (v6) block: two row slices of 16-byte vectors."""
     cl, nt, ch = config
@@ -200,33 +212,33 @@ def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_
             one_exp: bool = False) -> rt.Kernel:
     cl, nt, ch = config
     name = f"{_NAMES[kind]}<{rt.ctype(dtype)},{cl},{nt},{ch}{',true' if one_exp else ''}>"
-    # Strided rows: the kernel takes row strides, so the tensors need not be contiguous.
-    params = tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
-                   for p in _params(kind.replace("_pipe", ""), dtype))
-    k = _module(device_index).kernel(name, params)
+    k = _module(device_index).kernel(name, _strided_params(kind.replace("_pipe", ""), dtype))
     if kind.endswith("_pipe") and pipe_shmem(config) > 48 * 1024:
         k.set_max_dynamic_shared(pipe_shmem(config))
     return k
 
 
-@functools.cache
-def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int) -> int:
-    """Clusters of the pipelined kernel that run at once: its persistent grid (rows are dealt out
-    statically, so a cluster that waited for a free GPC would double the tail)."""
-    cl, nt, _ = config
-    k = _kernel(kind, dtype, config, device_index)
-    shmem = pipe_shmem(config)
+def _resident(k: rt.Kernel, cl: int, nt: int, shmem: int, device_index: int) -> int:
+    """Clusters of kernel k (cl CTAs of nt threads, shmem bytes of dynamic shared memory) that run
+    at once: the size of a persistent grid (rows are dealt out statically, so a cluster that
+    waited for a free GPC would double the tail)."""
     try:
         import cuda.core as cc
 
         lc = cc.LaunchConfig(grid=1, cluster=cl, block=nt, shmem_size=shmem)
-        dev = cc.Device(device_index)
-        n = int(k.handle.occupancy.max_active_clusters(lc, stream=dev.default_stream))
+        n = int(k.handle.occupancy.max_active_clusters(lc, stream=cc.Device(device_index).default_stream))
         if n > 0:
             return n
     except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
         pass
     return max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
+
+
+@functools.cache
+def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int) -> int:
+    """Resident clusters of the pipelined (v6) kernel: its persistent grid."""
+    cl, nt, _ = config
+    return _resident(_kernel(kind, dtype, config, device_index), cl, nt, pipe_shmem(config), device_index)
 
 
 def tma_shmem(config: tuple[int, ...]) -> int:
@@ -240,23 +252,11 @@ def _tma_kernel(kind: str, dtype: torch.dtype, config: tuple[int, ...], device_i
     """(kernel, resident clusters) of a TMA-pipelined kernel: the grid is persistent."""
     cl, nt, ch, st, mb = config
     name = f"{_NAMES[kind + '_tma']}<{rt.ctype(dtype)},{cl},{nt},{ch},{st},{mb}>"
-    params = tuple(dataclasses.replace(p, contiguous=False) if isinstance(p, rt.Tensor) else p
-                   for p in _params(kind, dtype))
-    k = _module(device_index).kernel(name, params)
+    k = _module(device_index).kernel(name, _strided_params(kind, dtype))
     shmem = tma_shmem(config)
     if shmem > 48 * 1024:
         k.set_max_dynamic_shared(shmem)
-    n = 0
-    try:
-        import cuda.core as cc
-
-        lc = cc.LaunchConfig(grid=1, cluster=cl, block=nt, shmem_size=shmem)
-        n = int(k.handle.occupancy.max_active_clusters(lc, stream=cc.Device(device_index).default_stream))
-    except Exception:  # an older cuda.core: estimate from blocks per SM, GPC packing aside
-        pass
-    if n <= 0:
-        n = max(1, rt.sm_count(device_index) * k.max_active_blocks_per_sm(nt, shmem) // cl * 3 // 4)
-    return k, n
+    return k, _resident(k, cl, nt, shmem, device_index)
 
 
 def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) -> str | None:
@@ -269,8 +269,6 @@ def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) ->
     if t0.dtype not in _TMA_TYPES or not cfgs:
         return f"the TMA-pipelined kernel is built for bfloat16 / float16 {kind} only, got {t0.dtype}"
     cfg = TMA_DEFAULT[(kind, 2)] if config is None else tuple(config)
-    if capacity(t0.dtype, cfg[:3]) < t0.shape[1] and config is None:
-        return f"rows of {t0.shape[1]} exceed the {capacity(t0.dtype, cfg[:3])} elements of the TMA kernel"
     if t0.dtype == torch.float16:
         cfgs = (TMA_DEFAULT[(kind, 2)],)
     if cfg not in cfgs:
@@ -282,6 +280,17 @@ def tma_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd", config=None) ->
     return None
 
 
+def _tma_launch(kind: str, t0: torch.Tensor, config, args: tuple) -> None:
+    """Launch the checked TMA-pipelined kernel of ``kind`` on t0's rows: a persistent grid of as
+    many clusters as run at once (at most one a row)."""
+    M = t0.shape[0]
+    if not M:
+        return
+    cfg = TMA_DEFAULT[(kind, 2)] if config is None else tuple(config)
+    k, clusters = _tma_kernel(kind, t0.dtype, cfg, _device_index(t0))
+    k((min(M, clusters) * cfg[0],), (cfg[1],), *args, shmem=tma_shmem(cfg))
+
+
 def softmax_fwd_tma(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None) -> None:
     """y2 = (log_)softmax(x2) along rows by the TMA-pipelined (v7) kernel; bf16 / fp16 (M, N), N up to
     the config's capacity (131072 at (8, 256, 8, *)); ``tma_unsupported_reason`` says what it takes."""
@@ -289,13 +298,7 @@ def softmax_fwd_tma(x2: torch.Tensor, y2: torch.Tensor, log: bool, config=None) 
     if why:
         raise ValueError(f"rowwise_cluster.softmax_fwd_tma: {why}")
     M, N = x2.shape
-    if not M:
-        return
-    cfg = TMA_DEFAULT[("fwd", 2)] if config is None else tuple(config)
-    dev = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    k, clusters = _tma_kernel("fwd", x2.dtype, cfg, dev)
-    k((min(M, clusters) * cfg[0],), (cfg[1],), x2, y2, M, N, x2.stride(0), y2.stride(0), int(log),
-      shmem=tma_shmem(cfg))
+    _tma_launch("fwd", x2, config, (x2, y2, M, N, x2.stride(0), y2.stride(0), int(log)))
 
 
 def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, dx: torch.Tensor | None,
@@ -308,16 +311,10 @@ def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Te
     if why:
         raise ValueError(f"rowwise_cluster.cross_entropy_tma: {why}")
     M, N = x.shape
-    if not M:
-        return
-    cfg = TMA_DEFAULT[("ce", 2)] if config is None else tuple(config)
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    k, clusters = _tma_kernel("ce", x.dtype, cfg, dev)
     grad = dx is not None
     d = dx if grad else x  # never written without grad
-    k((min(M, clusters) * cfg[0],), (cfg[1],), x, target, loss_rows, d, M, N, x.stride(0),
-      d.stride(0) if grad else 0, int(ignore_index), float(smoothing), float(grad_scale), scale_dev, int(grad),
-      shmem=tma_shmem(cfg))
+    _tma_launch("ce", x, config, (x, target, loss_rows, d, M, N, x.stride(0), d.stride(0) if grad else 0,
+                                  int(ignore_index), float(smoothing), float(grad_scale), scale_dev, int(grad)))
 
 
 def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
@@ -325,7 +322,7 @@ def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
     if capacity(t0.dtype, cfg) < t0.shape[1]:
         raise ValueError(f"rowwise_cluster: config {cfg} holds {capacity(t0.dtype, cfg)} < {t0.shape[1]} elements")
     cl, nt, _ = cfg
-    dev = t0.device.index if t0.device.index is not None else torch.cuda.current_device()
+    dev = _device_index(t0)
     if one_exp is None:  # the default: one exp wherever it is built
         one_exp = (not pipe and t0.dtype != torch.float16
                    and cfg in ONE_EXP_CONFIGS.get((kind, t0.dtype.itemsize), ()))

@@ -42,10 +42,11 @@ Versions (forward; the backward follows the same pattern):
                 run, fetched by one thread with one bulk copy (cp.async.bulk) into shared memory,
                 completing on an mbarrier; the copy of a CTA's next row starts right after the
                 current row's single cluster barrier and runs under its exchange and output and
-                under the SM's other CTAs (5 of 128 threads an SM). Stats: each thread's (max, sum of exp) pair,
-                combined per warp, all warps' pairs read through distributed shared memory; one
-                exp an element, paired bf16/fp16 max. 2-byte types, rows up to 131072 (longer or
-                fp32 rows: v5); the default forward where it applies. Backward: v5's.
+                under the SM's other CTAs (5 of 128 threads an SM). Stats: each thread's (max,
+                sum of exp) pair, combined per warp, all warps' pairs read through distributed
+                shared memory; one exp an element, paired bf16/fp16 max. 2-byte types, rows up
+                to 131072 (longer or fp32 rows: v5); the default forward where it applies.
+                Backward: v5's.
 
 Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);
 floor 3 x M x N x itemsize (read y and dy, write dx). v1: a row-dot kernel then an elementwise
@@ -586,10 +587,7 @@ def _fwd_cluster_pipe(x2, y2, log):
 def _fwd_cluster_tma(x2, y2, log):
     from . import rowwise_cluster as rc
 
-    why = rc.tma_unsupported_reason(x2, y2, kind="fwd")
-    if why:
-        raise ValueError(f"softmax.v7_cluster_tma: {why}; use v5_cluster_cuda or v3_online")
-    rc.softmax_fwd_tma(x2, y2, log)
+    rc.softmax_fwd_tma(x2, y2, log)  # checks the layout itself (ValueError saying what is missing)
 
 
 def _tma_ok(*ts: torch.Tensor) -> bool:

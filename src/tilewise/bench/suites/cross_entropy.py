@@ -12,22 +12,11 @@ import torch.nn.functional as F
 
 from ...ops import cross_entropy as op
 from ...ops import rowwise_cluster as rc
-from ..harness import check, time_ms
+from ..harness import check, peak_extra_bytes, time_ms
 
 
 def _shapes(quick: bool):
     return [(8192, 131072)] if quick else [(8192, 131072), (16384, 32000), (65536, 2)]
-
-
-def _peak_extra(fn) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
-    del out
-    return extra
 
 
 def run(r) -> None:
@@ -52,7 +41,7 @@ def run(r) -> None:
 
             base_ms = time_ms(eager)
             r.add("cross_entropy", "F.cross_entropy", shape, dtype, base_ms, cost)
-            r.log(f"  F.cross_entropy fwd+bwd peak extra memory: {_peak_extra(eager) / 2**30:.2f} GiB "
+            r.log(f"  F.cross_entropy fwd+bwd peak extra memory: {peak_extra_bytes(eager) / 2**30:.2f} GiB "
                   f"(gradient {grad_bytes / 2**30:.2f} GiB)")
 
             compiled_loss = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
@@ -92,7 +81,7 @@ def run(r) -> None:
                 ms = time_ms(ours)
                 r.add("cross_entropy", name, shape, dtype, ms, cost, baseline="F.cross_entropy",
                       baseline_ms=base_ms)
-                r.log(f"  {name} fwd+bwd peak extra memory: {_peak_extra(ours) / 2**30:.2f} GiB "
+                r.log(f"  {name} fwd+bwd peak extra memory: {peak_extra_bytes(ours) / 2**30:.2f} GiB "
                       f"(gradient {grad_bytes / 2**30:.2f} GiB)")
 
             # The kernel alone (loss + gradient, no autograd, still the target check's host sync):
