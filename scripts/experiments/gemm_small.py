@@ -5,6 +5,11 @@ device time only (time_ms_graph: 20 calls in one CUDA graph, replayed), for:
     - gemm_splitk with 2 and 4 K slices (64 x 64 tiles),
     - v4_streamk (added after run 1: the answer to 1536's 144 tiles on 132 SMs; prediction: about
       1.1 tile-times instead of 2 waves, i.e. 0.66x -> ~1.1x cuBLAS at 1536, ~0.9x at 1000).
+      Run 3 (3d7ee57): 0.03-0.35x: the holder of a tile's last K-step waited for the programs before
+      it, whose partials came at the end of their ranges: a chain through all programs (770 us at
+      2048). Rewritten: the last program to arrive on a tile does the fix-up, nobody waits, TMA loads
+      where rows allow; run 4 compares tiles (BM, BN, BK, stages, warps). Prediction for run 4:
+      1536 ~1.0x cuBLAS (26 K-steps a program against 2 x 24 in two waves), 1000 ~0.9x.
 Bench (55151a6^, logs/bench-gemm-triton.log): graph-replayed gemm(auto) / cuBLAS 512: 0.86x bf16,
 0.42x fp16; 1000: 0.74x bf16, 0.65x fp16 (the sweep target is 0.85x).
 
@@ -23,7 +28,8 @@ import triton
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
-SIZES = [512, 768, 1000, 1536, 2048, 3072]
+SIZES = [512, 768, 1000, 1536, 2048, 2304, 2999, 3072, 4096]
+STREAMK = [(128, 128, 64, 4, 8), (128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 64, 64, 4, 4)]
 TILED = [(64, 64, 4, 4), (64, 64, 3, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 128, 4, 4), (128, 128, 4, 8),
          (64, 256, 3, 8)]
 PERSISTENT = [(64, 64, 4, 4), (64, 128, 4, 4), (128, 128, 4, 8)]
@@ -72,6 +78,9 @@ def main():
             for s in (2, 4):
                 cands[f"splitk {s}"] = lambda s=s: G.gemm_splitk(a, b, out=out, splits=s)
             cands["v4_streamk"] = lambda: G.VARIANTS["v4_streamk"](a, b, out=out)
+            for c in STREAMK:
+                cands[f"streamk {c}"] = lambda c=c: G._run_streamk(a, b, out, None, None, None, None, "tf32", None,
+                                                                    tile=c)
             times = {}
             for name, fn in cands.items():
                 out.fill_(float("nan"))
@@ -92,10 +101,12 @@ def main():
             for name, t in sorted(times.items(), key=lambda kv: kv[1]):
                 print(f"    {name:28s} {t * 1e3:7.2f} us  {base / t:5.2f}x cuBLAS")
             best = min((t, nm) for nm, t in times.items() if nm != "cublas")
-            summary.append((n, str(dtype), best[1], base / best[0], base / times.get("gemm(auto)", float("inf"))))
+            sk = min(((t, nm) for nm, t in times.items() if "streamk" in nm), default=(float("inf"), "-"))
+            summary.append((n, str(dtype), best[1], base / best[0], base / times.get("gemm(auto)", float("inf")),
+                            sk[1], base / sk[0]))
     print("best per size (vs cuBLAS; gemm(auto) today):")
-    for n, dt, nm, r, ra in summary:
-        print(f"  {n:5d} {dt:15s} {nm:28s} {r:.2f}x   auto {ra:.2f}x")
+    for n, dt, nm, r, ra, sk, rs in summary:
+        print(f"  {n:5d} {dt:15s} {nm:28s} {r:.2f}x   auto {ra:.2f}x   best stream-K {sk} {rs:.2f}x")
     print(f"elapsed {time.time() - t0:.0f} s")
 
 

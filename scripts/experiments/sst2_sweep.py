@@ -49,7 +49,7 @@ _FLAGS = {"lr": "--lr", "embedding_lr": "--embedding-lr", "weight_decay": "--wei
           "dropout": "--dropout", "embed_dropout": "--embed-dropout", "lr_schedule": "--lr-schedule",
           "freeze_embeddings_epochs": "--freeze-embeddings-epochs", "min_count": "--min-count",
           "embedding_init": "--embedding-init", "epochs": "--epochs", "batch_size": "--batch-size",
-          "seed": "--seed", "backend": "--backend"}
+          "seed": "--seed", "backend": "--backend", "word_dropout": "--word-dropout", "ema": "--ema"}
 
 
 def command(data_dir: str, setting: dict, graph: bool) -> str:
@@ -64,8 +64,8 @@ def name_of(setting: dict) -> str:
     short = {"lr": "lr", "embedding_lr": "elr", "weight_decay": "wd", "hidden": "H", "dropout": "do",
              "embed_dropout": "edo", "lr_schedule": "", "freeze_embeddings_epochs": "freeze",
              "min_count": "minc", "embedding_init": "", "epochs": "ep", "batch_size": "bs", "seed": "seed",
-             "backend": ""}
-    return " ".join(f"{short[k]}{v}" for k, v in setting.items() if k not in ("epochs", "batch_size"))
+             "backend": "", "word_dropout": "wdo", "ema": "ema"}
+    return " ".join(f"{short[k]}{v}" for k, v in setting.items() if k != "batch_size")
 
 
 class Sweep:

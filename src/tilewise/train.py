@@ -20,6 +20,7 @@ a bad option or missing data prints its traceback on stderr and stdout (exit 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -51,6 +52,9 @@ class TrainConfig:
     glove_cache: str | None = None     # .npz extract (tilewise.data.glove); default: looked up
     dropout: float = 0.3               # on the pooled (B, H) features
     embed_dropout: float = 0.0         # on the embedded (B, T, E) vectors (0: none, no kernel)
+    word_dropout: float = 0.0          # leave each training token out with this probability (sst2.drop_words)
+    ema: float = 0.0                   # evaluate and save an exponential moving average of the weights
+    #                                    with this decay per step (0: off; e.g. 0.999)
     lr_schedule: str = "constant"      # constant | cosine | linear: per step, from lr to 0 at the last step
     freeze_embeddings_epochs: int = 0  # the embedding's lr is 0 for this many first epochs
     min_count: int = 1
@@ -227,6 +231,47 @@ class _GraphedStep:
         return loss
 
 
+class _EMA:
+    """An exponential moving average of the model's parameters, updated after each optimizer step
+    (one fused foreach kernel; outside any captured graph, so eager and graphed steps share it).
+    The decay ramps up as min(decay, (1 + n) / (10 + n)) over the first steps n, so the early
+    average does not hold on to the initial weights. ``applied()`` swaps the average in (in place:
+    captured graphs keep the parameters' addresses) and swaps the trained weights back after."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.params = [p for p in model.parameters()]
+        self.shadow = [p.detach().clone() for p in self.params]
+        self.decay, self.n = float(decay), 0
+
+    @torch.no_grad()
+    def update(self) -> None:
+        d = min(self.decay, (1 + self.n) / (10 + self.n))
+        torch._foreach_lerp_(self.shadow, [p.detach() for p in self.params], 1.0 - d)
+        self.n += 1
+
+    @contextlib.contextmanager
+    def applied(self):
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in self.params]
+            for p, a in zip(self.params, self.shadow):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, w in zip(self.params, saved):
+                    p.copy_(w)
+
+    def state_dict(self) -> dict:
+        return {"shadow": [a.detach().cpu() for a in self.shadow], "n": self.n, "decay": self.decay}
+
+    def load_state_dict(self, st: dict) -> None:
+        with torch.no_grad():
+            for a, b in zip(self.shadow, st["shadow"]):
+                a.copy_(b)
+        self.n = int(st["n"])
+
+
 def _clone_opt_state(opt) -> dict:
     return {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
             for p, st in opt.state.items()}
@@ -395,6 +440,10 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
         raise ValueError(f"--freeze-embeddings-epochs must be >= 0, got {cfg.freeze_embeddings_epochs}")
     if not 0.0 <= cfg.embed_dropout < 1.0:
         raise ValueError(f"--embed-dropout must be in [0, 1), got {cfg.embed_dropout}")
+    if not 0.0 <= cfg.word_dropout < 1.0:
+        raise ValueError(f"--word-dropout must be in [0, 1), got {cfg.word_dropout}")
+    if not 0.0 <= cfg.ema < 1.0:
+        raise ValueError(f"--ema must be in [0, 1), got {cfg.ema}")
     device, backend, notes = resolve_device_backend(cfg)
     if cfg.graph is None:  # auto: every op of the step is capturable, so a GPU replays graphs
         cfg = replace(cfg, graph=device.type == "cuda")
@@ -440,6 +489,9 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     opt = torch.optim.AdamW(groups, lr=groups[1].get("lr", cfg.lr) if tensor_lr else cfg.lr,
                             weight_decay=cfg.weight_decay, capturable=cfg.graph)
     gen = torch.Generator().manual_seed(cfg.seed)
+    # Word dropout draws on the device the batches are made on, from its own seeded stream.
+    word_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1) if cfg.word_dropout > 0 else None
+    ema = _EMA(model, cfg.ema) if cfg.ema > 0 else None
     history: list[dict] = []
     step_losses: list[float] = []
     start_epoch = 0
@@ -456,6 +508,10 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
             if "step" in st and torch.is_tensor(st["step"]):
                 st["step"] = st["step"].to(device if cfg.graph else "cpu", torch.float32)
         _set_rng_state(ckpt["rng"], gen, device)
+        if word_gen is not None and "words" in ckpt["rng"]:
+            word_gen.set_state(ckpt["rng"]["words"])
+        if ema is not None and ckpt.get("ema") is not None:
+            ema.load_state_dict(ckpt["ema"])
         history, step_losses, start_epoch = ckpt["history"], ckpt["step_losses"], ckpt["epoch"]
         notes.append(f"resumed from {ckpt_path} after epoch {start_epoch}")
     if backend == "tilewise":
@@ -499,7 +555,8 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
             _sync(device)
             t0 = time.perf_counter()
             for step, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
-                                                       buckets=buckets, device=device, shard=(rank, world))):
+                                                       buckets=buckets, device=device, shard=(rank, world),
+                                                       word_dropout=cfg.word_dropout, dropout_generator=word_gen)):
                 if step >= steps_per_epoch:
                     break
                 if scheduled:
@@ -508,6 +565,8 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
                     loss = graphed(b).detach().clone()
                 else:
                     loss = _eager_step(model, opt, b, set_to_none=graphed is None, fwd=fwd)
+                if ema is not None:
+                    ema.update()
                 losses.append(loss)
                 examples += b.ids.shape[0]
                 if (step + 1) % cfg.log_every == 0 or step + 1 == steps_per_epoch:
@@ -521,8 +580,11 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
             epoch_losses = torch.stack(losses).float().cpu().tolist() if losses else []
             step_losses += epoch_losses
             # The replicas hold the same weights: rank 0 evaluates for all.
-            ev = evaluate(model, dev_set, device=device, buckets=buckets) if lead else {"accuracy": math.nan,
-                                                                                       "loss": math.nan}
+            if lead:
+                with ema.applied() if ema is not None else contextlib.nullcontext():
+                    ev = evaluate(model, dev_set, device=device, buckets=buckets)
+            else:
+                ev = {"accuracy": math.nan, "loss": math.nan}
             rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
                    "lr_end": [float(g["lr"]) for g in opt.param_groups],
                    "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
@@ -533,8 +595,12 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
             con.print(f"epoch {epoch + 1}: train loss {rec['train_loss']:.4f}, dev accuracy "
                       f"{100 * rec['dev_accuracy']:.2f}%, {rec['examples_per_second']:,.0f} ex/s")
             if lead:
+                rng = _rng_state(gen, device)
+                if word_gen is not None:
+                    rng["words"] = word_gen.get_state()
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
-                            "rng": _rng_state(gen, device), "history": history, "step_losses": step_losses,
+                            "rng": rng, "history": history, "step_losses": step_losses,
+                            "ema": ema.state_dict() if ema is not None else None,
                             "vocab": vocab.itos, "config": asdict(cfg)}, ckpt_path)
 
     metrics = {
@@ -608,6 +674,10 @@ def load_checkpoint(path: str | Path, device: str = "auto", backend: str = "auto
     model = SentimentClassifier(len(vocab), c["embed_dim"], c["hidden"], 2, c["dropout"], be,
                                 padding_idx=vocab.pad_id)
     model.load_state_dict(ck["model"])
+    if ck.get("ema") is not None:  # the averaged weights are the ones train evaluated
+        with torch.no_grad():
+            for p, a in zip(model.parameters(), ck["ema"]["shadow"]):
+                p.copy_(a)
     return model.to(dev).eval(), vocab, c
 
 
@@ -866,6 +936,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dropout", type=float, default=d.dropout, help="dropout on the pooled features")
     p.add_argument("--embed-dropout", type=float, default=d.embed_dropout,
                    help="dropout on the embedded token vectors (default 0: off)")
+    p.add_argument("--word-dropout", type=float, default=d.word_dropout,
+                   help="leave each training token out of its sentence with this probability (default 0)")
+    p.add_argument("--ema", type=float, default=d.ema,
+                   help="evaluate and save a moving average of the weights with this decay per step, "
+                        "e.g. 0.999 (default 0: off)")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
                    help="per-step decay of every lr to 0 at the last step (default: constant)")
     p.add_argument("--freeze-embeddings-epochs", type=int, default=d.freeze_embeddings_epochs,
@@ -891,7 +966,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        batch_size=args.batch_size, lr=args.lr, embedding_lr=args.embedding_lr,
                        weight_decay=args.weight_decay, hidden=args.hidden,
                        embedding_init=args.embedding_init, glove_cache=args.glove_cache, dropout=args.dropout,
-                       embed_dropout=args.embed_dropout, lr_schedule=args.lr_schedule,
+                       embed_dropout=args.embed_dropout, word_dropout=args.word_dropout, ema=args.ema,
+                       lr_schedule=args.lr_schedule,
                        freeze_embeddings_epochs=args.freeze_embeddings_epochs, plot=not args.no_plot,
                        min_count=args.min_count, max_len=args.max_len, buckets=args.buckets,
                        backend=args.backend, device=args.device, graph=args.graph, seed=args.seed,

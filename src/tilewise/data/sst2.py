@@ -294,13 +294,16 @@ class EncodedSplit:
 
     def batches(self, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None,
                 drop_last: bool = False, buckets: Sequence[int] | None = None,
-                device: str | torch.device | None = None, shard: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
+                device: str | torch.device | None = None, shard: tuple[int, int] = (0, 1),
+                word_dropout: float = 0.0, dropout_generator: torch.Generator | None = None) -> Iterator[Batch]:
         """Batches in order (or shuffled by ``generator``, a CPU generator), each padded to its
         longest sentence, or, with ``buckets`` (lengths, e.g. (16, 32, 64)), to the smallest
         bucket that fits, so that only a few shapes occur (what a captured CUDA graph needs); a
         sentence longer than the largest bucket is cut to it. ``device``: where the batches are
         made (the split is copied there once). ``shard`` (rank, world): only every world-th batch
-        of that order, from the rank-th (data-parallel processes share one shuffled order)."""
+        of that order, from the rank-th (data-parallel processes share one shuffled order).
+        ``word_dropout``: each batch through ``drop_words`` with that probability, drawn from
+        ``dropout_generator`` (a generator on ``device``; training augmentation)."""
         if batch_size < 1:
             raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
         rank, world = shard
@@ -329,4 +332,26 @@ class EncodedSplit:
                 ids = ids[:, :T]
             else:
                 ids = torch.nn.functional.pad(ids, (0, T - ids.shape[1]))
-            yield Batch(ids.contiguous(), lengths.index_select(0, di).clamp(max=T), labels.index_select(0, di))
+            lens = lengths.index_select(0, di).clamp(max=T)
+            if word_dropout > 0.0:
+                ids, lens = drop_words(ids, lens, word_dropout, generator=dropout_generator)
+            yield Batch(ids.contiguous(), lens, labels.index_select(0, di))
+
+
+def drop_words(ids: torch.Tensor, lengths: torch.Tensor, p: float, *, generator: torch.Generator | None = None,
+               pad_id: int = Vocab.pad_id) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word dropout (Iyyer et al.'s deep averaging networks): each of a sentence's tokens is left out
+    of it with probability ``p``, at least one is kept (the first, when the draw keeps none); the
+    kept ones move to the front in their order and the rest is padding. ids (B, T) int64, lengths
+    (B,) int64 in [1, T] -> new (ids, lengths), same shapes; runs where the tensors are, no sync."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"drop_words: p must be in [0, 1), got {p}")
+    B, T = ids.shape
+    pos = torch.arange(T, device=ids.device)
+    valid = pos[None, :] < lengths[:, None]
+    keep = (torch.rand((B, T), device=ids.device, generator=generator) >= p) & valid
+    keep[:, 0] |= ~keep.any(1)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # kept first, in order
+    new_len = keep.sum(1)
+    out = torch.gather(ids, 1, order).masked_fill(pos[None, :] >= new_len[:, None], pad_id)
+    return out, new_len

@@ -237,55 +237,86 @@ def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr,
 
 
 @triton.jit
-def _gemm_streamk_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr, ws_ptr, flag_ptr,
-                         M, N, K,
+def _tma_mainloop(a_desc, b_desc, off_m, off_n, k0, k1, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # K-steps k0 .. k1 - 1 of one tile through TMA descriptors (out-of-range parts read as zero).
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(k0, k1):
+        off_k = kk * BLOCK_K
+        a = a_desc.load([off_m, off_k])
+        if B_KMAJOR:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        if UPCAST:  # see _mainloop
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _gemm_streamk_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr,
+                         ws_ptr, count_ptr, M, N, K,
                          stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                          ITERS_PER_PROG,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
+                         GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, B_KMAJOR: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
                          STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr, PRECISION: tl.constexpr,
                          UPCAST: tl.constexpr):
     # Iteration i is K-step i % ipt of tile i // ipt; program p owns [p * IPP, (p + 1) * IPP). A
-    # program writes at most one partial (the segment at the end of its range, when it stops inside
-    # a tile), so the workspace has one (BLOCK_M, BLOCK_N) slab a program. The holder of a tile's
-    # last K-step waits only on lower programs: no cycle, and under the interpreter (programs in
-    # order) the flags are already up.
+    # tile split over programs first .. last: each leaves its fp32 partial in its workspace slab (slot
+    # 0 for the first segment of its range, 1 for the last; a program has at most two partial
+    # segments) and counts itself in on the tile's counter; the last to arrive adds all partials in
+    # program order (the same bits whoever arrives last), runs the epilogue and zeroes the counter
+    # for the next call. Nobody waits, so no order of programs can deadlock (the interpreter runs
+    # them one after another). The counters start at zero and are left at zero.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     ipt = tl.cdiv(K, BLOCK_K)
     total = num_pid_m * num_pid_n * ipt
-    it = pid * ITERS_PER_PROG
-    end = tl.minimum(it + ITERS_PER_PROG, total)
+    start = pid * ITERS_PER_PROG
+    end = tl.minimum(start + ITERS_PER_PROG, total)
     slab = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    while it < end:
-        tile = it // ipt
-        k0 = it % ipt
-        k1 = tl.minimum(ipt, k0 + (end - it))
+    first_tile = start // ipt
+    # One segment a tile the range touches, as a counted loop (the shape of v3's tile loop, whose
+    # inner K loop Triton software-pipelines).
+    for seg in range(0, (end - 1) // ipt - first_tile + 1):
+        tile = first_tile + seg
+        k0 = tl.maximum(start - tile * ipt, 0)
+        k1 = tl.minimum(end - tile * ipt, ipt)
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        kb = k0 * BLOCK_K
-        acc = _mainloop(a_ptr + kb * stride_ak, b_ptr + kb * stride_bk, pid_m, pid_n, M, N,
-                        tl.minimum(K - kb, (k1 - k0) * BLOCK_K), stride_am, stride_ak, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
-        if k1 == ipt:
-            if k0 > 0:  # the tile's earlier K-steps are partials of programs first .. pid - 1
-                first = (tile * ipt) // ITERS_PER_PROG
-                for q in range(first, pid):
-                    while tl.atomic_add(flag_ptr + q, 0, sem="acquire") == 0:
-                        pass
-                    tl.debug_barrier()
-                    acc += tl.load(ws_ptr + q * (BLOCK_M * BLOCK_N) + slab, cache_modifier=".cg")
-                    tl.debug_barrier()
-                    tl.atomic_xchg(flag_ptr + q, 0)  # consumed: zero again for the next call or replay
+        if USE_TMA:
+            acc = _tma_mainloop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0, k1, BLOCK_M, BLOCK_N,
+                                BLOCK_K, B_KMAJOR, PRECISION, UPCAST)
+        else:
+            kb = k0 * BLOCK_K
+            acc = _mainloop(a_ptr + kb * stride_ak, b_ptr + kb * stride_bk, pid_m, pid_n, M, N,
+                            tl.minimum(K - kb, (k1 - k0) * BLOCK_K), stride_am, stride_ak, stride_bk, stride_bn,
+                            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        done = (k0 == 0) & (k1 == ipt)  # the whole tile in this program
+        if not done:
+            first = (tile * ipt) // ITERS_PER_PROG
+            last = ((tile + 1) * ipt - 1) // ITERS_PER_PROG
+            slot = tl.minimum(seg, 1)  # 0: the first segment of the range, 1: the last
+            tl.store(ws_ptr + (2 * pid + slot) * (BLOCK_M * BLOCK_N) + slab, acc)
+            tl.debug_barrier()  # every thread's part of the slab is out before the count
+            arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+            done = arrived == last - first
+            if done:
+                tl.debug_barrier()
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for q in range(first, last + 1):
+                    q_slot = (tile != (q * ITERS_PER_PROG) // ipt).to(tl.int32)
+                    acc += tl.load(ws_ptr + (2 * q + q_slot) * (BLOCK_M * BLOCK_N) + slab, cache_modifier=".cg")
+                tl.atomic_xchg(count_ptr + tile, 0)
+        if done:
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
             _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
-        else:  # stops inside the tile: leave the partial, then raise the flag (after every thread's store)
-            tl.store(ws_ptr + pid * (BLOCK_M * BLOCK_N) + slab, acc)
-            tl.debug_barrier()
-            tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
-        it += k1 - k0
 
 
 @triton.jit
@@ -517,29 +548,60 @@ def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision,
 
 
 # v4_streamk's fixed tile per input itemsize: (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps).
-_STREAMK_TILE = {1: (128, 128, 128, 3, 8), 2: (128, 128, 64, 3, 8), 4: (128, 128, 32, 3, 8)}
+_STREAMK_TILE = {1: (128, 128, 128, 3, 8), 2: (128, 128, 64, 4, 8), 4: (128, 128, 32, 3, 8)}
+# Per-tile arrival counters, zero between calls (the last arrival zeroes its tile's), one buffer a
+# (device, stream): two stream-K GEMMs on one stream never overlap, on two streams they get two buffers.
+_STREAMK_COUNTS: dict = {}
 
 
-def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+def _streamk_counts(device: torch.device, tiles: int) -> torch.Tensor:
+    cuda = device.type == "cuda"
+    key = (device, torch.cuda.current_stream(device).cuda_stream if cuda else 0)
+    buf = _STREAMK_COUNTS.get(key)
+    if buf is None or buf.numel() < tiles:
+        if cuda and torch.cuda.is_current_stream_capturing():
+            # Not kept: memory from a graph's pool. The captured memset zeroes it on each replay.
+            return torch.zeros(tiles, device=device, dtype=torch.int32)
+        buf = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
+        _STREAMK_COUNTS[key] = buf
+    return buf
+
+
+def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, tile=None):
+    """v4_streamk: one program an SM, equal contiguous ranges of (tile, K-step) iterations; TMA
+    loads where ``tma_applies`` (else pointer loads). ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K,
+    num_stages, num_warps) overrides _STREAMK_TILE (experiments)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     M, K = a.shape
     N = b.shape[1]
     if _INTERPRET:
         bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
         opts = {}
     else:
-        bm, bn, bk, stages, warps = _STREAMK_TILE[a.element_size()]
+        bm, bn, bk, stages, warps = tile or _STREAMK_TILE[a.element_size()]
         opts = dict(num_stages=stages, num_warps=warps)
-    total = triton.cdiv(M, bm) * triton.cdiv(N, bn) * triton.cdiv(K, bk)
+    if K == 0:  # no K-steps: the epilogue alone (act(bias) or act(0)), as the tiled kernel does
+        return _run_pointer("tiled", a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    total = tiles * triton.cdiv(K, bk)
     progs = min(_num_sms(a.get_device()), total)
     ipp = triton.cdiv(total, progs)
     progs = triton.cdiv(total, ipp)  # no program without work
-    ws = torch.empty((progs, bm * bn), device=a.device, dtype=torch.float32)
-    flags = torch.zeros(progs, device=a.device, dtype=torch.int32)
+    ws = torch.empty((2 * progs, bm * bn), device=a.device, dtype=torch.float32)
+    counts = _streamk_counts(a.device, tiles)
+    use_tma = _tma_ok(a, unit_dim=1) and (_tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0))
+    b_kmajor = b.stride(1) != 1
+    if use_tma:
+        a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+        b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
+    else:
+        a_desc, b_desc = a, b  # unused
     args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
     _gemm_streamk_kernel[(progs,)](
-        *args[:7], ws, flags, *args[7:], ipp,
+        args[0], args[1], a_desc, b_desc, *args[2:7], ws, counts, *args[7:], ipp,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=_INTERP_META["GROUP_M"] if _INTERPRET else 8,
-        **_common_meta(a, bias, activation, scale_a, precision, aux), **opts)
+        USE_TMA=use_tma, B_KMAJOR=b_kmajor, **_common_meta(a, bias, activation, scale_a, precision, aux), **opts)
     return out
 
 
@@ -674,6 +736,7 @@ VARIANTS = {"v1_tiled": _variant("tiled"), "v2_persistent": _variant("persistent
 # the TMA path stays ahead (0.87x against 0.60-0.73x for 64 x 64), so the rule stops at 16 tiles.
 # The pointer kernel needs 16-byte rows to vectorize (1000-wide bf16 rows ran 21-100 us against
 # TMA's 11), hence the alignment test.
+_V1_FROM_MN = 7168 * 7168  # outputs at least this large go to v1_tiled (16-bit), see gemm()
 _SMALL_TILE = (64, 64, 64, 4, 4)  # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
 _SMALL_MAX_TILES = 16
 
@@ -735,7 +798,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
               and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype)
               and (out is None or _tma_ok(out, unit_dim=1)) and (aux is None or _tma_ok(aux, unit_dim=1)))
-        variant = "v3_tma_persistent" if ok else "v1_tiled"
+        # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in two sessions (bf16
+        # 1.022x / 0.986x cuBLAS against v3's 0.930x / 0.939x, bench rows 38046a9, 54b6af0), behind
+        # it at 4096^3 (0.96x / 0.89x against 0.99x / 0.90x).
+        big = a.dtype in (torch.float16, torch.bfloat16) and a.shape[0] * b.shape[1] >= _V1_FROM_MN
+        variant = "v3_tma_persistent" if ok and not big else "v1_tiled"
     if variant not in VARIANTS:
         raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)

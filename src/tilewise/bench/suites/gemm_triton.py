@@ -2,7 +2,7 @@
 PyTorch's unfused linear + ReLU, in one run.
 
 quick: bf16 squares 4096 and 8192 (v1, v3), fp8 8192 (v3), fused linear + bias + ReLU, and a
-       short sweep (512, 1000, 2999, 4096, 5003; bf16 and fp16) of gemm() vs cuBLAS.
+       short sweep (512, 1000, 1536, 2999, 3072, 4096, 5003; bf16 and fp16) of gemm() vs cuBLAS.
 full:  also fp16 squares, tf32, the sweep 512 .. 8192 with odd sizes (bf16, fp16), torch.compile
        of the unfused linear.
 fp8 baselines: torch._scaled_mm as called by default (use_fast_accum=False: cuBLASLt promotes the
@@ -37,9 +37,10 @@ def _guarded(r, label, fn):
 
 _SWEEP = [512, 1000, 1536, 2048, 2999, 3072, 4096, 5003, 6144, 8192]
 # The quick run's sweep: both ends of the TMA rule (1000: 2,000-byte rows take TMA; 2999 and 5003
-# do not and run v1_tiled) and one size per autotune key beyond the squares, to keep its compile
-# and autotune time within the quick budget.
-_QUICK_SWEEP = [512, 1000, 2999, 4096, 5003]
+# do not and run v1_tiled), the two sizes where wave quantization costs most (1536: 144 tiles of
+# 128 x 128 on 132 SMs; 3072: 576 = 4.4 waves), and few enough others to keep compile and autotune
+# time within the quick budget.
+_QUICK_SWEEP = [512, 1000, 1536, 2999, 3072, 4096, 5003]
 _SCALED_MM = "torch._scaled_mm"
 _SCALED_MM_FAST = "torch._scaled_mm(fast_accum)"
 
