@@ -22,12 +22,14 @@ Versions (F = 2 M N K; floor F / peak of the dtype: bf16 ~700-790, fp16 ~667, tf
     v4_streamk:        stream-K: the (tile, K-step) iterations of the whole problem are dealt out
                        in equal contiguous ranges to one program per SM, so a tile count that
                        does not divide into waves (1536^2: 144 tiles of 128 x 128 on 132 SMs) costs
-                       no second, nearly empty wave. A program ending inside a tile leaves its
-                       fp32 partial in a workspace and raises a flag; the program holding the
-                       tile's last K-steps waits for the flags, adds the partials in program order
-                       (deterministic) and runs the epilogue. Fixed tile, no autotuning. Not the
-                       default: written after the last device call of its session, tested under
-                       the interpreter only; the next GPU run measures it.
+                       no second, nearly empty wave. A program that covers part of a tile leaves
+                       its fp32 partial in a workspace and counts itself in; the last to arrive
+                       adds the partials in program order (deterministic) and runs the epilogue.
+                       TMA loads where the rows allow. Fixed tile, no autotuning, not the default:
+                       measured 0.47x (1536) to 0.97x (2048, 128 x 256) cuBLAS on the H200
+                       (logs/gemm-small-run4-streamk.log): with 128 x 128 tiles the 132 busy SMs
+                       draw ~5.6 TB/s from L2 whether they run 27 or 48 K-steps each, and the
+                       fix-up adds 5-6 us (logs/streamk-diag.log).
 
 Each kernel is autotuned over a short config list (per dtype class: K tile 128 for fp8, 64 for
 16-bit, 32 for fp32), keyed on (M, N, K) and the dtypes. Under TRITON_INTERPRET=1 (CPU tests),
@@ -798,9 +800,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
               and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype)
               and (out is None or _tma_ok(out, unit_dim=1)) and (aux is None or _tma_ok(aux, unit_dim=1)))
-        # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in two sessions (bf16
-        # 1.022x / 0.986x cuBLAS against v3's 0.930x / 0.939x, bench rows 38046a9, 54b6af0), behind
-        # it at 4096^3 (0.96x / 0.89x against 0.99x / 0.90x).
+        # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in three runs (bf16
+        # 1.022x / 0.986x / 1.02x cuBLAS against v3's 0.930x / 0.939x / 0.91x, bench rows 38046a9,
+        # 54b6af0, e7c4f50), level with or behind it at 4096^3 (0.96x / 0.89x / 0.92x against
+        # 0.99x / 0.90x / 0.93x).
         big = a.dtype in (torch.float16, torch.bfloat16) and a.shape[0] * b.shape[1] >= _V1_FROM_MN
         variant = "v3_tma_persistent" if ok and not big else "v1_tiled"
     if variant not in VARIANTS:
