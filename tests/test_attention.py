@@ -270,6 +270,36 @@ def test_triton_interpreter_lse_only_gradient_and_compile():
     torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["gqa_4d", "causal_2d", "b2_one_tile", "odd_batch_falls_back"])
+def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
+    """A bias shared by the batch, no mask, B even, D <= 64: two batch elements a program share
+    each bias tile (_fwd_bias_pair). Right outputs, LSE and gradients at every (b, h); several key
+    tiles, a partial last one, GQA; an odd batch takes the one-element kernel."""
+    calls = []
+    real = A._fwd_bias_pair
+    monkeypatch.setattr(A, "_fwd_bias_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 64)  # opt-in (measured slower at S = 4096)
+    cfg = dict(TINY, fwd_bias_pair=(16, 16, 4, 1))
+    kw = {}
+    if case == "gqa_4d":
+        q, k, v = _inputs(4, 4, 2, 37, 61, 32, dtype=torch.float32, seed=11)
+        kw["bias"] = torch.randn(1, 4, 37, 61)
+    elif case == "causal_2d":
+        q, k, v = _inputs(2, 2, 2, 40, 33, 64, dtype=torch.float32, seed=12)
+        kw["bias"], kw["causal"] = torch.randn(40, 33), True
+    elif case == "b2_one_tile":  # the table's tile: one query and one key tile, all bounds-checked
+        q, k, v = _inputs(2, 1, 1, 21, 19, 32, dtype=torch.float32, seed=13)
+        kw["bias"] = torch.randn(1, 1, 21, 19)
+        cfg = {}
+    else:
+        q, k, v = _inputs(3, 2, 2, 20, 30, 32, dtype=torch.float32, seed=14)
+        kw["bias"] = torch.randn(1, 2, 20, 30)
+    with A.override_configs(**cfg):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
+    assert len(calls) == (0 if case == "odd_batch_falls_back" else 1)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_interpreter_v4_tma_forward(causal):
     q, k, v = (t.half() for t in _inputs(2, 2, 1, 33, 40, 32, dtype=torch.float32, seed=12))
@@ -386,6 +416,25 @@ def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
     _check_mask_bias_grads(A.flash_attention, bias_shape, causal, Hkv=4, D=64, seeds=(3, 4))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 4, 2, 1000, 777, 64), (2, 2, 2, 513, 1000, 32)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_bias_pair_forward_and_grads(shape, causal, poisoned_outputs, monkeypatch):
+    """The two-batch-elements-a-program forward (a bias shared by the batch, no mask, B even):
+    output, LSE and every gradient against the fp32 reference, bf16, odd lengths, GQA."""
+    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 64)
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq)
+    bias = torch.randn(1, H, Sq, Sk, device="cuda", generator=torch.Generator(device="cuda").manual_seed(Sk))
+    assert A._BIAS_FWD["pair_max_d"] >= D
+    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
+    for name in ("out", "dq", "dk", "dv", "dbias"):
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+
+
 def _check_mask_bias_grads(fn, bias_shape, causal, Hkv, D, seeds):
     """fn against the fp32 reference with a (B, 1, Sq, Sk) mask that blocks whole key tiles and one
     row entirely, and a bias of bias_shape whose gradient is taken: bf16, B=2, H=4, Sq=1000, Sk=777."""
@@ -465,10 +514,11 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
     from tilewise.ops import attention_kernels as K
 
     fn = {"fwd": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
-          "atomic": K._attn_bwd_atomic_kernel}[kind]
+          "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel}[kind]
     bm, bn, w, s = A._config(("atomic_tma" if dq_tma else kind) + ("_bias" if bias_grad else ""), D, 2)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
                   HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
+    consts = {n: c for n, c in consts.items() if n in fn.arg_names}
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -504,7 +554,9 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "atomic": ("atomic", dict(causal=False)), "atomic_causal": ("atomic", dict(causal=True)),
               "atomic_tma_causal": ("atomic", dict(causal=True, dq_tma=True)),
               "atomic_D64_causal": ("atomic", dict(D=64, causal=True)),
-              "atomic_D64_bias_grad": ("atomic", dict(D=64, causal=False, bias=True, bias_grad=True))}
+              "atomic_D64_bias_grad": ("atomic", dict(D=64, causal=False, bias=True, bias_grad=True)),
+              "fwd_bias_pair_D64": ("fwd_bias_pair", dict(D=64, causal=False)),
+              "fwd_bias_pair_D64_causal": ("fwd_bias_pair", dict(D=64, causal=True))}
 
 
 @pytest.fixture(scope="module")
@@ -529,7 +581,10 @@ def sm90_report():
 
 # Cases whose default tile spills and is still the fastest measured (attention.py's config notes):
 # for them only wgmma is checked.
-SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal"}
+SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal",
+                          # the opt-in bias-pair forward's 128 x 64 x 8 x 3: fastest of six tiles on
+                          # the H200 (Triton 3.6 builds it with no spill; 3.9 with a few)
+                          "fwd_bias_pair_D64", "fwd_bias_pair_D64_causal"}
 
 
 @pytest.mark.parametrize("case", list(SM90_CASES))

@@ -9,7 +9,9 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
     v3_flash2: Triton FlashAttention-2 (``attention_kernels.py``): one program per (query tile,
                batch x head), Q in registers, K/V tiles streamed, online softmax in the log2
                domain, the log-sum-exp (LSE) saved; causal tiles above the diagonal not loaded,
-               mask-blocked key tiles skipped from a per-tile "any key live" map.
+               mask-blocked key tiles skipped from a per-tile "any key live" map. Opt-in
+               (``_BIAS_FWD["pair_max_d"]``): a forward for a bias shared by the batch that runs
+               two batch elements a program on one bias tile (measured no faster, see below).
                Backward: Delta = rowsum(dO * O) kernel, then a dK/dV kernel (one key tile per
                program, the query heads of a GQA group summed in registers) and a dQ kernel (one
                query tile per program, also writing dS for the bias gradient); P recomputed from
@@ -208,16 +210,36 @@ _OVERRIDE: dict[str, tuple] = {}
 # (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
 # Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
 # that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
-_BIAS_FWD = {"batch_fastest": True}
+_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0}
 # With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
 # warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
 # 2.01 ms against 1.37).
 _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
+# Bias shared by the batch, no mask, B even, head dim <= _BIAS_FWD["pair_max_d"]: two batch elements
+# a program share each bias tile (attention_kernels._attn_fwd_bias_pair_kernel). Off by default
+# (pair_max_d 0): measured on the H200 (scripts/experiments/attention_bias_pair.py,
+# logs/attention-bias-pair.log, D = 64, (1, H, S, S) bias), B=4 S=4096: best tile 128 x 64 x 8 warps
+# x 3 stages 0.971 ms against 0.901 for the one-element kernel; B=2 S=8192: 1.911 against 1.975
+# (1.03x). Halving the bias reads did not pay for two accumulators' registers (252-255 a thread,
+# no spill, half the resident warps): the bias is not what bounds the one-element kernel.
+_FWD_BIAS_PAIR_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
+# TILEWISE_ATTN_BIAS_PAIR_CONFIG="bm,bn,warps,stages" sets the D = 64 entry (experiments and the
+# bench run that follows them in one device call).
+_env_pair = os.environ.get("TILEWISE_ATTN_BIAS_PAIR_CONFIG")
+if _env_pair:
+    try:
+        _cfg_pair = tuple(int(x) for x in _env_pair.split(","))
+        if len(_cfg_pair) != 4 or min(_cfg_pair) < 1:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"TILEWISE_ATTN_BIAS_PAIR_CONFIG={_env_pair!r}: expected 'bm,bn,warps,stages'") from None
+    _FWD_BIAS_PAIR_CONFIGS[64] = _cfg_pair
 
 
 @contextlib.contextmanager
 def override_configs(**kinds):
-    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'dkdv', 'dq', 'dq_bias',
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'fwd_bias_pair', 'dkdv', 'dq',
+    'dq_bias',
     'atomic', 'atomic_bias', 'atomic_tma', 'atomic_tma_bias' (the bias-grad kinds default to their
     plain kind's override; tests use tiny tiles so that the interpreter walks several tiles; the
     bench sweeps)."""
@@ -235,7 +257,8 @@ def _block_d(D: int) -> int:
 
 
 # The table of each kernel kind, and the kinds whose 2-byte inputs have entries of their own.
-_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
+_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "fwd_bias_pair": _FWD_BIAS_PAIR_CONFIGS,
+           "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
            "dq_bias": _DQ_BIAS_CONFIGS, "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
            "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}
 _TABLES_2BYTE = {"atomic": _ATOMIC_2BYTE, "dkdv": _DKDV_2BYTE}
@@ -429,12 +452,15 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
     if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
     full = (B, H, Sq, Sk)
+    bias_strides = _bcast_strides(bias, full)
+    if (bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0
+            and D <= _BIAS_FWD["pair_max_d"]):
+        return _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse)
     bm, bn, warps, stages = _config("fwd_bias" if bias is not None else "fwd", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
     mask8 = mask.view(torch.uint8) if mask is not None else None
     dummy = q
     grid = (-(-Sq // bm), B * H)
-    bias_strides = _bcast_strides(bias, full)
     batch_fastest = bias is not None and B > 1 and bias_strides[0] == 0 and _BIAS_FWD["batch_fastest"]
     K_._attn_fwd_kernel[grid](
         q, k, v, out, lse,
@@ -448,6 +474,19 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
         PREC="ieee" if q.dtype == torch.float32 else None, BATCH_FASTEST=batch_fastest,
         num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):
+    from . import attention_kernels as K_
+
+    B, H, Sq, D = q.shape
+    bm, bn, warps, stages = _config("fwd_bias_pair", D)
+    K_._attn_fwd_bias_pair_kernel[(-(-Sq // bm), B // 2 * H)](
+        q, k, v, out, lse, bias, H, H // k.shape[1], Sq, k.shape[2], scale * 1.4426950408889634,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_strides[1:],
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
+        PREC="ieee" if q.dtype == torch.float32 else None, num_warps=warps, num_stages=stages)
     return out, lse
 
 

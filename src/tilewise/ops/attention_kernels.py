@@ -150,6 +150,120 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
 
 
 @triton.jit
+def _fwd_pair_step(acc, l_i, m_i, q, K, V, b2, offs_n, offs_m, offs_d, Sk,
+                   stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
+                   HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
+    # One key tile of one batch element, given the bias tile already in the log2 domain (b2).
+    kv_mask = offs_d[None, :] < HEAD_DIM
+    if BOUNDS:
+        kv_mask = kv_mask & (offs_n[:, None] < Sk)
+    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + b2
+    if BOUNDS:
+        keep = offs_n[None, :] < Sk
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, lo, hi, offs_m, offs_d, Sq, Sk,
+                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, qk_scale,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr,
+                   PREC: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+        b2 = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask,
+                     other=0.0).to(tl.float32) * LOG2E
+        acc0, l0, m0 = _fwd_pair_step(acc0, l0, m0, q0, K0, V0, b2, offs_n, offs_m, offs_d, Sk, stride_kn, stride_kd,
+                                      stride_vn, stride_vd, qk_scale, HEAD_DIM, CAUSAL, BOUNDS, PREC)
+        acc1, l1, m1 = _fwd_pair_step(acc1, l1, m1, q1, K1, V1, b2, offs_n, offs_m, offs_d, Sk, stride_kn, stride_kd,
+                                      stride_vn, stride_vd, qk_scale, HEAD_DIM, CAUSAL, BOUNDS, PREC)
+    return acc0, l0, m0, acc1, l1, m1
+
+
+@triton.jit
+def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
+    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
+    l_div = tl.where(empty, 1.0, l_i)
+    out = acc / l_div[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
+    row_ok = offs_m < Sq
+    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
+    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _attn_fwd_bias_pair_kernel(Q, K, V, Out, Lse, Bias,
+                               H, GROUP, Sq, Sk, qk_scale,
+                               stride_qb, stride_qh, stride_qm, stride_qd,
+                               stride_kb, stride_kh, stride_kn, stride_kd,
+                               stride_vb, stride_vh, stride_vn, stride_vd,
+                               stride_ob, stride_oh, stride_om, stride_od,
+                               stride_bh, stride_bm, stride_bn,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    """The forward for a bias shared by the batch (no mask), two batch elements a program: each
+    bias tile is loaded once for both, halving the bias traffic from L2 (and the exposed latency of
+    a load Triton does not pipeline). The grid is (query tiles, B / 2 * H), pairs fastest, so the
+    B / 2 programs reading one bias tile run together."""
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m
+    ph = tl.program_id(1)
+    npairs = tl.num_programs(1) // H
+    off_b0 = 2 * (ph % npairs).to(tl.int64)
+    off_h = (ph // npairs).to(tl.int64)
+    off_hk = off_h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+    q_off = off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q0 = tl.load(Q + off_b0 * stride_qb + q_off, mask=q_mask, other=0.0)
+    q1 = tl.load(Q + (off_b0 + 1) * stride_qb + q_off, mask=q_mask, other=0.0)
+    K0 = K + off_b0 * stride_kb + off_hk * stride_kh
+    V0 = V + off_b0 * stride_vb + off_hk * stride_vh
+    K1 = K0 + stride_kb
+    V1 = V0 + stride_vb
+    Bias += off_h * stride_bh
+
+    m0 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l0 = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if CAUSAL:
+        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
+        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        n_full = (Sk // BLOCK_N) * BLOCK_N
+    acc0, l0, m0, acc1, l1, m1 = _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, 0, n_full,
+                                                offs_m, offs_d, Sq, Sk, stride_kn, stride_kd, stride_vn, stride_vd,
+                                                stride_bm, stride_bn, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, False, PREC)
+    acc0, l0, m0, acc1, l1, m1 = _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, n_full, hi,
+                                                offs_m, offs_d, Sq, Sk, stride_kn, stride_kd, stride_vn, stride_vd,
+                                                stride_bm, stride_bn, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, PREC)
+    _fwd_finish(acc0, l0, m0, Out, Lse, off_b0, off_h, H, Sq, offs_m, offs_d,
+                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
+    _fwd_finish(acc1, l1, m1, Out, Lse, off_b0 + 1, off_h, H, Sq, offs_m, offs_d,
+                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
+
+
+@triton.jit
 def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
                                 stride_ob, stride_oh, stride_om, stride_od,
                                 stride_db, stride_dh, stride_dm, stride_dd,
