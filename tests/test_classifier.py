@@ -282,10 +282,9 @@ def test_schedule_freeze_and_best_epoch(tmp_path):
     assert torch.equal(frozen, init)
 
 
-def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
-    """A 3-epoch cosine run with a frozen first epoch, killed during epoch 2 and resumed, gives the
-    uninterrupted run's step losses (the schedule spans the configured epochs, not the resumed ones)."""
-    kw = dict(epochs=3, lr_schedule="cosine", freeze_embeddings_epochs=1, embed_dropout=0.1, plot=False)
+def _full_and_resumed(tmp_path, monkeypatch, kw):
+    """(an uninterrupted run, the same run killed at the end of epoch 2 before its checkpoint and
+    resumed from epoch 1's) with the options kw."""
     full = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
     real = tr.evaluate
     calls = []
@@ -301,7 +300,14 @@ def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
         tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
     monkeypatch.setattr(tr, "evaluate", real)
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["epoch"] == 1
-    resumed = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+    return full, tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+
+
+def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
+    """A 3-epoch cosine run with a frozen first epoch, killed during epoch 2 and resumed, gives the
+    uninterrupted run's step losses (the schedule spans the configured epochs, not the resumed ones)."""
+    kw = dict(epochs=3, lr_schedule="cosine", freeze_embeddings_epochs=1, embed_dropout=0.1, plot=False)
+    full, resumed = _full_and_resumed(tmp_path, monkeypatch, kw)
     assert resumed["step_losses"] == full["step_losses"]
     assert [e["lr_end"] for e in resumed["epochs"]] == [e["lr_end"] for e in full["epochs"]]
 
@@ -311,21 +317,7 @@ def test_resume_with_word_dropout_and_ema_continues_exactly(tmp_path, monkeypatc
     after epoch 1 and resumed gives the uninterrupted run's losses and dev accuracies (those of
     the averaged weights)."""
     kw = dict(epochs=3, word_dropout=0.3, ema=0.9, plot=False)
-    full = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
-    real = tr.evaluate
-    calls = []
-
-    def dies_in_epoch_2(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(tr, "evaluate", dies_in_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
-    monkeypatch.setattr(tr, "evaluate", real)
-    resumed = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+    full, resumed = _full_and_resumed(tmp_path, monkeypatch, kw)
     assert resumed["step_losses"] == full["step_losses"]
     assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
     plain = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "plain"), epochs=3, plot=False))

@@ -39,6 +39,15 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
         s = tl.where(mk != 0, s, float("-inf"))
+    return _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
+                       CAUSAL, BOUNDS, PREC)
+
+
+@triton.jit
+def _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
+                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
+    # The online softmax step for one key tile's log2-domain scores s: bounds and causal masking,
+    # running max and sum, the accumulator rescaled, then P V added.
     if BOUNDS:
         keep = offs_n[None, :] < Sk
         if CAUSAL:
@@ -77,6 +86,33 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
                                       CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _key_range(start_m, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # Key tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal
+    # stops at the last key the last row of query tile start_m sees: tiles above the diagonal are
+    # never loaded.
+    if CAUSAL:
+        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
+        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        n_full = (Sk // BLOCK_N) * BLOCK_N
+    return n_full, hi
+
+
+@triton.jit
+def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
+    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
+    l_div = tl.where(empty, 1.0, l_i)
+    out = acc / l_div[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
+    row_ok = offs_m < Sq
+    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
+    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -122,14 +158,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal stops
-    # at the last key the last row of this tile sees: tiles above the diagonal are never loaded.
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
+    n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
@@ -138,15 +167,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
                               CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-
-    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
-    l_div = tl.where(empty, 1.0, l_i)
-    out = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
-    row_ok = offs_m < Sq
-    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
-    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
 @triton.jit
@@ -159,20 +181,8 @@ def _fwd_pair_step(acc, l_i, m_i, q, K, V, b2, offs_n, offs_m, offs_d, Sk,
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + b2
-    if BOUNDS:
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-    return acc, l_i, m_new
+    return _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
+                       CAUSAL, BOUNDS, PREC)
 
 
 @triton.jit
@@ -190,19 +200,6 @@ def _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, lo,
         acc1, l1, m1 = _fwd_pair_step(acc1, l1, m1, q1, K1, V1, b2, offs_n, offs_m, offs_d, Sk, stride_kn, stride_kd,
                                       stride_vn, stride_vd, qk_scale, HEAD_DIM, CAUSAL, BOUNDS, PREC)
     return acc0, l0, m0, acc1, l1, m1
-
-
-@triton.jit
-def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
-                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
-    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
-    l_div = tl.where(empty, 1.0, l_i)
-    out = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
-    row_ok = offs_m < Sq
-    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
-    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -245,12 +242,7 @@ def _attn_fwd_bias_pair_kernel(Q, K, V, Out, Lse, Bias,
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
     acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
+    n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     acc0, l0, m0, acc1, l1, m1 = _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, 0, n_full,
                                                 offs_m, offs_d, Sq, Sk, stride_kn, stride_kd, stride_vn, stride_vd,
                                                 stride_bm, stride_bn, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, False, PREC)
@@ -484,12 +476,7 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Out, Lse, H, GROUP, Sq, Sk, qk_scale,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
+    n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
                                       BLOCK_N, CAUSAL, False)
