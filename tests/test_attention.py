@@ -270,6 +270,34 @@ def test_triton_interpreter_lse_only_gradient_and_compile():
     torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["shared_4d", "causal_2d", "with_mask", "per_batch"])
+def test_triton_interpreter_bias_via_dot(case, monkeypatch):
+    """_BIAS_FWD["via_dot"]: the bias tile enters the scores through a product with the identity
+    (exact): the same outputs, LSE and gradients as the reference, with and without a mask,
+    causal, partial tiles; and only when the bias has q's dtype."""
+    monkeypatch.setitem(A._BIAS_FWD, "via_dot", True)
+    kw = {}
+    if case == "shared_4d":
+        q, k, v = _inputs(2, 2, 1, 37, 61, 32, dtype=torch.float32, seed=21)
+        kw["bias"] = torch.randn(1, 2, 37, 61)
+    elif case == "causal_2d":
+        q, k, v = _inputs(1, 2, 2, 40, 33, 64, dtype=torch.float32, seed=22)
+        kw["bias"], kw["causal"] = torch.randn(40, 33), True
+    elif case == "with_mask":
+        q, k, v = _inputs(2, 2, 2, 30, 50, 32, dtype=torch.float32, seed=23)
+        m = torch.rand(2, 1, 30, 50, generator=torch.Generator().manual_seed(4)) > 0.3
+        m[..., 16:32] = False
+        kw["bias"], kw["mask"] = torch.randn(2, 2, 30, 50), m
+    else:
+        q, k, v = _inputs(3, 1, 1, 20, 45, 32, dtype=torch.float32, seed=24)
+        kw["bias"] = torch.randn(3, 1, 20, 45)
+    with A.override_configs(**TINY):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
+    assert A._bias_via_dot(q, kw["bias"])
+    assert not A._bias_via_dot(q.to(torch.bfloat16), kw["bias"])  # an fp32 bias with bf16 q: the add
+
+
 @pytest.mark.parametrize("case", ["gqa_4d", "causal_2d", "b2_one_tile", "odd_batch_falls_back"])
 def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
     """A bias shared by the batch, no mask, B even, D <= 64: two batch elements a program share
@@ -499,10 +527,10 @@ def test_gpu_torch_compile_in_a_model(deterministic):
 
 # ---------------------------------------------------------------- sm_90 compile report (CPU)
 
-def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False):
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, bias_dot=False):
     """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
     as constants, pointers and strides divisible by 16); return (registers, spill instructions,
-    HGMMA count) from the SASS."""
+    HGMMA count) from the SASS and the number of cp.async copies in the TTGIR (prefetched loads)."""
     import os
     import subprocess
     import tempfile
@@ -513,11 +541,13 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
 
     from tilewise.ops import attention_kernels as K
 
-    fn = {"fwd": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
+    fn = {"fwd": K._attn_fwd_kernel, "fwd_bias": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
           "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel}[kind]
     bm, bn, w, s = A._config(("atomic_tma" if dq_tma else kind) + ("_bias" if bias_grad else ""), D, 2)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
                   HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
+    if "BIAS_DOT" in fn.arg_names:
+        consts["BIAS_DOT"] = bias_dot
     consts = {n: c for n, c in consts.items() if n in fn.arg_names}
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
@@ -546,7 +576,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         res = subprocess.run([cuobj, "-res-usage", path], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([cuobj, "-sass", path], capture_output=True, text=True, check=True).stdout
     regs = int(res.split("REG:")[1].split()[0])
-    return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA")
+    return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA"), c.asm["ttgir"].count("async_copy_global_to_local")
 
 
 SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=False)), "dq": ("dq", dict(causal=False)),
@@ -556,7 +586,9 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "atomic_D64_causal": ("atomic", dict(D=64, causal=True)),
               "atomic_D64_bias_grad": ("atomic", dict(D=64, causal=False, bias=True, bias_grad=True)),
               "fwd_bias_pair_D64": ("fwd_bias_pair", dict(D=64, causal=False)),
-              "fwd_bias_pair_D64_causal": ("fwd_bias_pair", dict(D=64, causal=True))}
+              "fwd_bias_pair_D64_causal": ("fwd_bias_pair", dict(D=64, causal=True)),
+              "fwd_bias_D64": ("fwd_bias", dict(D=64, causal=False, bias=True)),
+              "fwd_bias_dot_D64": ("fwd_bias", dict(D=64, causal=False, bias=True, bias_dot=True))}
 
 
 @pytest.fixture(scope="module")
@@ -579,6 +611,14 @@ def sm90_report():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def test_sm90_bias_via_dot_is_prefetched(sm90_report):
+    """The bias tile through the identity product (_BIAS_FWD["via_dot"]) is one more cp.async load
+    that Triton's pipeliner prefetches (prologue + steady state) beside K and V; the plain masked
+    bias load is not."""
+    assert sm90_report["fwd_bias_dot_D64"][3] >= sm90_report["fwd_bias_D64"][3] + 3
+    assert sm90_report["fwd_bias_dot_D64"][1] == 0  # no spill
+
+
 # Cases whose default tile spills and is still the fastest measured (attention.py's config notes):
 # for them only wgmma is checked.
 SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal",
@@ -589,7 +629,7 @@ SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal",
 
 @pytest.mark.parametrize("case", list(SM90_CASES))
 def test_sm90_build_uses_wgmma_without_spills(case, sm90_report):
-    regs, spills, hgmma = sm90_report[case]
+    regs, spills, hgmma, _ = sm90_report[case]
     if case not in SPILLS_MEASURED_FASTER:
         assert spills == 0, f"{case}: {spills} spill instructions ({regs} registers)"
     assert hgmma > 0, f"{case}: no wgmma (HGMMA) in the SASS"

@@ -210,11 +210,15 @@ _OVERRIDE: dict[str, tuple] = {}
 # (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
 # Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
 # that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
-_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0}
+_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "via_dot": False}
 # With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
 # warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
 # 2.01 ms against 1.37).
 _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
+# _BIAS_FWD["via_dot"]: load the bias tile as the A operand of a product with the identity, so that
+# Triton prefetches it by cp.async like K and V (its plain load is synchronous in the sm_90 TTGIR
+# and every key tile waits for it; docs/notes-attention.md). Needs the bias in q's 2-byte dtype
+# (b x 1 is then exact). Opt-in until measured (scripts/experiments/attention_bias_dot.py).
 # Bias shared by the batch, no mask, B even, head dim <= _BIAS_FWD["pair_max_d"]: two batch elements
 # a program share each bias tile (attention_kernels._attn_fwd_bias_pair_kernel). Off by default
 # (pair_max_d 0): measured on the H200 (scripts/experiments/attention_bias_pair.py,
@@ -473,8 +477,14 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
         PREC="ieee" if q.dtype == torch.float32 else None, BATCH_FASTEST=batch_fastest,
-        num_warps=warps, num_stages=stages)
+        BIAS_DOT=_bias_via_dot(q, bias), num_warps=warps, num_stages=stages)
     return out, lse
+
+
+def _bias_via_dot(q, bias) -> bool:
+    """The forward's bias through the identity product (``_BIAS_FWD["via_dot"]``): only where it
+    is exact, a 2-byte bias of q's dtype (or fp32 with fp32 q under IEEE precision)."""
+    return bool(_BIAS_FWD["via_dot"] and bias is not None and bias.dtype == q.dtype)
 
 
 def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):

@@ -24,18 +24,36 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, BIAS_DOT: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if HAS_BIAS or HAS_MASK:
-        mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
-    if HAS_BIAS:
-        b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
-        s += b.to(tl.float32) * LOG2E
+    if HAS_BIAS and BIAS_DOT:
+        # The bias tile enters as the A operand of a product with the identity: (b I)[m, n] =
+        # b[m, n] exactly (one product by 1 a sum, fp32 accumulate; b has q's 2-byte type). Triton's
+        # pipeliner prefetches (cp.async, num_stages ahead) a load that feeds a dot and has no mask,
+        # as it does K and V; the plain masked bias load it leaves synchronous (sm_90 TTGIR). So the
+        # indices are clamped instead of masked: rows past Sq are never stored, columns past Sk get
+        # -inf below. Costs a (BLOCK_M, BLOCK_N, BLOCK_N) MMA a key tile.
+        rows = tl.minimum(offs_m, Sq - 1)
+        cols = offs_n
+        if BOUNDS:
+            cols = tl.minimum(offs_n, Sk - 1)
+        b = tl.load(Bias + rows[:, None] * stride_bm + cols[None, :] * stride_bn)
+        eye = (tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, BLOCK_N)[None, :]).to(b.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * (qk_scale * LN2)
+        s = tl.dot(b, eye, acc=s, input_precision=PREC) * LOG2E
+        if HAS_MASK:
+            mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if HAS_BIAS or HAS_MASK:
+            mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+        if HAS_BIAS:
+            b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
+            s += b.to(tl.float32) * LOG2E
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
         s = tl.where(mk != 0, s, float("-inf"))
@@ -70,7 +88,8 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+              BIAS_DOT: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -79,12 +98,12 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, BIAS_DOT)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, BIAS_DOT)
     return acc, l_i, m_i
 
 
@@ -128,7 +147,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False, BIAS_DOT: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -162,11 +181,11 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_DOT)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_DOT)
     _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
