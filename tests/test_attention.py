@@ -270,27 +270,31 @@ def test_triton_interpreter_lse_only_gradient_and_compile():
     torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["shared_4d", "causal_2d", "with_mask", "per_batch"])
+def _bias_case(shape, bias_shape, causal, seed):
+    """fp32 q, k, v of shape (B, H, Hkv, Sq, Sk, D) and the flash_attention keywords: a bias of
+    bias_shape, causal."""
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=seed)
+    return q, k, v, {"bias": torch.randn(bias_shape, generator=torch.Generator().manual_seed(seed)), "causal": causal}
+
+
+VIA_DOT_CASES = {"shared_4d": ((2, 2, 1, 37, 61, 32), (1, 2, 37, 61), False, 21),
+                 "causal_2d": ((1, 2, 2, 40, 33, 64), (40, 33), True, 22),
+                 "with_mask": ((2, 2, 2, 30, 50, 32), (2, 2, 30, 50), False, 23),
+                 "per_batch": ((3, 1, 1, 20, 45, 32), (3, 1, 20, 45), False, 24)}
+
+
+@pytest.mark.parametrize("case", list(VIA_DOT_CASES))
 def test_triton_interpreter_bias_via_dot(case, monkeypatch):
     """_BIAS_FWD["via_dot"]: the bias tile enters the scores through a product with the identity
     (exact): the same outputs, LSE and gradients as the reference, with and without a mask,
     causal, partial tiles; and only when the bias has q's dtype."""
     monkeypatch.setitem(A._BIAS_FWD, "via_dot", True)
-    kw = {}
-    if case == "shared_4d":
-        q, k, v = _inputs(2, 2, 1, 37, 61, 32, dtype=torch.float32, seed=21)
-        kw["bias"] = torch.randn(1, 2, 37, 61)
-    elif case == "causal_2d":
-        q, k, v = _inputs(1, 2, 2, 40, 33, 64, dtype=torch.float32, seed=22)
-        kw["bias"], kw["causal"] = torch.randn(40, 33), True
-    elif case == "with_mask":
-        q, k, v = _inputs(2, 2, 2, 30, 50, 32, dtype=torch.float32, seed=23)
+    q, k, v, kw = _bias_case(*VIA_DOT_CASES[case])
+    if case == "with_mask":
         m = torch.rand(2, 1, 30, 50, generator=torch.Generator().manual_seed(4)) > 0.3
         m[..., 16:32] = False
-        kw["bias"], kw["mask"] = torch.randn(2, 2, 30, 50), m
-    else:
-        q, k, v = _inputs(3, 1, 1, 20, 45, 32, dtype=torch.float32, seed=24)
-        kw["bias"] = torch.randn(3, 1, 20, 45)
+        kw["mask"] = m
     with A.override_configs(**TINY):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
     _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
@@ -298,7 +302,13 @@ def test_triton_interpreter_bias_via_dot(case, monkeypatch):
     assert not A._bias_via_dot(q.to(torch.bfloat16), kw["bias"])  # an fp32 bias with bf16 q: the add
 
 
-@pytest.mark.parametrize("case", ["gqa_4d", "causal_2d", "b2_one_tile", "odd_batch_falls_back"])
+PAIR_CASES = {"gqa_4d": ((4, 4, 2, 37, 61, 32), (1, 4, 37, 61), False, 11),
+              "causal_2d": ((2, 2, 2, 40, 33, 64), (40, 33), True, 12),
+              "b2_one_tile": ((2, 1, 1, 21, 19, 32), (1, 1, 21, 19), False, 13),  # the table's tile: one of each
+              "odd_batch_falls_back": ((3, 2, 2, 20, 30, 32), (1, 2, 20, 30), False, 14)}
+
+
+@pytest.mark.parametrize("case", list(PAIR_CASES))
 def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
     """A bias shared by the batch, no mask, B even, D <= 64: two batch elements a program share
     each bias tile (_fwd_bias_pair). Right outputs, LSE and gradients at every (b, h); several key
@@ -307,21 +317,8 @@ def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
     real = A._fwd_bias_pair
     monkeypatch.setattr(A, "_fwd_bias_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 64)  # opt-in (measured slower at S = 4096)
-    cfg = dict(TINY, fwd_bias_pair=(16, 16, 4, 1))
-    kw = {}
-    if case == "gqa_4d":
-        q, k, v = _inputs(4, 4, 2, 37, 61, 32, dtype=torch.float32, seed=11)
-        kw["bias"] = torch.randn(1, 4, 37, 61)
-    elif case == "causal_2d":
-        q, k, v = _inputs(2, 2, 2, 40, 33, 64, dtype=torch.float32, seed=12)
-        kw["bias"], kw["causal"] = torch.randn(40, 33), True
-    elif case == "b2_one_tile":  # the table's tile: one query and one key tile, all bounds-checked
-        q, k, v = _inputs(2, 1, 1, 21, 19, 32, dtype=torch.float32, seed=13)
-        kw["bias"] = torch.randn(1, 1, 21, 19)
-        cfg = {}
-    else:
-        q, k, v = _inputs(3, 2, 2, 20, 30, 32, dtype=torch.float32, seed=14)
-        kw["bias"] = torch.randn(1, 2, 20, 30)
+    q, k, v, kw = _bias_case(*PAIR_CASES[case])
+    cfg = {} if case == "b2_one_tile" else dict(TINY, fwd_bias_pair=(16, 16, 4, 1))
     with A.override_configs(**cfg):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
     _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)

@@ -16,3 +16,18 @@ def median_event_ms(fn, reps: int = 50, warmup: int = 5) -> float:
         b.synchronize()
         ts.append(a.elapsed_time(b))
     return sorted(ts)[len(ts) // 2]
+
+
+def bias_attention_case(B: int, H: int, S: int, D: int, g: "torch.Generator", bench):
+    """bf16 q, k, v (B, H, S, D) and a (1, H, S, S) bias from g; SDPA cuDNN's output with that bias
+    (the reference) and its time by ``bench``; the FLOPs 4 B H S^2 D. For the bias-forward
+    experiments (attention_bias_pair, attention_bias_dot)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    bias = torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    return q, k, v, bias, ref, t_cudnn, 4 * B * H * S * S * D

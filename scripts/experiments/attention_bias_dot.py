@@ -21,10 +21,9 @@ Run on the GPU (~1 minute): PYTHONPATH=src python3 scripts/experiments/attention
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+from _timing import bias_attention_case
 from tilewise.ops import attention as A
 
 TILES = {64: [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)],
@@ -41,12 +40,7 @@ def main():
     for D in (64, 128):
         for B, S in ((4, 4096), (2, 8192)):
             H = 16
-            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-            bias = torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
-            flops = 4 * B * H * S * S * D
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-                t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+            q, k, v, bias, ref, t_cudnn, flops = bias_attention_case(B, H, S, D, g, bench)
             t_plain = bench(lambda: A.flash_attention(q, k, v))
             old = dict(A._BIAS_FWD)
             try:
