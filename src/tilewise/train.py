@@ -239,20 +239,20 @@ class _EMA:
     captured graphs keep the parameters' addresses) and swaps the trained weights back after."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
-        self.params = [p for p in model.parameters()]
-        self.shadow = [p.detach().clone() for p in self.params]
+        self.params = [p.detach() for p in model.parameters()]  # views of the weights, no autograd
+        self.shadow = [p.clone() for p in self.params]
         self.decay, self.n = float(decay), 0
 
     @torch.no_grad()
     def update(self) -> None:
         d = min(self.decay, (1 + self.n) / (10 + self.n))
-        torch._foreach_lerp_(self.shadow, [p.detach() for p in self.params], 1.0 - d)
+        torch._foreach_lerp_(self.shadow, self.params, 1.0 - d)
         self.n += 1
 
     @contextlib.contextmanager
     def applied(self):
         with torch.no_grad():
-            saved = [p.detach().clone() for p in self.params]
+            saved = [p.clone() for p in self.params]
             for p, a in zip(self.params, self.shadow):
                 p.copy_(a)
         try:

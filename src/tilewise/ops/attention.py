@@ -227,17 +227,6 @@ _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
 # (1.03x). Halving the bias reads did not pay for two accumulators' registers (252-255 a thread,
 # no spill, half the resident warps): the bias is not what bounds the one-element kernel.
 _FWD_BIAS_PAIR_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
-# TILEWISE_ATTN_BIAS_PAIR_CONFIG="bm,bn,warps,stages" sets the D = 64 entry (experiments and the
-# bench run that follows them in one device call).
-_env_pair = os.environ.get("TILEWISE_ATTN_BIAS_PAIR_CONFIG")
-if _env_pair:
-    try:
-        _cfg_pair = tuple(int(x) for x in _env_pair.split(","))
-        if len(_cfg_pair) != 4 or min(_cfg_pair) < 1:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"TILEWISE_ATTN_BIAS_PAIR_CONFIG={_env_pair!r}: expected 'bm,bn,warps,stages'") from None
-    _FWD_BIAS_PAIR_CONFIGS[64] = _cfg_pair
 
 
 @contextlib.contextmanager

@@ -241,7 +241,8 @@ def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr,
 @triton.jit
 def _tma_mainloop(a_desc, b_desc, off_m, off_n, k0, k1, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # K-steps k0 .. k1 - 1 of one tile through TMA descriptors (out-of-range parts read as zero).
+    # K-steps k0 .. k1 - 1 of one tile through TMA descriptors (out-of-range rows/columns read as
+    # zero); v3_tma_persistent's whole K and v4_streamk's segments.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(k0, k1):
         off_k = kk * BLOCK_K
@@ -250,7 +251,7 @@ def _tma_mainloop(a_desc, b_desc, off_m, off_n, k0, k1, BLOCK_M: tl.constexpr, B
             b = b_desc.load([off_n, off_k]).T
         else:
             b = b_desc.load([off_k, off_n])
-        if UPCAST:  # see _mainloop
+        if UPCAST:  # see _mainloop: Triton 3.9 interpreter's bf16 tl.dot
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
@@ -338,18 +339,8 @@ def _gemm_tma_persistent_kernel(a_desc, b_desc, c_desc, aux_desc, bias_ptr, scal
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            off_k = kk * BLOCK_K
-            a = a_desc.load([off_m, off_k])  # out-of-range rows/columns read as zero
-            if B_KMAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST:  # see _mainloop: Triton 3.9 interpreter's bf16 tl.dot
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR,
+                            PRECISION, UPCAST)
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
         acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
@@ -571,7 +562,7 @@ def _streamk_counts(device: torch.device, tiles: int) -> torch.Tensor:
 
 def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, tile=None):
     """v4_streamk: one program an SM, equal contiguous ranges of (tile, K-step) iterations; TMA
-    loads where ``tma_applies`` (else pointer loads). ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K,
+    loads where ``_tma_loads_ok`` (else pointer loads). ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K,
     num_stages, num_warps) overrides _STREAMK_TILE (experiments)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -592,7 +583,7 @@ def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, 
     progs = triton.cdiv(total, ipp)  # no program without work
     ws = torch.empty((2 * progs, bm * bn), device=a.device, dtype=torch.float32)
     counts = _streamk_counts(a.device, tiles)
-    use_tma = _tma_ok(a, unit_dim=1) and (_tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0))
+    use_tma = _tma_loads_ok(a, b)  # the C tile is stored through pointers
     b_kmajor = b.stride(1) != 1
     if use_tma:
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
@@ -615,13 +606,16 @@ def _tma_ok(t: torch.Tensor, *, unit_dim: int) -> bool:
             and t.shape[other] >= 1)
 
 
+def _tma_loads_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """A K-contiguous, B N- or K-contiguous, 16-byte aligned: both load through TMA descriptors."""
+    return _tma_ok(a, unit_dim=1) and (_tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0))
+
+
 def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> bool:
     """Whether v3_tma_persistent takes these operands (A K-contiguous; B N- or K-contiguous;
     row lengths in bytes multiples of 16)."""
-    N = b.shape[1]
     ot = (out_dtype or _default_out_dtype(a.dtype)).itemsize
-    b_ok = _tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0)
-    return _tma_ok(a, unit_dim=1) and b_ok and (N * ot) % 16 == 0
+    return _tma_loads_ok(a, b) and (b.shape[1] * ot) % 16 == 0
 
 
 def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):

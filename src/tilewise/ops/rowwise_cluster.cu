@@ -620,7 +620,38 @@ struct TmaRows {
   __device__ void wait(int s, unsigned phase) const {
     if (bytes) mbar_wait(&full[s], phase);
   }
+  // Barriers initialised (and made visible to the copy engine), then the first S rows of this
+  // cluster's rows first, first + step, ... (< M) requested.
+  __device__ void start(long long first, long long step, long long M, const T* x, long long sx) const {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) mbar_init(&full[s], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+      if (first + s * step < M) fetch(s, x + (first + s * step) * sx);
+  }
+  // The it-th row's slice, once arrived in stage s = it % S, into this thread's registers.
+  __device__ void take(int s, int it, uint4 (&buf)[CH], const Slice<T, CL, NT>& sl) const {
+    wait(s, static_cast<unsigned>(it / S) & 1u);
+    const uint4* st = stage + s * CH * NT;
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
+  }
 };
+
+// (pm, ps) <- the running (max, sum of exp(x - max)) merged with another pair (xm, xs); either
+// max may be -inf (no elements).
+__device__ __forceinline__ void merge(float& pm, float& ps, float xm, float xs) {
+  const float Mx = fmaxf(pm, xm);
+  ps = (pm == -INFINITY ? 0.f : ps * exp2f((pm - Mx) * kLog2e)) +
+       (xm == -INFINITY ? 0.f : xs * exp2f((xm - Mx) * kLog2e));
+  pm = Mx;
+}
 }  // namespace rc
 
 template <typename T, int CL, int NT, int CH, int S, int MINB>
@@ -639,26 +670,13 @@ rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long
   const rc::TmaRows<T, CL, NT, CH, S> pipe{tma_stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
   const long long step = rc::cluster_count();
   const long long first = rc::cluster_id();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) rc::mbar_init(&full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < S; ++s)
-    if (first + s * step < M) pipe.fetch(s, x + (first + s * step) * sx);
+  pipe.start(first, step, M, x, sx);
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int it = 0;
   for (long long row = first; row < M; row += step, ++it) {
     const int s = it % S;
-    pipe.wait(s, static_cast<unsigned>(it / S) & 1u);
-    const uint4* st = tma_stage + s * CH * NT;
     uint4 buf[CH];
-#pragma unroll
-    for (int c = 0; c < CH; ++c)
-      if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
+    pipe.take(s, it, buf, sl);
     // This thread's max and sum of exp(x - max); softmax keeps the exps in place of x.
     const float m = rc::packed_max<T, CL, NT, CH>(buf, sl);
     const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
@@ -689,10 +707,7 @@ rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long
       const int idx = lane + 32 * k;
       if (idx < CL * NW) {
         const float2 p = rc::load_remote2(&part[it & 1][idx % NW], idx / NW);
-        const float Mx = fmaxf(pm, p.x);
-        ps = (pm == -INFINITY ? 0.f : ps * exp2f((pm - Mx) * rc::kLog2e)) +
-             (p.x == -INFINITY ? 0.f : p.y * exp2f((p.x - Mx) * rc::kLog2e));
-        pm = Mx;
+        rc::merge(pm, ps, p.x, p.y);
       }
     }
     rc::warp_combine(pm, ps);  // the row's max and sum
@@ -739,28 +754,15 @@ rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ targ
   const long long step = rc::cluster_count();
   const long long first = rc::cluster_id();
   const bool smooth = smoothing > 0.f;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < S; ++s) rc::mbar_init(&full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < S; ++s)
-    if (first + s * step < M) pipe.fetch(s, x + (first + s * step) * sx);
+  pipe.start(first, step, M, x, sx);
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int it = 0;
   for (long long row = first; row < M; row += step, ++it) {
     const int s = it % S;
     const long long t = target[row];
     const bool valid = t != ignore_index;
-    pipe.wait(s, static_cast<unsigned>(it / S) & 1u);
-    const uint4* st = tma_stage + s * CH * NT;
     uint4 buf[CH];
-#pragma unroll
-    for (int c = 0; c < CH; ++c)
-      if (sl.col(c) < sl.c1) buf[c] = st[c * NT + threadIdx.x];
+    pipe.take(s, it, buf, sl);
     const float m = rc::packed_max<T, CL, NT, CH>(buf, sl);
     const float ms = m == -INFINITY ? 0.f : m * rc::kLog2e;
     float sum = 0.f, sxv = 0.f;
@@ -791,10 +793,7 @@ rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ targ
       const int idx = lane + 32 * k;
       if (idx < CL * NW) {
         const float4 p = rc::load_remote4(&part[it & 1][idx % NW], idx / NW);
-        const float Mx = fmaxf(pm, p.x);
-        ps = (pm == -INFINITY ? 0.f : ps * exp2f((pm - Mx) * rc::kLog2e)) +
-             (p.x == -INFINITY ? 0.f : p.y * exp2f((p.x - Mx) * rc::kLog2e));
-        pm = Mx;
+        rc::merge(pm, ps, p.x, p.y);
         px += p.z;
       }
     }
