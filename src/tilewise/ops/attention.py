@@ -210,7 +210,7 @@ _OVERRIDE: dict[str, tuple] = {}
 # (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
 # Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
 # that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
-_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "via_dot": False}
+_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "via_dot": False, "tma": True}
 # With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
 # warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
 # 2.01 ms against 1.37).
@@ -226,12 +226,14 @@ _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
 # x 3 stages 0.971 ms against 0.901 for the one-element kernel; B=2 S=8192: 1.911 against 1.975
 # (1.03x). Halving the bias reads did not pay for two accumulators' registers (252-255 a thread,
 # no spill, half the resident warps): the bias is not what bounds the one-element kernel.
+# The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``, ``_tma_bias_applies``).
+_FWD_TMA_BIAS_CONFIGS = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 _FWD_BIAS_PAIR_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
 
 
 @contextlib.contextmanager
 def override_configs(**kinds):
-    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'fwd_bias_pair', 'dkdv', 'dq',
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'fwd_tma_bias', 'fwd_bias_pair', 'dkdv', 'dq',
     'dq_bias',
     'atomic', 'atomic_bias', 'atomic_tma', 'atomic_tma_bias' (the bias-grad kinds default to their
     plain kind's override; tests use tiny tiles so that the interpreter walks several tiles; the
@@ -250,7 +252,7 @@ def _block_d(D: int) -> int:
 
 
 # The table of each kernel kind, and the kinds whose 2-byte inputs have entries of their own.
-_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "fwd_bias_pair": _FWD_BIAS_PAIR_CONFIGS,
+_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "fwd_tma_bias": _FWD_TMA_BIAS_CONFIGS, "fwd_bias_pair": _FWD_BIAS_PAIR_CONFIGS,
            "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
            "dq_bias": _DQ_BIAS_CONFIGS, "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
            "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}
@@ -412,21 +414,39 @@ def _tma_applies(q, k, v, mask, bias) -> bool:
             and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31)
 
 
-def _fwd_tma(q, k, v, causal, scale, out, lse):
+def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
+    """The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``): q/k/v as ``_tma_applies``
+    asks, on sm_90+; a contiguous bias of q's dtype whose rows are not broadcast (its query dim is
+    real, so its storage is a dense (rows, Sk) matrix) with 16-byte aligned rows."""
+    return (_BIAS_FWD["tma"] and _tma_applies(q, k, v, None, None) and bias.dtype == q.dtype
+            and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
+            and bias_strides[2] == k.shape[2] and (k.shape[2] * bias.element_size()) % 16 == 0
+            and bias.numel() // k.shape[2] < 2 ** 31
+            and (_interpreting() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
+
+
+def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from . import attention_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bm, bn, warps, stages = _config("fwd", D)
+    bm, bn, warps, stages = _config("fwd_tma_bias" if bias is not None else "fwd", D)
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D])
     kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D])
     vd = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D])
+    bd, rows_b, rows_h, batch_fastest = None, 0, 0, False
+    if bias is not None:
+        b2 = bias.reshape(-1, Sk)
+        bd = TensorDescriptor(b2, list(b2.shape), list(b2.stride()), [bm, bn])
+        rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
+        batch_fastest = B > 1 and rows_b == 0 and _BIAS_FWD["batch_fastest"]
     K_._attn_fwd_tma_kernel[(-(-Sq // bm), B * H)](
-        qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, *out.stride(),
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, num_warps=warps, num_stages=stages)
+        qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, rows_b, rows_h, *out.stride(),
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, HAS_BIAS=bias is not None,
+        BATCH_FASTEST=batch_fastest, num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -446,6 +466,8 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
     full = (B, H, Sq, Sk)
     bias_strides = _bcast_strides(bias, full)
+    if bias is not None and mask is None and _tma_bias_applies(q, k, v, bias, bias_strides):
+        return _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides)
     if (bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0
             and D <= _BIAS_FWD["pair_max_d"]):
         return _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse)

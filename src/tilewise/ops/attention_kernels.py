@@ -451,12 +451,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
 
 
 @triton.jit
-def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
+def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr):
     # Rows past Sk belong to the next head (or are TMA zero-fill at the end): their scores are set
-    # to -inf below, so they add exp2(-inf) * v = 0.
+    # to -inf below, so they add exp2(-inf) * v = 0. Likewise the bias tile's columns past Sk (zero
+    # fill) and rows past Sq (the next head's rows, never stored).
     k = Kd.load([kv_row + start_n, 0])
     s = tl.dot(q, tl.trans(k)) * qk_scale
+    if HAS_BIAS:
+        # A descriptor load that feeds no dot is still prefetched num_stages ahead by Triton's
+        # pipeliner (TMA copy + barrier in the sm_90 TTGIR), where a masked pointer load is not.
+        s += Bd.load([b_row, start_n]).to(tl.float32) * LOG2E
     if BOUNDS:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = offs_n[None, :] < Sk
@@ -475,21 +480,30 @@ def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scal
 
 
 @triton.jit
-def _attn_fwd_tma_kernel(Qd, Kd, Vd, Out, Lse, H, GROUP, Sq, Sk, qk_scale,
+def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, bias_rows_b, bias_rows_h,
                          stride_ob, stride_oh, stride_om, stride_od,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         CAUSAL: tl.constexpr):
-    """v4: the forward of v3 for contiguous inputs without mask or bias, Q/K/V tiles loaded by TMA
+                         CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False):
+    """v4: the forward of v3 for contiguous inputs without a mask, Q/K/V tiles loaded by TMA
     (tensor descriptors over the (rows, D) views) instead of per-thread pointers: no address
-    registers, and the copy engine fills shared memory while the warps compute."""
+    registers, and the copy engine fills shared memory while the warps compute. With HAS_BIAS, Bd
+    is a descriptor over the bias's dense (rows, Sk) storage: row ``b * bias_rows_b + h *
+    bias_rows_h + m`` holds query m of (b, h) (0 for a dim the bias broadcasts over)."""
     start_m = tl.program_id(0)
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - start_m
     bh = tl.program_id(1)
-    off_b = bh // H
-    off_h = bh % H
+    if BATCH_FASTEST:  # as in _attn_fwd_kernel: the B programs sharing a bias tile run together
+        nb = tl.num_programs(1) // H
+        off_b = bh % nb
+        off_h = bh // nb
+        bh = off_b * H + off_h
+    else:
+        off_b = bh // H
+        off_h = bh % H
     HK = H // GROUP
     kv_row = (off_b * HK + off_h // GROUP) * Sk
+    b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BLOCK_M
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     q = Qd.load([bh * Sq + start_m * BLOCK_M, 0])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -497,11 +511,11 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Out, Lse, H, GROUP, Sq, Sk, qk_scale,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, n_full, BLOCK_N):
-        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, False)
+        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
+                                      BLOCK_N, CAUSAL, False, HAS_BIAS)
     for start_n in range(n_full, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, kv_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, True)
+        acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
+                                      BLOCK_N, CAUSAL, True, HAS_BIAS)
     empty = l_i == 0.0
     l_div = tl.where(empty, 1.0, l_i)
     out = acc / l_div[:, None]
