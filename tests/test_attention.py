@@ -278,28 +278,57 @@ def _bias_case(shape, bias_shape, causal, seed):
     return q, k, v, {"bias": torch.randn(bias_shape, generator=torch.Generator().manual_seed(seed)), "causal": causal}
 
 
-VIA_DOT_CASES = {"shared_4d": ((2, 2, 1, 37, 61, 32), (1, 2, 37, 61), False, 21),
-                 "causal_2d": ((1, 2, 2, 40, 33, 64), (40, 33), True, 22),
-                 "with_mask": ((2, 2, 2, 30, 50, 32), (2, 2, 30, 50), False, 23),
-                 "per_batch": ((3, 1, 1, 20, 45, 32), (3, 1, 20, 45), False, 24)}
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 1e-3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_interpreter_any_finite_scale(scale, dtype):
+    """The kernels fold the scale into the exponent and take the row max on q.k, which needs a
+    positive scale; the launcher maps a negative one to (-q, -scale) and zero to a bias-only
+    softmax. Forward, LSE and gradients against the reference, with mask, bias and causal (fp16
+    inputs take the TMA bias forward)."""
+    q, k, v = _inputs(2, 2, 1, 33, 40, 32, dtype=torch.float32, seed=31)
+    g = torch.Generator().manual_seed(32)
+    mask = torch.rand(2, 1, 33, 40, generator=g) > 0.3
+    bias = torch.randn(1, 2, 33, 40, generator=g)
+    cases = [dict(causal=True, bias=bias), dict(mask=mask, bias=bias)]
+    for kw in cases:
+        if dtype != torch.float32:
+            q, k, v = (t.to(dtype) for t in (q, k, v))
+            kw = {n: (x.to(dtype) if n == "bias" else x) for n, x in kw.items()}
+        with A.override_configs(**TINY, fwd_tma_bias=(16, 16, 4, 1)):
+            ours = _run_fwd_bwd(A.flash_attention, q, k, v, scale=scale, **kw)
+        ref = _run_fwd_bwd(A.reference, q.double(), k.double(), v.double(), scale=scale,
+                           **{n: (x.double() if n == "bias" else x) for n, x in kw.items()})
+        for name, r in ref.items():
+            o = ours[name].double()
+            assert not torch.isnan(o).any(), name
+            err = ((o - r).norm() / max(r.norm().item(), 1e-30)).item()  # dq is 0 at scale 0
+            assert err < (1e-5 if dtype == torch.float32 else 3e-3), f"{name}: {err:.3g} ({kw.keys()})"
 
 
-@pytest.mark.parametrize("case", list(VIA_DOT_CASES))
-def test_triton_interpreter_bias_via_dot(case, monkeypatch):
-    """_BIAS_FWD["via_dot"]: the bias tile enters the scores through a product with the identity
-    (exact): the same outputs, LSE and gradients as the reference, with and without a mask,
-    causal, partial tiles; and only when the bias has q's dtype."""
-    monkeypatch.setitem(A._BIAS_FWD, "via_dot", True)
-    q, k, v, kw = _bias_case(*VIA_DOT_CASES[case])
-    if case == "with_mask":
-        m = torch.rand(2, 1, 30, 50, generator=torch.Generator().manual_seed(4)) > 0.3
-        m[..., 16:32] = False
-        kw["mask"] = m
-    with A.override_configs(**TINY):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", ["ramp_bias", "falling_bias", "mask_causal"])
+def test_triton_interpreter_lazy_rescale(case, dtype, monkeypatch):
+    """LAZY online softmax (acc and l rescaled only when a row max grows by more than 2^8): a bias
+    that rises 8 log2-units a 16-key tile (a rescale every tile), one that falls (none after the
+    first), and a mask with a dead row under causal. Output, LSE and gradients against the
+    float64 reference; fp16 takes the TMA bias forward."""
+    monkeypatch.setitem(A._LAZY, "on", True)
+    B, H, Sq, Sk, D = 2, 2, 33, 72, 32
+    q, k, v = _inputs(B, H, 1, Sq, Sk, D, dtype=torch.float32, seed=41)
+    ramp = torch.arange(Sk, dtype=torch.float32) * (8 / 16 / 1.4426950408889634)
+    kw = {"ramp_bias": dict(bias=ramp.expand(1, H, Sq, Sk).contiguous()),
+          "falling_bias": dict(bias=(-ramp).expand(1, H, Sq, Sk).contiguous(), causal=True),
+          "mask_causal": dict(causal=True, mask=torch.rand(B, 1, Sq, Sk, generator=torch.Generator().manual_seed(5)) > 0.3,
+                              bias=torch.randn(1, H, Sq, Sk, generator=torch.Generator().manual_seed(6)))}[case]
+    if case == "mask_causal":
+        kw["mask"][0, 0, 7] = False
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    kw = {n: (x.to(dtype) if n == "bias" else x) for n, x in kw.items()}
+    with A.override_configs(**TINY, fwd_tma_bias=(16, 16, 4, 1)):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
-    _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
-    assert A._bias_via_dot(q, kw["bias"])
-    assert not A._bias_via_dot(q.to(torch.bfloat16), kw["bias"])  # an fp32 bias with bf16 q: the add
+    ref = _run_fwd_bwd(A.reference, q.double(), k.double(), v.double(),
+                       **{n: (x.double() if n == "bias" else x) for n, x in kw.items()})
+    _compare({n: o.double() for n, o in ours.items()}, ref, 1e-5 if dtype == torch.float32 else 3e-3)
 
 
 PAIR_CASES = {"gqa_4d": ((4, 4, 2, 37, 61, 32), (1, 4, 37, 61), False, 11),
@@ -548,6 +577,29 @@ def test_gpu_v4_tma_bias_forward_and_grads(case, causal, poisoned_outputs, monke
     torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 776, 64), (1, 2, 2, 4097, 4096, 128)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_lazy_rescale(shape, causal, with_bias, poisoned_outputs, monkeypatch):
+    """LAZY online softmax on the GPU (v3 without a bias, v4's TMA forward with one): output, LSE
+    and gradients against the fp32 reference, bf16."""
+    monkeypatch.setitem(A._LAZY, "on", True)
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + 1)
+    bias = None
+    if with_bias:
+        bias = torch.randn(1, H, Sq, Sk, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2)).bfloat16()
+    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal,
+                       bias=bias.float() if bias is not None else None)
+    for name in ("out", "dq", "dk", "dv") + (("dbias",) if with_bias else ()):
+        assert not torch.isnan(ours[name]).any(), name
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+
+
 def _check_mask_bias_grads(fn, bias_shape, causal, Hkv, D, seeds):
     """fn against the fp32 reference with a (B, 1, Sq, Sk) mask that blocks whole key tiles and one
     row entirely, and a bias of bias_shape whose gradient is taken: bf16, B=2, H=4, Sq=1000, Sk=777."""
@@ -612,10 +664,11 @@ def test_gpu_torch_compile_in_a_model(deterministic):
 
 # ---------------------------------------------------------------- sm_90 compile report (CPU)
 
-def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, bias_dot=False):
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False):
     """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
     as constants, pointers and strides divisible by 16); return (registers, spill instructions,
-    HGMMA count) from the SASS and the number of cp.async copies in the TTGIR (prefetched loads)."""
+    HGMMA count) from the SASS and the number of cp.async (or, for TMA kernels, TMA) copies in the
+    TTGIR (prefetched loads)."""
     import os
     import subprocess
     import tempfile
@@ -627,13 +680,17 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
     from tilewise.ops import attention_kernels as K
 
     fn = {"fwd": K._attn_fwd_kernel, "fwd_bias": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
-          "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel}[kind]
-    bm, bn, w, s = A._config(("atomic_tma" if dq_tma else kind) + ("_bias" if bias_grad else ""), D, 2)
+          "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel,
+          "fwd_tma": K._attn_fwd_tma_kernel, "fwd_tma_bias": K._attn_fwd_tma_kernel}[kind]
+    table = "atomic_tma" if dq_tma else {"fwd_tma": "fwd"}.get(kind, kind)
+    bm, bn, w, s = A._config(table + ("_bias" if bias_grad else ""), D, 2)
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
                   HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
-    if "BIAS_DOT" in fn.arg_names:
-        consts["BIAS_DOT"] = bias_dot
     consts = {n: c for n, c in consts.items() if n in fn.arg_names}
+    if kind.startswith("fwd_tma"):  # tensor descriptors over the (rows, D) views and the bias rows
+        consts["BATCH_FASTEST"] = bias
+        if not bias:
+            consts["Bd"] = None
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -643,6 +700,9 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
     ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32")
+    if kind.startswith("fwd_tma"):
+        ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
+                   Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
     if kind == "atomic":  # the fp32 accumulator: pointer, or a (B * H, Sq, D) TMA descriptor
         ptr["DQ"] = f"tensordesc<fp32[1,{bm},{A._block_d(D)}]>" if dq_tma else "*fp32"
     sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
@@ -661,7 +721,8 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         res = subprocess.run([cuobj, "-res-usage", path], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([cuobj, "-sass", path], capture_output=True, text=True, check=True).stdout
     regs = int(res.split("REG:")[1].split()[0])
-    return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA"), c.asm["ttgir"].count("async_copy_global_to_local")
+    copies = c.asm["ttgir"].count("async_copy_global_to_local") + c.asm["ttgir"].count("async_tma_copy_global_to_local")
+    return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA"), copies
 
 
 SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=False)), "dq": ("dq", dict(causal=False)),
@@ -673,7 +734,9 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "fwd_bias_pair_D64": ("fwd_bias_pair", dict(D=64, causal=False)),
               "fwd_bias_pair_D64_causal": ("fwd_bias_pair", dict(D=64, causal=True)),
               "fwd_bias_D64": ("fwd_bias", dict(D=64, causal=False, bias=True)),
-              "fwd_bias_dot_D64": ("fwd_bias", dict(D=64, causal=False, bias=True, bias_dot=True))}
+              "fwd_tma_D64": ("fwd_tma", dict(D=64, causal=False)),
+              "fwd_tma_bias_D64": ("fwd_tma_bias", dict(D=64, causal=False, bias=True)),
+              "fwd_tma_bias_causal": ("fwd_tma_bias", dict(causal=True, bias=True))}
 
 
 @pytest.fixture(scope="module")
@@ -696,12 +759,11 @@ def sm90_report():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_sm90_bias_via_dot_is_prefetched(sm90_report):
-    """The bias tile through the identity product (_BIAS_FWD["via_dot"]) is one more cp.async load
-    that Triton's pipeliner prefetches (prologue + steady state) beside K and V; the plain masked
-    bias load is not."""
-    assert sm90_report["fwd_bias_dot_D64"][3] >= sm90_report["fwd_bias_D64"][3] + 3
-    assert sm90_report["fwd_bias_dot_D64"][1] == 0  # no spill
+def test_sm90_tma_bias_is_prefetched(sm90_report):
+    """The TMA forward's bias tile is one more TMA copy that Triton's pipeliner issues num_stages
+    ahead (prologue + steady state) beside K and V, where the pointer kernel's masked bias load is
+    synchronous."""
+    assert sm90_report["fwd_tma_bias_D64"][3] >= sm90_report["fwd_tma_D64"][3] + 3
 
 
 # Cases whose default tile spills and is still the fastest measured (attention.py's config notes):

@@ -210,15 +210,15 @@ _OVERRIDE: dict[str, tuple] = {}
 # (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
 # Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
 # that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
-_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "via_dot": False, "tma": True}
+_BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "tma": True}
 # With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
 # warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
 # 2.01 ms against 1.37).
 _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
-# _BIAS_FWD["via_dot"]: load the bias tile as the A operand of a product with the identity, so that
-# Triton prefetches it by cp.async like K and V (its plain load is synchronous in the sm_90 TTGIR
-# and every key tile waits for it; docs/notes-attention.md). Needs the bias in q's 2-byte dtype
-# (b x 1 is then exact). Opt-in until measured (scripts/experiments/attention_bias_dot.py).
+# A bias tile prefetched like K and V (a masked pointer load is synchronous in the sm_90 TTGIR) by
+# loading it as the A operand of a product with the identity was tried and removed: it paid a third
+# MMA a key tile, 0.925x the add at D = 64 (logs/attention-bias-dot.log). The TMA forward
+# (_BIAS_FWD["tma"]) prefetches it without one.
 # Bias shared by the batch, no mask, B even, head dim <= _BIAS_FWD["pair_max_d"]: two batch elements
 # a program share each bias tile (attention_kernels._attn_fwd_bias_pair_kernel). Off by default
 # (pair_max_d 0): measured on the H200 (scripts/experiments/attention_bias_pair.py,
@@ -366,6 +366,13 @@ def _empty_like_out(q):
 
 # v4 (TMA loads) is opt-in until measured on the H200: ``with use_tma(): ...`` or the variant.
 _TMA = {"on": False}
+# The forward's online softmax rescales acc and l only when a row's max grows by more than 2^8
+# (attention_kernels._online_softmax, LAZY). Opt-in until measured.
+_LAZY = {"on": False}
+
+
+def _lazy_kw() -> dict:
+    return {"LAZY": True} if _LAZY["on"] else {}
 
 
 @contextlib.contextmanager
@@ -446,7 +453,7 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
     K_._attn_fwd_tma_kernel[(-(-Sq // bm), B * H)](
         qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, rows_b, rows_h, *out.stride(),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, HAS_BIAS=bias is not None,
-        BATCH_FASTEST=batch_fastest, num_warps=warps, num_stages=stages)
+        BATCH_FASTEST=batch_fastest, **_lazy_kw(), num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -462,6 +469,11 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         return out, lse
     if Sk == 0:
         return out.zero_(), lse.fill_(float("-inf"))
+    if scale <= 0:
+        # The kernels take the row max on q.k unscaled (the scale rides in the exponent, see
+        # attention_kernels._fwd_update), which needs a positive scale: scale * q.k is
+        # (-scale) * (-q).k, and a zero scale leaves the bias alone (0 = 0 * k with scale 1).
+        q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
     if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
     full = (B, H, Sq, Sk)
@@ -488,14 +500,8 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
         PREC="ieee" if q.dtype == torch.float32 else None, BATCH_FASTEST=batch_fastest,
-        BIAS_DOT=_bias_via_dot(q, bias), num_warps=warps, num_stages=stages)
+        **_lazy_kw(), num_warps=warps, num_stages=stages)
     return out, lse
-
-
-def _bias_via_dot(q, bias) -> bool:
-    """The forward's bias through the identity product (``_BIAS_FWD["via_dot"]``): only where it
-    is exact, a 2-byte bias of q's dtype (or fp32 with fp32 q under IEEE precision)."""
-    return bool(_BIAS_FWD["via_dot"] and bias is not None and bias.dtype == q.dtype)
 
 
 def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):

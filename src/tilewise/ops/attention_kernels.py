@@ -19,64 +19,76 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY: tl.constexpr):
+    """One key tile's online-softmax step on scores t in units of 1 / qk_scale (qk_scale > 0):
+    the row max is taken on t and the scale rides in the exponent's FFMA, so no multiply per
+    score; m_i (log2 domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with
+    acc and l_i rescaled to the new max, p = exp2(qk_scale * t - m_i).
+
+    LAZY: the max used in the exponent moves only when some row's tile max exceeds it by more than
+    8 (log2 units), decided for the whole tile, and only then are acc and l rescaled; otherwise p
+    may reach 2^8, harmless in fp32 sums and 16-bit P. The result is exact either way (l and acc
+    share the max they were taken against)."""
+    m_tile = tl.max(t, 1) * qk_scale
+    if LAZY:
+        if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) != 0:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        p = tl.math.exp2(t * qk_scale - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i += tl.sum(p, 1)
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(t * qk_scale - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    return p, acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, stride_mm, stride_mn,
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr, BIAS_DOT: tl.constexpr = False):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, LAZY: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    if HAS_BIAS and BIAS_DOT:
-        # The bias tile enters as the A operand of a product with the identity: (b I)[m, n] =
-        # b[m, n] exactly (one product by 1 a sum, fp32 accumulate; b has q's 2-byte type). Triton's
-        # pipeliner prefetches (cp.async, num_stages ahead) a load that feeds a dot and has no mask,
-        # as it does K and V; the plain masked bias load it leaves synchronous (sm_90 TTGIR). So the
-        # indices are clamped instead of masked: rows past Sq are never stored, columns past Sk get
-        # -inf below. Costs a (BLOCK_M, BLOCK_N, BLOCK_N) MMA a key tile.
-        rows = tl.minimum(offs_m, Sq - 1)
-        cols = offs_n
-        if BOUNDS:
-            cols = tl.minimum(offs_n, Sk - 1)
-        b = tl.load(Bias + rows[:, None] * stride_bm + cols[None, :] * stride_bn)
-        eye = (tl.arange(0, BLOCK_N)[:, None] == tl.arange(0, BLOCK_N)[None, :]).to(b.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * (qk_scale * LN2)
-        s = tl.dot(b, eye, acc=s, input_precision=PREC) * LOG2E
-        if HAS_MASK:
-            mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
-    else:
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        if HAS_BIAS or HAS_MASK:
-            mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
-        if HAS_BIAS:
-            b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
-            s += b.to(tl.float32) * LOG2E
+    t = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if HAS_BIAS or HAS_MASK:
+        mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
+    if HAS_BIAS:
+        b = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask, other=0.0)
+        t = tl.fma(b.to(tl.float32), LOG2E / qk_scale, t)  # fma: see _fwd_tile_tma
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
-        s = tl.where(mk != 0, s, float("-inf"))
-    return _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
-                       CAUSAL, BOUNDS, PREC)
+        t = tl.where(mk != 0, t, float("-inf"))
+    return _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
+                       CAUSAL, BOUNDS, PREC, LAZY)
 
 
 @triton.jit
-def _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
-                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
-    # The online softmax step for one key tile's log2-domain scores s: bounds and causal masking,
-    # running max and sum, the accumulator rescaled, then P V added.
+def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
+                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr, LAZY: tl.constexpr = False):
+    # The online softmax step for one key tile. t holds the scores in units of 1 / qk_scale (q.k,
+    # plus bias * log2(e) / qk_scale): the log2-domain score is qk_scale * t (qk_scale > 0, the
+    # launcher sees to it), so the row max is taken on t and the scale rides in the exponent's
+    # FFMA instead of a multiply per score. m_i stays in the log2 domain. Then bounds and causal
+    # masking, running max and sum, the accumulator rescaled, and P V added.
     if BOUNDS:
         keep = offs_n[None, :] < Sk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+        t = tl.where(keep, t, float("-inf"))
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY)
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
     return acc, l_i, m_new
@@ -89,7 +101,7 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-              BIAS_DOT: tl.constexpr = False):
+              LAZY: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -98,12 +110,12 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, BIAS_DOT)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, LAZY)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, BIAS_DOT)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, LAZY)
     return acc, l_i, m_i
 
 
@@ -147,7 +159,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False, BIAS_DOT: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False, LAZY: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -181,11 +193,11 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_DOT)
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, LAZY)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, BIAS_DOT)
+                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, LAZY)
     _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
@@ -194,13 +206,13 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
 def _fwd_pair_step(acc, l_i, m_i, q, K, V, b2, offs_n, offs_m, offs_d, Sk,
                    stride_kn, stride_kd, stride_vn, stride_vd, qk_scale,
                    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
-    # One key tile of one batch element, given the bias tile already in the log2 domain (b2).
+    # One key tile of one batch element, given the bias tile in _fwd_update's units (b2).
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + b2
-    return _fwd_update(acc, l_i, m_i, s, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd,
+    t = tl.dot(q, tl.trans(k), input_precision=PREC) + b2
+    return _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
                        CAUSAL, BOUNDS, PREC)
 
 
@@ -213,7 +225,7 @@ def _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, lo,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
         b2 = tl.load(Bias + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn, mask=mn_mask,
-                     other=0.0).to(tl.float32) * LOG2E
+                     other=0.0).to(tl.float32) * (LOG2E / qk_scale)
         acc0, l0, m0 = _fwd_pair_step(acc0, l0, m0, q0, K0, V0, b2, offs_n, offs_m, offs_d, Sk, stride_kn, stride_kd,
                                       stride_vn, stride_vd, qk_scale, HEAD_DIM, CAUSAL, BOUNDS, PREC)
         acc1, l1, m1 = _fwd_pair_step(acc1, l1, m1, q1, K1, V1, b2, offs_n, offs_m, offs_d, Sk, stride_kn, stride_kd,
@@ -452,28 +464,27 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
 
 @triton.jit
 def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  LAZY: tl.constexpr):
     # Rows past Sk belong to the next head (or are TMA zero-fill at the end): their scores are set
     # to -inf below, so they add exp2(-inf) * v = 0. Likewise the bias tile's columns past Sk (zero
     # fill) and rows past Sq (the next head's rows, never stored).
     k = Kd.load([kv_row + start_n, 0])
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    t = tl.dot(q, tl.trans(k))
     if HAS_BIAS:
-        # A descriptor load that feeds no dot is still prefetched num_stages ahead by Triton's
-        # pipeliner (TMA copy + barrier in the sm_90 TTGIR), where a masked pointer load is not.
-        s += Bd.load([b_row, start_n]).to(tl.float32) * LOG2E
+        # A descriptor load is prefetched num_stages ahead by Triton's pipeliner (TMA copy +
+        # barrier in the sm_90 TTGIR), where a masked pointer load is not. An explicit fma, not
+        # `t += b * c`: Triton folds an add onto a dot into the dot's accumulator, and a load
+        # that feeds the accumulator is left synchronous (Triton 3.6 and 3.9).
+        t = tl.fma(Bd.load([b_row, start_n]).to(tl.float32), LOG2E / qk_scale, t)
+    # As _fwd_update (t in units of 1 / qk_scale; the scale rides in the exponent's FFMA).
     if BOUNDS:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keep = offs_n[None, :] < Sk
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+        t = tl.where(keep, t, float("-inf"))
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY)
     v = Vd.load([kv_row + start_n, 0])
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
@@ -483,7 +494,8 @@ def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, 
 def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, bias_rows_b, bias_rows_h,
                          stride_ob, stride_oh, stride_om, stride_od,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False):
+                         CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False,
+                         LAZY: tl.constexpr = False):
     """v4: the forward of v3 for contiguous inputs without a mask, Q/K/V tiles loaded by TMA
     (tensor descriptors over the (rows, D) views) instead of per-thread pointers: no address
     registers, and the copy engine fills shared memory while the warps compute. With HAS_BIAS, Bd
@@ -512,10 +524,10 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
     n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, False, HAS_BIAS)
+                                      BLOCK_N, CAUSAL, False, HAS_BIAS, LAZY)
     for start_n in range(n_full, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, True, HAS_BIAS)
+                                      BLOCK_N, CAUSAL, True, HAS_BIAS, LAZY)
     empty = l_i == 0.0
     l_div = tl.where(empty, 1.0, l_i)
     out = acc / l_div[:, None]
