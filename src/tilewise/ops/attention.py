@@ -364,15 +364,11 @@ def _empty_like_out(q):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-# v4 (TMA loads) is opt-in until measured on the H200: ``with use_tma(): ...`` or the variant.
+# v4 (TMA loads) without a bias is opt-in (``with use_tma(): ...`` or the variant): measured 5-8 %
+# slower than v3's pointer loads on every plain forward (e.g. bench 767ce4a, B=4 H=16 S=4096: D 64
+# 0.676 ms against 0.629, D 128 1.206 against 1.128). With a bias it is the default where it
+# applies (``_BIAS_FWD["tma"]``): its bias tile is prefetched, the pointer kernel's is not.
 _TMA = {"on": False}
-# The forward's online softmax rescales acc and l only when a row's max grows by more than 2^8
-# (attention_kernels._online_softmax, LAZY). Opt-in until measured.
-_LAZY = {"on": False}
-
-
-def _lazy_kw() -> dict:
-    return {"LAZY": True} if _LAZY["on"] else {}
 
 
 @contextlib.contextmanager
@@ -453,7 +449,7 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
     K_._attn_fwd_tma_kernel[(-(-Sq // bm), B * H)](
         qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, rows_b, rows_h, *out.stride(),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, HAS_BIAS=bias is not None,
-        BATCH_FASTEST=batch_fastest, **_lazy_kw(), num_warps=warps, num_stages=stages)
+        BATCH_FASTEST=batch_fastest, num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -500,7 +496,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
         PREC="ieee" if q.dtype == torch.float32 else None, BATCH_FASTEST=batch_fastest,
-        **_lazy_kw(), num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages)
     return out, lse
 
 

@@ -19,35 +19,22 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY: tl.constexpr):
+def _online_softmax(acc, l_i, m_i, t, qk_scale):
     """One key tile's online-softmax step on scores t in units of 1 / qk_scale (qk_scale > 0):
     the row max is taken on t and the scale rides in the exponent's FFMA, so no multiply per
     score; m_i (log2 domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with
     acc and l_i rescaled to the new max, p = exp2(qk_scale * t - m_i).
 
-    LAZY: the max used in the exponent moves only when some row's tile max exceeds it by more than
-    8 (log2 units), decided for the whole tile, and only then are acc and l rescaled; otherwise p
-    may reach 2^8, harmless in fp32 sums and 16-bit P. The result is exact either way (l and acc
-    share the max they were taken against)."""
-    m_tile = tl.max(t, 1) * qk_scale
-    if LAZY:
-        if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) != 0:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        p = tl.math.exp2(t * qk_scale - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i += tl.sum(p, 1)
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(t * qk_scale - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        m_i = m_new
-    return p, acc, l_i, m_i
+    Tried and dropped: rescaling acc and l only when some row's max grows by more than 2^8 (a
+    CTA-wide reduction and branch a tile): 8-20 % slower on every forward measured
+    (logs/attention-softmax-fold.log)."""
+    m_new = tl.maximum(m_i, tl.max(t, 1) * qk_scale)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(t * qk_scale - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    return p, acc, l_i, m_new
 
 
 @triton.jit
@@ -56,7 +43,7 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr, LAZY: tl.constexpr = False):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
@@ -72,12 +59,12 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
         t = tl.where(mk != 0, t, float("-inf"))
     return _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
-                       CAUSAL, BOUNDS, PREC, LAZY)
+                       CAUSAL, BOUNDS, PREC)
 
 
 @triton.jit
 def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
-                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr, LAZY: tl.constexpr = False):
+                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
     # The online softmax step for one key tile. t holds the scores in units of 1 / qk_scale (q.k,
     # plus bias * log2(e) / qk_scale): the log2-domain score is qk_scale * t (qk_scale > 0, the
     # launcher sees to it), so the row max is taken on t and the scale rides in the exponent's
@@ -88,7 +75,7 @@ def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
         t = tl.where(keep, t, float("-inf"))
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY)
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale)
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
     return acc, l_i, m_new
@@ -100,8 +87,7 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-              LAZY: tl.constexpr = False):
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -110,12 +96,12 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, LAZY)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, LAZY)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
     return acc, l_i, m_i
 
 
@@ -159,7 +145,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False, LAZY: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -193,11 +179,11 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, LAZY)
+                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                               stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, LAZY)
+                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
     _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
@@ -464,8 +450,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
 
 @triton.jit
 def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  LAZY: tl.constexpr):
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr):
     # Rows past Sk belong to the next head (or are TMA zero-fill at the end): their scores are set
     # to -inf below, so they add exp2(-inf) * v = 0. Likewise the bias tile's columns past Sk (zero
     # fill) and rows past Sq (the next head's rows, never stored).
@@ -484,7 +469,7 @@ def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, 
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
         t = tl.where(keep, t, float("-inf"))
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, LAZY)
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale)
     v = Vd.load([kv_row + start_n, 0])
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
@@ -494,8 +479,7 @@ def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, 
 def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, bias_rows_b, bias_rows_h,
                          stride_ob, stride_oh, stride_om, stride_od,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False,
-                         LAZY: tl.constexpr = False):
+                         CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr = False, BATCH_FASTEST: tl.constexpr = False):
     """v4: the forward of v3 for contiguous inputs without a mask, Q/K/V tiles loaded by TMA
     (tensor descriptors over the (rows, D) views) instead of per-thread pointers: no address
     registers, and the copy engine fills shared memory while the warps compute. With HAS_BIAS, Bd
@@ -524,10 +508,10 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
     n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, False, HAS_BIAS, LAZY)
+                                      BLOCK_N, CAUSAL, False, HAS_BIAS)
     for start_n in range(n_full, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
-                                      BLOCK_N, CAUSAL, True, HAS_BIAS, LAZY)
+                                      BLOCK_N, CAUSAL, True, HAS_BIAS)
     empty = l_i == 0.0
     l_div = tl.where(empty, 1.0, l_i)
     out = acc / l_div[:, None]
