@@ -25,8 +25,13 @@ def _operands(M, N, K, dtype, b_layout, seed=0):
 
 
 def _run(variant, a, b, **kw):
-    if variant == "v3_tma_persistent" and not gt.tma_applies(a, b, kw.get("out_dtype")):
+    if variant in ("v3_tma_persistent", "v3_tma_split") and not gt.tma_applies(a, b, kw.get("out_dtype")):
         pytest.skip("layout not TMA-compatible")
+    if variant == "v3_tma_split" and (a.dtype not in (torch.float16, torch.bfloat16)
+                                      or (kw.get("out_dtype") or a.dtype).itemsize != 2):
+        with pytest.raises(ValueError, match="2-byte"):
+            gt.VARIANTS[variant](a, b, **kw)
+        pytest.skip("v3_tma_split takes 16-bit inputs and outputs only (the error is checked)")
     return gt.VARIANTS[variant](a, b, **kw)
 
 
@@ -70,7 +75,7 @@ def test_split_k_heuristic_and_auto_route(monkeypatch):
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 def test_plain_gemm_odd_sizes(variant, dtype, b_layout):
     # TMA needs 16-byte rows: N = 40 keeps it applicable while M, K stay odd-ish.
-    M, N, K = (33, 40, 24) if variant == "v3_tma_persistent" else (33, 37, 19)
+    M, N, K = (33, 40, 24) if variant.startswith("v3_tma") else (33, 37, 19)
     a, b, _ = _operands(M, N, K, dtype, b_layout)
     out = poison(torch.empty(M, N, device=DEV, dtype=dtype))
     res = _run(variant, a, b, out=out)
@@ -86,6 +91,41 @@ def test_persistent_with_a_fixed_tile(monkeypatch):
     out = poison(torch.empty(45, 38, device=DEV, dtype=torch.float32))
     gt._run_pointer("persistent", a, b, out, bias, "relu", None, None, "ieee", None, fixed=(16, 16, 16, 1, 4))
     assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(33, 72, 24), (50, 40, 40), (17, 112, 136)], ids=str)
+def test_tma_split_tile_both_halves(shape, b_layout, dtype, monkeypatch):
+    """v3_tma_split: a (BLOCK_M, BLOCK_N + BLOCK_N2) tile as two products; N = 72 / 112 end inside
+    the second half of a tile, N = 40 inside the first (the second half all outside); bias, GELU
+    and the pre-activation aux through both halves' descriptors; fewer programs than tiles."""
+    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 2)
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, dtype, b_layout, seed=M + N)
+    out = poison(torch.empty(M, N, device=DEV, dtype=dtype))
+    aux = poison(torch.empty(M, N, device=DEV, dtype=dtype))
+    gt.VARIANTS["v3_tma_split"](a, b, bias=bias, activation="gelu", out=out, aux=aux)
+    assert rel_error(out, gt.reference(a, b, bias, "gelu").float()) < TOL[dtype]
+    assert rel_error(aux, gt.reference(a, b, bias).float()) < TOL[dtype]
+
+
+def test_split_tile_rule_and_auto_route(monkeypatch):
+    """split_tile_pays: the wave model picks 128 x 192 at 1536^2 and 3072^2 on 132 SMs, not at 2304,
+    4096, 5003 or 8192; gemm() routes 16-bit outputs there (not fp32 outputs)."""
+    assert gt.split_tile_pays(1536, 1536, 132) and gt.split_tile_pays(3072, 3072, 132)
+    assert not any(gt.split_tile_pays(n, n, 132) for n in (2304, 4096, 5003, 8192))
+    taken = []
+    for name in ("v3_tma_persistent", "v3_tma_split"):
+        real = gt.VARIANTS[name]
+        monkeypatch.setitem(gt.VARIANTS, name, lambda *a, _n=name, _r=real, **k: taken.append(_n) or _r(*a, **k))
+    monkeypatch.setattr(gt, "_small_applies", lambda *a, **k: False)
+    monkeypatch.setattr(gt, "split_tile_pays", lambda M, N, sms: True)
+    a, b, _ = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
+    out = gt.gemm(a, b)
+    gt.gemm(a, b, out_dtype=torch.float32)
+    assert taken == ["v3_tma_split", "v3_tma_persistent"]
+    assert rel_error(out, gt.reference(a, b).float()) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("sms", [3, 4, 7])
@@ -378,7 +418,15 @@ ssig = {k: ssig[k] for k in ["a_ptr", "b_ptr", "a_desc", "b_desc", "c_ptr", "bia
 sk = build(gt._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
                                            "USE_TMA": True, "B_KMAJOR": True},
            ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 4)
-print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "limit": gt._SMEM_LIMIT}))
+bm, bn, bn2, bk, st, w = gt._SPLIT_TILE
+spsig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16[{bk}, {bn}]>",
+         "b2_desc": f"tensordesc<bf16[{bk}, {bn2}]>", "c_desc": f"tensordesc<bf16[{bm}, {bn}]>",
+         "c2_desc": f"tensordesc<bf16[{bm}, {bn2}]>", "aux_desc": f"tensordesc<bf16[{bm}, {bn}]>",
+         "aux2_desc": f"tensordesc<bf16[{bm}, {bn2}]>", "bias_ptr": "*bf16", "scale_a_ptr": "*fp32",
+         "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NUM_SMS": "i32"}
+split = build(gt._gemm_tma_split_kernel, spsig, {**meta, "BLOCK_N": bn, "BLOCK_N2": bn2, "BLOCK_K": bk,
+                                                 "B_KMAJOR": False}, ["M", "N", "K"], w, st)
+print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "split": split, "limit": gt._SMEM_LIMIT}))
 """
 
 
@@ -397,6 +445,28 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
     assert r["tma"]["wgmma"] and r["tma"]["tma"] and r["tma"]["e4m3"]
     assert r["tma"]["smem"] <= r["limit"]
     assert r["streamk"]["wgmma"] and r["streamk"]["tma"] and r["streamk"]["smem"] <= r["limit"]
+    assert r["split"]["wgmma"] and r["split"]["tma"] and r["split"]["smem"] <= r["limit"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(1536, 1536, 1536), (3072, 3072, 3072), (1000, 1096, 520), (129, 200, 4104)],
+                         ids=str)
+def test_gpu_tma_split(shape, b_layout, dtype):
+    """v3_tma_split on the GPU (its 128 x 192 tile): sizes where gemm() picks it, tiles cut in the
+    first and second halves, long K; bias + ReLU + aux; poisoned outputs."""
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, dtype, b_layout, seed=M + K)
+    out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    aux = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    gt.VARIANTS["v3_tma_split"](a, b, bias=bias, activation="relu", out=out, aux=aux)
+    pre = a.double() @ b.double() + bias.double()
+    assert rel_error(out, torch.relu(pre)) <= TOL[dtype]
+    assert rel_error(aux, pre) <= TOL[dtype]
+    if M == N == K:
+        assert gt.split_tile_pays(M, N, gt._num_sms(a.get_device())) == (gt._num_sms(a.get_device()) == 132)
+        assert rel_error(gt.gemm(a, b), a.double() @ b.double()) <= TOL[dtype]
 
 
 @pytest.mark.gpu

@@ -341,13 +341,63 @@ def _gemm_tma_persistent_kernel(a_desc, b_desc, c_desc, aux_desc, bias_ptr, scal
         off_n = pid_n * BLOCK_N
         acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR,
                             PRECISION, UPCAST)
-        offs_m = off_m + tl.arange(0, BLOCK_M)
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
-        if STORE_AUX:
-            aux_desc.store([off_m, off_n], acc.to(aux_desc.dtype))
-        acc = _activate(acc, ACTIVATION)
-        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))  # the copy engine clips at M, N
+        _tma_store_tile(acc, c_desc, aux_desc, off_m, off_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
+                        BLOCK_M, BLOCK_N, HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
+def _tma_store_tile(acc, c_desc, aux_desc, off_m, off_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
+                    STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr):
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+    if STORE_AUX:
+        aux_desc.store([off_m, off_n], acc.to(aux_desc.dtype))
+    acc = _activate(acc, ACTIVATION)
+    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))  # the copy engine clips at M, N
+
+
+@triton.jit
+def _gemm_tma_split_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, aux_desc, aux2_desc, bias_ptr, scale_a_ptr,
+                           scale_b_ptr, M, N, K, NUM_SMS,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, STORE_AUX: tl.constexpr,
+                           ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """v3_tma_split: v3_tma_persistent with a BLOCK_M x (BLOCK_N + BLOCK_N2) tile, a width Triton
+    cannot give one tensor (128 + 64 = 192): two accumulators fed by one A tile and two B tiles, two
+    products a K-step, each half stored through its own descriptors."""
+    BN: tl.constexpr = BLOCK_N + BLOCK_N2
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BN
+        off_n2 = off_n + BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
+        for kk in range(0, k_tiles):
+            off_k = kk * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_KMAJOR:
+                b = b_desc.load([off_n, off_k]).T
+                b2 = b2_desc.load([off_n2, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+                b2 = b2_desc.load([off_k, off_n2])
+            if UPCAST:  # see _mainloop
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+                b2 = b2.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc2 = tl.dot(a, b2, acc2, input_precision=PRECISION)
+        _tma_store_tile(acc, c_desc, aux_desc, off_m, off_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
+                        BLOCK_M, BLOCK_N, HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION)
+        _tma_store_tile(acc2, c2_desc, aux2_desc, off_m, off_n2, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
+                        BLOCK_M, BLOCK_N2, HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION)
 
 
 # --------------------------------------------------------------------------- autotuning
@@ -650,6 +700,60 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
     return out
 
 
+# v3_tma_split's one config: (BLOCK_M, BLOCK_N, BLOCK_N2, BLOCK_K, num_stages, num_warps); the
+# interpreter's keeps a split (16 + 16) so that odd sizes cross both halves.
+_SPLIT_TILE = (128, 128, 64, 64, 4, 8)
+_SPLIT_TILE_INTERP = (16, 16, 16, 16, 1, 4)
+
+
+def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if a.dtype not in (torch.float16, torch.bfloat16) or out.element_size() != 2:
+        raise ValueError(f"gemm.v3_tma_split: float16 / bfloat16 inputs and output only (its tile and "
+                         f"stages are sized for 2-byte types), got {a.dtype} -> {out.dtype}; use "
+                         f"v3_tma_persistent or gemm()")
+    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
+        raise ValueError("gemm.v3_tma_split: TMA needs 'a' with unit stride along K, 'b' with unit stride along "
+                         "N or K, 16-byte aligned pointers and row strides (also of out and aux), and N * out "
+                         "itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+    M, K = a.shape
+    N = b.shape[1]
+    bm, bn, bn2, bk, stages, warps = _SPLIT_TILE_INTERP if _INTERPRET else _SPLIT_TILE
+    b_kmajor = b.stride(1) != 1
+
+    def bdesc(width):
+        return TensorDescriptor.from_tensor(b.t(), [width, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, width])
+
+    c_desc, c2_desc = TensorDescriptor.from_tensor(out, [bm, bn]), TensorDescriptor.from_tensor(out, [bm, bn2])
+    aux_desc, aux2_desc = ((TensorDescriptor.from_tensor(aux, [bm, bn]), TensorDescriptor.from_tensor(aux, [bm, bn2]))
+                           if aux is not None else (c_desc, c2_desc))
+    sms = _num_sms(a.get_device())
+    dummy = out
+    meta = _common_meta(a, bias, activation, scale_a, precision, aux)
+    _gemm_tma_split_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn + bn2)),)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), bdesc(bn), bdesc(bn2), c_desc, c2_desc, aux_desc, aux2_desc,
+        bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
+        scale_b if scale_b is not None else dummy, M, N, K, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk,
+        GROUP_M=8, B_KMAJOR=b_kmajor, **meta, num_stages=stages, num_warps=warps)
+    return out
+
+
+def split_tile_pays(M: int, N: int, sms: int) -> bool:
+    """Whether gemm() takes v3_tma_split's 128 x 192 tile for an (M, N) output: the wave model says
+    it fills the last wave at least 5 points better than both 128 x 128 and 128 x 256 (the share
+    of busy SMs over the waves, tiles / (ceil(tiles / sms) * sms)). On 132 SMs: 1536^2 (96 tiles
+    in one wave, 0.73, against 144 and 72: 0.55) and 3072^2 (384 tiles, 0.97, against 576: 0.87
+    and 288: 0.73); not 2304, 4096, 5003. Measured graph-replayed (scripts/experiments/
+    gemm_split_tiles.py, logs/gemm-split-tiles.log, bf16): 1536 0.71x cuBLAS against gemm()'s
+    0.64x; 3072 0.88x against 0.83x; 4096 0.71x against 0.96x."""
+    def fill(bn):
+        tiles = triton.cdiv(M, 128) * triton.cdiv(N, bn)
+        return tiles / (triton.cdiv(tiles, sms) * sms)
+
+    return fill(192) >= max(fill(128), fill(256)) + 0.05
+
+
 _SPLITK_TILE = 64
 
 
@@ -714,6 +818,8 @@ def _variant(kind):
             return out
         if kind == "tma":
             return _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+        if kind == "tma_split":
+            return _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
         if kind == "streamk":
             return _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
         return _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux)
@@ -722,7 +828,8 @@ def _variant(kind):
 
 
 VARIANTS = {"v1_tiled": _variant("tiled"), "v2_persistent": _variant("persistent"),
-            "v3_tma_persistent": _variant("tma"), "v4_streamk": _variant("streamk")}
+            "v3_tma_persistent": _variant("tma"), "v3_tma_split": _variant("tma_split"),
+            "v4_streamk": _variant("streamk")}
 
 
 # Small problems (at most 16 tiles of 128 x 128, e.g. 512 x 512): the persistent kernel with a fixed
@@ -781,7 +888,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
                 16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); else v3_tma_persistent
-                where the layouts allow TMA, else v1_tiled) or a key of VARIANTS.
+                where the layouts allow TMA (v3_tma_split's 128 x 192 tile for 16-bit outputs whose
+                tile count it fits better, ``split_tile_pays``), else v1_tiled) or a key of VARIANTS.
     Returns the (M, N) result of dtype out_dtype.
     """
     if (variant is None and aux is None and scale_a is None and scale_b is None and isinstance(a, torch.Tensor)
@@ -798,8 +906,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         # 1.022x / 0.986x / 1.02x cuBLAS against v3's 0.930x / 0.939x / 0.91x, bench rows 38046a9,
         # 54b6af0, e7c4f50), level with or behind it at 4096^3 (0.96x / 0.89x / 0.92x against
         # 0.99x / 0.90x / 0.93x).
-        big = a.dtype in (torch.float16, torch.bfloat16) and a.shape[0] * b.shape[1] >= _V1_FROM_MN
+        two_byte = a.dtype in (torch.float16, torch.bfloat16)
+        big = two_byte and a.shape[0] * b.shape[1] >= _V1_FROM_MN
         variant = "v3_tma_persistent" if ok and not big else "v1_tiled"
+        od = out.dtype if out is not None else (out_dtype or a.dtype)
+        if (variant == "v3_tma_persistent" and two_byte and od.itemsize == 2
+                and split_tile_pays(a.shape[0], b.shape[1], _num_sms(a.get_device()))):
+            variant = "v3_tma_split"
     if variant not in VARIANTS:
         raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
