@@ -11,6 +11,13 @@ Before (bench e7c4f50, graph-replayed): 1536 0.62x cuBLAS, 2304 ~0.8x, 3072 0.82
 Prediction: 3072 with 128 x 192 (384 tiles = 2.9 waves) ~0.9x; 1536 with 192 x 96 (128 tiles)
 ~0.8x; no gain at 4096.
 
+Measured (H200, cd229ca, logs/gemm-split-tiles.log; x cuBLAS, graph-replayed): 1536: 128 x (128 + 64)
+0.714x (96 tiles) against gemm()'s 0.640x; 192 x 96 0.55-0.58x (its 64-row half runs 64 x 16 / 64
+x 32 wgmma); 2304: 0.87-0.88x, and this kernel's plain 128 x 128 0.886x against gemm()'s 0.742x
+(its autotuner's pick); 3072: 128 x (128 + 64) 0.881x against 0.826x, 192 x 192 0.815x; 4096: 0.71x
+against 0.957x. So gemm() takes the 128 x 192 tile where the wave model says it fills the GPU
+better (gemm_triton.split_tile_pays).
+
 Run on the GPU (~2 minutes): PYTHONPATH=src python3 scripts/experiments/gemm_split_tiles.py
 """
 
