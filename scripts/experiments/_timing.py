@@ -31,3 +31,13 @@ def bias_attention_case(B: int, H: int, S: int, D: int, g: "torch.Generator", be
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
     return q, k, v, bias, ref, t_cudnn, 4 * B * H * S * S * D
+
+
+def square_gemm_case(n: int, dtype):
+    """(a, b, out, ref) for an n^3 GEMM experiment: a, b from a generator seeded with n, out empty,
+    ref = a @ b in fp32 (gemm_tma_configs, gemm_split_tiles)."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    out = torch.empty(n, n, device="cuda", dtype=dtype)
+    return a, b, out, a.float() @ b.float()

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from _timing import square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
@@ -106,11 +107,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     dtype = torch.bfloat16
     for n, cfgs in CONFIGS.items():
-        g = torch.Generator(device="cuda").manual_seed(n)
-        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        out = torch.empty(n, n, device="cuda", dtype=dtype)
-        ref = a.float() @ b.float()
+        a, b, out, ref = square_gemm_case(n, dtype)
         base = time_ms_graph(lambda: torch.matmul(a, b, out=out))
         ta = time_ms_graph(lambda: G.gemm(a, b, out=out))
         print(f"{n}: cuBLAS {base * 1e3:.1f} us ({2 * n ** 3 / base / 1e9:.0f} TF/s), auto {base / ta:.3f}x", flush=True)

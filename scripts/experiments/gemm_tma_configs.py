@@ -11,6 +11,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from _timing import square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
@@ -37,11 +38,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.bfloat16, torch.float16):
         for n in SIZES:
-            g = torch.Generator(device="cuda").manual_seed(n)
-            a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-            b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-            out = torch.empty(n, n, device="cuda", dtype=dtype)
-            ref = a.float() @ b.float()
+            a, b, out, ref = square_gemm_case(n, dtype)
             base = time_ms_graph(lambda: torch.matmul(a, b, out=out))
             line = []
             for cfg in CONFIGS:
