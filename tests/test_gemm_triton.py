@@ -110,22 +110,27 @@ def test_tma_split_tile_both_halves(shape, b_layout, dtype, monkeypatch):
     assert rel_error(aux, gt.reference(a, b, bias).float()) < TOL[dtype]
 
 
-def test_split_tile_rule_and_auto_route(monkeypatch):
-    """split_tile_pays: the wave model picks 128 x 192 at 1536^2 and 3072^2 on 132 SMs, not at 2304,
-    4096, 5003 or 8192; gemm() routes 16-bit outputs there (not fp32 outputs)."""
-    assert gt.split_tile_pays(1536, 1536, 132) and gt.split_tile_pays(3072, 3072, 132)
-    assert not any(gt.split_tile_pays(n, n, 132) for n in (2304, 4096, 5003, 8192))
+def test_tma_tile_rule_and_auto_route(monkeypatch):
+    """tma_tile_for on 132 SMs: 64 x 128 at 768-1000, 128 x 192 at 1536^2 and 3072^2, the
+    autotuner's tiles at 1280, 2048, 2304, 4096, 8192; gemm() routes 16-bit outputs to the fixed
+    64 x 128 launch and to v3_tma_split (fp32 outputs to the autotuned v3), with right answers."""
+    assert [gt.tma_tile_for(n, n, 132) for n in (768, 1000, 1536, 3072)] == ["64x128", "64x128", "128x192", "128x192"]
+    assert all(gt.tma_tile_for(n, n, 132) in ("128x128", "128x256") for n in (1280, 2048, 2304, 4096, 8192))
+    assert gt.tma_tile_for(0, 8, 132) in gt._TMA_TILES  # no division by zero on empty outputs
     taken = []
     for name in ("v3_tma_persistent", "v3_tma_split"):
         real = gt.VARIANTS[name]
         monkeypatch.setitem(gt.VARIANTS, name, lambda *a, _n=name, _r=real, **k: taken.append(_n) or _r(*a, **k))
+    real_fixed = gt._TMA_FIXED_64x128
+    monkeypatch.setattr(gt, "_TMA_FIXED_64x128", lambda *a, **k: taken.append("fixed") or real_fixed(*a, **k))
     monkeypatch.setattr(gt, "_small_applies", lambda *a, **k: False)
-    monkeypatch.setattr(gt, "split_tile_pays", lambda M, N, sms: True)
-    a, b, _ = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
-    out = gt.gemm(a, b)
+    a, b, bias = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
+    for tile in ("128x192", "64x128", "128x128"):
+        monkeypatch.setattr(gt, "tma_tile_for", lambda M, N, sms, _t=tile: _t)
+        out = gt.gemm(a, b, bias=bias, activation="relu")
+        assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.bfloat16]
     gt.gemm(a, b, out_dtype=torch.float32)
-    assert taken == ["v3_tma_split", "v3_tma_persistent"]
-    assert rel_error(out, gt.reference(a, b).float()) < TOL[torch.bfloat16]
+    assert taken == ["v3_tma_split", "fixed", "v3_tma_persistent", "v3_tma_persistent"]
 
 
 @pytest.mark.parametrize("sms", [3, 4, 7])
@@ -455,6 +460,26 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(1000, 1000, 1000), (768, 776, 3000), (1000, 1000, 8)], ids=str)
+def test_gpu_fixed_64x128_tile(shape, b_layout, dtype):
+    """gemm()'s fixed 64 x 128 TMA launch (where tma_tile_for picks it): bias + GELU + aux, sizes
+    off the tile, long and short K, poisoned outputs."""
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, dtype, b_layout, seed=M + N + K)
+    out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    aux = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    gt._TMA_FIXED_64x128(a, b, bias=bias, activation="gelu", out=out, aux=aux)
+    pre = a.double() @ b.double() + bias.double()
+    assert rel_error(out, torch.nn.functional.gelu(pre)) <= TOL[dtype]
+    assert rel_error(aux, pre) <= TOL[dtype]
+    if gt._num_sms(a.get_device()) == 132:
+        assert gt.tma_tile_for(M, N, 132) == "64x128"
+    assert rel_error(gt.gemm(a, b), a.double() @ b.double()) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 @pytest.mark.parametrize("shape", [(1536, 1536, 1536), (3072, 3072, 3072), (1000, 1096, 520), (129, 200, 4104)],
                          ids=str)
 def test_gpu_tma_split(shape, b_layout, dtype):
@@ -469,7 +494,7 @@ def test_gpu_tma_split(shape, b_layout, dtype):
     assert rel_error(out, torch.relu(pre)) <= TOL[dtype]
     assert rel_error(aux, pre) <= TOL[dtype]
     if M == N == K:
-        assert gt.split_tile_pays(M, N, gt._num_sms(a.get_device())) == (gt._num_sms(a.get_device()) == 132)
+        assert (gt.tma_tile_for(M, N, gt._num_sms(a.get_device())) == "128x192") == (gt._num_sms(a.get_device()) == 132)
         assert rel_error(gt.gemm(a, b), a.double() @ b.double()) <= TOL[dtype]
 
 

@@ -16,7 +16,7 @@ Measured (H200, cd229ca, logs/gemm-split-tiles.log; x cuBLAS, graph-replayed): 1
 x 32 wgmma); 2304: 0.87-0.88x, and this kernel's plain 128 x 128 0.886x against gemm()'s 0.742x
 (its autotuner's pick); 3072: 128 x (128 + 64) 0.881x against 0.826x, 192 x 192 0.815x; 4096: 0.71x
 against 0.957x. So gemm() takes the 128 x 192 tile where the wave model says it fills the GPU
-better (gemm_triton.split_tile_pays).
+better (gemm_triton.tma_tile_for).
 
 Run on the GPU (~2 minutes): PYTHONPATH=src python3 scripts/experiments/gemm_split_tiles.py
 """

@@ -676,7 +676,9 @@ def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None 
     return _tma_loads_ok(a, b) and (b.shape[1] * ot) % 16 == 0
 
 
-def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """v3_tma_persistent; ``fixed`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) launches that
+    one config without the autotuner (gemm()'s 64 x 128 choice, see ``tma_tile_for``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     M, K = a.shape
@@ -701,6 +703,17 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
         b_desc.block_shape = [bn, bk] if b_kmajor else [bk, bn]
         c_desc.block_shape = [bm, bn]
         aux_desc.block_shape = [bm, bn]
+    if fixed is not None and not _INTERPRET:
+        bm, bn, bk, stages, warps = fixed
+        a_desc.block_shape = [bm, bk]
+        b_desc.block_shape = [bn, bk] if b_kmajor else [bk, bn]
+        c_desc.block_shape = aux_desc.block_shape = [bm, bn]
+        _gemm_tma_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
+            a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
+            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
+            M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
+            num_stages=stages, num_warps=warps)
+        return out
     grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
     _tma[grid](a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
                scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
@@ -747,19 +760,33 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
     return out
 
 
-def split_tile_pays(M: int, N: int, sms: int) -> bool:
-    """Whether gemm() takes v3_tma_split's 128 x 192 tile for an (M, N) output: the wave model says
-    it fills the last wave at least 5 points better than both 128 x 128 and 128 x 256 (the share
-    of busy SMs over the waves, tiles / (ceil(tiles / sms) * sms)). On 132 SMs: 1536^2 (96 tiles
-    in one wave, 0.73, against 144 and 72: 0.55) and 3072^2 (384 tiles, 0.97, against 576: 0.87
-    and 288: 0.73); not 2304, 4096, 5003. Measured graph-replayed (scripts/experiments/
-    gemm_split_tiles.py, logs/gemm-split-tiles.log, bf16): 1536 0.71x cuBLAS against gemm()'s
-    0.64x; 3072 0.88x against 0.83x; 4096 0.71x against 0.96x."""
-    def fill(bn):
-        tiles = triton.cdiv(M, 128) * triton.cdiv(N, bn)
-        return tiles / (triton.cdiv(tiles, sms) * sms)
+# The tiles gemm() weighs for 16-bit TMA problems: (BLOCK_M, BLOCK_N, throughput at equal wave
+# fill relative to 128 x 128). Measured graph-replayed on the H200, bf16: 64 x 128 0.83 (1280^3,
+# both filling 76 % of the last wave: 0.83x against 1.00x cuBLAS, logs/gemm-tma-configs.log);
+# 128 x 192 0.98 (2304^3, both 82 %: 0.872-0.883x against 0.886x, logs/gemm-split-tiles.log);
+# 128 x 256 1.03 (2048^3, both 97 %: 0.97x against 0.94x, logs/gemm-tma-configs.log).
+_TMA_TILES = {"64x128": (64, 128, 0.83), "128x128": (128, 128, 1.0), "128x192": (128, 192, 0.98),
+              "128x256": (128, 256, 1.03)}
+_TMA_64x128 = (64, 128, 64, 4, 4)  # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
 
-    return fill(192) >= max(fill(128), fill(256)) + 0.05
+
+def tma_tile_for(M: int, N: int, sms: int) -> str:
+    """The key of ``_TMA_TILES`` whose wave fill x relative throughput is highest for an (M, N)
+    output on ``sms`` SMs (fill: tiles / (ceil(tiles / sms) * sms), the share of SM slots busy over
+    the waves). gemm() runs "64x128" as one fixed config, "128x192" as v3_tma_split, the others
+    through v3_tma_persistent's autotuner. On 132 SMs: 768-1000 -> 64 x 128 (1000^2: 128 tiles,
+    one wave); 1536^2 and 3072^2 -> 128 x 192 (96 and 384 tiles: 0.73 and 0.97 fill, against
+    0.55 and 0.87 for 128 x 128); 1280, 2048, 2304, 4096 -> the autotuner.
+
+    Measured graph-replayed (bf16, x cuBLAS): 1000 64 x 128 0.80x against the autotuner's 0.53-0.84x
+    over runs (logs/gemm-tma-configs.log); 1536 128 x 192 0.714x against 0.640x, 3072 0.881x against
+    0.826x (logs/gemm-split-tiles.log)."""
+    def score(name):
+        bm, bn, rel = _TMA_TILES[name]
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        return rel * tiles / (triton.cdiv(tiles, sms) * sms) if tiles else 0.0
+
+    return max(_TMA_TILES, key=score)
 
 
 _SPLITK_TILE = 64
@@ -826,6 +853,8 @@ def _variant(kind):
             return out
         if kind == "tma":
             return _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+        if kind == "tma_64x128":
+            return _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=_TMA_64x128)
         if kind == "tma_split":
             return _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
         if kind == "streamk":
@@ -838,6 +867,7 @@ def _variant(kind):
 VARIANTS = {"v1_tiled": _variant("tiled"), "v2_persistent": _variant("persistent"),
             "v3_tma_persistent": _variant("tma"), "v3_tma_split": _variant("tma_split"),
             "v4_streamk": _variant("streamk")}
+_TMA_FIXED_64x128 = _variant("tma_64x128")  # gemm()'s pick where tma_tile_for says "64x128"
 
 
 # Small problems (at most 16 tiles of 128 x 128, e.g. 512 x 512): the persistent kernel with a fixed
@@ -896,8 +926,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
                 16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); else v3_tma_persistent
-                where the layouts allow TMA (v3_tma_split's 128 x 192 tile for 16-bit outputs whose
-                tile count it fits better, ``split_tile_pays``), else v1_tiled) or a key of VARIANTS.
+                where the layouts allow TMA (16-bit: the tile ``tma_tile_for``'s wave model picks,
+                v3_tma_split's 128 x 192 or a fixed 64 x 128 where they fill the GPU better), else
+                v1_tiled) or a key of VARIANTS.
     Returns the (M, N) result of dtype out_dtype.
     """
     if (variant is None and aux is None and scale_a is None and scale_b is None and isinstance(a, torch.Tensor)
@@ -918,9 +949,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         big = two_byte and a.shape[0] * b.shape[1] >= _V1_FROM_MN
         variant = "v3_tma_persistent" if ok and not big else "v1_tiled"
         od = out.dtype if out is not None else (out_dtype or a.dtype)
-        if (variant == "v3_tma_persistent" and two_byte and od.itemsize == 2
-                and split_tile_pays(a.shape[0], b.shape[1], _num_sms(a.get_device()))):
-            variant = "v3_tma_split"
+        if variant == "v3_tma_persistent" and two_byte and od.itemsize == 2:
+            tile = tma_tile_for(a.shape[0], b.shape[1], _num_sms(a.get_device()))
+            if tile == "128x192":
+                variant = "v3_tma_split"
+            elif tile == "64x128":
+                return _TMA_FIXED_64x128(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
     if variant not in VARIANTS:
         raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
