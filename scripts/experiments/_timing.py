@@ -41,3 +41,15 @@ def square_gemm_case(n: int, dtype):
     b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
     out = torch.empty(n, n, device="cuda", dtype=dtype)
     return a, b, out, a.float() @ b.float()
+
+
+def run_checked(fn, out, ref):
+    """out poisoned with NaN, fn() run and synchronized: (relative error against ref, None), or
+    (None, the exception) when the config fails to compile or launch."""
+    out.fill_(float("nan"))
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        return None, e
+    return ((out.float() - ref).norm() / ref.norm()).item(), None

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from _timing import square_gemm_case
+from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
@@ -112,14 +112,10 @@ def main():
         ta = time_ms_graph(lambda: G.gemm(a, b, out=out))
         print(f"{n}: cuBLAS {base * 1e3:.1f} us ({2 * n ** 3 / base / 1e9:.0f} TF/s), auto {base / ta:.3f}x", flush=True)
         for cfg in cfgs:
-            out.fill_(float("nan"))
-            try:
-                run(a, b, out, cfg, sms)
-                torch.cuda.synchronize()
-            except Exception as e:
+            err, e = run_checked(lambda: run(a, b, out, cfg, sms), out, ref)
+            if e is not None:
                 print(f"  {cfg}: {type(e).__name__}: {str(e)[:150]}", flush=True)
                 continue
-            err = ((out.float() - ref).norm() / ref.norm()).item()
             t = time_ms_graph(lambda: run(a, b, out, cfg, sms))
             tiles = triton.cdiv(n, cfg[0] + cfg[1]) ** 0 * triton.cdiv(n, cfg[0] + cfg[1]) * triton.cdiv(n, cfg[2] + cfg[3])
             print(f"  {cfg[0]}+{cfg[1]} x {cfg[2]}+{cfg[3]} st{cfg[4]} w{cfg[5]}: {base / t:.3f}x cuBLAS, "

@@ -11,7 +11,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from _timing import square_gemm_case
+from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as G
 
@@ -42,14 +42,10 @@ def main():
             base = time_ms_graph(lambda: torch.matmul(a, b, out=out))
             line = []
             for cfg in CONFIGS:
-                out.fill_(float("nan"))
-                try:
-                    run(a, b, out, cfg, sms)
-                    torch.cuda.synchronize()
-                except Exception as e:
+                err, e = run_checked(lambda: run(a, b, out, cfg, sms), out, ref)
+                if e is not None:
                     line.append(f"{cfg}: {type(e).__name__}")
                     continue
-                err = ((out.float() - ref).norm() / ref.norm()).item()
                 t = time_ms_graph(lambda: run(a, b, out, cfg, sms))
                 line.append(f"{cfg[0]}x{cfg[1]}/{cfg[2]}st/{cfg[3]}w {base / t:.2f}x" + ("" if err < 1e-2 else " WRONG"))
             ta = time_ms_graph(lambda: G.gemm(a, b, out=out))
