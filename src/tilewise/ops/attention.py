@@ -226,8 +226,12 @@ _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
 # x 3 stages 0.971 ms against 0.901 for the one-element kernel; B=2 S=8192: 1.911 against 1.975
 # (1.03x). Halving the bias reads did not pay for two accumulators' registers (252-255 a thread,
 # no spill, half the resident warps): the bias is not what bounds the one-element kernel.
-# The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``, ``_tma_bias_applies``).
-_FWD_TMA_BIAS_CONFIGS = {32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
+# The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``, ``_tma_bias_applies``). D = 64:
+# 128 x 64 x 8 warps x 3 stages was ahead of 64 x 64 x 4 x 3 in three of four comparisons and level in
+# the fourth (scripts/experiments/attention_bias_tma.py, B=4 S=4096 / B=2 S=8192: before the scale
+# fold 0.853 / 1.818 ms against 0.848 / 1.941, logs/attention-bias-tma.log; after it 0.850 / 1.802
+# against 0.915 / 1.889, logs/attention-bias-tma-fold.log). D = 128: 128 x 64 x 8 x 3 in both.
+_FWD_TMA_BIAS_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 _FWD_BIAS_PAIR_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
 
 
