@@ -53,3 +53,13 @@ def run_checked(fn, out, ref):
     except Exception as e:  # noqa: BLE001 - reported by the caller
         return None, e
     return ((out.float() - ref).norm() / ref.norm()).item(), None
+
+
+def softmax_case(bench, M: int = 4096, N: int = 131072):
+    """x = 2 * randn (M, N) bf16 from seed 0, an empty y like it, the bytes of reading x and
+    writing y once, and ``bench``'s time of y.copy_(x) (the copy ceiling) for the row-wise kernel
+    experiments (softmax_tma, rowwise_cluster_configs)."""
+    torch.manual_seed(0)
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
+    y = torch.empty_like(x)
+    return x, y, 2 * x.numel() * x.element_size(), bench(lambda: y.copy_(x))

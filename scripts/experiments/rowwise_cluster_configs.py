@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from _timing import softmax_case
 from tilewise.ops import cross_entropy as ce
 from tilewise.ops import rowwise_cluster as rc
 from tilewise.ops import softmax as sm
@@ -28,13 +29,9 @@ def rel(a, b):
 
 
 def main():
-    torch.manual_seed(0)
     bf = torch.bfloat16
-    M, N = 4096, 131072
-    x = torch.randn(M, N, device="cuda", dtype=bf) * 2
-    y = torch.empty_like(x)
-    nbytes = 2 * x.numel() * 2
-    copy = bench(lambda: y.copy_(x))
+    x, y, nbytes, copy = softmax_case(bench)
+    M, N = x.shape
     gbs = lambda b, ms: b / ms / 1e6  # noqa: E731
     print(f"softmax fwd {M}x{N} bf16: copy {gbs(nbytes, copy):.0f} GB/s ({copy:.4f} ms); "
           f"torch.softmax {gbs(nbytes, bench(lambda: torch.softmax(x, -1))):.0f}; "

@@ -19,6 +19,7 @@ Run on the GPU (< 1 minute): PYTHONPATH=src python3 scripts/experiments/softmax_
 import torch
 from triton.testing import do_bench
 
+from _timing import softmax_case
 from tilewise.ops import rowwise_cluster as rc
 from tilewise.ops import softmax as sm
 
@@ -34,14 +35,9 @@ def rel(a, b):
 
 
 def main():
-    torch.manual_seed(0)
-    bf = torch.bfloat16
-    M, N = 4096, 131072
-    x = torch.randn(M, N, device="cuda", dtype=bf) * 2
-    y = torch.empty_like(x)
-    nbytes = 2 * x.numel() * 2
+    x, y, nbytes, copy = softmax_case(bench)
+    M, N = x.shape
     gbs = lambda ms: nbytes / ms / 1e6  # noqa: E731
-    copy = bench(lambda: y.copy_(x))
     t_torch = bench(lambda: torch.softmax(x, -1))
     comp = torch.compile(lambda t: torch.softmax(t, -1))
     comp(x)

@@ -19,15 +19,21 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _online_softmax(acc, l_i, m_i, t, qk_scale):
+def _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
     """One key tile's online-softmax step on scores t in units of 1 / qk_scale (qk_scale > 0):
-    the row max is taken on t and the scale rides in the exponent's FFMA, so no multiply per
-    score; m_i (log2 domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with
-    acc and l_i rescaled to the new max, p = exp2(qk_scale * t - m_i).
+    keys past Sk (BOUNDS) and above the diagonal (CAUSAL too) set to -inf, then the row max taken
+    on t with the scale riding in the exponent's FFMA, so no multiply per score; m_i (log2
+    domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with acc and l_i
+    rescaled to the new max, p = exp2(qk_scale * t - m_i).
 
     Tried and dropped: rescaling acc and l only when some row's max grows by more than 2^8 (a
     CTA-wide reduction and branch a tile): 8-20 % slower on every forward measured
     (logs/attention-softmax-fold.log)."""
+    if BOUNDS:
+        keep = offs_n[None, :] < Sk
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        t = tl.where(keep, t, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(t, 1) * qk_scale)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(t * qk_scale - m_safe[:, None])
@@ -70,12 +76,7 @@ def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride
     # launcher sees to it), so the row max is taken on t and the scale rides in the exponent's
     # FFMA instead of a multiply per score. m_i stays in the log2 domain. Then bounds and causal
     # masking, running max and sum, the accumulator rescaled, and P V added.
-    if BOUNDS:
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        t = tl.where(keep, t, float("-inf"))
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale)
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL, BOUNDS)
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
     return acc, l_i, m_new
@@ -463,13 +464,8 @@ def _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, 
         # that feeds the accumulator is left synchronous (Triton 3.6 and 3.9).
         t = tl.fma(Bd.load([b_row, start_n]).to(tl.float32), LOG2E / qk_scale, t)
     # As _fwd_update (t in units of 1 / qk_scale; the scale rides in the exponent's FFMA).
-    if BOUNDS:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        t = tl.where(keep, t, float("-inf"))
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL, BOUNDS)
     v = Vd.load([kv_row + start_n, 0])
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
@@ -512,16 +508,8 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
     for start_n in range(n_full, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
                                       BLOCK_N, CAUSAL, True, HAS_BIAS)
-    empty = l_i == 0.0
-    l_div = tl.where(empty, 1.0, l_i)
-    out = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
-    row_ok = offs_m < Sq
-    bh64 = bh.to(tl.int64)
-    tl.store(Lse + bh64 * Sq + offs_m, lse, mask=row_ok)
-    offs_d = tl.arange(0, HEAD_DIM)
-    tl.store(Out + (bh64 // H) * stride_ob + (bh64 % H) * stride_oh + offs_m[:, None] * stride_om
-             + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b.to(tl.int64), off_h.to(tl.int64), H, Sq, offs_m,
+                tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
 @triton.jit

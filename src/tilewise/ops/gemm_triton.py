@@ -645,7 +645,7 @@ def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, 
     b_kmajor = b.stride(1) != 1
     if use_tma:
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-        b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
+        b_desc = _b_desc(b, bn, bk, b_kmajor)
     else:
         a_desc, b_desc = a, b  # unused
     args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
@@ -676,6 +676,20 @@ def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None 
     return _tma_loads_ok(a, b) and (b.shape[1] * ot) % 16 == 0
 
 
+def _check_tma_layout(name, a, b, out, aux):
+    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
+        raise ValueError(f"gemm.{name}: TMA needs 'a' with unit stride along K, 'b' with unit stride along N "
+                         "or K, 16-byte aligned pointers and row strides (also of out and aux), and N * out "
+                         "itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+
+
+def _b_desc(b, bn, bk, b_kmajor):
+    """B's descriptor: (bn, bk) boxes over b.T when B is K-major, else (bk, bn) boxes over b."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
+
+
 def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
     """v3_tma_persistent; ``fixed`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) launches that
     one config without the autotuner (gemm()'s 64 x 128 choice, see ``tma_tile_for``)."""
@@ -683,31 +697,23 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixe
 
     M, K = a.shape
     N = b.shape[1]
-    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
-        raise ValueError("gemm.v3_tma_persistent: TMA needs 'a' with unit stride along K, 'b' with unit "
-                         "stride along N or K, 16-byte aligned pointers and row strides (also of out and aux), "
-                         "and N * out itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+    _check_tma_layout("v3_tma_persistent", a, b, out, aux)
     b_kmajor = b.stride(1) != 1
-    bk = _INTERP_META["BLOCK_K"] if _INTERPRET else 16  # placeholder blocks; the pre-hook resets them
-    bm = bn = 16
+    if _INTERPRET:
+        bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
+    elif fixed is not None:
+        bm, bn, bk = fixed[:3]
+    else:
+        bm = bn = bk = 16  # placeholder blocks; the autotuner's pre-hook sets the chosen config's
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
+    b_desc = _b_desc(b, bn, bk, b_kmajor)
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
     aux_desc = TensorDescriptor.from_tensor(aux, [bm, bn]) if aux is not None else c_desc
     dummy = out
     sms = _num_sms(a.get_device())
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
-    if _INTERPRET:
-        bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
-        a_desc.block_shape = [bm, bk]
-        b_desc.block_shape = [bn, bk] if b_kmajor else [bk, bn]
-        c_desc.block_shape = [bm, bn]
-        aux_desc.block_shape = [bm, bn]
     if fixed is not None and not _INTERPRET:
-        bm, bn, bk, stages, warps = fixed
-        a_desc.block_shape = [bm, bk]
-        b_desc.block_shape = [bn, bk] if b_kmajor else [bk, bn]
-        c_desc.block_shape = aux_desc.block_shape = [bm, bn]
+        stages, warps = fixed[3:]
         _gemm_tma_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
             a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
             scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
@@ -734,18 +740,11 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
         raise ValueError(f"gemm.v3_tma_split: float16 / bfloat16 inputs and output only (its tile and "
                          f"stages are sized for 2-byte types), got {a.dtype} -> {out.dtype}; use "
                          f"v3_tma_persistent or gemm()")
-    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
-        raise ValueError("gemm.v3_tma_split: TMA needs 'a' with unit stride along K, 'b' with unit stride along "
-                         "N or K, 16-byte aligned pointers and row strides (also of out and aux), and N * out "
-                         "itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+    _check_tma_layout("v3_tma_split", a, b, out, aux)
     M, K = a.shape
     N = b.shape[1]
     bm, bn, bn2, bk, stages, warps = _SPLIT_TILE_INTERP if _INTERPRET else _SPLIT_TILE
     b_kmajor = b.stride(1) != 1
-
-    def bdesc(width):
-        return TensorDescriptor.from_tensor(b.t(), [width, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, width])
-
     c_desc, c2_desc = TensorDescriptor.from_tensor(out, [bm, bn]), TensorDescriptor.from_tensor(out, [bm, bn2])
     aux_desc, aux2_desc = ((TensorDescriptor.from_tensor(aux, [bm, bn]), TensorDescriptor.from_tensor(aux, [bm, bn2]))
                            if aux is not None else (c_desc, c2_desc))
@@ -753,7 +752,7 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
     dummy = out
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     _gemm_tma_split_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn + bn2)),)](
-        TensorDescriptor.from_tensor(a, [bm, bk]), bdesc(bn), bdesc(bn2), c_desc, c2_desc, aux_desc, aux2_desc,
+        TensorDescriptor.from_tensor(a, [bm, bk]), _b_desc(b, bn, bk, b_kmajor), _b_desc(b, bn2, bk, b_kmajor), c_desc, c2_desc, aux_desc, aux2_desc,
         bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
         scale_b if scale_b is not None else dummy, M, N, K, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk,
         GROUP_M=8, B_KMAJOR=b_kmajor, **meta, num_stages=stages, num_warps=warps)

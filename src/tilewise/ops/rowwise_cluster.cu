@@ -611,6 +611,11 @@ struct TmaRows {
   unsigned long long* full;     // [S] mbarriers
   unsigned bytes;               // this CTA's slice of a row (0: nothing to fetch or wait for)
   long long c0;
+  // The pipeline over this CTA's slice sl of each row.
+  __device__ static TmaRows over(uint4* stage, unsigned long long* full, const Slice<T, CL, NT>& sl) {
+    const long long n_mine = sl.c1 > sl.c0 ? sl.c1 - sl.c0 : 0;
+    return TmaRows{stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
+  }
   __device__ void fetch(int s, const T* row) const {
     if (threadIdx.x == 0 && bytes) {
       mbar_expect_tx(&full[s], bytes);
@@ -666,8 +671,7 @@ rc_softmax_fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long M, long
   __shared__ float2 part[2][NW];
   const unsigned rank = rc::cta_rank();
   const rc::Slice<T, CL, NT> sl(N, rank);
-  const long long n_mine = sl.c1 > sl.c0 ? sl.c1 - sl.c0 : 0;
-  const rc::TmaRows<T, CL, NT, CH, S> pipe{tma_stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
+  const auto pipe = rc::TmaRows<T, CL, NT, CH, S>::over(tma_stage, full, sl);
   const long long step = rc::cluster_count();
   const long long first = rc::cluster_id();
   pipe.start(first, step, M, x, sx);
@@ -749,8 +753,7 @@ rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ targ
   __shared__ float4 part[2][NW];
   const unsigned rank = rc::cta_rank();
   const rc::Slice<T, CL, NT> sl(N, rank);
-  const long long n_mine = sl.c1 > sl.c0 ? sl.c1 - sl.c0 : 0;
-  const rc::TmaRows<T, CL, NT, CH, S> pipe{tma_stage, full, static_cast<unsigned>(n_mine * sizeof(T)), sl.c0};
+  const auto pipe = rc::TmaRows<T, CL, NT, CH, S>::over(tma_stage, full, sl);
   const long long step = rc::cluster_count();
   const long long first = rc::cluster_id();
   const bool smooth = smoothing > 0.f;
