@@ -1,7 +1,10 @@
-"""Where do the small GEMMs' microseconds go? The quick bench timed gemm(auto) at 512^3 bf16 at
-0.13 ms against cuBLAS's 6.9 us: host time, not the kernel. Prints host us per call for each
-path, the device time of one call replayed from a CUDA graph, and the top of a cProfile of
-gemm(auto). Run on the GPU: PYTHONPATH=src python3 scripts/experiments/host_overhead.py
+"""Where do the small kernels' microseconds go on the host, and what does the cached launch path
+(tilewise.runtime.triton_launch) take off? For each op: host us per call (back-to-back calls, no
+sync: the host sets the pace when it is slower than the GPU) with the cache off (Triton's own
+dispatch) and on, the device time of one call replayed from a CUDA graph, and the eager time
+measured as the bench does (events around each call). Then a cProfile of gemm(auto) with the
+cache on, to show what is left.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/host_overhead.py
 """
 
 import cProfile
@@ -11,6 +14,7 @@ import torch
 
 from tilewise.bench.harness import host_us_per_call
 from tilewise.ops import gemm_triton as g
+from tilewise.runtime import triton_launch as tl_launch
 
 
 def graph_us(fn, calls=50):
@@ -39,32 +43,88 @@ def graph_us(fn, calls=50):
     return ts[len(ts) // 2]
 
 
-for n in (512, 1000, 2048):
+def eager_us(fn, reps=200):
+    """As the bench's eager rows: events around each call, median."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        ts.append((a, b))
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) * 1000 for a, b in ts)
+    return ts[len(ts) // 2]
+
+
+def row(label, fn, baseline=False, calls=300):
+    out = {}
+    modes = [("-", True)] if baseline else [("off", False), ("on", True)]
+    for mode, on in modes:
+        tl_launch.set_enabled(on)
+        fn()
+        out[mode] = (host_us_per_call(fn, calls=calls, repeats=5), eager_us(fn))
+    tl_launch.set_enabled(True)
+    dev = graph_us(fn)
+    cells = "   ".join(f"{m:>3}: host {h:7.1f} us eager {e:7.1f} us" for m, (h, e) in out.items())
+    print(f"{label:40s} {cells}   graph-replayed {dev:8.2f} us", flush=True)
+
+
+for n in (512, 1000, 1536, 2048, 3072):
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    paths = {"torch.matmul": lambda: torch.matmul(a, b, out=out),
-             "gemm(auto)": lambda: g.gemm(a, b, out=out),
-             **{k: (lambda k=k: g.gemm(a, b, out=out, variant=k)) for k in g.VARIANTS}}
-    for name, fn in paths.items():
-        fn()
-        print(f"{n}^3 {name:20s} host {host_us_per_call(fn, calls=300, repeats=5):8.1f} us/call   "
-              f"graph-replayed device {graph_us(fn):8.2f} us")
-a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(300):
-    g.gemm(a, b)
-pr.disable()
-torch.cuda.synchronize()
-pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
+    row(f"{n}^3 torch.matmul", lambda: torch.matmul(a, b, out=out), baseline=True)
+    row(f"{n}^3 gemm(auto)", lambda: g.gemm(a, b, out=out))
+    for k in ("v1_tiled", "v3_tma_persistent"):
+        row(f"{n}^3 {k}", lambda k=k: g.gemm(a, b, out=out, variant=k))
+
 x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
 bias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
-for name, fn in {"tilewise.linear relu": lambda: g.linear(x, w, bias, activation="relu"),
-                 "torch relu(x@w.T+b)": lambda: torch.relu(x @ w.T + bias),
-                 "gemm(auto) relu+bias": lambda: g.gemm(x, w.t(), bias=bias, activation="relu")}.items():
-    fn()
-    print(f"linear 8192x4096x1024 {name:22s} host {host_us_per_call(fn, calls=200, repeats=5):8.1f} us/call   "
-          f"graph-replayed device {graph_us(fn, calls=10):8.2f} us")
+row("linear 8192x4096x1024 torch relu(x@w.T+b)", lambda: torch.relu(x @ w.T + bias), baseline=True)
+row("linear 8192x4096x1024 tilewise.linear relu", lambda: g.linear(x, w, bias, activation="relu"))
+
+xs = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+ws = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+bs = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+
+def torch_step():
+    torch.relu(xs @ ws.T + bs).sum().backward()
+
+
+def tw_step():
+    g.linear(xs, ws, bs, activation="relu").sum().backward()
+
+
+row("linear fwd+bwd 2048x512x512 torch", torch_step, baseline=True, calls=100)
+row("linear fwd+bwd 2048x512x512 tilewise", tw_step, calls=100)
+
+from tilewise.ops.attention import flash_attention  # noqa: E402
+from tilewise.ops.cross_entropy import cross_entropy  # noqa: E402
+from tilewise.ops.softmax import softmax  # noqa: E402
+
+q, k, v = (torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+row("attention fwd B1 H8 S1024 D64 sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+    baseline=True)
+row("attention fwd B1 H8 S1024 D64 tilewise", lambda: flash_attention(q, k, v))
+xl = torch.randn(4096, 1000, device="cuda", dtype=torch.bfloat16)
+tl_ = torch.randint(0, 1000, (4096,), device="cuda")
+row("softmax 4096x1000 torch", lambda: torch.softmax(xl, -1), baseline=True)
+row("softmax 4096x1000 tilewise", lambda: softmax(xl))
+row("cross_entropy 4096x1000 torch", lambda: torch.nn.functional.cross_entropy(xl, tl_), baseline=True)
+row("cross_entropy 4096x1000 tilewise", lambda: cross_entropy(xl, tl_))
+
+a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+g.gemm(a, a)
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(300):
+    g.gemm(a, a)
+pr.disable()
+torch.cuda.synchronize()
+pstats.Stats(pr).sort_stats("tottime").print_stats(22)

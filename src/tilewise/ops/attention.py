@@ -48,6 +48,7 @@ from typing import Optional
 import torch
 
 from ..cost import Cost
+from ..runtime.triton_launch import launch as _launch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -450,7 +451,7 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
         bd = TensorDescriptor(b2, list(b2.shape), list(b2.stride()), [bm, bn])
         rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
         batch_fastest = B > 1 and rows_b == 0 and _BIAS_FWD["batch_fastest"]
-    K_._attn_fwd_tma_kernel[(-(-Sq // bm), B * H)](
+    _launch(K_._attn_fwd_tma_kernel, (-(-Sq // bm), B * H),
         qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, rows_b, rows_h, *out.stride(),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, HAS_BIAS=bias is not None,
         BATCH_FASTEST=batch_fastest, num_warps=warps, num_stages=stages)
@@ -489,7 +490,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
     dummy = q
     grid = (-(-Sq // bm), B * H)
     batch_fastest = bias is not None and B > 1 and bias_strides[0] == 0 and _BIAS_FWD["batch_fastest"]
-    K_._attn_fwd_kernel[grid](
+    _launch(K_._attn_fwd_kernel, grid,
         q, k, v, out, lse,
         bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,
         flags if flags is not None else dummy,
@@ -509,7 +510,7 @@ def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):
 
     B, H, Sq, D = q.shape
     bm, bn, warps, stages = _config("fwd_bias_pair", D)
-    K_._attn_fwd_bias_pair_kernel[(-(-Sq // bm), B // 2 * H)](
+    _launch(K_._attn_fwd_bias_pair_kernel, (-(-Sq // bm), B // 2 * H),
         q, k, v, out, lse, bias, H, H // k.shape[1], Sq, k.shape[2], scale * 1.4426950408889634,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_strides[1:],
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=_block_d(D), CAUSAL=causal,
@@ -544,7 +545,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     # The atomic path's fp32 dQ accumulator, zeroed by the preprocess kernel.
     dq_acc = None if not atomic else torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     pm = 64
-    K_._attn_bwd_preprocess_kernel[(-(-Sq // pm), B * H)](
+    _launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // pm), B * H),
         out, do, dlse if dlse is not None else delta, delta, dq_acc if dq_acc is not None else delta,
         H, Sq, *out.stride(), *do.stride(),
         BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None)
@@ -576,7 +577,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
                 d3 = dq_acc.view(B * H, Sq, D)
                 dq_arg = TensorDescriptor(d3, list(d3.shape), list(d3.stride()), [1, bm, bd])
-            K_._attn_bwd_atomic_kernel[(-(-Sk // bn), B * Hkv)](
+            _launch(K_._attn_bwd_atomic_kernel, (-(-Sk // bn), B * Hkv),
                 q, k, v, do, lse, delta, dk, dv, dq_arg, ds, bias_arg, mask_arg,
                 flags if flags is not None else dummy,
                 H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
@@ -603,7 +604,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
     bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-    K_._attn_bwd_dkdv_kernel[(-(-Sk // bn), B * Hkv)](
+    _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
         q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
         H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
         *(flags.stride() if flags is not None else (0, 0, 0, 0)),
@@ -613,7 +614,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
     bm, bn, warps, stages = _config("dq_bias" if bias_grad else "dq", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-    K_._attn_bwd_dq_kernel[(-(-Sq // bm), B * H)](
+    _launch(K_._attn_bwd_dq_kernel, (-(-Sq // bm), B * H),
         q, k, v, do, lse, delta, dq, ds, bias_arg, mask_arg, flags if flags is not None else dummy,
         H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
         *(flags.stride() if flags is not None else (0, 0, 0, 0)),

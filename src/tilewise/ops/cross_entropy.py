@@ -53,6 +53,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ..runtime.triton_launch import launch as _tl_launch
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -265,7 +266,7 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     t_safe = torch.empty(N, device=dev, dtype=torch.int64)
     inv_n = torch.empty(1, device=dev, dtype=torch.float32)
     bad = torch.empty(1, device=dev, dtype=torch.int64)
-    _ce_targets_kernel[(1,)](t, t_safe, bad, inv_n, N, C, ignore_index, MEAN=reduction == "mean",
+    _tl_launch(_ce_targets_kernel, (1,), t, t_safe, bad, inv_n, N, C, ignore_index, MEAN=reduction == "mean",
                              BLOCK=_CAPTURABLE_BLOCK, ADD=False)
     bad_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
     bad_host.copy_(bad, non_blocking=True)
@@ -316,7 +317,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             tile = rows * block
             warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
             grid = (triton.cdiv(N, rows),)
-            _ce_kernel[grid](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+            _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
                              HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
         elif variant == "v4_cluster":
@@ -326,7 +327,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             block = max(16, 1 << (C - 1).bit_length())
             ctas = max(1, block // CLUSTER_SLICE) if x.is_cuda else 1
             _require_cluster(x, ctas, "cross_entropy")
-            _ce_kernel[(N,)](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+            _tl_launch(_ce_kernel, (N,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
                              HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=16 if block >= 16384 else 8,
                              num_ctas=ctas)
@@ -339,7 +340,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             row_bytes = C * x.element_size()
             per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
             progs = max(1, min(N, sms * per_sm))
-            _ce_kernel[(progs,)](x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+            _tl_launch(_ce_kernel, (progs,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                                  float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
                                  HAS_GRAD=compute_grad, SMOOTH=smooth,
                                  num_warps=max(4, min(_ONLINE_WARPS, block // 512)))
@@ -408,7 +409,7 @@ def _grad(ctx, dloss, _dgrad):
     if g.numel():
         d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
         progs = _scale_programs(g)
-        _scale_unless_one_kernel[(progs,)](g, d, g.numel(), BLOCK=_SCALE_BLOCK,
+        _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=_SCALE_BLOCK,
                                            ITERS=triton.cdiv(triton.cdiv(g.numel(), _SCALE_BLOCK), progs))
     return (g,) + nones  # ours alone now: scaled in place, no second copy
 
@@ -573,7 +574,7 @@ def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
     inv_n = torch.empty(1, device=dev, dtype=torch.float32)
     loss_rows = torch.empty(max(N, 1), device=dev, dtype=torch.float32)
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
-    _ce_targets_kernel[(1,)](t, t_safe, _bad_counter(dev), inv_n, N, C, ignore_index,
+    _tl_launch(_ce_targets_kernel, (1,), t, t_safe, _bad_counter(dev), inv_n, N, C, ignore_index,
                              MEAN=reduction == "mean", BLOCK=_CAPTURABLE_BLOCK)
     if N:
         block = max(16, 1 << (C - 1).bit_length())
@@ -582,11 +583,11 @@ def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
         dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
         sdx = grad.stride(0) if compute_grad else 0
         # grad_scale 1: 1/n_valid is only known on the device; the backward applies it.
-        _ce_kernel[(triton.cdiv(N, rows),)](x, t_safe, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+        _tl_launch(_ce_kernel, (triton.cdiv(N, rows),), x, t_safe, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                                             float(label_smoothing), 1.0, ROWS=rows, BLOCK=block, ONE_PASS=True,
                                             HAS_GRAD=compute_grad, SMOOTH=label_smoothing > 0, num_warps=warps)
     loss = torch.empty((), device=dev, dtype=logits.dtype)
-    _ce_reduce_kernel[(1,)](loss_rows, inv_n, loss, N, BLOCK=_CAPTURABLE_BLOCK)
+    _tl_launch(_ce_reduce_kernel, (1,), loss_rows, inv_n, loss, N, BLOCK=_CAPTURABLE_BLOCK)
     return loss, grad, inv_n
 
 
@@ -611,7 +612,7 @@ class _CapturableCE(torch.autograd.Function):
         n = g.numel()
         if n:
             d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
-            _ce_scale_kernel[(triton.cdiv(n, 1024),)](g, d, inv_n, n, BLOCK=1024)
+            _tl_launch(_ce_scale_kernel, (triton.cdiv(n, 1024),), g, d, inv_n, n, BLOCK=1024)
         return g, None, None, None, None, None
 
 

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ..runtime.triton_launch import launch as _launch
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -585,16 +586,16 @@ def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision,
     interp = _INTERP_META if _INTERPRET else {}
     if kind == "tiled":
         grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
-        _tiled[grid](*args, **meta, **interp)
+        _launch(_tiled, grid, *args, **meta, **interp)
         return out
     sms = _num_sms(a.get_device())
     if fixed is not None:
         bm, bn, bk, stages, warps = fixed
-        _gemm_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
+        _launch(_gemm_persistent_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
             *args, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
         return out
     grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-    _persistent[grid](*args, sms, **meta, **interp)
+    _launch(_persistent, grid, *args, sms, **meta, **interp)
     return out
 
 
@@ -649,7 +650,7 @@ def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, 
     else:
         a_desc, b_desc = a, b  # unused
     args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
-    _gemm_streamk_kernel[(progs,)](
+    _launch(_gemm_streamk_kernel, (progs,),
         args[0], args[1], a_desc, b_desc, *args[2:7], ws, counts, *args[7:], ipp,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=_INTERP_META["GROUP_M"] if _INTERPRET else 8,
         USE_TMA=use_tma, B_KMAJOR=b_kmajor, **_common_meta(a, bias, activation, scale_a, precision, aux), **opts)
@@ -714,14 +715,14 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixe
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     if fixed is not None and not _INTERPRET:
         stages, warps = fixed[3:]
-        _gemm_tma_persistent_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)](
+        _launch(_gemm_tma_persistent_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
             a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
             scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
             M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
             num_stages=stages, num_warps=warps)
         return out
     grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-    _tma[grid](a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
+    _launch(_tma, grid, a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
                scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
                M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype), B_KMAJOR=b_kmajor, **meta, **(_INTERP_META if _INTERPRET else {}))
     return out
@@ -751,7 +752,7 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
     sms = _num_sms(a.get_device())
     dummy = out
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
-    _gemm_tma_split_kernel[(min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn + bn2)),)](
+    _launch(_gemm_tma_split_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn + bn2)),),
         TensorDescriptor.from_tensor(a, [bm, bk]), _b_desc(b, bn, bk, b_kmajor), _b_desc(b, bn2, bk, b_kmajor), c_desc, c2_desc, aux_desc, aux2_desc,
         bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
         scale_b if scale_b is not None else dummy, M, N, K, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk,
@@ -831,11 +832,11 @@ def gemm_splitk(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None =
     meta = dict(PRECISION=precision if a.dtype == torch.float32 else "tf32",
                 UPCAST=_INTERPRET and a.dtype == torch.bfloat16)
     opts = {} if _INTERPRET else dict(num_warps=4, num_stages=3)
-    _gemm_splitk_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), S)](
+    _launch(_gemm_splitk_kernel, (triton.cdiv(M, bm), triton.cdiv(N, bn), S),
         a, b, ws, M, N, K, k_per, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **meta, **opts)
     block = 256 if _INTERPRET else 1024
-    _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
+    _launch(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
         ws, out, bias if bias is not None else ws, M, N, S, out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, ACTIVATION=_ACTIVATIONS[activation], BLOCK=block)
     return out

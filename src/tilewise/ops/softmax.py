@@ -66,6 +66,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ..runtime.triton_launch import launch as _launch
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
@@ -423,14 +424,14 @@ def _fwd_fused(x2, y2, log):
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
     rows, block, warps = _fused_config(N)
     grid = (triton.cdiv(M, rows),)
-    _softmax_fwd_kernel[grid](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=rows, BLOCK=block,
+    _launch(_softmax_fwd_kernel, grid, x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=rows, BLOCK=block,
                               LOG=log, ONE_PASS=True, num_warps=warps)
 
 
 def _fwd_online(x2, y2, log):
     M, N = x2.shape
     block, warps, progs = _online_config(x2, N * x2.element_size(), M)
-    _softmax_fwd_kernel[(progs,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
+    _launch(_softmax_fwd_kernel, (progs,), x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
                                   LOG=log, ONE_PASS=False, REVERSE=_FWD_REVERSE, num_warps=warps)
 
 
@@ -440,10 +441,10 @@ def _fwd_unfused(x2, y2, log):
     mx = torch.empty(M, device=x2.device, dtype=torch.float32)
     s = torch.empty(M, device=x2.device, dtype=torch.float32)
     e = torch.empty(M, N, device=x2.device, dtype=torch.float32)
-    _row_max_kernel[(M,)](x2, mx, N, x2.stride(0), BLOCK=B)
-    _sub_exp_kernel[(M, triton.cdiv(N, B))](x2, mx, e, N, x2.stride(0), BLOCK=B)
-    _row_sum_kernel[(M,)](e, e, s, N, LOG=True, BLOCK=B)
-    _normalize_kernel[(M, triton.cdiv(N, B))](x2, e, mx, s, y2, N, x2.stride(0), y2.stride(0),
+    _launch(_row_max_kernel, (M,), x2, mx, N, x2.stride(0), BLOCK=B)
+    _launch(_sub_exp_kernel, (M, triton.cdiv(N, B)), x2, mx, e, N, x2.stride(0), BLOCK=B)
+    _launch(_row_sum_kernel, (M,), e, e, s, N, LOG=True, BLOCK=B)
+    _launch(_normalize_kernel, (M, triton.cdiv(N, B)), x2, e, mx, s, y2, N, x2.stride(0), y2.stride(0),
                                               LOG=log, BLOCK=B)
 
 
@@ -453,7 +454,7 @@ def _bwd_fused(y2, g2, dx2, log):
         raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
     rows, block, warps = _fused_config(N)
-    _softmax_bwd_kernel[(triton.cdiv(M, rows),)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
+    _launch(_softmax_bwd_kernel, (triton.cdiv(M, rows),), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
                                                  dx2.stride(0), ROWS=rows, BLOCK=block, LOG=log,
                                                  ONE_PASS=True, num_warps=warps)
 
@@ -461,7 +462,7 @@ def _bwd_fused(y2, g2, dx2, log):
 def _bwd_online(y2, g2, dx2, log):
     M, N = y2.shape
     block, warps, progs = _online_config(y2, 2 * N * y2.element_size(), M, streams=2)
-    _softmax_bwd_kernel[(progs,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
+    _launch(_softmax_bwd_kernel, (progs,), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
                                   ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, REVERSE=_BWD_REVERSE,
                                   num_warps=warps)
 
@@ -471,8 +472,8 @@ def _bwd_unfused(y2, g2, dx2, log):
     B = _UNFUSED_BLOCK if y2.is_cuda else 16
     y2, g2 = y2.contiguous(), g2.contiguous()
     d = torch.empty(M, device=y2.device, dtype=torch.float32)
-    _row_sum_kernel[(M,)](g2, y2, d, N, LOG=log, BLOCK=B)
-    _bwd_elementwise_kernel[(M, triton.cdiv(N, B))](y2, g2, d, dx2, N, LOG=log, BLOCK=B)
+    _launch(_row_sum_kernel, (M,), g2, y2, d, N, LOG=log, BLOCK=B)
+    _launch(_bwd_elementwise_kernel, (M, triton.cdiv(N, B)), y2, g2, d, dx2, N, LOG=log, BLOCK=B)
 
 
 def _cluster_config(x2) -> tuple[int, int, int]:
@@ -512,7 +513,7 @@ def cluster_unsupported_reason(device: torch.device | int | None = None) -> str 
             with torch.cuda.device(dev):
                 x = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
                 y = torch.full_like(x, float("nan"))
-                _softmax_fwd_kernel[(1,)](x, y, 1, n, n, n, ROWS=1, BLOCK=n, LOG=False,
+                _launch(_softmax_fwd_kernel, (1,), x, y, 1, n, n, n, ROWS=1, BLOCK=n, LOG=False,
                                           ONE_PASS=True, num_warps=16, num_ctas=2)
                 torch.cuda.synchronize(dev)
             ok = bool(torch.allclose(y.float(), torch.full((1, n), 1.0 / n, device=dev), rtol=1e-2))
@@ -539,7 +540,7 @@ def _fwd_cluster(x2, y2, log):
     M, N = x2.shape
     block, warps, ctas = _cluster_config(x2)
     _require_cluster(x2, ctas)
-    _softmax_fwd_kernel[(M,)](x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
+    _launch(_softmax_fwd_kernel, (M,), x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
                               LOG=log, ONE_PASS=True, num_warps=warps, num_ctas=ctas)
 
 
@@ -547,7 +548,7 @@ def _bwd_cluster(y2, g2, dx2, log):
     M, N = y2.shape
     block, warps, ctas = _cluster_config(y2)
     _require_cluster(y2, ctas, "softmax_backward")
-    _softmax_bwd_kernel[(M,)](y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
+    _launch(_softmax_bwd_kernel, (M,), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
                               ROWS=1, BLOCK=block, LOG=log, ONE_PASS=True, num_warps=warps,
                               num_ctas=ctas)
 

@@ -1,0 +1,180 @@
+"""Triton launches without Triton's per-call dispatch.
+
+``fn[grid](*args, **kwargs)`` runs, on every call, the autotuner's lookup (a dict of all arguments,
+its key, the config's pre-hook), the JIT's argument binding and specialization, a cache lookup and
+the grid lambda before the launcher itself. On the H200's host that is 50-130 us a GEMM call
+against cuBLAS's ~12 us (bench/results/logs/cluster-run1-host-overhead-train-profile.log), so a
+kernel shorter than that is host-bound in eager mode.
+
+``launch(fn, grid, *args, **kwargs)`` does the same launch; after the first call with a given
+*signature* it calls the compiled kernel's launcher directly. The signature is what Triton
+specializes on, taken conservatively: per positional argument its type, and for tensors the dtype
+and whether the pointer is 16-byte aligned, for integers the value, for host tensor descriptors
+the dtype, alignment, shape, strides and block shape; every keyword argument by value; and the
+current device. Two calls with equal signatures therefore pick the same compiled kernel and the
+same autotuned config (the autotuner's key is integers and dtypes, all part of the signature).
+
+Fallbacks to the plain path: the Triton interpreter, launch hooks set (profilers), a kernel whose
+arguments are not the plain types above, ``TILEWISE_FAST_LAUNCH=0``, and any Triton version whose
+objects lack what is used here (checked once, on the first cached call).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_ENABLED = os.environ.get("TILEWISE_FAST_LAUNCH", "1") not in ("0", "")
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_MAX_ENTRIES = 4096  # per kernel; cleared when full (shapes of a training run are few)
+
+_TensorDescriptor = None
+
+
+def _td_type():
+    global _TensorDescriptor
+    if _TensorDescriptor is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        _TensorDescriptor = TensorDescriptor
+    return _TensorDescriptor
+
+
+def enabled() -> bool:
+    return _ENABLED and not _INTERPRET
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the cached launch path on or off (tests compare both; off = Triton's own dispatch)."""
+    global _ENABLED
+    _ENABLED = bool(on)
+
+
+def _sig(v):
+    t = type(v)
+    if t is int or t is str:
+        return v
+    if t is bool:
+        return (bool, v)  # True == 1 as a dict key; Triton types it u1, not i32
+    if t is float:
+        return float  # not specialized by Triton
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if t is _td_type():
+        base = v.base
+        return (base.dtype, base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides), tuple(v.block_shape),
+                getattr(v, "padding", None))
+    if v is None:
+        return None
+    raise TypeError  # anything else: the plain path
+
+
+class _Entry:
+    __slots__ = ("kernel", "order", "pre_hook", "names")
+
+    def __init__(self, kernel, order, pre_hook, names):
+        self.kernel = kernel
+        self.order = order  # per kernel parameter: ("a", positional index) / ("k", keyword) / ("c", value)
+        self.pre_hook = pre_hook
+        self.names = names
+
+
+class _Cache:
+    __slots__ = ("jit", "names", "entries", "broken")
+
+    def __init__(self, fn):
+        jit = fn
+        while not hasattr(jit, "device_caches"):  # Autotuner / Heuristics wrap a JITFunction as .fn
+            jit = jit.fn
+        self.jit = jit
+        self.names = list(jit.arg_names)
+        self.entries: dict = {}
+        self.broken = False
+
+
+_CACHES: dict = {}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
+def _hooks_set() -> bool:
+    try:
+        from triton import knobs
+        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    except Exception:  # noqa: BLE001 - older Triton without knobs: no hooks to honour
+        return False
+
+
+def launch(fn, grid, *args, **kwargs):
+    """``fn[grid](*args, **kwargs)``, through the cached launcher after the first call of a signature.
+
+    fn: a ``triton.jit`` function, or one wrapped by ``triton.autotune`` / ``triton.heuristics``.
+    grid: a tuple, or a callable of the kernel's meta-parameters (as for ``fn[grid]``).
+    args: the kernel's leading (non-constexpr) arguments, positionally; kwargs: constexprs and
+    launch options (num_warps, num_stages), as for ``fn[grid]``.
+    """
+    if not _ENABLED or _INTERPRET:
+        return fn[grid](*args, **kwargs)
+    cache = _CACHES.get(fn)
+    if cache is None:
+        cache = _CACHES[fn] = _Cache(fn)
+    if cache.broken:
+        return fn[grid](*args, **kwargs)
+    try:
+        key = (torch.cuda.current_device(), tuple(map(_sig, args)), tuple(kwargs.items()))
+        hash(key)
+    except TypeError:
+        return fn[grid](*args, **kwargs)
+    entry = cache.entries.get(key)
+    if entry is None or _hooks_set():
+        kernel = fn[grid](*args, **kwargs)
+        if entry is None and kernel is not None:
+            _remember(cache, fn, key, kernel, len(args), kwargs)
+        return kernel
+    values = []
+    for kind, x in entry.order:
+        values.append(args[x] if kind == "a" else kwargs[x] if kind == "k" else x)
+    if entry.pre_hook is not None:
+        nargs = dict(zip(entry.names, values))
+        entry.pre_hook(nargs)
+    if callable(grid):
+        grid = grid(dict(zip(entry.names, values)))
+    g0 = grid[0]
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    kernel = entry.kernel
+    stream = _raw_stream(key[0])
+    kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
+    return kernel
+
+
+def _remember(cache: _Cache, fn, key, kernel, nargs: int, kwargs: dict) -> None:
+    """After a plain launch: record where each kernel parameter's value comes from."""
+    try:
+        if fn is not cache.jit and not hasattr(fn, "configs"):
+            raise TypeError  # triton.heuristics: values computed per call, not cached here
+        if fn is not cache.jit and fn.fn is not cache.jit:
+            raise TypeError  # an autotuner over heuristics: left to Triton
+        config = fn.best_config if fn is not cache.jit else None
+        fixed = dict(config.all_kwargs()) if config is not None else {}
+        params = cache.jit.params
+        order = []
+        for i, (name, p) in enumerate(zip(cache.names, params)):
+            if i < nargs:
+                order.append(("a", i))
+            elif name in kwargs:
+                order.append(("k", name))
+            elif name in fixed:
+                order.append(("c", fixed[name]))
+            elif p.has_default:
+                order.append(("c", p.default))
+            else:
+                raise TypeError(f"no value for {name}")
+        # Check what the direct call uses exists on this Triton (once per kernel).
+        kernel.run, kernel.function, kernel.packed_metadata  # noqa: B018
+        pre = config.pre_hook if config is not None else None
+        if len(cache.entries) >= _MAX_ENTRIES:
+            cache.entries.clear()
+        cache.entries[key] = _Entry(kernel, tuple(order), pre, cache.names)
+    except Exception:  # noqa: BLE001 - an unexpected Triton layout: this kernel keeps the plain path
+        cache.broken = True
