@@ -52,6 +52,30 @@ def test_interpreter_and_switch_take_the_plain_path(monkeypatch):
     assert not any(isinstance(f, Fake) for f in tl_launch._CACHES)  # nothing cached on either path
 
 
+def test_hooks_installed_send_launches_through_triton():
+    from triton import knobs
+
+    assert not tl_launch._hooks_set()  # Triton >= 3.6 keeps empty hook chains, not None
+
+    def hook(metadata):
+        return None
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):
+        chain.add(hook)
+        try:
+            assert tl_launch._hooks_set()
+        finally:
+            chain.remove(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
+        try:
+            assert tl_launch._hooks_set()
+        finally:
+            knobs.runtime.launch_enter_hook = None
+    assert not tl_launch._hooks_set()
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -91,6 +115,7 @@ def test_gpu_gemm_cached_launch_is_bit_identical(variant, shape):
     exact = torch.relu(a.double() @ w.double().t() + bias.double())
     assert (ref.double() - exact).norm() / exact.norm() < 1e-2
     assert _no_cache_broken() and tl_launch._CACHES
+    assert sum(v["hits"] for v in tl_launch.stats().values()) > 0
 
 
 @pytest.mark.gpu

@@ -60,7 +60,7 @@ def eager_us(fn, reps=200):
     return ts[len(ts) // 2]
 
 
-def row(label, fn, baseline=False, calls=300):
+def row(label, fn, baseline=False, calls=300, graph=True):
     out = {}
     modes = [("-", True)] if baseline else [("off", False), ("on", True)]
     for mode, on in modes:
@@ -68,7 +68,7 @@ def row(label, fn, baseline=False, calls=300):
         fn()
         out[mode] = (host_us_per_call(fn, calls=calls, repeats=5), eager_us(fn))
     tl_launch.set_enabled(True)
-    dev = graph_us(fn)
+    dev = graph_us(fn) if graph else float("nan")
     cells = "   ".join(f"{m:>3}: host {h:7.1f} us eager {e:7.1f} us" for m, (h, e) in out.items())
     print(f"{label:40s} {cells}   graph-replayed {dev:8.2f} us", flush=True)
 
@@ -117,9 +117,30 @@ tl_ = torch.randint(0, 1000, (4096,), device="cuda")
 row("softmax 4096x1000 torch", lambda: torch.softmax(xl, -1), baseline=True)
 row("softmax 4096x1000 tilewise", lambda: softmax(xl))
 row("cross_entropy 4096x1000 torch", lambda: torch.nn.functional.cross_entropy(xl, tl_), baseline=True)
-row("cross_entropy 4096x1000 tilewise", lambda: cross_entropy(xl, tl_))
+row("cross_entropy 4096x1000 tilewise", lambda: cross_entropy(xl, tl_), graph=False)  # counts on the host
+
+# Pieces of one cached gemm launch (v1_tiled, 1000^3), us each.
+import time  # noqa: E402
+
+
+def per_call_us(fn, n=2000):
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
 
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+o = torch.empty_like(a)
+g.gemm(a, a, out=o, variant="v1_tiled")
+args = g._pointer_args(a, a, o, None, None, None, None)
+print(f"pieces: _sig over the args {per_call_us(lambda: tuple(map(tl_launch._sig, args))):.2f} us, "
+      f"current_device {per_call_us(torch.cuda.current_device):.2f} us, hooks check {per_call_us(tl_launch._hooks_set):.2f} us, "
+      f"_check {per_call_us(lambda: g._check(a, a, None, None, None, None, None, 'tf32', o)):.2f} us, "
+      f"TensorDescriptor.from_tensor {per_call_us(lambda: g._b_desc(a, 128, 64, False)):.2f} us")
+torch.cuda.synchronize()
+
 g.gemm(a, a)
 pr = cProfile.Profile()
 pr.enable()

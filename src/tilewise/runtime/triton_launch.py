@@ -80,7 +80,7 @@ class _Entry:
 
 
 class _Cache:
-    __slots__ = ("jit", "names", "entries", "broken")
+    __slots__ = ("jit", "names", "entries", "broken", "hits", "misses")
 
     def __init__(self, fn):
         jit = fn
@@ -90,6 +90,8 @@ class _Cache:
         self.names = list(jit.arg_names)
         self.entries: dict = {}
         self.broken = False
+        self.hits = 0
+        self.misses = 0
 
 
 _CACHES: dict = {}
@@ -97,12 +99,25 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
+_RUNTIME_KNOBS = []
+
+
 def _hooks_set() -> bool:
-    try:
-        from triton import knobs
-        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-    except Exception:  # noqa: BLE001 - older Triton without knobs: no hooks to honour
+    """Whether a launch hook (a profiler's) is installed: then every call takes Triton's path. Triton
+    3.6+ keeps the hooks as chains that are never None (empty ``calls`` = none installed)."""
+    if not _RUNTIME_KNOBS:
+        try:
+            from triton import knobs
+            _RUNTIME_KNOBS.append(knobs.runtime)
+        except Exception:  # noqa: BLE001 - a Triton without knobs: no hooks to honour
+            _RUNTIME_KNOBS.append(None)
+    rk = _RUNTIME_KNOBS[0]
+    if rk is None:
         return False
+    for hook in (rk.launch_enter_hook, rk.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def launch(fn, grid, *args, **kwargs):
@@ -127,10 +142,12 @@ def launch(fn, grid, *args, **kwargs):
         return fn[grid](*args, **kwargs)
     entry = cache.entries.get(key)
     if entry is None or _hooks_set():
+        cache.misses += 1
         kernel = fn[grid](*args, **kwargs)
         if entry is None and kernel is not None:
             _remember(cache, fn, key, kernel, len(args), kwargs)
         return kernel
+    cache.hits += 1
     values = []
     for kind, x in entry.order:
         values.append(args[x] if kind == "a" else kwargs[x] if kind == "k" else x)
@@ -178,3 +195,11 @@ def _remember(cache: _Cache, fn, key, kernel, nargs: int, kwargs: dict) -> None:
         cache.entries[key] = _Entry(kernel, tuple(order), pre, cache.names)
     except Exception:  # noqa: BLE001 - an unexpected Triton layout: this kernel keeps the plain path
         cache.broken = True
+
+
+def stats() -> dict:
+    """Per kernel name: calls through the cached launcher (hits), through Triton's dispatch
+    (misses: first calls of a signature, or hooks installed), and whether the kernel fell back
+    for good (broken: this Triton's objects lack what the cached path uses)."""
+    return {c.jit.__name__: {"hits": c.hits, "misses": c.misses, "signatures": len(c.entries),
+                              "broken": c.broken} for c in _CACHES.values()}
