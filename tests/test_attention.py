@@ -270,6 +270,35 @@ def test_triton_interpreter_lse_only_gradient_and_compile():
     torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
+def test_triton_interpreter_eager_skips_the_custom_ops(monkeypatch):
+    """Eager calls run an autograd.Function without the custom-op dispatcher; the values and
+    gradients (bias included) equal those of the custom ops that torch.compile traces."""
+    q, k, v = _inputs(1, 2, 1, 17, 23, 32, dtype=torch.float32, seed=19)
+    bias = torch.randn(2, 17, 23, generator=torch.Generator().manual_seed(19))
+
+    def grads(fn):
+        ts = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+        out, lse = fn(*ts)
+        (out.square().sum() + lse.sum()).backward()
+        return [out.detach(), lse.detach()] + [t.grad for t in ts]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("eager flash_attention went through a custom op")
+
+    def call(a, b, c, d):
+        return A.flash_attention(a, b, c, bias=d, causal=True, return_lse=True)
+
+    with A.override_configs(**TINY):
+        with monkeypatch.context() as m:
+            m.setattr(A, "_fwd_op", refuse)
+            m.setattr(A, "_bwd_op", refuse)
+            eager = grads(call)
+        torch._dynamo.reset()
+        compiled = grads(torch.compile(call, backend="aot_eager", fullgraph=True))
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(e, c, rtol=1e-5, atol=1e-5)
+
+
 def _bias_case(shape, bias_shape, causal, seed):
     """fp32 q, k, v of shape (B, H, Hkv, Sq, Sk, D) and the flash_attention keywords: a bias of
     bias_shape, causal."""

@@ -242,6 +242,36 @@ def test_linear_named_variant_and_no_grad_match():
     assert rel_error(gt.linear(x, w, b, "gelu", variant="v2_persistent"), ref) < 2e-3
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_linear_eager_skips_the_custom_op_and_compile_uses_it(activation, monkeypatch):
+    """Eager calls run an autograd.Function (no custom-op dispatcher); torch.compile traces the
+    custom ops. Both give the same values and gradients."""
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(2, 5, 24, generator=g).to(DEV)
+    w = (0.3 * torch.randn(16, 24, generator=g)).to(DEV)
+    b = torch.randn(16, generator=g).to(DEV)
+    gy = torch.randn(2, 5, 16, generator=g).to(DEV)
+
+    def grads(fn):
+        ts = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(*ts)
+        y.backward(gy)
+        return [y.detach()] + [t.grad for t in ts]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("eager linear went through the custom op")
+
+    with monkeypatch.context() as m:
+        m.setattr(gt, "_linear_op", refuse)
+        m.setattr(gt, "_gemm_op", refuse)
+        eager = grads(lambda a, c, d: gt.linear(a, c, d, activation=activation))
+    torch._dynamo.reset()
+    compiled = grads(torch.compile(lambda a, c, d: gt.linear(a, c, d, activation=activation), backend="aot_eager",
+                                   fullgraph=True))
+    for e, c in zip(eager, compiled):
+        assert torch.allclose(e, c, rtol=1e-5, atol=1e-5)
+
+
 def test_custom_ops_pass_opcheck():
     g = torch.Generator().manual_seed(13)
     x = torch.randn(9, 16, generator=g).to(DEV).requires_grad_()

@@ -683,12 +683,31 @@ def _backward(ctx, dout, dlse):
     if dlse is not None:
         dlse = dlse.float().contiguous()  # e.g. sum()'s gradient is an expanded, stride-0 tensor
     bias_grad = bias is not None and ctx.needs_input_grad[4]
-    dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
-                             ctx.deterministic)
+    bwd = _bwd_impl if getattr(ctx, "eager", False) else _bwd_op
+    dq, dk, dv, db = bwd(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
+                         ctx.deterministic)
     return dq, dk, dv, None, (db if bias_grad else None), None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerFlash(torch.autograd.Function):
+    """What ``_fwd_op`` and its autograd registration do, for eager calls: the custom-op dispatcher
+    costs about 20 us a call on a fast host and more on the H200's (a 16 us S = 1024 forward ran
+    host-bound; scripts/experiments/host_overhead.py). Traced code (torch.compile) keeps the
+    custom ops, whose fake implementations it needs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, bias, causal, scale, deterministic):
+        out, lse = _fwd_impl(q, k, v, mask, bias, causal, scale)
+        _setup_context(ctx, (q, k, v, mask, bias, causal, scale, deterministic), (out, lse))
+        ctx.eager = True
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -721,15 +740,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             forward is the same either way.
 
     Returns out (B, H, Sq, D) in q's dtype, contiguous; or (out, lse) with ``return_lse``.
-    Differentiable in q, k, v and bias; a
-    ``torch.library.custom_op`` (``torch.ops.tilewise.flash_attention_fwd``), so it traces
-    under ``torch.compile``.
+    Differentiable in q, k, v and bias. Under ``torch.compile`` it is the
+    ``torch.library.custom_op`` ``torch.ops.tilewise.flash_attention_fwd`` (with a fake
+    implementation and autograd); eager calls run the same kernels through an
+    ``autograd.Function``, without the custom-op dispatcher's host time.
     """
     _check(q, k, v, mask, bias, scale)
     if not isinstance(deterministic, bool):
         raise ValueError(f"flash_attention: 'deterministic' must be a bool, got {deterministic!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, lse = _fwd_op(q, k, v, mask, bias, bool(causal), scale, deterministic)
+    op = _fwd_op if torch.compiler.is_compiling() else _EagerFlash.apply
+    out, lse = op(q, k, v, mask, bias, bool(causal), scale, deterministic)
     return (out, lse) if return_lse else out
 
 

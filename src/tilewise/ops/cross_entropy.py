@@ -53,7 +53,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
-from ..runtime.triton_launch import launch as _tl_launch
+from ..runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -316,7 +316,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             rows = max(1, _FUSED_TILE // block)
             tile = rows * block
             warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
-            grid = (triton.cdiv(N, rows),)
+            grid = (_cdiv(N, rows),)
             _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
                              HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
@@ -410,7 +410,7 @@ def _grad(ctx, dloss, _dgrad):
         d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
         progs = _scale_programs(g)
         _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=_SCALE_BLOCK,
-                                           ITERS=triton.cdiv(triton.cdiv(g.numel(), _SCALE_BLOCK), progs))
+                                           ITERS=_cdiv(_cdiv(g.numel(), _SCALE_BLOCK), progs))
     return (g,) + nones  # ours alone now: scaled in place, no second copy
 
 
@@ -419,8 +419,8 @@ _SCALE_BLOCK = 4096
 
 def _scale_programs(g: torch.Tensor) -> int:
     if not g.is_cuda:
-        return max(1, min(4, triton.cdiv(g.numel(), _SCALE_BLOCK)))
-    return max(1, min(4 * rt.sm_count(g.get_device()), triton.cdiv(g.numel(), _SCALE_BLOCK)))
+        return max(1, min(4, _cdiv(g.numel(), _SCALE_BLOCK)))
+    return max(1, min(4 * rt.sm_count(g.get_device()), _cdiv(g.numel(), _SCALE_BLOCK)))
 
 
 @triton.jit
@@ -583,7 +583,7 @@ def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
         dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
         sdx = grad.stride(0) if compute_grad else 0
         # grad_scale 1: 1/n_valid is only known on the device; the backward applies it.
-        _tl_launch(_ce_kernel, (triton.cdiv(N, rows),), x, t_safe, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
+        _tl_launch(_ce_kernel, (_cdiv(N, rows),), x, t_safe, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                                             float(label_smoothing), 1.0, ROWS=rows, BLOCK=block, ONE_PASS=True,
                                             HAS_GRAD=compute_grad, SMOOTH=label_smoothing > 0, num_warps=warps)
     loss = torch.empty((), device=dev, dtype=logits.dtype)
@@ -612,7 +612,7 @@ class _CapturableCE(torch.autograd.Function):
         n = g.numel()
         if n:
             d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
-            _tl_launch(_ce_scale_kernel, (triton.cdiv(n, 1024),), g, d, inv_n, n, BLOCK=1024)
+            _tl_launch(_ce_scale_kernel, (_cdiv(n, 1024),), g, d, inv_n, n, BLOCK=1024)
         return g, None, None, None, None, None
 
 

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
-from ..runtime.triton_launch import launch as _launch
+from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -458,8 +458,8 @@ def _prune(configs, named_args, **kwargs):
         kept = [c for c in kept if smem(c) <= _SMEM_LIMIT] or kept[-1:]
     M, N = named_args["M"], named_args["N"]
     # Tiles far larger than the problem only waste work; keep at least one config.
-    small = [c for c in kept if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(M))
-             and c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(N))]
+    small = [c for c in kept if c.kwargs["BLOCK_M"] <= max(64, _next_pow2(M))
+             and c.kwargs["BLOCK_N"] <= max(64, _next_pow2(N))]
     return small or kept[-1:]
 
 
@@ -585,16 +585,16 @@ def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision,
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     interp = _INTERP_META if _INTERPRET else {}
     if kind == "tiled":
-        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
+        grid = lambda META: (_cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"]),)  # noqa: E731
         _launch(_tiled, grid, *args, **meta, **interp)
         return out
     sms = _num_sms(a.get_device())
     if fixed is not None:
         bm, bn, bk, stages, warps = fixed
-        _launch(_gemm_persistent_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
+        _launch(_gemm_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),),
             *args, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
         return out
-    grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+    grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
     _launch(_persistent, grid, *args, sms, **meta, **interp)
     return out
 
@@ -635,11 +635,11 @@ def _run_streamk(a, b, out, bias, activation, scale_a, scale_b, precision, aux, 
         opts = dict(num_stages=stages, num_warps=warps)
     if K == 0:  # no K-steps: the epilogue alone (act(bias) or act(0)), as the tiled kernel does
         return _run_pointer("tiled", a, b, out, bias, activation, scale_a, scale_b, precision, aux)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    total = tiles * triton.cdiv(K, bk)
+    tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    total = tiles * _cdiv(K, bk)
     progs = min(_num_sms(a.get_device()), total)
-    ipp = triton.cdiv(total, progs)
-    progs = triton.cdiv(total, ipp)  # no program without work
+    ipp = _cdiv(total, progs)
+    progs = _cdiv(total, ipp)  # no program without work
     ws = torch.empty((2 * progs, bm * bn), device=a.device, dtype=torch.float32)
     counts = _streamk_counts(a.device, tiles)
     use_tma = _tma_loads_ok(a, b)  # the C tile is stored through pointers
@@ -715,13 +715,13 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixe
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     if fixed is not None and not _INTERPRET:
         stages, warps = fixed[3:]
-        _launch(_gemm_tma_persistent_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
+        _launch(_gemm_tma_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),),
             a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
             scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
             M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
             num_stages=stages, num_warps=warps)
         return out
-    grid = lambda META: (min(sms, triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+    grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
     _launch(_tma, grid, a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
                scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
                M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype), B_KMAJOR=b_kmajor, **meta, **(_INTERP_META if _INTERPRET else {}))
@@ -752,7 +752,7 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
     sms = _num_sms(a.get_device())
     dummy = out
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
-    _launch(_gemm_tma_split_kernel, (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn + bn2)),),
+    _launch(_gemm_tma_split_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn + bn2)),),
         TensorDescriptor.from_tensor(a, [bm, bk]), _b_desc(b, bn, bk, b_kmajor), _b_desc(b, bn2, bk, b_kmajor), c_desc, c2_desc, aux_desc, aux2_desc,
         bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
         scale_b if scale_b is not None else dummy, M, N, K, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk,
@@ -783,8 +783,8 @@ def tma_tile_for(M: int, N: int, sms: int) -> str:
     0.826x (logs/gemm-split-tiles.log)."""
     def score(name):
         bm, bn, rel = _TMA_TILES[name]
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        return rel * tiles / (triton.cdiv(tiles, sms) * sms) if tiles else 0.0
+        tiles = _cdiv(M, bm) * _cdiv(N, bn)
+        return rel * tiles / (_cdiv(tiles, sms) * sms) if tiles else 0.0
 
     return max(_TMA_TILES, key=score)
 
@@ -796,10 +796,10 @@ def split_k_for(M: int, N: int, K: int) -> int:
     """K slices for a problem whose output has too few 64 x 64 tiles to fill the GPU and a long K
     (the weight gradient of a linear layer: (out, in) from K = tokens); 1 = no split. Each slice
     keeps at least 128 of K; slices x tiles aims at two CTAs an SM of the H200."""
-    tiles = triton.cdiv(M, _SPLITK_TILE) * triton.cdiv(N, _SPLITK_TILE)
+    tiles = _cdiv(M, _SPLITK_TILE) * _cdiv(N, _SPLITK_TILE)
     if tiles >= 64 or K < 1024:
         return 1
-    return max(1, min(64, triton.cdiv(K, 128), 264 // tiles))
+    return max(1, min(64, _cdiv(K, 128), 264 // tiles))
 
 
 def gemm_splitk(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -825,18 +825,18 @@ def gemm_splitk(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None =
     if S < 1:
         raise ValueError(f"gemm_splitk: splits must be >= 1, got {splits}")
     bk = _INTERP_META["BLOCK_K"] if _INTERPRET else _BK_FOR_ITEMSIZE[a.element_size()]
-    k_per = triton.cdiv(triton.cdiv(K, S), bk) * bk
-    S = triton.cdiv(K, k_per)
+    k_per = _cdiv(_cdiv(K, S), bk) * bk
+    S = _cdiv(K, k_per)
     ws = torch.empty((S, M, N), device=a.device, dtype=torch.float32)
     bm = bn = _INTERP_META["BLOCK_M"] if _INTERPRET else _SPLITK_TILE
     meta = dict(PRECISION=precision if a.dtype == torch.float32 else "tf32",
                 UPCAST=_INTERPRET and a.dtype == torch.bfloat16)
     opts = {} if _INTERPRET else dict(num_warps=4, num_stages=3)
-    _launch(_gemm_splitk_kernel, (triton.cdiv(M, bm), triton.cdiv(N, bn), S),
+    _launch(_gemm_splitk_kernel, (_cdiv(M, bm), _cdiv(N, bn), S),
         a, b, ws, M, N, K, k_per, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **meta, **opts)
     block = 256 if _INTERPRET else 1024
-    _launch(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
+    _launch(_splitk_reduce_kernel, (_cdiv(M * N, block),),
         ws, out, bias if bias is not None else ws, M, N, S, out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, ACTIVATION=_ACTIVATIONS[activation], BLOCK=block)
     return out
@@ -893,7 +893,7 @@ def _small_applies(a, b, bias, activation, out_dtype, scale_a, scale_b, out, aux
     N = b.shape[1]
     if K != b.shape[0] or M == 0 or N == 0 or K == 0:
         return False
-    if triton.cdiv(M, 128) * triton.cdiv(N, 128) > _SMALL_MAX_TILES:
+    if _cdiv(M, 128) * _cdiv(N, 128) > _SMALL_MAX_TILES:
         return False
 
     def aligned(t):  # one unit stride, the other stride and the base 16-byte aligned (2-byte types)
@@ -992,22 +992,27 @@ def _act_grad(gy, saved, activation, dtype):
     return gy.to(dtype)
 
 
-def _linear_backward(x2, w, bias_dtype, saved, activation, gy, needs):
+def _linear_backward(x2, w, bias_dtype, saved, activation, gy, needs, eager=False):
     g = _act_grad(gy, saved, activation, x2.dtype)
-    gx = _gemm_op(g, w, None, "") if needs[0] else None  # (M, N) @ (N, K)
-    gw = _gemm_op(g.t(), x2, None, "") if needs[1] else None  # (N, M) @ (M, K), g.t() by strides
+    mm = (lambda a, b, bias, act: gemm(a, b)) if eager else _gemm_op
+    gx = mm(g, w, None, "") if needs[0] else None  # (M, N) @ (N, K)
+    gw = mm(g.t(), x2, None, "") if needs[1] else None  # (N, M) @ (M, K), g.t() by strides
     gb = g.float().sum(0).to(bias_dtype) if bias_dtype is not None and needs[2] else None
     return gx, gw, gb
+
+
+def _linear_fwd(x2, w, b, activation, need_pre):
+    pre = (torch.empty((x2.shape[0], w.shape[0]), device=x2.device, dtype=x2.dtype) if need_pre
+           else x2.new_empty((0,)))
+    y = gemm(x2, w.t(), bias=b, activation=activation or None, aux=pre if need_pre else None)
+    return y, pre
 
 
 @torch.library.custom_op("tilewise::gemm_triton_linear", mutates_args=())
 def _linear_op(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, activation: str,
                need_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(act(x2 @ w.T + b), pre-activation when need_pre else an empty tensor)."""
-    pre = (torch.empty((x2.shape[0], w.shape[0]), device=x2.device, dtype=x2.dtype) if need_pre
-           else x2.new_empty((0,)))
-    y = gemm(x2, w.t(), bias=b, activation=activation or None, aux=pre if need_pre else None)
-    return y, pre
+    return _linear_fwd(x2, w, b, activation, need_pre)
 
 
 @_linear_op.register_fake
@@ -1029,11 +1034,30 @@ def _linear_bwd(ctx, gy, _gpre):
     x2, w, saved = ctx.saved_tensors
     if ctx.activation == "gelu" and saved.numel() == 0 and gy.numel() != 0:
         raise RuntimeError("linear: GELU backward needs the pre-activation; call linear() with grad enabled")
-    gx, gw, gb = _linear_backward(x2, w, ctx.bias_dtype, saved, ctx.activation, gy, ctx.needs_input_grad[:3])
+    gx, gw, gb = _linear_backward(x2, w, ctx.bias_dtype, saved, ctx.activation, gy, ctx.needs_input_grad[:3],
+                                  eager=getattr(ctx, "eager", False))
     return gx, gw, gb, None, None
 
 
 _linear_op.register_autograd(_linear_bwd, setup_context=_linear_setup)
+
+
+class _EagerLinear(torch.autograd.Function):
+    """``_linear_op`` with its autograd, for eager calls: no custom-op dispatcher (about 20 us a
+    call on a fast host, more on the H200's; scripts/experiments/host_overhead.py). Traced code
+    (torch.compile) keeps the custom ops."""
+
+    @staticmethod
+    def forward(ctx, x2, w, b, activation, need_pre):
+        y, pre = _linear_fwd(x2, w, b, activation, need_pre)
+        _linear_setup(ctx, (x2, w, b, activation, need_pre), (y, pre))
+        ctx.eager = True
+        ctx.mark_non_differentiable(pre)
+        return y, pre
+
+    @staticmethod
+    def backward(ctx, gy, gpre):
+        return _linear_bwd(ctx, gy, gpre)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, activation: str | None = None,
@@ -1062,5 +1086,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, acti
     else:
         need_pre = activation == "gelu" and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, w, b))
-        y, _ = _linear_op(x2, w, b, activation or "", need_pre)
+        op = _linear_op if torch.compiler.is_compiling() else _EagerLinear.apply
+        y, _ = op(x2, w, b, activation or "", need_pre)
     return y.reshape(*lead, w.shape[0])

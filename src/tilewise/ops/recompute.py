@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..cost import Cost
-from ..runtime.triton_launch import launch as _launch
+from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LECTURE_RATIO = 5 / 8
@@ -119,7 +119,7 @@ def _fwd_op(x: torch.Tensor, store: bool) -> tuple[torch.Tensor, torch.Tensor, t
     a2 = torch.empty_like(x) if store else x.new_empty(0)
     if n:
         B = _block(x)
-        _launch(_fwd_kernel, (triton.cdiv(n, B),), x, a1 if store else y, a2 if store else y, y, n,
+        _launch(_fwd_kernel, (_cdiv(n, B),), x, a1 if store else y, a2 if store else y, y, n,
                                           STORE=store, BLOCK=B, num_warps=8)
     return y, a1, a2
 
@@ -137,7 +137,7 @@ def _bwd_stored_op(a1: torch.Tensor, a2: torch.Tensor, dy: torch.Tensor) -> torc
     n = a2.numel()
     if n:
         B = _block(a2)
-        _launch(_bwd_stored_kernel, (triton.cdiv(n, B),), a1, a2, dy, dx, n, BLOCK=B, num_warps=8)
+        _launch(_bwd_stored_kernel, (_cdiv(n, B),), a1, a2, dy, dx, n, BLOCK=B, num_warps=8)
     return dx
 
 
@@ -153,7 +153,7 @@ def _bwd_recompute_op(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         B = _block(x)
-        _launch(_bwd_recompute_kernel, (triton.cdiv(n, B),), x, dy, dx, n, BLOCK=B, num_warps=8)
+        _launch(_bwd_recompute_kernel, (_cdiv(n, B),), x, dy, dx, n, BLOCK=B, num_warps=8)
     return dx
 
 

@@ -66,7 +66,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
-from ..runtime.triton_launch import launch as _launch
+from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
@@ -423,7 +423,7 @@ def _fwd_fused(x2, y2, log):
         raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
     rows, block, warps = _fused_config(N)
-    grid = (triton.cdiv(M, rows),)
+    grid = (_cdiv(M, rows),)
     _launch(_softmax_fwd_kernel, grid, x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=rows, BLOCK=block,
                               LOG=log, ONE_PASS=True, num_warps=warps)
 
@@ -442,9 +442,9 @@ def _fwd_unfused(x2, y2, log):
     s = torch.empty(M, device=x2.device, dtype=torch.float32)
     e = torch.empty(M, N, device=x2.device, dtype=torch.float32)
     _launch(_row_max_kernel, (M,), x2, mx, N, x2.stride(0), BLOCK=B)
-    _launch(_sub_exp_kernel, (M, triton.cdiv(N, B)), x2, mx, e, N, x2.stride(0), BLOCK=B)
+    _launch(_sub_exp_kernel, (M, _cdiv(N, B)), x2, mx, e, N, x2.stride(0), BLOCK=B)
     _launch(_row_sum_kernel, (M,), e, e, s, N, LOG=True, BLOCK=B)
-    _launch(_normalize_kernel, (M, triton.cdiv(N, B)), x2, e, mx, s, y2, N, x2.stride(0), y2.stride(0),
+    _launch(_normalize_kernel, (M, _cdiv(N, B)), x2, e, mx, s, y2, N, x2.stride(0), y2.stride(0),
                                               LOG=log, BLOCK=B)
 
 
@@ -454,7 +454,7 @@ def _bwd_fused(y2, g2, dx2, log):
         raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
     rows, block, warps = _fused_config(N)
-    _launch(_softmax_bwd_kernel, (triton.cdiv(M, rows),), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
+    _launch(_softmax_bwd_kernel, (_cdiv(M, rows),), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
                                                  dx2.stride(0), ROWS=rows, BLOCK=block, LOG=log,
                                                  ONE_PASS=True, num_warps=warps)
 
@@ -473,7 +473,7 @@ def _bwd_unfused(y2, g2, dx2, log):
     y2, g2 = y2.contiguous(), g2.contiguous()
     d = torch.empty(M, device=y2.device, dtype=torch.float32)
     _launch(_row_sum_kernel, (M,), g2, y2, d, N, LOG=log, BLOCK=B)
-    _launch(_bwd_elementwise_kernel, (M, triton.cdiv(N, B)), y2, g2, d, dx2, N, LOG=log, BLOCK=B)
+    _launch(_bwd_elementwise_kernel, (M, _cdiv(N, B)), y2, g2, d, dx2, N, LOG=log, BLOCK=B)
 
 
 def _cluster_config(x2) -> tuple[int, int, int]:
