@@ -272,6 +272,37 @@ def test_linear_eager_skips_the_custom_op_and_compile_uses_it(activation, monkey
         assert torch.allclose(e, c, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(37, 29, 19), (20, 33, 16), (24, 16, 41)], ids=str)
+def test_padded_route_for_unaligned_rows(shape, b_layout):
+    """Rows that are not whole 16-byte multiples (odd K or N) go through zero-padded copies and
+    the TMA kernel: the padding must not change the sum, and the result lands in a plain (M, N)."""
+    M, N, K = shape
+    a, b, bias = _operands(M, N, K, torch.float16, b_layout, seed=M * N + K)
+    plan = gt._pad_plan(a, b, None, None)
+    assert plan is not None and any(plan)
+    out = poison(torch.empty(M, N, device=DEV, dtype=torch.float16))
+    gt._run_padded(a, b, bias, "relu", None, None, None, "tf32", out)
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    assert rel_error(out, ref) < 2e-3
+    # A result with no out given is a contiguous (M, N) tensor.
+    res = gt._run_padded(a, b, None, None, None, None, None, "tf32", None)
+    assert res.shape == (M, N) and res.is_contiguous()
+    assert rel_error(res, a.double() @ b.double()) < 2e-3
+
+
+def test_padded_route_model_and_plan():
+    a = torch.empty(64, 2999, dtype=torch.bfloat16)
+    assert gt._pad_plan(a, torch.empty(2999, 3000, dtype=torch.bfloat16), None, None) == (True, True, False)
+    assert gt._pad_plan(torch.empty(64, 3000, dtype=torch.bfloat16), torch.empty(3000, 2999, dtype=torch.bfloat16),
+                        None, None) == (False, True, True)
+    assert gt._pad_plan(a, torch.empty(8, 2999, dtype=torch.bfloat16).t(), None, None) == (True, True, False)
+    assert gt._pad_plan(a[:, ::2], torch.empty(1500, 64, dtype=torch.bfloat16), None, None) is None
+    # Large cubes pay (copies ~ n^2, product ~ n^3), small ones do not (copy launches dominate).
+    assert gt._padded_time_ratio(2999, 2999, 2999, 2, 2, (True, True, True)) < 0.5
+    assert gt._padded_time_ratio(100, 100, 100, 2, 2, (True, True, True)) > 1.0
+
+
 def test_custom_ops_pass_opcheck():
     g = torch.Generator().manual_seed(13)
     x = torch.randn(9, 16, generator=g).to(DEV).requires_grad_()
@@ -338,6 +369,32 @@ def test_gpu_sizes_against_fp64(variant, dtype, shape):
         return
     ref = torch.nn.functional.gelu(a.double() @ b.double() + bias.double())
     assert rel_error(out, ref) < {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 2e-3}[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+@pytest.mark.parametrize("shape", [(2999, 2999, 2999), (1001, 1536, 1003), (4096, 1000, 517)], ids=str)
+def test_gpu_auto_pads_unaligned_rows(shape, b_layout, dtype, monkeypatch):
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(M + K)
+    a = torch.randn(M, K, device="cuda", generator=g)
+    b = torch.randn(K, N, device="cuda", generator=g) if b_layout == "rowmajor" else \
+        torch.randn(N, K, device="cuda", generator=g).t()
+    bias = torch.randn(N, device="cuda", generator=g)
+    kw = {}
+    if dtype == torch.float8_e4m3fn:
+        kw = dict(scale_a=torch.tensor([0.5], device="cuda"), scale_b=torch.tensor([0.25], device="cuda"))
+    a, b = a.to(dtype), b.to(dtype)
+    calls = []
+    real = gt._run_padded
+    monkeypatch.setattr(gt, "_run_padded", lambda *args: calls.append(1) or real(*args))
+    out = gt.gemm(a, b, bias=bias, activation="gelu", **kw)
+    assert calls, "gemm() did not take the padded route"
+    s = 0.125 if kw else 1.0
+    ref = torch.nn.functional.gelu(s * (a.double() @ b.double()) + bias.double())
+    assert out.shape == (M, N) and out.is_contiguous()
+    assert rel_error(out, ref) < {torch.bfloat16: 1e-2, torch.float32: 2e-3, torch.float8_e4m3fn: 1e-2}[dtype]
 
 
 @pytest.mark.gpu

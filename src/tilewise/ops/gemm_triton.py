@@ -670,18 +670,22 @@ def _tma_loads_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _tma_ok(a, unit_dim=1) and (_tma_ok(b, unit_dim=1) or _tma_ok(b, unit_dim=0))
 
 
-def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> bool:
+def tma_applies(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
+                out: torch.Tensor | None = None) -> bool:
     """Whether v3_tma_persistent takes these operands (A K-contiguous; B N- or K-contiguous;
-    row lengths in bytes multiples of 16)."""
+    pointers and row strides 16-byte aligned; the output's too: ``out`` if given, else a
+    contiguous (M, N) result, whose rows must then be whole 16-byte multiples)."""
+    if out is not None:
+        return _tma_loads_ok(a, b) and _tma_ok(out, unit_dim=1)
     ot = (out_dtype or _default_out_dtype(a.dtype)).itemsize
     return _tma_loads_ok(a, b) and (b.shape[1] * ot) % 16 == 0
 
 
 def _check_tma_layout(name, a, b, out, aux):
-    if not (tma_applies(a, b, out.dtype) and _tma_ok(out, unit_dim=1) and (aux is None or _tma_ok(aux, unit_dim=1))):
+    if not (tma_applies(a, b, out.dtype, out) and (aux is None or _tma_ok(aux, unit_dim=1))):
         raise ValueError(f"gemm.{name}: TMA needs 'a' with unit stride along K, 'b' with unit stride along N "
-                         "or K, 16-byte aligned pointers and row strides (also of out and aux), and N * out "
-                         "itemsize a multiple of 16; use v1_tiled or gemm() for other layouts")
+                         "or K, 16-byte aligned pointers and row strides (also of out and aux); use v1_tiled "
+                         "or gemm() for other layouts")
 
 
 def _b_desc(b, bn, bk, b_kmajor):
@@ -907,6 +911,101 @@ def _run_small(a, b, bias, activation, out_dtype, precision, out):
     return _run_pointer("persistent", a, b, out, bias, activation, None, None, precision, None, fixed=_SMALL_TILE)
 
 
+# Rows whose length in bytes is not a multiple of 16 (odd K or N, e.g. 2999) rule out TMA and
+# 16-byte vector loads: v1_tiled then ran 2999^3 at 130-134 TFLOP/s (bench 333be9b, 5a125fe;
+# cuBLAS 108), against ~600-650 for the TMA kernel on aligned rows. gemm() instead copies the
+# operands into zero-padded buffers with aligned rows (K and N rounded up to 16 bytes; zero pad
+# columns of A meet zero pad rows of B, so the sum is unchanged), runs the TMA kernel into an
+# output with aligned rows and copies the (M, N) result out. Modelled time of each route, in
+# the measured rates: v1 at _V1_UNALIGNED_TFLOPS, padded at _TMA_TFLOPS plus the copies' bytes
+# at _COPY_GBPS plus _COPY_LAUNCH_US a copy; padding where it models at most 0.8x v1's time.
+_V1_UNALIGNED_TFLOPS = 130.0
+_TMA_TFLOPS = 600.0
+_COPY_GBPS = 2500.0
+_COPY_LAUNCH_US = 4.0
+
+
+def _padded_cols(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """A row-major copy of 2-D t with ``cols`` >= t.shape[1] columns, the extra ones zero."""
+    p = torch.empty((t.shape[0], cols), device=t.device, dtype=t.dtype)
+    p[:, t.shape[1]:].zero_()
+    p[:, :t.shape[1]].copy_(t)
+    return p
+
+
+def _pad_plan(a, b, out_dtype, out):
+    """What the padded route copies: (pad a, pad b, pad out) flags, or None where it cannot help
+    (non-unit strides of the operands are left to v1_tiled)."""
+    unit_a = 16 // a.element_size()
+    K = a.shape[1]
+    a_ok = _tma_ok(a, unit_dim=1)
+    b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
+    b_ok = _tma_ok(b, unit_dim=0 if b_kmajor else 1)
+    if not (a.stride(1) == 1 or a_ok) or not (b.stride(1) == 1 or b.stride(0) == 1):
+        return None
+    pad_k = K % unit_a != 0
+    od = out.dtype if out is not None else (out_dtype or _default_out_dtype(a.dtype))
+    out_ok = _tma_ok(out, unit_dim=1) if out is not None else (b.shape[1] * od.itemsize) % 16 == 0
+    return (not a_ok or pad_k, not b_ok or pad_k, not out_ok)
+
+
+def _padding_pays(a, b, out_dtype, out, aux) -> bool:
+    if _INTERPRET or aux is not None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.dim() != 2 or b.dim() != 2 or a.dtype not in _IN_DTYPES or b.dtype != a.dtype or not a.is_cuda:
+        return False
+    M, K = a.shape
+    N = b.shape[1]
+    if K != b.shape[0] or min(M, N, K) == 0 or (out is not None and tuple(out.shape) != (M, N)):
+        return False
+    plan = _pad_plan(a, b, out_dtype, out)
+    if plan is None or not any(plan):
+        return False
+    od = out.dtype if out is not None else (out_dtype or _default_out_dtype(a.dtype))
+    return _padded_time_ratio(M, N, K, a.element_size(), od.itemsize, plan) <= 0.8
+
+
+def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int, plan) -> float:
+    """Modelled time of the padded route over v1_tiled's on unaligned rows (plan: which of a, b,
+    out are copied)."""
+    copy_bytes = 2 * (plan[0] * M * K * itemsize + plan[1] * K * N * itemsize + plan[2] * M * N * out_itemsize)
+    flops = 2.0 * M * N * K
+    t_v1 = flops / (_V1_UNALIGNED_TFLOPS * 1e12)
+    t_pad = flops / (_TMA_TFLOPS * 1e12) + copy_bytes / (_COPY_GBPS * 1e9) + sum(plan) * _COPY_LAUNCH_US * 1e-6
+    return t_pad / t_v1
+
+
+def _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
+    """gemm() through zero-padded copies with 16-byte rows (see _V1_UNALIGNED_TFLOPS)."""
+    out = _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out)
+    pad_a, pad_b, pad_out = _pad_plan(a, b, out_dtype, out)
+    M, K = a.shape
+    N = b.shape[1]
+    k_pad = _cdiv(K, 16 // a.element_size()) * (16 // a.element_size())
+    a_p = _padded_cols(a, k_pad) if pad_a else a
+    if pad_b:
+        if b.stride(0) == 1 and b.stride(1) != 1:  # K-major (w.t() of an (N, K) weight): pad w's rows
+            b_p = _padded_cols(b.t(), k_pad).t()
+        else:  # N-major: K rows padded with zero rows, each row padded to 16 bytes
+            n_pad = _cdiv(N, 16 // b.element_size()) * (16 // b.element_size())
+            buf = torch.empty((k_pad, n_pad), device=b.device, dtype=b.dtype)
+            buf[K:].zero_()
+            buf[:K, :N].copy_(b)
+            b_p = buf[:, :N]
+    else:
+        b_p = b
+    if pad_out:
+        n_pad = _cdiv(N, 16 // out.element_size()) * (16 // out.element_size())
+        c = torch.empty((M, n_pad), device=out.device, dtype=out.dtype)[:, :N]
+    else:
+        c = out
+    gemm(a_p, b_p, bias=bias, activation=activation, out_dtype=out.dtype, scale_a=scale_a, scale_b=scale_b,
+         precision=precision, out=c)
+    if c is not out:
+        out.copy_(c)
+    return out
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
          out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
          scale_b: torch.Tensor | None = None, precision: str = "tf32", out: torch.Tensor | None = None,
@@ -939,8 +1038,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         return _run_small(a, b, bias, activation, out_dtype, precision, out)
     if variant is None:
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
-              and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype)
-              and (out is None or _tma_ok(out, unit_dim=1)) and (aux is None or _tma_ok(aux, unit_dim=1)))
+              and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype, out)
+              and (aux is None or _tma_ok(aux, unit_dim=1)))
+        if not ok and _padding_pays(a, b, out_dtype, out, aux):
+            return _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out)
         # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in three runs (bf16
         # 1.022x / 0.986x / 1.02x cuBLAS against v3's 0.930x / 0.939x / 0.91x, bench rows 38046a9,
         # 54b6af0, e7c4f50), level with or behind it at 4096^3 (0.96x / 0.89x / 0.92x against
