@@ -390,7 +390,10 @@ def test_gpu_auto_pads_unaligned_rows(shape, b_layout, dtype, monkeypatch):
     real = gt._run_padded
     monkeypatch.setattr(gt, "_run_padded", lambda *args: calls.append(1) or real(*args))
     out = gt.gemm(a, b, bias=bias, activation="gelu", **kw)
-    assert calls, "gemm() did not take the padded route"
+    # The route follows the time model (for fp32 the copies cost twice the bytes); 2999^3 pays.
+    pays = gt._padding_pays(a, b, None, None, None)
+    assert bool(calls) == pays
+    assert pays or shape != (2999, 2999, 2999)
     s = 0.125 if kw else 1.0
     ref = torch.nn.functional.gelu(s * (a.double() @ b.double()) + bias.double())
     assert out.shape == (M, N) and out.is_contiguous()

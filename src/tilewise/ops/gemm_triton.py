@@ -919,8 +919,12 @@ def _run_small(a, b, bias, activation, out_dtype, precision, out):
 # output with aligned rows and copies the (M, N) result out. Modelled time of each route, in
 # the measured rates: v1 at _V1_UNALIGNED_TFLOPS, padded at _TMA_TFLOPS plus the copies' bytes
 # at _COPY_GBPS plus _COPY_LAUNCH_US a copy; padding where it models at most 0.8x v1's time.
+# The 16-bit rates are measured (v1 at 2999^3; TMA at 3072^3-4096^3 in the same bench runs); the
+# fp8 and tf32 TMA rates are the 16-bit one scaled by their tensor-core peaks (x2, x0.5), and v1's
+# unaligned rate is taken as the 16-bit one for every dtype (not measured for fp8 / fp32).
+# Bench 78ee084 (graph-replayed, x cuBLAS): 2999^3 0.41 -> 0.18 ms (2.7x cuBLAS), 5003^3 1.86 -> 0.57 ms.
 _V1_UNALIGNED_TFLOPS = 130.0
-_TMA_TFLOPS = 600.0
+_TMA_TFLOPS = {1: 1200.0, 2: 600.0, 4: 300.0}
 _COPY_GBPS = 2500.0
 _COPY_LAUNCH_US = 4.0
 
@@ -971,7 +975,7 @@ def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int,
     copy_bytes = 2 * (plan[0] * M * K * itemsize + plan[1] * K * N * itemsize + plan[2] * M * N * out_itemsize)
     flops = 2.0 * M * N * K
     t_v1 = flops / (_V1_UNALIGNED_TFLOPS * 1e12)
-    t_pad = flops / (_TMA_TFLOPS * 1e12) + copy_bytes / (_COPY_GBPS * 1e9) + sum(plan) * _COPY_LAUNCH_US * 1e-6
+    t_pad = flops / (_TMA_TFLOPS[itemsize] * 1e12) + copy_bytes / (_COPY_GBPS * 1e9) + sum(plan) * _COPY_LAUNCH_US * 1e-6
     return t_pad / t_v1
 
 

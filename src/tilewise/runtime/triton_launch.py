@@ -92,13 +92,14 @@ class _Entry:
 
 
 class _Cache:
-    __slots__ = ("jit", "names", "entries", "broken", "hits", "misses")
+    __slots__ = ("jit", "label", "names", "entries", "broken", "hits", "misses")
 
     def __init__(self, fn):
         jit = fn
         while not hasattr(jit, "device_caches"):  # Autotuner / Heuristics wrap a JITFunction as .fn
             jit = jit.fn
         self.jit = jit
+        self.label = jit.__name__ + ("" if fn is jit else f" [{type(fn).__name__}]")
         self.names = list(jit.arg_names)
         self.entries: dict = {}
         self.broken = False
@@ -210,8 +211,11 @@ def _remember(cache: _Cache, fn, key, kernel, nargs: int, kwargs: dict) -> None:
 
 
 def stats() -> dict:
-    """Per kernel name: calls through the cached launcher (hits), through Triton's dispatch
+    """Per launched function (a kernel's name, ``[Autotuner]`` for an autotuned one): calls through the cached launcher (hits), through Triton's dispatch
     (misses: first calls of a signature, or hooks installed), and whether the kernel fell back
     for good (broken: this Triton's objects lack what the cached path uses)."""
-    return {c.jit.__name__: {"hits": c.hits, "misses": c.misses, "signatures": len(c.entries),
-                              "broken": c.broken} for c in _CACHES.values()}
+    out = {}
+    for c in _CACHES.values():
+        label = c.label if c.label not in out else f"{c.label} #{len(out)}"
+        out[label] = {"hits": c.hits, "misses": c.misses, "signatures": len(c.entries), "broken": c.broken}
+    return out
