@@ -76,6 +76,35 @@ def test_hooks_installed_send_launches_through_triton():
     assert not tl_launch._hooks_set()
 
 
+def _fake_kernel():
+    class Kernel:  # what the cached path reads from a compiled kernel
+        run = function = packed_metadata = None
+    return Kernel()
+
+
+def test_remember_records_where_each_parameter_comes_from():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr = 128):
+        pass
+
+    cache = tl_launch._Cache(k)
+    x = torch.empty(4)
+    tl_launch._remember(cache, k, "key", _fake_kernel(), (x, 7), {"SCALE": 0.5})
+    assert not cache.broken
+    assert cache.entries["key"].order == (("a", 0), ("a", 1), ("k", "SCALE"), ("c", 128))
+    # A float constexpr passed positionally would be keyed by its type alone: not cached.
+    bad = tl_launch._Cache(k)
+    tl_launch._remember(bad, k, "key", _fake_kernel(), (x, 7, 0.5), {})
+    assert bad.broken and not bad.entries
+    # A tensor by keyword would be kept alive by the key: not cached.
+    bad = tl_launch._Cache(k)
+    tl_launch._remember(bad, k, "key", _fake_kernel(), (x,), {"n": torch.ones(1), "SCALE": 1.0})
+    assert bad.broken
+
+
 # --------------------------------------------------------------------------- GPU
 
 

@@ -158,7 +158,7 @@ def launch(fn, grid, *args, **kwargs):
         cache.misses += 1
         kernel = fn[grid](*args, **kwargs)
         if entry is None and kernel is not None:
-            _remember(cache, fn, key, kernel, len(args), kwargs)
+            _remember(cache, fn, key, kernel, args, kwargs)
         return kernel
     cache.hits += 1
     values = []
@@ -178,9 +178,15 @@ def launch(fn, grid, *args, **kwargs):
     return kernel
 
 
-def _remember(cache: _Cache, fn, key, kernel, nargs: int, kwargs: dict) -> None:
-    """After a plain launch: record where each kernel parameter's value comes from."""
+def _remember(cache: _Cache, fn, key, kernel, args: tuple, kwargs: dict) -> None:
+    """After a plain launch: record where each kernel parameter's value comes from. Calls the
+    signature cannot tell apart send the kernel to the plain path for good: a float passed
+    positionally to a constexpr (the signature keys floats by type), a tensor passed by keyword
+    (the key would hold it alive)."""
+    nargs = len(args)
     try:
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise TypeError("tensor keyword argument")
         if fn is not cache.jit and not hasattr(fn, "configs"):
             raise TypeError  # triton.heuristics: values computed per call, not cached here
         if fn is not cache.jit and fn.fn is not cache.jit:
@@ -191,6 +197,8 @@ def _remember(cache: _Cache, fn, key, kernel, nargs: int, kwargs: dict) -> None:
         order = []
         for i, (name, p) in enumerate(zip(cache.names, params)):
             if i < nargs:
+                if p.is_constexpr and type(args[i]) is float:
+                    raise TypeError(f"float constexpr {name} passed positionally")
                 order.append(("a", i))
             elif name in kwargs:
                 order.append(("k", name))
