@@ -83,13 +83,13 @@ def _fake_kernel():
 
 
 def test_remember_records_where_each_parameter_comes_from():
-    import triton
     import triton.language as tl
+    from triton.runtime.jit import JITFunction
 
-    @triton.jit
-    def k(x_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr = 128):
+    def body(x_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr = 128):
         pass
 
+    k = JITFunction(body)  # not triton.jit: under TRITON_INTERPRET that gives an interpreter object
     cache = tl_launch._Cache(k)
     x = torch.empty(4)
     tl_launch._remember(cache, k, "key", _fake_kernel(), (x, 7), {"SCALE": 0.5})
