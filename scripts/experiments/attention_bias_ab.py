@@ -1,0 +1,69 @@
+"""Bias forward: the TMA kernel (the default) against the pointer kernel, interleaved rounds in one
+run, S = 4096 / 8192 / 16384 (B = 4 / 2 / 1, H = 16), D = 64 and 128, a (1, H, S, S) bf16 bias,
+SDPA cuDNN beside them.
+
+Why: single runs disagreed on which path leads at D = 64 S = 8192 (pointer 1.996 against TMA 1.818
+ms at beeaf9c; 1.686 against 1.802 after the scale fold, logs/attention-bias-tma-fold.log), and
+the run-to-run spread (cuDNN 1.02-1.13 ms at S = 4096) is as large as the gaps. Interleaving the
+candidates round by round puts them under the same clocks.
+Prediction: within 3 % of each other at every shape (no per-shape rule worth having).
+
+Run on the GPU (~3 minutes): PYTHONPATH=src python3 scripts/experiments/attention_bias_ab.py
+"""
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from _timing import bias_attention_case
+from tilewise.ops import attention as A
+
+
+def bench(fn):
+    return do_bench(fn, warmup=5, rep=60, return_mode="median")
+
+
+def pointer(cfg=None):
+    def run(q, k, v, bias):
+        old = A._BIAS_FWD["tma"]
+        A._BIAS_FWD["tma"] = False
+        try:
+            if cfg is None:
+                return A.flash_attention(q, k, v, bias=bias)
+            with A.override_configs(fwd_bias=cfg):
+                return A.flash_attention(q, k, v, bias=bias)
+        finally:
+            A._BIAS_FWD["tma"] = old
+    return run
+
+
+for D in (64, 128):
+    for B, S in ((4, 4096), (2, 8192), (1, 16384)):
+        g = torch.Generator(device="cuda").manual_seed(S + D)
+        q, k, v, bias, ref, _, flops = bias_attention_case(B, 16, S, D, g, bench)
+
+        def cudnn(q, k, v, bias):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+        cands = {"cudnn": cudnn, "tma": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias),
+                 "pointer": pointer()}
+        if D == 64:
+            cands["pointer 128x64x8x3"] = pointer((128, 64, 8, 3))
+        for name, fn in cands.items():
+            err = ((fn(q, k, v, bias).float() - ref.float()).norm() / ref.float().norm()).item()
+            assert err < 2e-2, (name, err)
+        times = {n: [] for n in cands}
+        for _ in range(3):
+            for name, fn in cands.items():
+                times[name].append(bench(lambda fn=fn: fn(q, k, v, bias)))
+        med = {n: statistics.median(t) for n, t in times.items()}
+        print(f"== D={D} B={B} S={S}", flush=True)
+        for name in sorted(med, key=med.get):
+            print(f"  {name:20s} {med[name]:.4f} ms {flops / med[name] / 1e9:5.0f} TFLOP/s "
+                  f"{med['cudnn'] / med[name]:.3f}x cuDNN  rounds {' '.join(f'{x:.4f}' for x in times[name])}",
+                  flush=True)
+        del q, k, v, bias, ref
+        torch.cuda.empty_cache()
