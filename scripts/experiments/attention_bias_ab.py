@@ -7,6 +7,9 @@ ms at beeaf9c; 1.686 against 1.802 after the scale fold, logs/attention-bias-tma
 the run-to-run spread (cuDNN 1.02-1.13 ms at S = 4096) is as large as the gaps. Interleaving the
 candidates round by round puts them under the same clocks.
 Prediction: within 3 % of each other at every shape (no per-shape rule worth having).
+Measured (666699e, logs/attention-bias-ab.log): the TMA kernel leads at every shape, by 1-3 %
+except D = 64 S = 8192 (9 %); no per-shape rule. Against cuDNN: D = 64 1.25x / 1.28x / 1.28x
+(S = 4096 / 8192 / 16384), D = 128 1.31x / 1.32x / 1.27x.
 
 Run on the GPU (~3 minutes): PYTHONPATH=src python3 scripts/experiments/attention_bias_ab.py
 """
