@@ -3,19 +3,23 @@ each call after a warm-up, the median in ms (triton's do_bench, which the others
 import torch
 
 
-def median_event_ms(fn, reps: int = 50, warmup: int = 5) -> float:
+def median_event_ms(fn, reps: int = 50, warmup: int = 5, sync_each: bool = True) -> float:
+    """sync_each=False: calls back to back (the host's time shows where it is the slower side), as
+    the bench's eager rows."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ts = []
+    pairs = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+        if sync_each:
+            b.synchronize()
+        pairs.append((a, b))
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in pairs)[reps // 2]
 
 
 def bias_attention_case(B: int, H: int, S: int, D: int, g: "torch.Generator", bench):

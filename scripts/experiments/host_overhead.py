@@ -12,6 +12,7 @@ import pstats
 
 import torch
 
+from _timing import median_event_ms
 from tilewise.bench.harness import host_us_per_call
 from tilewise.ops import gemm_triton as g
 from tilewise.runtime import triton_launch as tl_launch
@@ -44,20 +45,9 @@ def graph_us(fn, calls=50):
 
 
 def eager_us(fn, reps=200):
-    """As the bench's eager rows: events around each call, median."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        ts.append((a, b))
-    torch.cuda.synchronize()
-    ts = sorted(a.elapsed_time(b) * 1000 for a, b in ts)
-    return ts[len(ts) // 2]
+    """Events around each call, back to back, median (the bench's eager rows, through triton's
+    do_bench, also clear L2 between calls, which gives the host that long to catch up)."""
+    return 1000 * median_event_ms(fn, reps=reps, warmup=20, sync_each=False)
 
 
 def row(label, fn, baseline=False, calls=300, graph=True):
