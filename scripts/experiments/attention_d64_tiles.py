@@ -9,6 +9,14 @@ and the plain one at 0.90-0.95x cuDNN. Per key tile a 128 x 64 CTA reads 8 + 8 K
 Prediction: 256 x 64 spills or loses occupancy (two 128-row accumulators a warpgroup: ~200
 registers a thread); if it compiles without spills, bias forward -3 to -5 %.
 
+Measured (149d4be, logs/attention-d64-tiles.log, ms, median of three rounds): bias S = 4096
+128 x 64 x 8 x 3 (current) 0.875, 256 x 64 x 8 x 3 0.942, 256 x 64 x 8 x 2 1.125, 128 x 128 x 8 x 2
+1.188; S = 8192 1.816 / 1.840 / 2.229 / 2.364. Plain (v4 TMA under each tile, v3 default beside):
+v3 0.638 / 1.261, v4 128 x 64 0.682 / 1.330, 128 x 128 0.942 / 1.764, 256 x 64 1.006 / 1.865. No new
+tile leads; the defaults stay. The default bias path timed twice in the run (labelled "v3 (plain
+default)" in that log, "default path" now, and under its own tile) differs by 2-4 %: the spread
+of one run.
+
 Run on the GPU (~2 minutes): PYTHONPATH=src python3 scripts/experiments/attention_d64_tiles.py
 """
 import statistics
@@ -47,7 +55,7 @@ for B, S in ((4, 4096), (2, 8192)):
     ref_p = cudnn(q, k, v, None)
     for label, b, ref, kind, tiles in (("bias", bias, ref_b, "fwd_tma_bias", BIAS_TILES),
                                        ("plain", None, ref_p, "fwd", PLAIN_TILES)):
-        cands = {"cudnn": cudnn, "v3 (plain default)": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias)}
+        cands = {"cudnn": cudnn, "default path": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias)}
         cands.update({f"{kind} {t}": ours(kind, t) for t in tiles})
         for name in list(cands):
             try:
