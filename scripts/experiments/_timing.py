@@ -67,3 +67,37 @@ def softmax_case(bench, M: int = 4096, N: int = 131072):
     x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
     y = torch.empty_like(x)
     return x, y, 2 * x.numel() * x.element_size(), bench(lambda: y.copy_(x))
+
+
+def interleaved_rounds(title: str, cands: dict, call, ref, flops: float, bench, baselines=("cudnn",),
+                       rounds: int = 3, tol: float = 2e-2) -> dict:
+    """Times ``call(fn)`` for every candidate fn of ``cands`` (name -> fn) round by round, so that
+    all of them run under the same clocks; a candidate that raises or is off ``ref`` by more than
+    ``tol`` (relative) is reported and dropped first. Prints the table under ``title`` (median of
+    the rounds, TFLOP/s from ``flops``, the ratio to each of ``baselines``, each round) and returns the
+    medians (attention_bias_ab, attention_d64_tiles, attention_fwd_tiles)."""
+    import statistics
+
+    for name in list(cands):
+        try:
+            got = call(cands[name]).float()
+        except Exception as e:  # noqa: BLE001 - e.g. a tile that does not fit: reported, dropped
+            print(f"{title} {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            del cands[name]
+            continue
+        err = ((got - ref.float()).norm() / ref.float().norm()).item()
+        if err > tol:
+            print(f"{title} {name}: rel err {err:.2e}: dropped", flush=True)
+            del cands[name]
+    times = {n: [] for n in cands}
+    for _ in range(rounds):
+        for name, fn in cands.items():
+            times[name].append(bench(lambda fn=fn: call(fn)))
+    med = {n: statistics.median(t) for n, t in times.items()}
+    print(f"== {title}", flush=True)
+    width = max(len(n) for n in med)
+    for name in sorted(med, key=med.get):
+        ratios = "  ".join(f"{med[b] / med[name]:.3f}x {b}" for b in baselines)
+        print(f"  {name:{width}s} {med[name]:.4f} ms {flops / med[name] / 1e9:5.0f} TFLOP/s {ratios}  "
+              f"rounds {' '.join(f'{x:.4f}' for x in times[name])}", flush=True)
+    return med

@@ -13,14 +13,12 @@ except D = 64 S = 8192 (9 %); no per-shape rule. Against cuDNN: D = 64 1.25x / 1
 
 Run on the GPU (~3 minutes): PYTHONPATH=src python3 scripts/experiments/attention_bias_ab.py
 """
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from _timing import bias_attention_case
+from _timing import bias_attention_case, interleaved_rounds
 from tilewise.ops import attention as A
 
 
@@ -55,18 +53,4 @@ for D in (64, 128):
                  "pointer": pointer()}
         if D == 64:
             cands["pointer 128x64x8x3"] = pointer((128, 64, 8, 3))
-        for name, fn in cands.items():
-            err = ((fn(q, k, v, bias).float() - ref.float()).norm() / ref.float().norm()).item()
-            assert err < 2e-2, (name, err)
-        times = {n: [] for n in cands}
-        for _ in range(3):
-            for name, fn in cands.items():
-                times[name].append(bench(lambda fn=fn: fn(q, k, v, bias)))
-        med = {n: statistics.median(t) for n, t in times.items()}
-        print(f"== D={D} B={B} S={S}", flush=True)
-        for name in sorted(med, key=med.get):
-            print(f"  {name:20s} {med[name]:.4f} ms {flops / med[name] / 1e9:5.0f} TFLOP/s "
-                  f"{med['cudnn'] / med[name]:.3f}x cuDNN  rounds {' '.join(f'{x:.4f}' for x in times[name])}",
-                  flush=True)
-        del q, k, v, bias, ref
-        torch.cuda.empty_cache()
+        interleaved_rounds(f"D={D} B={B} S={S}", cands, lambda fn: fn(q, k, v, bias), ref, flops, bench)

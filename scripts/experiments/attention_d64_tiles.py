@@ -19,14 +19,12 @@ of one run.
 
 Run on the GPU (~2 minutes): PYTHONPATH=src python3 scripts/experiments/attention_d64_tiles.py
 """
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from _timing import bias_attention_case
+from _timing import bias_attention_case, interleaved_rounds
 from tilewise.ops import attention as A
 
 BIAS_TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (256, 64, 8, 2), (256, 64, 8, 3)]
@@ -57,23 +55,4 @@ for B, S in ((4, 4096), (2, 8192)):
                                        ("plain", None, ref_p, "fwd", PLAIN_TILES)):
         cands = {"cudnn": cudnn, "default path": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias)}
         cands.update({f"{kind} {t}": ours(kind, t) for t in tiles})
-        for name in list(cands):
-            try:
-                err = ((cands[name](q, k, v, b).float() - ref.float()).norm() / ref.float().norm()).item()
-            except Exception as e:  # noqa: BLE001 - a tile that does not fit: reported, dropped
-                print(f"{label} S={S} {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                del cands[name]
-                continue
-            if err > 2e-2:
-                print(f"{label} S={S} {name}: rel err {err:.2e}: dropped", flush=True)
-                del cands[name]
-        times = {n: [] for n in cands}
-        for _ in range(3):
-            for name, fn in cands.items():
-                times[name].append(bench(lambda fn=fn: fn(q, k, v, b)))
-        med = {n: statistics.median(t) for n, t in times.items()}
-        print(f"== {label} D=64 B={B} S={S}", flush=True)
-        for name in sorted(med, key=med.get):
-            print(f"  {name:28s} {med[name]:.4f} ms {flops / med[name] / 1e9:5.0f} TFLOP/s "
-                  f"{med['cudnn'] / med[name]:.3f}x cuDNN  rounds {' '.join(f'{x:.4f}' for x in times[name])}",
-                  flush=True)
+        interleaved_rounds(f"{label} D=64 B={B} S={S}", cands, lambda fn: fn(q, k, v, b), ref, flops, bench)

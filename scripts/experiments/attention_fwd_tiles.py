@@ -10,14 +10,13 @@ Times (triton's do_bench, median, L2 flushed) of v3 (pointer loads) and v4 (TMA)
 FlexAttention (compiled), SDPA cuDNN and flash; three rounds, the median of the rounds printed.
 Run on the GPU (~3 minutes): PYTHONPATH=src python3 scripts/experiments/attention_fwd_tiles.py
 """
-import statistics
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
+from _timing import interleaved_rounds
 from tilewise.ops import attention as A
 
 TILES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 4)]
@@ -51,25 +50,5 @@ for (B, S) in ((4, 4096), (2, 8192)):
                     return A.flash_attention(q, k, v, causal=causal)
             cands[f"v3 {t}"] = ours
             cands[f"v4 {t}"] = ours_tma
-        ref = cands["cudnn"]().float()
-        times = {n: [] for n in cands}
-        for name, fn in list(cands.items()):
-            try:
-                err = ((fn().float() - ref).norm() / ref.norm()).item()
-            except Exception as e:  # noqa: BLE001 - a tile that does not fit: report and drop
-                print(f"B={B} S={S} causal={causal} {name}: {type(e).__name__}: {str(e)[:100]}")
-                del cands[name], times[name]
-                continue
-            if err > 2e-2:
-                print(f"B={B} S={S} causal={causal} {name}: rel err {err:.2e} against cuDNN: dropped")
-                del cands[name], times[name]
-        for _ in range(3):
-            for name, fn in cands.items():
-                times[name].append(bench(fn))
-        med = {n: statistics.median(ts) for n, ts in times.items()}
-        print(f"== D={D} B={B} S={S} causal={causal}: flex {med['flex']:.4f} ms, cuDNN {med['cudnn']:.4f} ms, "
-              f"SDPA flash {med['sdpa_flash']:.4f} ms", flush=True)
-        for name in sorted(med, key=med.get):
-            print(f"  {name:22s} {med[name]:.4f} ms {flops / med[name] / 1e9:6.0f} TFLOP/s  "
-                  f"{med['flex'] / med[name]:.3f}x flex  {med['cudnn'] / med[name]:.3f}x cuDNN  "
-                  f"rounds {' '.join(f'{x:.4f}' for x in times[name])}", flush=True)
+        interleaved_rounds(f"D={D} B={B} S={S} causal={causal}", cands, lambda fn: fn(), cands["cudnn"](), flops,
+                           bench, baselines=("flex", "cudnn"))
