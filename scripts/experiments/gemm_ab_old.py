@@ -5,6 +5,9 @@ Why: this session's bench runs (5a125fe, 78ee084) timed 3072^3 graph-replayed at
 85.5 us in the last session's (333be9b), cuBLAS level (74-76 us) in both; the host-side changes
 since (descriptor helpers, cached launches, host cdiv) should not touch device time.
 Prediction: old and new within 2 % of each other at every size (the spread is the machine's).
+Measured (10f5239 against 333be9b, logs/gemm-ab-old.log): 1536^3 16.14 / 16.11 us (0.727x /
+0.729x cuBLAS), 3072^3 92.90 / 92.73 (0.832x / 0.834x), 4096^3 193.4 / 194.0 (1.016x / 1.013x): no
+change; the 85.5 us of 333be9b was that machine's.
 
 Run on the GPU (~1 minute): OLD_SRC=<dir> PYTHONPATH=src python3 scripts/experiments/gemm_ab_old.py
 """
