@@ -173,6 +173,41 @@ def test_gpu_cached_launch_follows_alignment_and_streams():
 
 
 @pytest.mark.gpu
+def test_gpu_cached_launch_from_threads():
+    """Threads that launch the autotuned kernel at once, with different shapes: each signature
+    must keep the config of its own launch (the miss path is serialized)."""
+    import threading
+
+    from tilewise.ops import gemm_triton as gt
+
+    shapes = [(300 + 64 * i, 200 + 32 * i, 128 + 16 * i) for i in range(6)]
+    ops = []
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+        ops.append((a, b, a.double() @ b.double()))
+    errors = []
+
+    def work(a, b, exact):
+        try:
+            for _ in range(4):
+                out = gt.gemm(a, b, variant="v1_tiled")
+                torch.cuda.current_stream().synchronize()
+                err = ((out.double() - exact).norm() / exact.norm()).item()
+                if not err < 2e-3:
+                    errors.append(err)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=op) for op in ops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.gpu
 def test_gpu_cached_launch_under_graph_capture():
     from tilewise.ops import gemm_triton as gt
 

@@ -22,6 +22,7 @@ objects lack what is used here (checked once, on the first cached call).
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -108,6 +109,7 @@ class _Cache:
 
 
 _CACHES: dict = {}
+_MISS_LOCK = threading.RLock()
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 
@@ -156,9 +158,14 @@ def launch(fn, grid, *args, **kwargs):
     entry = cache.entries.get(key)
     if entry is None or _hooks_set():
         cache.misses += 1
-        kernel = fn[grid](*args, **kwargs)
-        if entry is None and kernel is not None:
-            _remember(cache, fn, key, kernel, args, kwargs)
+        if entry is not None:
+            return fn[grid](*args, **kwargs)
+        # One thread at a time from the launch to the record: the autotuner's best_config, read
+        # after the launch, must be the config of that launch.
+        with _MISS_LOCK:
+            kernel = fn[grid](*args, **kwargs)
+            if kernel is not None:
+                _remember(cache, fn, key, kernel, args, kwargs)
         return kernel
     cache.hits += 1
     values = []
