@@ -15,8 +15,14 @@ current device. Two calls with equal signatures therefore pick the same compiled
 same autotuned config (the autotuner's key is integers and dtypes, all part of the signature).
 
 Fallbacks to the plain path: the Triton interpreter, launch hooks set (profilers), a kernel whose
-arguments are not the plain types above, ``TILEWISE_FAST_LAUNCH=0``, and any Triton version whose
-objects lack what is used here (checked once, on the first cached call).
+arguments are not the plain types above (or a float passed positionally to a constexpr, or a
+tensor by keyword), ``TILEWISE_FAST_LAUNCH=0``, and any Triton version whose objects lack what is
+used here (checked once, on the first cached call). First calls of a signature (the misses) are
+serialized under a lock; cached calls take none.
+
+Measured on the H200's host, same process, cache off / on (logs/host-overhead-launch-cache.log):
+gemm v1_tiled 73 -> 27 us a call at 1000^3; gemm(auto) 127 -> 82 us (with host-side cdiv); the
+outputs are bit-identical (tests/test_triton_launch.py).
 """
 
 from __future__ import annotations
