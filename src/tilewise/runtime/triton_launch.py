@@ -21,7 +21,7 @@ used here (checked once, on the first cached call). First calls of a signature (
 serialized under a lock; cached calls take none.
 
 Measured on the H200's host, same process, cache off / on (logs/host-overhead-launch-cache.log):
-gemm v1_tiled 73 -> 27 us a call at 1000^3; gemm(auto) 127 -> 82 us (with host-side cdiv); the
+gemm v1_tiled 73 -> 27 us a call at 1000^3; gemm(auto) 127 -> 82 us; the
 outputs are bit-identical (tests/test_triton_launch.py).
 """
 
