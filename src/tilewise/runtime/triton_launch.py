@@ -82,7 +82,7 @@ def _sig(v):
     if t is _td_type():
         base = v.base
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides), tuple(v.block_shape),
-                getattr(v, "padding", None))
+                getattr(v, "padding", None), getattr(v, "round_f32_to_tf32", None))
     if v is None:
         return None
     raise TypeError  # anything else: the plain path
