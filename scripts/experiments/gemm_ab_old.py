@@ -17,6 +17,7 @@ import statistics
 
 import torch
 
+from _timing import square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_triton as new
 
@@ -26,11 +27,7 @@ old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 
 for n in (1536, 3072, 4096):
-    g = torch.Generator(device="cuda").manual_seed(n)
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    ref = a.float() @ b.float()
+    a, b, out, ref = square_gemm_case(n, torch.bfloat16)
     cands = {"cublas": lambda: torch.matmul(a, b, out=out), "old gemm(auto)": lambda: old.gemm(a, b, out=out),
              "new gemm(auto)": lambda: new.gemm(a, b, out=out)}
     for name, fn in cands.items():
