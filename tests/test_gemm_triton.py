@@ -303,6 +303,27 @@ def test_padded_route_model_and_plan():
     assert gt._padded_time_ratio(100, 100, 100, 2, 2, (True, True, True)) > 1.0
 
 
+def test_output_sharing_memory_with_an_input_is_refused():
+    g = torch.Generator().manual_seed(15)
+    buf = torch.randn(64, 32, generator=g).to(DEV)
+    a, b = buf[:32], torch.randn(32, 32, generator=g).to(DEV)
+    for variant in (None, "v1_tiled"):
+        with pytest.raises(ValueError, match="shares memory with 'a'"):
+            gt.gemm(a, b, out=a, variant=variant)
+        with pytest.raises(ValueError, match="shares memory with 'b'"):
+            gt.gemm(a, b, out=b.t(), variant=variant)
+    with pytest.raises(ValueError, match="'aux' shares memory with 'out'"):
+        out = torch.empty(32, 32, device=DEV)
+        gt.gemm(a, b, out=out, aux=out, variant="v1_tiled")
+    # Disjoint rows of one buffer are fine: the other half of buf receives a @ b.
+    gt.gemm(a, b, out=buf[32:], variant="v1_tiled")
+    assert rel_error(buf[32:], a.double() @ b.double()) < 2e-3
+    # A bias inside the output's range is refused as well.
+    bias_in_out = torch.zeros(32, 32, device=DEV)
+    with pytest.raises(ValueError, match="shares memory with 'bias'"):
+        gt.gemm(a, b, bias=bias_in_out[0], out=bias_in_out)
+
+
 def test_custom_ops_pass_opcheck():
     g = torch.Generator().manual_seed(13)
     x = torch.randn(9, 16, generator=g).to(DEV).requires_grad_()

@@ -141,3 +141,8 @@ def test_gpu_input_errors():
         mm.matmul(a, a, out=torch.empty(8, 8, device="cuda").t())
     with pytest.raises(ValueError, match="'b' is on cpu"):
         mm.matmul(a, a.cpu())
+    with pytest.raises(ValueError, match="'out' shares memory with 'a'"):
+        mm.matmul(a, a.clone(), out=a)
+    buf = torch.randn(16, 8, device="cuda")
+    mm.matmul(buf[:8], a, out=buf[8:])  # disjoint rows of one buffer
+    torch.testing.assert_close(buf[8:], buf[:8] @ a, rtol=1e-4, atol=1e-4)

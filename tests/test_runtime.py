@@ -341,3 +341,16 @@ def test_gpu_launch_from_a_thread_without_a_current_context():
     torch.cuda.synchronize()
     assert not errors, errors
     assert torch.equal(out, a + b)
+
+
+def test_memory_spans_of_strided_views():
+    from tilewise.ops._memory import may_overlap, span
+
+    buf = torch.empty(10, 8)  # 4-byte elements
+    base = buf.data_ptr()
+    assert span(buf) == (base, base + 80 * 4 - 1)
+    assert span(buf.t()) == span(buf)  # a transposed view covers the same bytes
+    assert span(buf[:, 2]) == (base + 8, base + 8 + 9 * 32 + 3)
+    assert may_overlap(buf[:5], buf[4:]) and not may_overlap(buf[:5], buf[5:])
+    assert may_overlap(buf[:, :4], buf[:, 4:])  # interleaved columns: refused (conservative)
+    assert not may_overlap(buf[:0], buf)

@@ -221,6 +221,9 @@ def test_gpu_input_errors():
     with pytest.raises(ValueError, match="overlaps"):
         y = torch.randn(16, 16, device="cuda")
         tp.transpose(y, out=y)
+    with pytest.raises(ValueError, match="overlaps"):  # out inside x's range, not at its start
+        z = torch.randn(32, 16, device="cuda")
+        tp.transpose(z[:16], out=z[8:24].view(16, 16))
     with pytest.raises(ValueError, match="'out' is not contiguous"):
         tp.transpose(x, out=torch.empty(8, 16, device="cuda").t())
 

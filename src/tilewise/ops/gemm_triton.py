@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ._memory import check_no_overlap
 from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -557,6 +558,8 @@ def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != out_dtype
           or out.device != a.device):
         raise ValueError(f"gemm: out must be a ({M}, {N}) {out_dtype} tensor on {a.device}")
+    else:
+        check_no_overlap("gemm", "out", out, a=a, b=b, bias=bias)
     return out
 
 
@@ -853,6 +856,8 @@ def _variant(kind):
         M, N = out.shape
         if aux is not None and (tuple(aux.shape) != (M, N) or not aux.is_contiguous()):
             raise ValueError(f"gemm: aux must be a contiguous ({M}, {N}) tensor")
+        if aux is not None:
+            check_no_overlap("gemm", "aux", aux, a=a, b=b, bias=bias, out=out)
         if M == 0 or N == 0:
             return out
         if kind == "tma":
@@ -1024,7 +1029,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     scale_a, scale_b: float32 one-element tensors, required for fp8 inputs (per-tensor scales),
                 rejected otherwise.
     precision:  for float32 inputs: "tf32" (default; tensor cores) or "ieee" (full fp32).
-    out:        optional (M, N) tensor of out_dtype to write into (any strides for v1/v2).
+    out:        optional (M, N) tensor of out_dtype to write into (any strides for v1/v2); it may
+                not share memory with a, b or bias (refused: tiles would read overwritten inputs).
     aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
     variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small

@@ -31,6 +31,7 @@ import torch
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ._memory import check_no_overlap
 
 _SRC = "matmul.cu"
 _VERSIONS = ("v1_naive", "v2_coalesced", "v3_smem", "v4_blocktile", "v5_vectorized", "v6_warptile")
@@ -119,6 +120,7 @@ def _check(a, b, out):
             raise ValueError(f"matmul: out must be float32 on {a.device}, got {out.dtype} on {out.device}")
         if not out.is_contiguous():
             raise ValueError("matmul: out must be contiguous")
+        check_no_overlap("matmul", "out", out, a=a, b=b)
     return a3, b3, _as3d(out), out
 
 

@@ -35,6 +35,7 @@ import torch
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from ._memory import may_overlap
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = "transpose.cu"
@@ -119,15 +120,9 @@ def _check(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         raise ValueError(f"transpose: 'out' is not contiguous (strides {tuple(out.stride())})")
     if tuple(out.shape) != want:
         raise ValueError(f"transpose: 'out' has shape {tuple(out.shape)}; expected {want}")
-    if out.numel() and x.numel() and _overlap(x, out):
+    if may_overlap(x, out):
         raise ValueError("transpose: 'out' overlaps 'x'; an in-place transpose is not supported")
     return out
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
-    return a0 < b1 and b0 < a1
 
 
 def _dims(x: torch.Tensor) -> tuple[int, int, int]:
