@@ -13,35 +13,14 @@ import pstats
 import torch
 
 from _timing import median_event_ms
-from tilewise.bench.harness import host_us_per_call
+from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops import gemm_triton as g
 from tilewise.runtime import triton_launch as tl_launch
 
 
 def graph_us(fn, calls=50):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        for _ in range(calls):
-            fn()
-    gr.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        gr.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    ts.sort()
-    return ts[len(ts) // 2]
+    """Device time of one call, replayed from a CUDA graph of ``calls`` calls."""
+    return time_ms_graph(fn, calls=calls, repeats=20) * 1000
 
 
 def eager_us(fn, reps=200):

@@ -241,6 +241,17 @@ def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr,
 
 
 @triton.jit
+def _tma_load_b(b_desc, off_n, off_k, B_KMAJOR: tl.constexpr):
+    """B's (BLOCK_K, BLOCK_N) tile at (off_k, off_n); a K-major B (given as its (N, K) transpose)
+    loads as (BLOCK_N, BLOCK_K) and enters the dot transposed."""
+    if B_KMAJOR:
+        b = b_desc.load([off_n, off_k]).T
+    else:
+        b = b_desc.load([off_k, off_n])
+    return b
+
+
+@triton.jit
 def _tma_mainloop(a_desc, b_desc, off_m, off_n, k0, k1, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     # K-steps k0 .. k1 - 1 of one tile through TMA descriptors (out-of-range rows/columns read as
@@ -249,10 +260,7 @@ def _tma_mainloop(a_desc, b_desc, off_m, off_n, k0, k1, BLOCK_M: tl.constexpr, B
     for kk in range(k0, k1):
         off_k = kk * BLOCK_K
         a = a_desc.load([off_m, off_k])
-        if B_KMAJOR:
-            b = b_desc.load([off_n, off_k]).T
-        else:
-            b = b_desc.load([off_k, off_n])
+        b = _tma_load_b(b_desc, off_n, off_k, B_KMAJOR)
         if UPCAST:  # see _mainloop: Triton 3.9 interpreter's bf16 tl.dot
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -389,18 +397,12 @@ def _gemm_tma_split_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, aux_desc, a
             # three loads first 0.75x / 0.81x (bf16 / fp16, bench ccf81ca), same SASS otherwise.
             off_k = kk * BLOCK_K
             a = a_desc.load([off_m, off_k])
-            if B_KMAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
+            b = _tma_load_b(b_desc, off_n, off_k, B_KMAJOR)
             if UPCAST:  # see _mainloop
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            if B_KMAJOR:
-                b2 = b2_desc.load([off_n2, off_k]).T
-            else:
-                b2 = b2_desc.load([off_k, off_n2])
+            b2 = _tma_load_b(b2_desc, off_n2, off_k, B_KMAJOR)
             if UPCAST:
                 b2 = b2.to(tl.float32)
             acc2 = tl.dot(a, b2, acc2, input_precision=PRECISION)
@@ -958,20 +960,25 @@ def _pad_plan(a, b, out_dtype, out):
     return (not a_ok or pad_k, not b_ok or pad_k, not out_ok)
 
 
-def _padding_pays(a, b, out_dtype, out, aux) -> bool:
+def _padding_plan(a, b, out_dtype, out, aux):
+    """``_pad_plan``'s copies where the padded route pays (modelled time <= 0.8x v1's), else None."""
     if _INTERPRET or aux is not None or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
+        return None
     if a.dim() != 2 or b.dim() != 2 or a.dtype not in _IN_DTYPES or b.dtype != a.dtype or not a.is_cuda:
-        return False
+        return None
     M, K = a.shape
     N = b.shape[1]
     if K != b.shape[0] or min(M, N, K) == 0 or (out is not None and tuple(out.shape) != (M, N)):
-        return False
+        return None
     plan = _pad_plan(a, b, out_dtype, out)
     if plan is None or not any(plan):
-        return False
+        return None
     od = out.dtype if out is not None else (out_dtype or _default_out_dtype(a.dtype))
-    return _padded_time_ratio(M, N, K, a.element_size(), od.itemsize, plan) <= 0.8
+    return plan if _padded_time_ratio(M, N, K, a.element_size(), od.itemsize, plan) <= 0.8 else None
+
+
+def _padding_pays(a, b, out_dtype, out, aux) -> bool:
+    return _padding_plan(a, b, out_dtype, out, aux) is not None
 
 
 def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int, plan) -> float:
@@ -984,10 +991,11 @@ def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int,
     return t_pad / t_v1
 
 
-def _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
-    """gemm() through zero-padded copies with 16-byte rows (see _V1_UNALIGNED_TFLOPS)."""
+def _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, plan=None):
+    """gemm() through zero-padded copies with 16-byte rows (see _V1_UNALIGNED_TFLOPS); ``plan``:
+    which of a, b, out to copy (default ``_pad_plan``'s)."""
     out = _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out)
-    pad_a, pad_b, pad_out = _pad_plan(a, b, out_dtype, out)
+    pad_a, pad_b, pad_out = plan if plan is not None else _pad_plan(a, b, out_dtype, out)
     M, K = a.shape
     N = b.shape[1]
     k_pad = _cdiv(K, 16 // a.element_size()) * (16 // a.element_size())
@@ -1050,8 +1058,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
               and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype, out)
               and (aux is None or _tma_ok(aux, unit_dim=1)))
-        if not ok and _padding_pays(a, b, out_dtype, out, aux):
-            return _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out)
+        plan = None if ok else _padding_plan(a, b, out_dtype, out, aux)
+        if plan is not None:
+            return _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, plan)
         # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in three runs (bf16
         # 1.022x / 0.986x / 1.02x cuBLAS against v3's 0.930x / 0.939x / 0.91x, bench rows 38046a9,
         # 54b6af0, e7c4f50), level with or behind it at 4096^3 (0.96x / 0.89x / 0.92x against

@@ -59,10 +59,6 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-def enabled() -> bool:
-    return _ENABLED and not _INTERPRET
-
-
 def set_enabled(on: bool) -> None:
     """Turn the cached launch path on or off (tests compare both; off = Triton's own dispatch)."""
     global _ENABLED
@@ -177,11 +173,12 @@ def launch(fn, grid, *args, **kwargs):
     values = []
     for kind, x in entry.order:
         values.append(args[x] if kind == "a" else kwargs[x] if kind == "k" else x)
-    if entry.pre_hook is not None:
+    if entry.pre_hook is not None or callable(grid):
         nargs = dict(zip(entry.names, values))
-        entry.pre_hook(nargs)
-    if callable(grid):
-        grid = grid(dict(zip(entry.names, values)))
+        if entry.pre_hook is not None:
+            entry.pre_hook(nargs)
+        if callable(grid):
+            grid = grid(nargs)
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
