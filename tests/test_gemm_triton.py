@@ -24,6 +24,15 @@ def _operands(M, N, K, dtype, b_layout, seed=0):
     return a, b, bias
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """gemm()'s call plans are per process: a test that patches the routing must not leave (or
+    find) plans made under another routing."""
+    gt._PLANS.clear()
+    yield
+    gt._PLANS.clear()
+
+
 def _run(variant, a, b, **kw):
     if variant in ("v3_tma_persistent", "v3_tma_split") and not gt.tma_applies(a, b, kw.get("out_dtype")):
         pytest.skip("layout not TMA-compatible")
@@ -62,6 +71,7 @@ def test_split_k_heuristic_and_auto_route(monkeypatch):
     assert gt.split_k_for(256, 50, 512) == 1      # short K: not worth a second kernel
     calls = []
     real = gt.gemm_splitk
+    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
     monkeypatch.setattr(gt, "gemm_splitk", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(gt, "split_k_for", lambda M, N, K: 4)
     a, b, _ = _operands(9, 7, 1030, torch.float32, "rowmajor")
@@ -117,6 +127,7 @@ def test_tma_tile_rule_and_auto_route(monkeypatch):
     assert [gt.tma_tile_for(n, n, 132) for n in (768, 1000, 1536, 3072)] == ["64x128", "64x128", "128x192", "128x192"]
     assert all(gt.tma_tile_for(n, n, 132) in ("128x128", "128x256") for n in (1280, 2048, 2304, 4096, 8192))
     assert gt.tma_tile_for(0, 8, 132) in gt._TMA_TILES  # no division by zero on empty outputs
+    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
     taken = []
     for name in ("v3_tma_persistent", "v3_tma_split"):
         real = gt.VARIANTS[name]
@@ -639,6 +650,7 @@ def test_gpu_small_problem_path(dtype, shape):
 def test_auto_routes_large_16bit_outputs_to_v1(monkeypatch):
     """gemm(variant=None): TMA-able operands go to v3_tma_persistent, except 16-bit outputs of at
     least _V1_FROM_MN elements (v1_tiled measured ahead at 8192^3); fp32 stays on v3."""
+    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
     taken = []
     for name in ("v1_tiled", "v3_tma_persistent"):
         real = gt.VARIANTS[name]
@@ -652,3 +664,160 @@ def test_auto_routes_large_16bit_outputs_to_v1(monkeypatch):
     gt.gemm(a32, b32)
     assert taken == ["v3_tma_persistent", "v1_tiled", "v3_tma_persistent"]
     assert rel_error(out, gt.reference(a16, b16).float()) < TOL[torch.bfloat16]
+
+
+# --------------------------------------------------------------------------- call plans
+
+
+def test_plan_key_separates_what_the_route_depends_on():
+    """_plan_key: shapes, strides, dtypes, 16-byte alignment, bias and out layouts, flags; equal
+    for two calls that differ only in the tensors' (aligned) addresses."""
+    buf = torch.empty(4 * 64 * 64 + 8, dtype=torch.bfloat16)
+    a = buf[:64 * 64].view(64, 64)
+    b = buf[64 * 64:2 * 64 * 64].view(64, 64)
+    key = lambda *args, **kw: gt._plan_key(*args, **kw)  # noqa: E731
+    base = key(a, b, None, None, None, "tf32", None)
+    assert base == key(b, a, None, None, None, "tf32", None)  # other addresses, same layout
+    shifted = buf[1:64 * 64 + 1].view(64, 64)  # 2 bytes off an aligned base
+    assert key(shifted, b, None, None, None, "tf32", None) != base
+    assert key(a, b.t(), None, None, None, "tf32", None) != base  # strides
+    assert key(a, b.float(), None, None, None, "tf32", None) != base  # dtype
+    assert key(a, b, torch.zeros(64), None, None, "tf32", None) != base
+    assert key(a, b, None, "relu", None, "tf32", None) != base
+    assert key(a, b, None, None, torch.float32, "tf32", None) != base
+    assert key(a, b, None, None, None, "ieee", None) != base
+    out = buf[2 * 64 * 64:3 * 64 * 64].view(64, 64)
+    assert key(a, b, None, None, None, "tf32", out) != base
+    assert key(a, b, None, None, None, "tf32", out) == key(a, b, None, None, None, "tf32", out.clone())
+    with pytest.raises((AttributeError, TypeError)):
+        key([[1.0]], b, None, None, None, "tf32", None)  # not a tensor: the checked path
+    with pytest.raises(TypeError):
+        key(a, b, None, ["relu"], None, "tf32", None)  # unhashable: the checked path
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_descriptor_maker_matches_from_tensor(transposed):
+    """A plan's descriptors (checked once, then made without re-checking) equal
+    TensorDescriptor.from_tensor's, field by field; for a K-major B the base is b itself."""
+    import dataclasses
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b = torch.randn(96, 40, dtype=torch.float16)
+    if transposed:  # B = w.t() of a (40, 96) weight: the descriptor covers w, the base is b
+        b = torch.randn(40, 96, dtype=torch.float16).t()
+    make = gt._desc_maker(b.t() if transposed else b, [32, 16])
+    other = torch.randn(40, 96, dtype=torch.float16).t() if transposed else torch.randn(96, 40, dtype=torch.float16)
+    d = make(other)
+    ref = TensorDescriptor.from_tensor(other.t() if transposed else other, [32, 16])
+    assert type(d) is TensorDescriptor and d.base is other
+    for f in dataclasses.fields(TensorDescriptor):
+        if f.name != "base":
+            assert list(getattr(d, f.name)) == list(getattr(ref, f.name)) if isinstance(
+                getattr(ref, f.name), (list, tuple, torch.Size)) else getattr(d, f.name) == getattr(ref, f.name)
+    assert d.base.data_ptr() == ref.base.data_ptr()
+    with pytest.raises(AssertionError):
+        gt._desc_maker(torch.empty(8, 9, dtype=torch.float16), [8, 8])  # 18-byte rows: checked once, refused
+
+
+def _reused_poison(M, N, dtype):
+    """Leave a freed NaN block of (M, N) in the caching allocator, so that the next allocation of
+    that size (a plan's output) starts as NaN: an element the kernel misses fails the test."""
+    junk = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    del junk
+
+
+_PLAN_CASES = [
+    # (M, N, K, dtype, b layout, bias + activation, the plan's kind)
+    (200, 312, 96, torch.bfloat16, "kmajor", "relu", "ptr"),        # small problem: 64 x 64 persistent
+    (1000, 1000, 1000, torch.bfloat16, "rowmajor", None, "tma"),    # fixed 64 x 128 TMA
+    (1000, 1000, 520, torch.float16, "kmajor", "gelu", "tma"),
+    (1536, 1536, 264, torch.bfloat16, "rowmajor", "relu", "split"),  # v3_tma_split
+    (1536, 1536, 264, torch.float16, "kmajor", None, "split"),
+    (2048, 2048, 136, torch.bfloat16, "rowmajor", None, "tma"),      # the autotuner's tile
+    (300, 200, 136, torch.float32, "kmajor", "relu", "tma"),         # tf32, autotuned
+    (600, 400, 200, torch.float16, "a_transposed", None, "ptr"),     # no TMA: v1_tiled
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _PLAN_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}-{c[5]}")
+@pytest.mark.parametrize("with_out", [False, True])
+def test_gpu_plans_match_the_checked_path(case, with_out):
+    """gemm()'s plans (the first call checks and routes, later calls launch directly) give
+    bit-identical results to the checked path (plans off) on fresh inputs each call, into
+    outputs that start as NaN, for every route the plans cover."""
+    M, N, K, dtype, layout, act, kind = case
+    for i in range(4):  # plan made; descriptors bound; the bound launch, twice
+        a, b, bias = _operands(M, N, K, dtype, "kmajor" if layout == "kmajor" else "rowmajor", seed=10 * i + M)
+        if layout == "a_transposed":
+            a = a.t().contiguous().t()  # (M, K) with unit stride along M
+        bias = bias.to(dtype) if act else None
+        gt._PLANS_ON = False
+        try:
+            ref = gt.gemm(a, b, bias=bias, activation=act)
+        finally:
+            gt._PLANS_ON = True
+        if with_out:
+            out = poison(torch.empty(M, N, device="cuda", dtype=ref.dtype))
+            got = gt.gemm(a, b, bias=bias, activation=act, out=out)
+            assert got is out
+        else:
+            _reused_poison(M, N, ref.dtype)
+            got = gt.gemm(a, b, bias=bias, activation=act)
+        assert torch.equal(got, ref), f"call {i}: plan differs from the checked path"
+        exact = a.double() @ b.double() + (bias.double() if act else 0)
+        exact = {None: exact, "relu": torch.relu(exact), "gelu": torch.nn.functional.gelu(exact)}[act]
+        assert rel_error(got, exact) <= TOL[dtype]
+    assert len(gt._PLANS) == 1
+    plan = next(iter(gt._PLANS.values()))
+    assert plan.kind == kind and plan.bound is not None
+
+
+@pytest.mark.gpu
+def test_gpu_plans_refuse_overlap_and_follow_alignment():
+    """A plan made for one layout: an out that overlaps an input is still refused; an input of
+    the same shape 2 bytes off an aligned base gets its own route (TMA needs 16-byte bases)."""
+    n = 256
+    buf = torch.randn(3 * n * n + 8, device="cuda", dtype=torch.bfloat16)
+    a, b, c = (buf[i * n * n:(i + 1) * n * n].view(n, n) for i in range(3))
+    gt.gemm(a, b, out=c)
+    gt.gemm(a, b, out=c)
+    with pytest.raises(ValueError, match="shares memory"):
+        gt.gemm(a, b, out=a)  # same layout as c: the plan's key matches, its range test refuses
+    with pytest.raises(ValueError, match="shares memory"):
+        gt.gemm(a, b, out=buf[n * n // 2:n * n // 2 + n * n].view(n, n))
+    big = torch.randn(1000 * 1000 + 8, device="cuda", dtype=torch.bfloat16)
+    x = big[:1000 * 1000].view(1000, 1000)
+    y = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    gt.gemm(x, y)
+    gt.gemm(x, y)  # the fixed 64 x 128 TMA plan, bound
+    shifted = big[8:8 + 1000 * 1000].view(1000, 1000)  # 16 bytes off: TMA still applies
+    odd = big[1:1 + 1000 * 1000].view(1000, 1000)  # 2 bytes off: no TMA
+    for t in (shifted, odd, x, odd):
+        assert rel_error(gt.gemm(t, y), t.double() @ y.double()) <= TOL[torch.bfloat16]
+    assert len(gt._PLANS) >= 3
+
+
+@pytest.mark.gpu
+def test_gpu_plans_under_graph_capture():
+    """A bound plan captured into a CUDA graph (output allocated in the graph's pool) replays on
+    new data."""
+    a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        gt.gemm(a, b)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gt.gemm(a, b)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gt.gemm(a, b)
+    a.copy_(torch.randn_like(a))
+    poison(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_error(y, a.double() @ b.double()) <= TOL[torch.bfloat16]

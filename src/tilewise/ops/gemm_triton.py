@@ -48,8 +48,8 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
-from ._memory import check_no_overlap
-from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
+from ._memory import check_no_overlap, span
+from ..runtime.triton_launch import bind as _bind, cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -1023,6 +1023,230 @@ def _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, 
     return out
 
 
+# --------------------------------------------------------------------------- call plans
+#
+# gemm()'s default route for a call without out / aux / scales depends only on what ``_plan_key``
+# holds (shapes, strides, dtypes, 16-byte alignment of each pointer, devices, bias layout,
+# activation, out_dtype, precision), and so do the checks of ``_check`` and the launch's
+# arguments other than the tensors. The first call of a key checks, routes and launches through
+# Triton; it leaves a plan that later calls run directly: allocate the output, build the
+# descriptors without re-validating them, launch the compiled kernel (runtime.triton_launch.Bound).
+# Host time of a 1000^3 bf16 call on the H200's host: see docs/notes-matmul.md ("Call plans").
+
+_PLANS: dict = {}
+_PLANS_MAX = 4096  # cleared when full
+_PLANS_ON = os.environ.get("TILEWISE_GEMM_PLANS", "1") not in ("0", "")
+
+
+def _plan_key(a, b, bias, activation, out_dtype, precision, out):
+    """Everything gemm()'s route, checks and launch arguments depend on, besides the tensors'
+    addresses (and whether ``out`` overlaps an input, which each call checks). Raises
+    (AttributeError, TypeError, RuntimeError) for arguments that are not plain tensors; the
+    caller then takes the checked path."""
+    bk = None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15, bias.get_device())
+    ok = None if out is None else (out.dtype, out.shape, out.stride(), out.data_ptr() & 15, out.get_device())
+    dev = a.get_device()
+    key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() & 15, b.data_ptr() & 15,
+           dev, b.get_device(), torch.cuda.current_device() if dev >= 0 else -1, bk, ok, activation, out_dtype,
+           precision)
+    hash(key)
+    return key
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first to its last element's last byte (``_memory.span``'s width)."""
+    first, last = span(t)
+    return last - first
+
+
+_TD = None  # triton's TensorDescriptor class
+_TD_FAST = False  # whether descriptors can be made without re-running its checks
+
+
+def _td():
+    global _TD, _TD_FAST
+    if _TD is None:
+        import dataclasses
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        fields = {f.name for f in dataclasses.fields(TensorDescriptor)}
+        _TD_FAST = (not hasattr(TensorDescriptor, "__slots__") and {"base", "shape", "strides", "block_shape"} <= fields
+                    and all(f.default is not dataclasses.MISSING for f in dataclasses.fields(TensorDescriptor)
+                            if f.name not in ("base", "shape", "strides", "block_shape")))
+        _TD = TensorDescriptor
+    return _TD
+
+
+def _desc_maker(t, block):
+    """A function x -> TensorDescriptor(x, t.shape, t.stride(), block), for tensors of t's dtype,
+    shape, strides and alignment (a plan's key): TensorDescriptor's checks run once, here, on t.
+    ``x`` only lends its address: for a K-major B it is b itself under b.t()'s shape."""
+    import dataclasses
+
+    TD = _td()
+    proto = TD(t, tuple(t.shape), tuple(t.stride()), list(block))
+    if not _TD_FAST:
+        return lambda x: TD(x, proto.shape, proto.strides, proto.block_shape)
+    fields = {f.name: getattr(proto, f.name) for f in dataclasses.fields(TD) if f.name != "base"}
+    new = TD.__new__
+
+    def make(x):
+        d = new(TD)
+        d.__dict__.update(fields)
+        d.base = x
+        return d
+
+    return make
+
+
+class _Plan:
+    """One gemm() route for one ``_plan_key``: ``plan(a, b, bias, out)`` allocates the output (out
+    None) and launches; None when the call needs the checked path (a given out whose addresses
+    meet an input's, an allocation without 16-byte alignment).
+    kind: "tma" (v3_tma_persistent: a fixed config or the autotuner's), "split" (v3_tma_split),
+    "ptr" (the pointer kernels: v1_tiled autotuned, or the persistent kernel with a fixed tile)."""
+
+    __slots__ = ("kind", "fn", "grid", "kwargs", "tail", "out_shape", "out_dtype", "device", "bound", "makers",
+                 "b_kmajor", "autotuned", "extents")
+
+    def __call__(self, a, b, bias, out):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+            if out.data_ptr() & 15:
+                return None
+        else:  # out given: its byte range must miss the inputs' (as _check's check_no_overlap)
+            o0 = out.data_ptr()
+            ea, eb, ebias, eo = self.extents
+            o1 = o0 + eo
+            x = a.data_ptr()
+            if x <= o1 and o0 <= x + ea:
+                return None
+            x = b.data_ptr()
+            if x <= o1 and o0 <= x + eb:
+                return None
+            if bias is not None:
+                x = bias.data_ptr()
+                if x <= o1 and o0 <= x + ebias:
+                    return None
+        dummy = out
+        bptr = bias if bias is not None else dummy
+        bound = self.bound
+        if self.kind == "ptr":
+            args = (a, b, out, bptr, dummy, dummy, dummy) + self.tail
+        elif bound is None:
+            return self._first(a, b, out, bptr)
+        elif self.kind == "tma":
+            ma, mb, mc = self.makers
+            c = mc(out)
+            args = (ma(a), mb(b), c, c, bptr, dummy, dummy) + self.tail
+        else:  # split
+            ma, mb, mb2, mc, mc2 = self.makers
+            c, c2 = mc(out), mc2(out)
+            args = (ma(a), mb(b), mb2(b), c, c2, c, c2, bptr, dummy, dummy) + self.tail
+        if bound is None:
+            self.bound = _bind(self.fn, self.grid, *args, **self.kwargs)
+        else:
+            bound(*args)
+        return out
+
+    def _first(self, a, b, out, bptr):
+        """First TMA launch: descriptors through TensorDescriptor (checked), placeholder blocks
+        for the autotuner's pre-hook; then the makers with the blocks of the chosen config."""
+        TD = _td()
+        bt = b.t() if self.b_kmajor else b
+        if self.kind == "tma":
+            bm, bn, bk = (16, 16, 16) if self.autotuned else (self.kwargs["BLOCK_M"], self.kwargs["BLOCK_N"],
+                                                              self.kwargs["BLOCK_K"])
+            c = TD.from_tensor(out, [bm, bn])
+            args = (TD.from_tensor(a, [bm, bk]), TD.from_tensor(bt, [bn, bk] if self.b_kmajor else [bk, bn]), c, c,
+                    bptr, out, out) + self.tail
+            bound = _bind(self.fn, self.grid, *args, run_pre_hook=False, **self.kwargs)
+            if bound is None:  # no cached launch (hooks, interpreter): descriptors stay checked ones
+                return out
+            k = bound.constants
+            bm, bn, bk = k["BLOCK_M"], k["BLOCK_N"], k["BLOCK_K"]
+            blocks = [(bm, bk), (bn, bk) if self.b_kmajor else (bk, bn), (bm, bn)]
+            tensors = (a, bt, out)
+        else:
+            bm, bn, bn2, bk = (self.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_N2", "BLOCK_K"))
+            c, c2 = TD.from_tensor(out, [bm, bn]), TD.from_tensor(out, [bm, bn2])
+            bb = [bn, bk] if self.b_kmajor else [bk, bn]
+            bb2 = [bn2, bk] if self.b_kmajor else [bk, bn2]
+            args = (TD.from_tensor(a, [bm, bk]), TD.from_tensor(bt, bb), TD.from_tensor(bt, bb2), c, c2, c, c2,
+                    bptr, out, out) + self.tail
+            bound = _bind(self.fn, self.grid, *args, **self.kwargs)
+            if bound is None:
+                return out
+            blocks = [(bm, bk), bb, bb2, (bm, bn), (bm, bn2)]
+            tensors = (a, bt, bt, out, out)
+        self.makers = tuple(_desc_maker(t, blk) for t, blk in zip(tensors, blocks))
+        self.bound = bound
+        return out
+
+
+def _make_plan(route, a, b, bias, activation, out_dtype, precision, out) -> _Plan:
+    """The plan of gemm()'s route ("small", "tma_64x128", "tma", "split" or "v1") for these
+    operands (``out``: the (M, N) output the checks accepted); the first call of the plan
+    launches through Triton's dispatch."""
+    M, K = a.shape
+    N = b.shape[1]
+    p = _Plan()
+    p.out_dtype = out.dtype
+    p.out_shape = (M, N)
+    p.device = a.device
+    p.extents = (_extent(a), _extent(b), _extent(bias) if bias is not None else 0, _extent(out))
+    p.bound = None
+    p.makers = None
+    p.b_kmajor = b.stride(1) != 1
+    p.autotuned = False
+    meta = _common_meta(a, bias, activation, None, precision, None)
+    sms = _num_sms(a.get_device())
+    if route in ("small", "v1"):
+        p.kind = "ptr"
+        p.tail = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+        if route == "small":
+            bm, bn, bk, stages, warps = _SMALL_TILE
+            p.fn, p.grid = _gemm_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),)
+            p.tail += (sms,)
+            p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
+        else:
+            p.fn, p.kwargs = _tiled, meta
+            p.grid = lambda META: (_cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"]),)  # noqa: E731
+    elif route in ("tma", "tma_64x128"):
+        p.kind = "tma"
+        if route == "tma":
+            p.autotuned = True
+            p.fn, p.tail, p.kwargs = _tma, (M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype)), dict(B_KMAJOR=p.b_kmajor, **meta)
+            p.grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
+        else:
+            bm, bn, bk, stages, warps = _TMA_64x128
+            p.fn, p.tail = _gemm_tma_persistent_kernel, (M, N, K, sms, 0)
+            p.grid = (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),)
+            p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=p.b_kmajor, **meta,
+                            num_stages=stages, num_warps=warps)
+    else:
+        p.kind = "split"
+        bm, bn, bn2, bk, stages, warps = _SPLIT_TILE
+        p.fn, p.tail = _gemm_tma_split_kernel, (M, N, K, sms)
+        p.grid = (min(sms, _cdiv(M, bm) * _cdiv(N, bn + bn2)),)
+        p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=p.b_kmajor, **meta,
+                        num_stages=stages, num_warps=warps)
+    return p
+
+
+def _planned(route, key, a, b, bias, activation, out_dtype, precision, out):
+    """First call of a plan key: the checks (errors as the variants raise them), then the plan."""
+    given = out
+    out = _check(a, b, bias, activation, out_dtype, None, None, precision, out)
+    if given is None and out.data_ptr() & 15:  # an allocator without 16-byte aligned blocks: no plan
+        return VARIANTS["v1_tiled"](a, b, bias, activation, out_dtype, None, None, precision, out, None)
+    plan = _make_plan(route, a, b, bias, activation, out_dtype, precision, out)
+    res = plan(a, b, bias, out)  # out passes the overlap test: _check refused any other
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return res
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
          out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
          scale_b: torch.Tensor | None = None, precision: str = "tf32", out: torch.Tensor | None = None,
@@ -1048,11 +1272,26 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
                 v1_tiled) or a key of VARIANTS.
     Returns the (M, N) result of dtype out_dtype.
     """
+    key = None
+    if variant is None and aux is None and scale_a is None and scale_b is None and _PLANS_ON and not _INTERPRET:
+        try:
+            key = _plan_key(a, b, bias, activation, out_dtype, precision, out)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError, RuntimeError):
+            key = plan = None
+        if plan is not None:
+            res = plan(a, b, bias, out)
+            if res is not None:
+                return res
+        elif key is not None and (a.dim() != 2 or b.dim() != 2 or a.numel() == 0 or b.numel() == 0):
+            key = None  # no plan for these: the checks' errors, or the variants' empty handling
     if (variant is None and aux is None and scale_a is None and scale_b is None and isinstance(a, torch.Tensor)
             and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 and a.dtype != torch.float8_e4m3fn
             and split_k_for(a.shape[0], b.shape[1], a.shape[1]) > 1):
         return gemm_splitk(a, b, bias=bias, activation=activation, out_dtype=out_dtype, precision=precision, out=out)
     if variant is None and _small_applies(a, b, bias, activation, out_dtype, scale_a, scale_b, out, aux):
+        if key is not None:
+            return _planned("small", key, a, b, bias, activation, out_dtype, precision, out)
         return _run_small(a, b, bias, activation, out_dtype, precision, out)
     if variant is None:
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
@@ -1074,7 +1313,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
             if tile == "128x192":
                 variant = "v3_tma_split"
             elif tile == "64x128":
+                if key is not None:
+                    return _planned("tma_64x128", key, a, b, bias, activation, out_dtype, precision, out)
                 return _TMA_FIXED_64x128(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
+        if key is not None:
+            route = {"v3_tma_persistent": "tma", "v3_tma_split": "split", "v1_tiled": "v1"}[variant]
+            return _planned(route, key, a, b, bias, activation, out_dtype, precision, out)
     if variant not in VARIANTS:
         raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)

@@ -137,6 +137,12 @@ def _hooks_set() -> bool:
     return False
 
 
+def _key(args: tuple, kwargs: dict) -> tuple:
+    key = (torch.cuda.current_device(), tuple(map(_sig, args)), tuple(kwargs.items()))
+    hash(key)
+    return key
+
+
 def launch(fn, grid, *args, **kwargs):
     """``fn[grid](*args, **kwargs)``, through the cached launcher after the first call of a signature.
 
@@ -153,8 +159,7 @@ def launch(fn, grid, *args, **kwargs):
     if cache.broken:
         return fn[grid](*args, **kwargs)
     try:
-        key = (torch.cuda.current_device(), tuple(map(_sig, args)), tuple(kwargs.items()))
-        hash(key)
+        key = _key(args, kwargs)
     except TypeError:
         return fn[grid](*args, **kwargs)
     entry = cache.entries.get(key)
@@ -186,6 +191,64 @@ def launch(fn, grid, *args, **kwargs):
     stream = _raw_stream(key[0])
     kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
     return kernel
+
+
+class Bound:
+    """One kernel, one signature, one grid: ``bound(*args)`` launches it with new leading positional
+    arguments, none of the checks ``launch`` makes per call. For a caller that keys its own calls
+    on everything the signature holds (gemm()'s plans: shapes, strides, dtypes, pointer alignment,
+    device) and passes tensors that match it; nothing here checks that they do.
+
+    constants: the values of the kernel's other parameters (keywords, the autotuned config's
+    meta-parameters, defaults), by name. Launch hooks installed (profilers) or the cached path
+    turned off send a call through Triton's dispatch, as ``launch`` does."""
+
+    __slots__ = ("fn", "kwargs", "grid", "kernel", "tail", "names", "pre_hook", "device", "constants", "cache")
+
+    def __call__(self, *args):
+        if not _ENABLED or _hooks_set():
+            self.cache.misses += 1
+            return self.fn[self.grid](*args, **self.kwargs)
+        self.cache.hits += 1
+        if self.pre_hook is not None:
+            self.pre_hook(dict(zip(self.names, args + self.tail)))
+        k = self.kernel
+        g = self.grid
+        k.run(g[0], g[1], g[2], _raw_stream(self.device), k.function, k.packed_metadata, None, None, None,
+              *args, *self.tail)
+        return k
+
+
+def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
+    """``launch(fn, grid, *args, **kwargs)``, then a ``Bound`` that repeats it for new arguments of
+    the same signature (None where the cached path does not apply: interpreter, hooks installed,
+    a kernel or argument kind ``launch`` leaves to Triton). A callable grid is evaluated once, for
+    this signature's meta-parameters. run_pre_hook=False: the caller does what the autotuned
+    config's pre-hook would (gemm()'s TMA plan builds its descriptors with the config's blocks)."""
+    launch(fn, grid, *args, **kwargs)
+    if not _ENABLED or _INTERPRET:
+        return None
+    cache = _CACHES.get(fn)
+    if cache is None or cache.broken:
+        return None
+    try:
+        key = _key(args, kwargs)
+    except TypeError:
+        return None
+    entry = cache.entries.get(key)
+    n = len(args)
+    if entry is None or tuple(entry.order[:n]) != tuple(("a", i) for i in range(n)):
+        return None
+    tail = tuple(kwargs[x] if kind == "k" else x for kind, x in entry.order[n:])
+    names = entry.names
+    if callable(grid):
+        grid = grid(dict(zip(names, args + tail)))
+    b = Bound()
+    b.fn, b.kwargs, b.kernel, b.tail, b.names, b.device, b.cache = fn, dict(kwargs), entry.kernel, tail, names, key[0], cache
+    b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    b.pre_hook = entry.pre_hook if run_pre_hook else None
+    b.constants = dict(zip(names[n:], tail))
+    return b
 
 
 def _remember(cache: _Cache, fn, key, kernel, args: tuple, kwargs: dict) -> None:
