@@ -326,3 +326,36 @@ def test_gpu_bound_launch_honours_hooks_and_the_switch():
     finally:
         tl_launch.set_enabled(True)
     assert rel_error(ref, a.double() @ b.double()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1000, 1000, 1000), (1536, 1536, 264), (200, 312, 96)], ids=str)
+def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
+    """Bound's raw-launcher path (Triton 3.6: descriptors encoded once per address) against
+    kernel.run, on two operand sets taken in turn (the encoded maps must follow the address)."""
+    from tilewise.ops import gemm_triton as gt
+
+    M, N, K = shape
+    sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+             torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()) for _ in range(2)]
+    results = {}
+    for direct in (False, True):
+        monkeypatch.setattr(tl_launch, "_DIRECT_ON", direct)
+        gt._PLANS.clear()
+        got = []
+        for i in range(6):
+            a, b = sets[i % 2]
+            out = poison(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+            got.append(gt.gemm(a, b, out=out))
+        plan = gt._PLANS[gt._plan_key(a, b, None, None, None, "tf32", out)]
+        if direct and tl_launch._DIRECT and tl_launch._DIRECT[0] is not None:
+            assert plan.bound.raw is not None
+        if not direct:
+            assert plan.bound.raw is None
+        results[direct] = got
+    for x, y in zip(results[False], results[True]):
+        assert torch.equal(x, y)
+    for i, (a, b) in enumerate(sets):
+        exact = a.double() @ b.double()
+        assert (results[True][i].double() - exact).norm() / exact.norm() < 1e-2
+    gt._PLANS.clear()

@@ -7,7 +7,10 @@ device time replayed from a CUDA graph. Then the pieces of a planned call and a 
 
 Prediction (written before the first run): a planned 1000^3 bf16 call ~20-25 us of host time
 (82 us before: logs/host-overhead-launch-cache.log), so the eager 1000^3 and 1536^3 rows go from
-0.33x cuBLAS to ~0.8-1.0x, and the graph-replayed rows do not move.
+0.33x cuBLAS to ~0.8-1.0x, and the graph-replayed rows do not move. First run (defd1a3): 18-21 us,
+but eager here is host + device back to back (28.6 us against torch's 19.2 at 1000^3: 0.67x).
+Second prediction, for the raw-launcher path (descriptors encoded once per address): the bound
+launch 15 -> ~8 us, a 1000^3 call ~14 us.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_plans.py
 """
 
@@ -109,10 +112,22 @@ ma, mb, mc = plan.makers
 o = torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16)
 c = mc(o)
 args = (ma(a), mb(b), c, c, o, o, o) + plan.tail
+
+
+raw = plan.bound.raw
+direct = per_call_us(lambda: plan.bound(*args))
+plan.bound.raw = None
+via_run = per_call_us(lambda: plan.bound(*args))
+plan.bound.raw = raw
+dev = a.device
 print(f"pieces of a planned 1000^3 call (us): key {per_call_us(lambda: g._plan_key(a, b, None, None, None, 'tf32', None)):.2f}, "
-      f"torch.empty {per_call_us(lambda: torch.empty((1000, 1000), dtype=torch.bfloat16, device=a.device)):.2f}, "
-      f"descriptor {per_call_us(lambda: ma(a)):.2f}, bound launch {per_call_us(lambda: plan.bound(*args)):.2f}, "
-      f"whole call {per_call_us(lambda: g.gemm(a, b)):.2f}", flush=True)
+      f"torch.empty((M, N), dtype=, device=) {per_call_us(lambda: torch.empty((1000, 1000), dtype=torch.bfloat16, device=dev)):.2f}, "
+      f"a.new_empty((M, N)) {per_call_us(lambda: a.new_empty((1000, 1000))):.2f}, "
+      f"torch.empty(M, N, dtype=, device=) {per_call_us(lambda: torch.empty(1000, 1000, dtype=torch.bfloat16, device=dev)):.2f}, "
+      f"descriptor {per_call_us(lambda: ma(a)):.2f}, bound launch direct {direct:.2f} (raw launcher "
+      f"{'used' if raw is not None else 'not available'}), through kernel.run {via_run:.2f}, "
+      f"whole call {per_call_us(lambda: g.gemm(a, b)):.2f}, with out= {per_call_us(lambda: g.gemm(a, b, out=o)):.2f}",
+      flush=True)
 torch.cuda.synchronize()
 pr = cProfile.Profile()
 pr.enable()

@@ -33,6 +33,7 @@ import threading
 import torch
 
 _ENABLED = os.environ.get("TILEWISE_FAST_LAUNCH", "1") not in ("0", "")
+_DIRECT_ON = os.environ.get("TILEWISE_DIRECT_LAUNCH", "1") not in ("0", "")  # Bound's raw-launcher path
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _MAX_ENTRIES = 4096  # per kernel; cleared when full (shapes of a training run are few)
 
@@ -201,9 +202,13 @@ class Bound:
 
     constants: the values of the kernel's other parameters (keywords, the autotuned config's
     meta-parameters, defaults), by name. Launch hooks installed (profilers) or the cached path
-    turned off send a call through Triton's dispatch, as ``launch`` does."""
+    turned off send a call through Triton's dispatch, as ``launch`` does. On Triton 3.6 the
+    launch calls the compiled launcher under Triton's Python wrapper, with each TMA descriptor
+    encoded once per address it is seen at (``_direct_launcher``; TILEWISE_DIRECT_LAUNCH=0 turns
+    that off)."""
 
-    __slots__ = ("fn", "kwargs", "grid", "kernel", "tail", "names", "pre_hook", "device", "constants", "cache")
+    __slots__ = ("fn", "kwargs", "grid", "kernel", "tail", "names", "pre_hook", "device", "constants", "cache",
+                 "raw", "head", "descs")
 
     def __call__(self, *args):
         if not _ENABLED or _hooks_set():
@@ -214,9 +219,82 @@ class Bound:
             self.pre_hook(dict(zip(self.names, args + self.tail)))
         k = self.kernel
         g = self.grid
-        k.run(g[0], g[1], g[2], _raw_stream(self.device), k.function, k.packed_metadata, None, None, None,
-              *args, *self.tail)
+        if self.raw is None:
+            k.run(g[0], g[1], g[2], _raw_stream(self.device), k.function, k.packed_metadata, None, None, None,
+                  *args, *self.tail)
+            return k
+        vals = args + self.tail
+        if self.descs:
+            flat = []
+            prev = 0
+            for pos, meta, encoded in self.descs:
+                flat.extend(vals[prev:pos])
+                d = vals[pos]
+                if meta is None:  # lowered without a TMA map: base pointer, shape, strides (nothing to cache)
+                    flat.extend(_make_tensordesc_arg(d, None))
+                    prev = pos + 1
+                    continue
+                key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides))
+                e = encoded.get(key)
+                if e is None:
+                    if len(encoded) >= 64:
+                        encoded.clear()
+                    e = encoded[key] = tuple(_make_tensordesc_arg(d, meta))
+                flat.extend(e)
+                prev = pos + 1
+            flat.extend(vals[prev:])
+            vals = flat
+        self.raw(g[0], g[1], g[2], _raw_stream(self.device), *self.head, *vals)
         return k
+
+
+_DIRECT = []  # [make_tensordesc_arg] once Triton's launcher layout is recognised, [None] if not
+
+
+def _make_tensordesc_arg(d, meta):
+    return _DIRECT[0](d, meta)
+
+
+def _direct_launcher(kernel):
+    """(raw launcher, its fixed arguments after the stream, [(position, descriptor meta, encoded
+    cache)]) for Triton 3.6's CUDA launcher, whose Python wrapper re-encodes every TMA descriptor
+    on every call (cuTensorMapEncodeTiled, ~1.5 us each on the H200's host) and walks all
+    arguments; None on other layouts (the launch then goes through ``kernel.run``). Descriptors
+    are encoded once per (address, shape, strides) a position sees: a map holds nothing else that
+    varies between calls of one signature (its block, swizzle and type come from the compiled
+    kernel's metadata)."""
+    if not _DIRECT:
+        try:
+            from triton.backends.nvidia import driver as nv
+            ok = (getattr(nv, "_BASE_ARGS_FORMAT_LEN", None) == 13
+                  and nv.make_tensordesc_arg.__code__.co_argcount == 2)
+            _DIRECT.append(nv.make_tensordesc_arg if ok else None)
+        except Exception:  # noqa: BLE001 - another backend or layout: no direct path
+            _DIRECT.append(None)
+    if _DIRECT[0] is None:
+        return None
+    try:
+        run = kernel.run
+        if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
+            return None
+        fn = run.launch
+        descs = []
+        code = getattr(fn, "__code__", None)
+        if code is not None:  # the tensor-descriptor wrapper: its closure holds the raw launcher
+            cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+            if code.co_name != "inner" or not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= set(cells):
+                return None
+            idx = sorted(cells["tensordesc_indices"])
+            metas = cells["tensordesc_meta"] or [None] * len(idx)
+            if len(metas) != len(idx):
+                return None
+            descs = [(p, m, {}) for p, m in zip(idx, metas)]
+            fn = cells["launcher"]
+        head = (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
+                None, None, None)
+        return fn, head, descs
+    except Exception:  # noqa: BLE001 - an unexpected layout: kernel.run
+        return None
 
 
 def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
@@ -225,15 +303,18 @@ def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
     a kernel or argument kind ``launch`` leaves to Triton). A callable grid is evaluated once, for
     this signature's meta-parameters. run_pre_hook=False: the caller does what the autotuned
     config's pre-hook would (gemm()'s TMA plan builds its descriptors with the config's blocks)."""
-    launch(fn, grid, *args, **kwargs)
     if not _ENABLED or _INTERPRET:
+        launch(fn, grid, *args, **kwargs)
+        return None
+    try:  # before the launch: an autotuned config's pre-hook may change the descriptors' blocks
+        key = _key(args, kwargs)
+    except TypeError:
+        key = None
+    launch(fn, grid, *args, **kwargs)
+    if key is None:
         return None
     cache = _CACHES.get(fn)
     if cache is None or cache.broken:
-        return None
-    try:
-        key = _key(args, kwargs)
-    except TypeError:
         return None
     entry = cache.entries.get(key)
     n = len(args)
@@ -248,6 +329,8 @@ def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
     b.pre_hook = entry.pre_hook if run_pre_hook else None
     b.constants = dict(zip(names[n:], tail))
+    direct = _direct_launcher(entry.kernel) if _DIRECT_ON else None
+    b.raw, b.head, b.descs = direct if direct is not None else (None, (), [])
     return b
 
 
