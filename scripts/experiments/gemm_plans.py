@@ -136,3 +136,14 @@ for _ in range(500):
 pr.disable()
 torch.cuda.synchronize()
 pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+
+print("cProfile of tilewise.linear forward + backward, 2048x512x512 bf16 (100 steps)")
+tw_step()
+torch.cuda.synchronize()
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(100):
+    tw_step()
+pr.disable()
+torch.cuda.synchronize()
+pstats.Stats(pr).sort_stats("tottime").print_stats(25)
