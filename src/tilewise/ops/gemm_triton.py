@@ -1271,6 +1271,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
                 v3_tma_split's 128 x 192 or a fixed 64 x 128 where they fill the GPU better), else
                 v1_tiled) or a key of VARIANTS.
     Returns the (M, N) result of dtype out_dtype.
+
+    With variant None and no aux or scales, the first call of a layout leaves a plan that later
+    calls with the same layout run without routing or re-checking (see "call plans" above; the
+    overlap of a given out with the inputs is still checked each call; TILEWISE_GEMM_PLANS=0
+    turns plans off).
     """
     key = None
     if variant is None and aux is None and scale_a is None and scale_b is None and _PLANS_ON and not _INTERPRET:
