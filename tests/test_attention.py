@@ -564,6 +564,7 @@ def test_gpu_v4_tma_bias_forward_and_grads(case, causal, poisoned_outputs, monke
     and output, LSE and every gradient match the fp32 reference; odd Sq, GQA, shared, per-batch
     and 2-D biases, D 64 and 128."""
     (B, H, Hkv, Sq, Sk, D), bias_shape = case
+    monkeypatch.setitem(A._WS, "on", False)  # this test watches v4's route
     calls = []
     real = A._fwd_tma
     monkeypatch.setattr(A, "_fwd_tma", lambda *a, **kw: calls.append(a[7] is not None) or real(*a, **kw))
@@ -911,3 +912,161 @@ def test_gpu_atomic_peak_memory_is_linear_in_s():
     extra_peak(1024)
     small, large = extra_peak(2048), extra_peak(16384)
     assert large < 10 * small, (small, large)
+
+
+# ---------------------------------------------------------------- v5: warp-specialized Gluon forward
+
+
+def _ws_compile_sm90(D, bias, causal):
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tilewise.ops import attention_gluon as ag
+
+    def td(block):
+        layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
+        return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
+
+    bn, stages = ag.CONFIGS[(D, bias)]
+    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+           "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
+           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
+           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
+           "CONSUMER_REGS": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": ag.CONSUMER_REGS}
+    k = triton.compile(GluonASTSource(ag.attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    return k.metadata.shared, sass
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves(D, bias, causal):
+    """v5 compiled for sm_90 with the installed Triton: wgmma (HGMMA), setmaxnreg moving registers
+    between the partitions, no local-memory spills, shared memory within the 227 KB of a block."""
+    from tilewise.ops import attention_gluon as ag
+
+    if not ag.available():
+        pytest.skip("this Triton has no Gluon")
+    shared, sass = _ws_compile_sm90(D, bias, causal)
+    import re
+
+    assert re.search(r"\bHGMMA", sass) and re.search(r"USETMAXREG", sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "register spills"
+    assert 0 < shared <= 227 * 1024
+
+
+def test_v5_ws_applies_only_where_it_can_run():
+    q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
+    assert not A._ws_applies(q, k, v, None, None, None)  # CPU tensors
+    assert A._ws_wanted(64, False, False) == ((64, False, False) in A._WS_DEFAULT)
+    with A.use_ws(True):
+        assert A._ws_wanted(64, False, False)
+    with A.use_ws(False):
+        assert not A._ws_wanted(128, False, True)
+
+
+WS_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
+    (1, 2, 2, 1, 1, 64), (2, 3, 3, 33, 1000, 128), (1, 4, 2, 1000, 33, 64), (1, 2, 2, 4097, 4097, 128),
+    (1, 4, 1, 1000, 1000, 64), (2, 2, 2, 128, 256, 128), (1, 2, 2, 300, 777, 64), (1, 2, 2, 129, 129, 128),
+]
+
+
+def _ws_or_skip(q):
+    from tilewise.ops import attention_gluon as ag
+
+    if not ag.available() or torch.cuda.get_device_capability(q.device) != (9, 0):
+        pytest.skip("v5 needs sm_90 and Gluon")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", WS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, monkeypatch):
+    """v5's forward (the backward is v3's, from v5's output and log-sum-exp): odd Sq and Sk, one
+    row, GQA, causal, both 16-bit types, D 64 and 128, NaN-started outputs."""
+    from tilewise.ops import attention_gluon as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + 3 * Sk + D)
+    _ws_or_skip(q)
+    calls = []
+    real = ag.fwd
+    monkeypatch.setattr(ag, "fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ours = _run_fwd_bwd(A.v5_flash2_ws, q, k, v, causal=causal)
+    assert calls == [1]
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
+    for name in ("out", "dq", "dk", "dv"):
+        assert not torch.isnan(ours[name]).any(), name
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((4, 4, 2, 1000, 776, 64), (1, 4, 1000, 776)),
+                                  ((2, 4, 4, 777, 1024, 128), (2, 1, 777, 1024)),
+                                  ((2, 2, 1, 513, 264, 64), (513, 264)),
+                                  ((1, 2, 2, 4097, 4096, 128), (1, 2, 4097, 4096)),
+                                  ((2, 2, 2, 256, 384, 128), (2, 2, 256, 384))], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_v5_ws_bias_forward_and_grads(case, causal, poisoned_outputs, monkeypatch):
+    """v5 with an additive bias (q's dtype, dense rows): shared, per-batch, 2-D and full biases,
+    odd Sq, GQA; output, LSE and every gradient (dbias too) against the fp32 reference."""
+    from tilewise.ops import attention_gluon as ag
+
+    (B, H, Hkv, Sq, Sk, D), bias_shape = case
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
+    _ws_or_skip(q)
+    calls = []
+    real = ag.fwd
+    monkeypatch.setattr(ag, "fwd", lambda *a, **kw: calls.append(a[7] is not None) or real(*a, **kw))
+    g = torch.Generator(device="cuda").manual_seed(Sk + 1)
+    bias = torch.randn(bias_shape, device="cuda", generator=g).bfloat16()
+    ours = _run_fwd_bwd(A.v5_flash2_ws, q, k, v, causal=causal, bias=bias)
+    assert calls == [True]
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias.float())
+    for name in ("out", "dq", "dk", "dv", "dbias"):
+        assert not torch.isnan(ours[name]).any(), name
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_v5_ws_falls_back_where_it_does_not_apply(monkeypatch):
+    """A mask, D = 96, fp32, a bias whose rows are not 16-byte multiples: v3 / v4 run instead."""
+    from tilewise.ops import attention_gluon as ag
+
+    calls = []
+    real = ag.fwd
+    monkeypatch.setattr(ag, "fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = _inputs(1, 2, 2, 100, 100, 64, dtype=torch.bfloat16, device="cuda", seed=5)
+    _ws_or_skip(q)
+    mask = torch.rand(100, 100, device="cuda") > 0.2
+    q96, k96, v96 = _inputs(1, 2, 2, 100, 100, 96, dtype=torch.bfloat16, device="cuda", seed=6)
+    odd_bias = torch.randn(100, 101, device="cuda").bfloat16()[:, :100]  # rows of 101: not dense
+    kk = torch.randn(1, 2, 100, 64, device="cuda").bfloat16()
+    with A.use_ws(True):
+        for args, kw in (((q, k, v), dict(mask=mask)), ((q96, k96, v96), {}),
+                         ((q.float(), k.float(), v.float()), {}), ((q, kk, kk), dict(bias=odd_bias))):
+            out = A.flash_attention(*args, **kw)
+            ref = A.reference(*(t.float() for t in args), **{n: (t.float() if t.dtype != torch.bool else t)
+                                                             for n, t in kw.items()})
+            assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+    assert calls == []

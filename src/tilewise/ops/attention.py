@@ -387,6 +387,48 @@ def use_tma(on: bool = True):
         _TMA["on"] = old
 
 
+# v5 (attention_gluon: the warp-specialized Gluon forward, sm_90): the default for the (head dim,
+# causal, bias) cases in ``_WS_DEFAULT``, opt-in elsewhere (``use_ws`` or the v5 variant).
+_WS = {"on": None}  # None: the defaults; True / False: forced where it applies / off
+_WS_DEFAULT: set = set()
+
+
+@contextlib.contextmanager
+def use_ws(on: bool | None = True):
+    """Forward through v5 (the warp-specialized Gluon kernel) where it applies (``_ws_applies``);
+    False: never; None: where ``_WS_DEFAULT`` has the case."""
+    old = _WS["on"]
+    _WS["on"] = on
+    try:
+        yield
+    finally:
+        _WS["on"] = old
+
+
+def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
+    """v5 needs Hopper (wgmma; sm_90 exactly), Gluon, 16-bit q/k/v contiguous with 16-byte aligned
+    bases, D 64 or 128, no mask, and a bias (if any) as v4's TMA bias path takes it: q's dtype,
+    contiguous, its query dim real (dense (rows, Sk) storage), 16-byte aligned rows."""
+    from . import attention_gluon as ag
+
+    D = q.shape[-1]
+    if not (ag.available() and mask is None and D in (64, 128) and q.dtype in (torch.float16, torch.bfloat16)
+            and q.is_cuda and not _interpreting()
+            and all(t.dtype == q.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31
+            and torch.cuda.get_device_capability(q.device) == (9, 0)):
+        return False
+    if bias is None:
+        return True
+    Sk = k.shape[2]
+    return (bias.dtype == q.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
+            and bias_strides[2] == Sk and (Sk * bias.element_size()) % 16 == 0 and bias.numel() // Sk < 2 ** 31)
+
+
+def _ws_wanted(D, causal, has_bias) -> bool:
+    return _WS["on"] if _WS["on"] is not None else (D, bool(causal), has_bias) in _WS_DEFAULT
+
+
 # dQ of the atomic backward by TMA reduce-add where ``_ATOMIC_TMA_CONFIGS`` has the head dim; GPU
 # only (the interpreter has no descriptor reduce). "works" turns False at the first build failure
 # (e.g. a Triton without descriptor atomic_add), after which pointer atomics are used.
@@ -475,10 +517,13 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         # attention_kernels._fwd_update), which needs a positive scale: scale * q.k is
         # (-scale) * (-q).k, and a zero scale leaves the bias alone (0 = 0 * k with scale 1).
         q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
-    if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
-        return _fwd_tma(q, k, v, causal, scale, out, lse)
     full = (B, H, Sq, Sk)
     bias_strides = _bcast_strides(bias, full)
+    if _ws_wanted(D, causal, bias is not None) and _ws_applies(q, k, v, mask, bias, bias_strides):
+        from . import attention_gluon as ag
+        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch)
+    if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
+        return _fwd_tma(q, k, v, causal, scale, out, lse)
     if bias is not None and mask is None and _tma_bias_applies(q, k, v, bias, bias_strides):
         return _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides)
     if (bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0
@@ -771,5 +816,12 @@ def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, re
         return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 
 
+def v5_flash2_ws(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+    """The forward through v5 (warp-specialized Gluon kernel, ``attention_gluon``) where
+    ``_ws_applies`` (else as v3); the backward is v3's."""
+    with use_ws():
+        return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
+
+
 VARIANTS = {"v1_naive": reference, "v2_online": reference_tiled, "v3_flash2": v3_flash2,
-            "v3_flash2_atomic": v3_flash2_atomic, "v4_flash2_tma": v4_flash2_tma}
+            "v3_flash2_atomic": v3_flash2_atomic, "v4_flash2_tma": v4_flash2_tma, "v5_flash2_ws": v5_flash2_ws}

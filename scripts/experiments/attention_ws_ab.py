@@ -1,0 +1,65 @@
+"""v5 (the warp-specialized Gluon forward, ops/attention_gluon.py) against the Triton forward the
+library runs without it (v3's pointer kernel; v4's TMA kernel with a bias), and SDPA's cuDNN
+backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 128, S 1024 / 4096 /
+8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
+each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
+``attention._WS_DEFAULT``.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops import attention as A
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def main():
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    H, TOKENS = 16, 16384
+    for D in (64, 128):
+        for S in (1024, 4096, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for mode in ("plain", "causal", "bias"):
+                causal = mode == "causal"
+                bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+                        if mode == "bias" else None)
+                flops = 4 * B * H * S * S * D // (2 if causal else 1)
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+
+                def ours(ws):
+                    def fn():
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                    return fn
+
+                fns = {"cudnn": cudnn, "triton (v3/v4)": ours(False), "v5 gluon ws": ours(True)}
+                ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
+                                  bias=bias[:, :2].float() if bias is not None else None)
+                for name, fn in fns.items():
+                    out = fn()[:1, :2].float()
+                    err = ((out - ref).norm() / ref.norm()).item()
+                    assert err < 2e-2, f"{name} D={D} S={S} {mode}: rel err {err:.3g}"
+                times = {name: [] for name in fns}
+                for _ in range(2):
+                    for name, fn in fns.items():
+                        times[name].append(bench(fn))
+                t = {name: min(ts) for name, ts in times.items()}
+                line = " | ".join(f"{name} {t[name] * 1e3:8.1f} us {flops / t[name] / 1e9:6.1f} TF" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line} | v5 x triton {t['triton (v3/v4)'] / t['v5 gluon ws']:.3f}"
+                      f" | v5 x cudnn {t['cudnn'] / t['v5 gluon ws']:.3f} (triton x cudnn "
+                      f"{t['cudnn'] / t['triton (v3/v4)']:.3f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""v5: a warp-specialized FlashAttention forward for Hopper, in Gluon (Triton's lower-level language).
+
+The Triton forwards (v3, v4) run one instruction stream per warpgroup: a key tile's softmax and
+its tensor-core products take turns, and Triton 3.6 does not warp-specialize on sm_90. Here each
+CTA of 128 query rows is three partitions (``gl.warp_specialize``):
+
+    loader     1 warp: TMA loads of Q (once), and of K, V (and the bias) tile by tile into a ring of
+               STAGES shared-memory stages; a stage is refilled when both consumers released it.
+    consumer 0 4 warps (the default partition): query rows 0-63 of the CTA.
+    consumer 1 4 warps: rows 64-127.
+
+A consumer runs S = Q K^T (wgmma, both operands in shared memory), adds the bias tile (read from
+shared memory), the online softmax in registers (log2 domain, the scale folded into the
+exponent's FMA), then O += P V (wgmma, P from registers), and releases the stage (mbarriers:
+``k_empty`` after S and the bias are read, ``v_empty`` after P V). The two consumers share nothing
+else, so they drift apart and the warp scheduler runs one's softmax beside the other's products;
+register budgets move to the consumers (setmaxnreg: 24 for the loader).
+
+Bounds as in v4: K / V rows past Sk (the next head's rows, or TMA zero fill) are masked to -inf in
+the last key tile; Q rows past Sq compute on the next head's rows and are never stored (O and the
+log-sum-exp go out through masked pointer stores). Causal: key tiles up to the CTA's last row;
+each consumer masks keys after its rows (top-left aligned, key n <= query m, as the other
+versions). GQA through the K / V row of head h // (H / Hkv).
+
+Measured on the H200 (scripts/experiments/attention_gluon_ws.py, logs/attention-gluon-ws-*.log):
+see docs/notes-attention.md ("Eighth session").
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers check ``available``)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _GLUON = True
+except Exception:  # noqa: BLE001 - an older Triton: v5 unavailable
+    _GLUON = False
+
+LOG2E = 1.4426950408889634
+ROWS = 64  # query rows per consumer warpgroup (wgmma M is 64 a warpgroup)
+BLOCK_M = 2 * ROWS
+
+
+def available() -> bool:
+    return _GLUON
+
+
+if _GLUON:
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+                v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+        for c in gl.static_range(2):
+            mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+        for j in range(n_tiles):
+            s = j % STAGES
+            ph = (j // STAGES) & 1
+            # Empty barriers start with their previous phase complete: the first wait passes.
+            mbarrier.wait(k_empty.index(s), ph ^ 1)
+            if HAS_BIAS:
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
+                for c in gl.static_range(2):
+                    _tma_load(b_desc, [b_row + c * 64, j * BLOCK_N], k_ready.index(s),
+                                                    b_smem.index(s * 2 + c))
+            else:
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk,
+              qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        k_buf = k_smem.index(s)
+        v_buf = v_smem.index(s)
+        zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(k_ready.index(s), ph)
+        t = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        if HAS_BIAS:
+            b = b_smem.index(s * 2 + which).load(s_layout)
+            fence_async_shared()  # the shared-memory read, ordered before the stage's next TMA fill
+            t = gl.fma(b.to(gl.float32), 1.4426950408889634 / qk_scale, t)
+        mbarrier.arrive(k_empty.index(s), count=1)
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            keep = offs_n[None, :] < Sk
+            if CAUSAL:
+                offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            t = gl.where(keep, t, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(t * qk_scale - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(p.to(v_buf.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        mbarrier.wait(v_ready.index(s), ph)
+        acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(s), count=1)
+        return acc, m_new, l_i
+
+    @gluon.jit
+    def _consume(which: gl.constexpr, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                 out_ptr, lse_ptr, q_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                 HAS_BIAS: gl.constexpr):
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        m_lo = start_m * 128 + which * 64  # this consumer's first query row (within the head)
+        # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test.
+        n_full = Sk // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
+        n_full = gl.minimum(n_full, n_tiles)
+        q = q_smem.index(which)
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([64], gl.float32, layout=row_s)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_bar.index(which), 0)
+        for j in range(n_full):
+            acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
+                                  which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
+                                  False)
+        for j in range(n_full, n_tiles):
+            acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
+                                  which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
+                                  True)
+        empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
+        l_div = gl.where(empty, 1.0, l_i)
+        out = acc / gl.convert_layout(l_div, row_o)[:, None]
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_div)) * 0.6931471805599453)
+        rows = m_lo + gl.arange(0, 64, layout=row_s)
+        gl.store(lse_ptr + (q_row - start_m * 128) + rows, lse, mask=rows < Sq)
+        rows_o = m_lo + gl.arange(0, 64, layout=row_o)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = out_ptr + ((q_row - start_m * 128 + rows_o).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
+
+    @gluon.jit
+    def _consumer0(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+        _consume(0, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
+                 HAS_BIAS)
+
+    @gluon.jit
+    def _consumer1(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+        _consume(1, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
+                 HAS_BIAS)
+
+    @gluon.jit
+    def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
+                           bias_rows_b, bias_rows_h,
+                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                           HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        start_m = gl.program_id(0)
+        if CAUSAL:  # the longest rows first
+            start_m = gl.num_programs(0) - 1 - start_m
+        bh = gl.program_id(1)
+        off_b = bh // H
+        off_h = bh % H
+        q_row = bh * Sq + start_m * 128
+        kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
+        b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * 128
+        hi = Sk
+        if CAUSAL:
+            hi = gl.minimum(Sk, (start_m + 1) * 128)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        if HAS_BIAS:
+            b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, 64, BLOCK_N], b_desc.layout)
+        else:
+            b_smem = q_smem  # unused
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(q_bar.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=2)  # both consumers release a stage
+            mbarrier.init(v_empty.index(s), count=2)
+        # The argument tuples are spelled out in the call: a tuple bound to a name first would turn
+        # its constexprs into values.
+        gl.warp_specialize([
+            (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                          v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
+                          qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
+            (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                          v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
+                          qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
+            (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                       v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
+                       qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# (D, has bias) -> (BLOCK_N, STAGES): shared memory per CTA stays under the 227 KB a block may have
+# (D = 128 with bias: Q 32 KB + K, V 2 x 64 KB + bias 2 x 2 x 16 KB = 224 KB).
+CONFIGS = {(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2), (128, True): (128, 2)}
+CONSUMER_REGS = 232
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def _desc(t2: torch.Tensor, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(t2.dtype))
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), list(block), layout)
+
+
+def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None):
+    """The forward into ``out`` (contiguous, q's shape) and ``lse`` (B, H, Sq) fp32. The caller
+    checks the layouts (``attention._ws_applies``). ``launch``: the project's Triton launcher
+    (runtime.triton_launch.launch); default Triton's own dispatch."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    bn, stages = CONFIGS[(D, bias is not None)]
+    q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
+    qd, kd, vd = _desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D))
+    rows_b = rows_h = 0
+    if bias is not None:
+        b2 = bias.reshape(-1, Sk)
+        bd = _desc(b2, (ROWS, bn))
+        rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
+    else:
+        bd = qd  # unused
+    grid = (-(-Sq // BLOCK_M), B * H)
+    args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
+    meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
+                CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+    if launch is None:
+        attn_fwd_ws_kernel[grid](*args, **meta)
+    else:
+        launch(attn_fwd_ws_kernel, grid, *args, **meta)
+    return out, lse
