@@ -359,3 +359,17 @@ def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
         exact = a.double() @ b.double()
         assert (results[True][i].double() - exact).norm() / exact.norm() < 1e-2
     gt._PLANS.clear()
+
+
+def test_signature_of_gluon_tensor_descriptors():
+    gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    x = torch.empty(64, 64, dtype=torch.bfloat16)
+    lay = gl.NVMMASharedLayout.get_default_for([16, 32], gl.bfloat16)
+    lay64 = gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16)
+    a = gluon_hopper.TensorDescriptor(x, list(x.shape), list(x.stride()), [16, 32], lay)
+    b = gluon_hopper.TensorDescriptor(x, list(x.shape), list(x.stride()), [16, 64], lay64)
+    c = gluon_hopper.TensorDescriptor(x.clone(), list(x.shape), list(x.stride()), [16, 32], lay)
+    assert tl_launch._sig(a) != tl_launch._sig(b) and tl_launch._sig(a) == tl_launch._sig(c)
+    hash(tl_launch._sig(a))

@@ -4,7 +4,8 @@ backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 1
 8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
 each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
 ``attention._WS_DEFAULT``.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py [--bias-paths]
+(--bias-paths: the bias forward's routes at S = 1024 and 2048 instead.)
 """
 
 import torch
@@ -61,5 +62,53 @@ def main():
                       f"{t['cudnn'] / t['triton (v3/v4)']:.3f})", flush=True)
 
 
+def bias_paths():
+    """The bias forward's routes at S = 1024 / 2048 (B = 16 / 8): v4's TMA bias kernel (the
+    default where v5 is not), v3's pointer kernel (``_BIAS_FWD["tma"]`` off), v5, and cuDNN."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    H, TOKENS = 16, 16384
+    for D in (64, 128):
+        for S in (1024, 2048):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            bias = 0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+            flops = 4 * B * H * S * S * D
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+            def route(ws, tma):
+                def fn():
+                    old = A._BIAS_FWD["tma"]
+                    A._BIAS_FWD["tma"] = tma
+                    try:
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, bias=bias)
+                    finally:
+                        A._BIAS_FWD["tma"] = old
+                return fn
+
+            fns = {"cudnn": cudnn, "v4 tma bias": route(False, True), "v3 pointer bias": route(False, False),
+                   "v5 gluon ws": route(True, True)}
+            ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), bias=bias[:, :2].float())
+            for name, fn in fns.items():
+                err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
+                assert err < 2e-2, f"{name}: {err:.3g}"
+            times = {name: [] for name in fns}
+            for _ in range(2):
+                for name, fn in fns.items():
+                    times[name].append(bench(fn))
+            t = {name: min(ts) for name, ts in times.items()}
+            line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us {flops / t[name] / 1e9:6.1f} TF "
+                              f"({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+            print(f"bias D={D:3d} S={S:5d} B={B:2d}: {line}", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--bias-paths" in sys.argv:
+        bias_paths()
+    else:
+        main()

@@ -389,8 +389,14 @@ def use_tma(on: bool = True):
 
 # v5 (attention_gluon: the warp-specialized Gluon forward, sm_90): the default for the (head dim,
 # causal, bias) cases in ``_WS_DEFAULT``, opt-in elsewhere (``use_ws`` or the v5 variant).
+# Measured against the Triton forward it replaces (scripts/experiments/attention_ws_ab.py,
+# logs/attention-ws-ab-8ef2c2d.log; bf16, H = 16, B * S = 16384, S 1024 / 4096 / 8192): D = 128
+# plain 1.156 / 1.162 / 1.161x, causal 1.115 / 1.136 / 1.139x, (1, H, S, S) bias 1.027 / 1.031 /
+# 1.055x (against v4's TMA bias kernel); D = 64 0.63-1.02x (0.34x causal at S = 1024: 2048 short
+# CTAs of one per SM, where v3 keeps several resident), so D = 64 stays on v3 / v4. Causal with a
+# bias (no SDPA baseline) is not measured and stays on v4.
 _WS = {"on": None}  # None: the defaults; True / False: forced where it applies / off
-_WS_DEFAULT: set = set()
+_WS_DEFAULT: set = {(128, False, False), (128, True, False), (128, False, True)}
 
 
 @contextlib.contextmanager
@@ -800,7 +806,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 
 def v3_flash2(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
-    return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
+    """The Triton forward (v3; v4's TMA kernel for a bias where it applies), without v5."""
+    with use_ws(False):
+        return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 
 
 def v3_flash2_atomic(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
@@ -812,7 +820,7 @@ def v3_flash2_atomic(q, k, v, *, causal=False, mask=None, bias=None, scale=None,
 def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
     """v3 with the forward's Q/K/V tiles loaded by TMA where ``_tma_applies`` (else v3 exactly);
     the backward is v3's."""
-    with use_tma():
+    with use_tma(), use_ws(False):
         return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 
 

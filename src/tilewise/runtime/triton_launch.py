@@ -54,6 +54,20 @@ def _td_type():
     return _TensorDescriptor
 
 
+_GluonTD = []
+
+
+def _gluon_td_type():
+    """Gluon's host descriptor class (it carries a shared-memory layout), or None without Gluon."""
+    if not _GluonTD:
+        try:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+            _GluonTD.append(TensorDescriptor)
+        except Exception:  # noqa: BLE001 - no Gluon in this Triton
+            _GluonTD.append(None)
+    return _GluonTD[0]
+
+
 def cdiv(a: int, b: int) -> int:
     """Host-side ceil(a / b). ``triton.cdiv`` is a constexpr function in Triton >= 3.5: from Python
     each call goes through its wrapper (about 1.5 us on the H200's host; gemm() called it 18
@@ -86,6 +100,10 @@ def _sig(v):
         base = v.base
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides), tuple(v.block_shape),
                 getattr(v, "padding", None), getattr(v, "round_f32_to_tf32", None))
+    if t is _gluon_td_type():  # as above, plus its shared-memory layout (a frozen, hashable object)
+        base = v.base
+        return (t, base.dtype, base.data_ptr() % 16 == 0, tuple(v.shape), tuple(v.strides), tuple(v.block_shape),
+                v.layout, getattr(v, "padding", None), getattr(v, "round_f32_to_tf32", None))
     if v is None:
         return None
     raise TypeError  # anything else: the plain path

@@ -3,10 +3,13 @@ compiled FlexAttention: forward, forward + backward, causal and not, with and wi
 
 Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attention_bias_*`` with a
 (1, H, S, S) additive bias, whose gradient is taken in the backward rows):
-    sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd), v3_flash2 (ours; its
-    baseline is sdpa_flash, or the fastest SDPA backend that accepts the bias), v4_flash2_tma (v3
-    with TMA loads in the forward; no-bias rows only), v3_flash2_atomic (v3 with
-    ``deterministic=False``: the fused backward with atomic dQ; forward + backward rows only).
+    sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd), v3_flash2 (ours, the
+    Triton forward: v3, or v4's TMA kernel with a bias; its baseline is sdpa_flash, or the fastest
+    SDPA backend that accepts the bias), v5_flash2_ws (the warp-specialized Gluon forward, sm_90,
+    D 64 / 128; the backward is v3's; ``flash_attention`` runs it by default where
+    ``attention._WS_DEFAULT`` says), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
+    only), v3_flash2_atomic (``flash_attention``'s default forward and, with
+    ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only).
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
 16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
 tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
@@ -73,7 +76,13 @@ def _flex():
 
 
 def _ours(q, k, v, causal, bias):
-    return op.flash_attention(q, k, v, causal=causal, bias=bias)
+    with op.use_ws(False):  # v3 (v4's TMA kernel for a bias, where it applies): the Triton forward
+        return op.flash_attention(q, k, v, causal=causal, bias=bias)
+
+
+def _ours_ws(q, k, v, causal, bias):
+    with op.use_ws(True):  # v5, the warp-specialized Gluon forward, where it applies
+        return op.flash_attention(q, k, v, causal=causal, bias=bias)
 
 
 def _ours_atomic(q, k, v, causal, bias):
@@ -81,7 +90,7 @@ def _ours_atomic(q, k, v, causal, bias):
 
 
 def _ours_tma(q, k, v, causal, bias):
-    with op.use_tma():
+    with op.use_tma(), op.use_ws(False):
         return op.flash_attention(q, k, v, causal=causal, bias=bias)
 
 
@@ -179,6 +188,17 @@ def run(r) -> None:
                 _check_version("v3_flash2", _ours, q, k, v, bias, causal, go, backward)
                 ms = _time(_ours, q, k, v, bias, causal, go, backward)
                 r.add(opname, "v3_flash2", shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if D in (64, 128):
+                    r.status(f"{opname} {shape} v5_flash2_ws")
+                    try:
+                        _check_version("v5_flash2_ws", _ours_ws, q, k, v, bias, causal, go, backward)
+                        ms = _time(_ours_ws, q, k, v, bias, causal, go, backward)
+                        r.add(opname, "v5_flash2_ws", shape, dtype, ms, cost, baseline=base,
+                              baseline_ms=times.get(base))
+                    except CheckError:
+                        raise
+                    except Exception as e:  # e.g. a Triton without Gluon, or not sm_90
+                        r.log(f"  v5_flash2_ws failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
                 if backward:
                     r.status(f"{opname} {shape} v3_flash2_atomic")
                     _check_version("v3_flash2_atomic", _ours_atomic, q, k, v, bias, causal, go, True)
