@@ -105,10 +105,62 @@ def bias_paths():
             print(f"bias D={D:3d} S={S:5d} B={B:2d}: {line}", flush=True)
 
 
+def d64():
+    """D = 64: the Triton forward against v5 with two consumer warpgroups (128 query rows a CTA) and
+    with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192."""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    H, TOKENS, D = 16, 16384, 64
+    x = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):  # clocks up before the first timing
+        x @ x
+    for S in (1024, 4096, 8192):
+        B = TOKENS // S
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        for mode in ("plain", "causal", "bias"):
+            causal = mode == "causal"
+            bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+                    if mode == "bias" else None)
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+
+            def ours(ws, cfg=None):
+                def fn():
+                    key = (D, bias is not None)
+                    if cfg is not None:
+                        ag.OVERRIDE[key] = cfg
+                    try:
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                    finally:
+                        ag.OVERRIDE.pop(key, None)
+                return fn
+
+            fns = {"cudnn": cudnn, "triton": ours(False), "v5 2x64": ours(True),
+                   "v5 3x64": ours(True, (128, 2, 160, None, 3)), "v5 3x64 bn64": ours(True, (64, 3, 160, None, 3))}
+            ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
+                              bias=bias[:, :2].float() if bias is not None else None)
+            for name, fn in fns.items():
+                err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
+                assert err < 2e-2, f"{name} S={S} {mode}: {err:.3g}"
+            times = {name: [] for name in fns}
+            for _ in range(2):
+                for name, fn in fns.items():
+                    times[name].append(bench(fn))
+            t = {name: min(ts) for name, ts in times.items()}
+            line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+            print(f"D=64 S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
+
+
 if __name__ == "__main__":
     import sys
 
     if "--bias-paths" in sys.argv:
         bias_paths()
+    elif "--d64" in sys.argv:
+        d64()
     else:
         main()

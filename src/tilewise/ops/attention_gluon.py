@@ -60,8 +60,9 @@ if _GLUON:
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                 v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
-        for c in gl.static_range(2):
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                NUM_CONS: gl.constexpr):
+        for c in gl.static_range(NUM_CONS):
             mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
         for j in range(n_tiles):
@@ -70,10 +71,10 @@ if _GLUON:
             # Empty barriers start with their previous phase complete: the first wait passes.
             mbarrier.wait(k_empty.index(s), ph ^ 1)
             if HAS_BIAS:
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes)
-                for c in gl.static_range(2):
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes + NUM_CONS * b_desc.block_type.nbytes)
+                for c in gl.static_range(NUM_CONS):
                     _tma_load(b_desc, [b_row + c * 64, j * BLOCK_N], k_ready.index(s),
-                                                    b_smem.index(s * 2 + c))
+                              b_smem.index(s * NUM_CONS + c))
             else:
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
@@ -84,7 +85,8 @@ if _GLUON:
     @gluon.jit
     def _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk,
               qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr):
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
+              NUM_CONS: gl.constexpr):
         s = j % STAGES
         ph = (j // STAGES) & 1
         k_buf = k_smem.index(s)
@@ -94,7 +96,7 @@ if _GLUON:
         t = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         if HAS_BIAS:
-            b = b_smem.index(s * 2 + which).load(s_layout)
+            b = b_smem.index(s * NUM_CONS + which).load(s_layout)
             fence_async_shared()  # the shared-memory read, ordered before the stage's next TMA fill
             t = gl.fma(b.to(gl.float32), 1.4426950408889634 / qk_scale, t)
         mbarrier.arrive(k_empty.index(s), count=1)
@@ -122,14 +124,14 @@ if _GLUON:
     def _consume(which: gl.constexpr, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                  out_ptr, lse_ptr, q_row, start_m, n_tiles, Sq, Sk, qk_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 HAS_BIAS: gl.constexpr):
+                 HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        m_lo = start_m * 128 + which * 64  # this consumer's first query row (within the head)
+        m_lo = start_m * (64 * NUM_CONS) + which * 64  # this consumer's first query row (within the head)
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test.
         n_full = Sk // BLOCK_N
         if CAUSAL:
@@ -143,95 +145,126 @@ if _GLUON:
         for j in range(n_full):
             acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
                                   which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  False)
+                                  False, NUM_CONS)
         for j in range(n_full, n_tiles):
             acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
                                   which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  True)
+                                  True, NUM_CONS)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
         l_div = gl.where(empty, 1.0, l_i)
         out = acc / gl.convert_layout(l_div, row_o)[:, None]
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_div)) * 0.6931471805599453)
         rows = m_lo + gl.arange(0, 64, layout=row_s)
-        gl.store(lse_ptr + (q_row - start_m * 128) + rows, lse, mask=rows < Sq)
+        head_row = q_row - start_m * (64 * NUM_CONS)  # the head's first row in the (B * H * Sq) rows
+        gl.store(lse_ptr + head_row + rows, lse, mask=rows < Sq)
         rows_o = m_lo + gl.arange(0, 64, layout=row_o)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        ptrs = out_ptr + ((q_row - start_m * 128 + rows_o).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        ptrs = out_ptr + ((head_row + rows_o).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
         gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
     @gluon.jit
     def _consumer0(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                    v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   NUM_CONS: gl.constexpr):
         _consume(0, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
                  q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS)
+                 HAS_BIAS, NUM_CONS)
 
     @gluon.jit
     def _consumer1(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                    v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   NUM_CONS: gl.constexpr):
         _consume(1, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
                  q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS)
+                 HAS_BIAS, NUM_CONS)
+
+    @gluon.jit
+    def _consumer2(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   NUM_CONS: gl.constexpr):
+        _consume(2, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
+                 HAS_BIAS, NUM_CONS)
 
     @gluon.jit
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
                            bias_rows_b, bias_rows_h,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
         if CAUSAL:  # the longest rows first
             start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
         off_b = bh // H
         off_h = bh % H
-        q_row = bh * Sq + start_m * 128
+        q_row = bh * Sq + start_m * BM
         kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
-        b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * 128
+        b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
         hi = Sk
         if CAUSAL:
-            hi = gl.minimum(Sk, (start_m + 1) * 128)
+            hi = gl.minimum(Sk, (start_m + 1) * BM)
         n_tiles = gl.cdiv(hi, BLOCK_N)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 64, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         if HAS_BIAS:
-            b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, 64, BLOCK_N], b_desc.layout)
+            b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES * NUM_CONS, 64, BLOCK_N], b_desc.layout)
         else:
             b_smem = q_smem  # unused
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+        for c in gl.static_range(NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(s), count=1)
             mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=2)  # both consumers release a stage
-            mbarrier.init(v_empty.index(s), count=2)
+            mbarrier.init(k_empty.index(s), count=NUM_CONS)  # every consumer releases a stage
+            mbarrier.init(v_empty.index(s), count=NUM_CONS)
         # The argument tuples are spelled out in the call: a tuple bound to a name first would turn
         # its constexprs into values.
-        gl.warp_specialize([
-            (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                          v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
-                          qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
-            (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                          v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
-                          qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
-            (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                       v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
-                       qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if NUM_CONS == 2:
+            gl.warp_specialize([
+                (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
+                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
+                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
+                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
+                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                           v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
+                           qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
+                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
+                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
+                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
+                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_consumer2, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
+                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
+                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                           v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
+                           qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
 # (D, has bias) -> (BLOCK_N, STAGES): shared memory per CTA stays under the 227 KB a block may have
 # (D = 128 with bias: Q 32 KB + K, V 2 x 64 KB + bias 2 x 2 x 16 KB = 224 KB).
 CONFIGS = {(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2), (128, True): (128, 2)}
 CONSUMER_REGS = 232
+# (D, has bias) -> (BLOCK_N, STAGES, consumer registers, maxnreg, consumers): experiments' overrides.
+OVERRIDE: dict = {}
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -245,13 +278,18 @@ def _desc(t2: torch.Tensor, block):
     return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), list(block), layout)
 
 
-def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None):
+def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None):
     """The forward into ``out`` (contiguous, q's shape) and ``lse`` (B, H, Sq) fp32. The caller
     checks the layouts (``attention._ws_applies``). ``launch``: the project's Triton launcher
-    (runtime.triton_launch.launch); default Triton's own dispatch."""
+    (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
+    consumer registers, maxnreg or None, consumers: 2 or 3) instead of CONFIGS' (experiments)."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages = CONFIGS[(D, bias is not None)]
+    regs, maxnreg, ncons = CONSUMER_REGS, None, 2
+    config = config or OVERRIDE.get((D, bias is not None))
+    if config is not None:
+        bn, stages, regs, maxnreg, ncons = config
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     qd, kd, vd = _desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D))
     rows_b = rows_h = 0
@@ -261,10 +299,12 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
     else:
         bd = qd  # unused
-    grid = (-(-Sq // BLOCK_M), B * H)
+    grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
-                CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+                CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
+    if maxnreg is not None:
+        meta["maxnreg"] = maxnreg
     if launch is None:
         attn_fwd_ws_kernel[grid](*args, **meta)
     else:
