@@ -3,7 +3,7 @@ library runs without it (v3's pointer kernel; v4's TMA kernel with a bias), and 
 backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 128, S 1024 / 4096 /
 8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
 each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
-``attention._WS_DEFAULT``.
+``attention._WS_RULES``.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py [--bias-paths]
 (--bias-paths: the bias forward's routes at S = 1024 and 2048 instead.)
 """

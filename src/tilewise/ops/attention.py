@@ -387,22 +387,29 @@ def use_tma(on: bool = True):
         _TMA["on"] = old
 
 
-# v5 (attention_gluon: the warp-specialized Gluon forward, sm_90): the default for the (head dim,
-# causal, bias) cases in ``_WS_DEFAULT``, opt-in elsewhere (``use_ws`` or the v5 variant).
-# Measured against the Triton forward it replaces (scripts/experiments/attention_ws_ab.py,
-# logs/attention-ws-ab-8ef2c2d.log; bf16, H = 16, B * S = 16384, S 1024 / 4096 / 8192): D = 128
-# plain 1.156 / 1.162 / 1.161x, causal 1.115 / 1.136 / 1.139x, (1, H, S, S) bias 1.027 / 1.031 /
-# 1.055x (against v4's TMA bias kernel); D = 64 0.63-1.02x (0.34x causal at S = 1024: 2048 short
-# CTAs of one per SM, where v3 keeps several resident), so D = 64 stays on v3 / v4. Causal with a
-# bias (no SDPA baseline) is not measured and stays on v4.
-_WS = {"on": None}  # None: the defaults; True / False: forced where it applies / off
-_WS_DEFAULT: set = {(128, False, False), (128, True, False), (128, False, True)}
+# v5 (attention_gluon: the warp-specialized Gluon forward, sm_90): the default where ``_WS_RULES``
+# has the (head dim, causal, bias) case and Sq reaches its minimum; opt-in elsewhere (``use_ws`` or
+# the v5 variant). Each rule: (smallest Sq, v5 config or None for attention_gluon's default of two
+# consumer warpgroups). Measured against the Triton forward it replaces, bf16, H = 16,
+# B * S = 16384 (scripts/experiments/attention_ws_ab.py; logs/attention-ws-ab-8ef2c2d.log,
+# attention-ws-d64-fc2237c.log), x the Triton forward at S 1024 / 4096 / 8192:
+#   D = 128, two consumers: plain 1.156 / 1.162 / 1.161, causal 1.115 / 1.136 / 1.139, (1, H, S, S)
+#     bias 1.027 / 1.031 / 1.055 (v4's TMA bias kernel);
+#   D = 64, three consumers (192 query rows a CTA, 160 registers each): plain 0.957 / 1.118 / 1.161,
+#     causal 0.735 / 1.025 / 1.109, bias 0.889 / 0.960 / 1.028; two consumers 0.91-1.02.
+# D = 64 at S = 1024 runs 2048 short CTAs of one per SM, where v3 keeps several resident. S = 2048
+# and causal with a bias (no SDPA baseline) are not measured and keep the Triton forward.
+_WS = {"on": None}  # None: the rules; True / False: forced where it applies / off
+_WS_THREE = (128, 2, 160, None, 3)  # BLOCK_N, STAGES, consumer registers, maxnreg, consumers
+_WS_RULES: dict = {(128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
+                   (64, False, False): (4096, _WS_THREE), (64, True, False): (4096, _WS_THREE),
+                   (64, False, True): (8192, _WS_THREE)}
 
 
 @contextlib.contextmanager
 def use_ws(on: bool | None = True):
     """Forward through v5 (the warp-specialized Gluon kernel) where it applies (``_ws_applies``);
-    False: never; None: where ``_WS_DEFAULT`` has the case."""
+    False: never; None: where ``_WS_RULES`` says."""
     old = _WS["on"]
     _WS["on"] = on
     try:
@@ -431,8 +438,14 @@ def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
             and bias_strides[2] == Sk and (Sk * bias.element_size()) % 16 == 0 and bias.numel() // Sk < 2 ** 31)
 
 
-def _ws_wanted(D, causal, has_bias) -> bool:
-    return _WS["on"] if _WS["on"] is not None else (D, bool(causal), has_bias) in _WS_DEFAULT
+def _ws_plan(D, causal, has_bias, Sq):
+    """(run v5?, its config or None): forced by ``use_ws``, else by ``_WS_RULES``. A forced v5 takes
+    the rule's config where there is one."""
+    rule = _WS_RULES.get((D, bool(causal), has_bias))
+    cfg = rule[1] if rule is not None else None
+    if _WS["on"] is not None:
+        return _WS["on"], cfg
+    return rule is not None and Sq >= rule[0], cfg
 
 
 # dQ of the atomic backward by TMA reduce-add where ``_ATOMIC_TMA_CONFIGS`` has the head dim; GPU
@@ -525,9 +538,10 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
         q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
     full = (B, H, Sq, Sk)
     bias_strides = _bcast_strides(bias, full)
-    if _ws_wanted(D, causal, bias is not None) and _ws_applies(q, k, v, mask, bias, bias_strides):
+    ws, ws_cfg = _ws_plan(D, causal, bias is not None, Sq)
+    if ws and _ws_applies(q, k, v, mask, bias, bias_strides):
         from . import attention_gluon as ag
-        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch)
+        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch, config=ws_cfg)
     if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
     if bias is not None and mask is None and _tma_bias_applies(q, k, v, bias, bias_strides):

@@ -7,7 +7,7 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     Triton forward: v3, or v4's TMA kernel with a bias; its baseline is sdpa_flash, or the fastest
     SDPA backend that accepts the bias), v5_flash2_ws (the warp-specialized Gluon forward, sm_90,
     D 64 / 128; the backward is v3's; ``flash_attention`` runs it by default where
-    ``attention._WS_DEFAULT`` says), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
+    ``attention._WS_RULES`` say), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
     only), v3_flash2_atomic (``flash_attention``'s default forward and, with
     ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only).
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
