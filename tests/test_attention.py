@@ -941,9 +941,9 @@ for D, bias, causal, ncons in cases:
            "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
+           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
-              "NUM_CONS": ncons}
+              "NUM_CONS": ncons, "BATCH_FASTEST": bias}
     k = triton.compile(GluonASTSource(ag.attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

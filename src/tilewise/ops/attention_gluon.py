@@ -193,15 +193,22 @@ if _GLUON:
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
                            bias_rows_b, bias_rows_h,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                           HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+                           HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
+                           BATCH_FASTEST: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
         if CAUSAL:  # the longest rows first
             start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
-        off_b = bh // H
-        off_h = bh % H
+        if BATCH_FASTEST:  # a bias shared by the batch: the B programs reading one bias tile run together
+            nb = gl.num_programs(1) // H
+            off_b = bh % nb
+            off_h = bh // nb
+            bh = off_b * H + off_h
+        else:
+            off_b = bh // H
+            off_h = bh % H
         q_row = bh * Sq + start_m * BM
         kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
         b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
@@ -293,16 +300,18 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     qd, kd, vd = _desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D))
     rows_b = rows_h = 0
+    batch_fastest = False
     if bias is not None:
         b2 = bias.reshape(-1, Sk)
         bd = _desc(b2, (ROWS, bn))
         rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
+        batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
-                CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
+                CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, num_warps=4)
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     if launch is None:
