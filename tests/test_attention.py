@@ -990,7 +990,7 @@ def test_v5_ws_applies_only_where_it_can_run():
     assert A._ws_plan(128, False, False, 1) == (True, None)
     assert A._ws_plan(64, False, False, 1024) == (False, A._WS_THREE)  # short sequences: v3
     assert A._ws_plan(64, False, False, 4096) == (True, A._WS_THREE)
-    assert A._ws_plan(64, False, True, 4096)[0] is False and A._ws_plan(64, False, True, 8192)[0] is True
+    assert A._ws_plan(64, False, True, 2048)[0] is False and A._ws_plan(64, False, True, 4096)[0] is True
     assert A._ws_plan(128, True, True, 8192)[0] is False  # causal + bias: not measured, v4
     assert A._ws_plan(96, False, False, 8192) == (False, None)
     with A.use_ws(True):

@@ -107,7 +107,9 @@ def bias_paths():
 
 def d64():
     """D = 64: the Triton forward against v5 with two consumer warpgroups (128 query rows a CTA) and
-    with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192."""
+    with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192. (At
+    803d45c the rules' config took precedence over attention_gluon.OVERRIDE: all three v5 columns of
+    that run are the three-consumer config; the override wins since.)"""
     from tilewise.ops import attention_gluon as ag
 
     g = torch.Generator(device="cuda").manual_seed(2)

@@ -396,14 +396,17 @@ def use_tma(on: bool = True):
 #   D = 128, two consumers: plain 1.156 / 1.162 / 1.161, causal 1.115 / 1.136 / 1.139, (1, H, S, S)
 #     bias 1.027 / 1.031 / 1.055 (v4's TMA bias kernel);
 #   D = 64, three consumers (192 query rows a CTA, 160 registers each): plain 0.957 / 1.118 / 1.161,
-#     causal 0.735 / 1.025 / 1.109, bias 0.889 / 0.960 / 1.028; two consumers 0.91-1.02.
+#     causal 0.735 / 1.025 / 1.109, bias 0.889 / 0.960 / 1.028 (attention-ws-d64-fc2237c.log); with
+#     the bias programs in batch-fastest order (as v4) bias 0.898 / 1.045 / 1.056, plain 0.956 /
+#     1.126 / 1.149, causal 0.733 / 1.019 / 1.115 (attention-ws-d64-803d45c.log); two consumers
+#     0.91-1.02 at fc2237c.
 # D = 64 at S = 1024 runs 2048 short CTAs of one per SM, where v3 keeps several resident. S = 2048
 # and causal with a bias (no SDPA baseline) are not measured and keep the Triton forward.
 _WS = {"on": None}  # None: the rules; True / False: forced where it applies / off
 _WS_THREE = (128, 2, 160, None, 3)  # BLOCK_N, STAGES, consumer registers, maxnreg, consumers
 _WS_RULES: dict = {(128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
                    (64, False, False): (4096, _WS_THREE), (64, True, False): (4096, _WS_THREE),
-                   (64, False, True): (8192, _WS_THREE)}
+                   (64, False, True): (4096, _WS_THREE)}
 
 
 @contextlib.contextmanager

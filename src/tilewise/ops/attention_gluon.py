@@ -294,7 +294,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages = CONFIGS[(D, bias is not None)]
     regs, maxnreg, ncons = CONSUMER_REGS, None, 2
-    config = config or OVERRIDE.get((D, bias is not None))
+    config = OVERRIDE.get((D, bias is not None)) or config  # an experiment's override wins
     if config is not None:
         bn, stages, regs, maxnreg, ncons = config
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
