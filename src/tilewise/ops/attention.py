@@ -30,6 +30,13 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
     v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
                per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
                {32, 64, 128, 256}; opt-in (``use_tma()``) until measured. bound: as v3.
+    v5_flash2_ws: the forward warp-specialized in Gluon (``attention_gluon.py``, sm_90, fp16/bf16,
+               D 64 / 128, no mask; a dense-row bias): a TMA loader warp feeds a ring of K/V (and
+               bias) stages to two or three consumer warpgroups of 64 query rows, each running
+               its own S = QK^T, softmax and PV, so one warpgroup's exponentials overlap another's
+               wgmma. The default where ``_WS_RULES`` measured it faster (D = 128; D = 64 from
+               Sq = 4096); the backward is v3's. bound: tensor-core FLOPs and, at D = 64, the
+               exponentials (MUFU: one per score).
 
 Semantics follow ``torch.nn.functional.scaled_dot_product_attention`` (SDPA): ``mask`` True =
 attend; ``causal`` is top-left aligned (query i sees keys j <= i, also when Sq != Sk); GQA as
