@@ -475,6 +475,28 @@ def _gpu_tol(ours, ref_fp32, sdpa_lowp):
     return err(ours, ref_fp32), max(1e-2, 2 * err(sdpa_lowp, ref_fp32))
 
 
+def _check_low_precision(ours, q, k, v, causal):
+    """Output, gradients and LSE of a 16-bit run (``_run_fwd_bwd``) against the fp32 reference,
+    within ``_gpu_tol``."""
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
+    for name in ("out", "dq", "dk", "dv"):
+        assert not torch.isnan(ours[name]).any(), name
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+
+
+def _check_bias_run(ours, q, k, v, bias, causal):
+    """Output, gradients (dbias too) and LSE of a bf16 run with a bias against the fp32 reference."""
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias.float())
+    for name in ("out", "dq", "dk", "dv", "dbias"):
+        assert not torch.isnan(ours[name]).any(), name
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -483,13 +505,7 @@ def test_gpu_forward_backward(shape, dtype, causal, poisoned_outputs):
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D)
     ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
-    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("out", "dq", "dk", "dv"):
-        assert not torch.isnan(ours[name]).any(), name
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+    _check_low_precision(ours, q, k, v, causal)
 
 
 @pytest.fixture
@@ -508,13 +524,7 @@ def test_gpu_v4_tma(shape, causal, poisoned_outputs):
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + D)
     assert A._tma_applies(q, k, v, None, None)
     ours = _run_fwd_bwd(A.v4_flash2_tma, q, k, v, causal=causal)
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
-    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("out", "dq", "dk", "dv"):
-        assert not torch.isnan(ours[name]).any(), name
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+    _check_low_precision(ours, q, k, v, causal)
 
 
 @pytest.mark.gpu
@@ -573,12 +583,7 @@ def test_gpu_v4_tma_bias_forward_and_grads(case, causal, poisoned_outputs, monke
     bias = torch.randn(bias_shape, device="cuda", generator=g).bfloat16()
     ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
     assert calls == [True]
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias.float())
-    for name in ("out", "dq", "dk", "dv", "dbias"):
-        assert not torch.isnan(ours[name]).any(), name
-        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
-        assert e < 2e-2, f"{name}: {e:.3g}"
-    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+    _check_bias_run(ours, q, k, v, bias, causal)
 
 
 def _check_mask_bias_grads(fn, bias_shape, causal, Hkv, D, seeds):
@@ -1029,13 +1034,7 @@ def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, mon
     monkeypatch.setattr(ag, "fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     ours = _run_fwd_bwd(A.v5_flash2_ws, q, k, v, causal=causal)
     assert calls == [1]
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
-    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("out", "dq", "dk", "dv"):
-        assert not torch.isnan(ours[name]).any(), name
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=1e-3, atol=1e-3)
+    _check_low_precision(ours, q, k, v, causal)
 
 
 @pytest.mark.gpu
@@ -1060,12 +1059,7 @@ def test_gpu_v5_ws_bias_forward_and_grads(case, causal, poisoned_outputs, monkey
     bias = torch.randn(bias_shape, device="cuda", generator=g).bfloat16()
     ours = _run_fwd_bwd(A.v5_flash2_ws, q, k, v, causal=causal, bias=bias)
     assert calls == [True]
-    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias.float())
-    for name in ("out", "dq", "dk", "dv", "dbias"):
-        assert not torch.isnan(ours[name]).any(), name
-        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
-        assert e < 2e-2, f"{name}: {e:.3g}"
-    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
+    _check_bias_run(ours, q, k, v, bias, causal)
 
 
 @pytest.mark.gpu

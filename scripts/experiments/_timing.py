@@ -1,5 +1,7 @@
 """Timing for the experiment scripts that need it without an L2 flush between calls: events around
 each call after a warm-up, the median in ms (triton's do_bench, which the others use, flushes L2)."""
+import time
+
 import torch
 
 
@@ -101,3 +103,13 @@ def interleaved_rounds(title: str, cands: dict, call, ref, flops: float, bench, 
         print(f"  {name:{width}s} {med[name]:.4f} ms {flops / med[name] / 1e9:5.0f} TFLOP/s {ratios}  "
               f"rounds {' '.join(f'{x:.4f}' for x in times[name])}", flush=True)
     return med
+
+
+def per_call_us(fn, n: int = 2000) -> float:
+    """Host microseconds per call of ``fn`` over n back-to-back calls after one warm-up call (no
+    sync: for pieces of a launch path whose kernels are shorter than their host cost)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6

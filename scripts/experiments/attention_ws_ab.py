@@ -20,6 +20,21 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
+def race(fns, q, k, v, causal, bias, label):
+    """Check each fn against the fp32 reference on heads 0-1 of batch 0, then time them in two
+    interleaved rounds; the best of the two per fn (ms)."""
+    ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
+                      bias=bias[:, :2].float() if bias is not None else None)
+    for name, fn in fns.items():
+        err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"{name} {label}: rel err {err:.3g}"
+    times = {name: [] for name in fns}
+    for _ in range(2):
+        for name, fn in fns.items():
+            times[name].append(bench(fn))
+    return {name: min(ts) for name, ts in times.items()}
+
+
 def main():
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -45,17 +60,7 @@ def main():
                     return fn
 
                 fns = {"cudnn": cudnn, "triton (v3/v4)": ours(False), "v5 gluon ws": ours(True)}
-                ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
-                                  bias=bias[:, :2].float() if bias is not None else None)
-                for name, fn in fns.items():
-                    out = fn()[:1, :2].float()
-                    err = ((out - ref).norm() / ref.norm()).item()
-                    assert err < 2e-2, f"{name} D={D} S={S} {mode}: rel err {err:.3g}"
-                times = {name: [] for name in fns}
-                for _ in range(2):
-                    for name, fn in fns.items():
-                        times[name].append(bench(fn))
-                t = {name: min(ts) for name, ts in times.items()}
+                t = race(fns, q, k, v, causal, bias, f"D={D} S={S} {mode}")
                 line = " | ".join(f"{name} {t[name] * 1e3:8.1f} us {flops / t[name] / 1e9:6.1f} TF" for name in fns)
                 print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line} | v5 x triton {t['triton (v3/v4)'] / t['v5 gluon ws']:.3f}"
                       f" | v5 x cudnn {t['cudnn'] / t['v5 gluon ws']:.3f} (triton x cudnn "
@@ -91,15 +96,7 @@ def bias_paths():
 
             fns = {"cudnn": cudnn, "v4 tma bias": route(False, True), "v3 pointer bias": route(False, False),
                    "v5 gluon ws": route(True, True)}
-            ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), bias=bias[:, :2].float())
-            for name, fn in fns.items():
-                err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
-                assert err < 2e-2, f"{name}: {err:.3g}"
-            times = {name: [] for name in fns}
-            for _ in range(2):
-                for name, fn in fns.items():
-                    times[name].append(bench(fn))
-            t = {name: min(ts) for name, ts in times.items()}
+            t = race(fns, q, k, v, False, bias, f"bias D={D} S={S}")
             line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us {flops / t[name] / 1e9:6.1f} TF "
                               f"({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
             print(f"bias D={D:3d} S={S:5d} B={B:2d}: {line}", flush=True)
@@ -143,16 +140,7 @@ def d64():
 
             fns = {"cudnn": cudnn, "triton": ours(False), "v5 2x64": ours(True),
                    "v5 3x64": ours(True, (128, 2, 160, None, 3)), "v5 3x64 bn64": ours(True, (64, 3, 160, None, 3))}
-            ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
-                              bias=bias[:, :2].float() if bias is not None else None)
-            for name, fn in fns.items():
-                err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
-                assert err < 2e-2, f"{name} S={S} {mode}: {err:.3g}"
-            times = {name: [] for name in fns}
-            for _ in range(2):
-                for name, fn in fns.items():
-                    times[name].append(bench(fn))
-            t = {name: min(ts) for name, ts in times.items()}
+            t = race(fns, q, k, v, causal, bias, f"D=64 S={S} {mode}")
             line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
             print(f"D=64 S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
 

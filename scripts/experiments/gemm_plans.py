@@ -16,11 +16,10 @@ Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_plans.py
 
 import cProfile
 import pstats
-import time
 
 import torch
 
-from _timing import median_event_ms
+from _timing import median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops import gemm_triton as g
 
@@ -94,14 +93,6 @@ print(f"linear fwd+bwd 2048x512x512 torch: host {th:6.1f} eager {te:6.1f} | plan
       f"{oe:6.1f} | on host {ph:6.1f} eager {pe:6.1f}", flush=True)
 
 
-def per_call_us(fn, n=3000):
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n * 1e6
-
-
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 for _ in range(3):
@@ -112,8 +103,6 @@ ma, mb, mc = plan.makers
 o = torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16)
 c = mc(o)
 args = (ma(a), mb(b), c, c, o, o, o) + plan.tail
-
-
 raw = plan.bound.raw
 direct = per_call_us(lambda: plan.bound(*args))
 plan.bound.raw = None

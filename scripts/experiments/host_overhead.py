@@ -12,7 +12,7 @@ import pstats
 
 import torch
 
-from _timing import median_event_ms
+from _timing import median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops import gemm_triton as g
 from tilewise.runtime import triton_launch as tl_launch
@@ -89,17 +89,6 @@ row("cross_entropy 4096x1000 torch", lambda: torch.nn.functional.cross_entropy(x
 row("cross_entropy 4096x1000 tilewise", lambda: cross_entropy(xl, tl_), graph=False)  # counts on the host
 
 # Pieces of one cached gemm launch (v1_tiled, 1000^3), us each.
-import time  # noqa: E402
-
-
-def per_call_us(fn, n=2000):
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n * 1e6
-
-
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 o = torch.empty_like(a)
 g.gemm(a, a, out=o, variant="v1_tiled")

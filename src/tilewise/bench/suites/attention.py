@@ -130,6 +130,20 @@ def _time(fn, q, k, v, bias, causal, go, backward):
             t.requires_grad_(False)
 
 
+def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
+    """Check and time a version that may not run here (a failed check still raises); add its row."""
+    r.status(f"{opname} {shape} {name}")
+    try:
+        _check_version(name, fn, q, k, v, bias, causal, go, backward)
+        ms = _time(fn, q, k, v, bias, causal, go, backward)
+    except CheckError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the reason goes to the log
+        r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+        return
+    r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
+
+
 def run(r) -> None:
     from torch.nn.attention import SDPBackend
 
@@ -188,34 +202,17 @@ def run(r) -> None:
                 _check_version("v3_flash2", _ours, q, k, v, bias, causal, go, backward)
                 ms = _time(_ours, q, k, v, bias, causal, go, backward)
                 r.add(opname, "v3_flash2", shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                if D in (64, 128):
-                    r.status(f"{opname} {shape} v5_flash2_ws")
-                    try:
-                        _check_version("v5_flash2_ws", _ours_ws, q, k, v, bias, causal, go, backward)
-                        ms = _time(_ours_ws, q, k, v, bias, causal, go, backward)
-                        r.add(opname, "v5_flash2_ws", shape, dtype, ms, cost, baseline=base,
-                              baseline_ms=times.get(base))
-                    except CheckError:
-                        raise
-                    except Exception as e:  # e.g. a Triton without Gluon, or not sm_90
-                        r.log(f"  v5_flash2_ws failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                row = dict(opname=opname, shape=shape, dtype=dtype, cost=cost, base=base, base_ms=times.get(base))
+                if D in (64, 128):  # e.g. a Triton without Gluon, or not sm_90: logged, no row
+                    _optional_row(r, "v5_flash2_ws", _ours_ws, q, k, v, bias, causal, go, backward, **row)
                 if backward:
                     r.status(f"{opname} {shape} v3_flash2_atomic")
                     _check_version("v3_flash2_atomic", _ours_atomic, q, k, v, bias, causal, go, True)
                     ms = _time(_ours_atomic, q, k, v, bias, causal, go, True)
                     r.add(opname, "v3_flash2_atomic", shape, dtype, ms, cost, baseline=base,
                           baseline_ms=times.get(base))
-                if not with_bias:
-                    r.status(f"{opname} {shape} v4_flash2_tma")
-                    try:
-                        _check_version("v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward)
-                        ms = _time(_ours_tma, q, k, v, None, causal, go, backward)
-                        r.add(opname, "v4_flash2_tma", shape, dtype, ms, cost, baseline=base,
-                              baseline_ms=times.get(base))
-                    except CheckError:
-                        raise
-                    except Exception as e:  # e.g. TMA descriptors missing from this Triton
-                        r.log(f"  v4_flash2_tma failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
+                    _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
                 if not r.quick and not backward and not with_bias and S == 4096:
                     for cfg, (vname, fn) in ((c, vf) for c in _FWD_SWEEP
                                              for vf in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))):
