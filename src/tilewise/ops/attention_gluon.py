@@ -61,7 +61,7 @@ if _GLUON:
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                 v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                NUM_CONS: gl.constexpr):
+                NUM_CONS: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
@@ -163,29 +163,11 @@ if _GLUON:
         gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
     @gluon.jit
-    def _consumer0(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   NUM_CONS: gl.constexpr):
-        _consume(0, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
-                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS, NUM_CONS)
-
-    @gluon.jit
-    def _consumer1(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   NUM_CONS: gl.constexpr):
-        _consume(1, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
-                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS, NUM_CONS)
-
-    @gluon.jit
-    def _consumer2(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   NUM_CONS: gl.constexpr):
-        _consume(2, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+    def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+                  v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  NUM_CONS: gl.constexpr, which: gl.constexpr):
+        _consume(which, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
                  q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
                  HAS_BIAS, NUM_CONS)
 
@@ -235,34 +217,34 @@ if _GLUON:
             mbarrier.init(v_ready.index(s), count=1)
             mbarrier.init(k_empty.index(s), count=NUM_CONS)  # every consumer releases a stage
             mbarrier.init(v_empty.index(s), count=NUM_CONS)
-        # The argument tuples are spelled out in the call: a tuple bound to a name first would turn
-        # its constexprs into values.
+        # The argument tuples are spelled out in the call (a tuple bound to a name first would turn its
+        # constexprs into values); the last one is the consumer's index (the loader ignores it).
         if NUM_CONS == 2:
             gl.warp_specialize([
-                (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
-                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
-                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
-                (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
-                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
-                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
-                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                           v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
-                           qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 1)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_consumer0, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
-                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
-                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
-                (_consumer1, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
-                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
-                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
-                (_consumer2, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready,
-                              k_empty, v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles,
-                              Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
-                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                           v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk,
-                           qk_scale, BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 1)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 2)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                  HAS_BIAS, NUM_CONS, 0)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
