@@ -19,7 +19,7 @@ import pstats
 
 import torch
 
-from _timing import median_event_ms, per_call_us
+from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops import gemm_triton as g
 
@@ -73,17 +73,7 @@ w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
 bias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
 row("linear 4096x1024x1024 relu", lambda: torch.relu(torch.nn.functional.linear(x, w, bias)),
     lambda: g.linear(x, w, bias, activation="relu"))
-xs = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-ws = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-bs = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-
-def torch_step():
-    torch.relu(xs @ ws.T + bs).sum().backward()
-
-
-def tw_step():
-    g.linear(xs, ws, bs, activation="relu").sum().backward()
+torch_step, tw_step = linear_step_case()
 
 
 th, te = measure(torch_step)

@@ -12,7 +12,7 @@ import pstats
 
 import torch
 
-from _timing import median_event_ms, per_call_us
+from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops import gemm_triton as g
 from tilewise.runtime import triton_launch as tl_launch
@@ -57,17 +57,7 @@ bias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
 row("linear 8192x4096x1024 torch relu(x@w.T+b)", lambda: torch.relu(x @ w.T + bias), baseline=True)
 row("linear 8192x4096x1024 tilewise.linear relu", lambda: g.linear(x, w, bias, activation="relu"))
 
-xs = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-ws = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-bs = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-
-def torch_step():
-    torch.relu(xs @ ws.T + bs).sum().backward()
-
-
-def tw_step():
-    g.linear(xs, ws, bs, activation="relu").sum().backward()
+torch_step, tw_step = linear_step_case()
 
 
 row("linear fwd+bwd 2048x512x512 torch", torch_step, baseline=True, calls=100)
