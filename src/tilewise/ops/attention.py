@@ -406,7 +406,7 @@ def use_tma(on: bool = True):
 #     causal 0.735 / 1.025 / 1.109, bias 0.889 / 0.960 / 1.028 (attention-ws-d64-fc2237c.log); with
 #     the bias programs in batch-fastest order (as v4) bias 0.898 / 1.045 / 1.056, plain 0.956 /
 #     1.126 / 1.149, causal 0.733 / 1.019 / 1.115 (attention-ws-d64-803d45c.log); two consumers
-#     0.91-1.02 at fc2237c.
+#     0.88-1.02 at fc2237c.
 # D = 64 at S = 1024 runs 2048 short CTAs of one per SM, where v3 keeps several resident. S = 2048
 # and causal with a bias (no SDPA baseline) are not measured and keep the Triton forward.
 _WS = {"on": None}  # None: the rules; True / False: forced where it applies / off
