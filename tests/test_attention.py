@@ -937,25 +937,27 @@ def td(block):
     return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
 
 out = {}
-cases = [(D, bias, causal, 2) for D, bias, causal in itertools.product((64, 128), (False, True), (False, True))]
-cases += [(64, bias, causal, 3) for bias, causal in itertools.product((False, True), (False, True))]
-for D, bias, causal, ncons in cases:
+cases = [(D, bias, causal, 2, False) for D, bias, causal in itertools.product((64, 128), (False, True), (False, True))]
+cases += [(64, bias, causal, 3, False) for bias, causal in itertools.product((False, True), (False, True))]
+cases += [(128, True, True, 2, True), (64, False, True, 3, True)]  # ping-pong (opt-in)
+for D, bias, causal, ncons, pingpong in cases:
     bn, stages = ag.CONFIGS[(D, bias)]
     regs = ag.CONSUMER_REGS if ncons == 2 else 160
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr"}
+           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr",
+           "PINGPONG": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
-              "NUM_CONS": ncons, "BATCH_FASTEST": bias}
+              "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong}
     k = triton.compile(GluonASTSource(ag.attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-    out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}"] = {
+    out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = {
         "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
         "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
 print(json.dumps(out))
@@ -966,7 +968,8 @@ print(json.dumps(out))
 def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     """v5 compiled for sm_90 with the installed Triton (in a fresh process: under TRITON_INTERPRET
     the standard library's functions are interpreter objects that Gluon cannot compile), D 64 / 128,
-    with and without bias, causal or not, two consumers (and three at D = 64): wgmma (HGMMA),
+    with and without bias, causal or not, two consumers (and three at D = 64), and two ping-pong
+    variants (opt-in, not yet run on a GPU): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
     import json
@@ -982,7 +985,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     p = subprocess.run([sys.executable, "-c", _WS_COMPILE_SM90], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(r) == 12
+    assert len(r) == 14
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"
@@ -1100,6 +1103,29 @@ def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, m
     _ws_or_skip(q)
     monkeypatch.setitem(ag.OVERRIDE, (D, with_bias), (128, 2, 160, None, 3))
     bias = (torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias else None)
+    out, lse = A.v5_flash2_ws(q, k, v, causal=causal, bias=bias, return_lse=True)
+    ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=causal,
+                               bias=bias.float() if bias is not None else None, return_lse=True)
+    assert not torch.isnan(out).any()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1000, 777, 128), (2, 2, 1, 193, 384, 64), (1, 2, 2, 4097, 4097, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypatch):
+    """v5 with the consumers taking turns issuing their products (``attention_gluon.PINGPONG``,
+    opt-in): two consumers at D = 128, three at D = 64 from Sq = 4096 (the rules' config)."""
+    from tilewise.ops import attention_gluon as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 11)
+    _ws_or_skip(q)
+    monkeypatch.setitem(ag.PINGPONG, "on", True)
+    bias = torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias and Sk % 8 == 0 else None
     out, lse = A.v5_flash2_ws(q, k, v, causal=causal, bias=bias, return_lse=True)
     ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=causal,
                                bias=bias.float() if bias is not None else None, return_lse=True)

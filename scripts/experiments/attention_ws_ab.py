@@ -4,8 +4,9 @@ backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 1
 8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
 each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
 ``attention._WS_RULES``.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py [--bias-paths]
-(--bias-paths: the bias forward's routes at S = 1024 and 2048 instead.)
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py [--bias-paths | --d64 |
+--pingpong] (the bias forward's routes at S = 1024 and 2048; D = 64 with two and three consumers;
+v5 with and without ping-pong) instead.
 """
 
 import torch
@@ -145,6 +146,47 @@ def d64():
             print(f"D=64 S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
 
 
+def pingpong():
+    """v5 with and without the consumers taking turns issuing their products
+    (``attention_gluon.PINGPONG``), D 64 / 128, S 4096 / 8192, plain / causal / bias, against cuDNN.
+    Written after the eighth session's device budget was spent: not yet run."""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    H, TOKENS = 16, 16384
+    x = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):  # clocks up before the first timing
+        x @ x
+    for D in (128, 64):
+        for S in (4096, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for mode in ("plain", "causal", "bias"):
+                causal = mode == "causal"
+                bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+                        if mode == "bias" else None)
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+
+                def ws(pp):
+                    def fn():
+                        old = ag.PINGPONG["on"]
+                        ag.PINGPONG["on"] = pp
+                        try:
+                            with A.use_ws(True):
+                                return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                        finally:
+                            ag.PINGPONG["on"] = old
+                    return fn
+
+                fns = {"cudnn": cudnn, "v5": ws(False), "v5 ping-pong": ws(True)}
+                t = race(fns, q, k, v, causal, bias, f"D={D} S={S} {mode}")
+                line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
+
+
 if __name__ == "__main__":
     import sys
 
@@ -152,5 +194,7 @@ if __name__ == "__main__":
         bias_paths()
     elif "--d64" in sys.argv:
         d64()
+    elif "--pingpong" in sys.argv:
+        pingpong()
     else:
         main()

@@ -61,7 +61,7 @@ if _GLUON:
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                 v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                NUM_CONS: gl.constexpr, which: gl.constexpr):
+                NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
@@ -86,14 +86,18 @@ if _GLUON:
     def _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk,
               qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
-              NUM_CONS: gl.constexpr):
+              NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr):
         s = j % STAGES
         ph = (j // STAGES) & 1
         k_buf = k_smem.index(s)
         v_buf = v_smem.index(s)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         mbarrier.wait(k_ready.index(s), ph)
+        if PINGPONG:  # the consumers take turns issuing their products (round robin)
+            mbarrier.wait(turn.index(NUM_CONS + which), 0 ^ FIRST)
         t = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(NUM_CONS + (which + 1) % NUM_CONS), count=1)
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         if HAS_BIAS:
             b = b_smem.index(s * NUM_CONS + which).load(s_layout)
@@ -115,7 +119,11 @@ if _GLUON:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_op = gl.convert_layout(p.to(v_buf.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
         mbarrier.wait(v_ready.index(s), ph)
+        if PINGPONG:
+            mbarrier.wait(turn.index(NUM_CONS + which), 1 ^ FIRST)
         acc = warpgroup_mma(p_op, v_buf, acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(NUM_CONS + (which + 1) % NUM_CONS), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_empty.index(s), count=1)
         return acc, m_new, l_i
@@ -124,7 +132,7 @@ if _GLUON:
     def _consume(which: gl.constexpr, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                  out_ptr, lse_ptr, q_row, start_m, n_tiles, Sq, Sk, qk_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr):
+                 HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -138,6 +146,8 @@ if _GLUON:
             n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
         n_full = gl.minimum(n_full, n_tiles)
         q = q_smem.index(which)
+        turn = q_bar  # with PINGPONG, entries NUM_CONS.. are the consumers' turn barriers
+        FIRST: gl.constexpr = 1 if which == 0 else 0  # consumer 0's first wait passes (phase 1 starts complete)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
@@ -145,11 +155,11 @@ if _GLUON:
         for j in range(n_full):
             acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
                                   which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  False, NUM_CONS)
+                                  False, NUM_CONS, PINGPONG, turn, FIRST)
         for j in range(n_full, n_tiles):
             acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
                                   which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  True, NUM_CONS)
+                                  True, NUM_CONS, PINGPONG, turn, FIRST)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
         l_div = gl.where(empty, 1.0, l_i)
         out = acc / gl.convert_layout(l_div, row_o)[:, None]
@@ -166,17 +176,17 @@ if _GLUON:
     def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                   v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  NUM_CONS: gl.constexpr, which: gl.constexpr):
+                  NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         _consume(which, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
                  q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS, NUM_CONS)
+                 HAS_BIAS, NUM_CONS, PINGPONG)
 
     @gluon.jit
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
                            bias_rows_b, bias_rows_h,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                           BATCH_FASTEST: gl.constexpr = False):
+                           BATCH_FASTEST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
@@ -205,12 +215,14 @@ if _GLUON:
             b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES * NUM_CONS, 64, BLOCK_N], b_desc.layout)
         else:
             b_smem = q_smem  # unused
-        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        # Q barriers, then (PINGPONG) one turn barrier per consumer.
+        NBAR: gl.constexpr = 2 * NUM_CONS if PINGPONG else NUM_CONS
+        q_bar = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(NUM_CONS):
+        for c in gl.static_range(NBAR):
             mbarrier.init(q_bar.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(s), count=1)
@@ -223,28 +235,28 @@ if _GLUON:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 0)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 1)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 0)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 0)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 1)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 2)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 2)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                   out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, 0)),
+                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -254,6 +266,10 @@ CONFIGS = {(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2), 
 CONSUMER_REGS = 232
 # (D, has bias) -> (BLOCK_N, STAGES, consumer registers, maxnreg, consumers): experiments' overrides.
 OVERRIDE: dict = {}
+# Ping-pong (FA3's schedule): the consumers take turns issuing their wgmma products (round robin
+# through one mbarrier each), so one's softmax runs while another's products do. Compiled and
+# checked on the CPU (sm_90, no spills); not yet run on a GPU: off.
+PINGPONG = {"on": False}
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -293,7 +309,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
-                CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, num_warps=4)
+                CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=PINGPONG["on"], num_warps=4)
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     if launch is None:
