@@ -43,6 +43,13 @@ def warm_up():
         x @ x
 
 
+def modes(H, S, g):
+    """(mode, causal, bias) for the plain, causal and (1, H, S, S)-bias forwards."""
+    for mode in ("plain", "causal", "bias"):
+        bias = 0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g) if mode == "bias" else None
+        yield mode, mode == "causal", bias
+
+
 def cudnn_fn(q, k, v, bias, causal):
     def fn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -58,10 +65,7 @@ def main():
         for S in (1024, 4096, 8192):
             B = TOKENS // S
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-            for mode in ("plain", "causal", "bias"):
-                causal = mode == "causal"
-                bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
-                        if mode == "bias" else None)
+            for mode, causal, bias in modes(H, S, g):
                 flops = 4 * B * H * S * S * D // (2 if causal else 1)
                 cudnn = cudnn_fn(q, k, v, bias, causal)
 
@@ -124,10 +128,7 @@ def d64():
     for S in (1024, 4096, 8192):
         B = TOKENS // S
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        for mode in ("plain", "causal", "bias"):
-            causal = mode == "causal"
-            bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
-                    if mode == "bias" else None)
+        for mode, causal, bias in modes(H, S, g):
             cudnn = cudnn_fn(q, k, v, bias, causal)
 
             def ours(ws, cfg=None):
@@ -162,10 +163,7 @@ def pingpong():
         for S in (4096, 8192):
             B = TOKENS // S
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-            for mode in ("plain", "causal", "bias"):
-                causal = mode == "causal"
-                bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
-                        if mode == "bias" else None)
+            for mode, causal, bias in modes(H, S, g):
                 cudnn = cudnn_fn(q, k, v, bias, causal)
 
                 def ws(pp):
