@@ -720,6 +720,21 @@ def test_descriptor_maker_matches_from_tensor(transposed):
         gt._desc_maker(torch.empty(8, 9, dtype=torch.float16), [8, 8])  # 18-byte rows: checked once, refused
 
 
+def test_descriptor_maker_without_the_fast_path(monkeypatch):
+    """Where TensorDescriptor cannot be filled in directly (``_TD_FAST`` off), the maker builds it
+    through its constructor: the same fields."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    gt._td()
+    monkeypatch.setattr(gt, "_TD_FAST", False)
+    a = torch.randn(64, 48, dtype=torch.bfloat16)
+    d = gt._desc_maker(a, [16, 16])(a.clone())
+    ref = TensorDescriptor.from_tensor(a, [16, 16])
+    assert type(d) is TensorDescriptor
+    assert list(d.shape) == list(ref.shape) and list(d.strides) == list(ref.strides)
+    assert list(d.block_shape) == [16, 16]
+
+
 def _reused_poison(M, N, dtype):
     """Leave a freed NaN block of (M, N) in the caching allocator, so that the next allocation of
     that size (a plan's output) starts as NaN: an element the kernel misses fails the test."""
