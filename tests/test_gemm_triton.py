@@ -706,7 +706,7 @@ def test_descriptor_maker_matches_from_tensor(transposed):
     b = torch.randn(96, 40, dtype=torch.float16)
     if transposed:  # B = w.t() of a (40, 96) weight: the descriptor covers w, the base is b
         b = torch.randn(40, 96, dtype=torch.float16).t()
-    make = gt._desc_maker(b.t() if transposed else b, [32, 16])
+    make = gt._desc_maker(TensorDescriptor.from_tensor(b.t() if transposed else b, [32, 16]))
     other = torch.randn(40, 96, dtype=torch.float16).t() if transposed else torch.randn(96, 40, dtype=torch.float16)
     d = make(other)
     ref = TensorDescriptor.from_tensor(other.t() if transposed else other, [32, 16])
@@ -716,8 +716,17 @@ def test_descriptor_maker_matches_from_tensor(transposed):
             assert list(getattr(d, f.name)) == list(getattr(ref, f.name)) if isinstance(
                 getattr(ref, f.name), (list, tuple, torch.Size)) else getattr(d, f.name) == getattr(ref, f.name)
     assert d.base.data_ptr() == ref.base.data_ptr()
-    with pytest.raises(AssertionError):
-        gt._desc_maker(torch.empty(8, 9, dtype=torch.float16), [8, 8])  # 18-byte rows: checked once, refused
+    with pytest.raises(AssertionError):  # 18-byte rows: refused where the prototype is built, once
+        gt._desc_maker(TensorDescriptor.from_tensor(torch.empty(8, 9, dtype=torch.float16), [8, 8]))
+    import gc
+    import weakref
+
+    first = torch.randn(96, 40, dtype=torch.float16)
+    alive = weakref.ref(first)
+    make = gt._desc_maker(TensorDescriptor.from_tensor(first, [32, 16]))
+    del first
+    gc.collect()
+    assert alive() is None  # the maker keeps no reference to the prototype's tensor
 
 
 def test_descriptor_maker_without_the_fast_path(monkeypatch):
@@ -725,14 +734,65 @@ def test_descriptor_maker_without_the_fast_path(monkeypatch):
     through its constructor: the same fields."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    gt._td()
-    monkeypatch.setattr(gt, "_TD_FAST", False)
+    monkeypatch.setitem(gt._TD_FAST, TensorDescriptor, False)
     a = torch.randn(64, 48, dtype=torch.bfloat16)
-    d = gt._desc_maker(a, [16, 16])(a.clone())
+    d = gt._desc_maker(TensorDescriptor.from_tensor(a, [16, 16]))(a.clone())
     ref = TensorDescriptor.from_tensor(a, [16, 16])
     assert type(d) is TensorDescriptor
     assert list(d.shape) == list(ref.shape) and list(d.strides) == list(ref.strides)
     assert list(d.block_shape) == [16, 16]
+
+
+@pytest.mark.parametrize("route", ["small", "v1", "tma", "tma_64x128", "split"])
+@pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
+def test_plan_rebuilds_the_launch_its_variant_builds(route, b_layout, monkeypatch):
+    """Without a GPU: a plan's bound launches for new tensors get the arguments the route's own
+    launch builder (what the variants run) gives for them: the same tensors at the pointer
+    positions, descriptors with the same shape, strides, block and address, the same constants."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(gt, "_INTERPRET", False)  # the GPU routes' configs; nothing is launched
+    launched, bound_calls = [], []
+
+    class FakeBound:
+        def __call__(self, *args):
+            bound_calls.append(args)
+
+    def fake_bind(fn, grid, *args, run_pre_hook=True, **kw):
+        if fn is gt._tma:  # what the autotuner's pre-hook would leave: the chosen config's blocks
+            args[0].block_shape, args[2].block_shape = [128, 64], [128, 128]
+            args[1].block_shape = [128, 64] if b_layout == "kmajor" else [64, 128]
+        launched.append((fn, args, kw))
+        return FakeBound()
+
+    monkeypatch.setattr(gt, "_bind", fake_bind)
+    M, N, K = 200, 320, 96
+    dtype = torch.bfloat16
+
+    def operands(seed):
+        a, b, bias = _operands(M, N, K, dtype, b_layout, seed=seed)
+        return a, b, bias.to(dtype), torch.empty(M, N, dtype=dtype)
+
+    a, b, bias, out = operands(1)
+    plan = gt._make_plan(route, a, b, bias, "relu", None, "tf32", out)
+    plan(a, b, bias, out)  # first call: the builder's launch, bound
+    assert len(launched) == 1 and not bound_calls
+    a2, b2, bias2, out2 = operands(2)
+    plan(a2, b2, bias2, out2)
+    got = bound_calls[-1]
+    fn, _, want, kw = plan.spec(a2, b2, bias2, out2)
+    assert fn is launched[0][0] and kw == launched[0][2] and len(got) == len(want)
+    for i, (g_, w) in enumerate(zip(got, want)):
+        if isinstance(w, TensorDescriptor):
+            blocks = launched[0][1][i].block_shape  # the first launch's, after the (fake) pre-hook
+            assert isinstance(g_, TensorDescriptor), i
+            assert g_.base.data_ptr() == w.base.data_ptr(), i
+            assert (list(g_.shape), list(g_.strides), list(g_.block_shape)) == (
+                list(w.shape), list(w.strides), list(blocks)), i
+        elif isinstance(w, torch.Tensor):
+            assert g_ is w, i
+        else:
+            assert g_ == w, i
 
 
 def _reused_poison(M, N, dtype):

@@ -77,8 +77,9 @@ def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 1
     and lazy loading happen outside the capture), the graph replayed ``repeats`` times between
     events. For kernels shorter than their host launch path (small GEMMs: a planned gemm() call
     costs 10-20 us of host time on the H200's host, 50-230 us through Triton's own dispatch,
-    more than a 512^3 GEMM's device time), where ``time_ms`` measures the host. No L2 flush between the calls: inputs stay hot, as in a
-    training step; report it beside ``time_ms``, not instead of it."""
+    more than a 512^3 GEMM's device time), where ``time_ms`` measures the host. No L2 flush
+    between the calls: inputs stay hot, as in a training step; report it beside ``time_ms``, not
+    instead of it."""
     import torch
 
     if calls < 1 or repeats < 1:

@@ -429,23 +429,14 @@ def use_ws(on: bool | None = True):
 
 
 def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
-    """v5 needs Hopper (wgmma; sm_90 exactly), Gluon, 16-bit q/k/v contiguous with 16-byte aligned
-    bases, D 64 or 128, no mask, and a bias (if any) as v4's TMA bias path takes it: q's dtype,
-    contiguous, its query dim real (dense (rows, Sk) storage), 16-byte aligned rows."""
+    """v5 needs Hopper (wgmma; sm_90 exactly), Gluon, D 64 or 128, the q/k/v layouts v4's TMA
+    loads need (``_tma_applies``: 16-bit, contiguous, aligned, no mask) and a bias (if any) that
+    TMA reads by rows (``_tma_bias_rows``)."""
     from . import attention_gluon as ag
 
-    D = q.shape[-1]
-    if not (ag.available() and mask is None and D in (64, 128) and q.dtype in (torch.float16, torch.bfloat16)
-            and q.is_cuda and not _interpreting()
-            and all(t.dtype == q.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
-            and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31
-            and torch.cuda.get_device_capability(q.device) == (9, 0)):
-        return False
-    if bias is None:
-        return True
-    Sk = k.shape[2]
-    return (bias.dtype == q.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
-            and bias_strides[2] == Sk and (Sk * bias.element_size()) % 16 == 0 and bias.numel() // Sk < 2 ** 31)
+    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not _interpreting()
+            and _tma_applies(q, k, v, mask, None) and (bias is None or _tma_bias_rows(q, k, bias, bias_strides))
+            and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
 def _ws_plan(D, causal, has_bias, Sq):
@@ -493,14 +484,18 @@ def _tma_applies(q, k, v, mask, bias) -> bool:
             and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31)
 
 
+def _tma_bias_rows(q, k, bias, bias_strides) -> bool:
+    """A bias TMA can read by rows: q's dtype, contiguous, its rows not broadcast (its query dim is
+    real, so its storage is a dense (rows, Sk) matrix), 16-byte aligned base and rows."""
+    Sk = k.shape[2]
+    return (bias.dtype == q.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
+            and bias_strides[2] == Sk and (Sk * bias.element_size()) % 16 == 0 and bias.numel() // Sk < 2 ** 31)
+
+
 def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
     """The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``): q/k/v as ``_tma_applies``
-    asks, on sm_90+; a contiguous bias of q's dtype whose rows are not broadcast (its query dim is
-    real, so its storage is a dense (rows, Sk) matrix) with 16-byte aligned rows."""
-    return (_BIAS_FWD["tma"] and _tma_applies(q, k, v, None, None) and bias.dtype == q.dtype
-            and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
-            and bias_strides[2] == k.shape[2] and (k.shape[2] * bias.element_size()) % 16 == 0
-            and bias.numel() // k.shape[2] < 2 ** 31
+    asks and a bias as ``_tma_bias_rows`` asks, on sm_90+."""
+    return (_BIAS_FWD["tma"] and _tma_applies(q, k, v, None, None) and _tma_bias_rows(q, k, bias, bias_strides)
             and (_interpreting() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
 
 

@@ -48,7 +48,6 @@ except Exception:  # noqa: BLE001 - an older Triton: v5 unavailable
 
 LOG2E = 1.4426950408889634
 ROWS = 64  # query rows per consumer warpgroup (wgmma M is 64 a warpgroup)
-BLOCK_M = 2 * ROWS
 
 
 def available() -> bool:

@@ -582,25 +582,31 @@ def _pointer_args(a, b, out, bias, scale_a, scale_b, aux) -> tuple:
     return ptrs + (M, b.shape[1], K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
 
 
-def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
-    """v1_tiled ("tiled") or v2_persistent ("persistent"), autotuned; ``fixed`` = (BLOCK_M, BLOCK_N,
-    BLOCK_K, num_stages, num_warps) runs the persistent kernel with that tile instead, no autotuner."""
+def _pointer_launch(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """(kernel, grid, args, kwargs) of v1_tiled ("tiled") or v2_persistent ("persistent"),
+    autotuned; ``fixed`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) runs the persistent
+    kernel with that tile instead, no autotuner. The args start with ``_pointer_args``' seven
+    pointers (``_PLAN_LEAD``)."""
     M, N = out.shape
     args = _pointer_args(a, b, out, bias, scale_a, scale_b, aux)
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
     interp = _INTERP_META if _INTERPRET else {}
     if kind == "tiled":
         grid = lambda META: (_cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"]),)  # noqa: E731
-        _launch(_tiled, grid, *args, **meta, **interp)
-        return out
+        return _tiled, grid, args, dict(meta, **interp)
     sms = _num_sms(a.get_device())
     if fixed is not None:
         bm, bn, bk, stages, warps = fixed
-        _launch(_gemm_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),),
-            *args, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
-        return out
+        return (_gemm_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),), args + (sms,),
+                dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages))
     grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-    _launch(_persistent, grid, *args, sms, **meta, **interp)
+    return _persistent, grid, args + (sms,), dict(meta, **interp)
+
+
+def _run_pointer(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """Launch ``_pointer_launch``'s kernel."""
+    fn, grid, args, kw = _pointer_launch(kind, a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed)
+    _launch(fn, grid, *args, **kw)
     return out
 
 
@@ -700,14 +706,15 @@ def _b_desc(b, bn, bk, b_kmajor):
     return TensorDescriptor.from_tensor(b.t(), [bn, bk]) if b_kmajor else TensorDescriptor.from_tensor(b, [bk, bn])
 
 
-def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
-    """v3_tma_persistent; ``fixed`` = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) launches that
-    one config without the autotuner (gemm()'s 64 x 128 choice, see ``tma_tile_for``)."""
+def _tma_launch(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """(kernel, grid, args, kwargs) of v3_tma_persistent; ``fixed`` = (BLOCK_M, BLOCK_N, BLOCK_K,
+    num_stages, num_warps) launches that one config without the autotuner (gemm()'s 64 x 128
+    choice, see ``tma_tile_for``). The args start with the four descriptors (A, B, C, aux) and the
+    three optional pointers (``_PLAN_LEAD``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     M, K = a.shape
     N = b.shape[1]
-    _check_tma_layout("v3_tma_persistent", a, b, out, aux)
     b_kmajor = b.stride(1) != 1
     if _INTERPRET:
         bm, bn, bk = _INTERP_META["BLOCK_M"], _INTERP_META["BLOCK_N"], _INTERP_META["BLOCK_K"]
@@ -722,18 +729,24 @@ def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixe
     dummy = out
     sms = _num_sms(a.get_device())
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
+    ptrs = (bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
+            scale_b if scale_b is not None else dummy)
     if fixed is not None and not _INTERPRET:
         stages, warps = fixed[3:]
-        _launch(_gemm_tma_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),),
-            a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
-            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
-            M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
-            num_stages=stages, num_warps=warps)
-        return out
+        return (_gemm_tma_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),),
+                (a_desc, b_desc, c_desc, aux_desc) + ptrs + (M, N, K, sms, 0),
+                dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
+                     num_stages=stages, num_warps=warps))
     grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-    _launch(_tma, grid, a_desc, b_desc, c_desc, aux_desc, bias if bias is not None else dummy,
-               scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy,
-               M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype), B_KMAJOR=b_kmajor, **meta, **(_INTERP_META if _INTERPRET else {}))
+    return (_tma, grid, (a_desc, b_desc, c_desc, aux_desc) + ptrs + (M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype)),
+            dict(B_KMAJOR=b_kmajor, **meta, **(_INTERP_META if _INTERPRET else {})))
+
+
+def _run_tma(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed=None):
+    """v3_tma_persistent (``_tma_launch``), after checking the layouts take TMA."""
+    _check_tma_layout("v3_tma_persistent", a, b, out, aux)
+    fn, grid, args, kw = _tma_launch(a, b, out, bias, activation, scale_a, scale_b, precision, aux, fixed)
+    _launch(fn, grid, *args, **kw)
     return out
 
 
@@ -743,14 +756,11 @@ _SPLIT_TILE = (128, 128, 64, 64, 4, 8)
 _SPLIT_TILE_INTERP = (16, 16, 16, 16, 1, 4)
 
 
-def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+def _split_launch(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    """(kernel, grid, args, kwargs) of v3_tma_split. The args start with the seven descriptors (A,
+    B, B2, C, C2, aux, aux2) and the three optional pointers (``_PLAN_LEAD``)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if a.dtype not in (torch.float16, torch.bfloat16) or out.element_size() != 2:
-        raise ValueError(f"gemm.v3_tma_split: float16 / bfloat16 inputs and output only (its tile and "
-                         f"stages are sized for 2-byte types), got {a.dtype} -> {out.dtype}; use "
-                         f"v3_tma_persistent or gemm()")
-    _check_tma_layout("v3_tma_split", a, b, out, aux)
     M, K = a.shape
     N = b.shape[1]
     bm, bn, bn2, bk, stages, warps = _SPLIT_TILE_INTERP if _INTERPRET else _SPLIT_TILE
@@ -761,11 +771,22 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
     sms = _num_sms(a.get_device())
     dummy = out
     meta = _common_meta(a, bias, activation, scale_a, precision, aux)
-    _launch(_gemm_tma_split_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn + bn2)),),
-        TensorDescriptor.from_tensor(a, [bm, bk]), _b_desc(b, bn, bk, b_kmajor), _b_desc(b, bn2, bk, b_kmajor), c_desc, c2_desc, aux_desc, aux2_desc,
-        bias if bias is not None else dummy, scale_a if scale_a is not None else dummy,
-        scale_b if scale_b is not None else dummy, M, N, K, sms, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk,
-        GROUP_M=8, B_KMAJOR=b_kmajor, **meta, num_stages=stages, num_warps=warps)
+    args = (TensorDescriptor.from_tensor(a, [bm, bk]), _b_desc(b, bn, bk, b_kmajor), _b_desc(b, bn2, bk, b_kmajor),
+            c_desc, c2_desc, aux_desc, aux2_desc, bias if bias is not None else dummy,
+            scale_a if scale_a is not None else dummy, scale_b if scale_b is not None else dummy, M, N, K, sms)
+    return (_gemm_tma_split_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn + bn2)),), args,
+            dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=b_kmajor, **meta,
+                 num_stages=stages, num_warps=warps))
+
+
+def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux):
+    if a.dtype not in (torch.float16, torch.bfloat16) or out.element_size() != 2:
+        raise ValueError(f"gemm.v3_tma_split: float16 / bfloat16 inputs and output only (its tile and "
+                         f"stages are sized for 2-byte types), got {a.dtype} -> {out.dtype}; use "
+                         f"v3_tma_persistent or gemm()")
+    _check_tma_layout("v3_tma_split", a, b, out, aux)
+    fn, grid, args, kw = _split_launch(a, b, out, bias, activation, scale_a, scale_b, precision, aux)
+    _launch(fn, grid, *args, **kw)
     return out
 
 
@@ -1059,34 +1080,25 @@ def _extent(t: torch.Tensor) -> int:
     return last - first
 
 
-_TD = None  # triton's TensorDescriptor class
-_TD_FAST = False  # whether descriptors can be made without re-running its checks
+_TD_FAST: dict = {}  # TensorDescriptor class -> whether a copy can be filled in without its checks
 
 
-def _td():
-    global _TD, _TD_FAST
-    if _TD is None:
-        import dataclasses
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        fields = {f.name for f in dataclasses.fields(TensorDescriptor)}
-        _TD_FAST = (not hasattr(TensorDescriptor, "__slots__") and {"base", "shape", "strides", "block_shape"} <= fields
-                    and all(f.default is not dataclasses.MISSING for f in dataclasses.fields(TensorDescriptor)
-                            if f.name not in ("base", "shape", "strides", "block_shape")))
-        _TD = TensorDescriptor
-    return _TD
-
-
-def _desc_maker(t, block):
-    """A function x -> TensorDescriptor(x, t.shape, t.stride(), block), for tensors of t's dtype,
-    shape, strides and alignment (a plan's key): TensorDescriptor's checks run once, here, on t.
-    ``x`` only lends its address: for a K-major B it is b itself under b.t()'s shape."""
+def _desc_maker(proto):
+    """x -> a copy of TensorDescriptor ``proto`` (checked when it was built) with base x, for tensors
+    of the dtype, shape, strides and alignment proto's base has (a plan's key): the checks of
+    TensorDescriptor's constructor are not run again. ``x`` only lends its address: for a K-major
+    B, proto's base is b.t() and x is b. Holds no reference to proto's base."""
     import dataclasses
 
-    TD = _td()
-    proto = TD(t, tuple(t.shape), tuple(t.stride()), list(block))
-    if not _TD_FAST:
-        return lambda x: TD(x, proto.shape, proto.strides, proto.block_shape)
+    TD = type(proto)
+    fast = _TD_FAST.get(TD)
+    if fast is None:
+        fast = _TD_FAST[TD] = not hasattr(TD, "__slots__") and all(
+            f.default is not dataclasses.MISSING for f in dataclasses.fields(TD)
+            if f.name not in ("base", "shape", "strides", "block_shape"))
     fields = {f.name: getattr(proto, f.name) for f in dataclasses.fields(TD) if f.name != "base"}
+    if not fast:
+        return lambda x: TD(x, **fields)
     new = TD.__new__
 
     def make(x):
@@ -1098,15 +1110,23 @@ def _desc_maker(t, block):
     return make
 
 
+# Per plan kind: how many leading kernel arguments are the call's tensors (descriptors and
+# pointers, rebuilt each call); the rest (sizes, strides, SM count) are the plan's constants.
+_PLAN_LEAD = {"ptr": 7, "tma": 7, "split": 10}
+
+
 class _Plan:
     """One gemm() route for one ``_plan_key``: ``plan(a, b, bias, out)`` allocates the output (out
     None) and launches; None when the call needs the checked path (a given out whose addresses
     meet an input's, an allocation without 16-byte alignment).
-    kind: "tma" (v3_tma_persistent: a fixed config or the autotuner's), "split" (v3_tma_split),
-    "ptr" (the pointer kernels: v1_tiled autotuned, or the persistent kernel with a fixed tile)."""
+    kind: "tma" (``_tma_launch``: a fixed config or the autotuner's), "split" (``_split_launch``),
+    "ptr" (``_pointer_launch``: v1_tiled autotuned, or the persistent kernel with a fixed tile).
+    ``spec(a, b, bias, out)`` is the route's launch (kernel, grid, args, kwargs), as its variant
+    builds it: the plan launches it through Triton until runtime.triton_launch.bind gives a Bound,
+    then keeps the Bound, the trailing constant arguments and, for TMA, descriptor makers taken
+    from that launch's descriptors (the autotuner's pre-hook has set their blocks by then)."""
 
-    __slots__ = ("kind", "fn", "grid", "kwargs", "tail", "out_shape", "out_dtype", "device", "bound", "makers",
-                 "b_kmajor", "autotuned", "extents")
+    __slots__ = ("kind", "spec", "tail", "out_shape", "out_dtype", "device", "bound", "makers", "extents")
 
     def __call__(self, a, b, bias, out):
         if out is None:
@@ -1127,59 +1147,36 @@ class _Plan:
                 x = bias.data_ptr()
                 if x <= o1 and o0 <= x + ebias:
                     return None
+        bound = self.bound
+        if bound is None:
+            return self._bind(a, b, bias, out)
         dummy = out
         bptr = bias if bias is not None else dummy
-        bound = self.bound
         if self.kind == "ptr":
-            args = (a, b, out, bptr, dummy, dummy, dummy) + self.tail
-        elif bound is None:
-            return self._first(a, b, out, bptr)
+            bound(a, b, out, bptr, dummy, dummy, dummy, *self.tail)
         elif self.kind == "tma":
             ma, mb, mc = self.makers
             c = mc(out)
-            args = (ma(a), mb(b), c, c, bptr, dummy, dummy) + self.tail
+            bound(ma(a), mb(b), c, c, bptr, dummy, dummy, *self.tail)
         else:  # split
             ma, mb, mb2, mc, mc2 = self.makers
             c, c2 = mc(out), mc2(out)
-            args = (ma(a), mb(b), mb2(b), c, c2, c, c2, bptr, dummy, dummy) + self.tail
-        if bound is None:
-            self.bound = _bind(self.fn, self.grid, *args, **self.kwargs)
-        else:
-            bound(*args)
+            bound(ma(a), mb(b), mb2(b), c, c2, c, c2, bptr, dummy, dummy, *self.tail)
         return out
 
-    def _first(self, a, b, out, bptr):
-        """First TMA launch: descriptors through TensorDescriptor (checked), placeholder blocks
-        for the autotuner's pre-hook; then the makers with the blocks of the chosen config."""
-        TD = _td()
-        bt = b.t() if self.b_kmajor else b
-        if self.kind == "tma":
-            bm, bn, bk = (16, 16, 16) if self.autotuned else (self.kwargs["BLOCK_M"], self.kwargs["BLOCK_N"],
-                                                              self.kwargs["BLOCK_K"])
-            c = TD.from_tensor(out, [bm, bn])
-            args = (TD.from_tensor(a, [bm, bk]), TD.from_tensor(bt, [bn, bk] if self.b_kmajor else [bk, bn]), c, c,
-                    bptr, out, out) + self.tail
-            bound = _bind(self.fn, self.grid, *args, run_pre_hook=False, **self.kwargs)
-            if bound is None:  # no cached launch (hooks, interpreter): descriptors stay checked ones
-                return out
-            k = bound.constants
-            bm, bn, bk = k["BLOCK_M"], k["BLOCK_N"], k["BLOCK_K"]
-            blocks = [(bm, bk), (bn, bk) if self.b_kmajor else (bk, bn), (bm, bn)]
-            tensors = (a, bt, out)
-        else:
-            bm, bn, bn2, bk = (self.kwargs[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_N2", "BLOCK_K"))
-            c, c2 = TD.from_tensor(out, [bm, bn]), TD.from_tensor(out, [bm, bn2])
-            bb = [bn, bk] if self.b_kmajor else [bk, bn]
-            bb2 = [bn2, bk] if self.b_kmajor else [bk, bn2]
-            args = (TD.from_tensor(a, [bm, bk]), TD.from_tensor(bt, bb), TD.from_tensor(bt, bb2), c, c2, c, c2,
-                    bptr, out, out) + self.tail
-            bound = _bind(self.fn, self.grid, *args, **self.kwargs)
-            if bound is None:
-                return out
-            blocks = [(bm, bk), bb, bb2, (bm, bn), (bm, bn2)]
-            tensors = (a, bt, bt, out, out)
-        self.makers = tuple(_desc_maker(t, blk) for t, blk in zip(tensors, blocks))
-        self.bound = bound
+    def _bind(self, a, b, bias, out):
+        """A launch through Triton (``spec``), then the Bound where the cached path applies (not
+        while launch hooks are installed, nor in the interpreter: the next call tries again). The
+        only pre-hook among these kernels' configs, ``_tma_pre_hook``, sets the descriptors'
+        blocks, which the makers copy, so the Bound runs none."""
+        fn, grid, args, kw = self.spec(a, b, bias, out)
+        bound = _bind(fn, grid, *args, run_pre_hook=False, **kw)
+        if bound is not None:
+            lead = _PLAN_LEAD[self.kind]
+            self.tail = args[lead:]
+            descs = {"ptr": (), "tma": (0, 1, 2), "split": (0, 1, 2, 3, 4)}[self.kind]
+            self.makers = tuple(_desc_maker(args[i]) for i in descs)
+            self.bound = bound
         return out
 
 
@@ -1187,49 +1184,20 @@ def _make_plan(route, a, b, bias, activation, out_dtype, precision, out) -> _Pla
     """The plan of gemm()'s route ("small", "tma_64x128", "tma", "split" or "v1") for these
     operands (``out``: the (M, N) output the checks accepted); the first call of the plan
     launches through Triton's dispatch."""
-    M, K = a.shape
+    M = a.shape[0]
     N = b.shape[1]
     p = _Plan()
     p.out_dtype = out.dtype
     p.out_shape = (M, N)
     p.device = a.device
     p.extents = (_extent(a), _extent(b), _extent(bias) if bias is not None else 0, _extent(out))
-    p.bound = None
-    p.makers = None
-    p.b_kmajor = b.stride(1) != 1
-    p.autotuned = False
-    meta = _common_meta(a, bias, activation, None, precision, None)
-    sms = _num_sms(a.get_device())
-    if route in ("small", "v1"):
-        p.kind = "ptr"
-        p.tail = (M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
-        if route == "small":
-            bm, bn, bk, stages, warps = _SMALL_TILE
-            p.fn, p.grid = _gemm_persistent_kernel, (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),)
-            p.tail += (sms,)
-            p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, **meta, num_warps=warps, num_stages=stages)
-        else:
-            p.fn, p.kwargs = _tiled, meta
-            p.grid = lambda META: (_cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"]),)  # noqa: E731
-    elif route in ("tma", "tma_64x128"):
-        p.kind = "tma"
-        if route == "tma":
-            p.autotuned = True
-            p.fn, p.tail, p.kwargs = _tma, (M, N, K, sms, 100 + _IN_DTYPES.index(a.dtype)), dict(B_KMAJOR=p.b_kmajor, **meta)
-            p.grid = lambda META: (min(sms, _cdiv(M, META["BLOCK_M"]) * _cdiv(N, META["BLOCK_N"])),)  # noqa: E731
-        else:
-            bm, bn, bk, stages, warps = _TMA_64x128
-            p.fn, p.tail = _gemm_tma_persistent_kernel, (M, N, K, sms, 0)
-            p.grid = (min(sms, _cdiv(M, bm) * _cdiv(N, bn)),)
-            p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=p.b_kmajor, **meta,
-                            num_stages=stages, num_warps=warps)
-    else:
-        p.kind = "split"
-        bm, bn, bn2, bk, stages, warps = _SPLIT_TILE
-        p.fn, p.tail = _gemm_tma_split_kernel, (M, N, K, sms)
-        p.grid = (min(sms, _cdiv(M, bm) * _cdiv(N, bn + bn2)),)
-        p.kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=bk, GROUP_M=8, B_KMAJOR=p.b_kmajor, **meta,
-                        num_stages=stages, num_warps=warps)
+    p.bound = p.makers = p.tail = None
+    launch, kind, extra = {"small": (_pointer_launch, "ptr", ("persistent",)), "v1": (_pointer_launch, "ptr", ("tiled",)),
+                           "tma": (_tma_launch, "tma", ()), "tma_64x128": (_tma_launch, "tma", ()),
+                           "split": (_split_launch, "split", ())}[route]
+    fixed = {"small": dict(fixed=_SMALL_TILE), "tma_64x128": dict(fixed=_TMA_64x128)}.get(route, {})
+    p.kind = kind
+    p.spec = lambda a, b, bias, out: launch(*extra, a, b, out, bias, activation, None, None, precision, None, **fixed)
     return p
 
 

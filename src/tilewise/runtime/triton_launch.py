@@ -162,6 +162,10 @@ def _hooks_set() -> bool:
     return False
 
 
+def _grid3(grid) -> tuple:
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
 def _key(args: tuple, kwargs: dict) -> tuple:
     key = (torch.cuda.current_device(), tuple(map(_sig, args)), tuple(kwargs.items()))
     hash(key)
@@ -209,9 +213,7 @@ def launch(fn, grid, *args, **kwargs):
             entry.pre_hook(nargs)
         if callable(grid):
             grid = grid(nargs)
-    g0 = grid[0]
-    g1 = grid[1] if len(grid) > 1 else 1
-    g2 = grid[2] if len(grid) > 2 else 1
+    g0, g1, g2 = _grid3(grid)
     kernel = entry.kernel
     stream = _raw_stream(key[0])
     kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)
@@ -350,7 +352,7 @@ def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
         grid = grid(dict(zip(names, args + tail)))
     b = Bound()
     b.fn, b.kwargs, b.kernel, b.tail, b.names, b.device, b.cache = fn, dict(kwargs), entry.kernel, tail, names, key[0], cache
-    b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    b.grid = _grid3(grid)
     b.pre_hook = entry.pre_hook if run_pre_hook else None
     b.constants = dict(zip(names[n:], tail))
     direct = _direct_launcher(entry.kernel) if _DIRECT_ON else None
