@@ -650,7 +650,7 @@ def test_gpu_torch_compile_in_a_model(deterministic):
 
 # ---------------------------------------------------------------- sm_90 compile report (CPU)
 
-def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False):
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, ordered=False):
     """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
     as constants, pointers and strides divisible by 16); return (registers, spill instructions,
     HGMMA count) from the SASS and the number of cp.async (or, for TMA kernels, TMA) copies in the
@@ -681,11 +681,14 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
         consts["DQ_TMA"] = dq_tma
+    if "ORDERED" in fn.arg_names:
+        consts["ORDERED"] = ordered
+        consts["NTHREADS"] = 32 * w
     for n in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_dd", "stride_bn", "stride_mn", "stride_fn"):
         if n in fn.arg_names:
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
-    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32")
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32")
     if kind.startswith("fwd_tma"):
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
@@ -715,6 +718,9 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "dq_bias_grad": ("dq", dict(causal=False, bias=True, bias_grad=True)),
               "atomic": ("atomic", dict(causal=False)), "atomic_causal": ("atomic", dict(causal=True)),
               "atomic_tma_causal": ("atomic", dict(causal=True, dq_tma=True)),
+              "ordered": ("atomic", dict(causal=False, ordered=True)),
+              "ordered_causal": ("atomic", dict(causal=True, ordered=True)),
+              "ordered_D64_causal": ("atomic", dict(D=64, causal=True, ordered=True)),
               "atomic_D64_causal": ("atomic", dict(D=64, causal=True)),
               "atomic_D64_bias_grad": ("atomic", dict(D=64, causal=False, bias=True, bias_grad=True)),
               "fwd_bias_pair_D64": ("fwd_bias_pair", dict(D=64, causal=False)),
@@ -755,6 +761,8 @@ def test_sm90_tma_bias_is_prefetched(sm90_report):
 # Cases whose default tile spills and is still the fastest measured (attention.py's config notes):
 # for them only wgmma is checked.
 SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal",
+                          # the ordered (deterministic) fused backward runs the atomic kernel's tile
+                          "ordered", "ordered_causal", "ordered_D64_causal",
                           # the opt-in bias-pair forward's 128 x 64 x 8 x 3: fastest of six tiles on
                           # the H200 (Triton 3.6 builds it with no spill; 3.9 with a few)
                           "fwd_bias_pair_D64", "fwd_bias_pair_D64_causal"}
@@ -905,6 +913,102 @@ def test_gpu_atomic_dk_dv_dbias_reproducible_dq_close():
     for name in ("out", "lse", "dk", "dv", "dbias"):  # no atomics on these
         assert torch.equal(a[name], b[name]), name
     torch.testing.assert_close(a["dq"], b["dq"], rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------- deterministic fused backward (ordered dQ adds)
+
+
+def _count_backward_kernels(monkeypatch):
+    """Count launches of the fused (atomic / ordered) backward kernel; the two-kernel backward's
+    kernels are removed, so falling back to them fails."""
+    from tilewise.ops import attention_kernels as K
+
+    calls = {"fused": 0}
+    fused = K._attn_bwd_atomic_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            calls["fused"] += 1
+            return fused[grid]
+    monkeypatch.setattr(K, "_attn_bwd_atomic_kernel", Counting())
+    monkeypatch.setattr(K, "_attn_bwd_dq_kernel", None)
+    monkeypatch.setattr(K, "_attn_bwd_dkdv_kernel", None)
+    return calls
+
+
+def test_ordered_dq_is_gpu_only_and_maskless():
+    """The interpreter runs programs one at a time (a causal key tile would wait forever on a later
+    one) and a mask's skipped tiles would break the count: the ordered backward never applies
+    there, even when forced."""
+    q = torch.zeros(1, 1, 4, 8)
+    with A.ordered_dq(True):
+        assert not A._ordered_plan(q, 8, None, False)
+        assert not A._ordered_plan(q, 8, torch.ones(1, 1, 4, 4, dtype=torch.bool), False)
+
+
+@pytest.mark.gpu
+def test_gpu_ordered_dq_plan():
+    """Forced on, the ordered backward applies to CUDA inputs without a mask, never with one."""
+    q = torch.zeros(1, 1, 4, 8, device="cuda")
+    with A.ordered_dq(True):
+        assert A._ordered_plan(q, 8, None, False) and A._ordered_plan(q, 8, None, True)
+        assert not A._ordered_plan(q, 8, torch.ones(1, 1, 4, 4, dtype=torch.bool, device="cuda"), False)
+    with A.ordered_dq(False):
+        assert not A._ordered_plan(q, 8, None, False)
+
+
+ORDERED_GPU_SHAPES = ATOMIC_GPU_SHAPES + [(1, 2, 2, 4096, 4096, 128), (2, 2, 1, 2000, 1500, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", ORDERED_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_ordered_backward(shape, dtype, causal, poisoned_outputs, monkeypatch):
+    """deterministic=True through the fused kernel with ordered dQ adds: against the fp32
+    reference, against the two-kernel backward, and bitwise equal over two runs."""
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 2)
+    with A.ordered_dq(False):  # the two-kernel backward, before its kernels are swapped out
+        two = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    calls = _count_backward_kernels(monkeypatch)
+    with A.ordered_dq(True):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+        again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    assert calls["fused"] == 2
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
+    for name in ("dq", "dk", "dv"):
+        assert ours[name].dtype == dtype and not torch.isnan(ours[name]).any(), name
+        assert torch.equal(ours[name], again[name]), f"{name} differs between two runs"
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+        d = ((ours[name].double() - two[name].double()).norm() / two[name].double().norm().clamp_min(1e-30)).item()
+        assert d < 1e-2, f"{name}: {d:.3g} from the two-kernel backward"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
+    """The ordered backward with a bias whose gradient is taken (GQA, odd sizes), no mask: against
+    the fp32 reference, and bitwise equal over two runs."""
+    B, H, Sq, Sk = 2, 4, 1000, 777
+    q, k, v = _inputs(B, H, 2, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=40 + D)
+    bias = torch.randn(bias_shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(41))
+    calls = _count_backward_kernels(monkeypatch)
+    with A.ordered_dq(True):
+        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+        again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    assert calls["fused"] == 2
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
+    for name in ("out", "dq", "dk", "dv", "dbias"):
+        o, r = ours[name], ref[name]
+        assert o.shape == r.shape and not torch.isnan(o).any(), name
+        assert torch.equal(o, again[name]), f"{name} differs between two runs"
+        e = ((o.double() - r.double()).norm() / r.double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
 
 
 @pytest.mark.gpu

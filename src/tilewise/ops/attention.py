@@ -449,6 +449,36 @@ def _ws_plan(D, causal, has_bias, Sq):
     return rule is not None and Sq >= rule[0], cfg
 
 
+# The deterministic backward as one fused kernel (the atomic kernel's 5 matmuls, not the two
+# kernels' 7), its dQ adds taken in a fixed key-tile order (``ORDERED`` in the kernel): GPU only
+# (the interpreter runs programs one after another, so a causal key tile would wait forever on a
+# later one), no mask (skipped tiles would break the count), D <= 128. ``_ORDERED_DQ["on"]``: None
+# = where ``_ORDERED_RULES`` has (head dim, bias gradient); True / False: forced where it applies /
+# off. The rules are filled from measurement (bench rows ``v3_flash2_ordered`` and
+# ``v3_flash2_twokernel``); until then the two-kernel backward stays the default.
+_ORDERED_DQ = {"on": None}
+_ORDERED_RULES: set = set()
+
+
+@contextlib.contextmanager
+def ordered_dq(on: bool | None = True):
+    """Deterministic backward through the fused kernel with ordered dQ adds where it applies
+    (True), never (False), or where ``_ORDERED_RULES`` says (None)."""
+    old = _ORDERED_DQ["on"]
+    _ORDERED_DQ["on"] = on
+    try:
+        yield
+    finally:
+        _ORDERED_DQ["on"] = old
+
+
+def _ordered_plan(q, D, mask, bias_grad) -> bool:
+    if mask is not None or not q.is_cuda or _interpreting():
+        return False
+    on = _ORDERED_DQ["on"]
+    return on if on is not None else (D, bool(bias_grad)) in _ORDERED_RULES
+
+
 # dQ of the atomic backward by TMA reduce-add where ``_ATOMIC_TMA_CONFIGS`` has the head dim; GPU
 # only (the interpreter has no descriptor reduce). "works" turns False at the first build failure
 # (e.g. a Triton without descriptor atomic_add), after which pointer atomics are used.
@@ -611,8 +641,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
     # keep the two-kernel backward whatever ``deterministic`` says.
-    atomic = not deterministic and bd <= 128
-    # The atomic path's fp32 dQ accumulator, zeroed by the preprocess kernel.
+    ordered = deterministic and bd <= 128 and _ordered_plan(q, D, mask, bias_grad)
+    atomic = (not deterministic or ordered) and bd <= 128
+    # The atomic (and ordered) path's fp32 dQ accumulator, zeroed by the preprocess kernel.
     dq_acc = None if not atomic else torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     pm = 64
     _launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // pm), B * H),
@@ -641,6 +672,8 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
             kind = ("atomic_tma" if use_tma else "atomic") + ("_bias" if bias_grad else "")
             bm, bn, warps, stages = _config(kind, D, q.dtype.itemsize)
             flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+            # Ordered: one int32 count per (batch x head, query tile), zeroed here.
+            sem = torch.zeros((B * H, -(-Sq // bm)), dtype=torch.int32, device=q.device) if ordered else dummy
             dq_arg = dq_acc
             if use_tma:
                 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -649,14 +682,16 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
                 dq_arg = TensorDescriptor(d3, list(d3.shape), list(d3.stride()), [1, bm, bd])
             _launch(K_._attn_bwd_atomic_kernel, (-(-Sk // bn), B * Hkv),
                 q, k, v, do, lse, delta, dk, dv, dq_arg, ds, bias_arg, mask_arg,
-                flags if flags is not None else dummy,
+                flags if flags is not None else dummy, sem,
                 H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
                 *(flags.stride() if flags is not None else (0, 0, 0, 0)),
                 BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
                 HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, DQ_TMA=use_tma,
-                PREC=prec, num_warps=warps, num_stages=stages)
+                ORDERED=ordered, NTHREADS=32 * warps, PREC=prec, num_warps=warps, num_stages=stages)
 
-        if _dq_tma_applies(q, D):
+        if ordered:
+            launch(False)
+        elif _dq_tma_applies(q, D):
             try:
                 launch(True)
                 _DQ_TMA["works"] = True

@@ -513,12 +513,33 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
 
 
 @triton.jit
-def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, dq_head, offs_n, offs_d, Sq, Sk,
+def _wait_count(ptr, value):
+    """Spin until the int32 count at ``ptr`` reaches ``value``; each thread reads it with acquire
+    semantics, so its later loads see what the threads that counted stored before their release
+    (``_count_release``). One PTX loop in an asm block: a Triton ``while`` around an atomic, or a
+    CTA barrier, in the loop this runs in stops Triton's pipelining of that loop's loads."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; WAIT_COUNT: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
+        "@p bra WAIT_COUNT; }", "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _count_release(ptr):
+    """Each thread adds 1 to the count at ``ptr`` with release semantics, after its own stores."""
+    return tl.inline_asm_elementwise(
+        "red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0;", "=r,l,~{memory}", [ptr],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Semh, start_m, dq_head, kv_blk, n_kv,
+                     offs_n, offs_d, Sq, Sk,
                      stride_qm, stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
                      qk_scale, sm_scale,
-                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     HAS_MASK: tl.constexpr, BIAS_GRAD: tl.constexpr, DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+                     HAS_MASK: tl.constexpr, BIAS_GRAD: tl.constexpr, DQ_TMA: tl.constexpr, ORDERED: tl.constexpr,
+                     NTHREADS: tl.constexpr, PREC: tl.constexpr):
     # BOUNDS=False is only used on tiles with every row < Sq, every key < Sk and (causal) every key
     # at or before every query: no row/key tests, unmasked loads.
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -577,7 +598,32 @@ def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, d
     ds16 = dsT.to(q.dtype)
     dk = tl.dot(ds16, q, dk, input_precision=PREC)
     dq = tl.dot(tl.trans(ds16), k, input_precision=PREC) * sm_scale  # (BLOCK_M, BLOCK_D)
-    if DQ_TMA:
+    if ORDERED:
+        # Deterministic: the key tiles add into one query tile's dQ one at a time, in a fixed order
+        # (ascending key tile; descending when causal, the order in which the causal schedule
+        # reaches the query tile), by a plain read-modify-write of the fp32 buffer: no float
+        # atomics, the same sums in the same order on every run. Semh[i] counts, per thread, the
+        # key tiles done with query tile i of this head (NTHREADS per tile; zeroed before the
+        # launch): each thread releases after its own stores, a thread of the next key tile
+        # waits for all of them. Lower-numbered programs are dispatched first, so a key tile
+        # waits only on programs that are running or done (causal: on higher key tiles of its
+        # head, which start at most a few tiles behind it).
+        sem_ptr = Semh + start_m // BLOCK_M
+        if CAUSAL:
+            turn = tl.minimum((start_m + BLOCK_M - 1) // BLOCK_N, n_kv - 1) - kv_blk
+        else:
+            turn = kv_blk
+        _wait_count(sem_ptr, turn * NTHREADS)
+        dq_ptrs = DQh + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        # .cg: read from L2, where the previous key tile's stores are, not a stale L1 line.
+        if BOUNDS or BLOCK_D != HEAD_DIM:
+            acc = tl.load(dq_ptrs, mask=md_mask, other=0.0, cache_modifier=".cg")
+            tl.store(dq_ptrs, acc + dq, mask=md_mask)
+        else:
+            acc = tl.load(dq_ptrs, cache_modifier=".cg")
+            tl.store(dq_ptrs, acc + dq)
+        _count_release(sem_ptr)
+    elif DQ_TMA:
         # One TMA reduce-add of the tile from shared memory (the copy engine clips rows past Sq and
         # columns past HEAD_DIM): no per-element addresses in registers.
         DQh.atomic_add([dq_head, start_m, 0], dq.reshape([1, BLOCK_M, BLOCK_D]))
@@ -595,27 +641,29 @@ def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, d
 
 
 @triton.jit
-def _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, dq_head, lo, hi, offs_n, offs_d, Sq, Sk,
+def _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, Semh, dq_head, kv_blk, n_kv, lo, hi,
+                     offs_n, offs_d, Sq, Sk,
                      stride_qm, stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
                      stride_fm, qk_scale, sm_scale,
-                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                     DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+                     DQ_TMA: tl.constexpr, ORDERED: tl.constexpr, NTHREADS: tl.constexpr, PREC: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         live = 1
         if HAS_FLAGS:
             live = tl.load(Fh + (start_m // BLOCK_M) * stride_fm)
         if live != 0:
-            dk, dv = _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, start_m, dq_head, offs_n,
-                                      offs_d, Sq, Sk, stride_qm, stride_qd, stride_dm, stride_dd, stride_bm,
-                                      stride_bn, stride_mm, stride_mn, qk_scale, sm_scale, BLOCK_M, HEAD_DIM,
-                                      BLOCK_D, CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, BIAS_GRAD, DQ_TMA, PREC)
+            dk, dv = _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Semh, start_m, dq_head,
+                                      kv_blk, n_kv, offs_n, offs_d, Sq, Sk, stride_qm, stride_qd, stride_dm,
+                                      stride_dd, stride_bm, stride_bn, stride_mm, stride_mn, qk_scale, sm_scale,
+                                      BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK,
+                                      BIAS_GRAD, DQ_TMA, ORDERED, NTHREADS, PREC)
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Mask, Flags,
+def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Mask, Flags, Sem,
                             H, GROUP, Sq, Sk, qk_scale, sm_scale,
                             stride_qb, stride_qh, stride_qm, stride_qd,
                             stride_kb, stride_kh, stride_kn, stride_kd,
@@ -627,13 +675,17 @@ def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Ma
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                             BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                             HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                            DQ_TMA: tl.constexpr, PREC: tl.constexpr):
+                            DQ_TMA: tl.constexpr, ORDERED: tl.constexpr, NTHREADS: tl.constexpr,
+                            PREC: tl.constexpr):
     """v3 backward with ``deterministic=False``: one key tile of one K/V head, dK and dV in
     registers as in the dK/dV kernel, and each query tile's dQ contribution (dS K, scaled) added
     with fp32 atomics into DQ, a (B, H, Sq, HEAD_DIM) fp32 buffer zeroed by the preprocess kernel
     (DQ_TMA: DQ is a (B * H, Sq, HEAD_DIM) tensor descriptor and each tile is one TMA reduce-add).
     Q K^T and dO V^T are computed once per tile pair: 5 matmuls instead of 7. With BIAS_GRAD, dS is
-    also stored (to a (B, H, Sq, Sk) buffer), as the dQ kernel does."""
+    also stored (to a (B, H, Sq, Sk) buffer), as the dQ kernel does. ORDERED (no mask): the dQ
+    adds are plain read-modify-writes taken in a fixed key-tile order through Sem, a zeroed int32
+    (B * H, cdiv(Sq, BLOCK_M)) count per query tile (NTHREADS = num_warps x 32 a key tile);
+    deterministic, no float atomics."""
     start_n = tl.program_id(0)
     bhk = tl.program_id(1)
     HK = H // GROUP
@@ -677,6 +729,7 @@ def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Ma
         Mh = Mask + off_b * stride_mb + off_h * stride_mh
         DSh = DBias + bh * Sq * Sk
         Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
+        Semh = Sem + bh * tl.cdiv(Sq, BLOCK_M)
         bh32 = bh.to(tl.int32)
         for part in tl.static_range(3):
             if part == 0:
@@ -685,11 +738,12 @@ def _attn_bwd_atomic_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, DBias, Bias, Ma
                 p_lo, p_hi = mid, clean_hi
             else:
                 p_lo, p_hi = clean_hi, Sq
-            dk, dv = _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, bh32, p_lo, p_hi,
-                                      offs_n, offs_d, Sq, Sk, stride_qm, stride_qd, stride_dm, stride_dd,
-                                      stride_bm, stride_bn, stride_mm, stride_mn, stride_fm, qk_scale, sm_scale,
-                                      BLOCK_M, HEAD_DIM, BLOCK_D, CAUSAL, part != 1, HAS_BIAS, HAS_MASK,
-                                      HAS_FLAGS, BIAS_GRAD, DQ_TMA, PREC)
+            dk, dv = _bwd_atomic_loop(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Fh, Semh, bh32, start_n,
+                                      tl.cdiv(Sk, BLOCK_N), p_lo, p_hi, offs_n, offs_d, Sq, Sk, stride_qm,
+                                      stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
+                                      stride_fm, qk_scale, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, CAUSAL,
+                                      part != 1, HAS_BIAS, HAS_MASK, HAS_FLAGS, BIAS_GRAD, DQ_TMA, ORDERED,
+                                      NTHREADS, PREC)
     dk *= sm_scale
     tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=nd_mask)

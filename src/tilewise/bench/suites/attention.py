@@ -9,7 +9,10 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     D 64 / 128; the backward is v3's; ``flash_attention`` runs it by default where
     ``attention._WS_RULES`` say), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
     only), v3_flash2_atomic (``flash_attention``'s default forward and, with
-    ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only).
+    ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only),
+    v3_flash2_ordered / v3_flash2_twokernel (v3's forward; the deterministic backward forced
+    through the fused kernel with ordered dQ adds / through the dK/dV and dQ kernels; forward +
+    backward rows only).
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
 16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
 tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
@@ -87,6 +90,16 @@ def _ours_ws(q, k, v, causal, bias):
 
 def _ours_atomic(q, k, v, causal, bias):
     return op.flash_attention(q, k, v, causal=causal, bias=bias, deterministic=False)
+
+
+def _ours_ordered(q, k, v, causal, bias):
+    with op.use_ws(False), op.ordered_dq(True):  # v3's forward; the fused backward, dQ adds ordered
+        return op.flash_attention(q, k, v, causal=causal, bias=bias)
+
+
+def _ours_twokernel(q, k, v, causal, bias):
+    with op.use_ws(False), op.ordered_dq(False):  # v3's forward; the two-kernel backward
+        return op.flash_attention(q, k, v, causal=causal, bias=bias)
 
 
 def _ours_tma(q, k, v, causal, bias):
@@ -211,6 +224,11 @@ def run(r) -> None:
                     ms = _time(_ours_atomic, q, k, v, bias, causal, go, True)
                     r.add(opname, "v3_flash2_atomic", shape, dtype, ms, cost, baseline=base,
                           baseline_ms=times.get(base))
+                    for vname, fn in (("v3_flash2_ordered", _ours_ordered), ("v3_flash2_twokernel", _ours_twokernel)):
+                        r.status(f"{opname} {shape} {vname}")
+                        _check_version(vname, fn, q, k, v, bias, causal, go, True)
+                        ms = _time(fn, q, k, v, bias, causal, go, True)
+                        r.add(opname, vname, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
                 if not r.quick and not backward and not with_bias and S == 4096:
