@@ -919,20 +919,20 @@ def test_gpu_atomic_dk_dv_dbias_reproducible_dq_close():
 
 
 def _count_backward_kernels(monkeypatch):
-    """Count launches of the fused (atomic / ordered) backward kernel; the two-kernel backward's
-    kernels are removed, so falling back to them fails."""
+    """Count launches of the fused (atomic / ordered) backward kernel and of the two-kernel
+    backward's kernels, through the module's launcher."""
     from tilewise.ops import attention_kernels as K
 
-    calls = {"fused": 0}
-    fused = K._attn_bwd_atomic_kernel
+    calls = {"fused": 0, "two_kernel": 0}
+    launch = A._launch
 
-    class Counting:
-        def __getitem__(self, grid):
+    def counting(fn, grid, *args, **kwargs):
+        if fn is K._attn_bwd_atomic_kernel:
             calls["fused"] += 1
-            return fused[grid]
-    monkeypatch.setattr(K, "_attn_bwd_atomic_kernel", Counting())
-    monkeypatch.setattr(K, "_attn_bwd_dq_kernel", None)
-    monkeypatch.setattr(K, "_attn_bwd_dkdv_kernel", None)
+        elif fn in (K._attn_bwd_dq_kernel, K._attn_bwd_dkdv_kernel):
+            calls["two_kernel"] += 1
+        return launch(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(A, "_launch", counting)
     return calls
 
 
@@ -969,13 +969,14 @@ def test_gpu_ordered_backward(shape, dtype, causal, poisoned_outputs, monkeypatc
     reference, against the two-kernel backward, and bitwise equal over two runs."""
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 2)
-    with A.ordered_dq(False):  # the two-kernel backward, before its kernels are swapped out
-        two = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
     calls = _count_backward_kernels(monkeypatch)
+    with A.ordered_dq(False):
+        two = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    assert calls == {"fused": 0, "two_kernel": 2}
     with A.ordered_dq(True):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-    assert calls["fused"] == 2
+    assert calls == {"fused": 2, "two_kernel": 0}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
     for name in ("dq", "dk", "dv"):
@@ -1001,7 +1002,7 @@ def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
     with A.ordered_dq(True):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
-    assert calls["fused"] == 2
+    assert calls == {"fused": 2, "two_kernel": 0}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
     for name in ("out", "dq", "dk", "dv", "dbias"):
         o, r = ours[name], ref[name]
