@@ -463,7 +463,8 @@ _ORDERED_RULES: set = set()
 @contextlib.contextmanager
 def ordered_dq(on: bool | None = True):
     """Deterministic backward through the fused kernel with ordered dQ adds where it applies
-    (True), never (False), or where ``_ORDERED_RULES`` says (None)."""
+    (True), never (False), or where ``_ORDERED_RULES`` says (None). Read when the backward runs:
+    the ``with`` block must contain the backward call, not only the forward."""
     old = _ORDERED_DQ["on"]
     _ORDERED_DQ["on"] = on
     try:
