@@ -682,7 +682,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
     if "DQ_TMA" in fn.arg_names:
         consts["DQ_TMA"] = dq_tma
     if "ORDERED" in fn.arg_names:
-        consts["ORDERED"] = ordered
+        consts["ORDERED"] = int(ordered)
         consts["NTHREADS"] = 32 * w
     for n in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_dd", "stride_bn", "stride_mn", "stride_fn"):
         if n in fn.arg_names:
@@ -721,6 +721,7 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "ordered": ("atomic", dict(causal=False, ordered=True)),
               "ordered_causal": ("atomic", dict(causal=True, ordered=True)),
               "ordered_D64_causal": ("atomic", dict(D=64, causal=True, ordered=True)),
+              "ordered_warp_causal": ("atomic", dict(causal=True, ordered=2)),
               "atomic_D64_causal": ("atomic", dict(D=64, causal=True)),
               "atomic_D64_bias_grad": ("atomic", dict(D=64, causal=False, bias=True, bias_grad=True)),
               "fwd_bias_pair_D64": ("fwd_bias_pair", dict(D=64, causal=False)),
@@ -762,7 +763,7 @@ def test_sm90_tma_bias_is_prefetched(sm90_report):
 # for them only wgmma is checked.
 SPILLS_MEASURED_FASTER = {"atomic", "atomic_causal", "atomic_D64_causal",
                           # the ordered (deterministic) fused backward runs the atomic kernel's tile
-                          "ordered", "ordered_causal", "ordered_D64_causal",
+                          "ordered", "ordered_causal", "ordered_D64_causal", "ordered_warp_causal",
                           # the opt-in bias-pair forward's 128 x 64 x 8 x 3: fastest of six tiles on
                           # the H200 (Triton 3.6 builds it with no spill; 3.9 with a few)
                           "fwd_bias_pair_D64", "fwd_bias_pair_D64_causal"}
@@ -964,9 +965,12 @@ ORDERED_GPU_SHAPES = ATOMIC_GPU_SHAPES + [(1, 2, 2, 4096, 4096, 128), (2, 2, 1, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", ORDERED_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_ordered_backward(shape, dtype, causal, poisoned_outputs, monkeypatch):
-    """deterministic=True through the fused kernel with ordered dQ adds: against the fp32
-    reference, against the two-kernel backward, and bitwise equal over two runs."""
+@pytest.mark.parametrize("mode", [1, 2], ids=["thread_counts", "warp_counts"])
+def test_gpu_ordered_backward(shape, dtype, causal, mode, poisoned_outputs, monkeypatch):
+    """deterministic=True through the fused kernel with ordered dQ adds (counted per thread or
+    per warp): against the fp32 reference, against the two-kernel backward, and bitwise equal
+    over two runs."""
+    monkeypatch.setitem(A._ORDERED_DQ, "mode", mode)
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 2)
     calls = _count_backward_kernels(monkeypatch)

@@ -456,7 +456,7 @@ def _ws_plan(D, causal, has_bias, Sq):
 # = where ``_ORDERED_RULES`` has (head dim, bias gradient); True / False: forced where it applies /
 # off. The rules are filled from measurement (bench rows ``v3_flash2_ordered`` and
 # ``v3_flash2_twokernel``); until then the two-kernel backward stays the default.
-_ORDERED_DQ = {"on": None}
+_ORDERED_DQ = {"on": None, "mode": 1}  # mode: the kernel's ORDERED (1 per-thread counts, 2 per-warp)
 _ORDERED_RULES: set = set()
 
 
@@ -688,7 +688,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
                 *(flags.stride() if flags is not None else (0, 0, 0, 0)),
                 BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
                 HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, DQ_TMA=use_tma,
-                ORDERED=ordered, NTHREADS=32 * warps, PREC=prec, num_warps=warps, num_stages=stages)
+                ORDERED=_ORDERED_DQ["mode"] if ordered else 0, NTHREADS=32 * warps, PREC=prec, num_warps=warps, num_stages=stages)
 
         if ordered:
             launch(False)

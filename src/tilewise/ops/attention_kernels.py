@@ -532,6 +532,27 @@ def _count_release(ptr):
 
 
 @triton.jit
+def _wait_count_warp(ptr, value):
+    """As ``_wait_count``, lane 0 of each warp reading the count, the warp's other lanes ordered
+    after it by the warp barrier."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 lane; mov.b32 $0, 0; mov.u32 lane, %laneid; setp.ne.u32 p, lane, 0; "
+        "@p bra WAIT_DONE; WAIT_WARP: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
+        "@p bra WAIT_WARP; WAIT_DONE: bar.warp.sync -1; }",
+        "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _count_release_warp(ptr):
+    """Lane 0 of each warp adds 1 to the count with release semantics, after the warp barrier
+    that orders the warp's stores before it."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 lane; bar.warp.sync -1; mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; "
+        "@p red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }",
+        "=r,l,~{memory}", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Semh, start_m, dq_head, kv_blk, n_kv,
                      offs_n, offs_d, Sq, Sk,
                      stride_qm, stride_qd, stride_dm, stride_dd, stride_bm, stride_bn, stride_mm, stride_mn,
@@ -607,13 +628,18 @@ def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Semh, star
         # launch): each thread releases after its own stores, a thread of the next key tile
         # waits for all of them. Lower-numbered programs are dispatched first, so a key tile
         # waits only on programs that are running or done (causal: on higher key tiles of its
-        # head, which start at most a few tiles behind it).
+        # head, which start at most a few tiles behind it). ORDERED == 2 counts per warp (lane 0
+        # polls and releases); ORDERED == 3 (timing experiments only, NOT deterministic or even
+        # correct) does the read-modify-write without waiting, to price the wait alone.
         sem_ptr = Semh + start_m // BLOCK_M
         if CAUSAL:
             turn = tl.minimum((start_m + BLOCK_M - 1) // BLOCK_N, n_kv - 1) - kv_blk
         else:
             turn = kv_blk
-        _wait_count(sem_ptr, turn * NTHREADS)
+        if ORDERED == 1:
+            _wait_count(sem_ptr, turn * NTHREADS)
+        elif ORDERED == 2:
+            _wait_count_warp(sem_ptr, turn * (NTHREADS // 32))
         dq_ptrs = DQh + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         # .cg: read from L2, where the previous key tile's stores are, not a stale L1 line.
         if BOUNDS or BLOCK_D != HEAD_DIM:
@@ -622,7 +648,10 @@ def _bwd_atomic_tile(dk, dv, k, v, Qh, DOh, DQh, Lh, Dh, Bh, Mh, DSh, Semh, star
         else:
             acc = tl.load(dq_ptrs, cache_modifier=".cg")
             tl.store(dq_ptrs, acc + dq)
-        _count_release(sem_ptr)
+        if ORDERED == 1:
+            _count_release(sem_ptr)
+        elif ORDERED == 2:
+            _count_release_warp(sem_ptr)
     elif DQ_TMA:
         # One TMA reduce-add of the tile from shared memory (the copy engine clips rows past Sq and
         # columns past HEAD_DIM): no per-element addresses in registers.
