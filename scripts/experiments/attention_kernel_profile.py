@@ -1,8 +1,9 @@
 """Where the attention time goes, kernel by kernel, beside cuDNN's: bf16, B=4 H=16 S=4096, D 128 and
 64, non-causal, for the forward (v5 and cuDNN) and the backward alone (our two-kernel deterministic
 backward, the fused atomic one, cuDNN's), from torch.profiler's CUDA kernel times (median of 10
-calls per kernel). With --ncu: each case runs once more inside an NVTX range "prof" for Nsight
-Compute (ncu --nvtx --nvtx-include "prof/" ...; the cases are printed in order), no profiler of its own.
+calls per kernel). With --ncu: one call a case, no profiler of its own, for Nsight Compute with a
+kernel-name filter (NVTX ranges would miss the backward: autograd runs it on its own thread), e.g.
+ncu --clock-control none --kernel-name regex:"attn_fwd_ws|fprop|attn_bwd|bprop" --section ... python3 <this> --ncu
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_kernel_profile.py [--ncu]
 """
 
@@ -76,14 +77,10 @@ def main():
     ncu = "--ncu" in sys.argv
     for D in (128, 64):
         for name, (fn, flops) in cases(D).items():
-            if ncu:  # the kernels of each case, in this order, inside one NVTX range "prof"
-                fn()
-                torch.cuda.synchronize()
+            if ncu:  # one call a case, its kernels in this order (the name printed first)
                 print(f"ncu case: {name}", flush=True)
-                torch.cuda.nvtx.range_push("prof")
                 fn()
                 torch.cuda.synchronize()
-                torch.cuda.nvtx.range_pop()
             else:
                 kernel_table(name, fn, flops)
 
