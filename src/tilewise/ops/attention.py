@@ -25,7 +25,9 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                At D = 128 on sm_90 the dQ tile is added by one TMA bulk reduce-add from shared
                memory (no per-element addresses: the register budget then allows two stages).
                Not bitwise reproducible (the order of the fp32 adds into dQ varies); dK, dV and
-               dBias still are. D > 128 uses v3's backward. bound: tensor-core FLOPs, plus the
+               dBias still are. D > 128 uses v3's backward. Opt-in ``ordered_dq()``: the same
+               kernel with deterministic=True, dQ read-modify-written (no float atomics) one key
+               tile at a time in a fixed order; reproducible, measured slower than both. bound: tensor-core FLOPs, plus the
                dQ reductions (Sk / BLOCK_N fp32 read-modify-writes of each dQ element, in L2).
     v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
                per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
@@ -454,8 +456,11 @@ def _ws_plan(D, causal, has_bias, Sq):
 # (the interpreter runs programs one after another, so a causal key tile would wait forever on a
 # later one), no mask (skipped tiles would break the count), D <= 128. ``_ORDERED_DQ["on"]``: None
 # = where ``_ORDERED_RULES`` has (head dim, bias gradient); True / False: forced where it applies /
-# off. The rules are filled from measurement (bench rows ``v3_flash2_ordered`` and
-# ``v3_flash2_twokernel``); until then the two-kernel backward stays the default.
+# off. Measured slower than the two-kernel backward everywhere (bench rows ``v3_flash2_ordered`` /
+# ``v3_flash2_twokernel`` at 2c64a6d: 0.91-0.95x SDPA flash fwd+bwd at D = 128 against 1.07-1.12x,
+# 0.73-0.96x at D = 64 against 0.92-1.32x): each dQ read-modify-write's L2 load sits on the query
+# tile loop's critical path (scripts/experiments/attention_ordered_dq.py: without any waiting it
+# alone costs 1.42x the atomic kernel's time, the ordering 1.06x more), so the rules stay empty.
 _ORDERED_DQ = {"on": None, "mode": 1}  # mode: the kernel's ORDERED (1 per-thread counts, 2 per-warp)
 _ORDERED_RULES: set = set()
 
