@@ -478,6 +478,45 @@ def ordered_dq(on: bool | None = True):
         _ORDERED_DQ["on"] = old
 
 
+# v6 (attention_gluon_bwd): the deterministic backward's dK / dV kernel warp-specialized in Gluon
+# (sm_90, D 64 / 128, no mask or bias; dQ stays v3's). Written and compiled on the CPU, not yet run
+# on a GPU: opt-in (``use_ws_bwd``). Read when the backward runs, as ``ordered_dq``.
+_WS_BWD = {"on": False}
+
+
+@contextlib.contextmanager
+def use_ws_bwd(on: bool = True):
+    """dK / dV of the deterministic backward through v6's Gluon kernel where it applies
+    (``_ws_bwd_applies``). Read when the backward runs: the ``with`` block must contain it."""
+    old = _WS_BWD["on"]
+    _WS_BWD["on"] = on
+    try:
+        yield
+    finally:
+        _WS_BWD["on"] = old
+
+
+def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
+    """v6's dK / dV kernel needs Gluon, sm_90 exactly, D 64 or 128, q / k / v as v4's TMA loads
+    ask (``_tma_applies``: 16-bit, contiguous, aligned rows), dO likewise in q's dtype, and no mask
+    or bias."""
+    from . import attention_gluon_bwd as gb
+
+    return (mask is None and bias is None and q.shape[-1] in (64, 128) and gb.available() and q.is_cuda
+            and not _interpreting() and do.dtype == q.dtype and do.is_contiguous() and do.data_ptr() % 16 == 0
+            and _tma_applies(q, k, v, None, None)
+            and torch.cuda.get_device_capability(q.device) == (9, 0))
+
+
+def _ws_bwd_plan(q, k, v, do, mask, bias) -> bool:
+    return _WS_BWD["on"] and _ws_bwd_applies(q, k, v, do, mask, bias)
+
+
+def _empty_grad_like(t: torch.Tensor) -> torch.Tensor:
+    """The backward's dQ / dK / dV buffers (tests swap in NaN-filled ones)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def _ordered_plan(q, D, mask, bias_grad) -> bool:
     if mask is not None or not q.is_cuda or _interpreting():
         return False
@@ -630,9 +669,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     # Every element of dQ, dK, dV is stored by the kernels (rows with no live key store 0).
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq = _empty_grad_like(q)
+    dk = _empty_grad_like(k)
+    dv = _empty_grad_like(v)
     dbias = q.new_empty((0,))
     if q.numel() == 0 or Sk == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
@@ -713,15 +752,20 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, _reduce_dbias(ds, bias, direct) if bias_grad else dbias
 
-    bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)
-    flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-    _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
-        q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
-        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
-        *(flags.stride() if flags is not None else (0, 0, 0, 0)),
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
-        HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec,
-        num_warps=warps, num_stages=stages)
+    if _ws_bwd_plan(q, k, v, do, mask, bias):  # v6: dK / dV by the warp-specialized Gluon kernel
+        from . import attention_gluon_bwd as gb
+
+        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch)
+    else:
+        bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)
+        flags = _block_flags(mask, full, bm, bn) if mask is not None else None
+        _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
+            q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
+            H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+            *(flags.stride() if flags is not None else (0, 0, 0, 0)),
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
+            HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec,
+            num_warps=warps, num_stages=stages)
 
     bm, bn, warps, stages = _config("dq_bias" if bias_grad else "dq", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None

@@ -1,0 +1,88 @@
+"""v6 (the Gluon warp-specialized dK / dV kernel, ops/attention_gluon_bwd.py) against v3's Triton
+dK / dV kernel, inside the deterministic backward (both with v3's dQ kernel), and cuDNN's backward:
+the backward alone (one forward, its graph kept; do_bench, L2 flushed), bf16, H = 16, B * S = 16384
+tokens as the bench, D 64 / 128, causal or not, S 1024 / 4096 / 8192. Each v6 run is checked
+against the Triton result (dQ, dK, dV) first. With --tiles: v6's (BLOCK_M, STAGES, registers)
+candidates at S = 4096.
+Prediction (before the first run, from the ninth session's Nsight Compute profile: the Triton dK /
+dV kernel keeps the tensor pipe 38% busy at D = 128, cuDNN's backward 63%): v6's dK / dV at ~55%
+busy, so the D = 128 backward 4.65 -> ~3.6 ms at S = 4096 (fwd + bwd ~1.4x SDPA flash, from 1.13x);
+D = 64 (44% busy now) 2.0 -> ~1.7 ms.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles]
+"""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops import attention as A
+from tilewise.ops import attention_gluon_bwd as gb
+
+
+def warm_up():
+    x = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):
+        x @ x
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def case(S, D, causal, g, tiles=None):
+    H, TOKENS = 16, 16384
+    B = TOKENS // S
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+               for _ in range(3))
+    go = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = A.flash_attention(q, k, v, causal=causal)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out_cudnn = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def bwd(o=out):
+        return torch.autograd.grad(o, (q, k, v), go, retain_graph=True)
+
+    ref = bwd()
+    res = {"triton dkdv": bench(bwd), "cudnn": bench(lambda: bwd(out_cudnn))}
+    for cfg in (tiles or [None]):
+        name = "v6 gluon dkdv" + (f" {cfg}" if cfg else "")
+        if cfg:
+            gb.OVERRIDE[D] = cfg
+        try:
+            with A.use_ws_bwd(True):
+                got = bwd()
+                for n, a, r in zip(("dq", "dk", "dv"), got, ref):
+                    err = ((a.float() - r.float()).norm() / r.float().norm()).item()
+                    assert err < 1e-2, f"{name} D={D} S={S} causal={causal} {n}: {err:.3g} from the Triton kernel"
+                res[name] = bench(bwd)
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. a tile out of shared memory: logged
+            print(f"  {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        finally:
+            gb.OVERRIDE.pop(D, None)
+    flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+    line = " | ".join(f"{n} {ms * 1e3:7.1f} us {flops / ms / 1e9:5.1f} TF" for n, ms in res.items())
+    print(f"backward D={D:3d} S={S:5d} {'causal' if causal else 'plain ':6s}: {line}", flush=True)
+
+
+def main():
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    warm_up()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if "--tiles" in sys.argv:
+        for D in (128, 64):
+            for causal in (False, True):
+                case(4096, D, causal, g, tiles=[(32, 3, 240), (32, 4, 240), (64, 2, 240), (32, 2, 240)])
+        return
+    for D in (128, 64):
+        for S in (4096, 1024, 8192):
+            for causal in (False, True):
+                case(S, D, causal, g)
+
+
+if __name__ == "__main__":
+    main()

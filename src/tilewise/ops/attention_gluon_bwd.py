@@ -1,0 +1,255 @@
+"""v6 backward (opt-in): the dK / dV kernel of the deterministic backward, warp-specialized in Gluon.
+
+The Triton dK / dV kernel keeps the tensor pipe 38% busy at D = 128 on the H200 (Nsight Compute,
+docs/notes-attention.md, "Ninth session"): one instruction stream per warpgroup, so each query
+tile's loads, exponentials and five products take turns, and a third of its stall cycles are the
+software pipeline's barriers. Here a CTA owns 64 x NUM_CONS keys of one K/V head and is
+(``gl.warp_specialize``):
+
+    loader     1 warp: TMA loads of its K and V rows (once), then of Q and dO tiles of BLOCK_M query
+               rows, query head after query head of the GQA group, into a ring of STAGES
+               shared-memory stages, each refilled when every consumer released it.
+    consumer c 4 warps each: keys 64c .. 64c + 63 of the CTA. Per query tile (all wgmma, operands in
+               shared memory except P^T and dS^T, which stay in registers):
+                   S^T  = K Q^T              (64 x BLOCK_M)
+                   dP^T = V dO^T             (64 x BLOCK_M, issued before S^T is waited on)
+                   P^T  = exp2(S^T * scale log2e - LSE log2e)
+                   dV  += P^T dO             (64 x D, fp32 in registers for the whole loop)
+                   dS^T = P^T (dP^T - Delta)
+                   dK  += dS^T Q             (64 x D)
+               then releases the stage; at the end dK * scale and dV go out by masked stores.
+
+dQ stays with the Triton dQ kernel, so the backward is deterministic (no atomics) as v3's. Bounds:
+query rows past Sq (the next head's rows, or TMA zero fill) get P^T = 0 through their column mask
+(LSE and Delta loaded as 0 there); key rows past Sk likewise, and are never stored. Causal
+(top-left, key n <= query m): query tiles from the CTA's first key on; tiles that cross the
+diagonal are masked. No mask or bias (those keep the Triton kernels).
+
+Status: written and compiled for sm_90 on the CPU (``compile_report``: wgmma, setmaxnreg, no
+spills); not yet run on a GPU, opt-in through ``attention.use_ws_bwd``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _KEYS = gl.constexpr(64)  # the same, visible inside the kernels
+    _GLUON = True
+except Exception:  # noqa: BLE001 - an older Triton: v6 unavailable
+    _GLUON = False
+
+LOG2E = 1.4426950408889634
+KEYS = 64  # keys per consumer warpgroup (wgmma M)
+
+
+def available() -> bool:
+    return _GLUON
+
+
+if _GLUON:
+
+    @gluon.jit
+    def _loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale,
+                sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                NUM_CONS: gl.constexpr, which: gl.constexpr):
+        mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(NUM_CONS):
+            _tma_load(k_desc, [kv_row + c * _KEYS, 0], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [kv_row + c * _KEYS, 0], kv_bar, v_smem.index(c))
+        n_tiles = n_m - m_first
+        for t in range(GROUP * n_tiles):
+            g = t // n_tiles
+            i = m_first + t % n_tiles
+            s = t % STAGES
+            ph = (t // STAGES) & 1
+            mbarrier.wait(empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            row = (q_head0 + g) * Sq + i * BLOCK_M
+            _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
+            _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+
+    @gluon.jit
+    def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr, head_row, i, key_lo,
+              Sq, Sk, qk_scale, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        col: gl.constexpr = gl.SliceLayout(0, st_layout)
+        s = t % STAGES
+        ph = (t // STAGES) & 1
+        q_buf = q_smem.index(s)
+        do_buf = do_smem.index(s)
+        zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
+        offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
+        if MASKED:
+            lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+            delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+        else:
+            lse = gl.load(lse_ptr + head_row + offs_m)
+            delta = gl.load(delta_ptr + head_row + offs_m)
+        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        mbarrier.wait(ready.index(s), ph)
+        st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if MASKED:
+            offs_n = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, st_layout))
+            keep = (offs_m[None, :] < Sq) & (offs_n[:, None] < Sk)
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            pt = gl.where(keep, pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(do_buf.dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+        # Register operands of a product in flight go through the waits as deps: their registers
+        # stay live (unreused) until the product has read them.
+        dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+        dst = pt * (dpt - delta[None, :])
+        dst_op = gl.convert_layout(dst.to(q_buf.dtype), a_layout)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+        dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
+        mbarrier.arrive(empty.index(s), count=1)
+        return dk, dv
+
+    @gluon.jit
+    def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                  lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale,
+                  sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  NUM_CONS: gl.constexpr, which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        key_lo = n0 + which * _KEYS
+        k_buf = k_smem.index(which)
+        v_buf = v_smem.index(which)
+        dk = gl.zeros([_KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        dv = gl.zeros([_KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        # Query tiles [m_first, m_clean) cross the causal diagonal of this CTA's keys, [m_clean, m_full)
+        # need no test, [m_full, n_m) is the partial last tile; a CTA whose keys pass Sk tests all.
+        # m_first <= m_clean <= m_full <= n_m always (e.g. causal with Sk > Sq: no tile at all).
+        if CAUSAL:
+            m_clean = gl.minimum(gl.maximum(gl.cdiv(n0 + NUM_CONS * _KEYS - 1, BLOCK_M), m_first), n_m)
+        else:
+            m_clean = m_first
+        m_full = gl.minimum(gl.maximum(Sq // BLOCK_M, m_clean), n_m)
+        if n0 + NUM_CONS * _KEYS > Sk:
+            m_clean = n_m
+            m_full = n_m
+        n_tiles = n_m - m_first
+        mbarrier.wait(kv_bar, 0)
+        for g in range(GROUP):
+            head_row = (q_head0 + g) * Sq
+            t0 = g * n_tiles - m_first
+            for i in range(m_first, m_clean):
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
+                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                               True)
+            for i in range(m_clean, m_full):
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
+                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                               False)
+            for i in range(m_full, n_m):
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
+                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                               True)
+        rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        offs = ((kv_row - n0 + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        keep = (rows < Sk)[:, None]
+        gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+        gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+
+    @gluon.jit
+    def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                                H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        start_n = gl.program_id(0)
+        bhk = gl.program_id(1)
+        HK = H // GROUP
+        off_b = bhk // HK
+        off_hk = bhk % HK
+        n0 = start_n * (NUM_CONS * _KEYS)
+        kv_row = bhk * Sk + n0
+        q_head0 = off_b * H + off_hk * GROUP  # the first query head of the group, in B * H
+        m_first = 0
+        if CAUSAL:
+            m_first = n0 // BLOCK_M
+        n_m = gl.cdiv(Sq, BLOCK_M)
+        m_first = gl.minimum(m_first, n_m)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=NUM_CONS)  # every consumer releases a stage
+        # The argument tuples are spelled out in the call (constexprs stay constexprs); the last
+        # one is the consumer's index (the loader ignores it).
+        gl.warp_specialize([
+            (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
+                         qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 0)),
+            (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
+                         qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 1)),
+            (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                       lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
+                       qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 0)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# D -> (BLOCK_M, STAGES); shared memory: K, V 2 x 64 x D + STAGES x (Q, dO) BLOCK_M x D, 2 bytes each
+# (D = 128: 64 KB + 3 x 32 KB = 160 KB).
+CONFIGS = {64: (32, 3), 128: (32, 3)}
+CONSUMER_REGS = 240
+OVERRIDE: dict = {}  # D -> (BLOCK_M, STAGES, consumer registers): experiments
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def _desc(t2: torch.Tensor, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(t2.dtype))
+    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), list(block), layout)
+
+
+def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
+    """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
+    Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
+    caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
+    launcher; default Triton's own dispatch."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    bm, stages = CONFIGS[D]
+    regs = CONSUMER_REGS
+    if D in OVERRIDE:
+        bm, stages, regs = OVERRIDE[D]
+    kd, vd = _desc(k.view(-1, D), (KEYS, D)), _desc(v.view(-1, D), (KEYS, D))
+    qd, dod = _desc(q.view(-1, D), (bm, D)), _desc(do.view(-1, D), (bm, D))
+    grid = (-(-Sk // (2 * KEYS)), B * Hkv)
+    args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
+    meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if launch is None:
+        attn_bwd_dkdv_ws_kernel[grid](*args, **meta)
+    else:
+        launch(attn_bwd_dkdv_ws_kernel, grid, *args, **meta)
+    return dk, dv
