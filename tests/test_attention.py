@@ -1031,10 +1031,11 @@ WS_BWD_GPU_SHAPES = [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 1000, 33, 128), (2, 3
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", WS_BWD_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_v6_ws_bwd(shape, dtype, causal, poisoned_grads, monkeypatch):
-    """v6's Gluon dK / dV kernel (with v3's dQ kernel): against the fp32 reference (and SDPA's
-    low-precision error), against the Triton dK / dV kernel, bitwise equal over two runs, and the
-    Gluon kernel is what ran."""
+@pytest.mark.parametrize("ws_dq", [True, False], ids=["gluon_dq", "triton_dq"])
+def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch):
+    """v6's Gluon dK / dV kernel, with its Gluon dQ kernel or v3's: against the fp32 reference (and
+    SDPA's low-precision error), against the Triton kernels, bitwise equal over two runs, and the
+    Gluon kernels are what ran."""
     from tilewise.ops import attention_gluon_bwd as gb
 
     B, H, Hkv, Sq, Sk, D = shape
@@ -1048,10 +1049,11 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, poisoned_grads, monkeypatch):
         launched.append(fn)
         return launch(fn, grid, *args, **kwargs)
     monkeypatch.setattr(A, "_launch", counting)
-    with A.use_ws_bwd(True):
+    with A.use_ws_bwd(True, dq=ws_dq):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
     assert launched.count(gb.attn_bwd_dkdv_ws_kernel) == 2
+    assert launched.count(gb.attn_bwd_dq_ws_kernel) == (2 if ws_dq else 0)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
     for name in ("dq", "dk", "dv"):
@@ -1061,7 +1063,7 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, poisoned_grads, monkeypatch):
         assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
         d = ((ours[name].double() - triton_[name].double()).norm()
              / triton_[name].double().norm().clamp_min(1e-30)).item()
-        assert d < 1e-2, f"{name}: {d:.3g} from the Triton dK / dV kernel"
+        assert d < 1e-2, f"{name}: {d:.3g} from the Triton kernels"
 
 
 @pytest.mark.gpu
@@ -1181,16 +1183,31 @@ for D, causal in itertools.product((64, 128), (False, True)):
     out[f"D{D}-causal{causal}"] = {
         "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
         "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
+    bn, stages = gb.DQ_CONFIGS[D]
+    sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
+           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "BLOCK_N": "constexpr",
+           "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gb.CONSUMER_REGS, "NUM_CONS": 2}
+    k = triton.compile(GluonASTSource(gb.attn_bwd_dq_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    out[f"dq-D{D}-causal{causal}"] = {
+        "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
+        "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
 print(json.dumps(out))
 """
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")
 def test_v6_ws_bwd_kernel_compiles_for_sm90():
-    """v6's dK / dV kernel compiled for sm_90 with the installed Triton (fresh process, as v5's):
-    wgmma, setmaxnreg, shared memory within a block's 227 KB, and at most a few dozen spill
-    instructions (seen: D = 64 none; D = 128 none / 39 causal under Triton 3.6, 16 / 70 under 3.9,
-    mostly outside the query-tile loop)."""
+    """v6's dK / dV and dQ kernels compiled for sm_90 with the installed Triton (fresh process, as
+    v5's): wgmma, setmaxnreg, shared memory within a block's 227 KB; no spills except a few dozen
+    in dK / dV at D = 128 (seen: none / 39 causal under Triton 3.6, 16 / 74 under 3.9, mostly
+    outside the query-tile loop)."""
     import json
     import os
     import subprocess
@@ -1205,11 +1222,11 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(r) == 4
+    assert len(r) == 8
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert 0 < v["shared"] <= 227 * 1024, name
-        assert v["spills"] <= (0 if name.startswith("D64") else 100), f"{name}: {v['spills']} spill instructions"
+        assert v["spills"] <= (100 if name.startswith("D128") else 0), f"{name}: {v['spills']} spill instructions"
 
 
 def test_v6_ws_bwd_off_by_default_and_cpu_never():

@@ -1,13 +1,14 @@
-"""v6 (the Gluon warp-specialized dK / dV kernel, ops/attention_gluon_bwd.py) against v3's Triton
-dK / dV kernel, inside the deterministic backward (both with v3's dQ kernel), and cuDNN's backward:
-the backward alone (one forward, its graph kept; do_bench, L2 flushed), bf16, H = 16, B * S = 16384
-tokens as the bench, D 64 / 128, causal or not, S 1024 / 4096 / 8192. Each v6 run is checked
-against the Triton result (dQ, dK, dV) first. With --tiles: v6's (BLOCK_M, STAGES, registers)
-candidates at S = 4096.
+"""v6 (the Gluon warp-specialized backward kernels, ops/attention_gluon_bwd.py) against v3's Triton
+dK / dV and dQ kernels (the deterministic backward), and cuDNN's backward: the backward alone (one
+forward, its graph kept; do_bench, L2 flushed), bf16, H = 16, B * S = 16384 tokens as the bench,
+D 64 / 128, causal or not, S 1024 / 4096 / 8192. Columns: triton (both kernels v3's), v6 dkdv (the
+Gluon dK / dV kernel, v3's dQ), v6 (both Gluon), cudnn. Each v6 run is checked against the Triton
+result (dQ, dK, dV) first. With --tiles: v6's dK / dV (BLOCK_M, STAGES, registers) candidates at
+S = 4096 (with v3's dQ).
 Prediction (before the first run, from the ninth session's Nsight Compute profile: the Triton dK /
-dV kernel keeps the tensor pipe 38% busy at D = 128, cuDNN's backward 63%): v6's dK / dV at ~55%
-busy, so the D = 128 backward 4.65 -> ~3.6 ms at S = 4096 (fwd + bwd ~1.4x SDPA flash, from 1.13x);
-D = 64 (44% busy now) 2.0 -> ~1.7 ms.
+dV kernel keeps the tensor pipe 38% busy at D = 128 (3.02 ms), its dQ kernel 54% (1.57 ms), cuDNN's
+backward 63% (2.29 ms)): v6's kernels at ~55-60% busy, so the D = 128 backward 4.65 -> ~3.2 ms at
+S = 4096 (fwd + bwd ~1.5x SDPA flash, from 1.13x); D = 64 2.0 -> ~1.6 ms.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles]
 """
 
@@ -46,13 +47,14 @@ def case(S, D, causal, g, tiles=None):
         return torch.autograd.grad(o, (q, k, v), go, retain_graph=True)
 
     ref = bwd()
-    res = {"triton dkdv": bench(bwd), "cudnn": bench(lambda: bwd(out_cudnn))}
-    for cfg in (tiles or [None]):
-        name = "v6 gluon dkdv" + (f" {cfg}" if cfg else "")
+    res = {"triton": bench(bwd), "cudnn": bench(lambda: bwd(out_cudnn))}
+    runs = [(f"v6 dkdv {cfg}", cfg, False) for cfg in tiles] if tiles else [("v6 dkdv", None, False),
+                                                                           ("v6", None, True)]
+    for name, cfg, ws_dq in runs:
         if cfg:
             gb.OVERRIDE[D] = cfg
         try:
-            with A.use_ws_bwd(True):
+            with A.use_ws_bwd(True, dq=ws_dq):
                 got = bwd()
                 for n, a, r in zip(("dq", "dk", "dv"), got, ref):
                     err = ((a.float() - r.float()).norm() / r.float().norm()).item()

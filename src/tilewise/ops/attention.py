@@ -478,22 +478,23 @@ def ordered_dq(on: bool | None = True):
         _ORDERED_DQ["on"] = old
 
 
-# v6 (attention_gluon_bwd): the deterministic backward's dK / dV kernel warp-specialized in Gluon
-# (sm_90, D 64 / 128, no mask or bias; dQ stays v3's). Written and compiled on the CPU, not yet run
-# on a GPU: opt-in (``use_ws_bwd``). Read when the backward runs, as ``ordered_dq``.
-_WS_BWD = {"on": False}
+# v6 (attention_gluon_bwd): the deterministic backward's dK / dV and dQ kernels warp-specialized in
+# Gluon (sm_90, D 64 / 128, no mask or bias). Written and compiled on the CPU, not yet run on a
+# GPU: opt-in (``use_ws_bwd``). Read when the backward runs, as ``ordered_dq``.
+_WS_BWD = {"on": False, "dq": True}
 
 
 @contextlib.contextmanager
-def use_ws_bwd(on: bool = True):
-    """dK / dV of the deterministic backward through v6's Gluon kernel where it applies
-    (``_ws_bwd_applies``). Read when the backward runs: the ``with`` block must contain it."""
-    old = _WS_BWD["on"]
-    _WS_BWD["on"] = on
+def use_ws_bwd(on: bool = True, dq: bool = True):
+    """The deterministic backward through v6's Gluon kernels where they apply
+    (``_ws_bwd_applies``): dK / dV, and dQ too unless ``dq=False`` (v3's dQ kernel then). Read when
+    the backward runs: the ``with`` block must contain it."""
+    old = dict(_WS_BWD)
+    _WS_BWD.update(on=on, dq=dq)
     try:
         yield
     finally:
-        _WS_BWD["on"] = old
+        _WS_BWD.update(old)
 
 
 def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
@@ -756,6 +757,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         from . import attention_gluon_bwd as gb
 
         gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch)
+        if _WS_BWD["dq"]:
+            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch)
+            return dq, dk, dv, dbias
     else:
         bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)
         flags = _block_flags(mask, full, bm, bn) if mask is not None else None

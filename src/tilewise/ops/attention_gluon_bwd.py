@@ -1,32 +1,34 @@
-"""v6 backward (opt-in): the dK / dV kernel of the deterministic backward, warp-specialized in Gluon.
+"""v6 backward (opt-in): the deterministic backward's two kernels warp-specialized in Gluon.
 
-The Triton dK / dV kernel keeps the tensor pipe 38% busy at D = 128 on the H200 (Nsight Compute,
-docs/notes-attention.md, "Ninth session"): one instruction stream per warpgroup, so each query
-tile's loads, exponentials and five products take turns, and a third of its stall cycles are the
-software pipeline's barriers. Here a CTA owns 64 x NUM_CONS keys of one K/V head and is
-(``gl.warp_specialize``):
+The Triton dK / dV kernel keeps the tensor pipe 38% busy at D = 128 on the H200, the dQ kernel 54%,
+cuDNN's fused backward 63% (Nsight Compute, docs/notes-attention.md, "Ninth session"): one
+instruction stream per warpgroup, so each tile's loads, exponentials and products take turns, and
+a third of the dK / dV kernel's stall cycles are the software pipeline's barriers. Here both
+kernels are split (``gl.warp_specialize``) into a TMA loader warp and two consumer warpgroups:
 
-    loader     1 warp: TMA loads of its K and V rows (once), then of Q and dO tiles of BLOCK_M query
-               rows, query head after query head of the GQA group, into a ring of STAGES
-               shared-memory stages, each refilled when every consumer released it.
-    consumer c 4 warps each: keys 64c .. 64c + 63 of the CTA. Per query tile (all wgmma, operands in
-               shared memory except P^T and dS^T, which stay in registers):
-                   S^T  = K Q^T              (64 x BLOCK_M)
-                   dP^T = V dO^T             (64 x BLOCK_M, issued before S^T is waited on)
+``attn_bwd_dkdv_ws_kernel``: a CTA owns 64 x 2 keys of one K/V head.
+    loader     K and V rows (once), then Q and dO tiles of BLOCK_M query rows, query head after
+               query head of the GQA group, into a ring of STAGES stages, each refilled when both
+               consumers released it.
+    consumer c keys 64c .. 64c + 63; per query tile (wgmma; P^T and dS^T from registers):
+                   S^T  = K Q^T, dP^T = V dO^T        (64 x BLOCK_M, both issued before waiting)
                    P^T  = exp2(S^T * scale log2e - LSE log2e)
-                   dV  += P^T dO             (64 x D, fp32 in registers for the whole loop)
-                   dS^T = P^T (dP^T - Delta)
-                   dK  += dS^T Q             (64 x D)
+                   dV  += P^T dO,  dS^T = P^T (dP^T - Delta),  dK += dS^T Q   (64 x D, fp32)
                then releases the stage; at the end dK * scale and dV go out by masked stores.
 
-dQ stays with the Triton dQ kernel, so the backward is deterministic (no atomics) as v3's. Bounds:
-query rows past Sq (the next head's rows, or TMA zero fill) get P^T = 0 through their column mask
-(LSE and Delta loaded as 0 there); key rows past Sk likewise, and are never stored. Causal
-(top-left, key n <= query m): query tiles from the CTA's first key on; tiles that cross the
-diagonal are masked. No mask or bias (those keep the Triton kernels).
+``attn_bwd_dq_ws_kernel``: a CTA owns 64 x 2 query rows of one head (v5's layout).
+    loader     Q and dO (once), then K and V tiles of BLOCK_N keys into the ring.
+    consumer c rows 64c .. 64c + 63; per key tile S = Q K^T, dP = dO V^T, P, dS = P (dP - Delta),
+               dQ += dS K; at the end dQ * scale by masked stores.
 
-Status: written and compiled for sm_90 on the CPU (``compile_report``: wgmma, setmaxnreg, no
-spills); not yet run on a GPU, opt-in through ``attention.use_ws_bwd``.
+No atomics: deterministic, as v3's two kernels. Bounds: rows past Sq (the next head's rows, or TMA
+zero fill) and keys past Sk get P = 0 through masks (LSE and Delta loaded as 0 there) and are
+never stored. Causal (top-left, key n <= query m): dK / dV from the CTA's first key's query tile
+on, dQ up to the CTA's last row; tiles that cross the diagonal are masked. No mask or bias (those
+keep the Triton kernels).
+
+Status: written and compiled for sm_90 on the CPU (wgmma, setmaxnreg; dQ no spills, dK / dV a few
+at D = 128 causal, see the test); not yet run on a GPU, opt-in through ``attention.use_ws_bwd``.
 """
 
 from __future__ import annotations
@@ -214,11 +216,159 @@ if _GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+if _GLUON:
+
+    @gluon.jit
+    def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready, k_empty,
+                   v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq, Sk, qk_scale,
+                   sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   NUM_CONS: gl.constexpr, which: gl.constexpr):
+        for c in gl.static_range(NUM_CONS):
+            mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), q_smem.index(c))
+            _tma_load(do_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), do_smem.index(c))
+        for j in range(n_tiles):
+            s = j % STAGES
+            ph = (j // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
+                 qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        k_buf = k_smem.index(s)
+        v_buf = v_smem.index(s)
+        zero = gl.zeros([_KEYS, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(k_ready.index(s), ph)
+        st = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(s), ph)
+        dp = warpgroup_mma(do, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        p = gl.exp2(st * qk_scale - lse[:, None])
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            offs_m = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, s_layout))
+            keep = (offs_n[None, :] < Sk) & (offs_m[:, None] < Sq)
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = gl.where(keep, p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
+        ds = p * (dp - delta[:, None])
+        ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
+        dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        mbarrier.arrive(k_empty.index(s), count=1)  # K read by both of its products
+        return dq
+
+    @gluon.jit
+    def _dq_consumer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready, k_empty,
+                     v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq, Sk, qk_scale,
+                     sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     NUM_CONS: gl.constexpr, which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        row: gl.constexpr = gl.SliceLayout(1, s_layout)
+        m_lo = m0 + which * _KEYS  # this consumer's first query row (within the head)
+        head_row = q_row - m0  # the head's first row in the (B * H * Sq) rows
+        offs_m = m_lo + gl.arange(0, _KEYS, layout=row)
+        lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+        # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test; every
+        # tile is tested when this consumer's rows pass Sq.
+        n_full = Sk // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
+        n_full = gl.minimum(n_full, n_tiles)
+        if m_lo + _KEYS > Sq:
+            n_full = 0
+        q = q_smem.index(which)
+        do = do_smem.index(which)
+        dq = gl.zeros([_KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        mbarrier.wait(qd_bar.index(which), 0)
+        for j in range(n_full):
+            dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
+                          Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False)
+        for j in range(n_full, n_tiles):
+            dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
+                          Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True)
+        rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        ptrs = dq_ptr + ((head_row + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        gl.store(ptrs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(rows < Sq)[:, None])
+
+    @gluon.jit
+    def attn_bwd_dq_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Sq, Sk,
+                              qk_scale, sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+        """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
+        and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
+        P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows."""
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = _KEYS * NUM_CONS
+        start_m = gl.program_id(0)
+        if CAUSAL:  # the longest rows first
+            start_m = gl.num_programs(0) - 1 - start_m
+        bh = gl.program_id(1)
+        off_b = bh // H
+        off_h = bh % H
+        m0 = start_m * BM
+        q_row = bh * Sq + m0
+        kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
+        hi = Sk
+        if CAUSAL:
+            hi = gl.minimum(Sk, m0 + BM)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        qd_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NUM_CONS):
+            mbarrier.init(qd_bar.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=NUM_CONS)
+            mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        gl.warp_specialize([
+            (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
+                            Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+            (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
+                            Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
+            (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                          k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
+                          Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 # D -> (BLOCK_M, STAGES); shared memory: K, V 2 x 64 x D + STAGES x (Q, dO) BLOCK_M x D, 2 bytes each
 # (D = 128: 64 KB + 3 x 32 KB = 160 KB).
 CONFIGS = {64: (32, 3), 128: (32, 3)}
 CONSUMER_REGS = 240
 OVERRIDE: dict = {}  # D -> (BLOCK_M, STAGES, consumer registers): experiments
+# dQ kernel: D -> (BLOCK_N, STAGES); shared memory Q, dO 2 x 64 x D + STAGES x (K, V) BLOCK_N x D
+# (D = 128: 64 KB + 3 x 32 KB = 160 KB).
+DQ_CONFIGS = {64: (64, 3), 128: (64, 3)}
+DQ_OVERRIDE: dict = {}  # D -> (BLOCK_N, STAGES, consumer registers): experiments
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -253,3 +403,23 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
     else:
         launch(attn_bwd_dkdv_ws_kernel, grid, *args, **meta)
     return dk, dv
+
+
+def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None):
+    """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    bn, stages = DQ_CONFIGS[D]
+    regs = CONSUMER_REGS
+    if D in DQ_OVERRIDE:
+        bn, stages, regs = DQ_OVERRIDE[D]
+    qd, dod = _desc(q.view(-1, D), (KEYS, D)), _desc(do.view(-1, D), (KEYS, D))
+    kd, vd = _desc(k.view(-1, D), (bn, D)), _desc(v.view(-1, D), (bn, D))
+    grid = (-(-Sq // (2 * KEYS)), B * H)
+    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
+    meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if launch is None:
+        attn_bwd_dq_ws_kernel[grid](*args, **meta)
+    else:
+        launch(attn_bwd_dq_ws_kernel, grid, *args, **meta)
+    return dq_out

@@ -10,9 +10,11 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     ``attention._WS_RULES`` say), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
     only), v3_flash2_atomic (``flash_attention``'s default forward and, with
     ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only),
-    v3_flash2_ordered / v3_flash2_twokernel (v3's forward; the deterministic backward forced
-    through the fused kernel with ordered dQ adds / through the dK/dV and dQ kernels; forward +
-    backward rows only).
+    v6_flash2_ws_bwd (v5's forward, the backward's dK / dV and dQ kernels warp-specialized in
+    Gluon, ``attention.use_ws_bwd``; no-bias forward + backward rows, D 64 / 128),
+    v3_flash2_ordered / v3_flash2_twokernel (rows of 2c64a6d in the CSV: v3's forward, the
+    deterministic backward through the fused kernel with ordered dQ adds / the two kernels; the
+    ordered one measured slower everywhere, its rows since dropped).
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
 16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
 tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
@@ -214,14 +216,10 @@ def run(r) -> None:
                     ms = _time(_ours_atomic, q, k, v, bias, causal, go, True)
                     r.add(opname, "v3_flash2_atomic", shape, dtype, ms, cost, baseline=base,
                           baseline_ms=times.get(base))
-                    # v3's forward, the deterministic backward forced one way or the other: the
-                    # switch is read when the backward runs, so it spans the whole timed call.
-                    for vname, ordered in (("v3_flash2_ordered", True), ("v3_flash2_twokernel", False)):
-                        r.status(f"{opname} {shape} {vname}")
-                        with op.ordered_dq(ordered):
-                            _check_version(vname, _ours, q, k, v, bias, causal, go, True)
-                            ms = _time(_ours, q, k, v, bias, causal, go, True)
-                        r.add(opname, vname, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                    if not with_bias and D in (64, 128):  # v5's forward where it applies, v6's backward
+                        # (the switch is read when the backward runs: it spans the whole timed call)
+                        with op.use_ws_bwd(True):
+                            _optional_row(r, "v6_flash2_ws_bwd", _ours_ws, q, k, v, None, causal, go, True, **row)
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
                 if not r.quick and not backward and not with_bias and S == 4096:
