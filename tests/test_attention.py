@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1081,13 +1079,14 @@ def test_gpu_atomic_peak_memory_is_linear_in_s():
 # ---------------------------------------------------------------- v5: warp-specialized Gluon forward
 
 
-_WS_COMPILE_SM90 = r"""
+# Gluon kernels compiled for sm_90 in a fresh process (under TRITON_INTERPRET the standard library's
+# functions are interpreter objects Gluon cannot compile): the shared part of the scripts.
+_GLUON_SM90_PRELUDE = r"""
 import itertools, json, os, re, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from tilewise.ops import attention_gluon as ag
 
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -1095,7 +1094,37 @@ def td(block):
     layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
     return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
 
+def build(kernel, sig, consts):
+    k = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    return {"shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
+            "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
+
 out = {}
+"""
+
+
+def _gluon_sm90_report(cases: str) -> dict:
+    """Run the prelude + ``cases`` (which fill ``out``) in a fresh process; the JSON it prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", _GLUON_SM90_PRELUDE + cases + "\nprint(json.dumps(out))\n"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+_WS_COMPILE_SM90 = r"""
+from tilewise.ops import attention_gluon as ag
+
 cases = [(D, bias, causal, 2, False) for D, bias, causal in itertools.product((64, 128), (False, True), (False, True))]
 cases += [(64, bias, causal, 3, False) for bias, causal in itertools.product((False, True), (False, True))]
 cases += [(128, True, True, 2, True), (64, False, True, 3, True)]  # ping-pong (opt-in)
@@ -1110,16 +1139,7 @@ for D, bias, causal, ncons, pingpong in cases:
            "PINGPONG": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
               "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong}
-    k = triton.compile(GluonASTSource(ag.attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-    out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = {
-        "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
-        "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
-print(json.dumps(out))
+    out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
 """
 
 
@@ -1131,19 +1151,11 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     variants (opt-in, not yet run on a GPU): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     from tilewise.ops import attention_gluon as ag
 
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", _WS_COMPILE_SM90], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = _gluon_sm90_report(_WS_COMPILE_SM90)
     assert len(r) == 14
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
@@ -1152,20 +1164,8 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
 
 
 _WS_BWD_COMPILE_SM90 = r"""
-import itertools, json, os, re, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 from tilewise.ops import attention_gluon_bwd as gb
 
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-
-def td(block):
-    layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
-    return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
-
-out = {}
 for D, causal in itertools.product((64, 128), (False, True)):
     bm, stages = gb.CONFIGS[D]
     sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
@@ -1174,31 +1174,14 @@ for D, causal in itertools.product((64, 128), (False, True)):
            "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
            "NUM_CONS": "constexpr"}
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gb.CONSUMER_REGS, "NUM_CONS": 2}
-    k = triton.compile(GluonASTSource(gb.attn_bwd_dkdv_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-    out[f"D{D}-causal{causal}"] = {
-        "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
-        "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
+    out[f"D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
     bn, stages = gb.DQ_CONFIGS[D]
     sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
            "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "BLOCK_N": "constexpr",
            "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gb.CONSUMER_REGS, "NUM_CONS": 2}
-    k = triton.compile(GluonASTSource(gb.attn_bwd_dq_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-    out[f"dq-D{D}-causal{causal}"] = {
-        "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
-        "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
-print(json.dumps(out))
+    out[f"dq-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
 """
 
 
@@ -1208,20 +1191,11 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
     v5's): wgmma, setmaxnreg, shared memory within a block's 227 KB; no spills except a few dozen
     in dK / dV at D = 128 (seen: none / 39 causal under Triton 3.6, 16 / 74 under 3.9, mostly
     outside the query-tile loop)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     from tilewise.ops import attention_gluon_bwd as gb
 
     if not gb.available():
         pytest.skip("this Triton has no Gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", _WS_BWD_COMPILE_SM90], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
     assert len(r) == 8
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name

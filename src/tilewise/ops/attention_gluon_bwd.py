@@ -33,7 +33,6 @@ at D = 128 causal, see the test); not yet run on a GPU, opt-in through ``attenti
 
 from __future__ import annotations
 
-import torch
 
 try:
     from triton.experimental import gluon
@@ -371,22 +370,13 @@ DQ_CONFIGS = {64: (64, 3), 128: (64, 3)}
 DQ_OVERRIDE: dict = {}  # D -> (BLOCK_N, STAGES, consumer registers): experiments
 
 
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
-def _desc(t2: torch.Tensor, block):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(t2.dtype))
-    return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), list(block), layout)
-
-
 def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
     """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
     Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
     caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch."""
+    from .attention_gluon import _desc
+
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bm, stages = CONFIGS[D]
@@ -407,6 +397,8 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None):
     """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
+    from .attention_gluon import _desc
+
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages = DQ_CONFIGS[D]
