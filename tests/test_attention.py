@@ -1140,6 +1140,14 @@ for D, bias, causal, ncons, pingpong in cases:
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
               "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong}
     out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
+for D, causal in itertools.product((64, 128), (False, True)):  # the persistent grid (opt-in)
+    bn, stages = ag.CONFIGS[(D, False)]
+    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
+           "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "BH": "i32",
+           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+           "NUM_CONS": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": ag.CONSUMER_REGS, "NUM_CONS": 2}
+    out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
 
@@ -1147,8 +1155,8 @@ for D, bias, causal, ncons, pingpong in cases:
 def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     """v5 compiled for sm_90 with the installed Triton (in a fresh process: under TRITON_INTERPRET
     the standard library's functions are interpreter objects that Gluon cannot compile), D 64 / 128,
-    with and without bias, causal or not, two consumers (and three at D = 64), and two ping-pong
-    variants (opt-in, not yet run on a GPU): wgmma (HGMMA),
+    with and without bias, causal or not, two consumers (and three at D = 64), two ping-pong
+    variants (opt-in) and the persistent grid (opt-in, not yet run on a GPU): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
     from tilewise.ops import attention_gluon as ag
@@ -1156,7 +1164,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 14
+    assert len(r) == 18
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"
@@ -1333,6 +1341,32 @@ def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, m
     monkeypatch.setitem(ag.OVERRIDE, (D, with_bias), (128, 2, 160, None, 3))
     bias = (torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias else None)
     _check_v5_forward(q, k, v, causal, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1000, 777, 128), (2, 2, 1, 193, 384, 64), (1, 2, 2, 1, 64, 128),
+                                   (3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 2048, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
+    """v5 on a persistent grid (``attention_gluon.PERSISTENT``, opt-in): odd sizes, GQA, one row,
+    more work items than SMs (the ring and the Q buffers carry over between items)."""
+    from tilewise.ops import attention_gluon as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 13)
+    _ws_or_skip(q)
+    monkeypatch.setitem(ag.PERSISTENT, "on", True)
+    monkeypatch.setitem(ag.OVERRIDE, (D, False), (128, 2, ag.CONSUMER_REGS, None, 2))  # two consumers at D = 64 too
+    launched = []
+    launch = A._launch
+
+    def counting(fn, grid, *args, **kwargs):
+        launched.append(fn)
+        return launch(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(A, "_launch", counting)
+    _check_v5_forward(q, k, v, causal, None)
+    assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
 
 @pytest.mark.gpu

@@ -5,8 +5,8 @@ backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 1
 each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
 ``attention._WS_RULES``.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_ab.py [--bias-paths | --d64 |
---pingpong] (the bias forward's routes at S = 1024 and 2048; D = 64 with two and three consumers;
-v5 with and without ping-pong) instead.
+--pingpong | --persistent] (the bias forward's routes at S = 1024 and 2048; D = 64 with two and three
+consumers; v5 with and without ping-pong; v5 on its own grid and on a persistent one) instead.
 """
 
 import torch
@@ -183,6 +183,47 @@ def pingpong():
                 print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
 
 
+def persistent():
+    """v5 on its grid of 2048-ish CTAs against v5 on a persistent grid (``attention_gluon.PERSISTENT``:
+    one CTA an SM, work items round robin, the K / V ring running on across items), two consumers,
+    D 128 / 64, S 1024 / 4096 / 8192, plain / causal, against cuDNN. Written after the ninth
+    session's device budget was spent: not yet run. Prediction: D = 128 plain S = 4096 from 0.90x
+    cuDNN to ~0.95x (the prologue and epilogue of 15.5 waves hidden), little change at S = 8192
+    causal where v5 is already at 0.97x."""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    H, TOKENS = 16, 16384
+    warm_up()
+    for D in (128, 64):
+        for S in (4096, 1024, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for causal in (False, True):
+                cudnn = cudnn_fn(q, k, v, None, causal)
+
+                def ws(pers):
+                    def fn():
+                        old = ag.PERSISTENT["on"], ag.OVERRIDE.get((D, False))
+                        ag.PERSISTENT["on"] = pers
+                        ag.OVERRIDE[(D, False)] = (128, 2, ag.CONSUMER_REGS, None, 2)
+                        try:
+                            with A.use_ws(True):
+                                return A.flash_attention(q, k, v, causal=causal)
+                        finally:
+                            ag.PERSISTENT["on"] = old[0]
+                            if old[1] is None:
+                                ag.OVERRIDE.pop((D, False), None)
+                            else:
+                                ag.OVERRIDE[(D, False)] = old[1]
+                    return fn
+
+                fns = {"cudnn": cudnn, "v5": ws(False), "v5 persistent": ws(True)}
+                t = race(fns, q, k, v, causal, None, f"D={D} S={S} causal={causal}")
+                line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {'causal' if causal else 'plain':6s}: {line}", flush=True)
+
+
 if __name__ == "__main__":
     import sys
 
@@ -192,5 +233,7 @@ if __name__ == "__main__":
         d64()
     elif "--pingpong" in sys.argv:
         pingpong()
+    elif "--persistent" in sys.argv:
+        persistent()
     else:
         main()

@@ -82,12 +82,13 @@ if _GLUON:
             _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk,
-              qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _tile(j, slot, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
+              Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
               NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
+        # Key tile j of the query tile; ``slot`` counts the ring's fills (j, or more in a persistent CTA).
+        s = slot % STAGES
+        ph = (slot // STAGES) & 1
         k_buf = k_smem.index(s)
         v_buf = v_smem.index(s)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
@@ -137,7 +138,6 @@ if _GLUON:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         m_lo = start_m * (64 * NUM_CONS) + which * 64  # this consumer's first query row (within the head)
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test.
         n_full = Sk // BLOCK_N
@@ -152,19 +152,27 @@ if _GLUON:
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
         mbarrier.wait(q_bar.index(which), 0)
         for j in range(n_full):
-            acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
-                                  which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  False, NUM_CONS, PINGPONG, turn, FIRST)
+            acc, m_i, l_i = _tile(j, j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready,
+                                  v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL,
+                                  HAS_BIAS, False, NUM_CONS, PINGPONG, turn, FIRST)
         for j in range(n_full, n_tiles):
-            acc, m_i, l_i = _tile(j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty,
-                                  which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, HAS_BIAS,
-                                  True, NUM_CONS, PINGPONG, turn, FIRST)
+            acc, m_i, l_i = _tile(j, j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready,
+                                  v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL,
+                                  HAS_BIAS, True, NUM_CONS, PINGPONG, turn, FIRST)
+        head_row = q_row - start_m * (64 * NUM_CONS)  # the head's first row in the (B * H * Sq) rows
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, head_row, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+
+    @gluon.jit
+    def _finish(acc, m_i, l_i, out_ptr, lse_ptr, head_row, m_lo, Sq, s_layout: gl.constexpr,
+                o_layout: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq."""
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
         l_div = gl.where(empty, 1.0, l_i)
         out = acc / gl.convert_layout(l_div, row_o)[:, None]
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_div)) * 0.6931471805599453)
         rows = m_lo + gl.arange(0, 64, layout=row_s)
-        head_row = q_row - start_m * (64 * NUM_CONS)  # the head's first row in the (B * H * Sq) rows
         gl.store(lse_ptr + head_row + rows, lse, mask=rows < Sq)
         rows_o = m_lo + gl.arange(0, 64, layout=row_o)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -259,6 +267,142 @@ if _GLUON:
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
+if _GLUON:
+
+    @gluon.jit
+    def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
+        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
+        without causal (a head's query tiles run together and share K / V in L2); causal, the
+        longest query tiles (the last ones) of every head first."""
+        if CAUSAL:
+            return n_m - 1 - tile // BH, tile % BH
+        return tile % n_m, tile // n_m
+
+    @gluon.jit
+    def _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                 v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                 which: gl.constexpr):
+        BM: gl.constexpr = 64 * NUM_CONS
+        BH = total // n_m
+        slot = 0
+        it = 0
+        for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+            start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
+            off_b = bh // H
+            off_h = bh % H
+            q_row = bh * Sq + start_m * BM
+            kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
+            hi = Sk
+            if CAUSAL:
+                hi = gl.minimum(Sk, (start_m + 1) * BM)
+            n_tiles = gl.cdiv(hi, BLOCK_N)
+            for c in gl.static_range(NUM_CONS):
+                # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
+                mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
+                mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+            for j in range(n_tiles):
+                s = (slot + j) % STAGES
+                ph = ((slot + j) // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            slot += n_tiles
+            it += 1
+
+    @gluon.jit
+    def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                   v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                   which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        BH = total // n_m
+        q = q_smem.index(which)
+        slot = 0
+        it = 0
+        for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+            start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
+            m_lo = start_m * BM + which * 64
+            hi = Sk
+            if CAUSAL:
+                hi = gl.minimum(Sk, (start_m + 1) * BM)
+            n_tiles = gl.cdiv(hi, BLOCK_N)
+            n_full = Sk // BLOCK_N
+            if CAUSAL:
+                n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
+            n_full = gl.minimum(n_full, n_tiles)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([64], gl.float32, layout=row_s)
+            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            mbarrier.wait(q_bar.index(which), it & 1)
+            for j in range(n_full):
+                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                      STAGES, CAUSAL, False, False, NUM_CONS, False, q_bar, 0)
+            for j in range(n_full, n_tiles):
+                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                      STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
+            # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
+            # (the next work item's Q load overlaps this epilogue).
+            mbarrier.arrive(q_empty.index(which), count=1)
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+            slot += n_tiles
+            it += 1
+
+    @gluon.jit
+    def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
+                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                      CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+        """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
+        round robin; BH = B x H): the K / V ring runs on across work items, so the next item's
+        loads (and its Q) overlap this item's last products and epilogue, as cuDNN's persistent
+        kernel does. No bias, two consumers. Work items: ``_ptile``."""
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
+        gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
+        n_m = gl.cdiv(Sq, BM)
+        total = n_m * BH  # work items: query tiles x (batch x head)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NUM_CONS):
+            mbarrier.init(q_bar.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=NUM_CONS)
+            mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        gl.warp_specialize([
+            (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                          v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
+                          CAUSAL, NUM_CONS, 0)),
+            (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                          v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
+                          CAUSAL, NUM_CONS, 1)),
+            (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                        v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
+                        CAUSAL, NUM_CONS, 0)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 # (D, has bias) -> (BLOCK_N, STAGES): shared memory per CTA stays under the 227 KB a block may have
 # (D = 128 with bias: Q 32 KB + K, V 2 x 64 KB + bias 2 x 2 x 16 KB = 224 KB).
 CONFIGS = {(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2), (128, True): (128, 2)}
@@ -269,6 +413,19 @@ OVERRIDE: dict = {}
 # through one mbarrier each), so one's softmax runs while another's products do. Compiled and
 # checked on the CPU (sm_90, no spills); not yet run on a GPU: off.
 PINGPONG = {"on": False}
+# The persistent grid (``attn_fwd_ws_persistent_kernel``; no bias, two consumers): written after the
+# ninth session's profile (v5 runs 2048 CTAs at one an SM, each paying its Q load, ring fill and
+# epilogue with the tensor pipe idle; cuDNN's forward is persistent). Compiled for sm_90 on the CPU,
+# not yet run on a GPU: off.
+PERSISTENT = {"on": False}
+_SMS: dict = {}
+
+
+def _num_sms(device) -> int:
+    idx = torch.device(device).index or 0
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -305,6 +462,16 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
+    if PERSISTENT["on"] and bias is None and ncons == 2 and maxnreg is None:
+        total = -(-Sq // (ROWS * 2)) * B * H
+        grid = (min(_num_sms(q.device), total),)
+        args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
+        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+        if launch is None:
+            attn_fwd_ws_persistent_kernel[grid](*args, **meta)
+        else:
+            launch(attn_fwd_ws_persistent_kernel, grid, *args, **meta)
+        return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
