@@ -1,0 +1,68 @@
+"""scripts/attention-grid on the CPU: nvidia-smi and python3 replaced by stubs on PATH (two GPUs; a
+bench that writes one CSV row naming its shape and GPU), so what is checked is the script's own
+work: every shape run once, dealt round robin to the GPUs, the CSVs merged under one header, the
+tables in shape order, and three files under $OUT."""
+
+import csv
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NVIDIA_SMI = """#!/bin/bash
+echo "GPU 0: stub"
+echo "GPU 1: stub"
+"""
+
+PYTHON3 = """#!/bin/bash
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "--out" ] && out=$2; shift; done
+printf 'op,variant,shape\\nattention_fwd,stub,%s@%s\\n' "$TILEWISE_BENCH_ATTENTION_SHAPES" "$CUDA_VISIBLE_DEVICES" \\
+  > "$out/NVIDIA_H200.csv"
+echo "table $TILEWISE_BENCH_ATTENTION_SHAPES"
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_attention_grid_deals_shapes_to_gpus_and_merges(tmp_path):
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in (("nvidia-smi", NVIDIA_SMI), ("python3", PYTHON3)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    out = tmp_path / "out"
+    shapes = ["4096x64", "4096x128", "1024x64"]
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), GRID_SHAPES=" ".join(shapes))
+    p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(out)) == ["grid.csv", "grid.log", "grid.tgz"]
+    rows = list(csv.DictReader(open(out / "grid.csv")))
+    assert [r["shape"] for r in rows] == ["4096x64@0", "4096x128@1", "1024x64@0"]  # shape order, GPUs round robin
+    log = (out / "grid.log").read_text()
+    assert [line for line in log.splitlines() if line.startswith("===")] == [f"=== {s}" for s in shapes]
+    with tarfile.open(out / "grid.tgz") as t:
+        names = t.getnames()
+    assert all(f"./{s}/NVIDIA_H200.csv" in names for s in shapes)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_attention_grid_stops_starting_shapes_after_the_limit(tmp_path):
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in (("nvidia-smi", NVIDIA_SMI), ("python3", PYTHON3)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), GRID_SHAPES="4096x64 1024x64",
+               GRID_LIMIT_S="-1")
+    p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "not started" in p.stdout
+    assert list(csv.DictReader(open(out / "grid.csv"))) == []
