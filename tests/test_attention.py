@@ -886,13 +886,8 @@ def test_gpu_atomic_backward(shape, dtype, causal, dq_path, poisoned_outputs):
     det = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("dq", "dk", "dv"):
-        assert ours[name].dtype == dtype and not torch.isnan(ours[name]).any(), name
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-        # Same math as the deterministic kernels up to the fp32 summation order of dQ.
-        d = ((ours[name].double() - det[name].double()).norm() / det[name].double().norm().clamp_min(1e-30)).item()
-        assert d < 1e-2, f"{name}: {d:.3g} from deterministic=True"
+    # Same math as the deterministic kernels up to the fp32 summation order of dQ.
+    _check_grads(ours, ref, low, det, "deterministic=True", dtype)
 
 
 @pytest.mark.gpu
@@ -917,22 +912,40 @@ def test_gpu_atomic_dk_dv_dbias_reproducible_dq_close():
 # ---------------------------------------------------------------- deterministic fused backward (ordered dQ adds)
 
 
-def _count_backward_kernels(monkeypatch):
-    """Count launches of the fused (atomic / ordered) backward kernel and of the two-kernel
-    backward's kernels, through the module's launcher."""
-    from tilewise.ops import attention_kernels as K
-
-    calls = {"fused": 0, "two_kernel": 0}
+def _record_launches(monkeypatch) -> list:
+    """The kernels launched through the attention module's launcher, in order (a list that fills
+    as they run)."""
+    launched = []
     launch = A._launch
 
-    def counting(fn, grid, *args, **kwargs):
-        if fn is K._attn_bwd_atomic_kernel:
-            calls["fused"] += 1
-        elif fn in (K._attn_bwd_dq_kernel, K._attn_bwd_dkdv_kernel):
-            calls["two_kernel"] += 1
+    def recording(fn, grid, *args, **kwargs):
+        launched.append(fn)
         return launch(fn, grid, *args, **kwargs)
-    monkeypatch.setattr(A, "_launch", counting)
-    return calls
+    monkeypatch.setattr(A, "_launch", recording)
+    return launched
+
+
+def _backward_kernel_counts(launched) -> dict:
+    """Launches of the fused (atomic / ordered) backward kernel and of the two-kernel backward's."""
+    from tilewise.ops import attention_kernels as K
+
+    return {"fused": launched.count(K._attn_bwd_atomic_kernel),
+            "two_kernel": sum(fn in (K._attn_bwd_dq_kernel, K._attn_bwd_dkdv_kernel) for fn in launched)}
+
+
+def _check_grads(ours, ref, low, other, other_name, dtype, again=None):
+    """dQ, dK, dV of ``ours``: dtype, no NaN, within the low-precision tolerance of the fp32
+    reference, within 1e-2 of ``other`` (another backward's), and (``again``) bitwise equal to a
+    second run."""
+    for name in ("dq", "dk", "dv"):
+        assert ours[name].dtype == dtype and not torch.isnan(ours[name]).any(), name
+        if again is not None:
+            assert torch.equal(ours[name], again[name]), f"{name} differs between two runs"
+        e, tol = _gpu_tol(ours[name], ref[name], low[name])
+        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
+        d = ((ours[name].double() - other[name].double()).norm()
+             / other[name].double().norm().clamp_min(1e-30)).item()
+        assert d < 1e-2, f"{name}: {d:.3g} from {other_name}"
 
 
 def test_ordered_dq_is_gpu_only_and_maskless():
@@ -971,23 +984,17 @@ def test_gpu_ordered_backward(shape, dtype, causal, mode, poisoned_outputs, monk
     monkeypatch.setitem(A._ORDERED_DQ, "mode", mode)
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 2)
-    calls = _count_backward_kernels(monkeypatch)
+    launched = _record_launches(monkeypatch)
     with A.ordered_dq(False):
         two = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-    assert calls == {"fused": 0, "two_kernel": 2}
+    assert _backward_kernel_counts(launched) == {"fused": 0, "two_kernel": 2}
     with A.ordered_dq(True):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-    assert calls == {"fused": 2, "two_kernel": 2}
+    assert _backward_kernel_counts(launched) == {"fused": 2, "two_kernel": 2}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("dq", "dk", "dv"):
-        assert ours[name].dtype == dtype and not torch.isnan(ours[name]).any(), name
-        assert torch.equal(ours[name], again[name]), f"{name} differs between two runs"
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-        d = ((ours[name].double() - two[name].double()).norm() / two[name].double().norm().clamp_min(1e-30)).item()
-        assert d < 1e-2, f"{name}: {d:.3g} from the two-kernel backward"
+    _check_grads(ours, ref, low, two, "the two-kernel backward", dtype, again=again)
 
 
 @pytest.mark.gpu
@@ -1000,11 +1007,11 @@ def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
     B, H, Sq, Sk = 2, 4, 1000, 777
     q, k, v = _inputs(B, H, 2, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=40 + D)
     bias = torch.randn(bias_shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(41))
-    calls = _count_backward_kernels(monkeypatch)
+    launched = _record_launches(monkeypatch)
     with A.ordered_dq(True):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
-    assert calls == {"fused": 2, "two_kernel": 0}
+    assert _backward_kernel_counts(launched) == {"fused": 2, "two_kernel": 0}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
     for name in ("out", "dq", "dk", "dv", "dbias"):
         o, r = ours[name], ref[name]
@@ -1040,13 +1047,7 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch)
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 3)
     assert A._ws_bwd_applies(q, k, v, q, None, None)
     triton_ = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-    launched = []
-    launch = A._launch
-
-    def counting(fn, grid, *args, **kwargs):
-        launched.append(fn)
-        return launch(fn, grid, *args, **kwargs)
-    monkeypatch.setattr(A, "_launch", counting)
+    launched = _record_launches(monkeypatch)
     with A.use_ws_bwd(True, dq=ws_dq):
         ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
         again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
@@ -1054,14 +1055,7 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch)
     assert launched.count(gb.attn_bwd_dq_ws_kernel) == (2 if ws_dq else 0)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
-    for name in ("dq", "dk", "dv"):
-        assert ours[name].dtype == dtype and not torch.isnan(ours[name]).any(), name
-        assert torch.equal(ours[name], again[name]), f"{name} differs between two runs"
-        e, tol = _gpu_tol(ours[name], ref[name], low[name])
-        assert e < tol, f"{name}: {e:.3g} >= {tol:.3g}"
-        d = ((ours[name].double() - triton_[name].double()).norm()
-             / triton_[name].double().norm().clamp_min(1e-30)).item()
-        assert d < 1e-2, f"{name}: {d:.3g} from the Triton kernels"
+    _check_grads(ours, ref, low, triton_, "the Triton kernels", dtype, again=again)
 
 
 @pytest.mark.gpu
@@ -1358,13 +1352,7 @@ def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
     _ws_or_skip(q)
     monkeypatch.setitem(ag.PERSISTENT, "on", True)
     monkeypatch.setitem(ag.OVERRIDE, (D, False), (128, 2, ag.CONSUMER_REGS, None, 2))  # two consumers at D = 64 too
-    launched = []
-    launch = A._launch
-
-    def counting(fn, grid, *args, **kwargs):
-        launched.append(fn)
-        return launch(fn, grid, *args, **kwargs)
-    monkeypatch.setattr(A, "_launch", counting)
+    launched = _record_launches(monkeypatch)
     _check_v5_forward(q, k, v, causal, None)
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 

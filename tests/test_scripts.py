@@ -28,19 +28,25 @@ echo "table $TILEWISE_BENCH_ATTENTION_SHAPES"
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_attention_grid_deals_shapes_to_gpus_and_merges(tmp_path):
+def _run_grid(tmp_path, **env_vars):
+    """Run the script with the stubs first on PATH and $OUT under tmp_path; (process, $OUT)."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name, text in (("nvidia-smi", NVIDIA_SMI), ("python3", PYTHON3)):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     out = tmp_path / "out"
-    shapes = ["4096x64", "4096x128", "1024x64"]
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), GRID_SHAPES=" ".join(shapes))
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), **env_vars)
     p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stderr
+    return p, out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_attention_grid_deals_shapes_to_gpus_and_merges(tmp_path):
+    shapes = ["4096x64", "4096x128", "1024x64"]
+    p, out = _run_grid(tmp_path, GRID_SHAPES=" ".join(shapes))
     assert sorted(os.listdir(out)) == ["grid.csv", "grid.log", "grid.tgz"]
     rows = list(csv.DictReader(open(out / "grid.csv")))
     assert [r["shape"] for r in rows] == ["4096x64@0", "4096x128@1", "1024x64@0"]  # shape order, GPUs round robin
@@ -53,16 +59,6 @@ def test_attention_grid_deals_shapes_to_gpus_and_merges(tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_attention_grid_stops_starting_shapes_after_the_limit(tmp_path):
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    for name, text in (("nvidia-smi", NVIDIA_SMI), ("python3", PYTHON3)):
-        (stubs / name).write_text(text)
-        (stubs / name).chmod(0o755)
-    out = tmp_path / "out"
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), GRID_SHAPES="4096x64 1024x64",
-               GRID_LIMIT_S="-1")
-    p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=env, capture_output=True, text=True,
-                       timeout=60)
-    assert p.returncode == 0, p.stderr
+    p, out = _run_grid(tmp_path, GRID_SHAPES="4096x64 1024x64", GRID_LIMIT_S="-1")
     assert "not started" in p.stdout
     assert list(csv.DictReader(open(out / "grid.csv"))) == []

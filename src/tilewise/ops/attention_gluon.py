@@ -270,6 +270,23 @@ if _GLUON:
 if _GLUON:
 
     @gluon.jit
+    def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONS: gl.constexpr):
+        """A ring of STAGES K and V tiles in shared memory with its mbarriers: ready (one TMA load's
+        bytes) and empty (one arrival per consumer). Returns (k, v, k_ready, k_empty, v_ready, v_empty)."""
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(k_empty.index(s), count=NUM_CONS)
+            mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
+
+    @gluon.jit
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
         """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
         without causal (a head's query tiles run together and share K / V in L2); causal, the
@@ -374,22 +391,12 @@ if _GLUON:
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH  # work items: query tiles x (batch x head)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
         q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=NUM_CONS)
-            mbarrier.init(v_empty.index(s), count=NUM_CONS)
         gl.warp_specialize([
             (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,

@@ -39,6 +39,8 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+    from .attention_gluon import kv_ring
+
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(64)  # the same, visible inside the kernels
     _GLUON = True
@@ -332,20 +334,10 @@ if _GLUON:
         n_tiles = gl.cdiv(hi, BLOCK_N)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
         qd_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(NUM_CONS):
             mbarrier.init(qd_bar.index(c), count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=NUM_CONS)
-            mbarrier.init(v_empty.index(s), count=NUM_CONS)
         gl.warp_specialize([
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
