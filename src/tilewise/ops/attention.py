@@ -27,8 +27,9 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                Not bitwise reproducible (the order of the fp32 adds into dQ varies); dK, dV and
                dBias still are. D > 128 uses v3's backward. Opt-in ``ordered_dq()``: the same
                kernel with deterministic=True, dQ read-modify-written (no float atomics) one key
-               tile at a time in a fixed order; reproducible, measured slower than both. bound: tensor-core FLOPs, plus the
-               dQ reductions (Sk / BLOCK_N fp32 read-modify-writes of each dQ element, in L2).
+               tile at a time in a fixed order; reproducible, measured slower than both.
+               bound: tensor-core FLOPs, plus the dQ reductions (Sk / BLOCK_N fp32
+               read-modify-writes of each dQ element, in L2).
     v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
                per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
                {32, 64, 128, 256}; opt-in (``use_tma()``) until measured. bound: as v3.
@@ -498,15 +499,10 @@ def use_ws_bwd(on: bool = True, dq: bool = True):
 
 
 def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
-    """v6's dK / dV kernel needs Gluon, sm_90 exactly, D 64 or 128, q / k / v as v4's TMA loads
-    ask (``_tma_applies``: 16-bit, contiguous, aligned rows), dO likewise in q's dtype, and no mask
-    or bias."""
-    from . import attention_gluon_bwd as gb
-
-    return (mask is None and bias is None and q.shape[-1] in (64, 128) and gb.available() and q.is_cuda
-            and not _interpreting() and do.dtype == q.dtype and do.is_contiguous() and do.data_ptr() % 16 == 0
-            and _tma_applies(q, k, v, None, None)
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
+    """v6's kernels run where v5's forward does without a bias (``_ws_applies``: Gluon, sm_90, D 64
+    or 128, q / k / v as TMA loads them, no mask), with dO laid out as q."""
+    return (bias is None and do.dtype == q.dtype and do.is_contiguous() and do.data_ptr() % 16 == 0
+            and _ws_applies(q, k, v, mask, None, None))
 
 
 def _ws_bwd_plan(q, k, v, do, mask, bias) -> bool:
@@ -920,7 +916,8 @@ def v3_flash2(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return
 
 
 def v3_flash2_atomic(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
-    """v3's forward; the backward is the fused atomic-dQ kernel (``deterministic=False``)."""
+    """``flash_attention``'s default forward (v5 where ``_WS_RULES`` say, else v3); the backward
+    is the fused atomic-dQ kernel (``deterministic=False``)."""
     return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse,
                            deterministic=False)
 

@@ -57,6 +57,22 @@ def available() -> bool:
 if _GLUON:
 
     @gluon.jit
+    def kv_tiles(start_m, Sk, BM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Key tiles query tile ``start_m`` (of BM rows) reads: all of Sk; causal, up to its last row."""
+        hi = Sk
+        if CAUSAL:
+            hi = gl.minimum(Sk, (start_m + 1) * BM)
+        return gl.cdiv(hi, BLOCK_N)
+
+    @gluon.jit
+    def unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Key tiles [0, result) of 64 query rows from ``m_lo`` need no bounds or causal test."""
+        n_full = Sk // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
+        return gl.minimum(n_full, n_tiles)
+
+    @gluon.jit
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                 v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -140,10 +156,7 @@ if _GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         m_lo = start_m * (64 * NUM_CONS) + which * 64  # this consumer's first query row (within the head)
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test.
-        n_full = Sk // BLOCK_N
-        if CAUSAL:
-            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_tiles)
+        n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
         q = q_smem.index(which)
         turn = q_bar  # with PINGPONG, entries NUM_CONS.. are the consumers' turn barriers
         FIRST: gl.constexpr = 1 if which == 0 else 0  # consumer 0's first wait passes (phase 1 starts complete)
@@ -211,10 +224,7 @@ if _GLUON:
         q_row = bh * Sq + start_m * BM
         kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
         b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
-        hi = Sk
-        if CAUSAL:
-            hi = gl.minimum(Sk, (start_m + 1) * BM)
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -287,6 +297,26 @@ if _GLUON:
         return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
 
     @gluon.jit
+    def fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row, n_tiles, slot,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The loader's side of a ``kv_ring``: key tiles 0 .. n_tiles - 1 from row ``kv_row`` into the
+        ring's fills slot, slot + 1, ... (each stage refilled once every consumer released it)."""
+        for j in range(n_tiles):
+            s = (slot + j) % STAGES
+            ph = ((slot + j) // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def kv_head_row(bh, H, GROUP, Sk):
+        """First row, in the (B * Hkv * Sk, D) K / V view, of query head ``bh``'s K / V head (GQA)."""
+        return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
+
+    @gluon.jit
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
         """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
         without causal (a head's query tiles run together and share K / V in L2); causal, the
@@ -306,28 +336,15 @@ if _GLUON:
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
-            off_b = bh // H
-            off_h = bh % H
             q_row = bh * Sq + start_m * BM
-            kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
-            hi = Sk
-            if CAUSAL:
-                hi = gl.minimum(Sk, (start_m + 1) * BM)
-            n_tiles = gl.cdiv(hi, BLOCK_N)
+            n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             for c in gl.static_range(NUM_CONS):
                 # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
                 mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
                 mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
-            for j in range(n_tiles):
-                s = (slot + j) % STAGES
-                ph = ((slot + j) // STAGES) & 1
-                mbarrier.wait(k_empty.index(s), ph ^ 1)
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), ph ^ 1)
-                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                    kv_head_row(bh, H, GROUP, Sk), n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
             it += 1
 
@@ -350,14 +367,8 @@ if _GLUON:
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
             m_lo = start_m * BM + which * 64
-            hi = Sk
-            if CAUSAL:
-                hi = gl.minimum(Sk, (start_m + 1) * BM)
-            n_tiles = gl.cdiv(hi, BLOCK_N)
-            n_full = Sk // BLOCK_N
-            if CAUSAL:
-                n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
-            n_full = gl.minimum(n_full, n_tiles)
+            n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+            n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([64], gl.float32, layout=row_s)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)

@@ -34,21 +34,21 @@ at D = 128 causal, see the test); not yet run on a GPU, opt-in through ``attenti
 from __future__ import annotations
 
 
+LOG2E = 1.4426950408889634
+KEYS = 64  # keys (dK / dV) or query rows (dQ) per consumer warpgroup (wgmma M)
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .attention_gluon import kv_ring
+    from .attention_gluon import fill_kv, kv_head_row, kv_ring, kv_tiles, unmasked_tiles
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _KEYS = gl.constexpr(64)  # the same, visible inside the kernels
+    _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels
     _GLUON = True
 except Exception:  # noqa: BLE001 - an older Triton: v6 unavailable
     _GLUON = False
-
-LOG2E = 1.4426950408889634
-KEYS = 64  # keys per consumer warpgroup (wgmma M)
 
 
 def available() -> bool:
@@ -228,15 +228,8 @@ if _GLUON:
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), q_smem.index(c))
             _tma_load(do_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), do_smem.index(c))
-        for j in range(n_tiles):
-            s = j % STAGES
-            ph = (j // STAGES) & 1
-            mbarrier.wait(k_empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row, n_tiles, 0, BLOCK_N,
+                STAGES)
 
     @gluon.jit
     def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
@@ -289,10 +282,7 @@ if _GLUON:
         delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test; every
         # tile is tested when this consumer's rows pass Sq.
-        n_full = Sk // BLOCK_N
-        if CAUSAL:
-            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_tiles)
+        n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
         if m_lo + _KEYS > Sq:
             n_full = 0
         q = q_smem.index(which)
@@ -323,15 +313,10 @@ if _GLUON:
         if CAUSAL:  # the longest rows first
             start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
-        off_b = bh // H
-        off_h = bh % H
         m0 = start_m * BM
         q_row = bh * Sq + m0
-        kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
-        hi = Sk
-        if CAUSAL:
-            hi = gl.minimum(Sk, m0 + BM)
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        kv_row = kv_head_row(bh, H, GROUP, Sk)
+        n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)

@@ -998,10 +998,6 @@ def _padding_plan(a, b, out_dtype, out, aux):
     return plan if _padded_time_ratio(M, N, K, a.element_size(), od.itemsize, plan) <= 0.8 else None
 
 
-def _padding_pays(a, b, out_dtype, out, aux) -> bool:
-    return _padding_plan(a, b, out_dtype, out, aux) is not None
-
-
 def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int, plan) -> float:
     """Modelled time of the padded route over v1_tiled's on unaligned rows (plan: which of a, b,
     out are copied)."""

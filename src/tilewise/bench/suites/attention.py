@@ -80,23 +80,15 @@ def _flex():
     return fn
 
 
-def _ours(q, k, v, causal, bias):
-    with op.use_ws(False):  # v3 (v4's TMA kernel for a bias, where it applies): the Triton forward
-        return op.flash_attention(q, k, v, causal=causal, bias=bias)
+def _variant(fn):
+    """One of ``attention.VARIANTS`` as the (q, k, v, causal, bias) callable the rows time."""
+    return lambda q, k, v, causal, bias: fn(q, k, v, causal=causal, bias=bias)
 
 
-def _ours_ws(q, k, v, causal, bias):
-    with op.use_ws(True):  # v5, the warp-specialized Gluon forward, where it applies
-        return op.flash_attention(q, k, v, causal=causal, bias=bias)
-
-
-def _ours_atomic(q, k, v, causal, bias):
-    return op.flash_attention(q, k, v, causal=causal, bias=bias, deterministic=False)
-
-
-def _ours_tma(q, k, v, causal, bias):
-    with op.use_tma(), op.use_ws(False):
-        return op.flash_attention(q, k, v, causal=causal, bias=bias)
+_ours = _variant(op.v3_flash2)  # the Triton forward (v4's TMA kernel for a bias, where it applies)
+_ours_ws = _variant(op.v5_flash2_ws)  # v5, the warp-specialized Gluon forward, where it applies
+_ours_atomic = _variant(op.v3_flash2_atomic)  # the default forward, the atomic backward
+_ours_tma = _variant(op.v4_flash2_tma)
 
 
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
