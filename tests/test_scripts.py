@@ -62,3 +62,9 @@ def test_attention_grid_stops_starting_shapes_after_the_limit(tmp_path):
     p, out = _run_grid(tmp_path, GRID_SHAPES="4096x64 1024x64", GRID_LIMIT_S="-1")
     assert "not started" in p.stdout
     assert list(csv.DictReader(open(out / "grid.csv"))) == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_attention_grid_on_the_gpus_named(tmp_path):
+    p, out = _run_grid(tmp_path, GRID_SHAPES="4096x64 4096x128 1024x64", GRID_GPUS="1")
+    assert [r["shape"] for r in csv.DictReader(open(out / "grid.csv"))] == ["4096x64@1", "4096x128@1", "1024x64@1"]

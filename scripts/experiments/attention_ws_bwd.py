@@ -9,7 +9,7 @@ Prediction (before the first run, from the ninth session's Nsight Compute profil
 dV kernel keeps the tensor pipe 38% busy at D = 128 (3.02 ms), its dQ kernel 54% (1.57 ms), cuDNN's
 backward 63% (2.29 ms)): v6's kernels at ~55-60% busy, so the D = 128 backward 4.65 -> ~3.2 ms at
 S = 4096 (fwd + bwd ~1.5x SDPA flash, from 1.13x); D = 64 2.0 -> ~1.6 ms.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles]
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles [D ...]]
 """
 
 import sys
@@ -33,7 +33,9 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
-def case(S, D, causal, g, tiles=None):
+def case(S, D, causal, g, runs=None):
+    """One shape: v3's kernels, cuDNN, and ``runs``: (name, dK / dV config or None, dQ config or None,
+    Gluon dQ?) (a config: (BLOCK, STAGES, consumer registers))."""
     H, TOKENS = 16, 16384
     B = TOKENS // S
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
@@ -48,11 +50,12 @@ def case(S, D, causal, g, tiles=None):
 
     ref = bwd()
     res = {"triton": bench(bwd), "cudnn": bench(lambda: bwd(out_cudnn))}
-    runs = [(f"v6 dkdv {cfg}", cfg, False) for cfg in tiles] if tiles else [("v6 dkdv", None, False),
-                                                                           ("v6", None, True)]
-    for name, cfg, ws_dq in runs:
+    runs = runs or [("v6 dkdv", None, None, False), ("v6", None, None, True)]
+    for name, cfg, dq_cfg, ws_dq in runs:
         if cfg:
             gb.OVERRIDE[D] = cfg
+        if dq_cfg:
+            gb.DQ_OVERRIDE[D] = dq_cfg
         try:
             with A.use_ws_bwd(True, dq=ws_dq):
                 got = bwd()
@@ -66,9 +69,19 @@ def case(S, D, causal, g, tiles=None):
             print(f"  {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
         finally:
             gb.OVERRIDE.pop(D, None)
+            gb.DQ_OVERRIDE.pop(D, None)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     line = " | ".join(f"{n} {ms * 1e3:7.1f} us {flops / ms / 1e9:5.1f} TF" for n, ms in res.items())
     print(f"backward D={D:3d} S={S:5d} {'causal' if causal else 'plain ':6s}: {line}", flush=True)
+
+
+# --tiles: v6 (both Gluon kernels) with these dK / dV configs (v6's dQ config), then v6's dQ configs
+# (v6's dK / dV config); (BLOCK, STAGES, consumer registers). Shared memory at D = 128: dK / dV 64 KB
+# + STAGES x BLOCK_M x 512 B, dQ 64 KB + STAGES x BLOCK_N x 512 B.
+DKDV_TILES = {128: [(32, 3, 240), (64, 2, 240), (64, 3, 240), (64, 4, 240)],
+              64: [(32, 3, 240), (64, 2, 240), (64, 3, 240), (64, 4, 240), (128, 2, 240)]}
+DQ_TILES = {128: [(64, 2, 240), (64, 4, 240), (128, 2, 240)],
+            64: [(64, 2, 240), (64, 4, 240), (128, 2, 240), (128, 3, 240)]}
 
 
 def main():
@@ -76,9 +89,13 @@ def main():
     warm_up()
     g = torch.Generator(device="cuda").manual_seed(0)
     if "--tiles" in sys.argv:
-        for D in (128, 64):
-            for causal in (False, True):
-                case(4096, D, causal, g, tiles=[(32, 3, 240), (32, 4, 240), (64, 2, 240), (32, 2, 240)])
+        dims = [int(a) for a in sys.argv[sys.argv.index("--tiles") + 1:] if a.isdigit()] or [128, 64]
+        for D in dims:
+            for S in (1024, 4096, 16384):
+                for causal in (False, True):
+                    runs = [(f"dkdv {c}", c, None, True) for c in DKDV_TILES[D]]
+                    runs += [(f"dq {c}", None, c, True) for c in DQ_TILES[D]]
+                    case(S, D, causal, g, runs)
         return
     for D in (128, 64):
         for S in (4096, 1024, 8192):

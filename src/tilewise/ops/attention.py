@@ -38,8 +38,16 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                bias) stages to two or three consumer warpgroups of 64 query rows, each running
                its own S = QK^T, softmax and PV, so one warpgroup's exponentials overlap another's
                wgmma. The default where ``_WS_RULES`` measured it faster (D = 128; D = 64 from
-               Sq = 4096); the backward is v3's. bound: tensor-core FLOPs and, at D = 64, the
+               Sq = 4096); at D = 128 without causal on a persistent grid (one CTA an SM,
+               ``attention_gluon.PERSISTENT_RULES``). bound: tensor-core FLOPs and, at D = 64, the
                exponentials (MUFU: one per score).
+    v6 (backward; bench row ``v6_flash2_ws_bwd``): the deterministic backward's dK / dV and dQ
+               kernels warp-specialized in Gluon (``attention_gluon_bwd.py``, sm_90, D 64 / 128,
+               no mask or bias): a TMA loader warp streams Q / dO (dK / dV kernel) or K / V (dQ
+               kernel) tiles to two consumer warpgroups of 64 keys / query rows. The default
+               backward where ``_WS_BWD_RULES`` say (D = 128; D = 64 from S = 4096), else v3's.
+               bound: tensor-core FLOPs: 7 matmuls a tile pair, as v3's two kernels (S and dP
+               are computed in both), where the fused atomic kernel does 5.
 
 Semantics follow ``torch.nn.functional.scaled_dot_product_attention`` (SDPA): ``mask`` True =
 attend; ``causal`` is top-left aligned (query i sees keys j <= i, also when Sq != Sk); GQA as
@@ -479,17 +487,26 @@ def ordered_dq(on: bool | None = True):
         _ORDERED_DQ["on"] = old
 
 
-# v6 (attention_gluon_bwd): the deterministic backward's dK / dV and dQ kernels warp-specialized in
-# Gluon (sm_90, D 64 / 128, no mask or bias). Written and compiled on the CPU, not yet run on a
-# GPU: opt-in (``use_ws_bwd``). Read when the backward runs, as ``ordered_dq``.
-_WS_BWD = {"on": False, "dq": True}
+# v6 (attention_gluon_bwd): the backward's dK / dV and dQ kernels warp-specialized in Gluon (sm_90,
+# D 64 / 128, no mask or bias; deterministic). ``_WS_BWD["on"]``: None = where ``_WS_BWD_RULES``
+# say, True / False forced where it applies / off; read when the backward runs, as ``ordered_dq``.
+# The deterministic backward only: ``deterministic=False`` keeps the fused atomic kernel, which is
+# slower than v6 where the rules send v6 (D = 128 S = 4096: atomic 3.82 ms, v6 3.07 ms, v3's two
+# kernels 4.62 ms), so at D = 128 the default is also the fastest. Rules, (head dim, causal) -> least min(Sq, Sk), from the backward alone (bf16, H = 16,
+# B * S = 16384; scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-tiles-e665872):
+# D = 128 faster than v3's two kernels from S = 1024 on (1.38-1.61x), D = 64 slower at S = 1024
+# (0.85-0.88x), faster from 4096 (1.05 / 1.10 / 1.10 / 1.24x: S = 4096 and 16384, plain / causal).
+_WS_BWD = {"on": None, "dq": True}
+_WS_BWD_RULES = {(128, False): 1, (128, True): 1, (64, False): 4096, (64, True): 4096}
 
 
 @contextlib.contextmanager
-def use_ws_bwd(on: bool = True, dq: bool = True):
-    """The deterministic backward through v6's Gluon kernels where they apply
-    (``_ws_bwd_applies``): dK / dV, and dQ too unless ``dq=False`` (v3's dQ kernel then). Read when
-    the backward runs: the ``with`` block must contain it."""
+def use_ws_bwd(on: bool | None = True, dq: bool = True):
+    """The deterministic backward through v6's Gluon kernels where they apply (``_ws_bwd_applies``):
+    forced (True), never (False: v3's two kernels, or the ordered kernel if ``ordered_dq`` says), or
+    where ``_WS_BWD_RULES`` say (None, the default). dK / dV, and dQ too
+    unless ``dq=False`` (v3's dQ kernel then). Read when the backward runs: the ``with`` block must
+    contain it."""
     old = dict(_WS_BWD)
     _WS_BWD.update(on=on, dq=dq)
     try:
@@ -505,8 +522,16 @@ def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
             and _ws_applies(q, k, v, mask, None, None))
 
 
-def _ws_bwd_plan(q, k, v, do, mask, bias) -> bool:
-    return _WS_BWD["on"] and _ws_bwd_applies(q, k, v, do, mask, bias)
+def _ws_bwd_rule(D, causal, Sq, Sk) -> bool:
+    least = _WS_BWD_RULES.get((D, bool(causal)))
+    return least is not None and min(Sq, Sk) >= least
+
+
+def _ws_bwd_plan(q, k, v, do, mask, bias, causal) -> bool:
+    on = _WS_BWD["on"]
+    if on is False or (on is None and not _ws_bwd_rule(q.shape[-1], causal, q.shape[2], k.shape[2])):
+        return False
+    return _ws_bwd_applies(q, k, v, do, mask, bias)
 
 
 def _empty_grad_like(t: torch.Tensor) -> torch.Tensor:
@@ -683,8 +708,10 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
     # keep the two-kernel backward whatever ``deterministic`` says.
-    ordered = deterministic and bd <= 128 and _ordered_plan(q, D, mask, bias_grad)
-    atomic = (not deterministic or ordered) and bd <= 128
+    # v6 (deterministic) unless the fused kernel with ordered dQ adds is forced (``ordered_dq(True)``).
+    ws_bwd = deterministic and _ORDERED_DQ["on"] is not True and _ws_bwd_plan(q, k, v, do, mask, bias, causal)
+    ordered = not ws_bwd and deterministic and bd <= 128 and _ordered_plan(q, D, mask, bias_grad)
+    atomic = not ws_bwd and (not deterministic or ordered) and bd <= 128
     # The atomic (and ordered) path's fp32 dQ accumulator, zeroed by the preprocess kernel.
     dq_acc = None if not atomic else torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     pm = 64
@@ -749,7 +776,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, _reduce_dbias(ds, bias, direct) if bias_grad else dbias
 
-    if _ws_bwd_plan(q, k, v, do, mask, bias):  # v6: dK / dV by the warp-specialized Gluon kernel
+    if ws_bwd:  # v6: dK / dV by the warp-specialized Gluon kernel
         from . import attention_gluon_bwd as gb
 
         gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch)
@@ -910,7 +937,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 
 def v3_flash2(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
-    """The Triton forward (v3; v4's TMA kernel for a bias where it applies), without v5."""
+    """The Triton forward (v3; v4's TMA kernel for a bias where it applies), without v5. The backward
+    is ``flash_attention``'s (``use_ws_bwd`` decides; the bench's row of this name times v3's)."""
     with use_ws(False):
         return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 
@@ -924,14 +952,15 @@ def v3_flash2_atomic(q, k, v, *, causal=False, mask=None, bias=None, scale=None,
 
 def v4_flash2_tma(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
     """v3 with the forward's Q/K/V tiles loaded by TMA where ``_tma_applies`` (else v3 exactly);
-    the backward is v3's."""
+    the backward is ``flash_attention``'s (the bench's row times v3's)."""
     with use_tma(), use_ws(False):
         return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 
 
 def v5_flash2_ws(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
     """The forward through v5 (warp-specialized Gluon kernel, ``attention_gluon``) where
-    ``_ws_applies`` (else as v3); the backward is v3's."""
+    ``_ws_applies`` (else as v3); the backward is ``flash_attention``'s (the bench's row times v3's;
+    ``v6_flash2_ws_bwd`` v6's)."""
     with use_ws():
         return flash_attention(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse)
 

@@ -433,9 +433,21 @@ OVERRIDE: dict = {}
 PINGPONG = {"on": False}
 # The persistent grid (``attn_fwd_ws_persistent_kernel``; no bias, two consumers): written after the
 # ninth session's profile (v5 runs 2048 CTAs at one an SM, each paying its Q load, ring fill and
-# epilogue with the tensor pipe idle; cuDNN's forward is persistent). Compiled for sm_90 on the CPU,
-# not yet run on a GPU: off.
-PERSISTENT = {"on": False}
+# epilogue with the tensor pipe idle; cuDNN's forward is persistent). ``PERSISTENT["on"]``: None =
+# where ``PERSISTENT_RULES`` (head dim, causal) say, True / False forced / off. Measured against v5's
+# grid (scripts/experiments/attention_ws_ab.py --persistent, e665872; B * S = 16384, H = 16, bf16):
+# D = 128 without causal 1.04-1.08x (S 1024 / 4096 / 8192: 0.81 / 0.81 / 0.94x cuDNN -> 0.87 / 0.85 /
+# 0.97x); causal 0.95-0.97x (the static round robin leaves SMs idle at the end even with the longest
+# tiles first); D = 64 0.99-1.07x, within the run's noise on half the cases: left on v5's grid.
+PERSISTENT = {"on": None}
+PERSISTENT_RULES = {(128, False)}
+
+
+def _persistent(D, causal) -> bool:
+    on = PERSISTENT["on"]
+    return (D, bool(causal)) in PERSISTENT_RULES if on is None else bool(on)
+
+
 _SMS: dict = {}
 
 
@@ -480,7 +492,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
-    if PERSISTENT["on"] and bias is None and ncons == 2 and maxnreg is None:
+    if bias is None and ncons == 2 and maxnreg is None and not PINGPONG["on"] and _persistent(D, causal):
         total = -(-Sq // (ROWS * 2)) * B * H
         grid = (min(_num_sms(q.device), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)

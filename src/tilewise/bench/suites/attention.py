@@ -3,18 +3,20 @@ compiled FlexAttention: forward, forward + backward, causal and not, with and wi
 
 Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attention_bias_*`` with a
 (1, H, S, S) additive bias, whose gradient is taken in the backward rows):
-    sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd), v3_flash2 (ours, the
-    Triton forward: v3, or v4's TMA kernel with a bias; its baseline is sdpa_flash, or the fastest
-    SDPA backend that accepts the bias), v5_flash2_ws (the warp-specialized Gluon forward, sm_90,
-    D 64 / 128; the backward is v3's; ``flash_attention`` runs it by default where
-    ``attention._WS_RULES`` say), v4_flash2_tma (v3 with TMA loads in the forward; no-bias rows
-    only), v3_flash2_atomic (``flash_attention``'s default forward and, with
-    ``deterministic=False``, the fused backward with atomic dQ; forward + backward rows only),
-    v6_flash2_ws_bwd (v5's forward, the backward's dK / dV and dQ kernels warp-specialized in
-    Gluon, ``attention.use_ws_bwd``; no-bias forward + backward rows, D 64 / 128),
+    sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd): the baselines;
+    flash_attention (ours as a caller gets it: the forward by ``attention._WS_RULES`` (v5 or v3 /
+    v4), the backward by ``_WS_BWD_RULES`` (v6 or v3's two kernels); the issue's targets are read
+    from this row); v3_flash2 (the Triton forward: v3, or v4's TMA kernel with a bias; v3's
+    backward; its baseline is sdpa_flash, or the fastest SDPA backend that accepts the bias),
+    v5_flash2_ws (the warp-specialized Gluon forward, sm_90, D 64 / 128; v3's backward),
+    v4_flash2_tma (v3 with TMA loads in the forward; v3's backward; no-bias rows only),
+    v3_flash2_atomic (the default forward and, with ``deterministic=False``, the fused backward
+    with atomic dQ; forward + backward rows only), v6_flash2_ws_bwd (v5's forward, v6's backward:
+    dK / dV and dQ kernels warp-specialized in Gluon; no-bias forward + backward rows, D 64 / 128),
     v3_flash2_ordered / v3_flash2_twokernel (rows of 2c64a6d in the CSV: v3's forward, the
     deterministic backward through the fused kernel with ordered dQ adds / the two kernels; the
-    ordered one measured slower everywhere, its rows since dropped).
+    ordered one measured slower everywhere, its rows since dropped). Rows before the tenth session
+    (git e665872 and older): v3_flash2 / v5_flash2_ws ran the default backward, v3's then.
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
 16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
 tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
@@ -80,34 +82,41 @@ def _flex():
     return fn
 
 
-def _variant(fn):
-    """One of ``attention.VARIANTS`` as the (q, k, v, causal, bias) callable the rows time."""
-    return lambda q, k, v, causal, bias: fn(q, k, v, causal=causal, bias=bias)
+def _variant(fn, ws_bwd=None):
+    """One of ``attention.VARIANTS`` (or ``flash_attention``) as the (q, k, v, causal, bias) callable
+    the rows time. ``ws_bwd``: the backward the row times (read when it runs, so ``_check_version``
+    and ``_time`` hold it over the whole call): False v3's kernels, True v6's, None
+    ``flash_attention``'s default (``attention.use_ws_bwd``)."""
+    def f(q, k, v, causal, bias):
+        return fn(q, k, v, causal=causal, bias=bias)
+    f.ws_bwd = ws_bwd
+    return f
 
 
-_ours = _variant(op.v3_flash2)  # the Triton forward (v4's TMA kernel for a bias, where it applies)
-_ours_ws = _variant(op.v5_flash2_ws)  # v5, the warp-specialized Gluon forward, where it applies
+_ours = _variant(op.v3_flash2, False)  # the Triton forward (v4's TMA kernel for a bias, where it applies)
+_ours_ws = _variant(op.v5_flash2_ws, False)  # v5, the warp-specialized Gluon forward, where it applies
+_ours_v6 = _variant(op.v5_flash2_ws, True)  # v5's forward, v6's backward (where they apply)
+_ours_default = _variant(op.flash_attention)  # what a caller gets: v5 / v3 and v6 / v3 by the rules
 _ours_atomic = _variant(op.v3_flash2_atomic)  # the default forward, the atomic backward
-_ours_tma = _variant(op.v4_flash2_tma)
+_ours_tma = _variant(op.v4_flash2_tma, False)
 
 
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
     """fp32 reference on heads 0-1 (attention is independent per (b, h)); batch 0 only, except with a
-    bias, whose gradient sums over the batch."""
+    bias, whose gradient sums over the batch. The backward is ``fn``'s (``_variant``)."""
     sl = (slice(None), slice(0, 2)) if bias is not None else (slice(0, 1), slice(0, 2))
     qs, ks, vs = (t[sl].detach().float().requires_grad_(backward) for t in (q, k, v))
     bs = bias[:, :2].detach().float().requires_grad_(backward) if bias is not None else None
     ref = op.reference(qs, ks, vs, causal=causal, bias=bs)
     qi, ki, vi = (t.detach().requires_grad_(backward) for t in (q, k, v))
     bi = bias.detach().requires_grad_(backward) if bias is not None else None
-    out = fn(qi, ki, vi, causal, bi)
+    ins = [qi, ki, vi] + ([bi] if bias is not None else [])
+    ref_ins = [qs, ks, vs] + ([bs] if bias is not None else [])
+    with op.use_ws_bwd(getattr(fn, "ws_bwd", None)):
+        out = fn(qi, ki, vi, causal, bi)
+        grads = torch.autograd.grad(out, ins, go) if backward else ()
     check(f"{name} out", out[sl].float(), ref.detach(), dtype=q.dtype, tol=2e-2)
     if backward:
-        ins, ref_ins = [qi, ki, vi], [qs, ks, vs]
-        if bias is not None:
-            ins.append(bi)
-            ref_ins.append(bs)
-        grads = torch.autograd.grad(out, ins, go)
         ref_grads = torch.autograd.grad(ref, ref_ins, go[sl].float())
         for gname, g, rg in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
             part = g[:, :2] if gname == "dbias" else g[sl]
@@ -121,7 +130,8 @@ def _time(fn, q, k, v, bias, causal, go, backward):
     for t in ins:
         t.requires_grad_(True)
     try:
-        return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
+        with op.use_ws_bwd(getattr(fn, "ws_bwd", None)):  # read when the backward runs: over the timing
+            return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
     finally:
         for t in ins:
             t.requires_grad_(False)
@@ -202,6 +212,7 @@ def run(r) -> None:
                 row = dict(opname=opname, shape=shape, dtype=dtype, cost=cost, base=base, base_ms=times.get(base))
                 if D in (64, 128):  # e.g. a Triton without Gluon, or not sm_90: logged, no row
                     _optional_row(r, "v5_flash2_ws", _ours_ws, q, k, v, bias, causal, go, backward, **row)
+                _optional_row(r, "flash_attention", _ours_default, q, k, v, bias, causal, go, backward, **row)
                 if backward:
                     r.status(f"{opname} {shape} v3_flash2_atomic")
                     _check_version("v3_flash2_atomic", _ours_atomic, q, k, v, bias, causal, go, True)
@@ -209,9 +220,7 @@ def run(r) -> None:
                     r.add(opname, "v3_flash2_atomic", shape, dtype, ms, cost, baseline=base,
                           baseline_ms=times.get(base))
                     if not with_bias and D in (64, 128):  # v5's forward where it applies, v6's backward
-                        # (the switch is read when the backward runs: it spans the whole timed call)
-                        with op.use_ws_bwd(True):
-                            _optional_row(r, "v6_flash2_ws_bwd", _ours_ws, q, k, v, None, causal, go, True, **row)
+                        _optional_row(r, "v6_flash2_ws_bwd", _ours_v6, q, k, v, None, causal, go, True, **row)
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
                 if not r.quick and not backward and not with_bias and S == 4096:
