@@ -1213,11 +1213,13 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
 
 
 def test_v6_ws_bwd_rules_and_cpu_never():
-    """v6 by default where the rules say (D = 128; D = 64 from S = 4096 both ways), forced on or
+    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 4096
+    both ways), forced on or
     off by ``use_ws_bwd``; never on CPU tensors."""
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
     assert A._WS_BWD["on"] is None
-    assert A._ws_bwd_rule(128, False, 1, 1) and A._ws_bwd_rule(128, True, 1000, 33)
+    assert A._ws_bwd_rule(128, False, 1, 1) and A._ws_bwd_rule(128, True, 2048, 4096)
+    assert not A._ws_bwd_rule(128, True, 1024, 1024)
     assert A._ws_bwd_rule(64, True, 4096, 4096) and A._ws_bwd_rule(64, False, 8192, 4096)
     assert not A._ws_bwd_rule(64, False, 2048, 8192) and not A._ws_bwd_rule(64, True, 8192, 1024)
     assert not A._ws_bwd_rule(96, False, 8192, 8192)
@@ -1377,8 +1379,9 @@ def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid
-    without causal and v5's grid with it, backward v6's two Gluon kernels; D = 64 at S = 1000 v3
-    forward and backward (the rules); deterministic=False the atomic kernel; a mask v3's kernels."""
+    without causal and v5's grid with it, backward v6's two Gluon kernels (with causal from
+    S = 2048, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
+    deterministic=False the atomic kernel; a mask v3's kernels."""
     from tilewise.ops import attention_gluon as ag
     from tilewise.ops import attention_gluon_bwd as gb
     from tilewise.ops import attention_kernels as K
@@ -1393,8 +1396,10 @@ def test_gpu_default_routes(monkeypatch):
     mask = torch.rand(1000, 1000, device="cuda") > 0.5
     q64, k64, v64 = (t[..., :64].contiguous() for t in (q, k, v))
     atomic = functools.partial(A.flash_attention, deterministic=False)
+    q2, k2, v2 = _inputs(1, 2, 1, 2100, 2050, 128, dtype=torch.bfloat16, device="cuda", seed=51)
     cases = [("D128", A.flash_attention, (q, k, v), dict(causal=False), [ag.attn_fwd_ws_persistent_kernel] + v6),
-             ("D128 causal", A.flash_attention, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
+             ("D128 causal S1000", A.flash_attention, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel] + v3[1:]),
+             ("D128 causal S2050", A.flash_attention, (q2, k2, v2), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
              ("D128 atomic", atomic, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel, K._attn_bwd_atomic_kernel]),
              ("D128 mask", A.flash_attention, (q, k, v), dict(mask=mask), v3),
              ("D64 S1000", A.flash_attention, (q64, k64, v64), dict(causal=True), v3)]

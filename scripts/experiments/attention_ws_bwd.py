@@ -9,7 +9,7 @@ Prediction (before the first run, from the ninth session's Nsight Compute profil
 dV kernel keeps the tensor pipe 38% busy at D = 128 (3.02 ms), its dQ kernel 54% (1.57 ms), cuDNN's
 backward 63% (2.29 ms)): v6's kernels at ~55-60% busy, so the D = 128 backward 4.65 -> ~3.2 ms at
 S = 4096 (fwd + bwd ~1.5x SDPA flash, from 1.13x); D = 64 2.0 -> ~1.6 ms.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles [D ...]]
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_ws_bwd.py [--tiles [D ...] | --short-causal]
 """
 
 import sys
@@ -84,10 +84,34 @@ DQ_TILES = {128: [(64, 2, 240), (64, 4, 240), (128, 2, 240)],
             64: [(64, 2, 240), (64, 4, 240), (128, 2, 240), (128, 3, 240)]}
 
 
+def short_causal(g):
+    """The grid (e79d096) timed v6's causal backward at S = 1024 / 2048 no faster than non-causal
+    (D = 128 S = 1024: fwd + bwd 1.23 ms causal, 1.25 plain), where the --tiles run had 0.65 ms for
+    the backward alone (and 0.92 ms in another run of the same config): each kernel alone, five
+    timings each, plain and causal, to see which kernel and whether the time is bimodal."""
+    H, TOKENS = 16, 16384
+    for D, S in ((128, 1024), (64, 2048), (128, 4096)):
+        B = TOKENS // S
+        q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        for causal in (False, True):
+            out, lse = A.flash_attention(q, k, v, causal=causal, return_lse=True)
+            delta = (out.float() * do.float()).sum(-1)
+            dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+            scale = D ** -0.5
+            t_kv = [bench(lambda: gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)) for _ in range(5)]
+            t_q = [bench(lambda: gb.dq(q, k, v, do, lse, delta, causal, scale, dq)) for _ in range(5)]
+            print(f"D={D:3d} S={S:5d} {'causal' if causal else 'plain ':6s}: dkdv "
+                  + " ".join(f"{t * 1e3:6.0f}" for t in t_kv) + " us | dq " + " ".join(f"{t * 1e3:6.0f}" for t in t_q)
+                  + " us", flush=True)
+
+
 def main():
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     warm_up()
     g = torch.Generator(device="cuda").manual_seed(0)
+    if "--short-causal" in sys.argv:
+        short_causal(g)
+        return
     if "--tiles" in sys.argv:
         dims = [int(a) for a in sys.argv[sys.argv.index("--tiles") + 1:] if a.isdigit()] or [128, 64]
         for D in dims:
