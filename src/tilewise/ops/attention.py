@@ -493,7 +493,7 @@ def ordered_dq(on: bool | None = True):
 # The deterministic backward only: ``deterministic=False`` keeps the fused atomic kernel, which is
 # slower than v6 where the rules send v6 (D = 128 S = 4096: atomic 3.82 ms, v6 3.07 ms, v3's two
 # kernels 4.62 ms), so at D = 128 the default is also the fastest. Rules, (head dim, causal) -> least min(Sq, Sk), from the backward alone (bf16, H = 16,
-# B * S = 16384; scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-tiles-e665872):
+# B * S = 16384; scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-e665872.log):
 # D = 128 faster than v3's two kernels from S = 1024 on (1.38-1.61x), D = 64 slower at S = 1024
 # (0.85-0.88x), faster from 4096 (1.05 / 1.10 / 1.10 / 1.24x: S = 4096 and 16384, plain / causal).
 # The full grid (e79d096, forward + backward, logs/bench-attention-grid-e79d096.log) agrees except
