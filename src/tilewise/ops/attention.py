@@ -45,7 +45,8 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                kernels warp-specialized in Gluon (``attention_gluon_bwd.py``, sm_90, D 64 / 128,
                no mask or bias): a TMA loader warp streams Q / dO (dK / dV kernel) or K / V (dQ
                kernel) tiles to two consumer warpgroups of 64 keys / query rows. The default
-               backward where ``_WS_BWD_RULES`` say (D = 128; D = 64 from S = 4096), else v3's.
+               backward where ``_WS_BWD_RULES`` say (D = 128, with causal from S = 2048; D = 64
+               from S = 4096), else v3's.
                bound: tensor-core FLOPs: 7 matmuls a tile pair, as v3's two kernels (S and dP
                are computed in both), where the fused atomic kernel does 5.
 
@@ -492,13 +493,16 @@ def ordered_dq(on: bool | None = True):
 # say, True / False forced where it applies / off; read when the backward runs, as ``ordered_dq``.
 # The deterministic backward only: ``deterministic=False`` keeps the fused atomic kernel, which is
 # slower than v6 where the rules send v6 (D = 128 S = 4096: atomic 3.82 ms, v6 3.07 ms, v3's two
-# kernels 4.62 ms), so at D = 128 the default is also the fastest. Rules, (head dim, causal) -> least min(Sq, Sk), from the backward alone (bf16, H = 16,
-# B * S = 16384; scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-e665872.log):
-# D = 128 faster than v3's two kernels from S = 1024 on (1.38-1.61x), D = 64 slower at S = 1024
+# kernels 4.62 ms), so at D = 128 the default is also the fastest. Rules, (head dim, causal) ->
+# least min(Sq, Sk), from the backward alone (bf16, H = 16, B * S = 16384;
+# scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-e665872.log): D = 128
+# faster than v3's two kernels from S = 1024 on (1.38-1.61x), D = 64 slower at S = 1024
 # (0.85-0.88x), faster from 4096 (1.05 / 1.10 / 1.10 / 1.24x: S = 4096 and 16384, plain / causal).
 # The full grid (e79d096, forward + backward, logs/bench-attention-grid-e79d096.log) agrees except
-# D = 128 causal S = 1024, where v6 measured no faster than without causal (1.23 ms against v3's
-# 1.13; at S = 2048 1.37 against 1.86): causal D = 128 from S = 2048.
+# D = 128 causal S = 1024: 1.23 ms a call against v3's 1.13 (at S = 2048 1.37 against 1.86). There
+# the call is host-bound: v5 + v6 cost ~1.0 ms of host time a forward + backward against v3's
+# ~0.7, above the ~0.85 ms the device needs (attention_host_time.py, logs/attention-host-time-
+# e0009f8.log). So causal D = 128 from S = 2048.
 _WS_BWD = {"on": None, "dq": True}
 _WS_BWD_RULES = {(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096}
 
@@ -507,9 +511,8 @@ _WS_BWD_RULES = {(128, False): 1, (128, True): 2048, (64, False): 4096, (64, Tru
 def use_ws_bwd(on: bool | None = True, dq: bool = True):
     """The deterministic backward through v6's Gluon kernels where they apply (``_ws_bwd_applies``):
     forced (True), never (False: v3's two kernels, or the ordered kernel if ``ordered_dq`` says), or
-    where ``_WS_BWD_RULES`` say (None, the default). dK / dV, and dQ too
-    unless ``dq=False`` (v3's dQ kernel then). Read when the backward runs: the ``with`` block must
-    contain it."""
+    where ``_WS_BWD_RULES`` say (None, the default). dK / dV, and dQ too unless ``dq=False`` (v3's
+    dQ kernel then). Read when the backward runs: the ``with`` block must contain it."""
     old = dict(_WS_BWD)
     _WS_BWD.update(on=on, dq=dq)
     try:
