@@ -1212,6 +1212,26 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         assert v["spills"] <= limit, f"{name}: {v['spills']} spill instructions"
 
 
+def test_gluon_descriptors_built_once_per_backward():
+    """``attention_gluon._desc``: the shared-memory layout is built once per (block, dtype); within
+    one ``memo`` the same tensor and block give the same descriptor, another block or another
+    tensor (address, shape, strides) a new one with its own fields."""
+    from tilewise.ops import attention_gluon as ag
+
+    if not ag.available():
+        pytest.skip("this Triton has no Gluon")
+    t = torch.randn(300, 64).bfloat16()
+    other = torch.randn(300, 64).bfloat16()
+    memo = {}
+    a = ag._desc(t.view(-1, 64), (64, 64), memo)
+    assert ag._desc(t.view(-1, 64), (64, 64), memo) is a
+    assert ag._desc(t, (64, 64)) is not a and ag._desc(t, (64, 64)).layout is a.layout  # no memo: new, layout reused
+    b = ag._desc(t, (32, 64), memo)
+    c = ag._desc(other, (64, 64), memo)
+    d = ag._desc(t[:100], (64, 64), memo)
+    assert len({id(x) for x in (a, b, c, d)}) == 4 and len(memo) == 4
+    assert b.block_shape == [32, 64] and c.base is other and d.shape == [100, 64] and a.shape == [300, 64]
+
 def test_v6_ws_bwd_rules_and_cpu_never():
     """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 4096
     both ways), forced on or

@@ -785,9 +785,10 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     if ws_bwd:  # v6: dK / dV by the warp-specialized Gluon kernel
         from . import attention_gluon_bwd as gb
 
-        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch)
+        memo: dict = {}  # the TMA descriptors both kernels use, built once
+        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch, memo=memo)
         if _WS_BWD["dq"]:
-            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch)
+            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch, memo=memo)
             return dq, dk, dv, dbias
     else:
         bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)

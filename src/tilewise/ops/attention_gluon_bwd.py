@@ -353,11 +353,12 @@ DQ_CONFIGS = {64: (64, 3), 128: (64, 3)}
 DQ_OVERRIDE: dict = {}  # D -> (BLOCK_N, STAGES, consumer registers): experiments
 
 
-def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
+def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None):
     """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
     Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
     caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
-    launcher; default Triton's own dispatch."""
+    launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
+    backward (the descriptors both kernels use are built once)."""
     from .attention_gluon import _desc
 
     B, H, Sq, D = q.shape
@@ -366,8 +367,8 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
     regs = CONSUMER_REGS
     if D in OVERRIDE:
         bm, stages, regs = OVERRIDE[D]
-    kd, vd = _desc(k.view(-1, D), (KEYS, D)), _desc(v.view(-1, D), (KEYS, D))
-    qd, dod = _desc(q.view(-1, D), (bm, D)), _desc(do.view(-1, D), (bm, D))
+    kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
+    qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
@@ -378,7 +379,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None):
     return dk, dv
 
 
-def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None):
+def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None):
     """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
     from .attention_gluon import _desc
 
@@ -388,8 +389,8 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None):
     regs = CONSUMER_REGS
     if D in DQ_OVERRIDE:
         bn, stages, regs = DQ_OVERRIDE[D]
-    qd, dod = _desc(q.view(-1, D), (KEYS, D)), _desc(do.view(-1, D), (KEYS, D))
-    kd, vd = _desc(k.view(-1, D), (bn, D)), _desc(v.view(-1, D), (bn, D))
+    qd, dod = _desc(q.view(-1, D), (KEYS, D), memo), _desc(do.view(-1, D), (KEYS, D), memo)
+    kd, vd = _desc(k.view(-1, D), (bn, D), memo), _desc(v.view(-1, D), (bn, D), memo)
     grid = (-(-Sq // (2 * KEYS)), B * H)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
