@@ -6,13 +6,13 @@ Prints the top functions by own time and by cumulative time.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/attention_host_profile.py
 """
 
-import contextlib
 import cProfile
 import io
 import pstats
 
 import torch
 
+from attention_host_time import _both  # this folder is on sys.path when run as a script
 from tilewise.ops import attention as A
 
 
@@ -42,12 +42,6 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)
             text = out.getvalue()
             print(f"===== {name}: by {key} (200 calls)\n" + text[text.find("ncalls") - 2:], flush=True)
-
-
-@contextlib.contextmanager
-def _both(a, b):
-    with a, b:
-        yield
 
 
 if __name__ == "__main__":
