@@ -7,6 +7,7 @@ import csv
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -68,3 +69,32 @@ def test_attention_grid_stops_starting_shapes_after_the_limit(tmp_path):
 def test_attention_grid_on_the_gpus_named(tmp_path):
     p, out = _run_grid(tmp_path, GRID_SHAPES="4096x64 4096x128 1024x64", GRID_GPUS="1")
     assert [r["shape"] for r in csv.DictReader(open(out / "grid.csv"))] == ["4096x64@1", "4096x128@1", "1024x64@1"]
+
+
+def test_attention_targets_reads_the_default_row_against_same_run_baselines(tmp_path):
+    """scripts/attention-targets: ratios = baseline / flash_attention from the same run, the newest
+    run by default, the best SDPA backend for bias rows, a later run of a shape replacing an earlier."""
+    head = "op,variant,shape,dtype,median_ms,gbps,tflops,roofline_pct,baseline,baseline_ms,speedup,device,git_sha,date\n"
+    rows = [("attention_fwd", "sdpa_flash", "B=4,H=16,S=4096,D=128", 3.0, "aaa", "2026-01-01"),
+            ("attention_fwd", "flash_attention", "B=4,H=16,S=4096,D=128", 1.5, "aaa", "2026-01-01"),
+            ("attention_fwd", "sdpa_flash", "B=4,H=16,S=4096,D=128", 2.0, "bbb", "2026-01-02"),
+            ("attention_fwd", "sdpa_cudnn", "B=4,H=16,S=4096,D=128", 1.0, "bbb", "2026-01-02"),
+            ("attention_fwd", "flash_attention", "B=4,H=16,S=4096,D=128", 1.25, "bbb", "2026-01-02"),
+            ("attention_bias_fwd", "sdpa_cudnn", "B=4,H=16,S=4096,D=128,bias", 2.6, "bbb", "2026-01-02"),
+            ("attention_bias_fwd", "sdpa_efficient", "B=4,H=16,S=4096,D=128,bias", 5.0, "bbb", "2026-01-02"),
+            ("attention_bias_fwd", "flash_attention", "B=4,H=16,S=4096,D=128,bias", 2.0, "bbb", "2026-01-02")]
+    path = tmp_path / "r.csv"
+    path.write_text(head + "".join(f'{o},{v},"{s}",bfloat16,{ms},0,0,0,,,,H200,{sha},{d}\n'
+                                   for o, v, s, ms, sha, d in rows))
+    script = str(ROOT / "scripts" / "attention-targets")
+    newest = subprocess.run([sys.executable, script, "--csv", str(path)], capture_output=True, text=True, timeout=60)
+    assert newest.returncode == 0, newest.stderr
+    lines = newest.stdout.splitlines()
+    assert lines[0].startswith("runs: bbb")
+    fwd = next(line for line in lines if line.startswith("attention_fwd "))
+    assert "1.60x" in fwd and "0.80x" in fwd  # flash 2.0 / 1.25, cudnn 1.0 / 1.25
+    bias = next(line for line in lines if line.startswith("attention_bias_fwd "))
+    assert "1.30x (sdpa_cudnn)" in bias
+    old = subprocess.run([sys.executable, script, "--csv", str(path), "--sha", "aaa"], capture_output=True, text=True,
+                         timeout=60)
+    assert "2.00x" in old.stdout and "attention_bias" not in old.stdout
