@@ -1432,6 +1432,7 @@ def test_gpu_default_routes(monkeypatch):
             e = ((ours[t].double() - ref[t].double()).norm() / ref[t].double().norm()).item()
             assert e < 2e-2, f"{name} {t}: {e:.3g}"
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 2, 2, 1000, 777, 128), (2, 2, 1, 193, 384, 64), (1, 2, 2, 4097, 4097, 64)],
                          ids=lambda s: "x".join(map(str, s)))

@@ -712,10 +712,10 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     dummy = q
 
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
-    # keep the two-kernel backward whatever ``deterministic`` says.
     # v6 (deterministic) unless the fused kernel with ordered dQ adds is forced (``ordered_dq(True)``).
     ws_bwd = deterministic and _ORDERED_DQ["on"] is not True and _ws_bwd_plan(q, k, v, do, mask, bias, causal)
+    # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
+    # keep the two-kernel backward whatever ``deterministic`` says.
     ordered = not ws_bwd and deterministic and bd <= 128 and _ordered_plan(q, D, mask, bias_grad)
     atomic = not ws_bwd and (not deterministic or ordered) and bd <= 128
     # The atomic (and ordered) path's fp32 dQ accumulator, zeroed by the preprocess kernel.
@@ -725,6 +725,15 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         out, do, dlse if dlse is not None else delta, delta, dq_acc if dq_acc is not None else delta,
         H, Sq, *out.stride(), *do.stride(),
         BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None)
+
+    if ws_bwd:  # v6 (no mask, no bias): dK / dV, and dQ unless v3's is asked for, by the Gluon kernels
+        from . import attention_gluon_bwd as gb
+
+        memo: dict = {}  # the TMA descriptors both kernels use, built once
+        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch, memo=memo)
+        if _WS_BWD["dq"]:
+            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch, memo=memo)
+            return dq, dk, dv, dbias
 
     mask8 = mask.view(torch.uint8) if mask is not None else None
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
@@ -782,15 +791,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, _reduce_dbias(ds, bias, direct) if bias_grad else dbias
 
-    if ws_bwd:  # v6: dK / dV by the warp-specialized Gluon kernel
-        from . import attention_gluon_bwd as gb
-
-        memo: dict = {}  # the TMA descriptors both kernels use, built once
-        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch, memo=memo)
-        if _WS_BWD["dq"]:
-            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch, memo=memo)
-            return dq, dk, dv, dbias
-    else:
+    if not ws_bwd:  # (v6 launched its dK / dV kernel above)
         bm, bn, warps, stages = _config("dkdv", D, q.dtype.itemsize)
         flags = _block_flags(mask, full, bm, bn) if mask is not None else None
         _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),

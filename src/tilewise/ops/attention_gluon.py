@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime import cuda as rt
+
 try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers check ``available``)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -222,6 +224,8 @@ if _GLUON:
             off_b = bh // H
             off_h = bh % H
         q_row = bh * Sq + start_m * BM
+        # The K / V row and ring are spelled out here, not through kv_head_row / kv_ring (below): either
+        # changes this kernel's sm_90 SASS (checked under Triton 3.6), and this is the build measured.
         kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
         b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
         n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
@@ -449,16 +453,6 @@ def _persistent(D, causal) -> bool:
     return (D, bool(causal)) in PERSISTENT_RULES if on is None else bool(on)
 
 
-_SMS: dict = {}
-
-
-def _num_sms(device) -> int:
-    idx = torch.device(device).index or 0
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
@@ -486,6 +480,15 @@ def _desc(t2: torch.Tensor, block, memo: dict | None = None):
     return d
 
 
+def run(kernel, grid, args, meta, launch=None):
+    """``kernel[grid](*args, **meta)`` through ``launch`` (the project's Triton launcher) when
+    given, else through Triton's own dispatch."""
+    if launch is None:
+        kernel[grid](*args, **meta)
+    else:
+        launch(kernel, grid, *args, **meta)
+
+
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None):
     """The forward into ``out`` (contiguous, q's shape) and ``lse`` (B, H, Sq) fp32. The caller
     checks the layouts (``attention._ws_applies``). ``launch``: the project's Triton launcher
@@ -511,13 +514,10 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         bd = qd  # unused
     if bias is None and ncons == 2 and maxnreg is None and not PINGPONG["on"] and _persistent(D, causal):
         total = -(-Sq // (ROWS * 2)) * B * H
-        grid = (min(_num_sms(q.device), total),)
+        grid = (min(rt.sm_count(q.get_device()), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
         meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
-        if launch is None:
-            attn_fwd_ws_persistent_kernel[grid](*args, **meta)
-        else:
-            launch(attn_fwd_ws_persistent_kernel, grid, *args, **meta)
+        run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
@@ -525,8 +525,5 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
                 CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=PINGPONG["on"], num_warps=4)
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
-    if launch is None:
-        attn_fwd_ws_kernel[grid](*args, **meta)
-    else:
-        launch(attn_fwd_ws_kernel, grid, *args, **meta)
+    run(attn_fwd_ws_kernel, grid, args, meta, launch)
     return out, lse

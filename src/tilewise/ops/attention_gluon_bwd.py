@@ -359,7 +359,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None)
     caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once)."""
-    from .attention_gluon import _desc
+    from .attention_gluon import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -372,16 +372,13 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
-    if launch is None:
-        attn_bwd_dkdv_ws_kernel[grid](*args, **meta)
-    else:
-        launch(attn_bwd_dkdv_ws_kernel, grid, *args, **meta)
+    run(attn_bwd_dkdv_ws_kernel, grid, args, meta, launch)
     return dk, dv
 
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None):
     """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
-    from .attention_gluon import _desc
+    from .attention_gluon import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -394,8 +391,5 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None):
     grid = (-(-Sq // (2 * KEYS)), B * H)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
-    if launch is None:
-        attn_bwd_dq_ws_kernel[grid](*args, **meta)
-    else:
-        launch(attn_bwd_dq_ws_kernel, grid, *args, **meta)
+    run(attn_bwd_dq_ws_kernel, grid, args, meta, launch)
     return dq_out
