@@ -227,6 +227,101 @@ def test_suite_matrices_small_are_valid(kind):
         assert A.stats.max == 5
 
 
+# --------------------------------------------------------------------------- Panels (CPU)
+
+
+def _panels_model(Pn: sp.Panels, x, alpha=1.0, beta=0.0, y0=None):
+    """y from the Panels arrays as the kernel reads them: every CTA's run of chunks, keys decoded,
+    padding (row 0xFFFF) skipped without reading x, rows summed over the cluster's ranks."""
+    M = Pn.shape[0]
+    y = torch.zeros(M, dtype=torch.float64)
+    pc = Pn.panel_chunk.long()
+    key = Pn.key.long() & 0xFFFFFFFF
+    for p in range(Pn.panels):
+        c0, n = int(pc[p]), int(pc[p + 1] - pc[p])
+        for rank in range(Pn.cluster):
+            cb, ce = c0 + n * rank // Pn.cluster, c0 + n * (rank + 1) // Pn.cluster
+            for c in range(cb, ce):
+                k = key[c * 32:(c + 1) * 32]
+                row, col = k & 0xFFFF, (k >> 16) + int(Pn.chunk_col0[c])
+                live = row != 0xFFFF
+                prod = Pn.val[c * 32:(c + 1) * 32].double()[live] * x.double()[col[live]]
+                y.index_add_(0, p * Pn.rows + row[live], prod)
+    out = alpha * y
+    return out + beta * y0.double() if beta != 0.0 else out
+
+
+def _panels_cases():
+    wide = sp.CSR.from_dense(_random_dense(5, 140_000, 0.0005, 3))   # three column blocks
+    return {"odd": sp.CSR.from_dense(_random_dense(37, 29, 0.2, 1, empty_rows=(0, 36))),
+            "empty_panel": sp.CSR.from_dense(_random_dense(40, 9, 0.3, 2, empty_rows=range(8, 24))),
+            "wide": wide, "powerlaw": suite.make_matrix("powerlaw", small=True, device="cpu")}
+
+
+@pytest.mark.parametrize("name", ["odd", "empty_panel", "wide", "powerlaw"])
+@pytest.mark.parametrize("rows,cluster", [(1, 1), (7, 2), (8, 3), (1000, 4), (57344, 1)])
+def test_panels_layout_and_model(name, rows, cluster):
+    A = _panels_cases()[name]
+    M, N = A.shape
+    Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster)
+    assert Pn.panels == -(-M // rows) and Pn.nnz == A.nnz and Pn.key.numel() % 32 == 0
+    key = Pn.key.long() & 0xFFFFFFFF
+    live = (key & 0xFFFF) != 0xFFFF
+    assert int(live.sum()) == A.nnz and bool((Pn.val[~live] == 0).all())
+    # every nonzero once: (row, col, val) triples equal CSR's
+    chunk = torch.arange(Pn.key.numel()) // 32
+    panel = torch.searchsorted(Pn.panel_chunk.long(), chunk, right=True) - 1
+    rows_g = (panel * rows + (key & 0xFFFF))[live]
+    cols_g = ((key >> 16) + Pn.chunk_col0.long()[chunk])[live]
+    got = sorted(zip(rows_g.tolist(), cols_g.tolist(), Pn.val[live].tolist()))
+    r = torch.repeat_interleave(torch.arange(M), A.row_lengths().long())
+    assert got == sorted(zip(r.tolist(), A.col.long().tolist(), A.val.tolist()))
+    # column order within a panel, one column block per chunk, at most 31 padding per (panel, block)
+    assert bool((cols_g[1:] >= cols_g[:-1])[panel[live][1:] == panel[live][:-1]].all())
+    assert bool((Pn.chunk_col0 % sp.PANEL_COLS == 0).all())
+    x = torch.randn(N)
+    want = sp.reference(A.row_ptr, A.col, A.val, x)  # float64; duplicates summed like the kernel does
+    torch.testing.assert_close(_panels_model(Pn, x), want)
+    y0 = torch.randn(M)
+    torch.testing.assert_close(_panels_model(Pn, x, 1.5, -0.25, y0), 1.5 * want - 0.25 * y0.double())
+
+
+def test_panels_padding_reads_no_x():
+    """A chunk's padding keys decode to column chunk_col0 + 0: the model (as the kernel) must skip
+    them, or an Inf there turns a row into NaN."""
+    D = torch.zeros(3, 70_000)
+    D[0, 5], D[1, 66_000], D[2, 69_999] = 1.0, 2.0, 3.0
+    Pn = sp.Panels.from_csr(sp.CSR.from_dense(D), rows=2, cluster=1)
+    assert int(((Pn.key.long() & 0xFFFF) == 0xFFFF).sum()) > 0
+    x = torch.ones(70_000)
+    x[0] = x[65_536] = float("inf")
+    torch.testing.assert_close(_panels_model(Pn, x), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+
+
+def test_panels_errors_and_shape_rule():
+    A = sp.CSR.from_dense(torch.eye(3))
+    with pytest.raises(ValueError, match="rows must be in"):
+        sp.Panels.from_csr(A, rows=0, cluster=1)
+    with pytest.raises(ValueError, match="rows must be in"):
+        sp.Panels.from_csr(A, rows=sp.PANEL_MAX_ROWS + 1, cluster=1)
+    with pytest.raises(ValueError, match="cluster must be one of"):
+        sp.Panels.from_csr(A, rows=2, cluster=5)
+    Pn = sp.Panels.from_csr(A, rows=2, cluster=2)
+    with pytest.raises(ValueError, match="not built for clusters of 2"):
+        sp.panels(Pn, torch.ones(3), config=(1024, 3, 4))
+    with pytest.raises(ValueError, match="must be a Panels"):
+        sp.panels(A, torch.ones(3))
+    # H200-like GPCs: 32 clusters of 4, 42 of 3, 66 of 2, 132 of 1 resident at once
+    fit = {4: 32, 3: 42, 2: 66, 1: 132}.get
+    assert sp.panel_shape(2_000_000, clusters_fit=fit) == (47620, 3)   # 42 x 3 CTAs; 4 would need 62500 rows
+    assert sp.panel_shape(1_000_000, clusters_fit=fit) == (31250, 4)
+    assert sp.panel_shape(5_000_000, clusters_fit=fit) == (37879, 1)
+    assert sp.panel_shape(10**8, clusters_fit=fit) == (sp.PANEL_MAX_ROWS, 1)
+    assert sp.panel_shape(10, clusters_fit=fit) == (1, 4)
+    for cfg in sp.PANEL_DEFAULT.values():
+        assert cfg in sp.PANEL_CONFIGS
+
+
 # --------------------------------------------------------------------------- csr_merge's partition (CPU)
 
 
@@ -448,6 +543,9 @@ def _all_formats(A):
         out.append(("ell", {}, sp.ELL.from_csr(A)))
     except ValueError:
         pass
+    out.append(("panels", {}, sp.Panels.from_csr(A)))
+    out += [("panels", {"config": c}, sp.Panels.from_csr(A, rows=max(1, A.shape[0] // 5), cluster=c[1]))
+            for c in sp.PANEL_CONFIGS]
     return out
 
 
@@ -486,6 +584,38 @@ def test_suite_matrices_small_every_kernel_and_auto(kind):
 
 
 @pytest.mark.gpu
+def test_panels_many_blocks_and_panels():
+    """Past one panel (57344 rows) and one column block (65536 columns): 70001 x 200003, an Inf at
+    every column-block start no nonzero uses (a padding entry that read x would make NaN), beta
+    != 0 and a NaN-poisoned y with beta == 0, every built config at the default panel shape."""
+    M, N, per_row = 70_001, 200_003, 9
+    g = torch.Generator(device="cuda").manual_seed(5)
+    col = torch.randint(1, N, (M, per_row), device="cuda", generator=g)
+    col = col + (col % sp.PANEL_COLS == 0).long()   # keep block starts out of the pattern
+    col = col.clamp_max(N - 1).sort(1).values
+    row_ptr = torch.arange(0, M * per_row + 1, per_row, device="cuda")
+    A = sp.CSR.from_arrays(row_ptr, col.view(-1), torch.randn(M * per_row, device="cuda", generator=g), (M, N))
+    x = torch.randn(N, device="cuda", generator=g)
+    x[torch.arange(0, N, sp.PANEL_COLS, device="cuda")] = float("inf")
+    ref = sp.reference(A.row_ptr, A.col, A.val, x)
+    assert bool(torch.isfinite(ref).all())
+    for cl in sorted(sp.PANEL_DEFAULT):
+        Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3))
+        for cfg in [c for c in sp.PANEL_CONFIGS if c[1] == cl]:
+            y = poison(torch.empty(M, device="cuda"))
+            sp.panels(Pn, x, y, config=cfg)
+            torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4, msg=str(cfg))
+            y0 = torch.randn(M, device="cuda", generator=g)
+            y = y0.clone()
+            sp.panels(Pn, x, y, 0.5, 2.0, config=cfg)
+            torch.testing.assert_close(y.double(), 0.5 * ref + 2.0 * y0.double(), rtol=1e-4, atol=1e-4)
+    Pd = sp.Panels.from_csr(A)
+    rows, cl = sp.panel_shape(M)
+    assert (Pd.rows, Pd.cluster) == (rows, cl) and Pd.panels * cl <= torch.cuda.get_device_properties(0).multi_processor_count
+    torch.testing.assert_close(sp.spmv(Pd, x).double(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_empty_matrices():
     for M, N in [(0, 5), (5, 0), (0, 0)]:
         A = sp.CSR.from_dense(torch.zeros(M, N, device="cuda"))
@@ -494,6 +624,8 @@ def test_empty_matrices():
         assert sp.jds(sp.JDS.from_csr(A), torch.randn(N, device="cuda")).shape == (M,)
         ym = sp.csr_merge(A, torch.randn(N, device="cuda"), poison(torch.empty(M, device="cuda")))
         assert ym.shape == (M,) and bool((ym == 0).all())
+        yp = sp.panels(sp.Panels.from_csr(A), torch.randn(N, device="cuda"), poison(torch.empty(M, device="cuda")))
+        assert yp.shape == (M,) and bool((yp == 0).all())
 
 
 @pytest.mark.gpu

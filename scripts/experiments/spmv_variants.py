@@ -10,7 +10,10 @@ Timed, each after its output is checked against a float64 reference on a NaN-poi
 Prints one line per run (ms, speed-up over cuSPARSE, GB/s against the bytes floor of cost()), then
 per matrix the best kernel and the best csr_merge setting, and a summary table to check choose()
 against: its pick's speed-up next to the best one's.
-Run on the GPU (< 2 minutes on an H200): PYTHONPATH=src python3 scripts/experiments/spmv_variants.py [KIND ...]
+Also prints the copy bandwidth of the same run (1 GiB torch copy: read + write over time) and each
+run's share of it at the bytes floor (the issue's "% of the floor's bandwidth").
+Run on the GPU (< 2 minutes on an H200):
+PYTHONPATH=src python3 scripts/experiments/spmv_variants.py [--only PREFIX[,PREFIX]] [KIND ...]
 """
 
 import sys
@@ -43,8 +46,28 @@ def variants(A):
     out.append(("ell", op.ELL.from_csr, op.ell))
     for c in op.JDS_CONFIGS:
         out.append((f"jds/{c[0]}x{c[1]}", op.JDS.from_csr, lambda F, x, y, c=c: op.jds(F, x, y, config=c)))
+    M = A.shape[0]
+    dev = torch.cuda.current_device()
+    for cl in sorted(op.PANEL_DEFAULT):
+        fit = op._clusters_fit(dev, cl)
+        for n_p in sorted({fit, max(1, fit * 3 // 4)}, reverse=True):
+            rows = -(-M // n_p)
+            if rows > op.PANEL_MAX_ROWS:
+                continue
+            for c in [c for c in op.PANEL_CONFIGS if c[1] == cl and (cl == 3 or c == op.PANEL_DEFAULT[cl])]:
+                out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}",
+                            lambda A_, rows=rows, cl=cl: op.Panels.from_csr(A_, rows=rows, cluster=cl),
+                            lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out
+
+
+def copy_gbs():
+    a = torch.empty(2**28, device="cuda")
+    a.uniform_()
+    b = torch.empty_like(a)
+    ms = bench(lambda: b.copy_(a))
+    return 2 * 2**30 / ms / 1e6
 
 
 def rel_err(y, ref):
@@ -53,8 +76,12 @@ def rel_err(y, ref):
     return float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def main(kinds):
+def main(kinds, only=None):
     wrong, summary = [], []
+    copy = copy_gbs()
+    dev = torch.cuda.current_device()
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s (same run); clusters of the panels kernel "
+          f"resident at once: " + ", ".join(f"{cl}: {op._clusters_fit(dev, cl)}" for cl in sorted(op.PANEL_DEFAULT)))
     for kind in kinds:
         t = time.time()
         A = suite.make_matrix(kind, seed=0)
@@ -66,19 +93,23 @@ def main(kinds):
         ref = op.reference(A.row_ptr, A.col, A.val, x)
         floor = op.cost(M, N, A.nnz).bytes
         gbs = lambda ms: floor / ms / 1e6  # noqa: E731
+        pct = lambda ms: 100 * gbs(ms) / copy  # noqa: E731
         At = A.to_torch()
         assert rel_err(At @ x, ref) < 1e-4, "torch.sparse disagrees with the reference"
         base = bench(lambda: At @ x)
         pick = op.choose(st)
         print(f"\n{kind}: {M} x {N}, nnz {A.nnz}, rows mean {st.mean:.1f} max {st.max} std {st.std:.1f} "
               f"empty {st.empty_rows}; choose() -> {pick}  [built in {time.time() - t:.1f} s, {time.time() - T0:.0f} s]")
-        print(f"  {'torch.sparse (cuSPARSE)':28s} {base:8.4f} ms  {1.0:6.3f}x  {gbs(base):6.0f} GB/s")
-        tiles = sorted({nt * ipt for nt, ipt in op.MERGE_CONFIGS})
+        print(f"  {'torch.sparse (cuSPARSE)':28s} {base:8.4f} ms  {1.0:6.3f}x  {gbs(base):6.0f} GB/s {pct(base):5.1f} %")
+        tiles = sorted({nt * ipt for nt, ipt in op.MERGE_CONFIGS}) if not only or any(
+            o.startswith("csr_merge") or "csr_merge".startswith(o) for o in only) else []
         plans = {tl: op.merge_plan(A, tl) for tl in tiles}
         print("  merge plans: " + ", ".join(f"tile {tl}: {p.build_ms:.2f} ms, {p.n_tiles} tiles, {p.n_seg} straddling rows"
                                             for tl, p in plans.items()))
         times = {}
         for name, build, fn in variants(A):
+            if only and name != "auto" and not name.startswith(only):
+                continue
             F = A
             if build is not None:
                 try:
@@ -96,7 +127,7 @@ def main(kinds):
                 continue
             ms = bench(lambda: fn(F, x, y))
             times[name] = ms
-            print(f"  {name:28s} {ms:8.4f} ms  {base / ms:6.3f}x  {gbs(ms):6.0f} GB/s{extra}")
+            print(f"  {name:28s} {ms:8.4f} ms  {base / ms:6.3f}x  {gbs(ms):6.0f} GB/s {pct(ms):5.1f} %{extra}")
             del F
         ranked = sorted((ms, n) for n, ms in times.items() if n != "auto")
         merge = sorted((ms, n) for n, ms in times.items() if n.startswith("csr_merge"))
@@ -121,4 +152,8 @@ def main(kinds):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(suite.KINDS))
+    args = sys.argv[1:]
+    only = None
+    if args[:1] == ["--only"]:
+        only, args = tuple(args[1].split(",")), args[2:]
+    main(args or list(suite.KINDS), only)

@@ -25,7 +25,7 @@ _LAZY = {
     "add": "ops.elementwise", "sub": "ops.elementwise", "mul": "ops.elementwise",
     "div": "ops.elementwise", "maximum": "ops.elementwise", "pow": "ops.elementwise",
     "transpose": "ops.transpose",
-    "spmv": "ops.spmv", "CSR": "ops.spmv", "ELL": "ops.spmv", "JDS": "ops.spmv",
+    "spmv": "ops.spmv", "CSR": "ops.spmv", "ELL": "ops.spmv", "JDS": "ops.spmv", "Panels": "ops.spmv",
     "matmul": "ops.matmul",
     "gemm": "ops.gemm_triton", "linear": "ops.gemm_triton",
     "softmax": "ops.softmax", "log_softmax": "ops.softmax", "softmax_backward": "ops.softmax",

@@ -43,11 +43,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
-__device__ __forceinline__ unsigned cta_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
+using tw::cta_rank;
 __device__ __forceinline__ unsigned cluster_id() {
   unsigned r;
   asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
@@ -58,21 +54,9 @@ __device__ __forceinline__ unsigned cluster_count() {
   asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
   return r;
 }
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// A float in the shared memory of the cluster's CTA `rank`, at the address `p` has in ours.
-__device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
+using tw::cluster_arrive;
+using tw::cluster_wait;
+using tw::load_remote;
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

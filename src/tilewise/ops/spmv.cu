@@ -5,6 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
+// tilewise-instantiate: spmv_panels<1024,1,4> spmv_panels<1024,2,4> spmv_panels<1024,3,4> spmv_panels<1024,4,4> spmv_panels<1024,3,2> spmv_panels<1024,3,8> spmv_panels<512,3,8>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -304,4 +305,79 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) y[seg_row[w]] += alpha * sum;
+}
+
+// panels: for matrices whose columns are spread at random over a wide x (the uniform matrix), where
+// every CSR / ELL / JDS kernel pays one 32-byte L2 sector per 4-byte x[col] it gathers. The rows are
+// cut into panels of R rows; a panel's nonzeros are stored in column order, so the warps of a CTA
+// walk x from left to right and 32 neighbouring nonzeros fall in a few sectors (L1 hits for the
+// rest), and each product is added into the panel's y held in shared memory (R floats). Entry
+// = (col & 0xFFFF) << 16 | row within the panel, plus its value; entries come in chunks of 32 that
+// share one column block (chunk_col0: col & ~0xFFFF), padded with key 0xFFFF (no product: the
+// padding reads no x, so an Inf or NaN in x cannot leak into a row). A cluster of CL CTAs shares a
+// panel: rank r takes the r-th of CL equal runs of the panel's chunks; after a cluster barrier each
+// CTA sums rows [r R / CL, (r + 1) R / CL) over the CL shared-memory copies in rank order (through
+// distributed shared memory) and writes y once, then waits at a second barrier so no peer's shared
+// memory goes away while it is read. Shared-memory float atomics are a compare-and-swap loop on
+// sm_90 (ATOMS.CAST.SPIN): the order of the adds into a row is not fixed, so the last bits of y may
+// differ between runs. U chunks per warp are loaded before the first gather.
+template <int NT, int CL, int U>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
+    const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
+    const int* __restrict__ panel_chunk, const float* __restrict__ x, float* __restrict__ y, int M, int R,
+    float alpha, float beta) {
+  extern __shared__ float ys[];
+  constexpr unsigned kPad = 0xFFFFu;
+  constexpr int NW = NT / 32;
+  const int p = blockIdx.x / CL;
+  const unsigned rank = CL > 1 ? tw::cta_rank() : 0u;
+  const int row0 = p * R;
+  const int rows = min(R, M - row0);
+  for (int i = threadIdx.x; i < rows; i += NT) ys[i] = 0.0f;
+  __syncthreads();
+  const int c0 = __ldg(panel_chunk + p);
+  const long long n = __ldg(panel_chunk + p + 1) - c0;
+  const int cb = c0 + (int)(n * rank / CL), ce = c0 + (int)(n * (rank + 1) / CL);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int c = cb + warp; c < ce; c += NW * U) {
+    unsigned k[U];
+    float v[U], xv[U];
+    int base[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cc = c + u * NW;
+      k[u] = kPad;
+      v[u] = 0.0f;
+      base[u] = 0;
+      if (cc < ce) {
+        const long long e = (long long)cc * 32 + lane;
+        k[u] = __ldcs(key + e);
+        v[u] = __ldcs(val + e);
+        base[u] = __ldg(chunk_col0 + cc);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) xv[u] = (k[u] & kPad) != kPad ? __ldg(x + base[u] + (int)(k[u] >> 16)) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if ((k[u] & kPad) != kPad) atomicAdd(ys + (k[u] & kPad), v[u] * xv[u]);
+    }
+  }
+  if (CL > 1) {
+    tw::cluster_arrive();
+    tw::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+  const int r0 = (int)((long long)rows * rank / CL), r1 = (int)((long long)rows * (rank + 1) / CL);
+  for (int i = r0 + threadIdx.x; i < r1; i += NT) {
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < CL; ++q) s += (unsigned)q == rank ? ys[i] : tw::load_remote(ys + i, q);
+    write_y(y, row0 + i, s, alpha, beta);
+  }
+  if (CL > 1) {
+    tw::cluster_arrive();
+    tw::cluster_wait();
+  }
 }

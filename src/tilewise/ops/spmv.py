@@ -7,6 +7,10 @@ Formats (small classes holding device tensors, built on the GPU with torch ops):
          costs K * M slots, refused past ``max_fill`` times nnz.
     JDS: rows sorted by length (perm), stored as jagged diagonals (jd_ptr): coalesced like ELL
          with no padding, y written through perm.
+    Panels: rows cut into panels of R rows, each panel's nonzeros in column order as 32-entry
+         chunks of (16-bit column in a 65536-column block, 16-bit row in the panel) keys and values:
+         8 bytes a nonzero like CSR, but x is walked in order, so the gathers of neighbouring
+         nonzeros share sectors instead of costing one 32-byte L2 sector each.
 
 Kernels (``spmv.cu``), each bound by the bytes it must read: val + col (8 B per nonzero), row_ptr,
 x (once if it stays in cache, up to once per nonzero if not) and y:
@@ -27,6 +31,8 @@ x (once if it stays in cache, up to once per nonzero if not) and y:
                  shared memory with coalesced loads, then a thread per row sums them there
                  (CSR-stream; the block plan is built once per matrix and cached).
     ell, jds:    a thread per row over the formats above.
+    panels:      the Panels format (below): a cluster of CTAs per panel of rows, nonzeros in column
+                 order, y of the panel accumulated in shared memory; for randomly spread columns.
 
 ``spmv(A, x)`` picks from the row-length statistics kept with the CSR (see ``choose``: the rules
 and the measured table behind each threshold are in docs/notes-spmv.md); for a CSR it may build an
@@ -60,6 +66,13 @@ MERGE_CONFIGS = tuple((nt, ipt) for nt in (128, 256) for ipt in (5, 7, 8, 9, 11,
 JDS_CONFIGS = ((256, 1), (128, 1), (512, 1), (128, 2))
 JDS_DEFAULT = (128, 2)
 MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads avoid a common bank
+# spmv_panels<NT, CL, U> instantiations (threads a block, CTAs a cluster, chunks a warp loads before
+# its gathers) and the default; PANEL_MAX_ROWS: a panel's y in shared memory, 224 KiB of the 227 KiB
+# a CTA may take (and below 0xFFFF, the padding key).
+PANEL_CONFIGS = ((1024, 1, 4), (1024, 2, 4), (1024, 3, 4), (1024, 4, 4), (1024, 3, 2), (1024, 3, 8), (512, 3, 8))
+PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
+PANEL_MAX_ROWS = 57344
+PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
 _INT32_MAX = 2**31 - 1
@@ -464,6 +477,118 @@ class JDS:
         return cls(perm.contiguous(), ls.contiguous(), jp.contiguous(), col, val, A.shape, A.stats, ms)
 
 
+@dataclass
+class Panels:
+    """Row panels with their nonzeros in column order (built by ``Panels.from_csr``).
+
+    The M rows are cut into P = ceil(M / rows) panels. Panel p's nonzeros, sorted by column, are
+    stored as chunks of 32 entries, each chunk inside one block of PANEL_COLS columns:
+      key (n_chunks * 32,) int32: (col % 65536) << 16 | (row - p * rows); padding 0xFFFF
+      val (n_chunks * 32,) float32: the value (0 for padding)
+      chunk_col0 (n_chunks,) int32: the first column of the chunk's column block
+      panel_chunk (P + 1,) int32: panel p's chunks are [panel_chunk[p], panel_chunk[p + 1])
+    ``cluster`` CTAs (one thread-block cluster) share a panel: each takes 1 / cluster of its chunks
+    and the panel's y is summed across their shared memories. 8 bytes a nonzero plus padding (at most
+    31 entries per panel and column block) and 4 bytes a chunk.
+    """
+
+    key: torch.Tensor
+    val: torch.Tensor
+    chunk_col0: torch.Tensor
+    panel_chunk: torch.Tensor
+    rows: int
+    cluster: int
+    shape: tuple[int, int]
+    nnz: int
+    stats: RowStats = None
+    build_ms: float = 0.0
+
+    @property
+    def panels(self) -> int:
+        return self.panel_chunk.numel() - 1
+
+    @classmethod
+    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None) -> "Panels":
+        """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
+        ``panel_shape``: the largest panels that fill the GPU in one wave of clusters."""
+        M, N = A.shape
+        if rows is None or cluster is None:
+            r0, c0 = panel_shape(M, A.device)
+            rows = r0 if rows is None else rows
+            cluster = c0 if cluster is None else cluster
+        rows, cluster = int(rows), int(cluster)
+        if not 1 <= rows <= PANEL_MAX_ROWS:
+            raise ValueError(f"Panels: rows must be in 1..{PANEL_MAX_ROWS} (a panel's y is in shared memory), got {rows}")
+        if cluster not in PANEL_DEFAULT:
+            raise ValueError(f"Panels: cluster must be one of {sorted(PANEL_DEFAULT)}, got {cluster}")
+
+        def build():
+            dev = A.device
+            P = max(1, -(-M // rows))
+            NB = max(1, -(-N // PANEL_COLS))
+            lengths = A.row_lengths().long()
+            r = torch.repeat_interleave(torch.arange(M, device=dev), lengths, output_size=A.nnz)
+            c = A.col.long()
+            panel = r // rows
+            seg = panel * NB + c // PANEL_COLS
+            order = torch.sort(panel * (NB * PANEL_COLS) + c, stable=True)[1]
+            seg_s = seg[order]
+            counts = torch.bincount(seg, minlength=P * NB)
+            padded = (counts + 31) // 32 * 32
+            pstart = torch.cumsum(padded, 0) - padded
+            ustart = torch.cumsum(counts, 0) - counts
+            dest = pstart[seg_s] + (torch.arange(A.nnz, device=dev) - ustart[seg_s])
+            total = int(padded.sum())
+            k = (c[order] % PANEL_COLS) * 65536 + (r[order] - panel[order] * rows)
+            key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=dev)
+            key[dest] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
+            val = torch.zeros(total, dtype=torch.float32, device=dev)
+            val[dest] = A.val[order]
+            chunks = padded // 32
+            seg_of_chunk = torch.repeat_interleave(torch.arange(P * NB, device=dev), chunks, output_size=total // 32)
+            chunk_col0 = ((seg_of_chunk % NB) * PANEL_COLS).to(torch.int32)
+            panel_chunk = torch.zeros(P + 1, dtype=torch.int64, device=dev)
+            panel_chunk[1:] = torch.cumsum(chunks.view(P, NB).sum(1), 0)
+            return key, val, chunk_col0, panel_chunk.to(torch.int32)
+
+        (key, val, cc, pc), ms = _timed(build)
+        return cls(key, val, cc, pc, rows, cluster, A.shape, A.nnz, A.stats, ms)
+
+
+def panel_shape(M: int, device=None, clusters_fit=None) -> tuple[int, int]:
+    """(rows, cluster) for ``Panels``: the fewest panels (each panel reads the x of its columns once,
+    so x traffic grows with their number) that still fill the GPU in one wave: for each cluster
+    size CL in 4, 3, 2, 1, the panels are as many as clusters of CL fit at once (``clusters_fit(CL)``,
+    from the occupancy API on a GPU: clusters stay inside a GPC, so 132 SMs hold 32 clusters of 4,
+    not 33), and CL is the largest whose panels need at most PANEL_MAX_ROWS rows."""
+    if clusters_fit is None:
+        clusters_fit = functools.partial(_clusters_fit, _device_index(device))
+    for cl in sorted(PANEL_DEFAULT, reverse=True):
+        rows = max(1, -(-M // max(1, int(clusters_fit(cl)))))
+        if rows <= PANEL_MAX_ROWS:
+            return rows, cl
+    return PANEL_MAX_ROWS, min(PANEL_DEFAULT)  # more panels than one wave holds
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _clusters_fit(device_index: int, cl: int) -> int:
+    """Clusters of the default panels kernel for ``cl`` that are resident at once with the most
+    shared memory a panel can take (sm_count // cl where the occupancy API cannot answer)."""
+    nt, c, u = PANEL_DEFAULT[cl]
+    k = _panel_kernel(f"spmv_panels<{nt},{c},{u}>", device_index)
+    try:
+        return k.max_active_clusters(cl, nt, PANEL_MAX_ROWS * 4)
+    except Exception:
+        return rt.sm_count(device_index) // cl
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -471,6 +596,7 @@ class JDS:
 def _module(device_index: int) -> rt.Module:
     names = ["spmv_csr_scalar", "spmv_ell", "spmv_csr_chunks", "spmv_csr_stream", "spmv_csr_merge_fixup"]
     names += [f"spmv_jds<{nt},{r}>" for nt, r in JDS_CONFIGS]
+    names += [f"spmv_panels<{nt},{cl},{u}>" for nt, cl, u in PANEL_CONFIGS]
     names += [f"spmv_csr_vector<{s}>" for s in _SUBS] + [f"spmv_csr_merge<{nt},{ipt}>" for nt, ipt in MERGE_CONFIGS]
     return rt.load(_SRC, names, device_index=device_index)
 
@@ -486,6 +612,7 @@ _PARAMS = {
                        "alpha", "beta"),
     "spmv_csr_merge_fixup": ("carry:f", "seg_row:i", "seg_b0:i", "seg_b1:i", "y:f", "n_seg", "alpha"),
     "spmv_ell": ("col:i", "val:f", "x:f", "y:f", "M", "K", "alpha", "beta"),
+    "spmv_panels": ("key:i", "val:f", "chunk_col0:i", "panel_chunk:i", "x:f", "y:f", "M", "R", "alpha", "beta"),
     "spmv_jds": ("perm:i", "len_sorted:i", "jd_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
 }
 _kernels: dict[tuple, rt.Kernel] = {}
@@ -505,6 +632,15 @@ def _kernel(name: str, device_index: int) -> rt.Kernel:
             else:
                 params.append(rt.Scalar(p, "i32"))
         k = _kernels[(name, device_index)] = _module(device_index).kernel(name, params)
+    return k
+
+
+def _panel_kernel(name: str, device_index: int) -> rt.Kernel:
+    """A panels kernel, allowed the shared memory of the largest panel (once per kernel)."""
+    first = (name, device_index) not in _kernels
+    k = _kernel(name, device_index)
+    if first:
+        k.set_max_dynamic_shared(PANEL_MAX_ROWS * 4)
     return k
 
 
@@ -672,10 +808,30 @@ def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tup
     return y
 
 
+def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tuple[int, int, int] | None = None):
+    """``config``: (threads a block, CTAs a cluster, chunks a warp loads at once), one of
+    PANEL_CONFIGS whose cluster size is ``A.cluster`` (default PANEL_DEFAULT[A.cluster]).
+    The adds into a row of y run in no fixed order (shared-memory atomics): the last bits of y may
+    differ between runs."""
+    _need(A, Panels, "panels")
+    cfg = PANEL_DEFAULT[A.cluster] if config is None else tuple(config)
+    if cfg not in PANEL_CONFIGS or cfg[1] != A.cluster:
+        ok = [c for c in PANEL_CONFIGS if c[1] == A.cluster]
+        raise ValueError(f"panels: config {config!r} is not built for clusters of {A.cluster}; choose from {ok}")
+    y = _check(A, x, y, beta)
+    M = A.shape[0]
+    if M:
+        nt, cl, u = cfg
+        k = _panel_kernel(f"spmv_panels<{nt},{cl},{u}>", x.get_device())
+        k(A.panels * cl, nt, A.key, A.val, A.chunk_col0, A.panel_chunk, x, y, M, A.rows, alpha, beta,
+          shmem=min(A.rows, M) * 4)
+    return y
+
+
 VARIANTS = {"csr_scalar": csr_scalar, "csr_vector": csr_vector, "csr_split": csr_split, "csr_merge": csr_merge,
-            "csr_stream": csr_stream, "ell": ell, "jds": jds}
+            "csr_stream": csr_stream, "ell": ell, "jds": jds, "panels": panels}
 FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_merge": CSR, "csr_stream": CSR,
-             "ell": ELL, "jds": JDS}
+             "ell": ELL, "jds": JDS, "panels": Panels}
 
 
 def choose(stats: RowStats, convert: bool = True) -> str:
@@ -749,7 +905,7 @@ def spmv(A, x: torch.Tensor, y: torch.Tensor | None = None, *, alpha: float = 1.
          variant: str | None = None, convert: bool = True) -> torch.Tensor:
     """``y = alpha * A @ x + beta * y``.
 
-    A:       a ``CSR``, ``ELL`` or ``JDS`` (built once, reused), or anything ``as_csr`` takes (a torch
+    A:       a ``CSR``, ``ELL``, ``JDS`` or ``Panels`` (built once, reused), or anything ``as_csr`` takes (a torch
              sparse CSR / COO or dense tensor, a SciPy sparse matrix), converted on each call.
              M x N, float32 values, int32 indices, on a CUDA device.
     x:       float32 (N,) on A's device.
@@ -763,11 +919,11 @@ def spmv(A, x: torch.Tensor, y: torch.Tensor | None = None, *, alpha: float = 1.
              one-shot products or when memory is short.
     Returns y, (M,) float32.
     """
-    if not isinstance(A, (CSR, ELL, JDS)):
+    if not isinstance(A, (CSR, ELL, JDS, Panels)):
         A = as_csr(A, device=x.device if isinstance(x, torch.Tensor) else None)
     if variant is None:
-        if isinstance(A, (ELL, JDS)):
-            variant = "ell" if isinstance(A, ELL) else "jds"
+        if isinstance(A, (ELL, JDS, Panels)):
+            variant = {ELL: "ell", JDS: "jds", Panels: "panels"}[type(A)]
         else:
             variant = choose(A.stats, convert)
             if FORMAT_OF[variant] is not CSR:

@@ -598,6 +598,19 @@ class Kernel:
         """Blocks that are all resident at once: the grid of a grid-stride kernel (one full wave)."""
         return sm_count(self.device_index) * max(1, self.max_active_blocks_per_sm(block_size, dynamic_shmem))
 
+    def max_active_clusters(self, cluster: int, block_size: int, dynamic_shmem: int = 0) -> int:
+        """Occupancy of a cluster kernel: how many clusters of ``cluster`` CTAs can be resident at
+        once on the device (clusters live inside one GPC, so this can be below sm_count // cluster
+        when the GPCs' SM counts are not multiples of it). Call set_max_dynamic_shared first when
+        dynamic_shmem is over 48 KiB."""
+        cc = _cuda_core()
+        cfg = cc.LaunchConfig(grid=1, cluster=int(cluster), block=int(block_size), shmem_size=int(dynamic_shmem))
+        occ = self.handle.occupancy
+        try:
+            return int(occ.max_active_clusters(cfg, stream=cc.Device(self.device_index).default_stream))
+        except TypeError:  # cuda.core releases whose stream argument is optional / positional
+            return int(occ.max_active_clusters(cfg))
+
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory per block (up to the device's opt-in limit)."""
         from cuda.bindings import driver

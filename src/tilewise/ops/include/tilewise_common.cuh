@@ -32,4 +32,27 @@ __device__ __forceinline__ long long grid_threads() {
   return static_cast<long long>(gridDim.x) * blockDim.x;
 }
 
+// Thread-block clusters (sm_90): this CTA's rank in its cluster, the cluster barrier's two halves
+// (release / acquire), and a float read from a peer CTA's shared memory (distributed shared
+// memory) at the address `p` has in ours.
+__device__ __forceinline__ unsigned cta_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
 }  // namespace tw
