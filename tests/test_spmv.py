@@ -231,22 +231,34 @@ def test_suite_matrices_small_are_valid(kind):
 
 
 def _panels_model(Pn: sp.Panels, x, alpha=1.0, beta=0.0, y0=None):
-    """y from the Panels arrays as the kernel reads them: every CTA's run of chunks, keys decoded,
-    padding (row 0xFFFF) skipped without reading x, rows summed over the cluster's ranks."""
+    """y from the Panels arrays as the kernel reads them: each CTA's share of the panel's rounds
+    (whole rounds of PANEL_ROUND chunks) and of its tail (chunks), keys decoded, padding (row 0xFFFF)
+    skipped without reading x, rows summed over the cluster's ranks. Checks that no row repeats
+    within a round (the kernel adds rounds without atomics)."""
     M = Pn.shape[0]
     y = torch.zeros(M, dtype=torch.float64)
-    pc = Pn.panel_chunk.long()
+    pc, pt = Pn.panel_chunk.long(), Pn.panel_tail.long()
     key = Pn.key.long() & 0xFFFFFFFF
+    NW, CL = sp.PANEL_ROUND, Pn.cluster
+
+    def add(p, chunks):
+        k = key.view(-1, 32)[chunks].reshape(-1)
+        row, col = k & 0xFFFF, (k >> 16) + Pn.chunk_col0.long()[chunks].repeat_interleave(32)
+        live = row != 0xFFFF
+        prod = Pn.val.view(-1, 32)[chunks].reshape(-1).double()[live] * x.double()[col[live]]
+        y.index_add_(0, p * Pn.rows + row[live], prod)
+        return row[live]
+
     for p in range(Pn.panels):
-        c0, n = int(pc[p]), int(pc[p + 1] - pc[p])
-        for rank in range(Pn.cluster):
-            cb, ce = c0 + n * rank // Pn.cluster, c0 + n * (rank + 1) // Pn.cluster
-            for c in range(cb, ce):
-                k = key[c * 32:(c + 1) * 32]
-                row, col = k & 0xFFFF, (k >> 16) + int(Pn.chunk_col0[c])
-                live = row != 0xFFFF
-                prod = Pn.val[c * 32:(c + 1) * 32].double()[live] * x.double()[col[live]]
-                y.index_add_(0, p * Pn.rows + row[live], prod)
+        c0, t0, c1 = int(pc[p]), int(pt[p]), int(pc[p + 1])
+        assert (t0 - c0) % NW == 0 and (Pn.rounds or t0 == c0)
+        nr = (t0 - c0) // NW
+        for rank in range(CL):
+            for q in range(nr * rank // CL, nr * (rank + 1) // CL):
+                rows_q = add(p, torch.arange(c0 + q * NW, c0 + (q + 1) * NW))
+                assert rows_q.unique().numel() == rows_q.numel(), f"row repeated in round {q} of panel {p}"
+            n = c1 - t0
+            add(p, torch.arange(t0 + n * rank // CL, t0 + n * (rank + 1) // CL))
     out = alpha * y
     return out + beta * y0.double() if beta != 0.0 else out
 
@@ -260,10 +272,11 @@ def _panels_cases():
 
 @pytest.mark.parametrize("name", ["odd", "empty_panel", "wide", "powerlaw"])
 @pytest.mark.parametrize("rows,cluster", [(1, 1), (7, 2), (8, 3), (1000, 4), (57344, 1)])
-def test_panels_layout_and_model(name, rows, cluster):
+@pytest.mark.parametrize("rounds", [False, True])
+def test_panels_layout_and_model(name, rows, cluster, rounds):
     A = _panels_cases()[name]
     M, N = A.shape
-    Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster)
+    Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster, rounds=rounds)
     assert Pn.panels == -(-M // rows) and Pn.nnz == A.nnz and Pn.key.numel() % 32 == 0
     key = Pn.key.long() & 0xFFFFFFFF
     live = (key & 0xFFFF) != 0xFFFF
@@ -276,8 +289,11 @@ def test_panels_layout_and_model(name, rows, cluster):
     got = sorted(zip(rows_g.tolist(), cols_g.tolist(), Pn.val[live].tolist()))
     r = torch.repeat_interleave(torch.arange(M), A.row_lengths().long())
     assert got == sorted(zip(r.tolist(), A.col.long().tolist(), A.val.tolist()))
-    # column order within a panel, one column block per chunk, at most 31 padding per (panel, block)
-    assert bool((cols_g[1:] >= cols_g[:-1])[panel[live][1:] == panel[live][:-1]].all())
+    # column order within a panel's rounds and within its tail; one column block per chunk
+    part = (panel * 2 + (chunk >= Pn.panel_tail.long()[panel]).long())[live]
+    assert bool((cols_g[1:] >= cols_g[:-1])[part[1:] == part[:-1]].all())
+    if not rounds:
+        assert bool((Pn.panel_tail == Pn.panel_chunk[:-1]).all())
     assert bool((Pn.chunk_col0 % sp.PANEL_COLS == 0).all())
     x = torch.randn(N)
     want = sp.reference(A.row_ptr, A.col, A.val, x)  # float64; duplicates summed like the kernel does
@@ -311,13 +327,14 @@ def test_panels_errors_and_shape_rule():
         sp.panels(Pn, torch.ones(3), config=(1024, 3, 4))
     with pytest.raises(ValueError, match="must be a Panels"):
         sp.panels(A, torch.ones(3))
-    # H200-like GPCs: 32 clusters of 4, 42 of 3, 66 of 2, 132 of 1 resident at once
-    fit = {4: 32, 3: 42, 2: 66, 1: 132}.get
-    assert sp.panel_shape(2_000_000, clusters_fit=fit) == (47620, 3)   # 42 x 3 CTAs; 4 would need 62500 rows
-    assert sp.panel_shape(1_000_000, clusters_fit=fit) == (31250, 4)
-    assert sp.panel_shape(5_000_000, clusters_fit=fit) == (37879, 1)
-    assert sp.panel_shape(10**8, clusters_fit=fit) == (sp.PANEL_MAX_ROWS, 1)
-    assert sp.panel_shape(10, clusters_fit=fit) == (1, 4)
+    # H200: 30 clusters of 4, 39 of 3, 66 of 2, 132 of 1 resident at once (measured)
+    fit = {4: 30, 3: 39, 2: 66, 1: 132}.get
+    assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (30304, 2)   # every SM busy, fewest panels
+    assert sp.panel_shape(5_000_000, clusters_fit=fit, sms=132) == (37879, 1)   # 2 CTAs a panel would need 75758 rows
+    assert sp.panel_shape(10**8, clusters_fit=fit, sms=132) == (sp.PANEL_MAX_ROWS, 1)
+    assert sp.panel_shape(10, clusters_fit=fit, sms=132) == (1, 2)
+    fit = {4: 33, 3: 44, 2: 66, 1: 132}.get   # GPCs that hold whole clusters of every size
+    assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (45455, 3)
     for cfg in sp.PANEL_DEFAULT.values():
         assert cfg in sp.PANEL_CONFIGS
 
@@ -544,6 +561,7 @@ def _all_formats(A):
     except ValueError:
         pass
     out.append(("panels", {}, sp.Panels.from_csr(A)))
+    out.append(("panels", {}, sp.Panels.from_csr(A, rounds=True)))
     out += [("panels", {"config": c}, sp.Panels.from_csr(A, rows=max(1, A.shape[0] // 5), cluster=c[1]))
             for c in sp.PANEL_CONFIGS]
     return out
@@ -599,8 +617,8 @@ def test_panels_many_blocks_and_panels():
     x[torch.arange(0, N, sp.PANEL_COLS, device="cuda")] = float("inf")
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
     assert bool(torch.isfinite(ref).all())
-    for cl in sorted(sp.PANEL_DEFAULT):
-        Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3))
+    for cl, rounds in [(cl, r) for cl in sorted(sp.PANEL_DEFAULT) for r in (False, True)]:
+        Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3), rounds=rounds)
         for cfg in [c for c in sp.PANEL_CONFIGS if c[1] == cl]:
             y = poison(torch.empty(M, device="cuda"))
             sp.panels(Pn, x, y, config=cfg)

@@ -54,10 +54,11 @@ def variants(A):
             rows = -(-M // n_p)
             if rows > op.PANEL_MAX_ROWS:
                 continue
-            for c in [c for c in op.PANEL_CONFIGS if c[1] == cl and (cl == 3 or c == op.PANEL_DEFAULT[cl])]:
-                out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}",
-                            lambda A_, rows=rows, cl=cl: op.Panels.from_csr(A_, rows=rows, cluster=cl),
-                            lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
+            for c in [c for c in op.PANEL_CONFIGS if c[1] == cl]:
+                for rounds in (False, True):
+                    out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}{'/rounds' if rounds else ''}",
+                                lambda A_, rows=rows, cl=cl, r=rounds: op.Panels.from_csr(A_, rows=rows, cluster=cl, rounds=r),
+                                lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out
 
@@ -84,7 +85,11 @@ def main(kinds, only=None):
           f"resident at once: " + ", ".join(f"{cl}: {op._clusters_fit(dev, cl)}" for cl in sorted(op.PANEL_DEFAULT)))
     for kind in kinds:
         t = time.time()
-        A = suite.make_matrix(kind, seed=0)
+        if kind.startswith("uniform:"):
+            g0 = torch.Generator(device="cuda").manual_seed(0)
+            A = suite._random_rows(torch.full((2_000_000,), int(kind.split(":")[1]), device="cuda"), 2_000_000, g0)
+        else:
+            A = suite.make_matrix(kind, seed=0)
         M, N = A.shape
         st = A.stats
         g = torch.Generator(device="cuda").manual_seed(1)

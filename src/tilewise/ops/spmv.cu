@@ -5,7 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
-// tilewise-instantiate: spmv_panels<1024,1,4> spmv_panels<1024,2,4> spmv_panels<1024,3,4> spmv_panels<1024,4,4> spmv_panels<1024,3,2> spmv_panels<1024,3,8> spmv_panels<512,3,8>
+// tilewise-instantiate: spmv_panels<1024,1,4> spmv_panels<1024,1,8> spmv_panels<1024,2,4> spmv_panels<1024,2,8> spmv_panels<1024,3,8> spmv_panels<1024,4,4>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -314,31 +314,81 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // rest), and each product is added into the panel's y held in shared memory (R floats). Entry
 // = (col & 0xFFFF) << 16 | row within the panel, plus its value; entries come in chunks of 32 that
 // share one column block (chunk_col0: col & ~0xFFFF), padded with key 0xFFFF (no product: the
-// padding reads no x, so an Inf or NaN in x cannot leak into a row). A cluster of CL CTAs shares a
-// panel: rank r takes the r-th of CL equal runs of the panel's chunks; after a cluster barrier each
-// CTA sums rows [r R / CL, (r + 1) R / CL) over the CL shared-memory copies in rank order (through
-// distributed shared memory) and writes y once, then waits at a second barrier so no peer's shared
-// memory goes away while it is read. Shared-memory float atomics are a compare-and-swap loop on
-// sm_90 (ATOMS.CAST.SPIN): the order of the adds into a row is not fixed, so the last bits of y may
-// differ between runs. U chunks per warp are loaded before the first gather.
+// padding reads no x, so an Inf or NaN in x cannot leak into a row).
+// A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of NW chunks (one a warp) in which
+// no row repeats (the builder moves repeats to the tail): a round is added with plain shared-memory
+// loads and stores and a barrier before the next round. Shared-memory float atomics are a
+// compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN, about one lane a clock an SM, measured: the
+// accumulation alone took 217 us of the uniform matrix's ~230): only the tail
+// [panel_tail[p], panel_chunk[p + 1]) uses them, and the order of its adds is not fixed (the last
+// bits of y may differ between runs when a panel has a tail).
+// A cluster of CL CTAs shares a panel: rank r takes the r-th of CL equal runs of the rounds and of
+// the tail; after a cluster barrier each CTA sums rows [r R / CL, (r + 1) R / CL) over the CL
+// shared-memory copies in rank order (distributed shared memory) and writes y once, then waits at a
+// second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
+// before the first gather (the rounds: U rounds, the next U loaded while this U is added).
 template <int NT, int CL, int U>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
-    const int* __restrict__ panel_chunk, const float* __restrict__ x, float* __restrict__ y, int M, int R,
-    float alpha, float beta) {
+    const int* __restrict__ panel_chunk, const int* __restrict__ panel_tail, const float* __restrict__ x,
+    float* __restrict__ y, int M, int R, float alpha, float beta) {
   extern __shared__ float ys[];
   constexpr unsigned kPad = 0xFFFFu;
   constexpr int NW = NT / 32;
+  constexpr int UR = U > 4 ? 4 : U;  // rounds a group (two groups' loads live at once)
   const int p = blockIdx.x / CL;
   const unsigned rank = CL > 1 ? tw::cta_rank() : 0u;
   const int row0 = p * R;
   const int rows = min(R, M - row0);
   for (int i = threadIdx.x; i < rows; i += NT) ys[i] = 0.0f;
   __syncthreads();
-  const int c0 = __ldg(panel_chunk + p);
-  const long long n = __ldg(panel_chunk + p + 1) - c0;
-  const int cb = c0 + (int)(n * rank / CL), ce = c0 + (int)(n * (rank + 1) / CL);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c0 = __ldg(panel_chunk + p), t0 = __ldg(panel_tail + p), c1 = __ldg(panel_chunk + p + 1);
+
+  // Rounds: round q holds chunks c0 + q NW .. c0 + q NW + NW - 1, warp w the w-th.
+  const long long nr = (t0 - c0) / NW;
+  const int rb = (int)(nr * rank / CL), re = (int)(nr * (rank + 1) / CL);
+  if (rb < re) {
+    unsigned ka[UR], kb[UR];
+    float va[UR], vb[UR], xa[UR];
+    int ba[UR], bb[UR];
+    auto load = [&](unsigned (&k)[UR], float (&v)[UR], int (&b)[UR], int q0) {
+#pragma unroll
+      for (int u = 0; u < UR; ++u) {
+        k[u] = kPad;
+        v[u] = 0.0f;
+        b[u] = 0;
+        if (q0 + u < re) {
+          const int cc = c0 + (q0 + u) * NW + warp;
+          const long long e = (long long)cc * 32 + lane;
+          k[u] = __ldcs(key + e);
+          v[u] = __ldcs(val + e);
+          b[u] = __ldg(chunk_col0 + cc);
+        }
+      }
+    };
+    load(ka, va, ba, rb);
+    for (int q = rb; q < re; q += UR) {
+#pragma unroll
+      for (int u = 0; u < UR; ++u) xa[u] = (ka[u] & kPad) != kPad ? __ldg(x + ba[u] + (int)(ka[u] >> 16)) : 0.0f;
+      load(kb, vb, bb, q + UR);
+#pragma unroll
+      for (int u = 0; u < UR; ++u) {
+        if ((ka[u] & kPad) != kPad) ys[ka[u] & kPad] += va[u] * xa[u];
+        __syncthreads();  // the next round may add to the same rows
+      }
+#pragma unroll
+      for (int u = 0; u < UR; ++u) {
+        ka[u] = kb[u];
+        va[u] = vb[u];
+        ba[u] = bb[u];
+      }
+    }
+  }
+
+  // Tail: rank r takes the r-th of CL equal runs of chunks; any warp any chunk; atomics.
+  const long long n = c1 - t0;
+  const int cb = t0 + (int)(n * rank / CL), ce = t0 + (int)(n * (rank + 1) / CL);
   for (int c = cb + warp; c < ce; c += NW * U) {
     unsigned k[U];
     float v[U], xv[U];

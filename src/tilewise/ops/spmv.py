@@ -69,10 +69,14 @@ MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads a
 # spmv_panels<NT, CL, U> instantiations (threads a block, CTAs a cluster, chunks a warp loads before
 # its gathers) and the default; PANEL_MAX_ROWS: a panel's y in shared memory, 224 KiB of the 227 KiB
 # a CTA may take (and below 0xFFFF, the padding key).
-PANEL_CONFIGS = ((1024, 1, 4), (1024, 2, 4), (1024, 3, 4), (1024, 4, 4), (1024, 3, 2), (1024, 3, 8), (512, 3, 8))
-PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
+PANEL_CONFIGS = ((1024, 1, 4), (1024, 1, 8), (1024, 2, 4), (1024, 2, 8), (1024, 3, 8), (1024, 4, 4))
+# Defaults by cluster size, from scripts/experiments/spmv_panels_ablation.py on the H200 (uniform
+# matrix, logs/spmv-panels-ablation-3799427.log): 8 chunks in flight a warp beat 4 (CL 1: 230 vs
+# 253 us; CL 3: 279 vs 304) and 16 (242); 512 threads a CTA lost at the same panel shape.
+PANEL_DEFAULT = {1: (1024, 1, 8), 2: (1024, 2, 8), 3: (1024, 3, 8), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
+PANEL_ROUND = 32     # chunks a round (one per warp of the 1024-thread kernel)
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
 _INT32_MAX = 2**31 - 1
@@ -105,7 +109,9 @@ def cost(M: int, N: int, nnz: int, beta: float = 0.0) -> Cost:
 
 @dataclass
 class RowStats:
-    """Row-length statistics, what ``choose`` reads."""
+    """Row-length statistics, what ``choose`` reads; ``cols`` (N) and ``col_spread`` (the mean over
+    non-empty rows of (last column - first column + 1) / N: about 1 when a row's columns are spread
+    over all of x, small for banded matrices) say how far a row's gathers from x roam."""
 
     rows: int
     nnz: int
@@ -113,14 +119,24 @@ class RowStats:
     max: int
     std: float
     empty_rows: int
+    cols: int = 0
+    col_spread: float = 0.0
 
     @staticmethod
-    def of(lengths: torch.Tensor) -> "RowStats":
+    def of(lengths: torch.Tensor, row_ptr: torch.Tensor | None = None, col: torch.Tensor | None = None,
+           cols: int = 0) -> "RowStats":
         if lengths.numel() == 0:
-            return RowStats(0, 0, 0.0, 0, 0.0, 0)
+            return RowStats(0, 0, 0.0, 0, 0.0, 0, cols)
         lf = lengths.double()
+        spread = 0.0
+        if row_ptr is not None and col is not None and cols > 0 and col.numel():
+            live = lengths > 0
+            first = col[row_ptr[:-1][live].long()].double()
+            last = col[row_ptr[1:][live].long() - 1].double()
+            spread = float((last - first + 1).mean()) / cols
         return RowStats(rows=lengths.numel(), nnz=int(lengths.sum()), mean=float(lf.mean()), max=int(lengths.max()),
-                        std=float(lf.std(unbiased=False)), empty_rows=int((lengths == 0).sum()))
+                        std=float(lf.std(unbiased=False)), empty_rows=int((lengths == 0).sum()), cols=cols,
+                        col_spread=spread)
 
 
 def _timed(fn):
@@ -181,7 +197,7 @@ class CSR:
 
         (rp, c, v), ms = _timed(build)
         out = cls(rp, c, v, (int(shape[0]), int(shape[1])), build_ms=ms)
-        out.stats = RowStats.of(out.row_lengths())
+        out.stats = RowStats.of(out.row_lengths(), out.row_ptr, out.col, out.shape[1])
         return out
 
     @classmethod
@@ -223,7 +239,7 @@ class CSR:
 
         (rp, c, v), ms = _timed(build)
         out = cls(rp, c, v, (D.shape[0], D.shape[1]), build_ms=ms)
-        out.stats = RowStats.of(out.row_lengths())
+        out.stats = RowStats.of(out.row_lengths(), out.row_ptr, out.col, out.shape[1])
         return out
 
     def to_torch(self) -> torch.Tensor:
@@ -487,19 +503,28 @@ class Panels:
       val (n_chunks * 32,) float32: the value (0 for padding)
       chunk_col0 (n_chunks,) int32: the first column of the chunk's column block
       panel_chunk (P + 1,) int32: panel p's chunks are [panel_chunk[p], panel_chunk[p + 1])
-    ``cluster`` CTAs (one thread-block cluster) share a panel: each takes 1 / cluster of its chunks
-    and the panel's y is summed across their shared memories. 8 bytes a nonzero plus padding (at most
-    31 entries per panel and column block) and 4 bytes a chunk.
+      panel_tail (P,) int32: where panel p's tail starts (see ``rounds``)
+    ``rounds`` (True): the panel's chunks up to its tail come in rounds of PANEL_ROUND chunks
+    (one per warp of a 1024-thread CTA) in which no row appears twice, so the kernel adds them
+    into shared memory with plain loads and stores and one barrier a round; a nonzero that would
+    repeat a row in its round is moved to the tail (in column order again), which is added with
+    shared-memory atomics. ``rounds=False``: everything is tail.
+    ``cluster`` CTAs (one thread-block cluster) share a panel: each takes 1 / cluster of its rounds
+    and of its tail, and the panel's y is summed across their shared memories. 8 bytes a nonzero
+    plus padding (at most 31 entries per panel and column block, and the rounds' places left by
+    moved nonzeros) and 4 bytes a chunk.
     """
 
     key: torch.Tensor
     val: torch.Tensor
     chunk_col0: torch.Tensor
     panel_chunk: torch.Tensor
+    panel_tail: torch.Tensor
     rows: int
     cluster: int
     shape: tuple[int, int]
     nnz: int
+    rounds: bool = False
     stats: RowStats = None
     build_ms: float = 0.0
 
@@ -508,7 +533,7 @@ class Panels:
         return self.panel_chunk.numel() - 1
 
     @classmethod
-    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None) -> "Panels":
+    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None, rounds: bool = False) -> "Panels":
         """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
         ``panel_shape``: the largest panels that fill the GPU in one wave of clusters."""
         M, N = A.shape
@@ -530,44 +555,89 @@ class Panels:
             r = torch.repeat_interleave(torch.arange(M, device=dev), lengths, output_size=A.nnz)
             c = A.col.long()
             panel = r // rows
-            seg = panel * NB + c // PANEL_COLS
             order = torch.sort(panel * (NB * PANEL_COLS) + c, stable=True)[1]
-            seg_s = seg[order]
-            counts = torch.bincount(seg, minlength=P * NB)
-            padded = (counts + 31) // 32 * 32
-            pstart = torch.cumsum(padded, 0) - padded
-            ustart = torch.cumsum(counts, 0) - counts
-            dest = pstart[seg_s] + (torch.arange(A.nnz, device=dev) - ustart[seg_s])
-            total = int(padded.sum())
-            k = (c[order] % PANEL_COLS) * 65536 + (r[order] - panel[order] * rows)
-            key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=dev)
-            key[dest] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
-            val = torch.zeros(total, dtype=torch.float32, device=dev)
-            val[dest] = A.val[order]
-            chunks = padded // 32
-            seg_of_chunk = torch.repeat_interleave(torch.arange(P * NB, device=dev), chunks, output_size=total // 32)
-            chunk_col0 = ((seg_of_chunk % NB) * PANEL_COLS).to(torch.int32)
+            panel, c, rl, v = panel[order], c[order], r[order] - panel[order] * rows, A.val[order]
+            parts = []
+            if rounds:
+                lay = _panel_chunks(panel, c, rl, v, P, NB, PANEL_ROUND)
+                rnd = lay[-1] // (32 * PANEL_ROUND)
+                kk, perm = torch.sort(rnd * rows + rl)
+                again = torch.zeros(kk.numel(), dtype=torch.bool, device=dev)
+                again[1:] = kk[1:] == kk[:-1]
+                moved = torch.zeros_like(again)
+                moved[perm] = again
+                lay[0][lay[-1][moved]] = 0xFFFF
+                lay[1][lay[-1][moved]] = 0.0
+                parts.append(lay)
+                panel, c, rl, v = panel[moved], c[moved], rl[moved], v[moved]
+            parts.append(_panel_chunks(panel, c, rl, v, P, NB, 1))
+            # chunks panel by panel: the rounds part first, then the tail
+            n_parts = len(parts)
+            chunk_key = torch.cat([q[3] * n_parts + i for i, q in enumerate(parts)])
+            corder = torch.sort(chunk_key, stable=True)[1]
+            key = torch.cat([q[0].view(-1, 32) for q in parts])[corder].reshape(-1)
+            val = torch.cat([q[1].view(-1, 32) for q in parts])[corder].reshape(-1)
+            chunk_col0 = torch.cat([q[2] for q in parts])[corder].to(torch.int32)
+            per_panel = torch.stack([q[4] for q in parts]).sum(0)
             panel_chunk = torch.zeros(P + 1, dtype=torch.int64, device=dev)
-            panel_chunk[1:] = torch.cumsum(chunks.view(P, NB).sum(1), 0)
-            return key, val, chunk_col0, panel_chunk.to(torch.int32)
+            panel_chunk[1:] = torch.cumsum(per_panel, 0)
+            panel_tail = panel_chunk[:-1] + (parts[0][4] if rounds else 0)
+            return key, val, chunk_col0, panel_chunk.to(torch.int32), panel_tail.to(torch.int32)
 
-        (key, val, cc, pc), ms = _timed(build)
-        return cls(key, val, cc, pc, rows, cluster, A.shape, A.nnz, A.stats, ms)
+        (key, val, cc, pc, pt), ms = _timed(build)
+        return cls(key, val, cc, pc, pt, rows, cluster, A.shape, A.nnz, rounds, A.stats, ms)
 
 
-def panel_shape(M: int, device=None, clusters_fit=None) -> tuple[int, int]:
-    """(rows, cluster) for ``Panels``: the fewest panels (each panel reads the x of its columns once,
-    so x traffic grows with their number) that still fill the GPU in one wave: for each cluster
-    size CL in 4, 3, 2, 1, the panels are as many as clusters of CL fit at once (``clusters_fit(CL)``,
-    from the occupancy API on a GPU: clusters stay inside a GPC, so 132 SMs hold 32 clusters of 4,
-    not 33), and CL is the largest whose panels need at most PANEL_MAX_ROWS rows."""
+def _panel_chunks(panel, c, rl, v, P: int, NB: int, round_chunks: int):
+    """Chunks of 32 for entries sorted by (panel, column): each (panel, column block) padded to whole
+    chunks, each panel to whole rounds of ``round_chunks`` chunks. Returns key, val, chunk_col0,
+    chunk_panel (per chunk), chunks per panel, and each entry's slot."""
+    dev = panel.device
+    seg = panel * NB + c // PANEL_COLS
+    counts = torch.bincount(seg, minlength=P * NB)
+    seg_chunks = ((counts + 31) // 32).view(P, NB).clone()
+    if round_chunks > 1:
+        seg_chunks[:, -1] += (-seg_chunks.sum(1)) % round_chunks
+    per_panel = seg_chunks.sum(1)
+    seg_chunks = seg_chunks.view(-1)
+    slots = seg_chunks * 32
+    pstart = torch.cumsum(slots, 0) - slots
+    ustart = torch.cumsum(counts, 0) - counts
+    slot = pstart[seg] + (torch.arange(seg.numel(), device=dev) - ustart[seg])
+    total = int(slots.sum())
+    k = (c % PANEL_COLS) * 65536 + rl
+    key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=dev)
+    key[slot] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
+    val = torch.zeros(total, dtype=torch.float32, device=dev)
+    val[slot] = v
+    seg_of_chunk = torch.repeat_interleave(torch.arange(P * NB, device=dev), seg_chunks, output_size=total // 32)
+    return key, val, (seg_of_chunk % NB) * PANEL_COLS, seg_of_chunk // NB, per_panel, slot
+
+
+def panel_shape(M: int, device=None, clusters_fit=None, sms: int | None = None) -> tuple[int, int]:
+    """(rows, cluster) for ``Panels``: one wave of clusters, as many panels as clusters of CL CTAs
+    fit at once (``clusters_fit(CL)``, from the occupancy API on a GPU: clusters stay inside a GPC,
+    so the H200's 132 SMs hold 66 clusters of 2 but 39 of 3 and 30 of 4), rows = ceil(M / panels)
+    at most PANEL_MAX_ROWS. Among the cluster sizes whose panels fit, the one that leaves the fewest
+    SMs idle, then the fewest panels (each panel reads x once), then the most CTAs a panel. Measured on the H200 (uniform,
+    logs/spmv-panels-ablation-3799427.log): 66 x 2 227 us, 132 x 1 230, 39 x 3 279 (117 SMs busy)."""
     if clusters_fit is None:
-        clusters_fit = functools.partial(_clusters_fit, _device_index(device))
-    for cl in sorted(PANEL_DEFAULT, reverse=True):
-        rows = max(1, -(-M // max(1, int(clusters_fit(cl)))))
-        if rows <= PANEL_MAX_ROWS:
-            return rows, cl
-    return PANEL_MAX_ROWS, min(PANEL_DEFAULT)  # more panels than one wave holds
+        dev = _device_index(device)
+        clusters_fit = functools.partial(_clusters_fit, dev)
+        sms = rt.sm_count(dev) if sms is None else sms
+    best = None
+    for cl in sorted(PANEL_DEFAULT):
+        fit = max(1, int(clusters_fit(cl)))
+        rows = max(1, -(-M // fit))
+        if rows > PANEL_MAX_ROWS:
+            continue
+        panels = -(-M // rows)
+        idle = (sms - fit * cl) if sms else 0
+        if best is None or (idle, panels, -cl) < best[0]:
+            best = ((idle, panels, -cl), rows, cl)
+    if best is None:
+        return PANEL_MAX_ROWS, min(PANEL_DEFAULT)  # more panels than one wave holds
+    return best[1], best[2]
 
 
 def _device_index(device) -> int:
@@ -612,7 +682,7 @@ _PARAMS = {
                        "alpha", "beta"),
     "spmv_csr_merge_fixup": ("carry:f", "seg_row:i", "seg_b0:i", "seg_b1:i", "y:f", "n_seg", "alpha"),
     "spmv_ell": ("col:i", "val:f", "x:f", "y:f", "M", "K", "alpha", "beta"),
-    "spmv_panels": ("key:i", "val:f", "chunk_col0:i", "panel_chunk:i", "x:f", "y:f", "M", "R", "alpha", "beta"),
+    "spmv_panels": ("key:i", "val:f", "chunk_col0:i", "panel_chunk:i", "panel_tail:i", "x:f", "y:f", "M", "R", "alpha", "beta"),
     "spmv_jds": ("perm:i", "len_sorted:i", "jd_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
 }
 _kernels: dict[tuple, rt.Kernel] = {}
@@ -823,7 +893,7 @@ def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, confi
     if M:
         nt, cl, u = cfg
         k = _panel_kernel(f"spmv_panels<{nt},{cl},{u}>", x.get_device())
-        k(A.panels * cl, nt, A.key, A.val, A.chunk_col0, A.panel_chunk, x, y, M, A.rows, alpha, beta,
+        k(A.panels * cl, nt, A.key, A.val, A.chunk_col0, A.panel_chunk, A.panel_tail, x, y, M, A.rows, alpha, beta,
           shmem=min(A.rows, M) * 4)
     return y
 
