@@ -178,11 +178,11 @@ def test_choose_and_sub_width():
     them in the table of docs/notes-spmv.md; the thresholds between them hold."""
     S = sp.RowStats
     suite_stats = {  # rows, nnz, mean, max, std, empty rows
-        "uniform": (S(2_000_000, 64_000_000, 32.0, 32, 0.0, 0), "jds"),
+        "uniform": (S(2_000_000, 64_000_000, 32.0, 32, 0.0, 0, 2_000_000, 0.94), "panels"),
         "powerlaw": (S(2_000_000, 10_599_269, 5.3, 100_000, 203.3, 0), "csr_merge"),
-        "banded5": (S(4_194_304, 20_963_328, 5.0, 5, 0.0, 0), "jds"),
-        "banded27": (S(2_097_152, 55_742_968, 26.6, 27, 1.9, 0), "jds"),
-        "short": (S(8_000_000, 15_998_964, 2.0, 3, 0.8, 0), "ell"),
+        "banded5": (S(4_194_304, 20_963_328, 5.0, 5, 0.0, 0, 4_194_304, 0.001), "jds"),
+        "banded27": (S(2_097_152, 55_742_968, 26.6, 27, 1.9, 0, 2_097_152, 0.016), "jds"),
+        "short": (S(8_000_000, 15_998_964, 2.0, 3, 0.8, 0, 8_000_000, 0.28), "ell"),
         "wide": (S(256, 16_293_276, 63645.6, 95807, 20202.7, 0), "csr_merge"),
     }
     for kind, (st, want) in suite_stats.items():
@@ -202,6 +202,12 @@ def test_choose_and_sub_width():
     assert sp.choose(S(10, 120, 12.0, 25, 3.0, 0)) == "csr_stream"
     assert sp.choose(S(10, 200, 20.0, 40, 5.0, 0)) == "csr_vector"
     assert sp.choose(S(0, 0, 0.0, 0, 0.0, 0)) == "csr_vector"
+    # panels: spread columns over a wide x, panels in one wave; not without conversion
+    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6)) == "panels"
+    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6), convert=False) == "csr_stream"
+    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.2)) == "jds"
+    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 100_000, 0.6)) == "jds"
+    assert sp.choose(S(8_000_000, 32_000_000, 4.0, 4, 0.0, 0, 8_000_000, 0.6)) == "jds"
     assert [sp.sub_width(m) for m in (1, 2, 3, 5, 7, 12, 27, 32, 500)] == [2, 2, 2, 2, 2, 4, 8, 8, 32]
 
 

@@ -524,7 +524,7 @@ class Panels:
     cluster: int
     shape: tuple[int, int]
     nnz: int
-    rounds: bool = False
+    rounds: bool = True
     stats: RowStats = None
     build_ms: float = 0.0
 
@@ -533,9 +533,12 @@ class Panels:
         return self.panel_chunk.numel() - 1
 
     @classmethod
-    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None, rounds: bool = False) -> "Panels":
+    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None, rounds: bool = True) -> "Panels":
         """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
-        ``panel_shape``: the largest panels that fill the GPU in one wave of clusters."""
+        ``panel_shape``: the largest panels that fill the GPU in one wave of clusters. ``rounds``
+        (default True): measured on the H200 (logs/spmv-variants-dc7f002.log, 2M x 2M with 32 / 16 / 8
+        random columns a row, 66 panels x 2 CTAs): 218 / 122 / 78 us with rounds, 227 / 125 / 79
+        without; 4 a row 52 / 54 us."""
         M, N = A.shape
         if rows is None or cluster is None:
             r0, c0 = panel_shape(M, A.device)
@@ -904,30 +907,43 @@ FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_merge"
              "ell": ELL, "jds": JDS, "panels": Panels}
 
 
+PANEL_SPREAD = 0.25       # choose(): panels when a row's columns span at least this share of x ...
+PANEL_MIN_COLS = 1 << 18  # ... and x is at least 1 MiB (a guard: below it x stays in L1; not measured)
+PANEL_ONE_WAVE_ROWS = PANEL_MAX_ROWS * 132  # ... and the panels fit one wave of the H200 (7.57M rows)
+
+
 def choose(stats: RowStats, convert: bool = True) -> str:
-    """The kernel for a matrix with these row lengths, from the H200 table in docs/notes-spmv.md
-    (speed-ups over cuSPARSE in brackets; "predicted" marks a rule not yet measured on the GPU):
+    """The kernel for a matrix with these row lengths, from the H200 tables in docs/notes-spmv.md
+    (speed-ups over cuSPARSE in brackets):
       * a row longer than ``split_len(mean)``, or rows of very uneven length (std > mean):
-        csr_merge (predicted; powerlaw, wide). Every kernel that gives a row to one thread or
+        csr_merge (powerlaw 1.07, wide 1.16). Every kernel that gives a row to one thread or
         sub-warp is as slow as its longest row (3x to 1000x slower there); csr_split cut the long
         rows but left rows up to its threshold on 2-lane sub-warps (powerlaw 0.33, wide 1.10);
         merge path gives every block the same number of rows + nonzeros, so no row length can
         make a straggler;
-      * mean >= 0.9 x max (nearly every row as long as the longest): jds (banded5 1.33, banded27
-        1.35, uniform 1.05, against 1.26 / 0.82 / 0.97 for the best CSR kernel): a thread per row
-        with coalesced diagonals, and the stable length sort leaves perm close to the identity, so
-        y is still written in order;
+      * columns spread over a wide x (``col_spread`` >= PANEL_SPREAD, at least PANEL_MIN_COLS
+        columns, at most PANEL_ONE_WAVE_ROWS rows): panels (2M x 2M with 32 / 16 / 8 / 4 random
+        columns a row: 2.22 / 2.08 / 1.84 / 1.71, against 1.07 / 1.09 / 1.15 / 1.32 for the best
+        of ell and jds): every other kernel pays a 32-byte L2 sector per gathered x, panels walk x
+        in column order;
+      * mean >= 0.9 x max (nearly every row as long as the longest): jds (banded5 1.43, banded27
+        1.35, against 1.26 / 0.82 for the best CSR kernel and 0.99 / 0.53 for panels): a thread per
+        row with coalesced diagonals, and the stable length sort leaves perm close to the identity,
+        so y is still written in order;
       * max <= 16 and max <= 2 x mean (short rows of uneven length, padding at most 2x): ell (short
-        1.19; jds 0.94 there, as its sort scatters the y writes; csr_stream 1.09);
+        1.17; jds 0.96 there, as its sort scatters the y writes; csr_stream 1.09);
       * mean <= 12: csr_stream (short rows of any spread: short 1.09, best CSR kernel);
       * else csr_vector with SUB from the mean (``sub_width``: uniform sub=8 0.95 vs best 0.97;
         banded27 sub=8 0.82, best of the SUBs).
-    ``convert=False`` keeps to the CSR kernels (the ELL and JDS picks become csr_stream / csr_vector
-    by the last two rules)."""
+    ``convert=False`` keeps to the CSR kernels (the ELL, JDS and panels picks become csr_stream /
+    csr_vector by the last two rules)."""
     if stats.rows == 0 or stats.nnz == 0:
         return "csr_vector"
     if stats.max > split_len(stats.mean) or stats.std > stats.mean:
         return "csr_merge"
+    if (convert and stats.col_spread >= PANEL_SPREAD and stats.cols >= PANEL_MIN_COLS
+            and stats.rows <= PANEL_ONE_WAVE_ROWS):
+        return "panels"
     if convert and stats.mean >= 0.9 * stats.max:
         return "jds"
     if convert and stats.max <= 16 and stats.max <= 2.0 * stats.mean:
@@ -938,7 +954,7 @@ def choose(stats: RowStats, convert: bool = True) -> str:
 
 
 def converted(A: CSR, fmt: type):
-    """``fmt.from_csr(A)`` (ELL or JDS), built once and kept with A (it costs about 3-5 ms for the
+    """``fmt.from_csr(A)`` (ELL, JDS or Panels), built once and kept with A (it costs about 3-5 ms for the
     suite's matrices, i.e. 40-60 calls' worth of what the format saves, and a second copy of A's
     values and indices). Returns None where the format refuses the matrix (ELL past max_fill)."""
     key = ("format", fmt.__name__)

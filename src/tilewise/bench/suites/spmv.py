@@ -101,6 +101,7 @@ def kernels_for(A: op.CSR):
     out.append(("csr_stream", None, op.csr_stream))
     out.append(("ell", op.ELL.from_csr, op.ell))
     out.append(("jds", op.JDS.from_csr, op.jds))
+    out.append(("panels", op.Panels.from_csr, op.panels))
     return out
 
 
