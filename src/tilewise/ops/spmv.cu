@@ -326,7 +326,8 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // the tail; after a cluster barrier each CTA sums rows [r R / CL, (r + 1) R / CL) over the CL
 // shared-memory copies in rank order (distributed shared memory) and writes y once, then waits at a
 // second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
-// before the first gather (the rounds: U rounds, the next U loaded while this U is added).
+// before the first gather; the rounds go by groups of UR, three groups in flight (one added, one
+// gathered, one loaded).
 template <int NT, int CL, int U>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
@@ -367,11 +368,19 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
         }
       }
     };
+    // Three groups in flight: this one's products are added while the next one's x is gathered
+    // and the one after it is loaded.
+    unsigned kc[UR];
+    float vc[UR], xb[UR];
+    int bc[UR];
     load(ka, va, ba, rb);
+#pragma unroll
+    for (int u = 0; u < UR; ++u) xa[u] = (ka[u] & kPad) != kPad ? __ldg(x + ba[u] + (int)(ka[u] >> 16)) : 0.0f;
+    load(kb, vb, bb, rb + UR);
     for (int q = rb; q < re; q += UR) {
 #pragma unroll
-      for (int u = 0; u < UR; ++u) xa[u] = (ka[u] & kPad) != kPad ? __ldg(x + ba[u] + (int)(ka[u] >> 16)) : 0.0f;
-      load(kb, vb, bb, q + UR);
+      for (int u = 0; u < UR; ++u) xb[u] = (kb[u] & kPad) != kPad ? __ldg(x + bb[u] + (int)(kb[u] >> 16)) : 0.0f;
+      load(kc, vc, bc, q + 2 * UR);
 #pragma unroll
       for (int u = 0; u < UR; ++u) {
         if ((ka[u] & kPad) != kPad) ys[ka[u] & kPad] += va[u] * xa[u];
@@ -381,7 +390,10 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
       for (int u = 0; u < UR; ++u) {
         ka[u] = kb[u];
         va[u] = vb[u];
-        ba[u] = bb[u];
+        xa[u] = xb[u];
+        kb[u] = kc[u];
+        vb[u] = vc[u];
+        bb[u] = bc[u];
       }
     }
   }
