@@ -5,7 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
-// tilewise-instantiate: spmv_panels<1024,1,4> spmv_panels<1024,1,8> spmv_panels<1024,2,4> spmv_panels<1024,2,8> spmv_panels<1024,3,8> spmv_panels<1024,4,4>
+// tilewise-instantiate: spmv_panels<1024,1,2> spmv_panels<1024,1,3> spmv_panels<1024,1,4> spmv_panels<1024,2,2> spmv_panels<1024,2,3> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,3,4> spmv_panels<1024,4,4>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -336,7 +336,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
   extern __shared__ float ys[];
   constexpr unsigned kPad = 0xFFFFu;
   constexpr int NW = NT / 32;
-  constexpr int UR = U > 4 ? 4 : U;  // rounds a group (two groups' loads live at once)
+  constexpr int UR = U;  // rounds a group (three groups live at once)
   const int p = blockIdx.x / CL;
   const unsigned rank = CL > 1 ? tw::cta_rank() : 0u;
   const int row0 = p * R;
