@@ -5,7 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
-// tilewise-instantiate: spmv_panels<1024,1,4> spmv_panels<1024,1,5> spmv_panels<1024,1,6> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,2,6> spmv_panels<1024,3,5> spmv_panels<1024,4,5>
+// tilewise-instantiate: spmv_panels<1024,1,2> spmv_panels<1024,1,3> spmv_panels<1024,1,4> spmv_panels<1024,2,2> spmv_panels<1024,2,3> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,3,4> spmv_panels<1024,4,4>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -326,8 +326,8 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // the tail; after a cluster barrier each CTA sums rows [r R / CL, (r + 1) R / CL) over the CL
 // shared-memory copies in rank order (distributed shared memory) and writes y once, then waits at a
 // second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
-// before the first gather in the tail; the rounds go by groups of U, three groups in flight (one
-// added, one gathered, one loaded).
+// before the first gather; the rounds go by groups of UR, three groups in flight (one added, one
+// gathered, one loaded).
 template <int NT, int CL, int U>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
@@ -350,36 +350,37 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
   const long long nr = (t0 - c0) / NW;
   const int rb = (int)(nr * rank / CL), re = (int)(nr * (rank + 1) / CL);
   if (rb < re) {
-    // Three groups of UR rounds in flight: group A's products are added while group B's x is
-    // gathered (its chunks' column bases read then: an L1 hit, one word a warp) and group C's keys
-    // and values are loaded; 8 registers a round in flight.
-    unsigned ka[UR], kb[UR], kc[UR];
-    float va[UR], vb[UR], vc[UR], xa[UR], xb[UR];
-    auto load = [&](unsigned (&k)[UR], float (&v)[UR], int q0) {
+    unsigned ka[UR], kb[UR];
+    float va[UR], vb[UR], xa[UR];
+    int ba[UR], bb[UR];
+    auto load = [&](unsigned (&k)[UR], float (&v)[UR], int (&b)[UR], int q0) {
 #pragma unroll
       for (int u = 0; u < UR; ++u) {
         k[u] = kPad;
         v[u] = 0.0f;
+        b[u] = 0;
         if (q0 + u < re) {
-          const long long e = (long long)(c0 + (q0 + u) * NW + warp) * 32 + lane;
+          const int cc = c0 + (q0 + u) * NW + warp;
+          const long long e = (long long)cc * 32 + lane;
           k[u] = __ldcs(key + e);
           v[u] = __ldcs(val + e);
+          b[u] = __ldg(chunk_col0 + cc);
         }
       }
     };
-    auto gather = [&](float (&xo)[UR], const unsigned (&k)[UR], int q0) {
+    // Three groups in flight: this one's products are added while the next one's x is gathered
+    // and the one after it is loaded.
+    unsigned kc[UR];
+    float vc[UR], xb[UR];
+    int bc[UR];
+    load(ka, va, ba, rb);
 #pragma unroll
-      for (int u = 0; u < UR; ++u) {
-        xo[u] = 0.0f;
-        if ((k[u] & kPad) != kPad) xo[u] = __ldg(x + __ldg(chunk_col0 + c0 + (q0 + u) * NW + warp) + (int)(k[u] >> 16));
-      }
-    };
-    load(ka, va, rb);
-    gather(xa, ka, rb);
-    load(kb, vb, rb + UR);
+    for (int u = 0; u < UR; ++u) xa[u] = (ka[u] & kPad) != kPad ? __ldg(x + ba[u] + (int)(ka[u] >> 16)) : 0.0f;
+    load(kb, vb, bb, rb + UR);
     for (int q = rb; q < re; q += UR) {
-      gather(xb, kb, q + UR);
-      load(kc, vc, q + 2 * UR);
+#pragma unroll
+      for (int u = 0; u < UR; ++u) xb[u] = (kb[u] & kPad) != kPad ? __ldg(x + bb[u] + (int)(kb[u] >> 16)) : 0.0f;
+      load(kc, vc, bc, q + 2 * UR);
 #pragma unroll
       for (int u = 0; u < UR; ++u) {
         if ((ka[u] & kPad) != kPad) ys[ka[u] & kPad] += va[u] * xa[u];
@@ -392,6 +393,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
         xa[u] = xb[u];
         kb[u] = kc[u];
         vb[u] = vc[u];
+        bb[u] = bc[u];
       }
     }
   }

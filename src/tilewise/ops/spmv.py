@@ -69,12 +69,12 @@ MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads a
 # spmv_panels<NT, CL, U> instantiations (threads a block, CTAs a cluster, chunks a warp loads before
 # its gathers) and the default; PANEL_MAX_ROWS: a panel's y in shared memory, 224 KiB of the 227 KiB
 # a CTA may take (and below 0xFFFF, the padding key).
-PANEL_CONFIGS = ((1024, 1, 4), (1024, 1, 5), (1024, 1, 6), (1024, 2, 4), (1024, 2, 5), (1024, 2, 6), (1024, 3, 5),
-                 (1024, 4, 5))
+PANEL_CONFIGS = ((1024, 1, 2), (1024, 1, 3), (1024, 1, 4), (1024, 2, 2), (1024, 2, 3), (1024, 2, 4), (1024, 2, 5),
+                 (1024, 3, 4), (1024, 4, 4))
 # Defaults by cluster size, from scripts/experiments/spmv_variants.py on the H200 (uniform matrix,
-# 66 panels x 2 CTAs, rounds; logs/spmv-variants-8c953cf.log): U rounds a group, three groups in
-# flight: U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us (U = 7 spills at 64 registers).
-PANEL_DEFAULT = {1: (1024, 1, 5), 2: (1024, 2, 5), 3: (1024, 3, 5), 4: (1024, 4, 5)}  # by cluster size
+# 66 panels x 2 CTAs, rounds; logs/spmv-variants-14eab7f.log): 4 rounds a group, three groups in
+# flight, 190 us (8 chunks a warp in the tail, 4 a group: 203 us).
+PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
 PANEL_ROUND = 32     # chunks a round (one per warp of the 1024-thread kernel)
