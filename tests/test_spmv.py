@@ -343,6 +343,11 @@ def test_panels_errors_and_shape_rule():
     assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (45455, 3)
     for cfg in sp.PANEL_DEFAULT.values():
         assert cfg in sp.PANEL_CONFIGS
+    # the builder's round is the kernel's
+    from pathlib import Path
+    cu = (Path(sp.__file__).parent / "spmv.cu").read_text()
+    assert f"constexpr int kRoundChunks = {sp.PANEL_ROUND};" in cu
+    assert all(c[0] == 1024 for c in sp.PANEL_CONFIGS)
 
 
 # --------------------------------------------------------------------------- csr_merge's partition (CPU)

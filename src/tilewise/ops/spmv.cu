@@ -5,7 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
-// tilewise-instantiate: spmv_panels<1024,1,2> spmv_panels<1024,1,3> spmv_panels<1024,1,4> spmv_panels<1024,2,2> spmv_panels<1024,2,3> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,3,4> spmv_panels<1024,4,4>
+// tilewise-instantiate: spmv_panels<1024,1,3> spmv_panels<1024,1,4> spmv_panels<1024,2,3> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,3,4> spmv_panels<1024,4,4>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -315,9 +315,9 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // = (col & 0xFFFF) << 16 | row within the panel, plus its value; entries come in chunks of 32 that
 // share one column block (chunk_col0: col & ~0xFFFF), padded with key 0xFFFF (no product: the
 // padding reads no x, so an Inf or NaN in x cannot leak into a row).
-// A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of NW chunks (one a warp) in which
-// no row repeats (the builder moves repeats to the tail): a round is added with plain shared-memory
-// loads and stores and a barrier before the next round. Shared-memory float atomics are a
+// A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of kRoundChunks chunks (two a
+// warp) in which no row repeats (the builder moves repeats to the tail): a round is added with plain
+// shared-memory loads and stores and a barrier before the next round. Shared-memory float atomics are a
 // compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN, about one lane a clock an SM, measured: the
 // accumulation alone took 217 us of the uniform matrix's ~230): only the tail
 // [panel_tail[p], panel_chunk[p + 1]) uses them, and the order of its adds is not fixed (the last
@@ -328,6 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
 // before the first gather; the rounds go by groups of UR, three groups in flight (one added, one
 // gathered, one loaded).
+constexpr int kRoundChunks = 64;  // spmv.py's PANEL_ROUND
 template <int NT, int CL, int U>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
@@ -346,9 +347,12 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int c0 = __ldg(panel_chunk + p), t0 = __ldg(panel_tail + p), c1 = __ldg(panel_chunk + p + 1);
 
-  // Rounds: round q holds chunks c0 + q NW .. c0 + q NW + NW - 1, warp w the w-th.
-  const long long nr = (t0 - c0) / NW;
-  const int rb = (int)(nr * rank / CL), re = (int)(nr * (rank + 1) / CL);
+  // Rounds of kRoundChunks chunks, each RW sub-rounds of NW chunks: sub-round q holds chunks
+  // c0 + q NW .. c0 + q NW + NW - 1, warp w the w-th; a barrier ends each round.
+  constexpr int RW = kRoundChunks / NW;
+  static_assert(RW * NW == kRoundChunks, "a round is a whole number of sub-rounds");
+  const long long nr = (t0 - c0) / kRoundChunks;
+  const int rb = (int)(nr * rank / CL) * RW, re = (int)(nr * (rank + 1) / CL) * RW;
   if (rb < re) {
     unsigned ka[UR], kb[UR];
     float va[UR], vb[UR], xa[UR];
@@ -384,7 +388,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
 #pragma unroll
       for (int u = 0; u < UR; ++u) {
         if ((ka[u] & kPad) != kPad) ys[ka[u] & kPad] += va[u] * xa[u];
-        __syncthreads();  // the next round may add to the same rows
+        if ((q + u) % RW == RW - 1) __syncthreads();  // the next round may add to the same rows
       }
 #pragma unroll
       for (int u = 0; u < UR; ++u) {

@@ -69,15 +69,16 @@ MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads a
 # spmv_panels<NT, CL, U> instantiations (threads a block, CTAs a cluster, chunks a warp loads before
 # its gathers) and the default; PANEL_MAX_ROWS: a panel's y in shared memory, 224 KiB of the 227 KiB
 # a CTA may take (and below 0xFFFF, the padding key).
-PANEL_CONFIGS = ((1024, 1, 2), (1024, 1, 3), (1024, 1, 4), (1024, 2, 2), (1024, 2, 3), (1024, 2, 4), (1024, 2, 5),
-                 (1024, 3, 4), (1024, 4, 4))
+PANEL_CONFIGS = ((1024, 1, 3), (1024, 1, 4), (1024, 2, 3), (1024, 2, 4), (1024, 2, 5), (1024, 3, 4), (1024, 4, 4))
 # Defaults by cluster size, from scripts/experiments/spmv_variants.py on the H200 (uniform matrix,
-# 66 panels x 2 CTAs, rounds; logs/spmv-variants-14eab7f.log): 4 rounds a group, three groups in
-# flight, 190 us (8 chunks a warp in the tail, 4 a group: 203 us).
-PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
+# 66 panels x 2 CTAs, rounds of 32 chunks; logs/spmv-variants-8c953cf.log): U rounds a group, three
+# groups in flight: U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us (U = 7 spills at 64 registers; the
+# chunks' column bases read at gather time instead of with the keys, to free registers: 210 us at
+# U = 5, reverted).
+PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 5), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
-PANEL_ROUND = 32     # chunks a round (one per warp of the 1024-thread kernel)
+PANEL_ROUND = 64     # chunks a round, two a warp of the 1024-thread kernel (the .cu's kRoundChunks)
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
 _INT32_MAX = 2**31 - 1
@@ -506,7 +507,7 @@ class Panels:
       panel_chunk (P + 1,) int32: panel p's chunks are [panel_chunk[p], panel_chunk[p + 1])
       panel_tail (P,) int32: where panel p's tail starts (see ``rounds``)
     ``rounds`` (True): the panel's chunks up to its tail come in rounds of PANEL_ROUND chunks
-    (one per warp of a 1024-thread CTA) in which no row appears twice, so the kernel adds them
+    (two per warp of a 1024-thread CTA) in which no row appears twice, so the kernel adds them
     into shared memory with plain loads and stores and one barrier a round; a nonzero that would
     repeat a row in its round is moved to the tail (in column order again), which is added with
     shared-memory atomics. ``rounds=False``: everything is tail.
