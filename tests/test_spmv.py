@@ -245,7 +245,7 @@ def _panels_model(Pn: sp.Panels, x, alpha=1.0, beta=0.0, y0=None):
     y = torch.zeros(M, dtype=torch.float64)
     pc, pt = Pn.panel_chunk.long(), Pn.panel_tail.long()
     key = Pn.key.long() & 0xFFFFFFFF
-    NW, CL = sp.PANEL_ROUND, Pn.cluster
+    NW, CL = Pn.round_chunks, Pn.cluster
 
     def add(p, chunks):
         k = key.view(-1, 32)[chunks].reshape(-1)
@@ -278,11 +278,12 @@ def _panels_cases():
 
 @pytest.mark.parametrize("name", ["odd", "empty_panel", "wide", "powerlaw"])
 @pytest.mark.parametrize("rows,cluster", [(1, 1), (7, 2), (8, 3), (1000, 4), (57344, 1)])
-@pytest.mark.parametrize("rounds", [False, True])
+@pytest.mark.parametrize("rounds", [False, True, 128])
 def test_panels_layout_and_model(name, rows, cluster, rounds):
     A = _panels_cases()[name]
     M, N = A.shape
-    Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster, rounds=rounds)
+    rc = rounds if rounds is not True and rounds else sp.PANEL_ROUND
+    Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster, rounds=bool(rounds), round_chunks=rc)
     assert Pn.panels == -(-M // rows) and Pn.nnz == A.nnz and Pn.key.numel() % 32 == 0
     key = Pn.key.long() & 0xFFFFFFFF
     live = (key & 0xFFFF) != 0xFFFF
@@ -343,11 +344,15 @@ def test_panels_errors_and_shape_rule():
     assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (45455, 3)
     for cfg in sp.PANEL_DEFAULT.values():
         assert cfg in sp.PANEL_CONFIGS
-    # the builder's round is the kernel's
+    # every config is built for every round size; rounds are whole chunks a warp
     from pathlib import Path
     cu = (Path(sp.__file__).parent / "spmv.cu").read_text()
-    assert f"constexpr int kRoundChunks = {sp.PANEL_ROUND};" in cu
-    assert all(c[0] == 1024 for c in sp.PANEL_CONFIGS)
+    for nt, cl, u in sp.PANEL_CONFIGS:
+        for rc in sp.PANEL_ROUNDS:
+            assert f"spmv_panels<{nt},{cl},{u},{rc}>" in cu and rc % (nt // 32) == 0
+    assert sp.PANEL_ROUND in sp.PANEL_ROUNDS
+    with pytest.raises(ValueError, match="round_chunks must be one of"):
+        sp.Panels.from_csr(A, rows=2, cluster=2, round_chunks=96)
 
 
 # --------------------------------------------------------------------------- csr_merge's partition (CPU)
@@ -573,6 +578,7 @@ def _all_formats(A):
         pass
     out.append(("panels", {}, sp.Panels.from_csr(A)))
     out.append(("panels", {}, sp.Panels.from_csr(A, rounds=True)))
+    out.append(("panels", {}, sp.Panels.from_csr(A, rounds=True, round_chunks=128)))
     out += [("panels", {"config": c}, sp.Panels.from_csr(A, rows=max(1, A.shape[0] // 5), cluster=c[1]))
             for c in sp.PANEL_CONFIGS]
     return out
@@ -628,8 +634,8 @@ def test_panels_many_blocks_and_panels():
     x[torch.arange(0, N, sp.PANEL_COLS, device="cuda")] = float("inf")
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
     assert bool(torch.isfinite(ref).all())
-    for cl, rounds in [(cl, r) for cl in sorted(sp.PANEL_DEFAULT) for r in (False, True)]:
-        Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3), rounds=rounds)
+    for cl, rounds in [(cl, r) for cl in sorted(sp.PANEL_DEFAULT) for r in (False, 64, 128)]:
+        Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3), rounds=bool(rounds), round_chunks=rounds or 64)
         for cfg in [c for c in sp.PANEL_CONFIGS if c[1] == cl]:
             y = poison(torch.empty(M, device="cuda"))
             sp.panels(Pn, x, y, config=cfg)

@@ -55,9 +55,10 @@ def variants(A):
             if rows > op.PANEL_MAX_ROWS:
                 continue
             for c in [c for c in op.PANEL_CONFIGS if c[1] == cl]:
-                for rounds in (False, True):
-                    out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}{'/rounds' if rounds else ''}",
-                                lambda A_, rows=rows, cl=cl, r=rounds: op.Panels.from_csr(A_, rows=rows, cluster=cl, rounds=r),
+                for rounds in (0,) + op.PANEL_ROUNDS:
+                    out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}{f'/rounds{rounds}' if rounds else ''}",
+                                lambda A_, rows=rows, cl=cl, r=rounds: op.Panels.from_csr(
+                                    A_, rows=rows, cluster=cl, rounds=bool(r), round_chunks=r or op.PANEL_ROUND),
                                 lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out

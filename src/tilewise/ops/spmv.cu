@@ -5,7 +5,7 @@
 // tilewise-instantiate: spmv_csr_merge_fixup
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
-// tilewise-instantiate: spmv_panels<1024,1,3> spmv_panels<1024,1,4> spmv_panels<1024,2,3> spmv_panels<1024,2,4> spmv_panels<1024,2,5> spmv_panels<1024,3,4> spmv_panels<1024,4,4>
+// tilewise-instantiate: spmv_panels<1024,1,3,64> spmv_panels<1024,1,3,128> spmv_panels<1024,1,4,64> spmv_panels<1024,1,4,128> spmv_panels<1024,2,3,64> spmv_panels<1024,2,3,128> spmv_panels<1024,2,4,64> spmv_panels<1024,2,4,128> spmv_panels<1024,2,5,64> spmv_panels<1024,2,5,128> spmv_panels<1024,3,4,64> spmv_panels<1024,3,4,128> spmv_panels<1024,4,4,64> spmv_panels<1024,4,4,128>
 // tilewise-instantiate: spmv_csr_merge<256,5> spmv_csr_merge<256,7> spmv_csr_merge<256,8> spmv_csr_merge<256,9> spmv_csr_merge<256,11> spmv_csr_merge<256,15>
 #include "tilewise_common.cuh"
 
@@ -315,8 +315,8 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // = (col & 0xFFFF) << 16 | row within the panel, plus its value; entries come in chunks of 32 that
 // share one column block (chunk_col0: col & ~0xFFFF), padded with key 0xFFFF (no product: the
 // padding reads no x, so an Inf or NaN in x cannot leak into a row).
-// A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of kRoundChunks chunks (two a
-// warp) in which no row repeats (the builder moves repeats to the tail): a round is added with plain
+// A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of kRoundChunks chunks (a whole
+// number a warp: 64 is two) in which no row repeats (the builder moves repeats to the tail): a round is added with plain
 // shared-memory loads and stores and a barrier before the next round. Shared-memory float atomics are a
 // compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN, about one lane a clock an SM, measured: the
 // accumulation alone took 217 us of the uniform matrix's ~230): only the tail
@@ -328,8 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
 // before the first gather; the rounds go by groups of UR, three groups in flight (one added, one
 // gathered, one loaded).
-constexpr int kRoundChunks = 64;  // spmv.py's PANEL_ROUND
-template <int NT, int CL, int U>
+template <int NT, int CL, int U, int kRoundChunks>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
     const int* __restrict__ panel_chunk, const int* __restrict__ panel_tail, const float* __restrict__ x,

@@ -75,10 +75,11 @@ PANEL_CONFIGS = ((1024, 1, 3), (1024, 1, 4), (1024, 2, 3), (1024, 2, 4), (1024, 
 # groups in flight: U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us (U = 7 spills at 64 registers; the
 # chunks' column bases read at gather time instead of with the keys, to free registers: 210 us at
 # U = 5, reverted).
-PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 5), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
+PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
-PANEL_ROUND = 64     # chunks a round, two a warp of the 1024-thread kernel (the .cu's kRoundChunks)
+PANEL_ROUND = 64     # chunks a round (default), two a warp of the 1024-thread kernel
+PANEL_ROUNDS = (64, 128)  # the round sizes the kernel is built for (its kRoundChunks)
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
 SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
 _INT32_MAX = 2**31 - 1
@@ -506,8 +507,8 @@ class Panels:
       chunk_col0 (n_chunks,) int32: the first column of the chunk's column block
       panel_chunk (P + 1,) int32: panel p's chunks are [panel_chunk[p], panel_chunk[p + 1])
       panel_tail (P,) int32: where panel p's tail starts (see ``rounds``)
-    ``rounds`` (True): the panel's chunks up to its tail come in rounds of PANEL_ROUND chunks
-    (two per warp of a 1024-thread CTA) in which no row appears twice, so the kernel adds them
+    ``rounds`` (True): the panel's chunks up to its tail come in rounds of ``round_chunks``
+    chunks (PANEL_ROUND = 64: two per warp of a 1024-thread CTA) in which no row appears twice, so the kernel adds them
     into shared memory with plain loads and stores and one barrier a round; a nonzero that would
     repeat a row in its round is moved to the tail (in column order again), which is added with
     shared-memory atomics. ``rounds=False``: everything is tail.
@@ -527,6 +528,7 @@ class Panels:
     shape: tuple[int, int]
     nnz: int
     rounds: bool = True
+    round_chunks: int = PANEL_ROUND
     stats: RowStats = None
     build_ms: float = 0.0
 
@@ -535,7 +537,8 @@ class Panels:
         return self.panel_chunk.numel() - 1
 
     @classmethod
-    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None, rounds: bool = True) -> "Panels":
+    def from_csr(cls, A: CSR, rows: int | None = None, cluster: int | None = None, rounds: bool = True,
+                 round_chunks: int = PANEL_ROUND) -> "Panels":
         """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
         ``panel_shape``: the largest panels that fill the GPU in one wave of clusters. ``rounds``
         (default True): measured on the H200 (logs/spmv-variants-dc7f002.log, 2M x 2M with 32 / 16 / 8
@@ -551,6 +554,8 @@ class Panels:
             raise ValueError(f"Panels: rows must be in 1..{PANEL_MAX_ROWS} (a panel's y is in shared memory), got {rows}")
         if cluster not in PANEL_DEFAULT:
             raise ValueError(f"Panels: cluster must be one of {sorted(PANEL_DEFAULT)}, got {cluster}")
+        if round_chunks not in PANEL_ROUNDS:
+            raise ValueError(f"Panels: round_chunks must be one of {PANEL_ROUNDS}, got {round_chunks}")
 
         def build():
             dev = A.device
@@ -564,8 +569,8 @@ class Panels:
             panel, c, rl, v = panel[order], c[order], r[order] - panel[order] * rows, A.val[order]
             parts = []
             if rounds:
-                lay = _panel_chunks(panel, c, rl, v, P, NB, PANEL_ROUND)
-                rnd = lay[-1] // (32 * PANEL_ROUND)
+                lay = _panel_chunks(panel, c, rl, v, P, NB, round_chunks)
+                rnd = lay[-1] // (32 * round_chunks)
                 kk, perm = torch.sort(rnd * rows + rl)
                 again = torch.zeros(kk.numel(), dtype=torch.bool, device=dev)
                 again[1:] = kk[1:] == kk[:-1]
@@ -590,7 +595,7 @@ class Panels:
             return key, val, chunk_col0, panel_chunk.to(torch.int32), panel_tail.to(torch.int32)
 
         (key, val, cc, pc, pt), ms = _timed(build)
-        return cls(key, val, cc, pc, pt, rows, cluster, A.shape, A.nnz, rounds, A.stats, ms)
+        return cls(key, val, cc, pc, pt, rows, cluster, A.shape, A.nnz, rounds, round_chunks, A.stats, ms)
 
 
 def _panel_chunks(panel, c, rl, v, P: int, NB: int, round_chunks: int):
@@ -657,7 +662,7 @@ def _clusters_fit(device_index: int, cl: int) -> int:
     """Clusters of the default panels kernel for ``cl`` that are resident at once with the most
     shared memory a panel can take (sm_count // cl where the occupancy API cannot answer)."""
     nt, c, u = PANEL_DEFAULT[cl]
-    k = _panel_kernel(f"spmv_panels<{nt},{c},{u}>", device_index)
+    k = _panel_kernel(f"spmv_panels<{nt},{c},{u},{PANEL_ROUND}>", device_index)
     try:
         return k.max_active_clusters(cl, nt, PANEL_MAX_ROWS * 4)
     except Exception:
@@ -671,7 +676,7 @@ def _clusters_fit(device_index: int, cl: int) -> int:
 def _module(device_index: int) -> rt.Module:
     names = ["spmv_csr_scalar", "spmv_ell", "spmv_csr_chunks", "spmv_csr_stream", "spmv_csr_merge_fixup"]
     names += [f"spmv_jds<{nt},{r}>" for nt, r in JDS_CONFIGS]
-    names += [f"spmv_panels<{nt},{cl},{u}>" for nt, cl, u in PANEL_CONFIGS]
+    names += [f"spmv_panels<{nt},{cl},{u},{rc}>" for nt, cl, u in PANEL_CONFIGS for rc in PANEL_ROUNDS]
     names += [f"spmv_csr_vector<{s}>" for s in _SUBS] + [f"spmv_csr_merge<{nt},{ipt}>" for nt, ipt in MERGE_CONFIGS]
     return rt.load(_SRC, names, device_index=device_index)
 
@@ -897,7 +902,7 @@ def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, confi
     M = A.shape[0]
     if M:
         nt, cl, u = cfg
-        k = _panel_kernel(f"spmv_panels<{nt},{cl},{u}>", x.get_device())
+        k = _panel_kernel(f"spmv_panels<{nt},{cl},{u},{A.round_chunks}>", x.get_device())
         k(A.panels * cl, nt, A.key, A.val, A.chunk_col0, A.panel_chunk, A.panel_tail, x, y, M, A.rows, alpha, beta,
           shmem=min(A.rows, M) * 4)
     return y
