@@ -401,15 +401,17 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     }
   }
 
-  // Tail: rank r takes the r-th of CL equal runs of chunks; any warp any chunk; atomics.
+  // Tail: rank r takes the r-th of CL equal runs of chunks; any warp any chunk; atomics; UT chunks
+  // a warp in flight (the tail is short: fewer, deeper iterations).
+  constexpr int UT = 8;
   const long long n = c1 - t0;
   const int cb = t0 + (int)(n * rank / CL), ce = t0 + (int)(n * (rank + 1) / CL);
-  for (int c = cb + warp; c < ce; c += NW * U) {
-    unsigned k[U];
-    float v[U], xv[U];
-    int base[U];
+  for (int c = cb + warp; c < ce; c += NW * UT) {
+    unsigned k[UT];
+    float v[UT], xv[UT];
+    int base[UT];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < UT; ++u) {
       const int cc = c + u * NW;
       k[u] = kPad;
       v[u] = 0.0f;
@@ -422,9 +424,9 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) xv[u] = (k[u] & kPad) != kPad ? __ldg(x + base[u] + (int)(k[u] >> 16)) : 0.0f;
+    for (int u = 0; u < UT; ++u) xv[u] = (k[u] & kPad) != kPad ? __ldg(x + base[u] + (int)(k[u] >> 16)) : 0.0f;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < UT; ++u) {
       if ((k[u] & kPad) != kPad) atomicAdd(ys + (k[u] & kPad), v[u] * xv[u]);
     }
   }
