@@ -60,10 +60,6 @@ def variants(A):
                                 lambda A_, rows=rows, cl=cl, r=rounds: op.Panels.from_csr(
                                     A_, rows=rows, cluster=cl, rounds=bool(r), round_chunks=r or op.PANEL_ROUND),
                                 lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
-                if c == op.PANEL_DEFAULT[cl]:
-                    out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}/rounds64/driver-carveout",
-                                lambda A_, rows=rows, cl=cl: op.Panels.from_csr(A_, rows=rows, cluster=cl),
-                                lambda F, x, y, c=c: op.panels(F, x, y, config=c, carveout=False)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out
 

@@ -888,26 +888,11 @@ def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tup
     return y
 
 
-_SMEM_PER_SM = 228 * 1024  # the unified L1 / shared memory an H100 / H200 SM can give to shared memory
-_carveouts: dict = {}
-
-
-def _carveout(k: rt.Kernel, shmem: int, on: bool) -> None:
-    """Ask for no more shared memory than the panel needs (the rest stays L1, which holds the x the
-    gathers reuse), or give the driver back its own choice (``on=False``)."""
-    pct = min(100, -(-(shmem + 1024) * 100 // _SMEM_PER_SM)) if on else -1
-    if _carveouts.get(id(k)) != pct:
-        k.set_shared_carveout(pct)
-        _carveouts[id(k)] = pct
-
-
-def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tuple[int, int, int] | None = None,
-           carveout: bool = True):
+def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tuple[int, int, int] | None = None):
     """``config``: (threads a block, CTAs a cluster, chunks a warp loads at once), one of
     PANEL_CONFIGS whose cluster size is ``A.cluster`` (default PANEL_DEFAULT[A.cluster]).
-    The adds of a panel's tail run in no fixed order (shared-memory atomics): the last bits of y may
-    differ between runs. ``carveout`` (default True): prefer just the shared memory the panel needs,
-    leaving the rest of the SM's 256 KiB to L1 (False: the driver's choice)."""
+    The adds into a row of y run in no fixed order (shared-memory atomics): the last bits of y may
+    differ between runs."""
     _need(A, Panels, "panels")
     cfg = PANEL_DEFAULT[A.cluster] if config is None else tuple(config)
     if cfg not in PANEL_CONFIGS or cfg[1] != A.cluster:
@@ -918,10 +903,8 @@ def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, confi
     if M:
         nt, cl, u = cfg
         k = _panel_kernel(f"spmv_panels<{nt},{cl},{u},{A.round_chunks}>", x.get_device())
-        shmem = min(A.rows, M) * 4
-        _carveout(k, shmem, carveout)
         k(A.panels * cl, nt, A.key, A.val, A.chunk_col0, A.panel_chunk, A.panel_tail, x, y, M, A.rows, alpha, beta,
-          shmem=shmem)
+          shmem=min(A.rows, M) * 4)
     return y
 
 

@@ -621,17 +621,6 @@ class Kernel:
         if int(err) != 0:
             raise KernelLaunchError(f"{self.name}: could not allow {nbytes} B of dynamic shared memory: {err}")
 
-    def set_shared_carveout(self, percent: int) -> None:
-        """Prefer this share (0-100) of the SM's unified L1 / shared memory as shared memory; the rest
-        stays L1 cache. The driver rounds up to a capacity the SM supports."""
-        from cuda.bindings import driver
-
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        err, dev = driver.cuDeviceGet(self.device_index)
-        (err,) = driver.cuKernelSetAttribute(attr, int(percent), self.handle.handle, dev)
-        if int(err) != 0:
-            raise KernelLaunchError(f"{self.name}: could not set the shared-memory carveout to {percent} %: {err}")
-
     def _sync_and_check(self) -> None:
         import torch
 
