@@ -71,10 +71,10 @@ MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads a
 # a CTA may take (and below 0xFFFF, the padding key).
 PANEL_CONFIGS = ((1024, 1, 3), (1024, 1, 4), (1024, 2, 3), (1024, 2, 4), (1024, 2, 5), (1024, 3, 4), (1024, 4, 4))
 # Defaults by cluster size, from scripts/experiments/spmv_variants.py on the H200 (uniform matrix,
-# 66 panels x 2 CTAs, rounds of 32 chunks; logs/spmv-variants-8c953cf.log): U rounds a group, three
-# groups in flight: U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us (U = 7 spills at 64 registers; the
-# chunks' column bases read at gather time instead of with the keys, to free registers: 210 us at
-# U = 5, reverted).
+# 66 panels x 2 CTAs, rounds; logs/spmv-variants-8c953cf.log, -030e0de.log): U rounds a group, three
+# groups in flight: rounds of 32 chunks U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us; rounds of 64
+# chunks U = 3 / 4 / 5 207 / 182 / 192 us (U = 7 spills at 64 registers; the chunks' column bases
+# read at gather time instead of with the keys, to free registers: 210 us at U = 5, reverted).
 PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
@@ -541,9 +541,9 @@ class Panels:
                  round_chunks: int = PANEL_ROUND) -> "Panels":
         """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
         ``panel_shape``: the largest panels that fill the GPU in one wave of clusters. ``rounds``
-        (default True): measured on the H200 (logs/spmv-variants-dc7f002.log, 2M x 2M with 32 / 16 / 8
-        random columns a row, 66 panels x 2 CTAs): 218 / 122 / 78 us with rounds, 227 / 125 / 79
-        without; 4 a row 52 / 54 us."""
+        (default True): measured on the H200 (logs/spmv-variants-7ab279a.log, 2M x 2M with 32 / 16 / 4
+        random columns a row, 66 panels x 2 CTAs): 181 / 105 / 49 us with rounds of 64 chunks,
+        226 / 125 / 54 without; rounds of 128 chunks 198 / 116 / 51."""
         M, N = A.shape
         if rows is None or cluster is None:
             r0, c0 = panel_shape(M, A.device)
@@ -930,7 +930,7 @@ def choose(stats: RowStats, convert: bool = True) -> str:
         make a straggler;
       * columns spread over a wide x (``col_spread`` >= PANEL_SPREAD, at least PANEL_MIN_COLS
         columns, at most PANEL_ONE_WAVE_ROWS rows): panels (2M x 2M with 32 / 16 / 8 / 4 random
-        columns a row: 2.22 / 2.08 / 1.84 / 1.71, against 1.07 / 1.09 / 1.15 / 1.32 for the best
+        columns a row: 2.66 / 2.42 / 2.03 / 1.79, against 1.07 / 1.09 / 1.17 / 1.32 for the best
         of ell and jds): every other kernel pays a 32-byte L2 sector per gathered x, panels walk x
         in column order;
       * mean >= 0.9 x max (nearly every row as long as the longest): jds (banded5 1.43, banded27
