@@ -24,6 +24,7 @@ from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops import spmv as op
+from tilewise.runtime.device import measure_copy_gbps
 
 T0 = time.time()
 
@@ -64,14 +65,6 @@ def variants(A):
     return out
 
 
-def copy_gbs():
-    a = torch.empty(2**28, device="cuda")
-    a.uniform_()
-    b = torch.empty_like(a)
-    ms = bench(lambda: b.copy_(a))
-    return 2 * 2**30 / ms / 1e6
-
-
 def rel_err(y, ref):
     if not bool(torch.isfinite(y).all()):
         return float("inf")
@@ -80,7 +73,7 @@ def rel_err(y, ref):
 
 def main(kinds, only=None):
     wrong, summary = [], []
-    copy = copy_gbs()
+    copy = measure_copy_gbps(1 << 30)
     dev = torch.cuda.current_device()
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s (same run); clusters of the panels kernel "
           f"resident at once: " + ", ".join(f"{cl}: {op._clusters_fit(dev, cl)}" for cl in sorted(op.PANEL_DEFAULT)))

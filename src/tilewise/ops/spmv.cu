@@ -325,18 +325,23 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // A cluster of CL CTAs shares a panel: rank r takes the r-th of CL equal runs of the rounds and of
 // the tail; after a cluster barrier each CTA sums rows [r R / CL, (r + 1) R / CL) over the CL
 // shared-memory copies in rank order (distributed shared memory) and writes y once, then waits at a
-// second barrier so no peer's shared memory goes away while it is read. U chunks a warp are loaded
-// before the first gather; the rounds go by groups of UR, three groups in flight (one added, one
-// gathered, one loaded).
+// second barrier so no peer's shared memory goes away while it is read. The rounds go by groups of
+// U sub-rounds, three groups in flight (one added, one gathered, one loaded).
+namespace {
+constexpr unsigned kPanelPad = 0xFFFFu;  // a padding key: row 0xFFFF, no product
+// x at the entry's column; padding reads nothing.
+__device__ __forceinline__ float panel_gather(const float* __restrict__ x, unsigned k, int b) {
+  return (k & kPanelPad) != kPanelPad ? __ldg(x + b + (int)(k >> 16)) : 0.0f;
+}
+}  // namespace
+
 template <int NT, int CL, int U, int kRoundChunks>
 __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     const unsigned* __restrict__ key, const float* __restrict__ val, const int* __restrict__ chunk_col0,
     const int* __restrict__ panel_chunk, const int* __restrict__ panel_tail, const float* __restrict__ x,
     float* __restrict__ y, int M, int R, float alpha, float beta) {
   extern __shared__ float ys[];
-  constexpr unsigned kPad = 0xFFFFu;
   constexpr int NW = NT / 32;
-  constexpr int UR = U;  // rounds a group (three groups live at once)
   const int p = blockIdx.x / CL;
   const unsigned rank = CL > 1 ? tw::cta_rank() : 0u;
   const int row0 = p * R;
@@ -353,13 +358,15 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
   const long long nr = (t0 - c0) / kRoundChunks;
   const int rb = (int)(nr * rank / CL) * RW, re = (int)(nr * (rank + 1) / CL) * RW;
   if (rb < re) {
-    unsigned ka[UR], kb[UR];
-    float va[UR], vb[UR], xa[UR];
-    int ba[UR], bb[UR];
-    auto load = [&](unsigned (&k)[UR], float (&v)[UR], int (&b)[UR], int q0) {
+    // Three groups of U sub-rounds in flight: group a's products are added while group b's x is
+    // gathered and group c is loaded.
+    unsigned ka[U], kb[U], kc[U];
+    float va[U], vb[U], vc[U], xa[U], xb[U];
+    int ba[U], bb[U], bc[U];
+    auto load = [&](unsigned (&k)[U], float (&v)[U], int (&b)[U], int q0) {
 #pragma unroll
-      for (int u = 0; u < UR; ++u) {
-        k[u] = kPad;
+      for (int u = 0; u < U; ++u) {
+        k[u] = kPanelPad;
         v[u] = 0.0f;
         b[u] = 0;
         if (q0 + u < re) {
@@ -371,26 +378,21 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
         }
       }
     };
-    // Three groups in flight: this one's products are added while the next one's x is gathered
-    // and the one after it is loaded.
-    unsigned kc[UR];
-    float vc[UR], xb[UR];
-    int bc[UR];
     load(ka, va, ba, rb);
 #pragma unroll
-    for (int u = 0; u < UR; ++u) xa[u] = (ka[u] & kPad) != kPad ? __ldg(x + ba[u] + (int)(ka[u] >> 16)) : 0.0f;
-    load(kb, vb, bb, rb + UR);
-    for (int q = rb; q < re; q += UR) {
+    for (int u = 0; u < U; ++u) xa[u] = panel_gather(x, ka[u], ba[u]);
+    load(kb, vb, bb, rb + U);
+    for (int q = rb; q < re; q += U) {
 #pragma unroll
-      for (int u = 0; u < UR; ++u) xb[u] = (kb[u] & kPad) != kPad ? __ldg(x + bb[u] + (int)(kb[u] >> 16)) : 0.0f;
-      load(kc, vc, bc, q + 2 * UR);
+      for (int u = 0; u < U; ++u) xb[u] = panel_gather(x, kb[u], bb[u]);
+      load(kc, vc, bc, q + 2 * U);
 #pragma unroll
-      for (int u = 0; u < UR; ++u) {
-        if ((ka[u] & kPad) != kPad) ys[ka[u] & kPad] += va[u] * xa[u];
+      for (int u = 0; u < U; ++u) {
+        if ((ka[u] & kPanelPad) != kPanelPad) ys[ka[u] & kPanelPad] += va[u] * xa[u];
         if ((q + u) % RW == RW - 1) __syncthreads();  // the next round may add to the same rows
       }
 #pragma unroll
-      for (int u = 0; u < UR; ++u) {
+      for (int u = 0; u < U; ++u) {
         ka[u] = kb[u];
         va[u] = vb[u];
         xa[u] = xb[u];
@@ -413,7 +415,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
 #pragma unroll
     for (int u = 0; u < UT; ++u) {
       const int cc = c + u * NW;
-      k[u] = kPad;
+      k[u] = kPanelPad;
       v[u] = 0.0f;
       base[u] = 0;
       if (cc < ce) {
@@ -424,10 +426,10 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
       }
     }
 #pragma unroll
-    for (int u = 0; u < UT; ++u) xv[u] = (k[u] & kPad) != kPad ? __ldg(x + base[u] + (int)(k[u] >> 16)) : 0.0f;
+    for (int u = 0; u < UT; ++u) xv[u] = panel_gather(x, k[u], base[u]);
 #pragma unroll
     for (int u = 0; u < UT; ++u) {
-      if ((k[u] & kPad) != kPad) atomicAdd(ys + (k[u] & kPad), v[u] * xv[u]);
+      if ((k[u] & kPanelPad) != kPanelPad) atomicAdd(ys + (k[u] & kPanelPad), v[u] * xv[u]);
     }
   }
   if (CL > 1) {

@@ -546,7 +546,7 @@ class Panels:
         226 / 125 / 54 without; rounds of 128 chunks 198 / 116 / 51."""
         M, N = A.shape
         if rows is None or cluster is None:
-            r0, c0 = panel_shape(M, A.device)
+            r0, c0 = panel_shape(M, A.val.get_device())
             rows = r0 if rows is None else rows
             cluster = c0 if cluster is None else cluster
         rows, cluster = int(rows), int(cluster)
@@ -624,7 +624,7 @@ def _panel_chunks(panel, c, rl, v, P: int, NB: int, round_chunks: int):
     return key, val, (seg_of_chunk % NB) * PANEL_COLS, seg_of_chunk // NB, per_panel, slot
 
 
-def panel_shape(M: int, device=None, clusters_fit=None, sms: int | None = None) -> tuple[int, int]:
+def panel_shape(M: int, device_index: int | None = None, clusters_fit=None, sms: int | None = None) -> tuple[int, int]:
     """(rows, cluster) for ``Panels``: one wave of clusters, as many panels as clusters of CL CTAs
     fit at once (``clusters_fit(CL)``, from the occupancy API on a GPU: clusters stay inside a GPC,
     so the H200's 132 SMs hold 66 clusters of 2 but 39 of 3 and 30 of 4), rows = ceil(M / panels)
@@ -632,7 +632,7 @@ def panel_shape(M: int, device=None, clusters_fit=None, sms: int | None = None) 
     SMs idle, then the fewest panels (each panel reads x once), then the most CTAs a panel. Measured on the H200 (uniform,
     logs/spmv-panels-ablation-3799427.log): 66 x 2 227 us, 132 x 1 230, 39 x 3 279 (117 SMs busy)."""
     if clusters_fit is None:
-        dev = _device_index(device)
+        dev = torch.cuda.current_device() if device_index is None else device_index
         clusters_fit = functools.partial(_clusters_fit, dev)
         sms = rt.sm_count(dev) if sms is None else sms
     best = None
@@ -648,13 +648,6 @@ def panel_shape(M: int, device=None, clusters_fit=None, sms: int | None = None) 
     if best is None:
         return PANEL_MAX_ROWS, min(PANEL_DEFAULT)  # more panels than one wave holds
     return best[1], best[2]
-
-
-def _device_index(device) -> int:
-    if device is None:
-        return torch.cuda.current_device()
-    d = torch.device(device)
-    return d.index if d.index is not None else torch.cuda.current_device()
 
 
 @functools.cache
@@ -891,8 +884,8 @@ def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tup
 def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tuple[int, int, int] | None = None):
     """``config``: (threads a block, CTAs a cluster, chunks a warp loads at once), one of
     PANEL_CONFIGS whose cluster size is ``A.cluster`` (default PANEL_DEFAULT[A.cluster]).
-    The adds into a row of y run in no fixed order (shared-memory atomics): the last bits of y may
-    differ between runs."""
+    A panel's rounds are added in a fixed order; its tail (``Panels``) with shared-memory atomics in
+    no fixed order, so where a panel has a tail the last bits of y may differ between runs."""
     _need(A, Panels, "panels")
     cfg = PANEL_DEFAULT[A.cluster] if config is None else tuple(config)
     if cfg not in PANEL_CONFIGS or cfg[1] != A.cluster:
