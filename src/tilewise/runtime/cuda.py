@@ -274,6 +274,25 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+_ARCH_MARK = re.compile(r"^//\s*tilewise-arch:\s*(sm_\d+a)\s*$", re.M)
+
+
+def source_arch(source: str, arch: str, name: str = "kernel.cu") -> str:
+    """The architecture to compile ``source`` for on a device of ``arch``.
+
+    A source that uses architecture-specific instructions (sm_90a's wgmma, setmaxnreg) says so in a
+    line ``// tilewise-arch: sm_90a``: it compiles for that target when ``arch`` is its base
+    (sm_90), and raises ``CompileError`` on any other device rather than fail at load time.
+    """
+    m = _ARCH_MARK.search(source)
+    if m is None:
+        return arch
+    want = m.group(1)
+    if arch in (want, want[:-1]):
+        return want
+    raise CompileError(f"{name} uses {want}-specific instructions; this device is {arch}")
+
+
 def compile_source(source: str, *, name: str = "kernel.cu", name_expressions: Iterable[str] = (),
                    arch: str | None = None, options: Sequence[str] = _DEFAULT_OPTIONS,
                    use_cache: bool = True) -> CompiledModule:
@@ -284,7 +303,7 @@ def compile_source(source: str, *, name: str = "kernel.cu", name_expressions: It
     ``options``: ``-std=c++17``, ``-DNAME=VALUE``, ``-Xptxas=FLAG``.
     Raises ``CompileError`` with the NVRTC log when the source does not compile.
     """
-    arch = arch or current_arch()
+    arch = source_arch(source, arch or current_arch(), name)
     name_expressions = tuple(name_expressions)
     options = tuple(options)
     key = _cache_key(source, name, options, arch, name_expressions)

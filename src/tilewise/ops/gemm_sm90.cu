@@ -1,0 +1,308 @@
+// tilewise-arch: sm_90a
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,64,1,2,8,1> gemm_sm90<__half,128,64,1,2,8,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,1> gemm_sm90<__half,128,128,2,1,6,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,2,1,5,1> gemm_sm90<__half,128,192,2,1,5,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,1,2,5,1> gemm_sm90<__half,128,192,1,2,5,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,256,2,1,4,1> gemm_sm90<__half,128,256,2,1,4,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,6,1> gemm_sm90<__half,192,96,1,2,6,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,1,1,6,1> gemm_sm90<__half,128,128,1,1,6,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,0> gemm_sm90<__half,128,128,2,1,6,0>
+//
+// C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
+// and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
+// memory accelerator (TMA) and shared across a thread-block cluster by multicast.
+//
+// * A CTA computes BM x BN tiles of C, persistent: a cluster of CM x CN CTAs takes the cluster
+//   tiles (CM x CN neighbouring tiles) cluster_id, cluster_id + clusters, ... in a grouped order
+//   (8 cluster rows a group, so consecutive cluster tiles share B panels in L2).
+// * Warp specialization: warpgroup 0 is the producer (one thread issues the TMA copies; its
+//   registers are given back with setmaxnreg), warpgroups 1..BM/64 are consumers, each 64 rows of
+//   the tile: four m64 x BN x k16 wgmma a 64-wide K block, one block's MMAs in flight while the
+//   next block's wait for their data.
+// * A STAGES-deep ring of (A, B) blocks in shared memory, two mbarriers a stage: `full` (the
+//   producer's expected byte count, completed by the TMA units) and `empty` (one arrival per
+//   consumer warpgroup of every CTA of the cluster, since this CTA's copies land in its peers too).
+// * Multicast: the CN CTAs of a cluster row compute tiles of the same rows of C, so they need the
+//   same A block; each loads BM / CN of its rows and multicasts them to the row's CTAs. Likewise the
+//   CM CTAs of a cluster column share B: each loads 64 / CM of the block's K rows (kTransB = 1) or
+//   BN / CM of its N rows (kTransB = 0). A tile's L2 -> SM bytes fall by CN for A and CM for B.
+// * Shared-memory layouts are the ones TMA writes with 128-byte swizzle (64-byte for a B block of
+//   32-column chunks when BN is not a multiple of 64) and wgmma reads through matrix descriptors:
+//   A K-major ([BM][64], rows of 128 B); B N-major (kTransB = 1: BN / BCH chunks of [64 k][BCH n])
+//   or K-major (kTransB = 0: [BN][64]).
+// * Edges: TMA fills out-of-range rows / columns of A and B with zeros (K need not be a multiple of
+//   64); the epilogue writes only rows < M and columns < N, straight from the accumulators as
+//   pairs (the host guarantees N and ldc even and C 4-byte aligned).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tilewise_common.cuh"
+#include "tilewise_wgmma.cuh"
+
+namespace {
+
+// A CUtensorMap (cuda.h), opaque: 128 bytes, 64-byte aligned; passed by value as a __grid_constant__.
+struct alignas(64) TmaDesc {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000000;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Arrive on the barrier at this CTA's address `bar` in CTA `rank` of the cluster (itself included).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_local(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// 2-D tile copy global -> shared; with mask != 0 multicast to every CTA of the cluster whose bit is
+// set (same shared-memory offset, each CTA's own barrier at `bar`'s offset).
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1,
+                                            unsigned short mask) {
+  const unsigned long long d = reinterpret_cast<unsigned long long>(desc);
+  if (mask == 0) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+        "l"(d), "r"(bar), "r"(c0), "r"(c1)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+        "l"(d), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+        : "memory");
+  }
+}
+
+// Shared-memory matrix descriptor: start address, leading / stride byte offsets, swizzle
+// (1 = 128 B, 2 = 64 B).
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swz) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swz << 62);
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+template <typename T>
+struct IsHalf {
+  static constexpr bool value = false;
+};
+template <>
+struct IsHalf<__half> {
+  static constexpr bool value = true;
+};
+
+// Cluster tile t -> (cluster row, cluster column), grouped 8 cluster rows at a time.
+__device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, int& cn) {
+  constexpr int G = 8;
+  const int per = G * ctn;
+  const int g = t / per;
+  const int first = g * G;
+  const int gs = min(ctm - first, G);
+  const int r = t - g * per;
+  cm = first + r % gs;
+  cn = r / gs;
+}
+
+}  // namespace
+
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB>
+__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 + 1), 1)
+    gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b, T* __restrict__ c,
+              int M, int N, int K, long long ldc) {
+  constexpr int NWG = BM / 64;  // consumer warpgroups
+  constexpr int CS = CM * CN;
+  constexpr int BK = 64;
+  constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
+  constexpr int NCH = BN / BCH;
+  constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
+  static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
+  static_assert(BN % BCH == 0 && BN % 16 == 0, "BN");
+  static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
+  static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
+  const int rm = (int)rank % CM, rn = (int)rank / CM;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_u32(&full_bar[s]), 1);
+      mbar_init(smem_u32(&empty_bar[s]), NWG * CS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Every CTA's barriers exist before any peer's copy or arrival can reach them.
+  if (CS > 1) {
+    tw::cluster_arrive();
+    tw::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int ctm = (tiles_m + CM - 1) / CM, ctn = (tiles_n + CN - 1) / CN;
+  const int nct = ctm * ctn;
+  const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
+  const int kt = (K + BK - 1) / BK;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
+      unsigned short mask_a = 0, mask_b = 0;
+      if (CN > 1)
+        for (int j = 0; j < CN; ++j) mask_a |= (unsigned short)(1u << (rm + CM * j));
+      if (CM > 1)
+        for (int i = 0; i < CM; ++i) mask_b |= (unsigned short)(1u << (i + CM * rn));
+      int it = 0;
+      for (int t = cluster_id; t < nct; t += clusters) {
+        int cm, cn;
+        cluster_tile(t, ctm, ctn, cm, cn);
+        const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+        for (int kb = 0; kb < kt; ++kb, ++it) {
+          const int s = it % STAGES;
+          const unsigned ph = (unsigned)(it / STAGES) & 1u;
+          mbar_wait(smem_u32(&empty_bar[s]), ph ^ 1u);
+          const unsigned full = smem_u32(&full_bar[s]);
+          mbar_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+          const int k0 = kb * BK;
+          tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
+          if (kTransB) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ++ch)
+              tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
+                          k0 + rm * (BK / CM), mask_b);
+          } else {
+            tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
+    const int w = wg - 1;
+    constexpr bool kF16 = IsHalf<T>::value;
+    float acc[BN / 2];
+    int it = 0;
+    const int warp = tid / 32, lane = tid % 32;
+    for (int t = cluster_id; t < nct; t += clusters) {
+      int cm, cn;
+      cluster_tile(t, ctm, ctn, cm, cn);
+      const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      int prev = -1;
+      for (int kb = 0; kb < kt; ++kb, ++it) {
+        const int s = it % STAGES;
+        mbar_wait(smem_u32(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+        const unsigned sa = base + s * STAGE_BYTES + w * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
+        fence_regs(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          const unsigned long long da = smem_desc(sa + kk * 32, 16, 1024, 1);
+          unsigned long long db;
+          if (kTransB)
+            db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
+          else
+            db = smem_desc(sb + kk * 32, 16, 1024, 1);
+          tw::wgmma_m64k16<BN, kF16, kTransB>(acc, da, db, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        fence_regs(acc);
+        if (prev >= 0) {
+          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+          fence_regs(acc);
+          if (tid == 0) {
+            const unsigned e = smem_u32(&empty_bar[prev]);
+            if (CS > 1) {
+#pragma unroll
+              for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
+            } else {
+              mbar_arrive_local(e);
+            }
+          }
+        }
+        prev = s;
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      fence_regs(acc);
+      if (prev >= 0 && tid == 0) {
+        const unsigned e = smem_u32(&empty_bar[prev]);
+        if (CS > 1) {
+#pragma unroll
+          for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
+        } else {
+          mbar_arrive_local(e);
+        }
+      }
+      // Accumulator layout of m64 x BN: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
+      // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BN / 8 - 1.
+      const int row = m0 + w * 64 + warp * 16 + lane / 4;
+      const int col0 = n0 + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = col0 + 8 * j;
+        if (col < N) {
+          if (row < M) store_pair(c + (long long)row * ldc + col, acc[4 * j], acc[4 * j + 1]);
+          if (row + 8 < M) store_pair(c + (long long)(row + 8) * ldc + col, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+  // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
+  if (CS > 1) {
+    tw::cluster_arrive();
+    tw::cluster_wait();
+  }
+}

@@ -1,0 +1,274 @@
+"""gemm_sm90 (CUDA C, Hopper only): ``C = A @ B`` with warpgroup MMA, TMA and cluster multicast.
+
+A is (M, K) with unit-stride rows, B is (K, N) with unit-stride rows (``kTransB = 1``) or the
+transpose of an (N, K) matrix with unit-stride rows (a weight's ``w.T``); fp16 or bf16, fp32
+accumulate, C in the input dtype. The kernel (``gemm_sm90.cu``) is what Triton 3.6 cannot express
+on sm_90: a thread-block cluster whose CTAs share each A (or B) block through TMA multicast, so a
+tile's bytes from L2 fall by the cluster's width. Tiles BM x BN (BM = 64 per consumer warpgroup),
+clusters CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
+
+    gemm_sm90(a, b, out=None, config=None) -> C (M, N)
+
+``config`` names an entry of ``CONFIGS``; None takes ``config_for(M, N, K)``, the wave-fill rule.
+Needs compute capability 9.0 (sm_90a instructions), cuda-bindings (TMA descriptors, launch), and
+16-byte aligned rows (M, N, K >= 1; K and N multiples of 8 for 2-byte types). ``applies(a, b)``
+says whether a call would be taken. Cost: ``gemm_triton.cost``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..runtime import cuda as rt
+
+SRC = Path(__file__).with_suffix(".cu")
+_DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A kernel instantiation: tile BM x BN, cluster CM x CN (CM along M shares B, CN along N
+    shares A), STAGES ring slots, trans_b: 1 for a B with unit-stride rows (K, N), 0 for B = w.T."""
+
+    bm: int
+    bn: int
+    cm: int
+    cn: int
+    stages: int
+    trans_b: int = 1
+
+    @property
+    def cluster(self) -> int:
+        return self.cm * self.cn
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64 + 1)
+
+    @property
+    def shmem(self) -> int:
+        # the ring, plus 1 KiB so the kernel can align it to 1024 bytes (128-byte swizzle)
+        return self.stages * (self.bm + self.bn) * 64 * 2 + 1024
+
+    def name(self, dtype: torch.dtype) -> str:
+        return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
+                f"{self.trans_b}>")
+
+
+def _instantiated() -> set[str]:
+    return set(rt.name_expressions_for(SRC))
+
+
+CONFIGS = {
+    "128x64_c1x2": Config(128, 64, 1, 2, 8),
+    "128x128_c2x1": Config(128, 128, 2, 1, 6),
+    "128x128_c1x1": Config(128, 128, 1, 1, 6),
+    "128x192_c2x1": Config(128, 192, 2, 1, 5),
+    "128x192_c1x2": Config(128, 192, 1, 2, 5),
+    "128x256_c2x1": Config(128, 256, 2, 1, 4),
+    "192x96_c1x2": Config(192, 96, 1, 2, 6),
+}
+# B given as w.T (K-major): only this tile is instantiated for it.
+KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
+
+
+def available(device_index: int | None = None) -> bool:
+    """Whether this process can run the kernel: a CUDA device of compute capability 9.0 and the
+    driver bindings for tensor maps."""
+    if not torch.cuda.is_available():
+        return False
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    if torch.cuda.get_device_capability(idx) != (9, 0):
+        return False
+    try:
+        _driver()
+    except ImportError:
+        return False
+    return True
+
+
+def _rows_ok(t: torch.Tensor, unit_dim: int) -> bool:
+    other = 1 - unit_dim
+    return (t.stride(unit_dim) == 1 and (t.stride(other) * t.element_size()) % 16 == 0
+            and t.data_ptr() % 16 == 0 and t.stride(other) >= t.shape[unit_dim])
+
+
+def b_layout(b: torch.Tensor) -> int | None:
+    """1 for unit-stride rows of (K, N), 0 for unit-stride columns (w.T), None for neither."""
+    if _rows_ok(b, 1):
+        return 1
+    if _rows_ok(b, 0):
+        return 0
+    return None
+
+
+def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether gemm_sm90 takes these operands (dtype, device, layout); sizes are not judged."""
+    return (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.dtype in _DTYPES
+            and b.dtype == a.dtype and a.device == b.device and a.shape[1] == b.shape[0]
+            and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and _rows_ok(a, 1) and b_layout(b) is not None
+            and available(a.get_device()))
+
+
+def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
+    """The tile and cluster for an (M, N, K) problem: the config whose tiles fill the SMs' waves
+    best, ties to the larger tile (fewer bytes from L2 a FLOP). A first rule, to be replaced by the
+    measured table (docs/notes-matmul.md)."""
+    best, best_score = None, -1.0
+    for name, cfg in CONFIGS.items():
+        tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
+        waves = -(-tiles // sms)
+        fill = tiles / (waves * sms)
+        # useful share of the tile area (edge tiles are partly empty)
+        useful = (M * N) / (tiles * cfg.bm * cfg.bn)
+        score = fill * useful * (1.0 + 1e-3 * cfg.bm * cfg.bn / 1024)
+        if score > best_score:
+            best, best_score = name, score
+    return best
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check_cu(res, what: str):
+    err = res[0]
+    if int(err) != 0:
+        raise rt.KernelLaunchError(f"gemm_sm90: {what} failed: {err}")
+    return res[1] if len(res) == 2 else res[1:]
+
+
+_DT_ENUM = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
+_maps: OrderedDict = OrderedDict()
+_MAPS_KEPT = 64
+
+
+def tensor_map(t: torch.Tensor, box_inner: int, box_outer: int, swizzle_bytes: int):
+    """A TMA descriptor of the 2-D matrix ``t`` (unit-stride rows: dims (cols, rows) inner first)
+    with a (box_outer x box_inner) box and 128- or 64-byte swizzle; out-of-range reads give zeros.
+    The last 64 descriptors are kept by (address, shape, stride, box, swizzle)."""
+    rows, cols = t.shape
+    key = (t.data_ptr(), rows, cols, t.stride(0), t.dtype, box_inner, box_outer, swizzle_bytes)
+    m = _maps.get(key)
+    if m is not None:
+        _maps.move_to_end(key)
+        return m
+    d = _driver()
+    swz = {128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}
+    m = _check_cu(d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, _DT_ENUM[t.dtype]), 2, t.data_ptr(), [cols, rows],
+        [t.stride(0) * t.element_size()], [box_inner, box_outer], [1, 1],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz[swizzle_bytes],
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+    _maps[key] = m
+    if len(_maps) > _MAPS_KEPT:
+        _maps.popitem(last=False)
+    return m
+
+
+@dataclass
+class _Loaded:
+    func: object
+    clusters: int  # clusters resident at once
+
+
+@functools.cache
+def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int) -> _Loaded:
+    mod = rt.load(SRC, sorted(_instantiated()), device_index=device_index)
+    k = mod.kernel(name, [])
+    k.set_max_dynamic_shared(shmem)
+    d = _driver()
+    func = _check_cu(d.cuKernelGetFunction(k.handle.handle if hasattr(k.handle, "handle") else k.handle),
+                     "cuKernelGetFunction")
+    try:
+        clusters = k.max_active_clusters(cluster, threads, shmem) if cluster > 1 else \
+            rt.sm_count(device_index) * max(1, k.max_active_blocks_per_sm(threads, shmem))
+    except Exception:  # an occupancy API this cuda.core lacks: one CTA an SM, clusters in TPC pairs
+        clusters = rt.sm_count(device_index) // cluster
+    return _Loaded(func, max(1, int(clusters)))
+
+
+_ARG_TYPES = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+
+
+def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+              config: str | Config | None = None) -> torch.Tensor:
+    """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
+    docstring for layouts. ``out``: an (M, N) tensor of A's dtype with unit-stride rows, even row
+    stride and 4-byte alignment."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError("gemm_sm90: a and b must be tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemm_sm90: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm_sm90: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if a.dtype not in _DTYPES or b.dtype != a.dtype:
+        raise ValueError(f"gemm_sm90: a and b must both be float16 or bfloat16, got {a.dtype} and {b.dtype}")
+    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+        raise ValueError(f"gemm_sm90: a and b must be on one CUDA device, got {a.device} and {b.device}")
+    M, K = a.shape
+    N = b.shape[1]
+    if min(M, N, K) < 1:
+        raise ValueError(f"gemm_sm90: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    if not available(a.get_device()):
+        raise RuntimeError("gemm_sm90 needs a compute capability 9.0 GPU (sm_90a) and cuda-bindings")
+    if not _rows_ok(a, 1):
+        raise ValueError("gemm_sm90: a needs unit-stride rows, 16-byte aligned start and row stride "
+                         f"(shape {tuple(a.shape)}, strides {a.stride()}, address % 16 = {a.data_ptr() % 16})")
+    trans_b = b_layout(b)
+    if trans_b is None:
+        raise ValueError("gemm_sm90: b needs unit-stride rows (K, N) or unit-stride columns (w.T), with "
+                         f"16-byte aligned start and stride (strides {b.stride()})")
+    if config is None:
+        cfg = CONFIGS[config_for(M, N, K, rt.sm_count(a.get_device()))] if trans_b else KMAJOR_CONFIG
+    elif isinstance(config, Config):
+        cfg = config
+    else:
+        if config not in CONFIGS:
+            raise ValueError(f"gemm_sm90: unknown config {config!r}; one of {sorted(CONFIGS)}")
+        cfg = CONFIGS[config]
+    if cfg.trans_b != trans_b:
+        cfg = Config(cfg.bm, cfg.bn, cfg.cm, cfg.cn, cfg.stages, trans_b)
+    name = cfg.name(a.dtype)
+    if name not in _instantiated():
+        raise ValueError(f"gemm_sm90: {name} is not instantiated in {SRC.name}")
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    else:
+        if out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
+            raise ValueError(f"gemm_sm90: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        if out.stride(1) != 1 or out.stride(0) % 2 or out.data_ptr() % 4 or out.stride(0) < N:
+            raise ValueError(f"gemm_sm90: out needs unit-stride rows, an even row stride and 4-byte "
+                             f"alignment (strides {out.stride()})")
+    dev = a.get_device()
+    ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem)
+    map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)
+    if trans_b:
+        bch = 64 if cfg.bn % 64 == 0 else 32
+        map_b = tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
+    else:
+        map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
+    tiles_m, tiles_n = -(-M // cfg.bm), -(-N // cfg.bn)
+    cluster_tiles = -(-tiles_m // cfg.cm) * -(-tiles_n // cfg.cn)
+    grid = min(cluster_tiles, ld.clusters) * cfg.cluster
+    d = _driver()
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
+    _check_cu((d.cuLaunchKernel(ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)[0],
+               None), "cuLaunchKernel")
+    if rt.debug_sync():
+        torch.cuda.synchronize(dev)
+    return out

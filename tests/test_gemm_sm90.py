@@ -1,0 +1,155 @@
+"""gemm_sm90 (CUDA C, wgmma + TMA multicast, sm_90a): CPU checks of the source, the generated wgmma
+header, the config table and the rule; GPU runs of every instantiated config on odd sizes."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilewise.ops import gemm_sm90 as gs
+from tilewise.runtime import cuda as rt
+
+from conftest import HAS_CUDA, poison
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wgmma_header_is_generated():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_wgmma.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_configs_are_instantiated():
+    names = set(rt.name_expressions_for(gs.SRC))
+    for cfg in list(gs.CONFIGS.values()) + [gs.KMAJOR_CONFIG]:
+        for dt in (torch.bfloat16, torch.float16):
+            assert cfg.name(dt) in names, cfg.name(dt)
+        assert cfg.shmem <= rt.SM90_SHARED_OPT_IN - 1024, cfg  # + the barriers' static block
+        assert cfg.bm in (128, 192) and cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
+
+
+def test_compiles_for_sm90a_without_spills():
+    mod = rt.compile_file(gs.SRC, arch="sm_90", name_expressions=rt.name_expressions_for(gs.SRC))
+    assert mod.arch == "sm_90a"
+    assert mod.resources and all(not r.spills for r in mod.resources), mod.resources
+    # a CTA of 384 threads keeps <= 168 registers a thread at launch (setmaxnreg moves them later)
+    assert all(r.registers <= 168 for r in mod.resources)
+
+
+def test_arch_marker():
+    src = "// tilewise-arch: sm_90a\n__global__ void k() {}\n"
+    assert rt.source_arch(src, "sm_90") == "sm_90a"
+    assert rt.source_arch(src, "sm_90a") == "sm_90a"
+    assert rt.source_arch("__global__ void k() {}", "sm_80") == "sm_80"
+    with pytest.raises(rt.CompileError, match="sm_90a-specific"):
+        rt.source_arch(src, "sm_100")
+
+
+@pytest.mark.parametrize("M,N,K,want", [(1536, 1536, 1536, "192x96_c1x2"), (1000, 1000, 1000, "128x64_c1x2")])
+def test_config_rule_fills_waves(M, N, K, want):
+    assert gs.config_for(M, N, K, 132) == want
+
+
+def test_config_rule_prefers_large_tiles_when_fill_ties():
+    # 8192^2: every tile divides; the largest tile reads the fewest L2 bytes a FLOP
+    assert gs.config_for(8192, 8192, 8192, 132) in ("128x256_c2x1", "128x192_c2x1", "128x192_c1x2")
+
+
+def test_errors_on_cpu_tensors():
+    a = torch.randn(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        gs.gemm_sm90(a, a)
+    with pytest.raises(ValueError, match="inner"):
+        gs.gemm_sm90(a, torch.randn(9, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gs.gemm_sm90(a.float(), a.float())
+    assert not gs.applies(a, a)
+
+
+# --------------------------------------------------------------------------- GPU
+
+gpu = pytest.mark.gpu
+needs_sm90 = pytest.mark.skipif(not (HAS_CUDA and gs.available()), reason="needs an sm_90 GPU and cuda-bindings")
+
+
+def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
+    if b_kmajor:
+        b = torch.randn(N, K, device="cuda", dtype=dtype, generator=g).t()
+    else:
+        b = torch.randn(K, N, device="cuda", dtype=dtype, generator=g)
+    if out is None:
+        out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
+    c = gs.gemm_sm90(a, b, out=out, config=config)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert c.isfinite().all(), "an element was not written"
+    tol = 2e-3 if dtype is torch.float16 else 1e-2
+    assert err < tol, (M, N, K, dtype, config, err)
+    return c
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", sorted(gs.CONFIGS))
+@pytest.mark.parametrize("M,N,K", [(333, 520, 136), (1000, 1000, 1000), (129, 72, 64), (1, 8, 8), (515, 1208, 1000)])
+def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
+    _check(M, N, K, dtype, config)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("config", sorted(gs.CONFIGS))
+def test_gemm_sm90_several_tiles_a_cta(config):
+    # more cluster tiles than resident clusters: the persistent loop and the ring's phases wrap
+    _check(2304, 2056, 520, torch.bfloat16, config, seed=3)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemm_sm90_kmajor_b(dtype):
+    _check(333, 520, 136, dtype, None, b_kmajor=True)
+    _check(1000, 1000, 1000, dtype, None, b_kmajor=True, seed=1)
+
+
+@gpu
+@needs_sm90
+def test_gemm_sm90_out_with_row_stride_and_graph():
+    M, N, K = 300, 264, 200
+    big = poison(torch.empty(M, N + 40, device="cuda", dtype=torch.bfloat16))
+    out = big[:, 8:8 + N]
+    _check(M, N, K, torch.bfloat16, "128x128_c2x1", out=out)
+    assert big[:, :8].isnan().all() and big[:, 8 + N:].isnan().all(), "wrote outside out"
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    gs.gemm_sm90(a, b, out=c)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        gs.gemm_sm90(a, b, out=c)
+    poison(c)
+    a.copy_(torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float()
+    assert ((c.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+@needs_sm90
+def test_gemm_sm90_rejects_bad_layouts():
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="unit-stride rows"):
+        gs.gemm_sm90(a[:, 1:], torch.randn(63, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be"):
+        gs.gemm_sm90(a, a, out=torch.empty(64, 63, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="unknown config"):
+        gs.gemm_sm90(a, a, config="nope")
