@@ -167,8 +167,9 @@ def tensor_map(t: torch.Tensor, box_inner: int, box_outer: int, swizzle_bytes: i
     d = _driver()
     swz = {128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}
     m = _check_cu(d.cuTensorMapEncodeTiled(
-        getattr(d.CUtensorMapDataType, _DT_ENUM[t.dtype]), 2, t.data_ptr(), [cols, rows],
-        [t.stride(0) * t.element_size()], [box_inner, box_outer], [1, 1],
+        getattr(d.CUtensorMapDataType, _DT_ENUM[t.dtype]), d.cuuint32_t(2), t.data_ptr(),
+        [d.cuuint64_t(cols), d.cuuint64_t(rows)], [d.cuuint64_t(t.stride(0) * t.element_size())],
+        [d.cuuint32_t(box_inner), d.cuuint32_t(box_outer)], [d.cuuint32_t(1), d.cuuint32_t(1)],
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swz[swizzle_bytes],
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
