@@ -71,12 +71,19 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 }
 
 // Arrive on the barrier at this CTA's address `bar` in CTA `rank` of the cluster (itself included).
+// The arrival orders after this thread's wgmma.wait_group (program order), which is all the
+// producer needs: the peer's reads of the stage are complete. Default release semantics at CTA
+// scope; -DTW_ARRIVE_CLUSTER_SCOPE asks for a cluster-scope release (an experiment's comparison).
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
+#ifdef TW_ARRIVE_CLUSTER_SCOPE
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+#else
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+#endif
       "}\n" ::"r"(bar),
       "r"(rank)
       : "memory");

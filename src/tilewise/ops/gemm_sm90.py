@@ -185,9 +185,14 @@ class _Loaded:
     clusters: int  # clusters resident at once
 
 
+# NVRTC options of the module; experiments may set it (before the first call) to compare -D variants.
+COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+
 @functools.cache
-def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int) -> _Loaded:
-    mod = rt.load(SRC, sorted(_instantiated()), device_index=device_index)
+def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int,
+            options: tuple[str, ...] = COMPILE_OPTIONS) -> _Loaded:
+    mod = rt.load(SRC, sorted(_instantiated()), options=options, device_index=device_index)
     k = mod.kernel(name, [])
     k.set_max_dynamic_shared(shmem)
     d = _driver()
@@ -205,10 +210,11 @@ _ARG_TYPES = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_
 
 
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-              config: str | Config | None = None) -> torch.Tensor:
+              config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
     docstring for layouts. ``out``: an (M, N) tensor of A's dtype with unit-stride rows, even row
-    stride and 4-byte alignment."""
+    stride and 4-byte alignment. ``clusters``: how many clusters to launch (default: as many as are
+    resident at once, from the occupancy API; for experiments)."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("gemm_sm90: a and b must be tensors")
     if a.dim() != 2 or b.dim() != 2:
@@ -255,7 +261,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
             raise ValueError(f"gemm_sm90: out needs unit-stride rows, an even row stride and 4-byte "
                              f"alignment (strides {out.stride()})")
     dev = a.get_device()
-    ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem)
+    ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
     map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)
     if trans_b:
         bch = 64 if cfg.bn % 64 == 0 else 32
@@ -264,7 +270,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
     tiles_m, tiles_n = -(-M // cfg.bm), -(-N // cfg.bn)
     cluster_tiles = -(-tiles_m // cfg.cm) * -(-tiles_n // cfg.cn)
-    grid = min(cluster_tiles, ld.clusters) * cfg.cluster
+    grid = min(cluster_tiles, clusters or ld.clusters) * cfg.cluster
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
