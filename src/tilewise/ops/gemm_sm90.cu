@@ -39,6 +39,13 @@
 #include "tilewise_common.cuh"
 #include "tilewise_wgmma.cuh"
 
+// K blocks whose wgmma groups a consumer keeps in flight before it waits (1: the block before the
+// one just issued must be done; 2: the one before that). -DTW_INFLIGHT=2 for experiments.
+#ifndef TW_INFLIGHT
+#define TW_INFLIGHT 1
+#endif
+constexpr int kInflight = TW_INFLIGHT;
+
 namespace {
 
 // A CUtensorMap (cuda.h), opaque: 128 bytes, 64-byte aligned; passed by value as a __grid_constant__.
@@ -63,7 +70,11 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
       "{\n"
       ".reg .pred done;\n"
       "WAIT_%=:\n"
+#ifdef TW_WAIT_SPIN
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+#else
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000000;\n"
+#endif
       "@!done bra WAIT_%=;\n"
       "}\n" ::"r"(bar),
       "r"(parity)
@@ -242,13 +253,23 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     float acc[BN / 2];
     int it = 0;
     const int warp = tid / 32, lane = tid % 32;
+    // One arrival on the stage's `empty` barrier in every CTA of the cluster (their copies of the
+    // next block land in this CTA's stage too, and this CTA's in theirs).
+    auto release = [&](int stage) {
+      const unsigned e = smem_u32(&empty_bar[stage]);
+      if (CS > 1) {
+#pragma unroll
+        for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
+      } else {
+        mbar_arrive_local(e);
+      }
+    };
     for (int t = cluster_id; t < nct; t += clusters) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-      int prev = -1;
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
         mbar_wait(smem_u32(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
@@ -267,32 +288,17 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         fence_regs(acc);
-        if (prev >= 0) {
-          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (kb >= kInflight) {
+          // K block kb - kInflight's products are done: its stage may be refilled.
+          asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
-          if (tid == 0) {
-            const unsigned e = smem_u32(&empty_bar[prev]);
-            if (CS > 1) {
-#pragma unroll
-              for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
-            } else {
-              mbar_arrive_local(e);
-            }
-          }
+          if (tid == 0) release((it - kInflight) % STAGES);
         }
-        prev = s;
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
-      if (prev >= 0 && tid == 0) {
-        const unsigned e = smem_u32(&empty_bar[prev]);
-        if (CS > 1) {
-#pragma unroll
-          for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
-        } else {
-          mbar_arrive_local(e);
-        }
-      }
+      if (tid == 0)
+        for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
       // Accumulator layout of m64 x BN: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
       // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BN / 8 - 1.
       const int row = m0 + w * 64 + warp * 16 + lane / 4;

@@ -61,8 +61,9 @@ class Config:
                 f"{self.trans_b}>")
 
 
-def _instantiated() -> set[str]:
-    return set(rt.name_expressions_for(SRC))
+@functools.cache
+def _instantiated() -> frozenset[str]:
+    return frozenset(rt.name_expressions_for(SRC))
 
 
 CONFIGS = {
@@ -83,7 +84,11 @@ def available(device_index: int | None = None) -> bool:
     driver bindings for tensor maps."""
     if not torch.cuda.is_available():
         return False
-    idx = torch.cuda.current_device() if device_index is None else device_index
+    return _available(torch.cuda.current_device() if device_index is None else device_index)
+
+
+@functools.cache
+def _available(idx: int) -> bool:
     if torch.cuda.get_device_capability(idx) != (9, 0):
         return False
     try:
