@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ops import gemm_sm90 as sm
 from ...ops import gemm_triton as op
 from ..harness import CheckError, check, time_ms, time_ms_graph
 
@@ -200,7 +201,21 @@ def _sweep(r, dtype, g, sizes):
             r.add("gemm_sweep", "gemm(auto)[graph]", shape, dtype, gm, cost, baseline="cublas[graph]",
                   baseline_ms=gb)
 
+        def sm90():
+            # The CUDA C wgmma + TMA-multicast kernel (ops/gemm_sm90), its own tile rule, same run.
+            out.fill_(float("nan"))
+            sm.gemm_sm90(a, b, out=out)
+            check("gemm_sm90 sweep", out, ref, dtype=dtype)
+            base = time_ms(lambda: torch.matmul(a, b, out=out))
+            r.add("gemm_sweep", "gemm_sm90", shape, dtype, time_ms(lambda: sm.gemm_sm90(a, b, out=out)), cost,
+                  baseline="cublas", baseline_ms=base)
+            gb = time_ms_graph(lambda: torch.matmul(a, b, out=out))
+            r.add("gemm_sweep", "gemm_sm90[graph]", shape, dtype, time_ms_graph(lambda: sm.gemm_sm90(a, b, out=out)),
+                  cost, baseline="cublas[graph]", baseline_ms=gb)
+
         _guarded(r, f"gemm sweep {shape} {dtype}", one)
+        if sm.applies(a, b):
+            _guarded(r, f"gemm_sm90 sweep {shape} {dtype}", sm90)
         del a, b, out, ref
     torch.cuda.empty_cache()
 
