@@ -7,6 +7,7 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,6,1> gemm_sm90<__half,192,96,1,2,6,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,1,1,6,1> gemm_sm90<__half,128,128,1,1,6,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,0> gemm_sm90<__half,128,128,2,1,6,0>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,6,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -178,7 +179,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
-  static_assert(BN % BCH == 0 && BN % 16 == 0, "BN");
+  static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
 
