@@ -1,0 +1,38 @@
+"""gemm_sm90's fixed cost: at M = N = 1536 the K-block slope of 192 x 96 (1 x 2) equals cuBLAS's
+(0.40 us) but the K -> 0 intercept is 7.4 us against 2.5 (logs/gemm-sm90-slope-32b8cfd.log). Here:
+K = 64 and 1536 with and without the epilogue's stores (-DTW_NO_STORE), graph-replayed, beside
+cuBLAS, bf16; the Nsight Compute durations of the same kernels come from the batch's ncu lines.
+Prediction: the stores (4.7 MB written as 16-byte halves of sectors) are ~2 us of the 5 us gap.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_intercept.py
+"""
+import torch
+
+from tilewise.bench.harness import time_ms_graph
+from tilewise.ops import gemm_sm90 as gs
+
+
+def main():
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(50):
+        x @ x
+    del x
+    g = torch.Generator(device="cuda").manual_seed(0)
+    M = N = 1536
+    for K in (64, 1536):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        tc = time_ms_graph(lambda: torch.matmul(a, b, out=out))
+        print(f"K {K:5d} cublas {tc * 1e3:6.2f} us", flush=True)
+        for opts in ((), ("-DTW_NO_STORE",)):
+            gs.COMPILE_OPTIONS = ("-std=c++17",) + opts
+            for name in ("192x96_c1x2", "128x128_c1x1", "128x64_c1x2"):
+                t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name))
+                print(f"K {K:5d} {name:14s} {' '.join(opts) or 'default':15s} {t * 1e3:6.2f} us", flush=True)
+    # the empty kernel's floor: a graph of one-element copies, for the launch cost of a graph node
+    z = torch.zeros(1, device="cuda")
+    print(f"graph node floor (1-element add_) {time_ms_graph(lambda: z.add_(1)) * 1e3:.2f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
