@@ -153,3 +153,8 @@ def test_gemm_sm90_rejects_bad_layouts():
         gs.gemm_sm90(a, a, out=torch.empty(64, 63, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="unknown config"):
         gs.gemm_sm90(a, a, config="nope")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gs.gemm_sm90(a, torch.randn(20, 64, device="cuda", dtype=torch.bfloat16).t())
+    big = torch.empty(64, 70, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gs.gemm_sm90(a, a, out=big[:, :64])

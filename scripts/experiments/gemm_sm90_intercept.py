@@ -3,6 +3,9 @@
 K = 64 and 1536 with and without the epilogue's stores (-DTW_NO_STORE), graph-replayed, beside
 cuBLAS, bf16; the Nsight Compute durations of the same kernels come from the batch's ncu lines.
 Prediction: the stores (4.7 MB written as 16-byte halves of sectors) are ~2 us of the 5 us gap.
+Measured (32ec70f): K = 64 8.26 us with the stores, 3.36 without (cuBLAS 4.38); K = 1536 16.66 /
+12.34 (cuBLAS 11.73): the stores were ~4.5-5 us. Next run (the staged epilogue, default now; the
+first epilogue behind -DTW_DIRECT_STORE): predicted K = 1536 ~13 us (~0.9x cuBLAS).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_intercept.py
 """
 import torch
@@ -24,7 +27,7 @@ def main():
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         tc = time_ms_graph(lambda: torch.matmul(a, b, out=out))
         print(f"K {K:5d} cublas {tc * 1e3:6.2f} us", flush=True)
-        for opts in ((), ("-DTW_NO_STORE",)):
+        for opts in ((), ("-DTW_DIRECT_STORE",), ("-DTW_NO_STORE",)):
             gs.COMPILE_OPTIONS = ("-std=c++17",) + opts
             for name in ("192x96_c1x2", "128x128_c1x1", "128x64_c1x2"):
                 t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name))

@@ -4,10 +4,10 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,2,1,5,1> gemm_sm90<__half,128,192,2,1,5,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,1,2,5,1> gemm_sm90<__half,128,192,1,2,5,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,256,2,1,4,1> gemm_sm90<__half,128,256,2,1,4,1>
-// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,6,1> gemm_sm90<__half,192,96,1,2,6,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,1> gemm_sm90<__half,192,96,1,2,5,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,1,1,6,1> gemm_sm90<__half,128,128,1,1,6,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,0> gemm_sm90<__half,128,128,2,1,6,0>
-// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,6,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -32,8 +32,9 @@
 //   A K-major ([BM][64], rows of 128 B); B N-major (kTransB = 1: BN / BCH chunks of [64 k][BCH n])
 //   or K-major (kTransB = 0: [BN][64]).
 // * Edges: TMA fills out-of-range rows / columns of A and B with zeros (K need not be a multiple of
-//   64); the epilogue writes only rows < M and columns < N, straight from the accumulators as
-//   pairs (the host guarantees N and ldc even and C 4-byte aligned).
+//   64); the epilogue stages C through shared memory (a buffer a consumer warpgroup, up to 128
+//   columns at a time) and writes rows < M, columns < N as 16-byte chunks (the host guarantees
+//   N and ldc multiples of 8 and C 16-byte aligned).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -178,14 +179,20 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int NCH = BN / BCH;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
+  constexpr int EPI_N = BN <= 128 ? BN : BN / 2;  // C columns staged at a time
+  constexpr int NCHK = EPI_N / 8;                 // 16-byte chunks a staged row
+  static_assert(BN % EPI_N == 0 && EPI_N % 8 == 0 && (64 * NCHK) % 128 == 0, "epilogue chunks");
   static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
 
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  // Dynamic shared memory: the ring (aligned up to 1024 bytes for the 128-byte swizzle; the host
+  // asks for 1 KiB more), then the consumers' C staging buffers (NWG x 64 x EPI_N elements).
   const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned epi_base = base + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
@@ -300,14 +307,18 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       fence_regs(acc);
       if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
-      // Accumulator layout of m64 x BN: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
-      // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BN / 8 - 1.
-      const int row = m0 + w * 64 + warp * 16 + lane / 4;
-      const int col0 = n0 + 2 * (lane % 4);
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
       if (M > 0) continue;
 #endif
+      // Accumulator layout of m64 x BN: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
+      // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BN / 8 - 1.
+      const int r_lo = warp * 16 + lane / 4;
+#ifdef TW_DIRECT_STORE
+      // The first epilogue (an experiment's comparison): pairs straight from the registers, each
+      // warp store 16 bytes a row, so every 32-byte sector of C is written in two halves.
+      const int row = m0 + w * 64 + r_lo;
+      const int col0 = n0 + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = col0 + 8 * j;
@@ -316,6 +327,34 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           if (row + 8 < M) store_pair(c + (long long)(row + 8) * ldc + col, acc[4 * j + 2], acc[4 * j + 3]);
         }
       }
+#else
+      // Through this warpgroup's staging buffer in shared memory, EPI_N columns at a time: the
+      // fragments go in as pairs (16-byte chunks of a row rotated by the row, so the 8 rows a warp
+      // writes at once fall in different banks), then leave as whole 16-byte chunks, consecutive
+      // threads along a row: full sectors, coalesced. Named barrier 1 + w syncs the warpgroup.
+      T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_u32(smem_raw))) + w * 64 * EPI_N;
+#pragma unroll
+      for (int h = 0; h < BN / EPI_N; ++h) {
+#pragma unroll
+        for (int jj = 0; jj < NCHK; ++jj) {
+          const int j = h * NCHK + jj;
+          const int e_lo = r_lo * EPI_N + ((jj + r_lo) % NCHK) * 8 + 2 * (lane % 4);
+          const int e_hi = (r_lo + 8) * EPI_N + ((jj + r_lo + 8) % NCHK) * 8 + 2 * (lane % 4);
+          store_pair(stage_c + e_lo, acc[4 * j], acc[4 * j + 1]);
+          store_pair(stage_c + e_hi, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+#pragma unroll
+        for (int i = 0; i < 64 * NCHK / 128; ++i) {
+          const int idx = tid + 128 * i;
+          const int r = idx / NCHK, ch = idx % NCHK;
+          const int row = m0 + w * 64 + r, col = n0 + h * EPI_N + ch * 8;
+          const uint4 v = *reinterpret_cast<const uint4*>(stage_c + r * EPI_N + ((ch + r) % NCHK) * 8);
+          if (row < M && col < N) *reinterpret_cast<uint4*>(c + (long long)row * ldc + col) = v;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+      }
+#endif
     }
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.

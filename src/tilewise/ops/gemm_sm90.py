@@ -11,7 +11,7 @@ clusters CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
 
 ``config`` names an entry of ``CONFIGS``; None takes ``config_for(M, N, K)``, the wave-fill rule.
 Needs compute capability 9.0 (sm_90a instructions), cuda-bindings (TMA descriptors, launch), and
-16-byte aligned rows (M, N, K >= 1; K and N multiples of 8 for 2-byte types). ``applies(a, b)``
+16-byte aligned rows (M, N, K >= 1; K and N multiples of 8). ``applies(a, b)``
 says whether a call would be taken. Cost: ``gemm_triton.cost``.
 """
 
@@ -53,8 +53,10 @@ class Config:
 
     @property
     def shmem(self) -> int:
-        # the ring, plus 1 KiB so the kernel can align it to 1024 bytes (128-byte swizzle)
-        return self.stages * (self.bm + self.bn) * 64 * 2 + 1024
+        # the ring, the consumers' C staging buffers (64 rows x up to 128 columns each), plus
+        # 1 KiB so the kernel can align the ring to 1024 bytes (128-byte swizzle)
+        epi_n = self.bn if self.bn <= 128 else self.bn // 2
+        return self.stages * (self.bm + self.bn) * 64 * 2 + (self.bm // 64) * 64 * epi_n * 2 + 1024
 
     def name(self, dtype: torch.dtype) -> str:
         return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
@@ -73,7 +75,7 @@ CONFIGS = {
     "128x192_c2x1": Config(128, 192, 2, 1, 5),
     "128x192_c1x2": Config(128, 192, 1, 2, 5),
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
-    "192x96_c1x2": Config(192, 96, 1, 2, 6),
+    "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
@@ -117,7 +119,8 @@ def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether gemm_sm90 takes these operands (dtype, device, layout); sizes are not judged."""
     return (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.dtype in _DTYPES
             and b.dtype == a.dtype and a.device == b.device and a.shape[1] == b.shape[0]
-            and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and _rows_ok(a, 1) and b_layout(b) is not None
+            and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and b.shape[1] % 8 == 0 and _rows_ok(a, 1)
+            and b_layout(b) is not None
             and available(a.get_device()))
 
 
@@ -217,8 +220,8 @@ _ARG_TYPES = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
               config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
-    docstring for layouts. ``out``: an (M, N) tensor of A's dtype with unit-stride rows, even row
-    stride and 4-byte alignment. ``clusters``: how many clusters to launch (default: as many as are
+    docstring for layouts; N a multiple of 8. ``out``: an (M, N) tensor of A's dtype with
+    unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. ``clusters``: how many clusters to launch (default: as many as are
     resident at once, from the occupancy API; for experiments)."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("gemm_sm90: a and b must be tensors")
@@ -234,6 +237,8 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     N = b.shape[1]
     if min(M, N, K) < 1:
         raise ValueError(f"gemm_sm90: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    if N % 8:
+        raise ValueError(f"gemm_sm90: N = {N} must be a multiple of 8 (C is written in 16-byte chunks)")
     if not available(a.get_device()):
         raise RuntimeError("gemm_sm90 needs a compute capability 9.0 GPU (sm_90a) and cuda-bindings")
     if not _rows_ok(a, 1):
@@ -262,9 +267,10 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         if out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
             raise ValueError(f"gemm_sm90: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
                              f"{tuple(out.shape)} {out.dtype} on {out.device}")
-        if out.stride(1) != 1 or out.stride(0) % 2 or out.data_ptr() % 4 or out.stride(0) < N:
-            raise ValueError(f"gemm_sm90: out needs unit-stride rows, an even row stride and 4-byte "
-                             f"alignment (strides {out.stride()})")
+        if out.stride(1) != 1 or out.stride(0) % 8 or out.data_ptr() % 16 or out.stride(0) < N:
+            raise ValueError(f"gemm_sm90: out needs unit-stride rows, a row stride that is a multiple "
+                             f"of 8 and 16-byte alignment (strides {out.stride()}, address % 16 = "
+                             f"{out.data_ptr() % 16})")
     dev = a.get_device()
     ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
     map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)
