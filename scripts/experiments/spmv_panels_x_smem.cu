@@ -56,8 +56,70 @@
 //   them); a final cluster barrier keeps every CTA (its shared memory and barriers) alive until no
 //   multicast and no remote arrive can target it any more.
 //
+// WHY panels_xsmem WAS 7x TOO SLOW (H200 log bench/results/logs/spmv-x-smem-26125e0.log, 945-1570 us
+// against ~145 predicted; SASS of this file read with nvdisasm):
+//   * Every release, mbarrier.arrive.release.cluster on a peer's empty[s], compiles to
+//     MEMBAR.ALL.CTA; MEMBAR.ALL.GPU; ERRBAR; CGAERRBAR; SYNCS.ARRIVE. The GPU-scope fence waits for
+//     every memory operation thread 0 has in flight: the key / value loads of round r + G that it
+//     issued just before the round's __syncthreads (one loaded DRAM round trip, ~1-2 us: the G rounds
+//     of prefetch are waited for at once, every round); each later arrive waits for the previous
+//     remote arrive's acknowledgement (CGAERRBAR: an SM-to-SM round trip, ~0.17 us; 1.9 tiles x C
+//     arrives a round). Thread 0 is a consumer too: its warp stalls, and the next __syncthreads
+//     makes all 32 warps wait for it. The try_wait.acquire.cluster on empty[s] adds a CCTL.IVALL
+//     (the whole L1 invalidated) per tile issued.
+//   * Thread 0 issues only at a round's end or inside its own wait loops: a tile whose buffer the
+//     last peer released just after thread 0 looked is issued a whole round later, and thread 0
+//     spins in a branch divergent from its warp's 31 other lanes (suspended in try_wait).
+//   Fit of the log: time = 2.3 us a round + (C x 0.17 + 0.65) us a tile (RW 2 vs 4 gives the
+//   per-round part, C 4 vs 8 the per-arrive part, 325 us at both RW); nothing overlaps.
+//
+// panels_xsmem2<C, T, S, RW, G>: the same layout (built for 31 consumer warps: rounds of RW x 992
+//   entries, chunk s x 31 + warp of a round) and the same x staging by multicast, with the
+//   producer taken out of the consumers:
+//   * Warps 0..30 consume; warp 31 is the producer. It never takes part in a round barrier (the
+//     consumers' round barrier is the named barrier 1 of 992 threads), never loads through the
+//     generic proxy, and sleeps in try_wait (no spinning, no divergent lanes: the whole warp waits,
+//     lane 0 issues, lanes 0 .. C - 1 forward releases, one per destination CTA in parallel).
+//   * No fence anywhere in the loop: every arrive uses the default semantics (release.cta, a
+//     plain SYNCS.ARRIVE in SASS, as CUTLASS's PipelineTmaAsync does for the same cluster WAR
+//     hand-off) and every wait the default acquire.cta (no CCTL.IVALL).
+//   * Releases as early as possible: each consumer warp, right after its own adds of round r,
+//     arrives (lane 0, after __syncwarp) on consumed[s] of every tile below lo(r + 1); it does
+//     not wait for the round barrier nor for the other warps.
+//   Barriers (mbarriers in each CTA's shared memory):
+//   full[s]     (count 1): phase k = tile t = k S + s landed in THIS CTA: the producer's
+//               arrive.expect_tx(bytes of the tile) + the C slices' complete_tx (a slice may land
+//               before the expect_tx: the phase cannot complete before the arrival).
+//   consumed[s] (count 31): phase k = all 31 consumer warps of THIS CTA are done reading tile
+//               k S + s (each warp waited full for it first, then arrived once).
+//   empty[s]    (count C): phase k = all C CTAs consumed tile k S + s (the producer of each CTA
+//               forwards its consumed phase to all C CTAs: lane q arrives on CTA q's empty[s]).
+//   Producer, for t = 0 .. n_tiles - 1: if t >= S: wait consumed[s] phase t / S - 1 (tile t - S),
+//   forward it to the C empty[s], wait empty[s] phase t / S - 1 (every CTA done with t - S); then
+//   lane 0: arrive.expect_tx(full[s]) and the slice of tile t multicast to all C CTAs, and an L2
+//   prefetch of its slice of tile t + pf. Tiles 0 .. S - 1 go out at once.
+//   Consumer warp: waits full for every tile in order (tiles no round reads included) and releases
+//   every tile in order, a tile only after waiting for it; round r: release tiles < lo(r), wait
+//   tiles .. hi(r), gather and add, release tiles < lo(r + 1), named barrier (the adds of the
+//   next round may touch the same rows). After the last round: wait and release the remaining
+//   tiles, then __syncthreads with the producer, write y, cluster barrier.
+//   Parities never ambiguous (each wait is in order, so phase k - 1 is known complete, and phase
+//   k + 1 cannot complete before the waiter acts): full phase of t + S needs this CTA's release
+//   of t, which needs every warp's wait of t; consumed phase of t + S needs t + S landed, which
+//   needs this producer's issue of t + S, after its wait of t; empty phase of t + S needs this
+//   CTA's release of t + S, after this producer's issue of t + S, after its wait of empty t.
+//   No overwrite: a slice of t + S is issued only after empty phase of t, i.e. after all 31 warps
+//   of all C CTAs arrived on consumed for t. No deadlock: a round's tiles fit the ring
+//   (hi - lo <= S - 3 < S), so the lowest producer step t only waits for consumers whose next
+//   tile is below t, issued by all producers already (see the CPU model simulate_protocol2).
+//   End: the forwards of the last S tiles are skipped (no tile t + S to issue), so after its own
+//   producer finished and its consumers waited every tile, nothing can still target a CTA: every
+//   remote arrive to it was waited for by its producer, every slice by its consumers. A final
+//   cluster barrier anyway (no CTA leaves with its own multicasts in flight).
+//
 // tilewise-instantiate: panels_kv8<1024,2,4,64>
-// tilewise-instantiate: panels_xsmem<4,4096,8,2,6> panels_xsmem<8,4096,8,2,6> panels_xsmem<4,4096,8,4,3> panels_xsmem<8,4096,8,4,3> panels_xsmem<4,4096,10,2,6>
+// tilewise-instantiate: panels_xsmem<4,4096,8,4,3>
+// tilewise-instantiate: panels_xsmem2<4,4096,8,2,6> panels_xsmem2<4,4096,10,2,6> panels_xsmem2<8,4096,10,2,6> panels_xsmem2<4,4096,8,4,3>
 #include "tilewise_common.cuh"
 
 namespace {
@@ -185,7 +247,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) panels_kv8(
 namespace xs {
 constexpr unsigned kRowMask = 0x7FFFu;  // row in the panel; 0x7FFF: padding
 constexpr unsigned kAtomic = 0x8000u;   // this row is added with atomics in this round
-constexpr int kBarBytes = 512;          // full[S], empty[S] (S <= 16), producer counters; then the ring
+constexpr int kBarBytes = 512;          // full[S], empty[S] (S <= 16), producer counters / consumed[S]; then the ring
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -243,6 +305,42 @@ __device__ __forceinline__ void arrive_remote(unsigned bar, unsigned rank) {
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n\t}" ::"r"(bar),
       "r"(rank)
       : "memory");
+}
+// Default semantics (acquire.cta; no CCTL.IVALL in SASS), potentially blocking: the thread sleeps
+// until the phase completes or a time limit passes.
+__device__ __forceinline__ bool try_wait_cta(unsigned bar, unsigned parity) {
+  unsigned ok;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void wait_parity(unsigned bar, unsigned parity) {
+  while (!try_wait_cta(bar, parity)) {
+  }
+}
+// Local arrive, default semantics (release.cta: a plain SYNCS.ARRIVE, no MEMBAR).
+__device__ __forceinline__ void arrive_local(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrive on the mbarrier at CTA-relative address `bar` of cluster rank `rank`, default semantics
+// (no MEMBAR.ALL.GPU / ERRBAR / CGAERRBAR, unlike arrive_remote's release.cluster).
+__device__ __forceinline__ void arrive_remote_cta(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n\t.reg .b32 ra;\n\t"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n\t"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n\t}" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+// Barrier 1 of the NTC consumer threads (barrier 0 is __syncthreads).
+template <int NTC>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(NTC) : "memory");
 }
 // bytes (a multiple of 16, both addresses 16-byte aligned) from global src to the shared address
 // dst of every CTA in mask, each completing `bytes` transactions on its mbarrier at offset bar.
@@ -428,6 +526,157 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) panels_xsme
     while (prod[0] < n_tiles) pump();  // peers may still need our slices
   }
   // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
+  tw::cluster_arrive();
+  tw::cluster_wait();
+}
+
+// ------------------------------------------------------------------- (C) xsmem2: producer warp
+
+template <int C, int T, int S, int RW, int G>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(1024, 1) panels_xsmem2(
+    const uint2* __restrict__ kv, const unsigned* __restrict__ meta, const int* __restrict__ panel_round,
+    const float* __restrict__ x, float* __restrict__ y, int M, int N, int R, float alpha, float beta, int pf) {
+  constexpr int NT = 1024;
+  constexpr int NWC = 31, NTC = NWC * 32;  // consumer warps, threads; warp NWC is the producer
+  constexpr int U = G * RW;                // sub-rounds (chunks a warp) in flight: G rounds
+  constexpr int RC = RW * NWC;             // chunks a round
+  constexpr int W = S * T;                 // ring floats
+  constexpr int SL = T / C;                // floats of a tile each CTA copies
+  static_assert(C >= 1 && C <= 8 && SL % 4 == 0, "slices of whole 16-byte pieces");
+  static_assert(S >= 3 && S <= 16 && W + 4 <= 65536, "ring position fits 16 bits; barriers fit kBarBytes");
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* ring = reinterpret_cast<float*>(smem + xs::kBarBytes);
+  float* ys = ring + W + 32;  // 128-byte aligned: bank of ys[r] is r % 32
+  const unsigned full0 = xs::smem_u32(smem), empty0 = full0 + 8u * S, cons0 = full0 + 16u * S;
+  const unsigned rank = tw::cta_rank();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int p = blockIdx.x;  // panel = CTA
+  const int row0 = p * R;
+  const int rows = max(0, min(R, M - row0));
+  const int N4 = N & ~3;
+  const int n_tiles = (N + T - 1) / T;
+
+  for (int i = tid; i < rows; i += NT) ys[i] = 0.0f;
+  if (tid < N - N4) ring[W + tid] = __ldg(x + N4 + tid);  // x's last N % 4 floats
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      xs::bar_init(full0 + 8u * s, 1);
+      xs::bar_init(empty0 + 8u * s, C);
+      xs::bar_init(cons0 + 8u * s, NWC);
+    }
+    xs::fence_bar_init();
+  }
+  // Every CTA's barriers initialized (and every CTA running) before any multicast or remote arrive;
+  // also orders the zeroing of ys and the tail floats before the rounds.
+  tw::cluster_arrive();
+  tw::cluster_wait();
+
+  if (warp == NWC) {
+    // ---- producer warp: all lanes wait (asleep in try_wait), lane 0 issues, lanes < C forward.
+    int pref = S;  // next tile whose slice to prefetch into the L2 (tiles < S go out at once)
+    for (int t = 0; t < n_tiles; ++t) {
+      const int s = t % S;
+      if (t >= S) {
+        const unsigned par = (unsigned)(t / S - 1) & 1u;  // phase of tile t - S
+        xs::wait_parity(cons0 + 8u * s, par);             // our 31 warps are done with t - S
+        if (lane < C) xs::arrive_remote_cta(empty0 + 8u * s, (unsigned)lane);
+        xs::wait_parity(empty0 + 8u * s, par);            // all C CTAs are done with t - S
+      }
+      if (lane == 0) {
+        const int c0 = t * T, c1 = min(c0 + T, N4);
+        xs::arrive_expect_tx(full0 + 8u * s, c1 > c0 ? (unsigned)(c1 - c0) * 4u : 0u);
+        const int q0 = c0 + (int)rank * SL, q1 = min(q0 + SL, c1);
+        if (q1 > q0)
+          xs::bulk_multicast(xs::smem_u32(ring + s * T + (int)rank * SL), x + q0, (unsigned)(q1 - q0) * 4u,
+                             full0 + 8u * s, (unsigned short)((1u << C) - 1u));
+        for (; pref < min(t + pf + 1, n_tiles); ++pref) {
+          const int d1 = min(pref * T + T, N4), d0 = pref * T + (int)rank * SL, e1 = min(d0 + SL, d1);
+          if (e1 > d0) xs::prefetch_l2(x + d0, (unsigned)(e1 - d0) * 4u);
+        }
+      }
+      __syncwarp();
+    }
+  } else {
+    // ---- consumer warps 0 .. 30
+    int have = 0;  // tiles this warp waited for (warp-uniform)
+    int rel = 0;   // tiles this warp released (arrived on consumed)
+    auto wait_tile = [&](int t) { xs::wait_parity(full0 + 8u * (t % S), (unsigned)(t / S) & 1u); };
+    // Tiles below lim are read by no later round of this warp: release them, in order, each only
+    // after this warp waited for it (so a phase is never skipped).
+    auto release_upto = [&](int lim) {
+      for (; rel < lim; ++rel) {
+        for (; have <= rel; ++have) wait_tile(have);
+        __syncwarp();  // every lane's reads of the tile are done (their values were used)
+        if (lane == 0) xs::arrive_local(cons0 + 8u * (rel % S));
+      }
+    };
+    const int rb = __ldg(panel_round + p), re = __ldg(panel_round + p + 1);
+    if (rb < re) {
+      // Rounds r .. r + G - 1 in registers (sub-round s of round r + g in e[g RW + s], its chunk
+      // s NWC + warp); once round r + g is added its registers are refilled with round r + g + G.
+      uint2 e[U];
+      // Round metadata, 32 rounds a load: lane i holds meta[32 b + i] of batch b (mcur: the batch of
+      // the rounds being added, mnext: the one after), broadcast with a shuffle.
+      const int b0 = rb & ~31;
+      unsigned mcur = b0 + lane < re ? __ldg(meta + b0 + lane) : 0u;
+      unsigned mnext = b0 + 32 + lane < re ? __ldg(meta + b0 + 32 + lane) : 0u;
+      int mbase = b0;
+      auto load = [&](int g, int rr) {
+#pragma unroll
+        for (int s = 0; s < RW; ++s) {
+          e[g * RW + s] = make_uint2(xs::kRowMask, 0u);
+          if (rr < re) e[g * RW + s] = __ldcs(kv + (((long long)rr * RC + s * NWC + warp) * 32 + lane));
+        }
+      };
+#pragma unroll
+      for (int g = 0; g < G; ++g) load(g, rb + g);
+      for (int r = rb; r < re; r += G) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const int rr = r + g;
+          if (rr < re) {  // uniform over the CTA
+            if (rr - mbase == 32) {  // next batch of metadata (uniform)
+              mbase += 32;
+              mcur = mnext;
+              mnext = mbase + 32 + lane < re ? __ldg(meta + mbase + 32 + lane) : 0u;
+            }
+            const unsigned m = __shfl_sync(0xffffffffu, mcur, rr - mbase);
+            const int lo = (int)(m & 0xFFFFu), hi = (int)(m >> 16);
+            release_upto(lo);  // a no-op but before the first round (tiles before the panel's first)
+            for (; have <= hi; ++have) wait_tile(have);
+            float xv[RW];
+#pragma unroll
+            for (int s = 0; s < RW; ++s) {  // gathers first: no store to ys comes before them
+              const unsigned k = e[g * RW + s].x;
+              xv[s] = (k & xs::kRowMask) != xs::kRowMask ? ring[k >> 16] : 0.0f;
+            }
+#pragma unroll
+            for (int s = 0; s < RW; ++s) {
+              const unsigned k = e[g * RW + s].x, row = k & xs::kRowMask;
+              if (row != xs::kRowMask) {
+                const float prod_ = __uint_as_float(e[g * RW + s].y) * xv[s];
+                if (k & xs::kAtomic) atomicAdd(ys + row, prod_);  // this row only by atomics in this round
+                else ys[row] += prod_;  // this row only in this thread in this round
+              }
+            }
+            load(g, rr + G);
+            // lo of the next round (a shuffle: every lane takes part)
+            const int j = rr + 1 - mbase;
+            const unsigned mn = __shfl_sync(0xffffffffu, j < 32 ? mcur : mnext, j & 31);
+            if (rr + 1 < re) release_upto((int)(mn & 0xFFFFu));  // this warp is done with them
+            xs::consumer_sync<NTC>();  // all adds of the round done: the next may touch the same rows
+          }
+        }
+      }
+    }
+    // Wait for and release every tile left (the producer's forwards and our peers' issues need
+    // them; and then no slice can still be on its way into this CTA).
+    release_upto(n_tiles);
+  }
+  __syncthreads();  // the producer's loop and the consumers' rounds (ys final) are done
+  for (int i = tid; i < rows; i += NT) write_y(y, row0 + i, ys[i], alpha, beta);
+  // No CTA leaves while its own multicasts may be in flight (nothing else can target it by now).
   tw::cluster_arrive();
   tw::cluster_wait();
 }

@@ -82,13 +82,14 @@ from pathlib import Path
 import torch
 
 SRC = Path(__file__).with_suffix(".cu")
-NT, NW = 1024, 32            # threads, warps of panels_xsmem
+NT, NW = 1024, 32            # threads, warps of panels_xsmem (all consume)
+NW2 = 31                     # consumer warps of panels_xsmem2 (warp 31 is its producer)
 PAD = 0x7FFF                 # padding key (row field 0x7FFF, ring position 0)
 BAR_BYTES = 512              # the .cu's xs::kBarBytes
 SMEM_MAX = 227 * 1024        # dynamic shared memory a CTA may opt into on sm_90
-KV8 = [(1024, 2, 4, 64)]                                                    # panels_kv8<NT, CL, U, rounds>
-XSMEM = [(4, 4096, 8, 2, 6), (8, 4096, 8, 2, 6), (4, 4096, 8, 4, 3), (8, 4096, 8, 4, 3),
-         (4, 4096, 10, 2, 6)]                                               # panels_xsmem<C, T, S, RW, G>
+KV8 = [(1024, 2, 4, 64)]                                                    # panels_kv8<NT, CL, U, rounds>: checked, not timed
+XSMEM = [(4, 4096, 8, 4, 3)]                                                # panels_xsmem<C, T, S, RW, G>: the best old row
+XSMEM2 = [(4, 4096, 8, 2, 6), (4, 4096, 10, 2, 6), (8, 4096, 10, 2, 6), (4, 4096, 8, 4, 3)]  # panels_xsmem2<C, T, S, RW, G>
 
 
 def smem_bytes(R: int, T: int, S: int) -> int:
@@ -116,6 +117,7 @@ class XLayout:
     RW: int
     shape: tuple
     nnz: int
+    nw: int = NW               # consumer warps the layout is dealt over (chunk s nw + warp of a round)
     stats: dict = field(default_factory=dict)
 
     @property
@@ -123,8 +125,9 @@ class XLayout:
         return self.meta.numel()
 
 
-def build_xsmem(row_ptr, col, val, shape, n_cta: int, R: int, T: int, S: int, RW: int) -> XLayout:
-    """The layout panels_xsmem reads, with torch ops on the arrays' device (CPU or GPU).
+def build_xsmem(row_ptr, col, val, shape, n_cta: int, R: int, T: int, S: int, RW: int, nw: int = NW) -> XLayout:
+    """The layout panels_xsmem (nw = 32 consumer warps) or panels_xsmem2 (nw = 31) reads, with torch
+    ops on the arrays' device (CPU or GPU). A round holds RW x nw x 32 entries.
 
     Panel p = rows [p R, (p + 1) R) = CTA p. Its nonzeros sorted by column, cut greedily into rounds
     of at most RW x 1024 entries whose columns lie in tiles [t0, t0 + S - 3] (t0: the first
@@ -141,7 +144,8 @@ def build_xsmem(row_ptr, col, val, shape, n_cta: int, R: int, T: int, S: int, RW
     if not (R <= 32766 and n_tiles <= 65535 and W + 4 <= 65536 and n_cta * R >= M and RW in (2, 4) and S >= 3):
         raise ValueError(f"build_xsmem: unsupported shape R={R} tiles={n_tiles} W={W} n_cta={n_cta} RW={RW} S={S}")
     span = S - 2                 # tiles a round may touch
-    B, RC = RW * NT, RW * NW     # entries, chunks a round
+    NW = nw                      # consumer warps
+    B, RC = RW * NW * 32, RW * NW  # entries, chunks a round
     L = torch.long
     lengths = (row_ptr[1:] - row_ptr[:-1]).to(L)
     r = torch.repeat_interleave(torch.arange(M, device=dev), lengths, output_size=nnz)
@@ -262,7 +266,7 @@ def build_xsmem(row_ptr, col, val, shape, n_cta: int, R: int, T: int, S: int, RW
     stats = dict(rounds=n_rounds, slots=total, pad=1 - nnz / max(total, 1), atomic=float(atomic.float().mean()) if nnz else 0.0,
                  grouped=float(is_grp.float().mean()) if nnz else 0.0, bad_rounds=int(bad.sum()),
                  max_span=int((hi - lo).max()) + 1 if n_rounds else 0)
-    return XLayout(kv, meta, _i32(panel_round), R, n_cta, T, S, RW, (M, N), nnz, stats)
+    return XLayout(kv, meta, _i32(panel_round), R, n_cta, T, S, RW, (M, N), nnz, nw, stats)
 
 
 def decode(Lx: XLayout):
@@ -271,9 +275,9 @@ def decode(Lx: XLayout):
     key = kv[:, 0].long() & 0xFFFFFFFF
     val = kv[:, 1].contiguous().view(torch.float32)
     slot = torch.arange(key.numel(), device=key.device)
-    RC = Lx.RW * NW
+    RC = Lx.RW * Lx.nw
     chunk = slot // 32
-    return key, val, chunk // RC, (chunk % RC) // NW, chunk % NW, slot % 32
+    return key, val, chunk // RC, (chunk % RC) // Lx.nw, chunk % Lx.nw, slot % 32
 
 
 def bank_wavefronts(Lx: XLayout) -> tuple[float, float]:
@@ -509,6 +513,174 @@ def simulate_protocol(Lx: XLayout, C: int, seed: int, landing_delay: float = 0.5
     return steps
 
 
+
+def simulate_protocol2(Lx: XLayout, C: int, seed: int, warps: int = 3, landing_delay: float = 0.5) -> int:
+    """Run panels_xsmem2's protocol for every cluster of the layout under a random schedule: per CTA
+    one producer warp and `warps` consumer warps (the kernel has 31; every consumer warp walks the
+    same rounds, so a few show every interleaving that matters; consumed[] counts `warps`), the
+    consumers' named barrier per round, the CTA barrier with the producer at the end, the cluster
+    barrier; multicast slices AND remote arrives in flight, landing late and in random order.
+    Checks: no deadlock; a warp reads a round only when its tiles sit complete in its ring; a slice
+    is issued only into buffers every warp of every CTA released; every parity wait is unambiguous
+    (the barrier is at the waited phase or one past it); every slice and remote arrive counts
+    toward the phase it belongs to; nothing is in flight to a CTA once its CTA barrier completed.
+    Returns the scheduler steps taken."""
+    rng = random.Random(seed)
+    N = Lx.shape[1]
+    T, S = Lx.T, Lx.S
+    n_tiles = -(-N // T)
+    meta = (Lx.meta.long() & 0xFFFFFFFF).tolist()
+    pr = Lx.panel_round.tolist()
+    assert Lx.n_cta % C == 0
+    steps = 0
+    for cl in range(Lx.n_cta // C):
+        ctas = list(range(cl * C, (cl + 1) * C))
+        # mbarriers: [completed phases, pending arrivals(, tx)]
+        full = {(q, s): [0, 1, 0] for q in range(C) for s in range(S)}
+        empty = {(q, s): [0, C] for q in range(C) for s in range(S)}
+        cons = {(q, s): [0, warps] for q in range(C) for s in range(S)}
+        ring = {(q, s, j): None for q in range(C) for s in range(S) for j in range(C)}  # tile of each slice
+        rel = {(q, w): 0 for q in range(C) for w in range(warps)}  # tiles each consumer warp released
+        inflight = []        # ("copy", dest, buffer, slice j, tile, bytes) / ("arrive", dest, buffer, tile)
+        nbar = {q: [0, 0] for q in range(C)}   # named barrier 1: [generation, arrived]
+        bar0 = {q: [0, 0] for q in range(C)}   # __syncthreads: consumers + producer
+        cbar = [0, 0]                           # cluster barrier: one arrival a CTA
+        ver = [0]
+
+        def phase_done(b, k, what):
+            """parity wait for phase k of b: unambiguous only if b completed k or k + 1 phases"""
+            assert b[0] in (k, k + 1), f"ambiguous parity wait ({what}): {b[0]} phases done, waiting for phase {k}"
+            return b[0] == k + 1
+
+        def arrive(b, count):
+            b[1] -= 1
+            if b[1] == 0:
+                b[0] += 1
+                b[1] = count
+            ver[0] += 1
+
+        def full_update(b):
+            if b[1] == 0 and b[2] == 0:
+                b[0] += 1
+                b[1], b[2] = 1, 0
+            ver[0] += 1
+
+        def barrier(b, n):
+            g = b[0]
+            b[1] += 1
+            if b[1] == n:
+                b[0] += 1
+                b[1] = 0
+                ver[0] += 1
+            while b[0] == g:
+                yield
+
+        def end(q):
+            yield from barrier(bar0[q], warps + 1)
+            assert not [e for e in inflight if e[1] == q], f"CTA {q}: something still in flight to it at its end"
+            if not done_end[q]:
+                done_end[q] = True
+                yield from barrier(cbar, C)
+
+        def producer(q):
+            for t in range(n_tiles):
+                s = t % S
+                if t >= S:
+                    u = t - S
+                    while not phase_done(cons[(q, s)], u // S, "consumed"):
+                        yield
+                    for d in range(C):                         # lane d -> CTA d
+                        inflight.append(("arrive", d, s, u))
+                    ver[0] += 1
+                    yield
+                    while not phase_done(empty[(q, s)], u // S, "empty"):
+                        yield
+                    for d in range(C):                         # WAR: every warp of every CTA released t - S
+                        for w in range(warps):
+                            assert rel[(d, w)] > u, "multicast into a buffer a warp still reads"
+                nbytes, _, n = tile_slices(t, q, N, T, C)
+                b = full[(q, s)]
+                b[1] -= 1
+                b[2] += nbytes
+                full_update(b)
+                if n:  # the kernel issues no empty slice
+                    for d in range(C):
+                        inflight.append(("copy", d, s, q, t, n * 4))
+                yield
+            yield from end(q)
+
+        def consumer(q, w):
+            st = {"have": 0}
+
+            def wait_tile(t):
+                while not phase_done(full[(q, t % S)], t // S, "full"):
+                    yield
+
+            def release_upto(lim):
+                while rel[(q, w)] < lim:
+                    t = rel[(q, w)]
+                    while st["have"] <= t:
+                        yield from wait_tile(st["have"])
+                        st["have"] += 1
+                    arrive(cons[(q, t % S)], warps)
+                    rel[(q, w)] += 1
+                    yield
+
+            p = ctas[q]
+            for r in range(pr[p], pr[p + 1]):
+                lo, hi = meta[r] & 0xFFFF, meta[r] >> 16
+                yield from release_upto(lo)
+                while st["have"] <= hi:
+                    yield from wait_tile(st["have"])
+                    st["have"] += 1
+                for t in range(lo, hi + 1):                    # the round reads tiles lo..hi
+                    for j in range(C):
+                        if tile_slices(t, j, N, T, C)[2]:
+                            assert ring[(q, t % S, j)] == t, f"round {r} reads tile {t} not in the ring"
+                yield
+                if r + 1 < pr[p + 1]:
+                    yield from release_upto(meta[r + 1] & 0xFFFF)
+                yield from barrier(nbar[q], warps)
+            yield from release_upto(n_tiles)
+            yield from end(q)
+
+        done_end = [False] * C
+        gens = {}
+        for q in range(C):
+            gens[(q, -1)] = producer(q)
+            for w in range(warps):
+                gens[(q, w)] = consumer(q, w)
+        live = set(gens)
+        idle = 0
+        while live:
+            steps += 1
+            before = ver[0]
+            if inflight and rng.random() < landing_delay:
+                ev = inflight.pop(rng.randrange(len(inflight)))
+                if ev[0] == "copy":
+                    _, d, s, j, t, nbytes = ev
+                    b = full[(d, s)]
+                    assert b[0] == t // S, "a slice lands in the wrong phase of its full barrier"
+                    ring[(d, s, j)] = t
+                    b[2] -= nbytes
+                    full_update(b)
+                else:
+                    _, d, s, u = ev
+                    assert empty[(d, s)][0] == u // S, "a release lands in the wrong phase of its empty barrier"
+                    arrive(empty[(d, s)], C)
+            else:
+                g = rng.choice(sorted(live))
+                try:
+                    next(gens[g])
+                except StopIteration:
+                    live.discard(g)
+                    ver[0] += 1
+            idle = 0 if ver[0] != before else idle + 1
+            if idle > 50 * C * (warps + 1) + 100 and not inflight:
+                raise AssertionError(f"deadlock in cluster {cl}: {sorted(live)} stuck")
+        assert not inflight
+    return steps
+
 def _random_csr(M, N, lengths, g, hot_rows=(), hot_len=0, hot_span=None):
     """CSR arrays with the given row lengths (columns distinct and sorted in a row); hot rows get
     hot_len columns inside a window of hot_span columns."""
@@ -578,22 +750,28 @@ def cpu_check():
         ref = torch.zeros(M, dtype=torch.float64).index_add_(
             0, torch.repeat_interleave(torch.arange(M), row_ptr[1:] - row_ptr[:-1]), val.double() * x.double()[col])
         for RW in (2, 4):
-            t0 = time.time()
-            Lx = build_xsmem(row_ptr, col, val, (M, N), n_cta, R, T, S, RW)
-            tb = time.time() - t0
-            y = emulate(Lx, row_ptr, col, val, x, C)
-            err = float((y - ref).norm() / ref.norm()) if float(ref.norm()) else float(y.abs().max())
-            assert err < 1e-12, f"{name}: emulated y off by {err}"
-            steps = simulate_protocol(Lx, C, seed=RW) if Lx.rounds < 3000 else 0
-            wy, wx = bank_wavefronts(Lx) if Lx.nnz else (0.0, 0.0)
-            s = Lx.stats
-            print(f"{name:12s} RW {RW} C {C} M {M} N {N} R {R} T {T} S {S}: nnz {Lx.nnz} rounds {s['rounds']} "
-                  f"padding {100 * s['pad']:.2f} % grouped {100 * s['grouped']:.2f} % atomic {100 * s['atomic']:.2f} % "
-                  f"all-atomic rounds {s['bad_rounds']} max tiles a round {s['max_span']}; wavefronts y {wy:.2f} x {wx:.2f}; "
-                  f"err {err:.1e}; protocol {'%d steps' % steps if steps else 'skipped'}; build {tb:.2f} s", flush=True)
+            for nw, kernel in ((NW, "xsmem"), (NW2, "xsmem2")):
+                t0 = time.time()
+                Lx = build_xsmem(row_ptr, col, val, (M, N), n_cta, R, T, S, RW, nw=nw)
+                tb = time.time() - t0
+                y = emulate(Lx, row_ptr, col, val, x, C)
+                err = float((y - ref).norm() / ref.norm()) if float(ref.norm()) else float(y.abs().max())
+                assert err < 1e-12, f"{name}: emulated y off by {err}"
+                if Lx.rounds >= 3000:
+                    steps = 0
+                elif kernel == "xsmem":
+                    steps = simulate_protocol(Lx, C, seed=RW)
+                else:
+                    steps = sum(simulate_protocol2(Lx, C, seed=RW + 10 * sd, warps=w) for sd, w in ((0, 3), (1, 1), (2, 2)))
+                wy, wx = bank_wavefronts(Lx) if Lx.nnz else (0.0, 0.0)
+                s = Lx.stats
+                print(f"{name:12s} {kernel:6s} RW {RW} C {C} M {M} N {N} R {R} T {T} S {S}: nnz {Lx.nnz} rounds {s['rounds']} "
+                      f"padding {100 * s['pad']:.2f} % grouped {100 * s['grouped']:.2f} % atomic {100 * s['atomic']:.2f} % "
+                      f"all-atomic rounds {s['bad_rounds']} max tiles a round {s['max_span']}; wavefronts y {wy:.2f} x {wx:.2f}; "
+                      f"err {err:.1e}; protocol {'%d steps' % steps if steps else 'skipped'}; build {tb:.2f} s", flush=True)
     print(f"CPU check passed ({time.time() - t_start:.0f} s): every nonzero exactly once, no row in two threads "
-          f"of a round (or mixed plain / atomic), rounds inside the ring, slices inside x, protocol without "
-          f"deadlock or overwrite")
+          f"of a round (or mixed plain / atomic), rounds inside the ring, slices inside x, both protocols (xsmem: "
+          f"thread 0 producer; xsmem2: producer warp) without deadlock, overwrite or ambiguous parity")
 
 
 # --------------------------------------------------------------------------- GPU
