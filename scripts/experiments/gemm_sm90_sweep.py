@@ -1,7 +1,7 @@
 """Which sizes should gemm() send to gemm_sm90? Square sizes 768 .. 8192 (and a few rectangles of
 linear layers), bf16 and fp16, graph-replayed: cuBLAS, gemm() as routed now (Triton), gemm_sm90 with
 its tile rule, same run. The table this prints is the routing rule's evidence (docs/notes-matmul.md).
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_sweep.py
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_sweep.py [bf16] [fp16]
 """
 import torch
 
@@ -13,12 +13,12 @@ SHAPES = [(n, n, n) for n in (768, 1000, 1024, 1280, 1536, 1792, 2048, 2304, 256
 SHAPES += [(8192, 4096, 1024), (8192, 1024, 4096), (4096, 4096, 1024), (2048, 8192, 2048)]
 
 
-def main():
+def main(dtypes):
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(50):
         x @ x
     del x
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         for M, N, K in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(M + N + K)
             a = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
@@ -40,4 +40,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    main([names[a] for a in sys.argv[1:]] or list(names.values()))
