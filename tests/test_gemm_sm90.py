@@ -158,3 +158,45 @@ def test_gemm_sm90_rejects_bad_layouts():
     big = torch.empty(64, 70, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8"):
         gs.gemm_sm90(a, a, out=big[:, :64])
+
+
+@pytest.mark.parametrize("n,want", [(1536, "192x96_c1x2"), (3072, "128x192_c2x1"), (2560, None), (4096, None),
+                                    (1000, None), (8192, None)])
+def test_route_rule(n, want):
+    assert gs.route_for(n, n, n, 132) == want
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
+    from tilewise.ops import gemm_triton as gt
+
+    gt._PLANS.clear()
+    calls = []
+    real = gs.gemm_sm90
+
+    def spy(*args, **kw):
+        calls.append(kw.get("config"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(gs, "gemm_sm90", spy)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n = 1536
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    ref = a.double() @ b.double()
+    for given in (None, poison(torch.empty(n, n, device="cuda", dtype=dtype)), None):
+        c = gt.gemm(a, b, out=given)
+        torch.cuda.synchronize()
+        assert c.isfinite().all() and ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+        if given is not None:
+            assert c.data_ptr() == given.data_ptr()
+    assert calls == ["192x96_c1x2"] * 3  # first call checked, later ones through the plan
+    with pytest.raises(ValueError, match="overlap|share"):
+        gt.gemm(a, b, out=a)  # the plan refuses it, the checked path raises
+    calls.clear()
+    gt.gemm(a[:1000, :1000].contiguous(), b[:1000, :1000].contiguous())  # 1000^2: stays on Triton
+    gt.gemm(a, b, bias=torch.randn(n, device="cuda"))  # an epilogue: stays on Triton
+    assert calls == []
+    gt._PLANS.clear()

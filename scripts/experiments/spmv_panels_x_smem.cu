@@ -1,5 +1,7 @@
-// Two attacks on the panels kernel's cost on the uniform matrix, for
-// scripts/experiments/spmv_panels_x_smem.py (which holds the design notes and the prediction).
+// Attacks on the panels kernel's cost on the uniform matrix, for
+// scripts/experiments/spmv_panels_x_smem.py (which holds the design notes, the predictions and
+// what the runs showed): (A) panels_kv8, (B) panels_xsmem (thread 0 of the consumers is the
+// producer: 7x too slow, cause below), (C) panels_xsmem2 (a producer warp; protocol below).
 //
 // panels_kv8<NT, CL, U, kRoundChunks>: the library's spmv_panels (tilewise/ops/spmv.cu) line for
 //   line (rounds, three groups in flight, atomic tail, cluster sum over DSMEM), except that an

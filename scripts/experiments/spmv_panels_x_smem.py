@@ -1,4 +1,4 @@
-"""Panels on the uniform matrix (2M x 2M, 32 random columns a row), two attacks on what is left
+"""Panels on the uniform matrix (2M x 2M, 32 random columns a row), attacks on what is left
 (docs/notes-spmv.md, "Fourth pass, continued": 180.6-181.2 us = 69.8-70.0 % of copy; L2 throughput
 68.5 %; x costs ~21M L2 sectors beside the 16M of the key / value stream; 64 registers x 1024
 threads; the loop without any shared-memory accumulation takes 174 us).
@@ -66,6 +66,90 @@ PREDICTION (written before any GPU run; H200, copy 4.24 TB/s, floor 536.0 MB = 1
       few % (C = 8 halves x's L2 traffic, but 8 CTAs must keep in step); RW = 4 (half the
       barriers) a few % faster than RW = 2; S = 10 no faster than S = 8 with the L2 prefetch on;
       without the prefetch, slower by up to ~10 % if the x latency passes ~1.4 us.
+
+RESULT (H200, bench/results/logs/spmv-x-smem-26125e0.log; copy 4224 GB/s, 70 % = 181.3 us): all
+  correct, xsmem 7x off the prediction.
+      library panels 66x2                  180.2 us  70.4 % of copy
+      kv8 66x2 U 4                         187.2 us  67.8 %   (a third fewer loads did not help)
+      xsmem C 4 T 4096 S 8  RW 2 G 6      1246.4 us           (1244.6 without the L2 prefetch)
+      xsmem C 8 T 4096 S 8  RW 2 G 6      1570.3 us
+      xsmem C 4 T 4096 S 8  RW 4 G 3       945.7 us           (best old row; kept as the reference)
+      xsmem C 8 T 4096 S 8  RW 4 G 3      1271.5 us
+      xsmem C 4 T 4096 S 10 RW 2 G 6      1250.2 us
+  Per CTA: 489 tiles, 261 rounds (RW 2) / 131 (RW 4). A fit: time = 2.3 us a round + (0.17 C +
+  0.65) us a tile (RW 2 -> 4 halves the rounds and saves 300 us; C 4 -> 8 adds 325 us at both RW,
+  i.e. 0.17 us per extra arrive and tile); S, the L2 prefetch: no effect. Nothing overlapped.
+
+CAUSE (from the .cu and its SASS, read with nvdisasm; details in the .cu's header):
+  * Each release, mbarrier.arrive.release.cluster on a peer's empty[s], compiles to MEMBAR.ALL.CTA;
+    MEMBAR.ALL.GPU; ERRBAR; CGAERRBAR; SYNCS.ARRIVE. Thread 0, the producer, is also a consumer: it
+    has just issued its key / value loads of round r + G, and its first fence waits for them (a
+    loaded DRAM round trip, ~1-2 us: the G-deep load pipeline is waited for every round); each
+    further arrive waits for the last one's acknowledgement (~0.17 us: the C term of the fit),
+    1.9 tiles x C = ~8 arrives a round. Warp 0 stalls, and the next __syncthreads holds all 32 warps
+    behind it. The empty test (acquire.cluster) adds a CCTL.IVALL (L1 invalidated) per tile issued.
+  * Thread 0 issues only at a round's end or in its own wait loops (a tile freed just after it
+    looked waits a whole round) and spins in a branch divergent from its warp's 31 other lanes.
+  Old timeline of one round (C 4, RW 2; ~4.8 us measured): all warps gather and add (~0.3 us of
+  shared-memory work), issue round r + G's loads, __syncthreads; thread 0: first fenced arrive
+  waits for those loads (~1-2 us), ~7 more at ~0.17 us (~1.2 us), pump: test (+ L1 invalidate),
+  expect_tx, copy, prefetches; the other 31 warps finish round r + 1 and wait for warp 0 at its
+  barrier. Old timeline of one tile: released by each CTA ~1.5-3 us after the round end (behind
+  the fences), issued by each CTA at its next pump after the last release (0 .. 1 round = up to
+  ~4.8 us), copied in ~1 us; the ~2.6 rounds of ring lead hid that: the fences, not the tile
+  waits, set the pace (hence no effect of S or the prefetch).
+
+(C) xsmem2 (panels_xsmem2<C, T, S, RW, G>, protocol in the .cu's header): the same staging and
+    layout, dealt over 31 consumer warps (rounds of RW x 992 entries; the builder's nw = 31); warp 31
+    is a producer warp that never joins a round barrier (the consumers' is named barrier 1 of 992
+    threads), loads nothing through the generic proxy and sleeps in try_wait. No fence in the
+    loop: every arrive and wait has the default .cta semantics (a plain SYNCS.ARRIVE /
+    SYNCS.PHASECHK in SASS, as CUTLASS's PipelineTmaAsync; checked with nvdisasm). Each consumer
+    warp releases a tile (local consumed[s], count 31) right after its own adds of the last round
+    reading it; the producer forwards consumed[s] to the C CTAs' empty[s] (lanes 0 .. C - 1 in
+    parallel), waits empty[s] and issues tile t + S at once (lane 0: expect_tx + 16 KiB / C slice
+    multicast + L2 prefetch of tile t + pf). The CPU check runs this protocol's model
+    (simulate_protocol2: 1-3 consumer warps a CTA, slices and remote arrives landing late in random
+    order; it catches a missing empty wait, a release before the wait, a lost forward, a too small
+    ring) on every case.
+    Timed: the library, the best old row, and xsmem2 C 4 S 8 RW 2, C 4 S 10 RW 2 (and without the
+    L2 prefetch), C 8 S 10 RW 2, C 4 S 8 RW 4 (all T 4096; kv8 is checked, not timed).
+
+PREDICTION 2 (written before running xsmem2):
+  New timeline of one tile (release to landed, L): the last consumer warp of the slowest CTA ends
+  the last round reading t and arrives (~0.02 us); its producer wakes (~0.1) and forwards over
+  DSMEM (~0.2-0.3); each producer wakes on empty (~0.1) and issues its 4 KiB (C 4) slice of t + S:
+  TMA from L2 (~0.6-0.8 us; ~1.2 from DRAM), multicast to the C SMs, complete_tx, consumers wake
+  (~0.05): L ~ 1.1-1.5 us, plus the C CTAs' skew (~0.3 us, half a round): L + skew ~ 1.4-1.8 us.
+  New timeline of one round (RW 2, 992 x 2 entries): gathers and adds (~0.3-0.5 us of shared-memory
+  work with G = 6 rounds of loads in flight), ~1.8 local arrives a warp, a 992-thread barrier;
+  nothing serial on any warp: ~0.54 us a round at the target (145 us / 269 rounds a CTA).
+  Ring lead: a round advances 1984 / 1092 = 1.82 tiles of x (a panel: 533k entries over 489 tiles;
+  RW 4: 3.64) and reads lo .. hi; tile t is released at the end of the first round with lo(r + 1)
+  > t, and t + S is needed at the start of the first round with hi >= t + S. Counted over random
+  round boundaries (pipeline_model, printed by --cpu-check): S - 2.8 tiles of consumption between
+  the two on average at RW 2, at least 2 rounds (S 8: 5.2 tiles = 1.55 us at the target's 0.30 us
+  a tile; S 10: 7.2 = 2.15 us); RW 4: S - 4.6 tiles, at least 0 rounds at S 8 (3.4 tiles = 1.0 us;
+  S 10: 5.4 = 1.6 us). pipeline_model times 489 tiles with rounds of fixed work (0.54 us at RW 2,
+  1.08 at RW 4: the DRAM-bound pace) that start only once their tiles landed, tile t + S landing
+  L + skew after the release of t:
+                 L + skew = 1.0    1.4    1.8    2.2 us
+      RW 2 S 8           146    162    183    205 us
+      RW 2 S 10          146    147    152    164
+      RW 4 S 8           184    214    249    283
+  * xsmem2 C 4 S 10 RW 2: the lead covers L: bound by the DRAM stream (530 MB at ~90 % of copy:
+    139 us) + start / end: ~150 us (143-165), 78-88 % of copy at the floor.
+  * xsmem2 C 4 S 8 RW 2: ~170 us (150-205).
+  * xsmem2 C 4 S 10 RW 2 without the L2 prefetch: the first cluster on a tile reads DRAM (L + ~0.5):
+    0-10 % slower than with it.
+  * xsmem2 C 8 S 10 RW 2: same lead a CTA, half the L2 reads of x (120 MB), more skew among 8 CTAs:
+    within 10 % of C 4.
+  * xsmem2 C 4 S 8 RW 4: lead-starved, ~230 us (185-285); RW no longer matters by its barriers.
+  * Reference rows as in the first run (library ~180 us, xsmem C 4 S 8 RW 4 ~946 us).
+  If xsmem2 C 4 S 10 RW 2 comes out > 250 us, something still serializes (look at the named
+  barrier's wait, the consumers' try_wait wake-up, or the producer's wake-up); if S 8 and S 10,
+  RW 2 and RW 4 are all ~150, L + skew is below ~1 us.
+  Registers (ptxas, sm_90): xsmem2 58 (RW 2) / 63 (RW 4), no spills; the old xsmem 63.
 
 Run on the GPU (< 3 minutes on an H200): PYTHONPATH=src python3 scripts/experiments/spmv_panels_x_smem.py
 CPU check of the layout builder (no GPU): PYTHONPATH=src python3 scripts/experiments/spmv_panels_x_smem.py --cpu-check
@@ -681,6 +765,30 @@ def simulate_protocol2(Lx: XLayout, C: int, seed: int, warps: int = 3, landing_d
         assert not inflight
     return steps
 
+
+def pipeline_model(S: int, adv: float, tau: float, L: float, n_tiles: int = 489, seed: int = 1) -> float:
+    """PREDICTION 2's timing model of one CTA (us): rounds advancing `adv` tiles of x each take `tau`
+    of work and start only once their tiles lo..hi landed; tiles < S land at L; tile t + S lands
+    L (release to landed, skew included) after the round that releases tile t ends."""
+    rng = random.Random(seed)
+    n = int(n_tiles / adv) + 1
+    off = rng.random() * adv
+    b = [off + k * adv for k in range(n + 1)]
+    lo = [min(int(b[k]), n_tiles - 1) for k in range(n)]
+    hi = [min(int(b[k + 1] - 1e-9), n_tiles - 1) for k in range(n)]
+    landed = {t: L for t in range(min(S, n_tiles))}
+    now, released = 0.0, 0
+    for k in range(n):
+        for t in range(lo[k], hi[k] + 1):
+            now = max(now, landed[t])
+        now += tau
+        nxt = lo[k + 1] if k + 1 < n else n_tiles
+        for t in range(released, nxt):
+            if t + S < n_tiles:
+                landed[t + S] = now + L
+        released = max(released, nxt)
+    return now
+
 def _random_csr(M, N, lengths, g, hot_rows=(), hot_len=0, hot_span=None):
     """CSR arrays with the given row lengths (columns distinct and sorted in a row); hot rows get
     hot_len columns inside a window of hot_span columns."""
@@ -769,6 +877,10 @@ def cpu_check():
                       f"padding {100 * s['pad']:.2f} % grouped {100 * s['grouped']:.2f} % atomic {100 * s['atomic']:.2f} % "
                       f"all-atomic rounds {s['bad_rounds']} max tiles a round {s['max_span']}; wavefronts y {wy:.2f} x {wx:.2f}; "
                       f"err {err:.1e}; protocol {'%d steps' % steps if steps else 'skipped'}; build {tb:.2f} s", flush=True)
+    for RW, adv, tau in ((2, 1.82, 0.54), (4, 3.64, 1.08)):  # PREDICTION 2's table
+        for S in (8, 10):
+            print(f"pipeline_model RW {RW} S {S}: " + "  ".join(
+                f"L {L}: {pipeline_model(S, adv, tau, L):4.0f} us" for L in (1.0, 1.4, 1.8, 2.2)))
     print(f"CPU check passed ({time.time() - t_start:.0f} s): every nonzero exactly once, no row in two threads "
           f"of a round (or mixed plain / atomic), rounds inside the ring, slices inside x, both protocols (xsmem: "
           f"thread 0 producer; xsmem2: producer warp) without deadlock, overwrite or ambiguous parity")
@@ -834,13 +946,14 @@ def gpu():
         used[A.col.long()] = True
         xs_[~used] = float("nan")
         smalls.append((A, xs_, op.reference(A.row_ptr, A.col, A.val, torch.nan_to_num(xs_))))
-    for C, T, S, RW, G in XSMEM:
-        name = f"panels_xsmem<{C},{T},{S},{RW},{G}>"
+    variants = [("panels_xsmem", NW, cfg) for cfg in XSMEM] + [("panels_xsmem2", NW2, cfg) for cfg in XSMEM2]
+    for kname, nw, (C, T, S, RW, G) in variants:
+        name = f"{kname}<{C},{T},{S},{RW},{G}>"
         k = mod.kernel(name, xs_params)
         for A, xs_, ref in smalls:
             M, N = A.shape
             fit, R, smem = shape_for(k, C, T, S, M)
-            Lx = build_xsmem(A.row_ptr, A.col, A.val, A.shape, fit * C, R, T, S, RW)
+            Lx = build_xsmem(A.row_ptr, A.col, A.val, A.shape, fit * C, R, T, S, RW, nw=nw)
             ys_ = torch.full((M,), float("nan"), device="cuda")
             run_xsmem(k, Lx, xs_, ys_, M, N, smem)()
             torch.cuda.synchronize()
@@ -888,44 +1001,36 @@ def gpu():
           f"(70 % = {floor / 1e6 / (0.7 * copy) * 1e3:.1f} us)", flush=True)
     P = op.Panels.from_csr(A)
     timed(f"library panels {P.panels}x{P.cluster}", lambda: op.panels(P, x, y))
-    kv = torch.stack([P.key, P.val.view(torch.int32)], 1).contiguous().view(torch.int64).view(-1)
-    for nt, cl, u, rc in KV8:
-        if cl != P.cluster or rc != P.round_chunks:
-            continue
-        k = mod.kernel(f"panels_kv8<{nt},{cl},{u},{rc}>", kv8_params)
-        k.set_max_dynamic_shared(op.PANEL_MAX_ROWS * 4)
-        timed(f"kv8 {P.panels}x{cl} U {u}", lambda k=k, nt=nt, cl=cl: k(P.panels * cl, nt, kv, P.chunk_col0, P.panel_chunk,
-                                                                      P.panel_tail, x, y, M, P.rows, 1.0, 0.0,
-                                                                      shmem=min(P.rows, M) * 4))
-    kv = P = None  # free them before the xsmem layouts
+    # kv8 (187.2 us = 67.8 % of copy in spmv-x-smem-26125e0.log, slower than the library): checked above, not timed
+    P = None  # free it before the xsmem layouts
     layouts = {}
-    for C, T, S, RW, G in XSMEM:
-        name = f"panels_xsmem<{C},{T},{S},{RW},{G}>"
+    for kname, nw, (C, T, S, RW, G) in variants:
+        name = f"{kname}<{C},{T},{S},{RW},{G}>"
         k = mod.kernel(name, xs_params)
         fit, R, smem = shape_for(k, C, T, S, M)
         if R is None:
             print(f"{name}: {fit} clusters -> {smem} B of shared memory: does not fit")
             continue
-        key = (fit * C, R, T, S, RW)
+        key = (fit * C, R, T, S, RW, nw)
         if key not in layouts:
             layouts.clear()
             torch.cuda.synchronize()
             t0 = time.time()
-            layouts[key] = build_xsmem(A.row_ptr, A.col, A.val, A.shape, fit * C, R, T, S, RW)
+            layouts[key] = build_xsmem(A.row_ptr, A.col, A.val, A.shape, fit * C, R, T, S, RW, nw=nw)
             torch.cuda.synchronize()
             Lx = layouts[key]
             wy, wx = bank_wavefronts(Lx)
             s = Lx.stats
-            print(f"  layout {fit * C} CTAs x {R} rows, T {T} S {S} RW {RW}: {s['rounds']} rounds, padding "
-                  f"{100 * s['pad']:.2f} %, grouped {100 * s['grouped']:.1f} %, atomic {100 * s['atomic']:.2f} %, max "
-                  f"tiles a round {s['max_span']}, wavefronts y {wy:.2f} x {wx:.2f}, {Lx.kv.numel() * 8 / 1e6:.0f} MB, "
+            print(f"  layout {fit * C} CTAs x {R} rows, T {T} S {S} RW {RW}, {nw} consumer warps: {s['rounds']} rounds, "
+                  f"padding {100 * s['pad']:.2f} %, grouped {100 * s['grouped']:.1f} %, atomic {100 * s['atomic']:.2f} %, "
+                  f"max tiles a round {s['max_span']}, wavefronts y {wy:.2f} x {wx:.2f}, {Lx.kv.numel() * 8 / 1e6:.0f} MB, "
                   f"built in {time.time() - t0:.1f} s", flush=True)
         Lx = layouts[key]
-        timed(f"xsmem C {C} T {T} S {S} RW {RW} G {G}", run_xsmem(k, Lx, x, y, M, N, smem),
+        label = f"{kname[7:]} C {C} T {T} S {S} RW {RW} G {G}"
+        timed(label, run_xsmem(k, Lx, x, y, M, N, smem),
               f"  ({fit} clusters x {C}, R {R}, {smem // 1024} KiB, L2 prefetch {S} tiles ahead)")
-        if (C, T, S, RW, G) == XSMEM[0]:  # the L2 prefetch's share, once
-            timed(f"xsmem C {C} T {T} S {S} RW {RW} G {G}", run_xsmem(k, Lx, x, y, M, N, smem, pf=0),
-                  "  (no L2 prefetch)")
+        if kname == "panels_xsmem2" and (C, T, S, RW) == (4, 4096, 10, 2):  # the L2 prefetch's share, once
+            timed(label, run_xsmem(k, Lx, x, y, M, N, smem, pf=0), "  (no L2 prefetch)")
     print(f"done in {time.time() - t_start:.0f} s")
 
 

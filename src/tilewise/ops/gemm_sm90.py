@@ -141,6 +141,23 @@ def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
     return best
 
 
+def route_for(M: int, N: int, K: int, sms: int = 132) -> str | None:
+    """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
+    Triton kernels. From the sweep beside Triton's gemm() and cuBLAS (logs/gemm-sm90-sweep-e60fadc,
+    graph-replayed): gemm_sm90 wins where its tile rule finds 192 x 96 tiles filling one wave (1536^2:
+    0.85x cuBLAS against Triton's 0.72-0.74x; Triton's power-of-two tiles leave 27 % of the SMs idle
+    there) and 128 x 192 tiles in two to three waves with B multicast (3072^2: 0.88-0.94x against
+    0.79-0.85x); elsewhere it ties or trails (2560^2, 4096^2, 1000^2: within +-0.02 or behind)."""
+    name = config_for(M, N, K, sms)
+    cfg = CONFIGS[name]
+    tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
+    if name == "192x96_c1x2" and tiles <= sms:
+        return name
+    if name.startswith("128x192") and 2 * sms < tiles <= 3 * sms:
+        return name
+    return None
+
+
 # --------------------------------------------------------------------------- host side
 
 

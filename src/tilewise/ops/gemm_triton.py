@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..cost import Cost
 from ..runtime import cuda as rt
+from . import gemm_sm90 as _sm90
 from ._memory import check_no_overlap, span
 from ..runtime.triton_launch import bind as _bind, cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
@@ -1197,6 +1198,52 @@ def _make_plan(route, a, b, bias, activation, out_dtype, precision, out) -> _Pla
     return p
 
 
+class _Sm90Plan:
+    """gemm()'s route to the CUDA C kernel (ops/gemm_sm90) for one plan key: the same call
+    contract as _Plan (None when a given out meets an input's bytes: the checked path refuses it)."""
+
+    __slots__ = ("config", "out_shape", "out_dtype", "device", "extents")
+
+    def __call__(self, a, b, bias, out):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        else:
+            o0 = out.data_ptr()
+            o1 = o0 + self.extents[2]
+            for t, e in ((a, self.extents[0]), (b, self.extents[1])):
+                x = t.data_ptr()
+                if x <= o1 and o0 <= x + e:
+                    return None
+        return _sm90.gemm_sm90(a, b, out=out, config=self.config)
+
+
+def _sm90_config(a, b, bias, activation, out_dtype, out) -> str | None:
+    """The gemm_sm90 config for a plain 16-bit product whose layouts it takes, where its route
+    rule says it wins (``gemm_sm90.route_for``); None otherwise."""
+    if bias is not None or activation not in (None, "none") or a.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if (out_dtype is not None and out_dtype != a.dtype) or not _sm90.applies(a, b):
+        return None
+    if out is not None and (out.dtype != a.dtype or out.dim() != 2 or out.stride(1) != 1 or out.stride(0) % 8
+                            or out.data_ptr() % 16 or out.device != a.device):
+        return None
+    return _sm90.route_for(a.shape[0], b.shape[1], a.shape[1], _num_sms(a.get_device()))
+
+
+def _run_sm90(key, config, a, b, out):
+    """gemm_sm90 through the checked path (the overlap refusal), leaving a plan under key."""
+    out = _check(a, b, None, None, None, None, None, "tf32", out)
+    res = _sm90.gemm_sm90(a, b, out=out, config=config)
+    if key is not None:
+        p = _Sm90Plan()
+        p.config, p.out_shape, p.out_dtype, p.device = config, tuple(res.shape), res.dtype, a.device
+        p.extents = (_extent(a), _extent(b), _extent(res))
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = p
+    return res
+
+
 def _planned(route, key, a, b, bias, activation, out_dtype, precision, out):
     """First call of a plan key: the checks (errors as the variants raise them), then the plan."""
     given = out
@@ -1230,7 +1277,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
     variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
-                16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); else v3_tma_persistent
+                16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); plain 16-bit products on an
+                sm_90 GPU where ``gemm_sm90.route_for`` says the CUDA C wgmma + TMA-multicast kernel
+                wins (1536^2, 3072^2-like shapes); else v3_tma_persistent
                 where the layouts allow TMA (16-bit: the tile ``tma_tile_for``'s wave model picks,
                 v3_tma_split's 128 x 192 or a fixed 64 x 128 where they fill the GPU better), else
                 v1_tiled) or a key of VARIANTS.
@@ -1262,6 +1311,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         if key is not None:
             return _planned("small", key, a, b, bias, activation, out_dtype, precision, out)
         return _run_small(a, b, bias, activation, out_dtype, precision, out)
+    if variant is None and aux is None and scale_a is None and not _INTERPRET and isinstance(a, torch.Tensor) \
+            and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 and a.is_cuda:
+        cfg = _sm90_config(a, b, bias, activation, out_dtype, out)
+        if cfg is not None:
+            return _run_sm90(key, cfg, a, b, out)
     if variant is None:
         ok = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
               and a.dtype in _IN_DTYPES and tma_applies(a, b, out_dtype, out)
