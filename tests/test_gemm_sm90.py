@@ -161,7 +161,7 @@ def test_gemm_sm90_rejects_bad_layouts():
 
 
 @pytest.mark.parametrize("n,want", [(1536, "192x96_c1x2"), (3072, "128x192_c2x1"), (2560, None), (4096, None),
-                                    (1000, None), (8192, None)])
+                                    (1000, None), (8192, None), (256, None), (40, None)])
 def test_route_rule(n, want):
     assert gs.route_for(n, n, n, 132) == want
 
@@ -198,5 +198,6 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
     calls.clear()
     gt.gemm(a[:1000, :1000].contiguous(), b[:1000, :1000].contiguous())  # 1000^2: stays on Triton
     gt.gemm(a, b, bias=torch.randn(n, device="cuda"))  # an epilogue: stays on Triton
+    gt.gemm(a, b.t().contiguous().t())  # B as w.T: the rule was measured on row-major B only
     assert calls == []
     gt._PLANS.clear()

@@ -151,7 +151,7 @@ def route_for(M: int, N: int, K: int, sms: int = 132) -> str | None:
     name = config_for(M, N, K, sms)
     cfg = CONFIGS[name]
     tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
-    if name == "192x96_c1x2" and tiles <= sms:
+    if name == "192x96_c1x2" and 0.9 * sms <= tiles <= sms:
         return name
     if name.startswith("128x192") and 2 * sms < tiles <= 3 * sms:
         return name

@@ -1222,8 +1222,8 @@ def _sm90_config(a, b, bias, activation, out_dtype, out) -> str | None:
     rule says it wins (``gemm_sm90.route_for``); None otherwise."""
     if bias is not None or activation not in (None, "none") or a.dtype not in (torch.float16, torch.bfloat16):
         return None
-    if (out_dtype is not None and out_dtype != a.dtype) or not _sm90.applies(a, b):
-        return None
+    if (out_dtype is not None and out_dtype != a.dtype) or not _sm90.applies(a, b) or _sm90.b_layout(b) != 1:
+        return None  # (the rule was measured with B's rows unit-stride; w.T stays on Triton)
     if out is not None and (out.dtype != a.dtype or out.dim() != 2 or out.stride(1) != 1 or out.stride(0) % 8
                             or out.data_ptr() % 16 or out.device != a.device):
         return None
