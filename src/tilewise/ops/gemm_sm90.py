@@ -143,7 +143,7 @@ def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
 
 def route_for(M: int, N: int, K: int, sms: int = 132) -> str | None:
     """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
-    Triton kernels. From the sweep beside Triton's gemm() and cuBLAS (logs/gemm-sm90-sweep-e60fadc,
+    Triton kernels. From the sweep beside Triton's gemm() and cuBLAS (logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc,
     graph-replayed): gemm_sm90 wins where its tile rule finds 192 x 96 tiles filling one wave (1536^2:
     0.85x cuBLAS against Triton's 0.72-0.74x; Triton's power-of-two tiles leave 27 % of the SMs idle
     there) and 128 x 192 tiles in two to three waves with B multicast (3072^2: 0.88-0.94x against
