@@ -12,6 +12,7 @@ Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_configs.py 
 import sys
 
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms, time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
@@ -20,10 +21,7 @@ from tilewise.ops import gemm_triton as gt
 
 def main(sizes):
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):  # clocks up before the first timing
-        x @ x
-    del x
+    warm_clocks()
     for dtype in (torch.bfloat16, torch.float16):
         for n in sizes:
             M = N = K = n

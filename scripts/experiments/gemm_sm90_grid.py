@@ -8,6 +8,7 @@ same tile without a cluster: is the grid the cause?
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_grid.py
 """
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
@@ -17,10 +18,7 @@ from tilewise.runtime import cuda as rt
 def main():
     dev = torch.cuda.current_device()
     sms = rt.sm_count(dev)
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):
-        x @ x
-    del x
+    warm_clocks()
     for n in (4096, 1536):
         g = torch.Generator(device="cuda").manual_seed(n)
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)

@@ -9,16 +9,14 @@ first epilogue behind -DTW_DIRECT_STORE): predicted K = 1536 ~13 us (~0.9x cuBLA
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_intercept.py
 """
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
 
 
 def main():
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):
-        x @ x
-    del x
+    warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(0)
     M = N = 1536
     for K in (64, 1536):

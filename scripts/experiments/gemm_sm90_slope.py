@@ -9,6 +9,7 @@ slope is near that, the gap to cuBLAS (16.6 against 11.7 us at K = 1536) is in t
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_slope.py
 """
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
@@ -19,10 +20,7 @@ CASES = (("192x96_c1x2", gs.CONFIGS["192x96_c1x2"]), ("128x128_c1x1", gs.CONFIGS
 
 
 def main():
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):
-        x @ x
-    del x
+    warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = {}
     for K in KS:

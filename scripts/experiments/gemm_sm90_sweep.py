@@ -4,6 +4,7 @@ its tile rule, same run. The table this prints is the routing rule's evidence (d
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_sweep.py [bf16] [fp16]
 """
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
@@ -14,10 +15,7 @@ SHAPES += [(8192, 4096, 1024), (8192, 1024, 4096), (4096, 4096, 1024), (2048, 81
 
 
 def main(dtypes):
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):
-        x @ x
-    del x
+    warm_clocks()
     for dtype in dtypes:
         for M, N, K in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(M + N + K)

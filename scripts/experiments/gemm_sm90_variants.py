@@ -10,6 +10,7 @@ the consumer's turn-around, nothing if it is the loads' latency; WAIT_SPIN withi
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_variants.py
 """
 import torch
+from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops import gemm_sm90 as gs
@@ -22,10 +23,7 @@ OPTIONS = {"default": (), "inflight2": ("-DTW_INFLIGHT=2",), "spin": ("-DTW_WAIT
 
 
 def main():
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(50):
-        x @ x
-    del x
+    warm_clocks()
     for n, names in CASES.items():
         g = torch.Generator(device="cuda").manual_seed(n)
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
