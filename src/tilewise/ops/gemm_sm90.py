@@ -302,8 +302,13 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
-    _check_cu((d.cuLaunchKernel(ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)[0],
-               None), "cuLaunchKernel")
+    launch = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)
+    if torch.cuda.current_device() == dev:
+        err = d.cuLaunchKernel(*launch)[0]
+    else:  # the function handle belongs to dev's context: make it current for the launch
+        with torch.cuda.device(dev):
+            err = d.cuLaunchKernel(*launch)[0]
+    _check_cu((err, None), "cuLaunchKernel")
     if rt.debug_sync():
         torch.cuda.synchronize(dev)
     return out
