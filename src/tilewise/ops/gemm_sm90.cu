@@ -8,6 +8,7 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,1,1,6,1> gemm_sm90<__half,128,128,1,1,6,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,0> gemm_sm90<__half,128,128,2,1,6,0>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -182,7 +183,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int EPI_N = BN <= 128 ? BN : BN / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                 // 16-byte chunks a staged row
   static_assert(BN % EPI_N == 0 && EPI_N % 8 == 0 && (64 * NCHK) % 128 == 0, "epilogue chunks");
-  static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
+  static_assert(NWG >= 1 && NWG <= 3, "one to three consumer warpgroups");
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
@@ -223,7 +224,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   const int kt = (K + BK - 1) / BK;
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
+    if constexpr (NWG > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
       unsigned short mask_a = 0, mask_b = 0;
       if (CN > 1)
@@ -256,7 +258,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
+    if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int w = wg - 1;
     constexpr bool kF16 = IsHalf<T>::value;
     float acc[BN / 2];

@@ -77,6 +77,11 @@ CONFIGS = {
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
     "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
+# Instantiated, outside the tile rule until measured: 64 x 128 in 2 x 1 clusters (one consumer
+# warpgroup; cuBLAS's choice at 1000^2), for the 1000-class sizes. Not yet run on a GPU.
+EXTRA_CONFIGS = {
+    "64x128_c2x1": Config(64, 128, 2, 1, 8),
+}
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
 
@@ -270,9 +275,9 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     elif isinstance(config, Config):
         cfg = config
     else:
-        if config not in CONFIGS:
-            raise ValueError(f"gemm_sm90: unknown config {config!r}; one of {sorted(CONFIGS)}")
-        cfg = CONFIGS[config]
+        cfg = CONFIGS.get(config) or EXTRA_CONFIGS.get(config)
+        if cfg is None:
+            raise ValueError(f"gemm_sm90: unknown config {config!r}; one of {sorted(CONFIGS) + sorted(EXTRA_CONFIGS)}")
     if cfg.trans_b != trans_b:
         cfg = Config(cfg.bm, cfg.bn, cfg.cm, cfg.cn, cfg.stages, trans_b)
     name = cfg.name(a.dtype)
