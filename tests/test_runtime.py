@@ -34,7 +34,7 @@ def test_every_package_kernel_compiles_for_sm90_without_spills(fresh_cache):
         for n in names:
             assert any(r.name == n for r in res), f"no ptxas report for {n}"
     for r in res:
-        assert r.arch == "sm_90"
+        assert r.arch in ("sm_90", "sm_90a")  # sources marked `// tilewise-arch: sm_90a` build for it
         assert r.registers > 0, r
         assert not r.spills, f"{r.name} spills: {r.spill_store_bytes} B stored, {r.spill_load_bytes} B loaded"
 
