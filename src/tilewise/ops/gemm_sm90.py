@@ -190,9 +190,9 @@ def tensor_map(t: torch.Tensor, box_inner: int, box_outer: int, swizzle_bytes: i
     The last 64 descriptors are kept by (address, shape, stride, box, swizzle)."""
     rows, cols = t.shape
     key = (t.data_ptr(), rows, cols, t.stride(0), t.dtype, box_inner, box_outer, swizzle_bytes)
-    m = _maps.get(key)
-    if m is not None:
-        _maps.move_to_end(key)
+    m = _maps.pop(key, None)  # pop + reinsert: most recent last, and no KeyError if another
+    if m is not None:          # thread evicted the key in between
+        _maps[key] = m
         return m
     d = _driver()
     swz = {128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}
@@ -204,8 +204,11 @@ def tensor_map(t: torch.Tensor, box_inner: int, box_outer: int, swizzle_bytes: i
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
     _maps[key] = m
-    if len(_maps) > _MAPS_KEPT:
-        _maps.popitem(last=False)
+    while len(_maps) > _MAPS_KEPT:
+        try:
+            _maps.popitem(last=False)
+        except KeyError:
+            break
     return m
 
 
