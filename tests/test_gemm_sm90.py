@@ -200,5 +200,7 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
     gt.gemm(a[:1000, :1000].contiguous(), b[:1000, :1000].contiguous())  # 1000^2: stays on Triton
     gt.gemm(a, b, bias=torch.randn(n, device="cuda"))  # an epilogue: stays on Triton
     gt.gemm(a, b.t().contiguous().t())  # B as w.T: the rule was measured on row-major B only
+    with pytest.raises(ValueError):  # a scale on 16-bit inputs is refused, never dropped on the way
+        gt.gemm(a, b, scale_b=torch.ones(1, device="cuda"))
     assert calls == []
     gt._PLANS.clear()

@@ -1311,8 +1311,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         if key is not None:
             return _planned("small", key, a, b, bias, activation, out_dtype, precision, out)
         return _run_small(a, b, bias, activation, out_dtype, precision, out)
-    if variant is None and aux is None and scale_a is None and not _INTERPRET and isinstance(a, torch.Tensor) \
-            and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 and a.is_cuda:
+    if variant is None and aux is None and scale_a is None and scale_b is None and not _INTERPRET \
+            and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         cfg = _sm90_config(a, b, bias, activation, out_dtype, out)
         if cfg is not None:
             return _run_sm90(key, cfg, a, b, out)
