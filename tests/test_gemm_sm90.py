@@ -57,6 +57,16 @@ def test_config_rule_prefers_large_tiles_when_fill_ties():
     assert gs.config_for(8192, 8192, 8192, 132) in ("128x256_c2x1", "128x192_c2x1", "128x192_c1x2")
 
 
+def test_out_problem_names_what_is_wrong():
+    bf = torch.bfloat16
+    good = torch.empty(8, 16, dtype=bf)
+    assert gs.out_problem(good, bf, good.device, 8, 16) is None
+    assert "out must be (8, 24)" in gs.out_problem(good, bf, good.device, 8, 24)
+    assert "out must be" in gs.out_problem(good, torch.float16, good.device, 8, 16)
+    assert "multiple of 8" in gs.out_problem(torch.empty(8, 20, dtype=bf)[:, :16], bf, good.device, 8, 16)
+    assert "16-byte" in gs.out_problem(torch.empty(8, 24, dtype=bf)[:, 1:17], bf, good.device, 8, 16)
+
+
 def test_errors_on_cpu_tensors():
     a = torch.randn(8, 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA"):

@@ -129,6 +129,19 @@ def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
             and available(a.get_device()))
 
 
+def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: int, N: int) -> str | None:
+    """Why ``out`` cannot take the (M, N) result (None when it can): shape, dtype and device, then
+    the epilogue's 16-byte chunks (unit-stride rows, a row stride that is a multiple of 8, 16-byte
+    alignment)."""
+    if tuple(out.shape) != (M, N) or out.dtype != dtype or out.device != device:
+        return (f"out must be ({M}, {N}) {dtype} on {device}, got {tuple(out.shape)} {out.dtype} on "
+                f"{out.device}")
+    if out.stride(1) != 1 or out.stride(0) % 8 or out.data_ptr() % 16 or out.stride(0) < N:
+        return (f"out needs unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment "
+                f"(strides {out.stride()}, address % 16 = {out.data_ptr() % 16})")
+    return None
+
+
 def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
     """The tile and cluster for an (M, N, K) problem: the config whose tiles fill the SMs' waves
     best, ties to the larger tile (fewer bytes from L2 a FLOP). A first rule, to be replaced by the
@@ -229,8 +242,7 @@ def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int
     k = mod.kernel(name, [])
     k.set_max_dynamic_shared(shmem)
     d = _driver()
-    func = _check_cu(d.cuKernelGetFunction(k.handle.handle if hasattr(k.handle, "handle") else k.handle),
-                     "cuKernelGetFunction")
+    func = _check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
     try:
         clusters = k.max_active_clusters(cluster, threads, shmem) if cluster > 1 else \
             rt.sm_count(device_index) * max(1, k.max_active_blocks_per_sm(threads, shmem))
@@ -289,13 +301,9 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     else:
-        if out.shape != (M, N) or out.dtype != a.dtype or out.device != a.device:
-            raise ValueError(f"gemm_sm90: out must be ({M}, {N}) {a.dtype} on {a.device}, got "
-                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
-        if out.stride(1) != 1 or out.stride(0) % 8 or out.data_ptr() % 16 or out.stride(0) < N:
-            raise ValueError(f"gemm_sm90: out needs unit-stride rows, a row stride that is a multiple "
-                             f"of 8 and 16-byte alignment (strides {out.stride()}, address % 16 = "
-                             f"{out.data_ptr() % 16})")
+        problem = out_problem(out, a.dtype, a.device, M, N)
+        if problem is not None:
+            raise ValueError(f"gemm_sm90: {problem}")
     dev = a.get_device()
     ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
     map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)

@@ -1112,6 +1112,31 @@ def _desc_maker(proto):
 _PLAN_LEAD = {"ptr": 7, "tma": 7, "split": 10}
 
 
+def _meets_inputs(out, extents, a, b, bias) -> bool:
+    """Whether a given out's byte range meets a's, b's or bias's (as _check's check_no_overlap),
+    from the plan's byte extents (a, b, bias, out) and the tensors' addresses."""
+    ea, eb, ebias, eo = extents
+    o0 = out.data_ptr()
+    o1 = o0 + eo
+    x = a.data_ptr()
+    if x <= o1 and o0 <= x + ea:
+        return True
+    x = b.data_ptr()
+    if x <= o1 and o0 <= x + eb:
+        return True
+    if bias is not None:
+        x = bias.data_ptr()
+        if x <= o1 and o0 <= x + ebias:
+            return True
+    return False
+
+
+def _keep_plan(key, plan) -> None:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
 class _Plan:
     """One gemm() route for one ``_plan_key``: ``plan(a, b, bias, out)`` allocates the output (out
     None) and launches; None when the call needs the checked path (a given out whose addresses
@@ -1130,20 +1155,8 @@ class _Plan:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
             if out.data_ptr() & 15:
                 return None
-        else:  # out given: its byte range must miss the inputs' (as _check's check_no_overlap)
-            o0 = out.data_ptr()
-            ea, eb, ebias, eo = self.extents
-            o1 = o0 + eo
-            x = a.data_ptr()
-            if x <= o1 and o0 <= x + ea:
-                return None
-            x = b.data_ptr()
-            if x <= o1 and o0 <= x + eb:
-                return None
-            if bias is not None:
-                x = bias.data_ptr()
-                if x <= o1 and o0 <= x + ebias:
-                    return None
+        elif _meets_inputs(out, self.extents, a, b, bias):
+            return None
         bound = self.bound
         if bound is None:
             return self._bind(a, b, bias, out)
@@ -1207,25 +1220,19 @@ class _Sm90Plan:
     def __call__(self, a, b, bias, out):
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        else:
-            o0 = out.data_ptr()
-            o1 = o0 + self.extents[2]
-            for t, e in ((a, self.extents[0]), (b, self.extents[1])):
-                x = t.data_ptr()
-                if x <= o1 and o0 <= x + e:
-                    return None
+        elif _meets_inputs(out, self.extents, a, b, None):
+            return None
         return _sm90.gemm_sm90(a, b, out=out, config=self.config)
 
 
 def _sm90_config(a, b, bias, activation, out_dtype, out) -> str | None:
     """The gemm_sm90 config for a plain 16-bit product whose layouts it takes, where its route
     rule says it wins (``gemm_sm90.route_for``); None otherwise."""
-    if bias is not None or activation not in (None, "none") or a.dtype not in (torch.float16, torch.bfloat16):
+    if bias is not None or activation not in (None, "none") or (out_dtype is not None and out_dtype != a.dtype):
         return None
-    if (out_dtype is not None and out_dtype != a.dtype) or not _sm90.applies(a, b) or _sm90.b_layout(b) != 1:
+    if not _sm90.applies(a, b) or _sm90.b_layout(b) != 1:
         return None  # (the rule was measured with B's rows unit-stride; w.T stays on Triton)
-    if out is not None and (out.dtype != a.dtype or out.dim() != 2 or out.stride(1) != 1 or out.stride(0) % 8
-                            or out.data_ptr() % 16 or out.device != a.device):
+    if out is not None and _sm90.out_problem(out, a.dtype, a.device, a.shape[0], b.shape[1]) is not None:
         return None
     return _sm90.route_for(a.shape[0], b.shape[1], a.shape[1], _num_sms(a.get_device()))
 
@@ -1237,10 +1244,8 @@ def _run_sm90(key, config, a, b, out):
     if key is not None:
         p = _Sm90Plan()
         p.config, p.out_shape, p.out_dtype, p.device = config, tuple(res.shape), res.dtype, a.device
-        p.extents = (_extent(a), _extent(b), _extent(res))
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = p
+        p.extents = (_extent(a), _extent(b), 0, _extent(res))
+        _keep_plan(key, p)
     return res
 
 
@@ -1252,9 +1257,7 @@ def _planned(route, key, a, b, bias, activation, out_dtype, precision, out):
         return VARIANTS["v1_tiled"](a, b, bias, activation, out_dtype, None, None, precision, out, None)
     plan = _make_plan(route, a, b, bias, activation, out_dtype, precision, out)
     res = plan(a, b, bias, out)  # out passes the overlap test: _check refused any other
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = plan
+    _keep_plan(key, plan)
     return res
 
 
