@@ -56,33 +56,17 @@ struct alignas(64) TmaDesc {
   unsigned long long opaque[16];
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
+using tw::mbar_expect_tx;
+using tw::mbar_init;
+using tw::smem_addr;
+// The ring's waits may suspend up to 1 ms between polls; -DTW_WAIT_SPIN polls (an experiment's
+// comparison: no difference measured).
 #ifdef TW_WAIT_SPIN
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+constexpr unsigned kWaitHintNs = 0;
 #else
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000000;\n"
+constexpr unsigned kWaitHintNs = 1000000;
 #endif
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<kWaitHintNs>(bar, parity); }
 
 // Arrive on the barrier at this CTA's address `bar` in CTA `rank` of the cluster (itself included).
 // The arrival orders after this thread's wgmma.wait_group (program order), which is all the
@@ -192,7 +176,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
   // Dynamic shared memory: the ring (aligned up to 1024 bytes for the 128-byte swizzle; the host
   // asks for 1 KiB more), then the consumers' C staging buffers (NWG x 64 x EPI_N elements).
-  const unsigned base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const unsigned epi_base = base + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
@@ -204,8 +188,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(smem_u32(&full_bar[s]), 1);
-      mbar_init(smem_u32(&empty_bar[s]), NWG * CS);
+      mbar_init(smem_addr(&full_bar[s]), 1);
+      mbar_init(smem_addr(&empty_bar[s]), NWG * CS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -240,8 +224,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         for (int kb = 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
           const unsigned ph = (unsigned)(it / STAGES) & 1u;
-          mbar_wait(smem_u32(&empty_bar[s]), ph ^ 1u);
-          const unsigned full = smem_u32(&full_bar[s]);
+          mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
+          const unsigned full = smem_addr(&full_bar[s]);
           mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
           const int k0 = kb * BK;
@@ -267,7 +251,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     // One arrival on the stage's `empty` barrier in every CTA of the cluster (their copies of the
     // next block land in this CTA's stage too, and this CTA's in theirs).
     auto release = [&](int stage) {
-      const unsigned e = smem_u32(&empty_bar[stage]);
+      const unsigned e = smem_addr(&empty_bar[stage]);
       if (CS > 1) {
 #pragma unroll
         for (int r = 0; r < CS; ++r) mbar_arrive_cluster(e, (unsigned)r);
@@ -283,7 +267,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
-        mbar_wait(smem_u32(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+        mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
         const unsigned sa = base + s * STAGE_BYTES + w * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
         fence_regs(acc);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -335,7 +319,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       // fragments go in as pairs (16-byte chunks of a row rotated by the row, so the 8 rows a warp
       // writes at once fall in different banks), then leave as whole 16-byte chunks, consecutive
       // threads along a row: full sectors, coalesced. Named barrier 1 + w syncs the warpgroup.
-      T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_u32(smem_raw))) + w * 64 * EPI_N;
+      T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_addr(smem_raw))) + w * 64 * EPI_N;
 #pragma unroll
       for (int h = 0; h < BN / EPI_N; ++h) {
 #pragma unroll

@@ -494,25 +494,10 @@ __device__ __forceinline__ __half __low2half_or_bf16(__half2 a) { return __low2h
 __device__ __forceinline__ __half __high2half_or_bf16(__half2 a) { return __high2half(a); }
 __device__ __forceinline__ __nv_bfloat16 __low2half_or_bf16(__nv_bfloat162 a) { return __low2bfloat16(a); }
 __device__ __forceinline__ __nv_bfloat16 __high2half_or_bf16(__nv_bfloat162 a) { return __high2bfloat16(a); }
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned phase) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-      "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(bar)),
-      "r"(phase)
-      : "memory");
-}
+using tw::mbar_expect_tx;
+using tw::mbar_init;
+using tw::mbar_wait;
+using tw::smem_addr;
 // bytes (a multiple of 16) from global src (16-byte aligned) into this CTA's shared dst, completing on bar.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
   asm volatile(
@@ -602,19 +587,19 @@ struct TmaRows {
   }
   __device__ void fetch(int s, const T* row) const {
     if (threadIdx.x == 0 && bytes) {
-      mbar_expect_tx(&full[s], bytes);
+      mbar_expect_tx(smem_addr(&full[s]), bytes);
       bulk_load(stage + s * CH * NT, row + c0, bytes, &full[s]);
     }
   }
   __device__ void wait(int s, unsigned phase) const {
-    if (bytes) mbar_wait(&full[s], phase);
+    if (bytes) mbar_wait(smem_addr(&full[s]), phase);
   }
   // Barriers initialised (and made visible to the copy engine), then the first S rows of this
   // cluster's rows first, first + step, ... (< M) requested.
   __device__ void start(long long first, long long step, long long M, const T* x, long long sx) const {
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < S; ++s) mbar_init(&full[s], 1);
+      for (int s = 0; s < S; ++s) mbar_init(smem_addr(&full[s]), 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }

@@ -46,8 +46,49 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The 32-bit shared-memory address of a generic pointer into this CTA's shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// mbarriers in shared memory (sm_90), by their shared-memory address (smem_addr): init with an
+// arrival count; one arrival that also expects `bytes` of asynchronous copies (TMA) to complete
+// on it; wait until the phase of the given parity has completed. kSuspendHintNs != 0 lets the
+// hardware suspend a waiting thread for up to that long between polls instead of spinning.
+// (The two forms keep the asm text of the kernels that were measured with them, rowwise_cluster's
+// and gemm_sm90's: the compiler's unrolling weighs inline asm by its lines, so the text is part of
+// what was measured.)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+template <unsigned kSuspendHintNs = 0>
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  if constexpr (kSuspendHintNs == 0) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "WAIT_%=:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+        "@!p bra WAIT_%=;\n\t}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity), "n"(kSuspendHintNs)
+        : "memory");
+  }
+}
+
 __device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  const unsigned local = smem_addr(p);
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
   float v;
