@@ -51,6 +51,15 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+__device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
+  const unsigned local = smem_addr(p);
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
 // mbarriers in shared memory (sm_90), by their shared-memory address (smem_addr): init with an
 // arrival count; one arrival that also expects `bytes` of asynchronous copies (TMA) to complete
 // on it; wait until the phase of the given parity has completed. kSuspendHintNs != 0 lets the
@@ -85,15 +94,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         "r"(parity), "n"(kSuspendHintNs)
         : "memory");
   }
-}
-
-__device__ __forceinline__ float load_remote(const float* p, unsigned rank) {
-  const unsigned local = smem_addr(p);
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
 }
 
 }  // namespace tw
