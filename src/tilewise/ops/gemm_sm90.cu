@@ -110,6 +110,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, u
   }
 }
 
+// 2-D tile copy shared -> global (bulk async, committed as a group by the caller); the tensor map
+// clips the box at the matrix's edges.
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<unsigned long long>(desc)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+
 // Shared-memory matrix descriptor: start address, leading / stride byte offsets, swizzle
 // (1 = 128 B, 2 = 64 B).
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swz) {
@@ -155,8 +164,8 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 
 template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 + 1), 1)
-    gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b, T* __restrict__ c,
-              int M, int N, int K, long long ldc) {
+    gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
+              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc) {
   constexpr int NWG = BM / 64;  // consumer warpgroups
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
@@ -182,10 +191,58 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
 
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int ctm = (tiles_m + CM - 1) / CM, ctn = (tiles_n + CN - 1) / CN;
+  const int nct = ctm * ctn;
+  const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
+  const int kt = (K + BK - 1) / BK;
+
+  // The producer's copies of K block kb of the tile at (m0, n0) into ring slot s: this CTA's share of
+  // A (multicast along the cluster row when CN > 1) and of B (along the column when CM > 1).
+  const unsigned short mask_a = [&] {
+    unsigned short m = 0;
+    if (CN > 1)
+      for (int j = 0; j < CN; ++j) m |= (unsigned short)(1u << (rm + CM * j));
+    return m;
+  }();
+  const unsigned short mask_b = [&] {
+    unsigned short m = 0;
+    if (CM > 1)
+      for (int i = 0; i < CM; ++i) m |= (unsigned short)(1u << (i + CM * rn));
+    return m;
+  }();
+  auto load_a = [&](int s, int m0, int k0) {
+    const unsigned sa = base + s * STAGE_BYTES;
+    tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, smem_addr(&full_bar[s]), k0, m0 + rn * (BM / CN), mask_a);
+  };
+  auto load_b = [&](int s, int n0, int k0) {
+    const unsigned sb = base + s * STAGE_BYTES + A_BYTES, full = smem_addr(&full_bar[s]);
+    if (kTransB) {
+#pragma unroll
+      for (int ch = 0; ch < NCH; ++ch)
+        tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
+                    k0 + rm * (BK / CM), mask_b);
+    } else {
+      tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
+    }
+  };
+#ifdef TW_EARLY_LOCAL
+  // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) may be copied for the
+  // first tile's first STAGES blocks while the cluster barrier below is still open: those copies
+  // reach nothing but this CTA's own barriers, initialized (and fenced) just before.
+  constexpr bool kEarlyA = CS > 1 && CN == 1, kEarlyB = CS > 1 && CM == 1;
+#else
+  constexpr bool kEarlyA = false, kEarlyB = false;
+#endif
+  int early = 0;  // K blocks of the first tile whose local copies are issued (producer thread only)
+
   if (threadIdx.x == 0) {
     // The TMA unit's first copy needs the descriptors: start fetching them before anything else.
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
+#ifdef TW_TMA_STORE
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_c)) : "memory");
+#endif
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), 1);
@@ -196,26 +253,26 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   // Every CTA's barriers exist before any peer's copy or arrival can reach them.
   if (CS > 1) {
     tw::cluster_arrive();
+    if ((kEarlyA || kEarlyB) && threadIdx.x == 0 && cluster_id < nct) {
+      int cm, cn;
+      cluster_tile(cluster_id, ctm, ctn, cm, cn);
+      const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+      early = min(kt, STAGES);
+      for (int kb = 0; kb < early; ++kb) {
+        mbar_expect_tx(smem_addr(&full_bar[kb]), STAGE_BYTES);
+        if (kEarlyA) load_a(kb, m0, kb * BK);
+        if (kEarlyB) load_b(kb, n0, kb * BK);
+      }
+    }
     tw::cluster_wait();
   } else {
     __syncthreads();
   }
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int ctm = (tiles_m + CM - 1) / CM, ctn = (tiles_n + CN - 1) / CN;
-  const int nct = ctm * ctn;
-  const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
-  const int kt = (K + BK - 1) / BK;
-
   if (wg == 0) {
     // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
     if constexpr (NWG > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
-      unsigned short mask_a = 0, mask_b = 0;
-      if (CN > 1)
-        for (int j = 0; j < CN; ++j) mask_a |= (unsigned short)(1u << (rm + CM * j));
-      if (CM > 1)
-        for (int i = 0; i < CM; ++i) mask_b |= (unsigned short)(1u << (i + CM * rn));
       int it = 0;
       for (int t = cluster_id; t < nct; t += clusters) {
         int cm, cn;
@@ -223,21 +280,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
         for (int kb = 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
-          const unsigned ph = (unsigned)(it / STAGES) & 1u;
-          mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
-          const unsigned full = smem_addr(&full_bar[s]);
-          mbar_expect_tx(full, STAGE_BYTES);
-          const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
-          const int k0 = kb * BK;
-          tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
-          if (kTransB) {
-#pragma unroll
-            for (int ch = 0; ch < NCH; ++ch)
-              tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
-                          k0 + rm * (BK / CM), mask_b);
-          } else {
-            tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
+          const bool pre = it < early;  // this block's local copies went out before the barrier
+          if (!pre) {
+            mbar_wait(smem_addr(&empty_bar[s]), ((unsigned)(it / STAGES) & 1u) ^ 1u);
+            mbar_expect_tx(smem_addr(&full_bar[s]), STAGE_BYTES);
           }
+          if (!(pre && kEarlyA)) load_a(s, m0, kb * BK);
+          if (!(pre && kEarlyB)) load_b(s, n0, kb * BK);
         }
       }
     }
@@ -314,6 +363,41 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           if (row + 8 < M) store_pair(c + (long long)(row + 8) * ldc + col, acc[4 * j + 2], acc[4 * j + 3]);
         }
       }
+#elif defined(TW_TMA_STORE)
+      // Through this warpgroup's staging buffer, EPI_N columns at a time, laid out as TMA boxes of
+      // 64 rows x CW columns with the box's swizzle (16-byte chunk c of row r at c ^ (r % 8) for
+      // 128-byte rows, c ^ ((r / 2) % 4) for 64-byte rows: a warp's 8 rows of pairs fall in 32
+      // different banks); one thread then hands the boxes to the TMA unit (bulk async stores, the
+      // tensor map clips rows >= M and columns >= N) and the warpgroup goes on; the buffer is
+      // reused only after those stores have read it.
+      constexpr int CW = EPI_N % 64 == 0 ? 64 : 32;
+      constexpr int CCH = CW / 8;
+      const unsigned stage_c = epi_base + w * 64 * EPI_N * 2;
+      unsigned char* const stage_p = smem_raw + (stage_c - smem_addr(smem_raw));
+#pragma unroll
+      for (int h = 0; h < BN / EPI_N; ++h) {
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+#pragma unroll
+        for (int jj = 0; jj < EPI_N / 8; ++jj) {
+          const int j = h * (EPI_N / 8) + jj;
+          const int box = jj / CCH, ch = jj % CCH;
+          const int sw_lo = CW == 64 ? (r_lo & 7) : ((r_lo >> 1) & 3);
+          const int sw_hi = CW == 64 ? ((r_lo + 8) & 7) : (((r_lo + 8) >> 1) & 3);
+          unsigned char* const bp = stage_p + box * 64 * CW * 2 + 4 * (lane % 4);
+          store_pair(reinterpret_cast<T*>(bp + r_lo * CW * 2 + (ch ^ sw_lo) * 16), acc[4 * j], acc[4 * j + 1]);
+          store_pair(reinterpret_cast<T*>(bp + (r_lo + 8) * CW * 2 + (ch ^ sw_hi) * 16), acc[4 * j + 2],
+                     acc[4 * j + 3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+        if (tid == 0) {
+#pragma unroll
+          for (int box = 0; box < EPI_N / CW; ++box)
+            tma_store_2d(&tma_c, stage_c + box * 64 * CW * 2, n0 + h * EPI_N + box * CW, m0 + w * 64);
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      }
 #else
       // Through this warpgroup's staging buffer in shared memory, EPI_N columns at a time: the
       // fragments go in as pairs (16-byte chunks of a row rotated by the row, so the 8 rows a warp
@@ -343,6 +427,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       }
 #endif
     }
+#ifdef TW_TMA_STORE
+    // The shared memory stays until the last bulk store has read it.
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   if (CS > 1) {

@@ -251,7 +251,7 @@ def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int
     return _Loaded(func, max(1, int(clusters)))
 
 
-_ARG_TYPES = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+_ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -312,12 +312,18 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         map_b = tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
     else:
         map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
+    if "-DTW_TMA_STORE" in COMPILE_OPTIONS:  # the epilogue's bulk stores: boxes of 64 rows x cw columns
+        epi_n = cfg.bn if cfg.bn <= 128 else cfg.bn // 2
+        cw = 64 if epi_n % 64 == 0 else 32
+        map_c = tensor_map(out, cw, 64, 2 * cw)
+    else:  # not read by the kernel
+        map_c = map_a
     tiles_m, tiles_n = -(-M // cfg.bm), -(-N // cfg.bn)
     cluster_tiles = -(-tiles_m // cfg.cm) * -(-tiles_n // cfg.cn)
     grid = min(cluster_tiles, clusters or ld.clusters) * cfg.cluster
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
-    args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
+    args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
     launch = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)
     if torch.cuda.current_device() == dev:
         err = d.cuLaunchKernel(*launch)[0]
