@@ -1,0 +1,86 @@
+"""gemm_sm90 variants at the 1000-class sizes, timed in interleaved rounds so clock and order
+drift fall on every variant alike: each variant's 20 calls captured in one CUDA graph, the graphs
+replayed round-robin (ROUNDS rounds x 3 replays), the median per variant; cuBLAS and gemm() in
+the same rounds. Why: single passes moved cuBLAS itself by 15 % at 1000^3 (8.82 then 7.66 us,
+logs/gemm-sm90-epilogue-6330a26.log), more than the changes being judged.
+
+Also 1024^3, where cuBLAS takes 5.7 us against 7.7 at 1000^3 (2,000-byte rows: every other 128-byte
+row of a TMA box spans two cache lines) and Triton's gemm() 5.9 us against gemm_sm90's 7.4.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_rounds.py [n ...]
+"""
+import statistics
+import sys
+
+import torch
+from _timing import warm_clocks
+
+from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops import gemm_triton as gt
+
+OPTIONS = {"default": (), "early": ("-DTW_EARLY_LOCAL",), "tma": ("-DTW_TMA_STORE",),
+           "early+tma": ("-DTW_EARLY_LOCAL", "-DTW_TMA_STORE")}
+VARIANTS = [("64x128_c2x1", "default"), ("64x128_c2x1", "early"), ("64x128_c2x1", "tma"),
+            ("64x128_c2x1", "early+tma"), ("128x64_c1x2", "early+tma"), ("128x128_c2x1", "early+tma")]
+ROUNDS, CALLS = 7, 20
+
+
+def graph_of(fn):
+    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(CALLS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_us(g):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    g.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / CALLS
+
+
+def main():
+    sizes = [int(x) for x in sys.argv[1:]] or [1000, 1024]
+    warm_clocks()
+    for n in sizes:
+        for dtype in (torch.bfloat16, torch.float16):
+            g = torch.Generator(device="cuda").manual_seed(n)
+            a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+            b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+            out = torch.empty(n, n, device="cuda", dtype=dtype)
+            ref = a.double() @ b.double()
+            graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
+                      "gemm()": graph_of(lambda: gt.gemm(a, b, out=out))}
+            for name, label in VARIANTS:
+                gs.COMPILE_OPTIONS = ("-std=c++17",) + OPTIONS[label]
+                out.fill_(float("nan"))
+                gs.gemm_sm90(a, b, out=out, config=name)
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                assert out.isfinite().all() and err < 1e-2, (name, label, err)
+                graphs[f"{name} {label}"] = graph_of(lambda: gs.gemm_sm90(a, b, out=out, config=name))
+            gs.COMPILE_OPTIONS = ("-std=c++17",)
+            samples = {k: [] for k in graphs}
+            for _ in range(ROUNDS):
+                for k, gr in graphs.items():
+                    for _ in range(3):
+                        samples[k].append(replay_us(gr))
+            tc = statistics.median(samples["cublas"])
+            for k, v in samples.items():
+                t = statistics.median(v)
+                print(f"{str(dtype)[6:]:8s} {n}^3 {k:24s} {t:7.2f} us  {tc / t:.3f}x cublas  "
+                      f"(min {min(v):.2f}, max {max(v):.2f})", flush=True)
+            del graphs
+
+
+if __name__ == "__main__":
+    main()
