@@ -6,6 +6,7 @@ logs/gemm-sm90-epilogue-6330a26.log), more than the changes being judged.
 
 Also 1024^3, where cuBLAS takes 5.7 us against 7.7 at 1000^3 (2,000-byte rows: every other 128-byte
 row of a TMA box spans two cache lines) and Triton's gemm() 5.9 us against gemm_sm90's 7.4.
+At 1536-4096 (BIG): the routed config with and without TW_EARLY_LOCAL / TW_TMA_STORE.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_rounds.py [n ...]
 """
 import statistics
@@ -21,6 +22,8 @@ OPTIONS = {"default": (), "early": ("-DTW_EARLY_LOCAL",), "tma": ("-DTW_TMA_STOR
            "early+tma": ("-DTW_EARLY_LOCAL", "-DTW_TMA_STORE")}
 VARIANTS = [("64x128_c2x1", "default"), ("64x128_c2x1", "early"), ("64x128_c2x1", "tma"),
             ("64x128_c2x1", "early+tma"), ("128x64_c1x2", "early+tma"), ("128x128_c2x1", "early+tma")]
+# larger sizes: the config gemm() routes there (or would), with and without the bulk-store epilogue
+BIG = {1536: "192x96_c1x2", 2048: "128x128_c2x1", 3072: "128x192_c2x1", 4096: "128x256_c2x1"}
 ROUNDS, CALLS = 7, 20
 
 
@@ -61,7 +64,9 @@ def main():
             ref = a.double() @ b.double()
             graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
                       "gemm()": graph_of(lambda: gt.gemm(a, b, out=out))}
-            for name, label in VARIANTS:
+            variants = VARIANTS if n not in BIG else [(BIG[n], "early"), (BIG[n], "early+tma"),
+                                                          (BIG[n], "default"), (BIG[n], "tma")]
+            for name, label in variants:
                 gs.COMPILE_OPTIONS = ("-std=c++17",) + OPTIONS[label]
                 out.fill_(float("nan"))
                 gs.gemm_sm90(a, b, out=out, config=name)
