@@ -130,12 +130,17 @@ def test_gemm_sm90_kmajor_b(dtype):
 
 @gpu
 @needs_sm90
-def test_gemm_sm90_out_with_row_stride_and_graph():
+@pytest.mark.parametrize("config", ["128x128_c2x1", "192x96_c1x2", "128x256_c2x1", "64x128_c2x1"])
+def test_gemm_sm90_out_with_row_stride_and_graph(config):
+    # bulk TMA stores (boxes of 64 or 32 columns, one or two halves of the tile) and per-thread
+    # stores (one consumer warpgroup): nothing written outside out's rows and columns
     M, N, K = 300, 264, 200
-    big = poison(torch.empty(M, N + 40, device="cuda", dtype=torch.bfloat16))
-    out = big[:, 8:8 + N]
-    _check(M, N, K, torch.bfloat16, "128x128_c2x1", out=out)
-    assert big[:, :8].isnan().all() and big[:, 8 + N:].isnan().all(), "wrote outside out"
+    big = poison(torch.empty(M + 24, N + 40, device="cuda", dtype=torch.bfloat16))
+    out = big[:M, 8:8 + N]
+    _check(M, N, K, torch.bfloat16, config, out=out)
+    assert big[:, :8].isnan().all() and big[:, 8 + N:].isnan().all() and big[M:].isnan().all(), "wrote outside out"
+    if config != "128x128_c2x1":
+        return
     g = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)

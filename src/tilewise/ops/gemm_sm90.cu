@@ -34,8 +34,12 @@
 //   or K-major (kTransB = 0: [BN][64]).
 // * Edges: TMA fills out-of-range rows / columns of A and B with zeros (K need not be a multiple of
 //   64); the epilogue stages C through shared memory (a buffer a consumer warpgroup, up to 128
-//   columns at a time) and writes rows < M, columns < N as 16-byte chunks (the host guarantees
-//   N and ldc multiples of 8 and C 16-byte aligned).
+//   columns at a time) and writes rows < M, columns < N with TMA bulk stores from swizzled boxes
+//   (two or more consumer warpgroups; C's tensor map clips the edges) or as 16-byte chunks by
+//   every thread (one warpgroup); the host guarantees N and ldc multiples of 8 and C 16-byte
+//   aligned.
+// * Prologue: the copies that land only in this CTA (A in a CM x 1 cluster, B in 1 x CN) start
+//   before the cluster barrier that guards the multicast ones.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -48,6 +52,17 @@
 #define TW_INFLIGHT 1
 #endif
 constexpr int kInflight = TW_INFLIGHT;
+
+// The epilogue's stores: 1 = bulk asynchronous TMA stores from the staging buffer (one thread),
+// 0 = 16-byte stores by the warpgroup's 128 threads. Default: bulk with two or more consumer
+// warpgroups (measured 1-4 % faster at 1536-4096), per-thread with one (1-2 % faster at 1000 /
+// 1024, where each CTA has one tile and the bulk store's final wait is not hidden).
+// -DTW_TMA_STORE=0 / 1 forces one for experiments.
+#ifdef TW_TMA_STORE
+constexpr int kTmaStoreForced = TW_TMA_STORE;
+#else
+constexpr int kTmaStoreForced = -1;
+#endif
 
 namespace {
 
@@ -172,6 +187,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
   constexpr int NCH = BN / BCH;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BN <= 128 ? BN : BN / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                 // 16-byte chunks a staged row
@@ -226,10 +242,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
     }
   };
-#ifdef TW_EARLY_LOCAL
-  // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) may be copied for the
+#ifndef TW_LATE_LOCAL
+  // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) is copied for the
   // first tile's first STAGES blocks while the cluster barrier below is still open: those copies
-  // reach nothing but this CTA's own barriers, initialized (and fenced) just before.
+  // reach nothing but this CTA's own barriers, initialized (and fenced) just before. Measured
+  // 0.2-0.4 us off 1000^3 / 1024^3, 1-2 us off 2048^3 / 3072^3. -DTW_LATE_LOCAL: after the barrier.
   constexpr bool kEarlyA = CS > 1 && CN == 1, kEarlyB = CS > 1 && CM == 1;
 #else
   constexpr bool kEarlyA = false, kEarlyB = false;
@@ -240,9 +257,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     // The TMA unit's first copy needs the descriptors: start fetching them before anything else.
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
-#ifdef TW_TMA_STORE
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_c)) : "memory");
-#endif
+    if (kTmaStore)
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_c)) : "memory");
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), 1);
@@ -363,74 +379,74 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           if (row + 8 < M) store_pair(c + (long long)(row + 8) * ldc + col, acc[4 * j + 2], acc[4 * j + 3]);
         }
       }
-#elif defined(TW_TMA_STORE)
-      // Through this warpgroup's staging buffer, EPI_N columns at a time, laid out as TMA boxes of
-      // 64 rows x CW columns with the box's swizzle (16-byte chunk c of row r at c ^ (r % 8) for
-      // 128-byte rows, c ^ ((r / 2) % 4) for 64-byte rows: a warp's 8 rows of pairs fall in 32
-      // different banks); one thread then hands the boxes to the TMA unit (bulk async stores, the
-      // tensor map clips rows >= M and columns >= N) and the warpgroup goes on; the buffer is
-      // reused only after those stores have read it.
-      constexpr int CW = EPI_N % 64 == 0 ? 64 : 32;
-      constexpr int CCH = CW / 8;
-      const unsigned stage_c = epi_base + w * 64 * EPI_N * 2;
-      unsigned char* const stage_p = smem_raw + (stage_c - smem_addr(smem_raw));
-#pragma unroll
-      for (int h = 0; h < BN / EPI_N; ++h) {
-        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
-#pragma unroll
-        for (int jj = 0; jj < EPI_N / 8; ++jj) {
-          const int j = h * (EPI_N / 8) + jj;
-          const int box = jj / CCH, ch = jj % CCH;
-          const int sw_lo = CW == 64 ? (r_lo & 7) : ((r_lo >> 1) & 3);
-          const int sw_hi = CW == 64 ? ((r_lo + 8) & 7) : (((r_lo + 8) >> 1) & 3);
-          unsigned char* const bp = stage_p + box * 64 * CW * 2 + 4 * (lane % 4);
-          store_pair(reinterpret_cast<T*>(bp + r_lo * CW * 2 + (ch ^ sw_lo) * 16), acc[4 * j], acc[4 * j + 1]);
-          store_pair(reinterpret_cast<T*>(bp + (r_lo + 8) * CW * 2 + (ch ^ sw_hi) * 16), acc[4 * j + 2],
-                     acc[4 * j + 3]);
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
-        if (tid == 0) {
-#pragma unroll
-          for (int box = 0; box < EPI_N / CW; ++box)
-            tma_store_2d(&tma_c, stage_c + box * 64 * CW * 2, n0 + h * EPI_N + box * CW, m0 + w * 64);
-          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        }
-      }
 #else
-      // Through this warpgroup's staging buffer in shared memory, EPI_N columns at a time: the
-      // fragments go in as pairs (16-byte chunks of a row rotated by the row, so the 8 rows a warp
-      // writes at once fall in different banks), then leave as whole 16-byte chunks, consecutive
-      // threads along a row: full sectors, coalesced. Named barrier 1 + w syncs the warpgroup.
-      T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_addr(smem_raw))) + w * 64 * EPI_N;
+      if constexpr (kTmaStore) {
+        // Through this warpgroup's staging buffer, EPI_N columns at a time, laid out as TMA boxes of
+        // 64 rows x CW columns with the box's swizzle (16-byte chunk c of row r at c ^ (r % 8) for
+        // 128-byte rows, c ^ ((r / 2) % 4) for 64-byte rows: a warp's 8 rows of pairs fall in 32
+        // different banks); one thread then hands the boxes to the TMA unit (bulk async stores, the
+        // tensor map clips rows >= M and columns >= N) and the warpgroup goes on; the buffer is
+        // reused only after those stores have read it.
+        constexpr int CW = EPI_N % 64 == 0 ? 64 : 32;
+        constexpr int CCH = CW / 8;
+        const unsigned stage_c = epi_base + w * 64 * EPI_N * 2;
+        unsigned char* const stage_p = smem_raw + (stage_c - smem_addr(smem_raw));
 #pragma unroll
-      for (int h = 0; h < BN / EPI_N; ++h) {
+        for (int h = 0; h < BN / EPI_N; ++h) {
+          if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
 #pragma unroll
-        for (int jj = 0; jj < NCHK; ++jj) {
-          const int j = h * NCHK + jj;
-          const int e_lo = r_lo * EPI_N + ((jj + r_lo) % NCHK) * 8 + 2 * (lane % 4);
-          const int e_hi = (r_lo + 8) * EPI_N + ((jj + r_lo + 8) % NCHK) * 8 + 2 * (lane % 4);
-          store_pair(stage_c + e_lo, acc[4 * j], acc[4 * j + 1]);
-          store_pair(stage_c + e_hi, acc[4 * j + 2], acc[4 * j + 3]);
+          for (int jj = 0; jj < EPI_N / 8; ++jj) {
+            const int j = h * (EPI_N / 8) + jj;
+            const int box = jj / CCH, ch = jj % CCH;
+            const int sw_lo = CW == 64 ? (r_lo & 7) : ((r_lo >> 1) & 3);
+            const int sw_hi = CW == 64 ? ((r_lo + 8) & 7) : (((r_lo + 8) >> 1) & 3);
+            unsigned char* const bp = stage_p + box * 64 * CW * 2 + 4 * (lane % 4);
+            store_pair(reinterpret_cast<T*>(bp + r_lo * CW * 2 + (ch ^ sw_lo) * 16), acc[4 * j], acc[4 * j + 1]);
+            store_pair(reinterpret_cast<T*>(bp + (r_lo + 8) * CW * 2 + (ch ^ sw_hi) * 16), acc[4 * j + 2],
+                       acc[4 * j + 3]);
+          }
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+          if (tid == 0) {
+#pragma unroll
+            for (int box = 0; box < EPI_N / CW; ++box)
+              tma_store_2d(&tma_c, stage_c + box * 64 * CW * 2, n0 + h * EPI_N + box * CW, m0 + w * 64);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+          }
         }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+      } else {
+        // Through this warpgroup's staging buffer in shared memory, EPI_N columns at a time: the
+        // fragments go in as pairs (16-byte chunks of a row rotated by the row, so the 8 rows a warp
+        // writes at once fall in different banks), then leave as whole 16-byte chunks, consecutive
+        // threads along a row: full sectors, coalesced. Named barrier 1 + w syncs the warpgroup.
+        T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_addr(smem_raw))) + w * 64 * EPI_N;
 #pragma unroll
-        for (int i = 0; i < 64 * NCHK / 128; ++i) {
-          const int idx = tid + 128 * i;
-          const int r = idx / NCHK, ch = idx % NCHK;
-          const int row = m0 + w * 64 + r, col = n0 + h * EPI_N + ch * 8;
-          const uint4 v = *reinterpret_cast<const uint4*>(stage_c + r * EPI_N + ((ch + r) % NCHK) * 8);
-          if (row < M && col < N) *reinterpret_cast<uint4*>(c + (long long)row * ldc + col) = v;
+        for (int h = 0; h < BN / EPI_N; ++h) {
+#pragma unroll
+          for (int jj = 0; jj < NCHK; ++jj) {
+            const int j = h * NCHK + jj;
+            const int e_lo = r_lo * EPI_N + ((jj + r_lo) % NCHK) * 8 + 2 * (lane % 4);
+            const int e_hi = (r_lo + 8) * EPI_N + ((jj + r_lo + 8) % NCHK) * 8 + 2 * (lane % 4);
+            store_pair(stage_c + e_lo, acc[4 * j], acc[4 * j + 1]);
+            store_pair(stage_c + e_hi, acc[4 * j + 2], acc[4 * j + 3]);
+          }
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+#pragma unroll
+          for (int i = 0; i < 64 * NCHK / 128; ++i) {
+            const int idx = tid + 128 * i;
+            const int r = idx / NCHK, ch = idx % NCHK;
+            const int row = m0 + w * 64 + r, col = n0 + h * EPI_N + ch * 8;
+            const uint4 v = *reinterpret_cast<const uint4*>(stage_c + r * EPI_N + ((ch + r) % NCHK) * 8);
+            if (row < M && col < N) *reinterpret_cast<uint4*>(c + (long long)row * ldc + col) = v;
+          }
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
         }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
       }
 #endif
     }
-#ifdef TW_TMA_STORE
     // The shared memory stays until the last bulk store has read it.
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
+    if (kTmaStore && tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   if (CS > 1) {

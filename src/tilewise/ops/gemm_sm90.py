@@ -251,6 +251,15 @@ def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int
     return _Loaded(func, max(1, int(clusters)))
 
 
+def _bulk_store(cfg: Config) -> bool:
+    """Whether the kernel writes C with TMA stores (and needs C's tensor map): with two or more
+    consumer warpgroups, unless an experiment's -DTW_TMA_STORE=0 / 1 says otherwise (the .cu's rule)."""
+    for opt in COMPILE_OPTIONS:
+        if opt.startswith("-DTW_TMA_STORE"):
+            return opt != "-DTW_TMA_STORE=0"
+    return cfg.bm > 64
+
+
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
@@ -312,7 +321,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         map_b = tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
     else:
         map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
-    if "-DTW_TMA_STORE" in COMPILE_OPTIONS:  # the epilogue's bulk stores: boxes of 64 rows x cw columns
+    if _bulk_store(cfg):  # the epilogue's TMA stores: boxes of 64 rows x cw columns
         epi_n = cfg.bn if cfg.bn <= 128 else cfg.bn // 2
         cw = 64 if epi_n % 64 == 0 else 32
         map_c = tensor_map(out, cw, 64, 2 * cw)
