@@ -47,7 +47,7 @@ def test_arch_marker():
         rt.source_arch(src, "sm_100")
 
 
-@pytest.mark.parametrize("M,N,K,want", [(1536, 1536, 1536, "192x96_c1x2"), (1000, 1000, 1000, "128x64_c1x2")])
+@pytest.mark.parametrize("M,N,K,want", [(1536, 1536, 1536, "192x96_c1x2"), (1000, 1000, 1000, "64x128_c2x1")])
 def test_config_rule_fills_waves(M, N, K, want):
     assert gs.config_for(M, N, K, 132) == want
 
@@ -177,9 +177,19 @@ def test_gemm_sm90_rejects_bad_layouts():
 
 
 @pytest.mark.parametrize("n,want", [(1536, "192x96_c1x2"), (3072, "128x192_c2x1"), (2560, None), (4096, None),
-                                    (1000, None), (8192, None), (256, None), (40, None)])
+                                    (1000, "64x128_c2x1"), (936, "64x128_c2x1"), (960, None), (1024, None),
+                                    (1100, None), (8192, None), (256, None), (40, None)])
 def test_route_rule(n, want):
     assert gs.route_for(n, n, n, 132) == want
+
+
+def test_route_rule_reads_b_row_stride():
+    # the 64 x 128 route is for B rows that are not whole 128-byte lines, whatever N is
+    assert gs.route_for(1000, 1000, 1000, 132, ldb=1024) is None
+    assert gs.route_for(1024, 1024, 1024, 132, ldb=1000) == "64x128_c2x1"
+    assert gs.route_for(1000, 1000, 4000, 132) == "64x128_c2x1"
+    # the 192 x 96 rule still sees its own candidates (64 x 128 fills 2056 x 1024's waves better)
+    assert gs.route_for(2056, 1024, 2056, 132) == "192x96_c1x2"
 
 
 @gpu
@@ -212,7 +222,13 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
     with pytest.raises(ValueError, match="overlap|share"):
         gt.gemm(a, b, out=a)  # the plan refuses it, the checked path raises
     calls.clear()
-    gt.gemm(a[:1000, :1000].contiguous(), b[:1000, :1000].contiguous())  # 1000^2: stays on Triton
+    a1, b1 = a[:1000, :1000].contiguous(), b[:1000, :1000].contiguous()
+    c = gt.gemm(a1, b1)  # 1000^3 (B's rows 2,000 bytes): the 64 x 128 tile
+    ref = a1.double() @ b1.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert calls == ["64x128_c2x1"]
+    calls.clear()
+    gt.gemm(a[:1024, :1024].contiguous(), b[:1024, :1024].contiguous())  # 1024^3: stays on Triton
     gt.gemm(a, b, bias=torch.randn(n, device="cuda"))  # an epilogue: stays on Triton
     gt.gemm(a, b.t().contiguous().t())  # B as w.T: the rule was measured on row-major B only
     with pytest.raises(ValueError):  # a scale on 16-bit inputs is refused, never dropped on the way

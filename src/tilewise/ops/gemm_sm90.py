@@ -69,6 +69,9 @@ def _instantiated() -> frozenset[str]:
 
 
 CONFIGS = {
+    # one consumer warpgroup (256 threads); ahead of 128 x 64 in the dict so the fill rule's tie
+    # goes to it (1000^3: 8.7 against 9.5 us, logs/gemm-sm90-rounds-091de36)
+    "64x128_c2x1": Config(64, 128, 2, 1, 8),
     "128x64_c1x2": Config(128, 64, 1, 2, 8),
     "128x128_c2x1": Config(128, 128, 2, 1, 6),
     "128x128_c1x1": Config(128, 128, 1, 1, 6),
@@ -77,11 +80,8 @@ CONFIGS = {
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
     "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
-# Instantiated, outside the tile rule until measured: 64 x 128 in 2 x 1 clusters (one consumer
-# warpgroup; cuBLAS's choice at 1000^2), for the 1000-class sizes. Not yet run on a GPU.
-EXTRA_CONFIGS = {
-    "64x128_c2x1": Config(64, 128, 2, 1, 8),
-}
+# Instantiated configs outside the tile rule (experiments'; none at present).
+EXTRA_CONFIGS: dict[str, Config] = {}
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
 
@@ -142,12 +142,14 @@ def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: 
     return None
 
 
-def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
-    """The tile and cluster for an (M, N, K) problem: the config whose tiles fill the SMs' waves
-    best, ties to the larger tile (fewer bytes from L2 a FLOP). A first rule, to be replaced by the
-    measured table (docs/notes-matmul.md)."""
+def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
+    """The tile and cluster for an (M, N, K) problem: the config (of ``names``, default all of
+    ``CONFIGS``) whose tiles fill the SMs' waves best, ties to the larger tile (fewer bytes from L2
+    a FLOP), then to the earlier entry. A first rule, to be replaced by the measured table
+    (docs/notes-matmul.md)."""
     best, best_score = None, -1.0
-    for name, cfg in CONFIGS.items():
+    for name in CONFIGS if names is None else names:
+        cfg = CONFIGS[name]
         tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
         waves = -(-tiles // sms)
         fill = tiles / (waves * sms)
@@ -159,14 +161,23 @@ def config_for(M: int, N: int, K: int, sms: int = 132) -> str:
     return best
 
 
-def route_for(M: int, N: int, K: int, sms: int = 132) -> str | None:
+def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) -> str | None:
     """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
-    Triton kernels. From the sweep beside Triton's gemm() and cuBLAS (logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc,
-    graph-replayed): gemm_sm90 wins where its tile rule finds 192 x 96 tiles filling one wave (1536^2:
-    0.85x cuBLAS against Triton's 0.72-0.74x; Triton's power-of-two tiles leave 27 % of the SMs idle
-    there) and 128 x 192 tiles in two to three waves with B multicast (3072^2: 0.88-0.94x against
-    0.79-0.85x); elsewhere it ties or trails (2560^2, 4096^2, 1000^2: within +-0.02 or behind)."""
-    name = config_for(M, N, K, sms)
+    Triton kernels; ``ldb``: B's row stride in elements (default N). From the sweeps beside
+    Triton's gemm() and cuBLAS (graph-replayed): gemm_sm90 wins where its tile rule finds 192 x 96
+    tiles filling one wave (1536^2: 0.85x cuBLAS against Triton's 0.72-0.74x; Triton's power-of-two
+    tiles leave 27 % of the SMs idle there), 128 x 192 tiles in two to three waves with B multicast
+    (3072^2: 0.88-0.94x against 0.79-0.85x; logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc), and 64 x 128
+    tiles filling 90-100 % of a wave when B's rows are not whole 128-byte lines (1000^3 0.80-0.88x
+    against 0.76-0.80x, 1000 x 1000 x 4000 0.84-0.96x against 0.65-0.71x; with whole lines, 960^3 /
+    1024^3, Triton is ahead, 0.97-1.04x against 0.76-0.81x: logs/gemm-sm90-route1000-2eadfd7);
+    elsewhere it ties or trails (2560^2, 4096^2: within +-0.02 or behind)."""
+    ldb = N if ldb is None else ldb
+    t64 = -(-M // 64) * -(-N // 128)
+    if (2 * ldb) % 128 and 0.9 * sms <= t64 <= sms:
+        return "64x128_c2x1"
+    # (the sweeps behind the two rules below ran before the 64 x 128 config joined the fill rule)
+    name = config_for(M, N, K, sms, [n for n in CONFIGS if n != "64x128_c2x1"])
     cfg = CONFIGS[name]
     tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
     if name == "192x96_c1x2" and 0.9 * sms <= tiles <= sms:
