@@ -805,7 +805,8 @@ def _reused_poison(M, N, dtype):
 _PLAN_CASES = [
     # (M, N, K, dtype, b layout, bias + activation, the plan's kind)
     (200, 312, 96, torch.bfloat16, "kmajor", "relu", "ptr"),        # small problem: 64 x 64 persistent
-    (1000, 1000, 1000, torch.bfloat16, "rowmajor", None, "tma"),    # fixed 64 x 128 TMA
+    (1000, 1024, 1000, torch.bfloat16, "rowmajor", None, "tma"),    # fixed 64 x 128 TMA
+    (1000, 1000, 1000, torch.bfloat16, "rowmajor", None, "sm90"),   # B rows 2,000 bytes: gemm_sm90 64 x 128
     (1000, 1000, 520, torch.float16, "kmajor", "gelu", "tma"),
     (1536, 1536, 264, torch.bfloat16, "rowmajor", "relu", "split"),  # v3_tma_split
     (1536, 1536, 264, torch.float16, "kmajor", None, "split"),
@@ -823,6 +824,8 @@ def test_gpu_plans_match_the_checked_path(case, with_out):
     bit-identical results to the checked path (plans off) on fresh inputs each call, into
     outputs that start as NaN, for every route the plans cover."""
     M, N, K, dtype, layout, act, kind = case
+    if kind == "sm90" and not gt._sm90.available():
+        pytest.skip("the gemm_sm90 route needs an sm_90 GPU and cuda-bindings")
     for i in range(4):  # plan made; descriptors bound; the bound launch, twice
         a, b, bias = _operands(M, N, K, dtype, "kmajor" if layout == "kmajor" else "rowmajor", seed=10 * i + M)
         if layout == "a_transposed":
@@ -846,7 +849,10 @@ def test_gpu_plans_match_the_checked_path(case, with_out):
         assert rel_error(got, exact) <= TOL[dtype]
     assert len(gt._PLANS) == 1
     plan = next(iter(gt._PLANS.values()))
-    assert plan.kind == kind and plan.bound is not None
+    if kind == "sm90":
+        assert isinstance(plan, gt._Sm90Plan) and plan.config == "64x128_c2x1"
+    else:
+        assert plan.kind == kind and plan.bound is not None
 
 
 @pytest.mark.gpu

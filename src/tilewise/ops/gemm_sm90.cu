@@ -310,7 +310,16 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int w = wg - 1;
     constexpr bool kF16 = IsHalf<T>::value;
+#ifdef TW_DUAL_ACC
+    // An experiment's switch (one consumer warpgroup only): even and odd K blocks accumulate into
+    // two register sets, summed at the tile's end, so a block's wgmmas never wait on the previous
+    // block's results.
+    constexpr bool kDual = NWG == 1;
+#else
+    constexpr bool kDual = false;
+#endif
     float acc[BN / 2];
+    float acc2[kDual ? BN / 2 : 1];
     int it = 0;
     const int warp = tid / 32, lane = tid % 32;
     // One arrival on the stage's `empty` barrier in every CTA of the cluster (their copies of the
@@ -330,33 +339,53 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      if constexpr (kDual) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc2[i] = 0.0f;
+      }
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
         mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
         const unsigned sa = base + s * STAGE_BYTES + w * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
-        fence_regs(acc);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        auto mma = [&](float(&d)[BN / 2]) {
+          fence_regs(d);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          const unsigned long long da = smem_desc(sa + kk * 32, 16, 1024, 1);
-          unsigned long long db;
-          if (kTransB)
-            db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            const unsigned long long da = smem_desc(sa + kk * 32, 16, 1024, 1);
+            unsigned long long db;
+            if (kTransB)
+              db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
+            else
+              db = smem_desc(sb + kk * 32, 16, 1024, 1);
+            tw::wgmma_m64k16<BN, kF16, kTransB>(d, da, db, 1);
+          }
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          fence_regs(d);
+        };
+        if constexpr (kDual) {
+          if (kb & 1)
+            mma(acc2);
           else
-            db = smem_desc(sb + kk * 32, 16, 1024, 1);
-          tw::wgmma_m64k16<BN, kF16, kTransB>(acc, da, db, 1);
+            mma(acc);
+        } else {
+          mma(acc);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        fence_regs(acc);
         if (kb >= kInflight) {
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
+          if constexpr (kDual) fence_regs(acc2);
           if (tid == 0) release((it - kInflight) % STAGES);
         }
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
+      if constexpr (kDual) {
+        fence_regs(acc2);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += acc2[i];
+      }
       if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
 #ifdef TW_NO_STORE

@@ -1,0 +1,89 @@
+"""gemm_sm90 at this commit against an older build of its .cu in the same run (interleaved
+rounds, graph-replayed, bf16): is a change measured across sessions the code or the machine?
+The older source is a file given on the command line (e.g. `git show 0ddc4c3:src/tilewise/ops/
+gemm_sm90.cu > old.cu`; its kernel takes two tensor maps, not three); beside it this commit's
+kernel with its defaults and with -DTW_LATE_LOCAL -DTW_TMA_STORE=0 (the older pipeline's choices).
+
+Why: gemm_sm90's 192 x 96 tile measured 13.7-13.8 us at 1536^3 in the twelfth session and 14.6-15.2
+this session on another machine (cuBLAS 11.7 and 11.7-12.0).
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py OLD.cu
+"""
+import ctypes
+import statistics
+from pathlib import Path
+import sys
+
+import torch
+from _timing import warm_clocks
+from gemm_sm90_rounds import graph_of, replay_us
+
+from tilewise.ops import gemm_sm90 as gs
+from tilewise.runtime import cuda as rt
+
+CASES = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1"}
+ROUNDS = 7
+_OLD_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+
+
+def old_launcher(path, cfg, dtype):
+    d = gs._driver()
+    mod = rt.load(path, sorted(rt.name_expressions_for(Path(path))), options=("-std=c++17",), device_index=0)
+    k = mod.kernel(cfg.name(dtype), [])
+    k.set_max_dynamic_shared(cfg.shmem)
+    func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+    clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
+
+    def run(a, b, out):
+        M, K = a.shape
+        N = b.shape[1]
+        map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
+        bch = 64 if cfg.bn % 64 == 0 else 32
+        map_b = gs.tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
+        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+        grid = min(ct, clusters) * cfg.cluster
+        stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
+        args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
+        gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
+                     "cuLaunchKernel")
+        return out
+    return run
+
+
+def main():
+    old_path = sys.argv[1]
+    warm_clocks()
+    dtype = torch.bfloat16
+    for n, name in CASES.items():
+        cfg = gs.CONFIGS[name]
+        g = torch.Generator(device="cuda").manual_seed(n)
+        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+        out = torch.empty(n, n, device="cuda", dtype=dtype)
+        ref = a.double() @ b.double()
+        old = old_launcher(old_path, cfg, dtype)
+        fns = {"old": lambda: old(a, b, out), "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
+        graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
+        for label, opts in (("old", None), ("new", ()), ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"))):
+            gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
+            fn = fns["old" if opts is None else "new"]
+            out.fill_(float("nan"))
+            fn()
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert out.isfinite().all() and err < 1e-2, (label, err)
+            graphs[label] = graph_of(fn)
+        gs.COMPILE_OPTIONS = ("-std=c++17",)
+        samples = {k: [] for k in graphs}
+        for _ in range(ROUNDS):
+            for k, gr in graphs.items():
+                for _ in range(3):
+                    samples[k].append(replay_us(gr))
+        tc = statistics.median(samples["cublas"])
+        for k, v in samples.items():
+            t = statistics.median(v)
+            print(f"bf16 {n}^3 {name:13s} {k:16s} {t:7.2f} us  {tc / t:.3f}x cublas  (min {min(v):.2f}, max {max(v):.2f})",
+                  flush=True)
+        del graphs
+
+
+if __name__ == "__main__":
+    main()
