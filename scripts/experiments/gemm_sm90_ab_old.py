@@ -6,6 +6,8 @@ kernel with its defaults and with -DTW_LATE_LOCAL -DTW_TMA_STORE=0 (the older pi
 
 Why: gemm_sm90's 192 x 96 tile measured 13.7-13.8 us at 1536^3 in the twelfth session and 14.6-15.2
 this session on another machine (cuBLAS 11.7 and 11.7-12.0).
+Also: the older kernel with a third (unused) tensor-map parameter, and this commit's without C's
+map (-DTW_NO_C_MAP): whether the 128 bytes more of parameters are what costs.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py OLD.cu
 """
 import ctypes
@@ -25,8 +27,17 @@ ROUNDS = 7
 _OLD_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
-def old_launcher(path, cfg, dtype):
+def old_launcher(path, cfg, dtype, extra_param=False):
+    """The older kernel; extra_param: with a third (unused) 128-byte tensor-map parameter, as this
+    commit's kernel has (C's map), to time what the larger parameter block costs."""
     d = gs._driver()
+    if extra_param:
+        src = Path(path).read_text().replace(
+            "const __grid_constant__ TmaDesc tma_b, T* __restrict__ c,",
+            "const __grid_constant__ TmaDesc tma_b, const __grid_constant__ TmaDesc tma_x, T* __restrict__ c,")
+        assert "tma_x" in src
+        path = Path(path).with_name(Path(path).stem + "_xparam.cu")
+        path.write_text(src)
     mod = rt.load(path, sorted(rt.name_expressions_for(Path(path))), options=("-std=c++17",), device_index=0)
     k = mod.kernel(cfg.name(dtype), [])
     k.set_max_dynamic_shared(cfg.shmem)
@@ -42,7 +53,10 @@ def old_launcher(path, cfg, dtype):
         ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
+        if extra_param:
+            args = ((map_a, map_b, map_a, out.data_ptr(), M, N, K, out.stride(0)), (None,) + _OLD_ARGS)
+        else:
+            args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
         gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
                      "cuLaunchKernel")
         return out
@@ -61,11 +75,16 @@ def main():
         out = torch.empty(n, n, device="cuda", dtype=dtype)
         ref = a.double() @ b.double()
         old = old_launcher(old_path, cfg, dtype)
-        fns = {"old": lambda: old(a, b, out), "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
+        oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
+        fns = {"old": lambda: old(a, b, out), "old+param": lambda: oldx(a, b, out),
+               "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
         graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
-        for label, opts in (("old", None), ("new", ()), ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"))):
+        for label, opts in (("old", None), ("old+param", None), ("new", ()),
+                            ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0")),
+                            ("new no-cmap late", ("-DTW_NO_C_MAP", "-DTW_LATE_LOCAL")),
+                            ("new no-cmap", ("-DTW_NO_C_MAP",))):
             gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
-            fn = fns["old" if opts is None else "new"]
+            fn = fns[label if opts is None else "new"]
             out.fill_(float("nan"))
             fn()
             err = ((out.double() - ref).norm() / ref.norm()).item()

@@ -180,14 +180,26 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
-              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc) {
+#ifndef TW_NO_C_MAP
+              const __grid_constant__ TmaDesc tma_c,
+#endif
+              T* __restrict__ c, int M, int N, int K, long long ldc) {
+#ifdef TW_NO_C_MAP
+  // An experiment's switch: the kernel without C's tensor map (per-thread stores only), to time
+  // what the third 128-byte parameter costs.
+  const TmaDesc& tma_c = tma_a;
+#endif
   constexpr int NWG = BM / 64;  // consumer warpgroups
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
   constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
   constexpr int NCH = BN / BCH;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+#ifdef TW_NO_C_MAP
+  constexpr bool kTmaStore = false;
+#else
   constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
+#endif
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BN <= 128 ? BN : BN / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                 // 16-byte chunks a staged row
