@@ -8,7 +8,8 @@ Why: gemm_sm90's 192 x 96 tile measured 13.7-13.8 us at 1536^3 in the twelfth se
 this session on another machine (cuBLAS 11.7 and 11.7-12.0).
 Also: the older kernel with a third (unused) tensor-map parameter, and this commit's without C's
 map (-DTW_NO_C_MAP): whether the 128 bytes more of parameters are what costs.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py OLD.cu
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py OLD.cu [MID.cu] [--param]
+(MID.cu: a build whose kernel takes C's map too; --param: the parameter-size variants.)
 """
 import ctypes
 import statistics
@@ -27,7 +28,7 @@ ROUNDS = 7
 _OLD_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
-def old_launcher(path, cfg, dtype, extra_param=False):
+def old_launcher(path, cfg, dtype, extra_param=False, maps=2):
     """The older kernel; extra_param: with a third (unused) 128-byte tensor-map parameter, as this
     commit's kernel has (C's map), to time what the larger parameter block costs."""
     d = gs._driver()
@@ -53,7 +54,12 @@ def old_launcher(path, cfg, dtype, extra_param=False):
         ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        if extra_param:
+        if maps == 3:  # a build whose third map is C's (its bulk-store epilogue writes through it)
+            epi_n = cfg.bn if cfg.bn <= 128 else cfg.bn // 2
+            cw = 64 if epi_n % 64 == 0 else 32
+            map_c = gs.tensor_map(out, cw, 64, 2 * cw)
+            args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), (None,) + _OLD_ARGS)
+        elif extra_param:
             args = ((map_a, map_b, map_a, out.data_ptr(), M, N, K, out.stride(0)), (None,) + _OLD_ARGS)
         else:
             args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
@@ -65,6 +71,7 @@ def old_launcher(path, cfg, dtype, extra_param=False):
 
 def main():
     old_path = sys.argv[1]
+    mid_path = next((x for x in sys.argv[2:] if not x.startswith("--")), None)  # a second build with C's map (three maps)
     warm_clocks()
     dtype = torch.bfloat16
     for n, name in CASES.items():
@@ -78,11 +85,16 @@ def main():
         oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
         fns = {"old": lambda: old(a, b, out), "old+param": lambda: oldx(a, b, out),
                "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
+        runs = [("old", None)] + ([("old+param", None)] if "--param" in sys.argv else [])
+        if mid_path:
+            mid = old_launcher(mid_path, cfg, dtype, maps=3)
+            fns["mid"] = lambda: mid(a, b, out)
+            runs.append(("mid", None))
         graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
-        for label, opts in (("old", None), ("old+param", None), ("new", ()),
+        for label, opts in runs + [("new", ()),
                             ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0")),
-                            ("new no-cmap late", ("-DTW_NO_C_MAP", "-DTW_LATE_LOCAL")),
-                            ("new no-cmap", ("-DTW_NO_C_MAP",))):
+                            ] + ([("new no-cmap late", ("-DTW_NO_C_MAP", "-DTW_LATE_LOCAL")),
+                                  ("new no-cmap", ("-DTW_NO_C_MAP",))] if "--param" in sys.argv else []):
             gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
             fn = fns[label if opts is None else "new"]
             out.fill_(float("nan"))

@@ -219,41 +219,6 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int ctm = (tiles_m + CM - 1) / CM, ctn = (tiles_n + CN - 1) / CN;
-  const int nct = ctm * ctn;
-  const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
-  const int kt = (K + BK - 1) / BK;
-
-  // The producer's copies of K block kb of the tile at (m0, n0) into ring slot s: this CTA's share of
-  // A (multicast along the cluster row when CN > 1) and of B (along the column when CM > 1).
-  const unsigned short mask_a = [&] {
-    unsigned short m = 0;
-    if (CN > 1)
-      for (int j = 0; j < CN; ++j) m |= (unsigned short)(1u << (rm + CM * j));
-    return m;
-  }();
-  const unsigned short mask_b = [&] {
-    unsigned short m = 0;
-    if (CM > 1)
-      for (int i = 0; i < CM; ++i) m |= (unsigned short)(1u << (i + CM * rn));
-    return m;
-  }();
-  auto load_a = [&](int s, int m0, int k0) {
-    const unsigned sa = base + s * STAGE_BYTES;
-    tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, smem_addr(&full_bar[s]), k0, m0 + rn * (BM / CN), mask_a);
-  };
-  auto load_b = [&](int s, int n0, int k0) {
-    const unsigned sb = base + s * STAGE_BYTES + A_BYTES, full = smem_addr(&full_bar[s]);
-    if (kTransB) {
-#pragma unroll
-      for (int ch = 0; ch < NCH; ++ch)
-        tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
-                    k0 + rm * (BK / CM), mask_b);
-    } else {
-      tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
-    }
-  };
 #ifndef TW_LATE_LOCAL
   // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) is copied for the
   // first tile's first STAGES blocks while the cluster barrier below is still open: those copies
@@ -281,15 +246,28 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   // Every CTA's barriers exist before any peer's copy or arrival can reach them.
   if (CS > 1) {
     tw::cluster_arrive();
-    if ((kEarlyA || kEarlyB) && threadIdx.x == 0 && cluster_id < nct) {
-      int cm, cn;
-      cluster_tile(cluster_id, ctm, ctn, cm, cn);
-      const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
-      early = min(kt, STAGES);
-      for (int kb = 0; kb < early; ++kb) {
-        mbar_expect_tx(smem_addr(&full_bar[kb]), STAGE_BYTES);
-        if (kEarlyA) load_a(kb, m0, kb * BK);
-        if (kEarlyB) load_b(kb, n0, kb * BK);
+    if ((kEarlyA || kEarlyB) && threadIdx.x == 0) {
+      const int ctm = ((M + BM - 1) / BM + CM - 1) / CM, ctn = ((N + BN - 1) / BN + CN - 1) / CN;
+      const int cid = blockIdx.x / CS;
+      if (cid < ctm * ctn) {
+        int cm, cn;
+        cluster_tile(cid, ctm, ctn, cm, cn);
+        const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+        early = min((K + BK - 1) / BK, STAGES);
+        for (int kb = 0; kb < early; ++kb) {
+          const unsigned full = smem_addr(&full_bar[kb]);
+          mbar_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = base + kb * STAGE_BYTES, sb = sa + A_BYTES;
+          if (kEarlyA) tma_load_2d(sa, &tma_a, full, kb * BK, m0, 0);  // CN == 1: the whole block
+          if (kEarlyB) {  // CM == 1: the whole block
+            if (kTransB) {
+#pragma unroll
+              for (int ch = 0; ch < NCH; ++ch) tma_load_2d(sb + ch * (BK * BCH * 2), &tma_b, full, n0 + ch * BCH, kb * BK, 0);
+            } else {
+              tma_load_2d(sb, &tma_b, full, kb * BK, n0, 0);
+            }
+          }
+        }
       }
     }
     tw::cluster_wait();
@@ -297,10 +275,21 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     __syncthreads();
   }
 
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int ctm = (tiles_m + CM - 1) / CM, ctn = (tiles_n + CN - 1) / CN;
+  const int nct = ctm * ctn;
+  const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
+  const int kt = (K + BK - 1) / BK;
+
   if (wg == 0) {
     // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
     if constexpr (NWG > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
+      unsigned short mask_a = 0, mask_b = 0;
+      if (CN > 1)
+        for (int j = 0; j < CN; ++j) mask_a |= (unsigned short)(1u << (rm + CM * j));
+      if (CM > 1)
+        for (int i = 0; i < CM; ++i) mask_b |= (unsigned short)(1u << (i + CM * rn));
       int it = 0;
       for (int t = cluster_id; t < nct; t += clusters) {
         int cm, cn;
@@ -309,12 +298,26 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         for (int kb = 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
           const bool pre = it < early;  // this block's local copies went out before the barrier
+          const unsigned full = smem_addr(&full_bar[s]);
           if (!pre) {
-            mbar_wait(smem_addr(&empty_bar[s]), ((unsigned)(it / STAGES) & 1u) ^ 1u);
-            mbar_expect_tx(smem_addr(&full_bar[s]), STAGE_BYTES);
+            const unsigned ph = (unsigned)(it / STAGES) & 1u;
+            mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
+            mbar_expect_tx(full, STAGE_BYTES);
           }
-          if (!(pre && kEarlyA)) load_a(s, m0, kb * BK);
-          if (!(pre && kEarlyB)) load_b(s, n0, kb * BK);
+          const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+          const int k0 = kb * BK;
+          if (!(pre && kEarlyA))
+            tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
+          if (!(pre && kEarlyB)) {
+            if (kTransB) {
+#pragma unroll
+              for (int ch = 0; ch < NCH; ++ch)
+                tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
+                            k0 + rm * (BK / CM), mask_b);
+            } else {
+              tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
+            }
+          }
         }
       }
     }
