@@ -28,7 +28,7 @@ ROUNDS = 7
 _OLD_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
-def old_launcher(path, cfg, dtype, extra_param=False, maps=2):
+def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++17",)):
     """The older kernel; extra_param: with a third (unused) 128-byte tensor-map parameter, as this
     commit's kernel has (C's map), to time what the larger parameter block costs."""
     d = gs._driver()
@@ -39,7 +39,7 @@ def old_launcher(path, cfg, dtype, extra_param=False, maps=2):
         assert "tma_x" in src
         path = Path(path).with_name(Path(path).stem + "_xparam.cu")
         path.write_text(src)
-    mod = rt.load(path, sorted(rt.name_expressions_for(Path(path))), options=("-std=c++17",), device_index=0)
+    mod = rt.load(path, sorted(rt.name_expressions_for(Path(path))), options=tuple(options), device_index=0)
     k = mod.kernel(cfg.name(dtype), [])
     k.set_max_dynamic_shared(cfg.shmem)
     func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
@@ -54,7 +54,9 @@ def old_launcher(path, cfg, dtype, extra_param=False, maps=2):
         ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        if maps == 3:  # a build whose third map is C's (its bulk-store epilogue writes through it)
+        if maps == 3 and "-DTW_TMA_STORE=0" in options:  # C's map present, not read
+            args = ((map_a, map_b, map_a, out.data_ptr(), M, N, K, out.stride(0)), (None,) + _OLD_ARGS)
+        elif maps == 3:  # a build whose third map is C's (its bulk-store epilogue writes through it)
             epi_n = cfg.bn if cfg.bn <= 128 else cfg.bn // 2
             cw = 64 if epi_n % 64 == 0 else 32
             map_c = gs.tensor_map(out, cw, 64, 2 * cw)

@@ -290,33 +290,52 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         for (int j = 0; j < CN; ++j) mask_a |= (unsigned short)(1u << (rm + CM * j));
       if (CM > 1)
         for (int i = 0; i < CM; ++i) mask_b |= (unsigned short)(1u << (i + CM * rn));
-      int it = 0;
+      if (kEarlyA || kEarlyB) {
+        // The first tile's first `early` blocks: their local copies went out before the barrier;
+        // the multicast operand's follow here (this CTA's share, into every CTA of the cluster).
+        if (early > 0) {
+          int cm, cn;
+          cluster_tile(cluster_id, ctm, ctn, cm, cn);
+          const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+          for (int kb = 0; kb < early; ++kb) {
+            const unsigned full = smem_addr(&full_bar[kb]);
+            const unsigned sa = base + kb * STAGE_BYTES, sb = sa + A_BYTES;
+            if (!kEarlyA) tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + rn * (BM / CN), mask_a);
+            if (!kEarlyB) {
+              if (kTransB) {
+#pragma unroll
+                for (int ch = 0; ch < NCH; ++ch)
+                  tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
+                              kb * BK + rm * (BK / CM), mask_b);
+              } else {
+                tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, kb * BK, n0 + rm * (BN / CM), mask_b);
+              }
+            }
+          }
+        }
+      }
+      // The rest as a plain ring: the loop below is the same whether or not copies went out early.
+      int it = early;
       for (int t = cluster_id; t < nct; t += clusters) {
         int cm, cn;
         cluster_tile(t, ctm, ctn, cm, cn);
         const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
-        for (int kb = 0; kb < kt; ++kb, ++it) {
+        for (int kb = t == cluster_id ? early : 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
-          const bool pre = it < early;  // this block's local copies went out before the barrier
+          const unsigned ph = (unsigned)(it / STAGES) & 1u;
+          mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
           const unsigned full = smem_addr(&full_bar[s]);
-          if (!pre) {
-            const unsigned ph = (unsigned)(it / STAGES) & 1u;
-            mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
-            mbar_expect_tx(full, STAGE_BYTES);
-          }
+          mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
           const int k0 = kb * BK;
-          if (!(pre && kEarlyA))
-            tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
-          if (!(pre && kEarlyB)) {
-            if (kTransB) {
+          tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
+          if (kTransB) {
 #pragma unroll
-              for (int ch = 0; ch < NCH; ++ch)
-                tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
-                            k0 + rm * (BK / CM), mask_b);
-            } else {
-              tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
-            }
+            for (int ch = 0; ch < NCH; ++ch)
+              tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
+                          k0 + rm * (BK / CM), mask_b);
+          } else {
+            tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
           }
         }
       }

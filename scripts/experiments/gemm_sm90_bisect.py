@@ -1,0 +1,68 @@
+"""Which part of the session-13 gemm_sm90 changes cost the 192 x 96 tile ~1 us at 1536^3 (13.8 us
+at 0ddc4c3, 14.8 at 43ca3b2 with the same pipeline choices, -DTW_LATE_LOCAL -DTW_TMA_STORE=0;
+logs/gemm-sm90-ab-old-*), and whether the fix holds on the device.
+
+Found on the CPU (NVRTC + nvdisasm, sm_90a, registers and labels normalized): putting back the
+0ddc4c3 consumer K loop or epilogue leaves the SASS unchanged; putting back the 0ddc4c3 producer
+makes it identical to 0ddc4c3's. The producer's per-iteration `pre` test (the early copies) had
+changed the whole kernel's schedule (64 more instructions, the consumer's set-up reordered). Fix:
+the early blocks' multicast copies in a loop of their own before the ring loop, which is again
+the 0ddc4c3 loop (late mode: SASS identical to 0ddc4c3's).
+
+Here, interleaved rounds (graph-replayed, bf16, 1536^3, 192 x 96 in 1 x 2 clusters): the 0ddc4c3
+build beside this commit's with each pipeline choice. Prediction: late+thread = 0ddc4c3 (13.8 us);
+early and the bulk-store epilogue 0.2-0.5 us less each (as at 1000 / 3072).
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_bisect.py OLD.cu
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from _timing import warm_clocks
+from gemm_sm90_ab_old import old_launcher
+from gemm_sm90_rounds import graph_of, replay_us
+
+from tilewise.ops import gemm_sm90 as gs
+
+VARIANTS = {"late+thread": ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"), "early+thread": ("-DTW_TMA_STORE=0",),
+            "late+bulk": ("-DTW_LATE_LOCAL",), "early+bulk (default)": ()}
+CASES = {1536: "192x96_c1x2", 1000: "64x128_c2x1", 3072: "128x192_c2x1"}
+
+
+def main():
+    old_path = Path(sys.argv[1])
+    warm_clocks()
+    dtype = torch.bfloat16
+    for n, name in CASES.items():
+        cfg = gs.CONFIGS[name]
+        g = torch.Generator(device="cuda").manual_seed(n)
+        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+        out = torch.empty(n, n, device="cuda", dtype=dtype)
+        ref = a.double() @ b.double()
+        fns = {"old 0ddc4c3": old_launcher(old_path, cfg, dtype)}
+        for k, opts in VARIANTS.items():
+            fns[k] = old_launcher(gs.SRC, cfg, dtype, maps=3, options=("-std=c++17",) + opts)
+        graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
+        for k, fn in fns.items():
+            out.fill_(float("nan"))
+            fn(a, b, out)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert out.isfinite().all() and err < 1e-2, (k, err)
+            graphs[k] = graph_of(lambda: fn(a, b, out))
+        samples = {k: [] for k in graphs}
+        for _ in range(7):
+            for k, gr in graphs.items():
+                for _ in range(3):
+                    samples[k].append(replay_us(gr))
+        tc = statistics.median(samples["cublas"])
+        for k, v in samples.items():
+            t = statistics.median(v)
+            print(f"bf16 {n}^3 {name:13s} {k:22s} {t:7.2f} us  {tc / t:.3f}x cublas  (min {min(v):.2f}, max {max(v):.2f})",
+                  flush=True)
+        del graphs
+
+
+if __name__ == "__main__":
+    main()
