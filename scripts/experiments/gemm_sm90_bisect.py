@@ -9,6 +9,11 @@ changed the whole kernel's schedule (64 more instructions, the consumer's set-up
 the early blocks' multicast copies in a loop of their own before the ring loop, which is again
 the 0ddc4c3 loop (late mode: SASS identical to 0ddc4c3's).
 
+Measured at 021c38c (logs/gemm-sm90-bisect-021c38c.log): late+thread 13.93 us against 0ddc4c3's
+13.88; the bulk stores help the 2-3 warpgroup tiles (1536: 13.60, 3072: 90.2 against 91.9), the
+early copies only the one-warpgroup tile (1000: 8.71 against 9.16; 1536: 14.12 against 13.60).
+The defaults now follow that (early with one consumer warpgroup, bulk stores with more).
+
 Here, interleaved rounds (graph-replayed, bf16, 1536^3, 192 x 96 in 1 x 2 clusters): the 0ddc4c3
 build beside this commit's with each pipeline choice. Prediction: late+thread = 0ddc4c3 (13.8 us);
 early and the bulk-store epilogue 0.2-0.5 us less each (as at 1000 / 3072).
@@ -25,8 +30,11 @@ from gemm_sm90_rounds import graph_of, replay_us
 
 from tilewise.ops import gemm_sm90 as gs
 
-VARIANTS = {"late+thread": ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"), "early+thread": ("-DTW_TMA_STORE=0",),
-            "late+bulk": ("-DTW_LATE_LOCAL",), "early+bulk (default)": ()}
+# (at 021c38c the defaults were early copies everywhere and bulk stores with 2-3 consumer
+# warpgroups; the labels of that run's log name the choices, as here)
+VARIANTS = {"default": (), "late+thread": ("-DTW_EARLY_LOCAL=0", "-DTW_TMA_STORE=0"),
+            "early+thread": ("-DTW_EARLY_LOCAL=1", "-DTW_TMA_STORE=0"),
+            "late+bulk": ("-DTW_EARLY_LOCAL=0", "-DTW_TMA_STORE=1"), "early+bulk": ("-DTW_EARLY_LOCAL=1", "-DTW_TMA_STORE=1")}
 CASES = {1536: "192x96_c1x2", 1000: "64x128_c2x1", 3072: "128x192_c2x1"}
 
 

@@ -38,8 +38,8 @@
 //   (two or more consumer warpgroups; C's tensor map clips the edges) or as 16-byte chunks by
 //   every thread (one warpgroup); the host guarantees N and ldc multiples of 8 and C 16-byte
 //   aligned.
-// * Prologue: the copies that land only in this CTA (A in a CM x 1 cluster, B in 1 x CN) start
-//   before the cluster barrier that guards the multicast ones.
+// * Prologue: with one consumer warpgroup, the copies that land only in this CTA (A in a CM x 1
+//   cluster, B in 1 x CN) start before the cluster barrier that guards the multicast ones.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,13 +55,24 @@ constexpr int kInflight = TW_INFLIGHT;
 
 // The epilogue's stores: 1 = bulk asynchronous TMA stores from the staging buffer (one thread),
 // 0 = 16-byte stores by the warpgroup's 128 threads. Default: bulk with two or more consumer
-// warpgroups (measured 1-4 % faster at 1536-4096), per-thread with one (1-2 % faster at 1000 /
-// 1024, where each CTA has one tile and the bulk store's final wait is not hidden).
+// warpgroups (measured 2-3 % faster at 1536 and 3072, logs/gemm-sm90-bisect-021c38c.log), per-thread
+// with one (1-2 % faster at 1000 / 1024, where each CTA has one tile and the bulk store's final
+// wait is not hidden).
 // -DTW_TMA_STORE=0 / 1 forces one for experiments.
 #ifdef TW_TMA_STORE
 constexpr int kTmaStoreForced = TW_TMA_STORE;
 #else
 constexpr int kTmaStoreForced = -1;
+#endif
+
+// The first copies of the CTA-local operand before the cluster barrier (see the prologue): by
+// default with one consumer warpgroup; -DTW_EARLY_LOCAL=0 / 1 (or -DTW_LATE_LOCAL: 0) forces.
+#if defined(TW_LATE_LOCAL)
+constexpr int kEarlyForced = 0;
+#elif defined(TW_EARLY_LOCAL)
+constexpr int kEarlyForced = TW_EARLY_LOCAL;
+#else
+constexpr int kEarlyForced = -1;
 #endif
 
 namespace {
@@ -219,15 +230,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
 
-#ifndef TW_LATE_LOCAL
-  // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) is copied for the
+  // The operand that lands in this CTA only (A when CN == 1, B when CM == 1) may be copied for the
   // first tile's first STAGES blocks while the cluster barrier below is still open: those copies
-  // reach nothing but this CTA's own barriers, initialized (and fenced) just before. Measured
-  // 0.2-0.4 us off 1000^3 / 1024^3, 1-2 us off 2048^3 / 3072^3. -DTW_LATE_LOCAL: after the barrier.
-  constexpr bool kEarlyA = CS > 1 && CN == 1, kEarlyB = CS > 1 && CM == 1;
-#else
-  constexpr bool kEarlyA = false, kEarlyB = false;
-#endif
+  // reach nothing but this CTA's own barriers, initialized (and fenced) just before. Taken with one
+  // consumer warpgroup (64 x 128 at 1000^3: 9.16 -> 8.71 us), not with more (192 x 96 at 1536^3:
+  // 13.60 -> 14.12 us, 128 x 192 at 3072^3 within noise); logs/gemm-sm90-bisect-021c38c.log.
+  constexpr bool kEarly = kEarlyForced < 0 ? NWG == 1 : kEarlyForced == 1;
+  constexpr bool kEarlyA = kEarly && CS > 1 && CN == 1, kEarlyB = kEarly && CS > 1 && CM == 1;
   int early = 0;  // K blocks of the first tile whose local copies are issued (producer thread only)
 
   if (threadIdx.x == 0) {
