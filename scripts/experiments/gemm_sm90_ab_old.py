@@ -12,13 +12,12 @@ Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py O
 (MID.cu: a build whose kernel takes C's map too; --param: the parameter-size variants.)
 """
 import ctypes
-import statistics
 from pathlib import Path
 import sys
 
 import torch
 from _timing import warm_clocks
-from gemm_sm90_rounds import graph_of, replay_us
+from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops import gemm_sm90 as gs
 from tilewise.runtime import cuda as rt
@@ -78,11 +77,7 @@ def main():
     dtype = torch.bfloat16
     for n, name in CASES.items():
         cfg = gs.CONFIGS[name]
-        g = torch.Generator(device="cuda").manual_seed(n)
-        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        out = torch.empty(n, n, device="cuda", dtype=dtype)
-        ref = a.double() @ b.double()
+        a, b, out, ref = square_operands(n, dtype)
         old = old_launcher(old_path, cfg, dtype)
         oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
         fns = {"old": lambda: old(a, b, out), "old+param": lambda: oldx(a, b, out),
@@ -98,23 +93,9 @@ def main():
                             ] + ([("new no-cmap late", ("-DTW_NO_C_MAP", "-DTW_LATE_LOCAL")),
                                   ("new no-cmap", ("-DTW_NO_C_MAP",))] if "--param" in sys.argv else []):
             gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
-            fn = fns[label if opts is None else "new"]
-            out.fill_(float("nan"))
-            fn()
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            assert out.isfinite().all() and err < 1e-2, (label, err)
-            graphs[label] = graph_of(fn)
+            graphs[label] = checked_graph(fns[label if opts is None else "new"], out, ref, label)
         gs.COMPILE_OPTIONS = ("-std=c++17",)
-        samples = {k: [] for k in graphs}
-        for _ in range(ROUNDS):
-            for k, gr in graphs.items():
-                for _ in range(3):
-                    samples[k].append(replay_us(gr))
-        tc = statistics.median(samples["cublas"])
-        for k, v in samples.items():
-            t = statistics.median(v)
-            print(f"bf16 {n}^3 {name:13s} {k:16s} {t:7.2f} us  {tc / t:.3f}x cublas  (min {min(v):.2f}, max {max(v):.2f})",
-                  flush=True)
+        rounds_report(graphs, ROUNDS, f"bf16 {n}^3 {name:13s}", 16)
         del graphs
 
 

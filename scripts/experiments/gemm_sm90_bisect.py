@@ -19,14 +19,13 @@ build beside this commit's with each pipeline choice. Prediction: late+thread = 
 early and the bulk-store epilogue 0.2-0.5 us less each (as at 1000 / 3072).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_bisect.py OLD.cu
 """
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 from _timing import warm_clocks
 from gemm_sm90_ab_old import old_launcher
-from gemm_sm90_rounds import graph_of, replay_us
+from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops import gemm_sm90 as gs
 
@@ -44,31 +43,14 @@ def main():
     dtype = torch.bfloat16
     for n, name in CASES.items():
         cfg = gs.CONFIGS[name]
-        g = torch.Generator(device="cuda").manual_seed(n)
-        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-        out = torch.empty(n, n, device="cuda", dtype=dtype)
-        ref = a.double() @ b.double()
+        a, b, out, ref = square_operands(n, dtype)
         fns = {"old 0ddc4c3": old_launcher(old_path, cfg, dtype)}
         for k, opts in VARIANTS.items():
             fns[k] = old_launcher(gs.SRC, cfg, dtype, maps=3, options=("-std=c++17",) + opts)
         graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
         for k, fn in fns.items():
-            out.fill_(float("nan"))
-            fn(a, b, out)
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            assert out.isfinite().all() and err < 1e-2, (k, err)
-            graphs[k] = graph_of(lambda: fn(a, b, out))
-        samples = {k: [] for k in graphs}
-        for _ in range(7):
-            for k, gr in graphs.items():
-                for _ in range(3):
-                    samples[k].append(replay_us(gr))
-        tc = statistics.median(samples["cublas"])
-        for k, v in samples.items():
-            t = statistics.median(v)
-            print(f"bf16 {n}^3 {name:13s} {k:22s} {t:7.2f} us  {tc / t:.3f}x cublas  (min {min(v):.2f}, max {max(v):.2f})",
-                  flush=True)
+            graphs[k] = checked_graph(lambda: fn(a, b, out), out, ref, k)
+        rounds_report(graphs, 7, f"bf16 {n}^3 {name:13s}", 22)
         del graphs
 
 

@@ -52,38 +52,54 @@ def replay_us(g):
     return s.elapsed_time(e) * 1e3 / CALLS
 
 
+def square_operands(n, dtype):
+    """a, b (n x n, seeded by n), an out of the same shape, and the float64 product."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    return a, b, torch.empty(n, n, device="cuda", dtype=dtype), a.double() @ b.double()
+
+
+def checked_graph(fn, out, ref, label):
+    """fn() into a NaN-poisoned out, checked against the float64 ref, then its graph."""
+    out.fill_(float("nan"))
+    fn()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert out.isfinite().all() and err < 1e-2, (label, err)
+    return graph_of(fn)
+
+
+def rounds_report(graphs, rounds, prefix, width):
+    """Replay the graphs round-robin (rounds x 3 replays each) and print each one's median against
+    the "cublas" entry's."""
+    samples = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, gr in graphs.items():
+            for _ in range(3):
+                samples[k].append(replay_us(gr))
+    tc = statistics.median(samples["cublas"])
+    for k, v in samples.items():
+        t = statistics.median(v)
+        print(f"{prefix} {k:{width}s} {t:7.2f} us  {tc / t:.3f}x cublas  (min {min(v):.2f}, max {max(v):.2f})",
+              flush=True)
+
+
 def main():
     sizes = [int(x) for x in sys.argv[1:]] or [1000, 1024]
     warm_clocks()
     for n in sizes:
         for dtype in (torch.bfloat16, torch.float16):
-            g = torch.Generator(device="cuda").manual_seed(n)
-            a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-            b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
-            out = torch.empty(n, n, device="cuda", dtype=dtype)
-            ref = a.double() @ b.double()
+            a, b, out, ref = square_operands(n, dtype)
             graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
                       "gemm()": graph_of(lambda: gt.gemm(a, b, out=out))}
             variants = VARIANTS if n not in BIG else [(BIG[n], "early"), (BIG[n], "early+tma"),
                                                           (BIG[n], "default"), (BIG[n], "tma")]
             for name, label in variants:
                 gs.COMPILE_OPTIONS = ("-std=c++17",) + OPTIONS[label]
-                out.fill_(float("nan"))
-                gs.gemm_sm90(a, b, out=out, config=name)
-                err = ((out.double() - ref).norm() / ref.norm()).item()
-                assert out.isfinite().all() and err < 1e-2, (name, label, err)
-                graphs[f"{name} {label}"] = graph_of(lambda: gs.gemm_sm90(a, b, out=out, config=name))
+                graphs[f"{name} {label}"] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out,
+                                                          ref, (name, label))
             gs.COMPILE_OPTIONS = ("-std=c++17",)
-            samples = {k: [] for k in graphs}
-            for _ in range(ROUNDS):
-                for k, gr in graphs.items():
-                    for _ in range(3):
-                        samples[k].append(replay_us(gr))
-            tc = statistics.median(samples["cublas"])
-            for k, v in samples.items():
-                t = statistics.median(v)
-                print(f"{str(dtype)[6:]:8s} {n}^3 {k:24s} {t:7.2f} us  {tc / t:.3f}x cublas  "
-                      f"(min {min(v):.2f}, max {max(v):.2f})", flush=True)
+            rounds_report(graphs, ROUNDS, f"{str(dtype)[6:]:8s} {n}^3", 24)
             del graphs
 
 
