@@ -29,6 +29,14 @@ def test_configs_are_instantiated():
         assert cfg.bm in (64, 128, 192) and cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
 
 
+def test_config_with_warpgroups_along_n():
+    c = gs.EXTRA_CONFIGS["64x128w2_c2x1"]
+    assert (c.consumers, c.threads, c.epi_n) == (2, 384, 64)
+    assert c.name(torch.bfloat16) == "gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2>"
+    assert gs.CONFIGS["128x256_c2x1"].name(torch.float16) == "gemm_sm90<__half,128,256,2,1,4,1>"
+    assert (gs.CONFIGS["128x256_c2x1"].consumers, gs.CONFIGS["128x256_c2x1"].epi_n) == (2, 128)
+
+
 def test_compiles_for_sm90a_without_spills():
     mod = rt.compile_file(gs.SRC, arch="sm_90", name_expressions=rt.name_expressions_for(gs.SRC))
     assert mod.arch == "sm_90a"
@@ -130,7 +138,7 @@ def test_gemm_sm90_kmajor_b(dtype):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("config", ["128x128_c2x1", "192x96_c1x2", "128x256_c2x1", "64x128_c2x1"])
+@pytest.mark.parametrize("config", ["128x128_c2x1", "192x96_c1x2", "128x256_c2x1", "64x128_c2x1", "64x128w2_c2x1"])
 def test_gemm_sm90_out_with_row_stride_and_graph(config):
     # bulk TMA stores (boxes of 64 or 32 columns, one or two halves of the tile) and per-thread
     # stores (one consumer warpgroup): nothing written outside out's rows and columns

@@ -9,6 +9,7 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,0> gemm_sm90<__half,128,128,2,1,6,0>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2> gemm_sm90<__half,64,128,2,1,8,1,2>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -188,8 +189,8 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 
 }  // namespace
 
-template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB>
-__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 + 1), 1)
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1>
+__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 * WN + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
 #ifndef TW_NO_C_MAP
               const __grid_constant__ TmaDesc tma_c,
@@ -200,7 +201,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   // what the third 128-byte parameter costs.
   const TmaDesc& tma_c = tma_a;
 #endif
-  constexpr int NWG = BM / 64;  // consumer warpgroups
+  constexpr int NWG = BM / 64 * WN;  // consumer warpgroups: BM / 64 along M times WN along N
+  constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
   constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
@@ -212,9 +214,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
 #endif
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
-  constexpr int EPI_N = BN <= 128 ? BN : BN / 2;  // C columns staged at a time
-  constexpr int NCHK = EPI_N / 8;                 // 16-byte chunks a staged row
-  static_assert(BN % EPI_N == 0 && EPI_N % 8 == 0 && (64 * NCHK) % 128 == 0, "epilogue chunks");
+  constexpr int EPI_N = BNW <= 128 ? BNW : BNW / 2;  // C columns staged at a time
+  constexpr int NCHK = EPI_N / 8;                    // 16-byte chunks a staged row
+  static_assert(BNW % EPI_N == 0 && EPI_N % 8 == 0 && (64 * NCHK) % 128 == 0, "epilogue chunks");
+  static_assert(BN % WN == 0 && BNW % 16 == 0 && (!kTransB || BNW % BCH == 0), "a warpgroup's columns");
   static_assert(NWG >= 1 && NWG <= 3, "one to three consumer warpgroups");
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
@@ -352,6 +355,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   } else {
     if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int w = wg - 1;
+    const int wm = w / WN, wn = w % WN;  // this warpgroup's 64-row block and BNW-column block
     constexpr bool kF16 = IsHalf<T>::value;
 #ifdef TW_DUAL_ACC
     // An experiment's switch (one consumer warpgroup only): even and odd K blocks accumulate into
@@ -361,8 +365,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
 #else
     constexpr bool kDual = false;
 #endif
-    float acc[BN / 2];
-    float acc2[kDual ? BN / 2 : 1];
+    float acc[BNW / 2];
+    float acc2[kDual ? BNW / 2 : 1];
     int it = 0;
     const int warp = tid / 32, lane = tid % 32;
     // One arrival on the stage's `empty` barrier in every CTA of the cluster (their copies of the
@@ -381,16 +385,17 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       cluster_tile(t, ctm, ctn, cm, cn);
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
       if constexpr (kDual) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc2[i] = 0.0f;
+        for (int i = 0; i < BNW / 2; ++i) acc2[i] = 0.0f;
       }
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
         mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
-        const unsigned sa = base + s * STAGE_BYTES + w * 64 * 128, sb = base + s * STAGE_BYTES + A_BYTES;
-        auto mma = [&](float(&d)[BN / 2]) {
+        const unsigned sa = base + s * STAGE_BYTES + wm * 64 * 128;
+        const unsigned sb = base + s * STAGE_BYTES + A_BYTES + (kTransB ? wn * (BNW / BCH) * (BK * BCH * 2) : wn * BNW * 128);
+        auto mma = [&](float(&d)[BNW / 2]) {
           fence_regs(d);
           asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -401,7 +406,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
               db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
             else
               db = smem_desc(sb + kk * 32, 16, 1024, 1);
-            tw::wgmma_m64k16<BN, kF16, kTransB>(d, da, db, 1);
+            tw::wgmma_m64k16<BNW, kF16, kTransB>(d, da, db, 1);
           }
           asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
           fence_regs(d);
@@ -427,7 +432,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       if constexpr (kDual) {
         fence_regs(acc2);
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] += acc2[i];
+        for (int i = 0; i < BNW / 2; ++i) acc[i] += acc2[i];
       }
       if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
@@ -435,16 +440,16 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
       if (M > 0) continue;
 #endif
-      // Accumulator layout of m64 x BN: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
-      // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BN / 8 - 1.
+      // Accumulator layout of m64 x BNW: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
+      // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BNW / 8 - 1.
       const int r_lo = warp * 16 + lane / 4;
 #ifdef TW_DIRECT_STORE
       // The first epilogue (an experiment's comparison): pairs straight from the registers, each
       // warp store 16 bytes a row, so every 32-byte sector of C is written in two halves.
-      const int row = m0 + w * 64 + r_lo;
-      const int col0 = n0 + 2 * (lane % 4);
+      const int row = m0 + wm * 64 + r_lo;
+      const int col0 = n0 + wn * BNW + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
+      for (int j = 0; j < BNW / 8; ++j) {
         const int col = col0 + 8 * j;
         if (col < N) {
           if (row < M) store_pair(c + (long long)row * ldc + col, acc[4 * j], acc[4 * j + 1]);
@@ -464,7 +469,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         const unsigned stage_c = epi_base + w * 64 * EPI_N * 2;
         unsigned char* const stage_p = smem_raw + (stage_c - smem_addr(smem_raw));
 #pragma unroll
-        for (int h = 0; h < BN / EPI_N; ++h) {
+        for (int h = 0; h < BNW / EPI_N; ++h) {
           if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
           asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
 #pragma unroll
@@ -483,7 +488,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           if (tid == 0) {
 #pragma unroll
             for (int box = 0; box < EPI_N / CW; ++box)
-              tma_store_2d(&tma_c, stage_c + box * 64 * CW * 2, n0 + h * EPI_N + box * CW, m0 + w * 64);
+              tma_store_2d(&tma_c, stage_c + box * 64 * CW * 2, n0 + wn * BNW + h * EPI_N + box * CW, m0 + wm * 64);
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
           }
         }
@@ -494,7 +499,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         // threads along a row: full sectors, coalesced. Named barrier 1 + w syncs the warpgroup.
         T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_addr(smem_raw))) + w * 64 * EPI_N;
 #pragma unroll
-        for (int h = 0; h < BN / EPI_N; ++h) {
+        for (int h = 0; h < BNW / EPI_N; ++h) {
 #pragma unroll
           for (int jj = 0; jj < NCHK; ++jj) {
             const int j = h * NCHK + jj;
@@ -508,7 +513,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           for (int i = 0; i < 64 * NCHK / 128; ++i) {
             const int idx = tid + 128 * i;
             const int r = idx / NCHK, ch = idx % NCHK;
-            const int row = m0 + w * 64 + r, col = n0 + h * EPI_N + ch * 8;
+            const int row = m0 + wm * 64 + r, col = n0 + wn * BNW + h * EPI_N + ch * 8;
             const uint4 v = *reinterpret_cast<const uint4*>(stage_c + r * EPI_N + ((ch + r) % NCHK) * 8);
             if (row < M && col < N) *reinterpret_cast<uint4*>(c + (long long)row * ldc + col) = v;
           }

@@ -18,6 +18,7 @@ says whether a call would be taken. Cost: ``gemm_triton.cost``.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ _DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 @dataclass(frozen=True)
 class Config:
     """A kernel instantiation: tile BM x BN, cluster CM x CN (CM along M shares B, CN along N
-    shares A), STAGES ring slots, trans_b: 1 for a B with unit-stride rows (K, N), 0 for B = w.T."""
+    shares A), STAGES ring slots, trans_b: 1 for a B with unit-stride rows (K, N), 0 for B = w.T;
+    wn: consumer warpgroups along N (each BN / wn columns of its 64 rows)."""
 
     bm: int
     bn: int
@@ -42,6 +44,11 @@ class Config:
     cn: int
     stages: int
     trans_b: int = 1
+    wn: int = 1
+
+    @property
+    def consumers(self) -> int:
+        return self.bm // 64 * self.wn
 
     @property
     def cluster(self) -> int:
@@ -49,18 +56,24 @@ class Config:
 
     @property
     def threads(self) -> int:
-        return 128 * (self.bm // 64 + 1)
+        return 128 * (self.consumers + 1)
 
     @property
     def shmem(self) -> int:
         # the ring, the consumers' C staging buffers (64 rows x up to 128 columns each), plus
         # 1 KiB so the kernel can align the ring to 1024 bytes (128-byte swizzle)
-        epi_n = self.bn if self.bn <= 128 else self.bn // 2
-        return self.stages * (self.bm + self.bn) * 64 * 2 + (self.bm // 64) * 64 * epi_n * 2 + 1024
+        return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * 64 * self.epi_n * 2 + 1024
+
+    @property
+    def epi_n(self) -> int:
+        """C columns a consumer warpgroup stages at a time."""
+        bnw = self.bn // self.wn
+        return bnw if bnw <= 128 else bnw // 2
 
     def name(self, dtype: torch.dtype) -> str:
+        wn = f",{self.wn}" if self.wn != 1 else ""
         return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
-                f"{self.trans_b}>")
+                f"{self.trans_b}{wn}>")
 
 
 @functools.cache
@@ -80,8 +93,12 @@ CONFIGS = {
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
     "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
-# Instantiated configs outside the tile rule (experiments'; none at present).
-EXTRA_CONFIGS: dict[str, Config] = {}
+# Instantiated configs outside the tile rule, for experiments: the 64 x 128 tile with two consumer
+# warpgroups on its 64-column halves (cuBLAS's kernels at 1000-1024 split a 64-row tile between two
+# warpgroups; docs/notes-matmul.md). Not yet run on a GPU.
+EXTRA_CONFIGS: dict[str, Config] = {
+    "64x128w2_c2x1": Config(64, 128, 2, 1, 8, wn=2),
+}
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
 
@@ -270,7 +287,7 @@ def _bulk_store(cfg: Config) -> bool:
             return False
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
-    return cfg.bm > 64
+    return cfg.consumers > 1
 
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
@@ -316,7 +333,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         if cfg is None:
             raise ValueError(f"gemm_sm90: unknown config {config!r}; one of {sorted(CONFIGS) + sorted(EXTRA_CONFIGS)}")
     if cfg.trans_b != trans_b:
-        cfg = Config(cfg.bm, cfg.bn, cfg.cm, cfg.cn, cfg.stages, trans_b)
+        cfg = dataclasses.replace(cfg, trans_b=trans_b)
     name = cfg.name(a.dtype)
     if name not in _instantiated():
         raise ValueError(f"gemm_sm90: {name} is not instantiated in {SRC.name}")
@@ -335,8 +352,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     else:
         map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
     if _bulk_store(cfg):  # the epilogue's TMA stores: boxes of 64 rows x cw columns
-        epi_n = cfg.bn if cfg.bn <= 128 else cfg.bn // 2
-        cw = 64 if epi_n % 64 == 0 else 32
+        cw = 64 if cfg.epi_n % 64 == 0 else 32
         map_c = tensor_map(out, cw, 64, 2 * cw)
     else:  # not read by the kernel
         map_c = map_a
