@@ -6,8 +6,9 @@ kernel with its defaults and with -DTW_LATE_LOCAL -DTW_TMA_STORE=0 (the older pi
 
 Why: gemm_sm90's 192 x 96 tile measured 13.7-13.8 us at 1536^3 in the twelfth session and 14.6-15.2
 this session on another machine (cuBLAS 11.7 and 11.7-12.0).
-Also: the older kernel with a third (unused) tensor-map parameter, and this commit's without C's
-map (-DTW_NO_C_MAP): whether the 128 bytes more of parameters are what costs.
+Also (--param): the older kernel with a third (unused) tensor-map parameter: whether the 128 bytes
+more of parameters are what costs (no: logs/gemm-sm90-ab-old-eb24880.log, which also timed this
+kernel without C's map through a -DTW_NO_C_MAP switch since removed).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_ab_old.py OLD.cu [MID.cu] [--param]
 (MID.cu: a build whose kernel takes C's map too; --param: the parameter-size variants.)
 """
@@ -79,19 +80,18 @@ def main():
         cfg = gs.CONFIGS[name]
         a, b, out, ref = square_operands(n, dtype)
         old = old_launcher(old_path, cfg, dtype)
-        oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
-        fns = {"old": lambda: old(a, b, out), "old+param": lambda: oldx(a, b, out),
-               "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
-        runs = [("old", None)] + ([("old+param", None)] if "--param" in sys.argv else [])
+        fns = {"old": lambda: old(a, b, out), "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
+        runs = [("old", None)]
+        if "--param" in sys.argv:
+            oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
+            fns["old+param"] = lambda: oldx(a, b, out)
+            runs.append(("old+param", None))
         if mid_path:
             mid = old_launcher(mid_path, cfg, dtype, maps=3)
             fns["mid"] = lambda: mid(a, b, out)
             runs.append(("mid", None))
         graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
-        for label, opts in runs + [("new", ()),
-                            ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0")),
-                            ] + ([("new no-cmap late", ("-DTW_NO_C_MAP", "-DTW_LATE_LOCAL")),
-                                  ("new no-cmap", ("-DTW_NO_C_MAP",))] if "--param" in sys.argv else []):
+        for label, opts in runs + [("new", ()), ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"))]:
             gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
             graphs[label] = checked_graph(fns[label if opts is None else "new"], out, ref, label)
         gs.COMPILE_OPTIONS = ("-std=c++17",)

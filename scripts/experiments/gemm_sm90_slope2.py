@@ -7,7 +7,7 @@ Why: at 1024^3 cuBLAS takes 5.7 us and gemm_sm90 (64 x 128) 7.5 (logs/gemm-sm90-
 with intercepts of ~3.3-3.8 us that is ~0.16 us a K block for cuBLAS (near the 256 tensor cycles
 of a 64 x 128 x 64 block, 0.14 us) against ~0.25 for gemm_sm90. Prediction: at K = 16384 gemm_sm90
 ~64 us against cuBLAS ~41 if the main loop is the gap; equal slopes would put it in the intercept.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_slope2.py [MN] [dual]
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_slope2.py [MN]
 """
 import sys
 
@@ -27,19 +27,8 @@ VARIANTS = [  # (label, config, trans_b, options)
     ("64x128_c2x1 N spin", (64, 128, 2, 1, 8), 1, EARLY + ("-DTW_WAIT_SPIN",)),
     ("64x128_c2x1 N inflight2", (64, 128, 2, 1, 8), 1, EARLY + ("-DTW_INFLIGHT=2",)),
 ]
-# `dual` set: even and odd K blocks into two accumulator sets (-DTW_DUAL_ACC). cuBLAS's kernel at
-# 1024^3 (ncu source view, logs/ncu-*-sass-b5cfac9) issues HGMMA 64x64x16 into two register sets a
-# warpgroup and waits for all of them each iteration; gemm_sm90 chains every K block's wgmmas
-# on one set. Prediction: if that chain is the gap (0.26 against 0.20 us a block), the slope falls
-# toward 0.20; otherwise no change.
-DUAL = [
-    ("64x128_c2x1 N", (64, 128, 2, 1, 8), 1, ()),
-    ("64x128_c2x1 N dual", (64, 128, 2, 1, 8), 1, ("-DTW_DUAL_ACC",)),
-    ("64x128_c2x1 N dual+inflight2", (64, 128, 2, 1, 8), 1, ("-DTW_DUAL_ACC", "-DTW_INFLIGHT=2")),
-    ("64x128_c2x1 K dual", (64, 128, 2, 1, 8), 0, ("-DTW_DUAL_ACC",)),
-]
-if "dual" in sys.argv[2:]:
-    VARIANTS = DUAL
+# (A `dual` set timed even and odd K blocks into two accumulator sets through a -DTW_DUAL_ACC switch,
+# since removed: no change to the slope, logs/gemm-sm90-slope2-dual-*-9777292.log.)
 _names = frozenset(gs._instantiated() | {gs.Config(*c, t).name(d) for _, c, t, _ in VARIANTS
                                          for d in (torch.bfloat16,)})
 gs._instantiated = lambda: _names

@@ -19,9 +19,9 @@
 //   tiles (CM x CN neighbouring tiles) cluster_id, cluster_id + clusters, ... in a grouped order
 //   (8 cluster rows a group, so consecutive cluster tiles share B panels in L2).
 // * Warp specialization: warpgroup 0 is the producer (one thread issues the TMA copies; its
-//   registers are given back with setmaxnreg), warpgroups 1..BM/64 are consumers, each 64 rows of
-//   the tile: four m64 x BN x k16 wgmma a 64-wide K block, one block's MMAs in flight while the
-//   next block's wait for their data.
+//   registers are given back with setmaxnreg), warpgroups 1..BM/64 x WN are consumers, each 64 rows
+//   and BN / WN columns of the tile: four m64 x (BN / WN) x k16 wgmma a 64-wide K block, one
+//   block's MMAs in flight while the next block's wait for their data.
 // * A STAGES-deep ring of (A, B) blocks in shared memory, two mbarriers a stage: `full` (the
 //   producer's expected byte count, completed by the TMA units) and `empty` (one arrival per
 //   consumer warpgroup of every CTA of the cluster, since this CTA's copies land in its peers too).
@@ -192,15 +192,7 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 * WN + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
-#ifndef TW_NO_C_MAP
-              const __grid_constant__ TmaDesc tma_c,
-#endif
-              T* __restrict__ c, int M, int N, int K, long long ldc) {
-#ifdef TW_NO_C_MAP
-  // An experiment's switch: the kernel without C's tensor map (per-thread stores only), to time
-  // what the third 128-byte parameter costs.
-  const TmaDesc& tma_c = tma_a;
-#endif
+              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc) {
   constexpr int NWG = BM / 64 * WN;  // consumer warpgroups: BM / 64 along M times WN along N
   constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
@@ -208,11 +200,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
   constexpr int NCH = BN / BCH;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-#ifdef TW_NO_C_MAP
-  constexpr bool kTmaStore = false;
-#else
   constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
-#endif
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BNW <= 128 ? BNW : BNW / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                    // 16-byte chunks a staged row
@@ -357,16 +345,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     const int w = wg - 1;
     const int wm = w / WN, wn = w % WN;  // this warpgroup's 64-row block and BNW-column block
     constexpr bool kF16 = IsHalf<T>::value;
-#ifdef TW_DUAL_ACC
-    // An experiment's switch (one consumer warpgroup only): even and odd K blocks accumulate into
-    // two register sets, summed at the tile's end, so a block's wgmmas never wait on the previous
-    // block's results.
-    constexpr bool kDual = NWG == 1;
-#else
-    constexpr bool kDual = false;
-#endif
     float acc[BNW / 2];
-    float acc2[kDual ? BNW / 2 : 1];
     int it = 0;
     const int warp = tid / 32, lane = tid % 32;
     // One arrival on the stage's `empty` barrier in every CTA of the cluster (their copies of the
@@ -386,54 +365,34 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
 #pragma unroll
       for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
-      if constexpr (kDual) {
-#pragma unroll
-        for (int i = 0; i < BNW / 2; ++i) acc2[i] = 0.0f;
-      }
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
         mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
         const unsigned sa = base + s * STAGE_BYTES + wm * 64 * 128;
         const unsigned sb = base + s * STAGE_BYTES + A_BYTES + (kTransB ? wn * (BNW / BCH) * (BK * BCH * 2) : wn * BNW * 128);
-        auto mma = [&](float(&d)[BNW / 2]) {
-          fence_regs(d);
-          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        fence_regs(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
-            const unsigned long long da = smem_desc(sa + kk * 32, 16, 1024, 1);
-            unsigned long long db;
-            if (kTransB)
-              db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
-            else
-              db = smem_desc(sb + kk * 32, 16, 1024, 1);
-            tw::wgmma_m64k16<BNW, kF16, kTransB>(d, da, db, 1);
-          }
-          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-          fence_regs(d);
-        };
-        if constexpr (kDual) {
-          if (kb & 1)
-            mma(acc2);
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          const unsigned long long da = smem_desc(sa + kk * 32, 16, 1024, 1);
+          unsigned long long db;
+          if (kTransB)
+            db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
           else
-            mma(acc);
-        } else {
-          mma(acc);
+            db = smem_desc(sb + kk * 32, 16, 1024, 1);
+          tw::wgmma_m64k16<BNW, kF16, kTransB>(acc, da, db, 1);
         }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        fence_regs(acc);
         if (kb >= kInflight) {
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
-          if constexpr (kDual) fence_regs(acc2);
           if (tid == 0) release((it - kInflight) % STAGES);
         }
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
-      if constexpr (kDual) {
-        fence_regs(acc2);
-#pragma unroll
-        for (int i = 0; i < BNW / 2; ++i) acc[i] += acc2[i];
-      }
       if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
 #ifdef TW_NO_STORE

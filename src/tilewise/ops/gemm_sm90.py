@@ -283,8 +283,6 @@ def _bulk_store(cfg: Config) -> bool:
     """Whether the kernel writes C with TMA stores (and needs C's tensor map): with two or more
     consumer warpgroups, unless an experiment's -DTW_TMA_STORE=0 / 1 says otherwise (the .cu's rule)."""
     for opt in COMPILE_OPTIONS:
-        if opt == "-DTW_NO_C_MAP":
-            return False
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
     return cfg.consumers > 1
@@ -361,10 +359,7 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     grid = min(cluster_tiles, clusters or ld.clusters) * cfg.cluster
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
-    if "-DTW_NO_C_MAP" in COMPILE_OPTIONS:  # an experiment's kernel without C's tensor map
-        args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES[1:])
-    else:
-        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
+    args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
     launch = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)
     if torch.cuda.current_device() == dev:
         err = d.cuLaunchKernel(*launch)[0]
