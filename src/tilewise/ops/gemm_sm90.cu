@@ -66,6 +66,16 @@ constexpr int kTmaStoreForced = TW_TMA_STORE;
 constexpr int kTmaStoreForced = -1;
 #endif
 
+// B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
+// every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
+// CTA of rank ch % CM (boxes of 64 rows, 1 / CM of the copies; the host's map box must then be
+// 64 rows). An experiment's switch (scripts/experiments/gemm_sm90_feed.py).
+#ifdef TW_B_BY_CHUNK
+constexpr bool kBChunkForced = true;
+#else
+constexpr bool kBChunkForced = false;
+#endif
+
 // The first copies of the CTA-local operand before the cluster barrier (see the prologue): by
 // default with one consumer warpgroup; -DTW_EARLY_LOCAL=0 / 1 (or -DTW_LATE_LOCAL: 0) forces.
 #if defined(TW_LATE_LOCAL)
@@ -199,6 +209,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int BK = 64;
   constexpr int BCH = kTransB ? (BN % 64 == 0 ? 64 : 32) : 64;  // B chunk width (elements)
   constexpr int NCH = BN / BCH;
+  constexpr bool kBChunk = kBChunkForced && kTransB && CM > 1 && NCH % CM == 0;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
@@ -302,7 +313,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
             const unsigned sa = base + kb * STAGE_BYTES, sb = sa + A_BYTES;
             if (!kEarlyA) tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + rn * (BM / CN), mask_a);
             if (!kEarlyB) {
-              if (kTransB) {
+              if (kBChunk) {
+#pragma unroll
+                for (int ch = rm; ch < NCH; ch += CM)
+                  tma_load_2d(sb + ch * (BK * BCH * 2), &tma_b, full, n0 + ch * BCH, kb * BK, mask_b);
+              } else if (kTransB) {
 #pragma unroll
                 for (int ch = 0; ch < NCH; ++ch)
                   tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
@@ -329,7 +344,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
           const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
           const int k0 = kb * BK;
           tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, k0, m0 + rn * (BM / CN), mask_a);
-          if (kTransB) {
+          if (kBChunk) {
+#pragma unroll
+            for (int ch = rm; ch < NCH; ch += CM) tma_load_2d(sb + ch * (BK * BCH * 2), &tma_b, full, n0 + ch * BCH, k0, mask_b);
+          } else if (kTransB) {
 #pragma unroll
             for (int ch = 0; ch < NCH; ++ch)
               tma_load_2d(sb + ch * (BK * BCH * 2) + rm * (BK / CM) * BCH * 2, &tma_b, full, n0 + ch * BCH,
