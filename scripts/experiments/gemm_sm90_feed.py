@@ -65,13 +65,15 @@ def launcher(path, cfg, dtype, options, chunk):
         M, K = a.shape
         N = b.shape[1]
         map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
-        map_b = gs.tensor_map(b, 64, 64 if chunk else 64 // cfg.cm, 128)
+        bch = 64 if cfg.bn % 64 == 0 else 32
+        map_b = gs.tensor_map(b, bch, 64 if chunk else 64 // cfg.cm, 2 * bch)
         ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        # one consumer warpgroup: per-thread stores, C's map not read (map_a in its place); two: bulk
-        if cfg.consumers > 1:
-            map_c = gs.tensor_map(out, 64, 64, 128)
+        # the library's store rule: bulk stores (C's map) with two or more consumer warpgroups
+        if gs._bulk_store(cfg):
+            cw = 64 if cfg.epi_n % 64 == 0 else 32
+            map_c = gs.tensor_map(out, cw, 64, 2 * cw)
         else:
             map_c = map_a
         args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), types)

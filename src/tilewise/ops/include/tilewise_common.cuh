@@ -43,6 +43,12 @@ __device__ __forceinline__ unsigned cta_rank() {
 __device__ __forceinline__ void cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
+// Without release semantics: orders none of this thread's memory operations before the arrival
+// (no GPU-scope fence); for barriers whose only job is the cluster's shared-memory lifetime, or after
+// fence.mbarrier_init.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
