@@ -66,17 +66,6 @@ constexpr int kTmaStoreForced = TW_TMA_STORE;
 constexpr int kTmaStoreForced = -1;
 #endif
 
-// The cluster barriers after the ring's barriers are made and before the CTAs leave: with release
-// semantics by default, which compile to a GPU-scope fence in every thread (at the end it waits
-// for the epilogue's stores to be acknowledged). -DTW_RELAXED_CLUSTER=1 (start), 2 (end), 3 (both):
-// relaxed arrivals; the start's ordering then comes from fence.mbarrier_init, the end's (the
-// consumers' last remote arrivals) from a cluster fence by the one thread that made them. An
-// experiment's switch (scripts/experiments/gemm_sm90_relaxed.py).
-#ifndef TW_RELAXED_CLUSTER
-#define TW_RELAXED_CLUSTER 0
-#endif
-constexpr int kRelaxed = TW_RELAXED_CLUSTER;
-
 // B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
 // every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
 // CTA of rank ch % CM (boxes of 64 rows, fewer copies; unequal shares when CM does not divide the
@@ -268,7 +257,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   }
   // Every CTA's barriers exist before any peer's copy or arrival can reach them.
   if (CS > 1) {
-    if constexpr ((kRelaxed & 1) != 0) tw::cluster_arrive_relaxed(); else tw::cluster_arrive();
+    // Relaxed: fence.mbarrier_init above is all the ordering the peers need, and a release arrival
+    // is a GPU-scope fence in every thread (1000^3: 8.76 -> 8.63 us bf16, 8.92 -> 8.71 fp16; 1536^3
+    // 13.67 -> 13.51; 3072 / 4096 unchanged; logs/gemm-sm90-relaxed-2eb2667).
+    tw::cluster_arrive_relaxed();
     if ((kEarlyA || kEarlyB) && threadIdx.x == 0) {
       const int ctm = ((M + BM - 1) / BM + CM - 1) / CM, ctn = ((N + BN - 1) / BN + CN - 1) / CN;
       const int cid = blockIdx.x / CS;
@@ -423,10 +415,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
-      if (tid == 0) {
+      if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
-        if ((kRelaxed & 2) != 0 && CS > 1 && t + clusters >= nct) asm volatile("fence.acq_rel.cluster;" ::: "memory");
-      }
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
       if (M > 0) continue;
@@ -517,8 +507,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
     if (kTmaStore && tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
+  // With release semantics: it orders the consumers' last remote arrivals. (Relaxed here, with a
+  // cluster fence by the thread that made them, measured 1-2 % slower at 1000^3:
+  // logs/gemm-sm90-relaxed-2eb2667.)
   if (CS > 1) {
-    if constexpr ((kRelaxed & 2) != 0) tw::cluster_arrive_relaxed(); else tw::cluster_arrive();
+    tw::cluster_arrive();
     tw::cluster_wait();
   }
 }
