@@ -90,6 +90,16 @@ def operands(m, n, k, dtype, seed):
     return a, b, torch.empty(m, n, device="cuda", dtype=dtype), a.double() @ b.double()
 
 
+def compare(src, label, a, b, out, ref, variants, width):
+    """cuBLAS and each variant (label -> (config, NVRTC options, B by chunk)) on a @ b into out,
+    each checked against ref, then timed in interleaved rounds."""
+    graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
+    for v, (cfg, opts, chunk) in variants.items():
+        fn = launcher(src, cfg, a.dtype, opts, chunk)
+        graphs[v] = checked_graph(lambda: fn(a, b, out), out, ref, v)
+    rounds_report(graphs, 7, label, width)
+
+
 def main():
     warm_clocks()
     src = _source()
@@ -98,12 +108,7 @@ def main():
              ("bfloat16 1024^3", *square_operands(1024, torch.bfloat16)),
              ("bfloat16 1024x1024x16384", *operands(1024, 1024, 16384, torch.bfloat16, 3))]
     for label, a, b, out, ref in cases:
-        graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
-        for v, (cfg, opts, chunk) in VARIANTS.items():
-            fn = launcher(src, cfg, a.dtype, opts, chunk)
-            graphs[v] = checked_graph(lambda: fn(a, b, out), out, ref, v)
-        rounds_report(graphs, 7, label, 12)
-        del graphs
+        compare(src, label, a, b, out, ref, VARIANTS, 12)
 
 
 if __name__ == "__main__":

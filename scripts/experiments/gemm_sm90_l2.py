@@ -18,8 +18,7 @@ import dataclasses
 
 import torch
 from _timing import warm_clocks
-from gemm_sm90_feed import _source, launcher, operands
-from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
+from gemm_sm90_feed import _source, compare, operands
 
 from tilewise.ops import gemm_sm90 as gs
 
@@ -35,12 +34,7 @@ def main():
     for m, n, k in SHAPES:
         for dtype in (torch.bfloat16, torch.float16):
             a, b, out, ref = operands(m, n, k, dtype, m + n + k)
-            graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
-            for v, (cfg, opts, chunk) in VARIANTS.items():
-                fn = launcher(src, cfg, dtype, opts, chunk)
-                graphs[v] = checked_graph(lambda: fn(a, b, out), out, ref, v)
-            rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 10)
-            del graphs
+            compare(src, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", a, b, out, ref, VARIANTS, 10)
 
 
 if __name__ == "__main__":
