@@ -26,7 +26,8 @@ def test_configs_are_instantiated():
         for dt in (torch.bfloat16, torch.float16):
             assert cfg.name(dt) in names, cfg.name(dt)
         assert cfg.shmem <= rt.SM90_SHARED_OPT_IN - 1024, cfg  # + the barriers' static block
-        assert cfg.bm in (64, 128, 192) and cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
+        assert cfg.bm in (64, 128, 192) or (cfg.swap and cfg.bm % 8 == 0 and cfg.bn % 64 == 0), cfg
+        assert cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
 
 
 def test_config_with_warpgroups_along_n():
@@ -35,6 +36,15 @@ def test_config_with_warpgroups_along_n():
     assert c.name(torch.bfloat16) == "gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2>"
     assert gs.CONFIGS["128x256_c2x1"].name(torch.float16) == "gemm_sm90<__half,128,256,2,1,4,1>"
     assert (gs.CONFIGS["128x256_c2x1"].consumers, gs.CONFIGS["128x256_c2x1"].epi_n) == (2, 128)
+
+
+def test_config_of_the_transposed_tile():
+    c = gs.EXTRA_CONFIGS["72x128t_c2x1"]
+    # one consumer warpgroup a 64-column B chunk, each staging its 72 x 64 share of C
+    assert (c.consumers, c.threads) == (2, 384)
+    assert c.name(torch.float16) == "gemm_sm90<__half,72,128,2,1,8,1,1,1>"
+    assert c.shmem == 8 * (72 + 128) * 128 + 2 * 72 * 64 * 2 + 1024
+    assert not gs._bulk_store(c)
 
 
 def test_compiles_for_sm90a_without_spills():
@@ -126,6 +136,15 @@ def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
 def test_gemm_sm90_several_tiles_a_cta(config):
     # more cluster tiles than resident clusters: the persistent loop and the ring's phases wrap
     _check(2304, 2056, 520, torch.bfloat16, config, seed=3)
+
+
+@gpu
+@needs_sm90
+def test_transposed_tile_refuses_kmajor_b():
+    a = torch.randn(72, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="not instantiated"):
+        gs.gemm_sm90(a, w.t(), config="72x128t_c2x1")
 
 
 @gpu

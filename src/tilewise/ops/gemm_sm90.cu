@@ -10,6 +10,7 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,0> gemm_sm90<__nv_bfloat16,128,128,1,1,6,0>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2> gemm_sm90<__half,64,128,2,1,8,1,2>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,72,128,2,1,8,1,1,1> gemm_sm90<__half,72,128,2,1,8,1,1,1>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -200,11 +201,18 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 
 }  // namespace
 
-template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1>
-__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64 * WN + 1), 1)
+// Consumer warpgroups: BM / 64 along M times WN along N; with SWAP, BN / 64 along N (each the
+// whole BM rows).
+template <int BM, int BN, int WN, int SWAP>
+__host__ __device__ constexpr int consumer_wgs() {
+  return SWAP ? BN / 64 : BM / 64 * WN;
+}
+
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
+__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
               const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc) {
-  constexpr int NWG = BM / 64 * WN;  // consumer warpgroups: BM / 64 along M times WN along N
+  constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP>();
   constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
@@ -212,7 +220,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   constexpr int NCH = BN / BCH;
   constexpr bool kBChunk = kBChunkForced && kTransB && CM > 1;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-  constexpr bool kTmaStore = kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1;
+  constexpr bool kTmaStore = !SWAP && (kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1);
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BNW <= 128 ? BNW : BNW / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                    // 16-byte chunks a staged row
@@ -220,13 +228,16 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
   static_assert(BN % WN == 0 && BNW % 16 == 0 && (!kTransB || BNW % BCH == 0), "a warpgroup's columns");
   static_assert(NWG >= 1 && NWG <= 3, "one to three consumer warpgroups");
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
+  static_assert(SWAP ? (kTransB && WN == 1 && BN % 64 == 0 && BM % 8 == 0 && BM <= 256)
+                     : BM % 64 == 0, "tile: SWAP takes B N-major in 64-column chunks and any BM multiple of 8");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
   // Dynamic shared memory: the ring (aligned up to 1024 bytes for the 128-byte swizzle; the host
-  // asks for 1 KiB more), then the consumers' C staging buffers (NWG x 64 x EPI_N elements).
+  // asks for 1 KiB more), then the consumers' C staging buffers (NWG x 64 x EPI_N elements; with
+  // SWAP NWG x BM x 64).
   const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const unsigned epi_base = base + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -381,6 +392,65 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         mbar_arrive_local(e);
       }
     };
+    if constexpr (SWAP) {
+      // C's transposed tile: wgmma's M is this warpgroup's 64 columns of C (B's chunk w, N-major, in
+      // the A slot), its N the tile's BM rows (A's block, K-major, in the B slot: any multiple of 8).
+      float acc_t[BM / 2];
+      T* const stage_c = reinterpret_cast<T*>(smem_raw + (epi_base - smem_addr(smem_raw))) + w * BM * 64;
+      for (int t = cluster_id; t < nct; t += clusters) {
+        int cm, cn;
+        cluster_tile(t, ctm, ctn, cm, cn);
+        const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) acc_t[i] = 0.0f;
+        for (int kb = 0; kb < kt; ++kb, ++it) {
+          const int s = it % STAGES;
+          mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+          const unsigned sa = base + s * STAGE_BYTES;
+          const unsigned sb = sa + A_BYTES + w * (BK * 64 * 2);
+          fence_regs(acc_t);
+          asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            const unsigned long long da = smem_desc(sb + kk * 16 * 128, BK * 64 * 2, 8 * 128, 1);
+            const unsigned long long db = smem_desc(sa + kk * 32, 16, 1024, 1);
+            tw::wgmma_m64k16<BM, kF16, 0, 1>(acc_t, da, db, 1);
+          }
+          asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          fence_regs(acc_t);
+          if (kb >= kInflight) {
+            asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
+            fence_regs(acc_t);
+            if (tid == 0) release((it - kInflight) % STAGES);
+          }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        fence_regs(acc_t);
+        if (tid == 0)
+          for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
+        // Fragment layout (m64 x BM): warp q holds C columns 16q + lane / 4 and + 8 of this
+        // warpgroup's 64, at C rows 8j + 2 (lane % 4) and the next. Staged as BM rows of 64 columns,
+        // the 16-byte chunk ch of row r at (ch + r) % 8 (a warp's 32 stores hit 16 words in 16
+        // banks), then written as whole 16-byte chunks of a row.
+        const int n_lo = warp * 16 + lane / 4;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * (lane % 4) + (e & 1), n = n_lo + 8 * (e >> 1);
+            stage_c[r * 64 + ((n / 8 + r) % 8) * 8 + n % 8] = static_cast<T>(acc_t[4 * j + e]);
+          }
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+        for (int idx = tid; idx < BM * 8; idx += 128) {
+          const int r = idx / 8, ch = idx % 8;
+          const int row = m0 + r, col = n0 + w * 64 + ch * 8;
+          const uint4 v = *reinterpret_cast<const uint4*>(stage_c + r * 64 + ((ch + r) % 8) * 8);
+          if (row < M && col < N) *reinterpret_cast<uint4*>(c + (long long)row * ldc + col) = v;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+      }
+    } else {
     for (int t = cluster_id; t < nct; t += clusters) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
@@ -502,6 +572,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (BM / 64
         }
       }
 #endif
+    }
     }
     // The shared memory stays until the last bulk store has read it.
     if (kTmaStore && tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");

@@ -36,7 +36,9 @@ _DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 class Config:
     """A kernel instantiation: tile BM x BN, cluster CM x CN (CM along M shares B, CN along N
     shares A), STAGES ring slots, trans_b: 1 for a B with unit-stride rows (K, N), 0 for B = w.T;
-    wn: consumer warpgroups along N (each BN / wn columns of its 64 rows)."""
+    wn: consumer warpgroups along N (each BN / wn columns of its 64 rows); swap: 1 computes C's
+    transposed tile (wgmma's M along N, one consumer warpgroup a 64-column B chunk, its N the tile's
+    BM rows, any multiple of 8: cuBLAS's 128 x 72 fp16 kernel at 1000^3 is this shape)."""
 
     bm: int
     bn: int
@@ -45,10 +47,11 @@ class Config:
     stages: int
     trans_b: int = 1
     wn: int = 1
+    swap: int = 0
 
     @property
     def consumers(self) -> int:
-        return self.bm // 64 * self.wn
+        return self.bn // 64 if self.swap else self.bm // 64 * self.wn
 
     @property
     def cluster(self) -> int:
@@ -60,9 +63,11 @@ class Config:
 
     @property
     def shmem(self) -> int:
-        # the ring, the consumers' C staging buffers (64 rows x up to 128 columns each), plus
-        # 1 KiB so the kernel can align the ring to 1024 bytes (128-byte swizzle)
-        return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * 64 * self.epi_n * 2 + 1024
+        # the ring, the consumers' C staging buffers (64 rows x up to 128 columns each; with swap
+        # BM rows x 64 columns), plus 1 KiB so the kernel can align the ring to 1024 bytes (128-byte
+        # swizzle)
+        staging = self.bm * 64 if self.swap else 64 * self.epi_n
+        return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * staging * 2 + 1024
 
     @property
     def epi_n(self) -> int:
@@ -71,7 +76,7 @@ class Config:
         return bnw if bnw <= 128 else bnw // 2
 
     def name(self, dtype: torch.dtype) -> str:
-        wn = f",{self.wn}" if self.wn != 1 else ""
+        wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
         return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
                 f"{self.trans_b}{wn}>")
 
@@ -98,6 +103,9 @@ CONFIGS = {
 # warpgroups; docs/notes-matmul.md). Not yet run on a GPU.
 EXTRA_CONFIGS: dict[str, Config] = {
     "64x128w2_c2x1": Config(64, 128, 2, 1, 8, wn=2),
+    # C's transposed tile, 72 rows x 128 columns (two consumer warpgroups on the column halves),
+    # B shared by 2 x 1 clusters: 1000^2 in 14 x 8 tiles, 112 CTAs. Not yet run on a GPU.
+    "72x128t_c2x1": Config(72, 128, 2, 1, 8, swap=1),
 }
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
@@ -285,7 +293,7 @@ def _bulk_store(cfg: Config) -> bool:
     for opt in COMPILE_OPTIONS:
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
-    return cfg.consumers > 1
+    return cfg.consumers > 1 and not cfg.swap
 
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
