@@ -48,8 +48,8 @@ def render() -> str:
     for i, n in enumerate(NS):
         kw = "if" if i == 0 else "} else if"
         lines.append(f"  {kw} constexpr (N == {n}) {{")
-        lines.append(f"    if constexpr (kF16) wgmma_m64n{n}k16_f16<kTransB>(d, da, db, scale_d);")
-        lines.append(f"    else wgmma_m64n{n}k16_bf16<kTransB>(d, da, db, scale_d);")
+        lines.append(f"    if constexpr (kF16) wgmma_m64n{n}k16_f16<kTransB, kTransA>(d, da, db, scale_d);")
+        lines.append(f"    else wgmma_m64n{n}k16_bf16<kTransB, kTransA>(d, da, db, scale_d);")
     lines.append("  } else {")
     lines.append('    static_assert(N == 0, "no wgmma wrapper for this N: add it to scripts/gen_wgmma.py");')
     lines.append("  }")

@@ -222,23 +222,23 @@ template <int N, bool kF16, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], unsigned long long da, unsigned long long db,
                                              int scale_d) {
   if constexpr (N == 64) {
-    if constexpr (kF16) wgmma_m64n64k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n64k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n64k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n64k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else if constexpr (N == 72) {
-    if constexpr (kF16) wgmma_m64n72k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n72k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n72k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n72k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else if constexpr (N == 96) {
-    if constexpr (kF16) wgmma_m64n96k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n96k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n96k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n96k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else if constexpr (N == 128) {
-    if constexpr (kF16) wgmma_m64n128k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n128k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n128k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n128k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else if constexpr (N == 192) {
-    if constexpr (kF16) wgmma_m64n192k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n192k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n192k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n192k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else if constexpr (N == 256) {
-    if constexpr (kF16) wgmma_m64n256k16_f16<kTransB>(d, da, db, scale_d);
-    else wgmma_m64n256k16_bf16<kTransB>(d, da, db, scale_d);
+    if constexpr (kF16) wgmma_m64n256k16_f16<kTransB, kTransA>(d, da, db, scale_d);
+    else wgmma_m64n256k16_bf16<kTransB, kTransA>(d, da, db, scale_d);
   } else {
     static_assert(N == 0, "no wgmma wrapper for this N: add it to scripts/gen_wgmma.py");
   }
