@@ -67,6 +67,23 @@ constexpr int kTmaStoreForced = TW_TMA_STORE;
 constexpr int kTmaStoreForced = -1;
 #endif
 
+// -DTW_TRACE (an experiment's instrument, scripts/experiments/gemm_sm90_trace.py): the kernel takes
+// a 9th parameter, an array of 64 x 8 clock64 stamps a CTA, and records for the first tile's K
+// blocks kb < 63 (slot kb): 0 the producer before its wait for the stage, 1 after its copies are
+// issued, 2 the first consumer warpgroup (thread 0) before its wait for the data, 3 after it, 4
+// after it released the block's stage; slot 63: 0 the CTA's start, 1 the consumer past the cluster
+// barrier, 2 the epilogue's start, 3 its end.
+#ifdef TW_TRACE
+#define TW_STAMP(kb, e)                                                                        \
+  do {                                                                                         \
+    if ((kb) < 64) trace[((long long)blockIdx.x * 64 + (kb)) * 8 + (e)] = clock64();           \
+  } while (0)
+#else
+#define TW_STAMP(kb, e) \
+  do {                  \
+  } while (0)
+#endif
+
 // B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
 // every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
 // CTA of rank ch % CM (boxes of 64 rows, fewer copies; unequal shares when CM does not divide the
@@ -211,7 +228,11 @@ __host__ __device__ constexpr int consumer_wgs() {
 template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
-              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc) {
+              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc
+#ifdef TW_TRACE
+              , long long* __restrict__ trace
+#endif
+    ) {
   constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP>();
   constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
@@ -241,6 +262,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const unsigned epi_base = base + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) TW_STAMP(63, 0);
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
 
@@ -326,6 +348,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           for (int kb = 0; kb < early; ++kb) {
             const unsigned full = smem_addr(&full_bar[kb]);
             const unsigned sa = base + kb * STAGE_BYTES, sb = sa + A_BYTES;
+            TW_STAMP(kb, 0);
             if (!kEarlyA) tma_load_2d(sa + rn * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + rn * (BM / CN), mask_a);
             if (!kEarlyB) {
               if (kBChunk) {
@@ -341,6 +364,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
                 tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, kb * BK, n0 + rm * (BN / CM), mask_b);
               }
             }
+            TW_STAMP(kb, 1);
           }
         }
       }
@@ -353,6 +377,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         for (int kb = t == cluster_id ? early : 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
           const unsigned ph = (unsigned)(it / STAGES) & 1u;
+          if (t == cluster_id) TW_STAMP(kb, 0);
           mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
           const unsigned full = smem_addr(&full_bar[s]);
           mbar_expect_tx(full, STAGE_BYTES);
@@ -370,6 +395,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           } else {
             tma_load_2d(sb + rm * (BN / CM) * 128, &tma_b, full, k0, n0 + rm * (BN / CM), mask_b);
           }
+          if (t == cluster_id) TW_STAMP(kb, 1);
         }
       }
     }
@@ -457,9 +483,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
 #pragma unroll
       for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
+      const bool stamp = t == cluster_id && w == 0 && tid == 0;
+      if (stamp) TW_STAMP(63, 1);
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
+        if (stamp) TW_STAMP(kb, 2);
         mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+        if (stamp) TW_STAMP(kb, 3);
         const unsigned sa = base + s * STAGE_BYTES + wm * 64 * 128;
         const unsigned sb = base + s * STAGE_BYTES + A_BYTES + (kTransB ? wn * (BNW / BCH) * (BK * BCH * 2) : wn * BNW * 128);
         fence_regs(acc);
@@ -481,12 +511,14 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
           if (tid == 0) release((it - kInflight) % STAGES);
+          if (stamp) TW_STAMP(kb - kInflight, 4);
         }
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
       if (tid == 0)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
+      if (stamp) TW_STAMP(63, 2);
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
       if (M > 0) continue;
@@ -572,6 +604,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         }
       }
 #endif
+      if (stamp) TW_STAMP(63, 3);
     }
     }
     // The shared memory stays until the last bulk store has read it.

@@ -1,0 +1,109 @@
+"""Where a K block's time goes inside gemm_sm90's 64 x 128 tile: clock64 stamps of the producer and
+the consumer around every ring step of the first tile (-DTW_TRACE; the .cu says which).
+
+Why: the 64 x 128 tile runs 1000^3 fp16 in 8.5-8.9 us against cuBLAS's 7.1; its K loop is not
+bound by the L2 bytes a CTA reads (logs/gemm-sm90-l2-7319c44), depends on ring depth (8 -> 6 stages
++11 %) and on the number of copies (B by chunk), and copies of cuBLAS's own structures run no faster
+(logs/gemm-sm90-wn2-3a2d9ea, gemm-sm90-swap-5800bd3). The stamps say, per K block, how long the
+consumer waits for data, how long a stage takes from its release to the producer's next copies
+into it, and from those copies to the data being there.
+Prediction, written before the run: the consumer waits for data on most blocks after the first
+eight (the ring drained), and the copy-to-data time is the largest term (~1-1.5 us, above the
+~1 us of MMA work the ring holds).
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py
+"""
+import ctypes
+import statistics
+
+import torch
+from _timing import warm_clocks
+from gemm_sm90_feed import _source, operands
+from gemm_sm90_rounds import square_operands
+
+from tilewise.ops import gemm_sm90 as gs
+from tilewise.runtime import cuda as rt
+
+CFG = gs.CONFIGS["64x128_c2x1"]
+TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+         ctypes.c_void_p)
+
+
+def traced(src, cfg, dtype):
+    d = gs._driver()
+    name = cfg.name(dtype)
+    mod = rt.load(src, [name], options=("-std=c++17", "-DTW_TRACE"), device_index=0)
+    k = mod.kernel(name, [])
+    k.set_max_dynamic_shared(cfg.shmem)
+    func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+    clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
+
+    def run(a, b, out, trace):
+        M, K = a.shape
+        N = b.shape[1]
+        map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
+        map_b = gs.tensor_map(b, 64, 64 // cfg.cm, 128)
+        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+        grid = min(ct, clusters) * cfg.cluster
+        stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
+        args = ((map_a, map_b, map_a, out.data_ptr(), M, N, K, out.stride(0), trace.data_ptr()), TYPES)
+        gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
+                     "cuLaunchKernel")
+        return grid
+    return run
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(label, t, grid, kt):
+    """t: (grid, 64, 8) int64 clock stamps."""
+    print(f"== {label}: {grid} CTAs, {kt} K blocks; cycles, median over CTAs "
+          "(SM clock; ~1.75-1.98 GHz)")
+    print(f"{'kb':>3} {'prod wait+issue':>15} {'issue->data':>11} {'cons. wait':>10} {'data->release':>13} "
+          f"{'release->next issue':>19}")
+    rows = min(kt, 62)
+    for kb in range(rows):
+        e = t[:, kb, :]
+        pw = [int(x) for x in (e[:, 1] - e[:, 0])]
+        i2d = [int(x) for x in (e[:, 3] - e[:, 1])]
+        cw = [int(x) for x in (e[:, 3] - e[:, 2])]
+        d2r = [int(x) for x in (e[:, 4] - e[:, 3])] if kb < kt - 1 else []
+        nxt = [int(x) for x in (t[:, kb + CFG.stages, 1] - e[:, 4])] if kb + CFG.stages < kt else []
+        print(f"{kb:3d} {med(pw):15.0f} {med(i2d):11.0f} {med(cw):10.0f} {med(d2r):13.0f} {med(nxt):19.0f}")
+    s = t[:, 63, :]
+    start_to_loop = [int(x) for x in (s[:, 1] - s[:, 0])]
+    first_data = [int(x) for x in (t[:, 0, 3] - s[:, 0])]
+    loop = [int(x) for x in (s[:, 2] - s[:, 1])]
+    epi = [int(x) for x in (s[:, 3] - s[:, 2])]
+    wait_total = [int(x) for x in (t[:, :kt, 3] - t[:, :kt, 2]).sum(dim=1)]
+    print(f"start -> consumer past the barrier {med(start_to_loop):.0f}, start -> first block's data "
+          f"{med(first_data):.0f}, K loop {med(loop):.0f} (consumer waiting for data {med(wait_total):.0f}), "
+          f"epilogue {med(epi):.0f}")
+    span = [int(x) for x in (s[:, 3] - s[:, 0])]
+    print(f"CTA start -> epilogue end: median {med(span):.0f}, max {max(span)}")
+
+
+def main():
+    warm_clocks()
+    src = _source()
+    cases = [("float16 1000^3", *square_operands(1000, torch.float16)),
+             ("bfloat16 1000^3", *square_operands(1000, torch.bfloat16)),
+             ("bfloat16 1024x1024x3968", *operands(1024, 1024, 3968, torch.bfloat16, 4))]
+    for label, a, b, out, ref in cases:
+        fn = traced(src, CFG, a.dtype)
+        trace = torch.zeros(200 * 64 * 8, dtype=torch.int64, device="cuda")
+        for _ in range(20):  # warm: the timed call below is a steady-state one
+            fn(a, b, out, trace)
+        out.fill_(float("nan"))
+        trace.zero_()
+        grid = fn(a, b, out, trace)
+        torch.cuda.synchronize()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert out.isfinite().all() and err < 1e-2, (label, err)
+        kt = -(-a.shape[1] // 64)
+        report(label, trace.view(200, 64, 8)[:grid].cpu(), grid, kt)
+
+
+if __name__ == "__main__":
+    main()
