@@ -10,10 +10,17 @@ into it, and from those copies to the data being there.
 Prediction, written before the run: the consumer waits for data on most blocks after the first
 eight (the ring drained), and the copy-to-data time is the largest term (~1-1.5 us, above the
 ~1 us of MMA work the ring holds).
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py
+Measured (logs/gemm-sm90-trace-d6bfc5c): the consumer waits ~140 cycles a block for data in steady
+state, not most of the block; a block takes ~670 cycles (256 of MMA at the tensor cores' peak), and
+from its data to its release ~1,090, so the wgmma chain itself is the slow step. The first block's
+data takes ~2,900 cycles from its copy (all eight stages' copies of 128 CTAs go out at once).
+Second run (argument `split`): the same with -DTW_SPLIT_N (two independent m64 x n64 accumulator
+chains interleaved; gemm_sm90_split.py has the prediction).
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py [split]
 """
 import ctypes
 import statistics
+import sys
 
 import torch
 from _timing import warm_clocks
@@ -28,10 +35,10 @@ TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c
          ctypes.c_void_p)
 
 
-def traced(src, cfg, dtype):
+def traced(src, cfg, dtype, options=()):
     d = gs._driver()
     name = cfg.name(dtype)
-    mod = rt.load(src, [name], options=("-std=c++17", "-DTW_TRACE"), device_index=0)
+    mod = rt.load(src, [name], options=("-std=c++17", "-DTW_TRACE") + tuple(options), device_index=0)
     k = mod.kernel(name, [])
     k.set_max_dynamic_shared(cfg.shmem)
     func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
@@ -91,7 +98,9 @@ def main():
              ("bfloat16 1000^3", *square_operands(1000, torch.bfloat16)),
              ("bfloat16 1024x1024x3968", *operands(1024, 1024, 3968, torch.bfloat16, 4))]
     for label, a, b, out, ref in cases:
-        fn = traced(src, CFG, a.dtype)
+        opts = ("-DTW_SPLIT_N",) if "split" in sys.argv else ()
+        fn = traced(src, CFG, a.dtype, opts)
+        label = label + (" split" if opts else "")
         trace = torch.zeros(200 * 64 * 8, dtype=torch.int64, device="cuda")
         for _ in range(20):  # warm: the timed call below is a steady-state one
             fn(a, b, out, trace)

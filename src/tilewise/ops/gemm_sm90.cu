@@ -502,6 +502,16 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
             db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
           else
             db = smem_desc(sb + kk * 32, 16, 1024, 1);
+#ifdef TW_SPLIT_N
+          // An experiment's switch (scripts/experiments/gemm_sm90_trace.py): the warpgroup's columns
+          // as BNW / 64 independent m64 x n64 accumulator chains, interleaved k16 step by k16 step.
+          if constexpr (kTransB && BCH == 64 && BNW >= 128) {
+#pragma unroll
+            for (int h = 0; h < BNW / 64; ++h)
+              tw::wgmma_m64k16<64, kF16, kTransB>(*reinterpret_cast<float(*)[32]>(acc + 32 * h), da,
+                                                  db + (unsigned long long)((h * BK * BCH * 2) >> 4), 1);
+          } else
+#endif
           tw::wgmma_m64k16<BNW, kF16, kTransB>(acc, da, db, 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
