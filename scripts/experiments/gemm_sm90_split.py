@@ -13,6 +13,12 @@ drops from ~670 toward ~450 cycles (shared-memory reads then bound it) and 1000^
 7.5-8.0 us; 1024 x 1024 x 3968 from ~25 to ~18-20 us; the larger tiles (two or three consumer
 warpgroups already interleave chains across warpgroups) change little. If the bound is elsewhere,
 no change.
+Measured at df04c48 (logs/gemm-sm90-split-df04c48, and the stamps in
+logs/gemm-sm90-trace-split-df04c48): slower everywhere, 1000^3 fp16 9.03 against 8.52 us, bf16 8.86
+against 8.40, 1024 x 1024 x 3968 19.5 against 18.6, 2048-4096 1-3 % slower; a block's time from
+its data to its release unchanged (~1,100 cycles). Chain latency is not the bound. The switch
+(-DTW_SPLIT_N, a few lines in the consumer's k16 loop) was removed after the run; at later commits
+both variants build the same kernel.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_split.py
 """
 import torch

@@ -14,9 +14,15 @@ Measured (logs/gemm-sm90-trace-d6bfc5c): the consumer waits ~140 cycles a block 
 state, not most of the block; a block takes ~670 cycles (256 of MMA at the tensor cores' peak), and
 from its data to its release ~1,090, so the wgmma chain itself is the slow step. The first block's
 data takes ~2,900 cycles from its copy (all eight stages' copies of 128 CTAs go out at once).
-Second run (argument `split`): the same with -DTW_SPLIT_N (two independent m64 x n64 accumulator
-chains interleaved; gemm_sm90_split.py has the prediction).
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py [split]
+Second run (argument `split`, at df04c48): the same with -DTW_SPLIT_N (two independent m64 x n64
+accumulator chains interleaved; gemm_sm90_split.py has the prediction and the result; the switch
+is removed since).
+Third run (argument `noload`): -DTW_NO_LOAD, the consumers' K loop on stale stages with no copies
+in flight, beside the normal kernel, for the 64 x 128 tile and two larger ones (one tile a CTA).
+Prediction, written before that run: if the wgmma loop itself is slow (~530 cycles for the 64 x
+128 tile's 256 at peak), no loads changes it little; if the copies' traffic in shared memory or
+the NoC slows it, the no-load loop runs near 256-300 cycles a block.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py [split | noload [--table]]
 """
 import ctypes
 import statistics
@@ -91,27 +97,45 @@ def report(label, t, grid, kt):
     print(f"CTA start -> epilogue end: median {med(span):.0f}, max {max(span)}")
 
 
+def stamped(src, label, cfg, a, b, out, ref, options, check=True):
+    fn = traced(src, cfg, a.dtype, options)
+    trace = torch.zeros(200 * 64 * 8, dtype=torch.int64, device="cuda")
+    for _ in range(20):  # warm: the timed call below is a steady-state one
+        fn(a, b, out, trace)
+    out.fill_(float("nan"))
+    trace.zero_()
+    grid = fn(a, b, out, trace)
+    torch.cuda.synchronize()
+    if check:
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert out.isfinite().all() and err < 1e-2, (label, err)
+    kt = -(-a.shape[1] // 64)
+    t = trace.view(200, 64, 8)[:grid].cpu()
+    if "--table" in sys.argv or not options:
+        report(label, t, grid, kt)
+    s = t[:, 63, :]
+    loop = [int(x) for x in (s[:, 2] - s[:, 1] - (t[:, 0, 3] - t[:, 0, 2]))]
+    print(f"{label:44s} K loop after the first block's data: {med(loop) / kt:6.0f} cycles a block "
+          f"({kt} blocks, {grid} CTAs)", flush=True)
+
+
 def main():
     warm_clocks()
     src = _source()
+    if "noload" in sys.argv:
+        # one tile a CTA (the switch's condition), 128 CTAs each, the routed 64 x 128 and two larger tiles
+        for m, n, name in ((1024, 1024, "64x128_c2x1"), (2048, 1024, "128x128_c2x1"), (2048, 2048, "128x256_c2x1")):
+            a, b, out, ref = operands(m, n, 3968, torch.bfloat16, 4)
+            cfg = gs.CONFIGS[name]
+            stamped(src, f"bf16 {m}x{n}x3968 {name}", cfg, a, b, out, ref, ())
+            stamped(src, f"bf16 {m}x{n}x3968 {name} no loads", cfg, a, b, out, ref, ("-DTW_NO_LOAD",), check=False)
+        return
+    opts = ("-DTW_SPLIT_N",) if "split" in sys.argv else ()
     cases = [("float16 1000^3", *square_operands(1000, torch.float16)),
              ("bfloat16 1000^3", *square_operands(1000, torch.bfloat16)),
              ("bfloat16 1024x1024x3968", *operands(1024, 1024, 3968, torch.bfloat16, 4))]
     for label, a, b, out, ref in cases:
-        opts = ("-DTW_SPLIT_N",) if "split" in sys.argv else ()
-        fn = traced(src, CFG, a.dtype, opts)
-        label = label + (" split" if opts else "")
-        trace = torch.zeros(200 * 64 * 8, dtype=torch.int64, device="cuda")
-        for _ in range(20):  # warm: the timed call below is a steady-state one
-            fn(a, b, out, trace)
-        out.fill_(float("nan"))
-        trace.zero_()
-        grid = fn(a, b, out, trace)
-        torch.cuda.synchronize()
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert out.isfinite().all() and err < 1e-2, (label, err)
-        kt = -(-a.shape[1] // 64)
-        report(label, trace.view(200, 64, 8)[:grid].cpu(), grid, kt)
+        stamped(src, label + (" split" if opts else ""), CFG, a, b, out, ref, opts)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,15 @@ constexpr int kTmaStoreForced = -1;
   } while (0)
 #endif
 
+// -DTW_NO_LOAD (an experiment's instrument, with one tile a CTA only): the producer copies the first
+// STAGES K blocks and no more, the consumers wait for those and then run the rest of the K loop on
+// the stale stages without waiting or releasing: the MMA loop's own rate, with no copies in flight.
+#ifdef TW_NO_LOAD
+constexpr bool kNoLoad = true;
+#else
+constexpr bool kNoLoad = false;
+#endif
+
 // B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
 // every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
 // CTA of rank ch % CM (boxes of 64 rows, fewer copies; unequal shares when CM does not divide the
@@ -377,6 +386,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         for (int kb = t == cluster_id ? early : 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
           const unsigned ph = (unsigned)(it / STAGES) & 1u;
+          if (kNoLoad && kb >= STAGES) continue;
           if (t == cluster_id) TW_STAMP(kb, 0);
           mbar_wait(smem_addr(&empty_bar[s]), ph ^ 1u);
           const unsigned full = smem_addr(&full_bar[s]);
@@ -488,7 +498,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       for (int kb = 0; kb < kt; ++kb, ++it) {
         const int s = it % STAGES;
         if (stamp) TW_STAMP(kb, 2);
-        mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+        if (!kNoLoad || kb < STAGES) mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
         if (stamp) TW_STAMP(kb, 3);
         const unsigned sa = base + s * STAGE_BYTES + wm * 64 * 128;
         const unsigned sb = base + s * STAGE_BYTES + A_BYTES + (kTransB ? wn * (BNW / BCH) * (BK * BCH * 2) : wn * BNW * 128);
@@ -502,16 +512,6 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
             db = smem_desc(sb + kk * 16 * BCH * 2, BK * BCH * 2, 8 * BCH * 2, BCH == 64 ? 1 : 2);
           else
             db = smem_desc(sb + kk * 32, 16, 1024, 1);
-#ifdef TW_SPLIT_N
-          // An experiment's switch (scripts/experiments/gemm_sm90_trace.py): the warpgroup's columns
-          // as BNW / 64 independent m64 x n64 accumulator chains, interleaved k16 step by k16 step.
-          if constexpr (kTransB && BCH == 64 && BNW >= 128) {
-#pragma unroll
-            for (int h = 0; h < BNW / 64; ++h)
-              tw::wgmma_m64k16<64, kF16, kTransB>(*reinterpret_cast<float(*)[32]>(acc + 32 * h), da,
-                                                  db + (unsigned long long)((h * BK * BCH * 2) >> 4), 1);
-          } else
-#endif
           tw::wgmma_m64k16<BNW, kF16, kTransB>(acc, da, db, 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -520,13 +520,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
-          if (tid == 0) release((it - kInflight) % STAGES);
+          if (tid == 0 && !kNoLoad) release((it - kInflight) % STAGES);
           if (stamp) TW_STAMP(kb - kInflight, 4);
         }
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
-      if (tid == 0)
+      if (tid == 0 && !kNoLoad)
         for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
       if (stamp) TW_STAMP(63, 2);
 #ifdef TW_NO_STORE
