@@ -11,6 +11,7 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2> gemm_sm90<__half,64,128,2,1,8,1,2>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,72,128,2,1,8,1,1,1> gemm_sm90<__half,72,128,2,1,8,1,1,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,1,0,2> gemm_sm90<__half,64,128,2,1,8,1,1,0,2>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -228,21 +229,22 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 }  // namespace
 
 // Consumer warpgroups: BM / 64 along M times WN along N; with SWAP, BN / 64 along N (each the
-// whole BM rows).
-template <int BM, int BN, int WN, int SWAP>
+// whole BM rows); with KS > 1, KS of them on the same 64-row tile, K block kb going to warpgroup
+// kb % KS (each its own accumulators, summed through shared memory before the epilogue).
+template <int BM, int BN, int WN, int SWAP, int KS>
 __host__ __device__ constexpr int consumer_wgs() {
-  return SWAP ? BN / 64 : BM / 64 * WN;
+  return KS > 1 ? KS : (SWAP ? BN / 64 : BM / 64 * WN);
 }
 
-template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
-__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0, int KS = 1>
+__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP, KS>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
               const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc
 #ifdef TW_TRACE
               , long long* __restrict__ trace
 #endif
     ) {
-  constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP>();
+  constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP, KS>();
   constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
@@ -250,7 +252,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   constexpr int NCH = BN / BCH;
   constexpr bool kBChunk = kBChunkForced && kTransB && CM > 1;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-  constexpr bool kTmaStore = !SWAP && (kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1);
+  constexpr bool kTmaStore = !SWAP && KS == 1 && (kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1);
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BNW <= 128 ? BNW : BNW / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                    // 16-byte chunks a staged row
@@ -260,6 +262,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(SWAP ? (kTransB && WN == 1 && BN % 64 == 0 && BM % 8 == 0 && BM <= 256)
                      : BM % 64 == 0, "tile: SWAP takes B N-major in 64-column chunks and any BM multiple of 8");
+  static_assert(KS == 1 || (KS == 2 && BM == 64 && WN == 1 && !SWAP), "K split: two warpgroups on a 64-row tile");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
 
@@ -293,7 +296,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), 1);
-      mbar_init(smem_addr(&empty_bar[s]), NWG * CS);
+      mbar_init(smem_addr(&empty_bar[s]), (KS > 1 ? 1 : NWG) * CS);  // one warpgroup reads a stage with KS
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -412,7 +415,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   } else {
     if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int w = wg - 1;
-    const int wm = w / WN, wn = w % WN;  // this warpgroup's 64-row block and BNW-column block
+    const int wm = KS > 1 ? 0 : w / WN, wn = KS > 1 ? 0 : w % WN;  // this warpgroup's 64-row block and BNW-column block
     constexpr bool kF16 = IsHalf<T>::value;
     float acc[BNW / 2];
     int it = 0;
@@ -487,6 +490,9 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
       }
     } else {
+    if constexpr (KS > 1) {
+      if (w == 0) asm volatile("bar.arrive 6, 256;" ::: "memory");  // the exchange starts free
+    }
     for (int t = cluster_id; t < nct; t += clusters) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
@@ -496,6 +502,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       const bool stamp = t == cluster_id && w == 0 && tid == 0;
       if (stamp) TW_STAMP(63, 1);
       for (int kb = 0; kb < kt; ++kb, ++it) {
+        if (KS > 1 && kb % KS != w) continue;  // the other warpgroup's block
         const int s = it % STAGES;
         if (stamp) TW_STAMP(kb, 2);
         if (!kNoLoad || kb < STAGES) mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
@@ -516,7 +523,12 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         fence_regs(acc);
-        if (kb >= kInflight) {
+        if constexpr (KS > 1) {
+          // The other warpgroup keeps the tensor cores busy meanwhile: wait for this block, free it.
+          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+          fence_regs(acc);
+          if (tid == 0 && !kNoLoad) release(s);
+        } else if (kb >= kInflight) {
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
@@ -524,10 +536,27 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           if (stamp) TW_STAMP(kb - kInflight, 4);
         }
       }
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      fence_regs(acc);
-      if (tid == 0 && !kNoLoad)
-        for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
+      if constexpr (KS == 1) {
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        fence_regs(acc);
+        if (tid == 0 && !kNoLoad)
+          for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
+      } else {
+        // The two partial sums meet in shared memory (the epilogue's region, 64 x BN fp32): named
+        // barrier 6 says it is free (warpgroup 0 arrives after its epilogue), 5 that it is full.
+        float* const xch = reinterpret_cast<float*>(smem_raw + (epi_base - smem_addr(smem_raw)));
+        if (w == 1) {
+          asm volatile("bar.sync 6, 256;" ::: "memory");
+#pragma unroll
+          for (int i = 0; i < BNW / 2; ++i) xch[i * 128 + tid] = acc[i];
+          asm volatile("bar.arrive 5, 256;" ::: "memory");
+          continue;
+        }
+        asm volatile("bar.sync 5, 256;" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < BNW / 2; ++i) acc[i] += xch[i * 128 + tid];
+        asm volatile("bar.sync 1, 128;" ::: "memory");  // read by all before the staging reuses it
+      }
       if (stamp) TW_STAMP(63, 2);
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
@@ -615,6 +644,12 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       }
 #endif
       if (stamp) TW_STAMP(63, 3);
+      if constexpr (KS > 1) asm volatile("bar.arrive 6, 256;" ::: "memory");
+    }
+    if constexpr (KS > 1) {
+      // Pair the arrivals on barrier 6: warpgroup 0 made one before its first tile (below) and one
+      // after each epilogue; warpgroup 1 waited once a tile, and waits for the last here.
+      if (w == 1) asm volatile("bar.sync 6, 256;" ::: "memory");
     }
     }
     // The shared memory stays until the last bulk store has read it.
