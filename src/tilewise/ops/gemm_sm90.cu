@@ -73,7 +73,7 @@ constexpr int kTmaStoreForced = -1;
 // blocks kb < 63 (slot kb): 0 the producer before its wait for the stage, 1 after its copies are
 // issued, 2 the first consumer warpgroup (thread 0) before its wait for the data, 3 after it, 4
 // after it released the block's stage; slot 63: 0 the CTA's start, 1 the consumer past the cluster
-// barrier, 2 the epilogue's start, 3 its end.
+// barrier, 2 the epilogue's start, 3 its end, and 4 / 5 the global timer (ns) at 0 / 3.
 #ifdef TW_TRACE
 #define TW_STAMP(kb, e)                                                                        \
   do {                                                                                         \
@@ -275,6 +275,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const unsigned epi_base = base + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) TW_STAMP(63, 0);
+#ifdef TW_TRACE
+  if (threadIdx.x == 0) {
+    long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    trace[((long long)blockIdx.x * 64 + 63) * 8 + 4] = ns;
+  }
+#endif
   const unsigned rank = CS > 1 ? tw::cta_rank() : 0u;
   const int rm = (int)rank % CM, rn = (int)rank / CM;
 
@@ -644,6 +651,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       }
 #endif
       if (stamp) TW_STAMP(63, 3);
+#ifdef TW_TRACE
+      if (stamp) {
+        long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        trace[((long long)blockIdx.x * 64 + 63) * 8 + 5] = ns;
+      }
+#endif
       if constexpr (KS > 1) asm volatile("bar.arrive 6, 256;" ::: "memory");
     }
     if constexpr (KS > 1) {
