@@ -94,6 +94,17 @@ constexpr bool kNoLoad = true;
 constexpr bool kNoLoad = false;
 #endif
 
+// -DTW_PRUNE_END (an experiment's switch): consumers skip the releases no producer will wait for
+// (a stage's last use in this cluster's tile sequence), so no remote arrival is in flight at the
+// end, and the CTA leaves without the final cluster barrier: every peer's copy into this CTA's
+// shared memory is waited for on a `full` barrier first, and every remote arrival it still sends
+// is one a peer's producer waits on. Plain tiles with one K block group (not SWAP, KS = 1).
+#ifdef TW_PRUNE_END
+constexpr bool kPruneForced = true;
+#else
+constexpr bool kPruneForced = false;
+#endif
+
 // B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
 // every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
 // CTA of rank ch % CM (boxes of 64 rows, fewer copies; unequal shares when CM does not divide the
@@ -347,6 +358,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const int nct = ctm * ctn;
   const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
   const int kt = (K + BK - 1) / BK;
+  constexpr bool kPrune = kPruneForced && !SWAP && KS == 1 && CS > 1;
+  // With kPrune: the K blocks this cluster's CTAs run in all (their tiles times kt); block h's stage
+  // is waited for again only if h + STAGES < that.
+  const long long blocks_all = (long long)((nct - cluster_id + clusters - 1) / clusters) * kt;
 
   if (wg == 0) {
     // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
@@ -539,7 +554,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
-          if (tid == 0 && !kNoLoad) release((it - kInflight) % STAGES);
+          if (tid == 0 && !kNoLoad && (!kPrune || it - kInflight + STAGES < blocks_all)) release((it - kInflight) % STAGES);
           if (stamp) TW_STAMP(kb - kInflight, 4);
         }
       }
@@ -547,7 +562,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         fence_regs(acc);
         if (tid == 0 && !kNoLoad)
-          for (int j = min(kt, kInflight); j >= 1; --j) release((it - j) % STAGES);
+          for (int j = min(kt, kInflight); j >= 1; --j)
+            if (!kPrune || it - j + STAGES < blocks_all) release((it - j) % STAGES);
       } else {
         // The two partial sums meet in shared memory (the epilogue's region, 64 x BN fp32): named
         // barrier 6 says it is free (warpgroup 0 arrives after its epilogue), 5 that it is full.
@@ -673,7 +689,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   // With release semantics: it orders the consumers' last remote arrivals. (Relaxed here, with a
   // cluster fence by the thread that made them, measured 1-2 % slower at 1000^3:
   // logs/gemm-sm90-relaxed-2eb2667.)
-  if (CS > 1) {
+  if (CS > 1 && !kPrune) {
     tw::cluster_arrive();
     tw::cluster_wait();
   }
