@@ -47,15 +47,6 @@ def test_config_of_the_transposed_tile():
     assert not gs._bulk_store(c)
 
 
-def test_config_of_the_k_split_tile():
-    c = gs.EXTRA_CONFIGS["64x128k2_c2x1"]
-    # two consumer warpgroups on one 64 x 128 tile; the fp32 exchange (32 KB) holds the staging too
-    assert (c.consumers, c.threads) == (2, 384)
-    assert c.name(torch.bfloat16) == "gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,1,0,2>"
-    assert c.shmem == 8 * (64 + 128) * 128 + 64 * 128 * 4 + 1024
-    assert not gs._bulk_store(c)
-
-
 def test_compiles_for_sm90a_without_spills():
     mod = rt.compile_file(gs.SRC, arch="sm_90", name_expressions=rt.name_expressions_for(gs.SRC))
     assert mod.arch == "sm_90a"

@@ -22,7 +22,8 @@ in flight, beside the normal kernel, for the 64 x 128 tile and two larger ones (
 Prediction, written before that run: if the wgmma loop itself is slow (~530 cycles for the 64 x
 128 tile's 256 at peak), no loads changes it little; if the copies' traffic in shared memory or
 the NoC slows it, the no-load loop runs near 256-300 cycles a block.
-Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py [split | noload [--table] | k2]
+(At 2e2eaa9 / f152260 also `k2`: the K-split tile's stamps, a path since removed.)
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_trace.py [split | noload [--table]]
 """
 import ctypes
 import statistics
@@ -132,10 +133,6 @@ def stamped(src, label, cfg, a, b, out, ref, options, check=True):
 def main():
     warm_clocks()
     src = _source()
-    if "k2" in sys.argv:  # the K-split tile's stamps (warpgroup 0's blocks; the loop per block over all)
-        a, b, out, ref = operands(1024, 1024, 3968, torch.bfloat16, 4)
-        stamped(src, "bf16 1024x1024x3968 64x128k2_c2x1", gs.EXTRA_CONFIGS["64x128k2_c2x1"], a, b, out, ref, ())
-        return
     if "noload" in sys.argv:
         # one tile a CTA (the switch's condition), 128 CTAs each, the routed 64 x 128 and two larger tiles
         for m, n, name in ((1024, 1024, "64x128_c2x1"), (2048, 1024, "128x128_c2x1"), (2048, 2048, "128x256_c2x1")):

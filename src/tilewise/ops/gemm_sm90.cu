@@ -11,7 +11,6 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2> gemm_sm90<__half,64,128,2,1,8,1,2>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,72,128,2,1,8,1,1,1> gemm_sm90<__half,72,128,2,1,8,1,1,1>
-// tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,1,0,2> gemm_sm90<__half,64,128,2,1,8,1,1,0,2>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -229,22 +228,21 @@ __device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, i
 }  // namespace
 
 // Consumer warpgroups: BM / 64 along M times WN along N; with SWAP, BN / 64 along N (each the
-// whole BM rows); with KS > 1, KS of them on the same 64-row tile, K block kb going to warpgroup
-// kb % KS (each its own accumulators, summed through shared memory before the epilogue).
-template <int BM, int BN, int WN, int SWAP, int KS>
+// whole BM rows).
+template <int BM, int BN, int WN, int SWAP>
 __host__ __device__ constexpr int consumer_wgs() {
-  return KS > 1 ? KS : (SWAP ? BN / 64 : BM / 64 * WN);
+  return SWAP ? BN / 64 : BM / 64 * WN;
 }
 
-template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0, int KS = 1>
-__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP, KS>() + 1), 1)
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
+__global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
               const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc
 #ifdef TW_TRACE
               , long long* __restrict__ trace
 #endif
     ) {
-  constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP, KS>();
+  constexpr int NWG = consumer_wgs<BM, BN, WN, SWAP>();
   constexpr int BNW = BN / WN;       // a consumer warpgroup's columns
   constexpr int CS = CM * CN;
   constexpr int BK = 64;
@@ -252,7 +250,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   constexpr int NCH = BN / BCH;
   constexpr bool kBChunk = kBChunkForced && kTransB && CM > 1;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-  constexpr bool kTmaStore = !SWAP && KS == 1 && (kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1);
+  constexpr bool kTmaStore = !SWAP && (kTmaStoreForced < 0 ? NWG > 1 : kTmaStoreForced == 1);
   constexpr int CONSUMER_REGS = NWG == 2 ? 232 : (NWG == 3 ? 152 : 240);
   constexpr int EPI_N = BNW <= 128 ? BNW : BNW / 2;  // C columns staged at a time
   constexpr int NCHK = EPI_N / 8;                    // 16-byte chunks a staged row
@@ -262,7 +260,6 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   static_assert((!kTransB || BN % BCH == 0) && BN % 16 == 0, "BN");
   static_assert(SWAP ? (kTransB && WN == 1 && BN % 64 == 0 && BM % 8 == 0 && BM <= 256)
                      : BM % 64 == 0, "tile: SWAP takes B N-major in 64-column chunks and any BM multiple of 8");
-  static_assert(KS == 1 || (KS == 2 && BM == 64 && WN == 1 && !SWAP), "K split: two warpgroups on a 64-row tile");
   static_assert(BM % (8 * CN) == 0 && BK % (8 * CM) == 0 && (kTransB || BN % (8 * CM) == 0), "cluster split");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
 
@@ -303,7 +300,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), 1);
-      mbar_init(smem_addr(&empty_bar[s]), (KS > 1 ? 1 : NWG) * CS);  // one warpgroup reads a stage with KS
+      mbar_init(smem_addr(&empty_bar[s]), NWG * CS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -347,13 +344,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const int nct = ctm * ctn;
   const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
   const int kt = (K + BK - 1) / BK;
-  // No final cluster barrier for the plain tiles (not SWAP, KS = 1): consumers skip the releases no
+  // No final cluster barrier for the plain tiles (not SWAP): consumers skip the releases no
   // producer waits for (a stage's last use in the cluster's block sequence), so the only remote
   // operations a CTA makes are copies its peers wait for on `full` barriers and releases their
   // producers wait for, and it may leave without waiting for its peers or for its stores to be
   // acknowledged (the barrier's release semantics). Measured (logs/gemm-sm90-prune-2100ae8):
   // 1000^3 8.53 -> 8.30 us fp16, 8.65 -> 8.32 bf16; 1536^3 13.59 -> 12.92; 3072^3 81.1 -> 79.1.
-  constexpr bool kPrune = !SWAP && KS == 1 && CS > 1;
+  constexpr bool kPrune = !SWAP && CS > 1;
   // The K blocks this cluster's CTAs run in all (their tiles times kt); block h's stage is waited for
   // again only if h + STAGES < that.
   const long long blocks_all = (long long)((nct - cluster_id + clusters - 1) / clusters) * kt;
@@ -432,7 +429,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   } else {
     if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int w = wg - 1;
-    const int wm = KS > 1 ? 0 : w / WN, wn = KS > 1 ? 0 : w % WN;  // this warpgroup's 64-row block and BNW-column block
+    const int wm = w / WN, wn = w % WN;  // this warpgroup's 64-row block and BNW-column block
     constexpr bool kF16 = IsHalf<T>::value;
     float acc[BNW / 2];
     int it = 0;
@@ -507,9 +504,6 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
       }
     } else {
-    if constexpr (KS > 1) {
-      if (w == 0) asm volatile("bar.arrive 6, 256;" ::: "memory");  // the exchange starts free
-    }
     for (int t = cluster_id; t < nct; t += clusters) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
@@ -519,7 +513,6 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       const bool stamp = t == cluster_id && w == 0 && tid == 0;
       if (stamp) TW_STAMP(63, 1);
       for (int kb = 0; kb < kt; ++kb, ++it) {
-        if (KS > 1 && kb % KS != w) continue;  // the other warpgroup's block
         const int s = it % STAGES;
         if (stamp) TW_STAMP(kb, 2);
         if (!kNoLoad || kb < STAGES) mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
@@ -540,12 +533,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         fence_regs(acc);
-        if constexpr (KS > 1) {
-          // The other warpgroup keeps the tensor cores busy meanwhile: wait for this block, free it.
-          asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-          fence_regs(acc);
-          if (tid == 0 && !kNoLoad) release(s);
-        } else if (kb >= kInflight) {
+        if (kb >= kInflight) {
           // K block kb - kInflight's products are done: its stage may be refilled.
           asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInflight) : "memory");
           fence_regs(acc);
@@ -553,28 +541,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           if (stamp) TW_STAMP(kb - kInflight, 4);
         }
       }
-      if constexpr (KS == 1) {
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        fence_regs(acc);
-        if (tid == 0 && !kNoLoad)
-          for (int j = min(kt, kInflight); j >= 1; --j)
-            if (!kPrune || it - j + STAGES < blocks_all) release((it - j) % STAGES);
-      } else {
-        // The two partial sums meet in shared memory (the epilogue's region, 64 x BN fp32): named
-        // barrier 6 says it is free (warpgroup 0 arrives after its epilogue), 5 that it is full.
-        float* const xch = reinterpret_cast<float*>(smem_raw + (epi_base - smem_addr(smem_raw)));
-        if (w == 1) {
-          asm volatile("bar.sync 6, 256;" ::: "memory");
-#pragma unroll
-          for (int i = 0; i < BNW / 2; ++i) xch[i * 128 + tid] = acc[i];
-          asm volatile("bar.arrive 5, 256;" ::: "memory");
-          continue;
-        }
-        asm volatile("bar.sync 5, 256;" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < BNW / 2; ++i) acc[i] += xch[i * 128 + tid];
-        asm volatile("bar.sync 1, 128;" ::: "memory");  // read by all before the staging reuses it
-      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      fence_regs(acc);
+      if (tid == 0 && !kNoLoad)
+        for (int j = min(kt, kInflight); j >= 1; --j)
+          if (!kPrune || it - j + STAGES < blocks_all) release((it - j) % STAGES);
       if (stamp) TW_STAMP(63, 2);
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
@@ -669,18 +640,12 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         trace[((long long)blockIdx.x * 64 + 63) * 8 + 5] = ns;
       }
 #endif
-      if constexpr (KS > 1) asm volatile("bar.arrive 6, 256;" ::: "memory");
-    }
-    if constexpr (KS > 1) {
-      // Pair the arrivals on barrier 6: warpgroup 0 made one before its first tile (below) and one
-      // after each epilogue; warpgroup 1 waited once a tile, and waits for the last here.
-      if (w == 1) asm volatile("bar.sync 6, 256;" ::: "memory");
     }
     }
     // The shared memory stays until the last bulk store has read it.
     if (kTmaStore && tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
   }
-  // SWAP and KS > 1 keep the final barrier: no CTA leaves while a peer may still arrive on its
+  // SWAP keeps the final barrier: no CTA leaves while a peer may still arrive on its
   // barriers. With release semantics: it orders the consumers' last remote arrivals. (Relaxed here,
   // with a cluster fence by the thread that made them, measured 1-2 % slower at 1000^3:
   // logs/gemm-sm90-relaxed-2eb2667.)

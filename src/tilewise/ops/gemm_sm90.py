@@ -48,12 +48,9 @@ class Config:
     trans_b: int = 1
     wn: int = 1
     swap: int = 0
-    ks: int = 1
 
     @property
     def consumers(self) -> int:
-        if self.ks > 1:
-            return self.ks
         return self.bn // 64 if self.swap else self.bm // 64 * self.wn
 
     @property
@@ -70,10 +67,7 @@ class Config:
         # BM rows x 64 columns), plus 1 KiB so the kernel can align the ring to 1024 bytes (128-byte
         # swizzle)
         staging = self.bm * 64 if self.swap else 64 * self.epi_n
-        epilogue = self.consumers * staging * 2
-        if self.ks > 1:  # the partial sums' fp32 exchange, which warpgroup 0's staging then reuses
-            epilogue = max(self.bm * self.bn * 4, 64 * self.epi_n * 2)
-        return self.stages * (self.bm + self.bn) * 64 * 2 + epilogue + 1024
+        return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * staging * 2 + 1024
 
     @property
     def epi_n(self) -> int:
@@ -82,10 +76,7 @@ class Config:
         return bnw if bnw <= 128 else bnw // 2
 
     def name(self, dtype: torch.dtype) -> str:
-        if self.ks > 1:
-            wn = f",{self.wn},{self.swap},{self.ks}"
-        else:
-            wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
+        wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
         return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
                 f"{self.trans_b}{wn}>")
 
@@ -107,18 +98,15 @@ CONFIGS = {
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
     "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
-# Instantiated configs outside the tile rule, for experiments: the 64 x 128 tile with two consumer
-# warpgroups on its 64-column halves (cuBLAS's kernels at 1000-1024 split a 64-row tile between two
-# warpgroups; docs/notes-matmul.md). Not yet run on a GPU.
+# Instantiated configs outside the tile rule, for experiments (docs/notes-matmul.md).
 EXTRA_CONFIGS: dict[str, Config] = {
+    # the 64 x 128 tile with two consumer warpgroups on its 64-column halves: correct, slower than
+    # one warpgroup at 1000^3 (9.48 against 8.73 us bf16, logs/gemm-sm90-wn2-3a2d9ea)
     "64x128w2_c2x1": Config(64, 128, 2, 1, 8, wn=2),
     # C's transposed tile, 72 rows x 128 columns (two consumer warpgroups on the column halves),
-    # B shared by 2 x 1 clusters: 1000^2 in 14 x 8 tiles, 112 CTAs. Not yet run on a GPU.
+    # B shared by 2 x 1 clusters: 1000^2 in 14 x 8 tiles, 112 CTAs. Correct (GPU tests), slower than
+    # 64 x 128 at 1000^3: 8.87 against 8.45 us fp16 (logs/gemm-sm90-swap-5800bd3).
     "72x128t_c2x1": Config(72, 128, 2, 1, 8, swap=1),
-    # the 64 x 128 tile with two consumer warpgroups taking alternate K blocks (one warpgroup alone
-    # issues a block's four HGMMA.64x128x16 in ~557 cycles against 256 at peak, two on separate tiles
-    # reach 80 %: logs/gemm-sm90-trace-noload-be9bf36). Not yet run on a GPU.
-    "64x128k2_c2x1": Config(64, 128, 2, 1, 8, ks=2),
 }
 # B given as w.T (K-major): only this tile is instantiated for it.
 KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
@@ -306,7 +294,7 @@ def _bulk_store(cfg: Config) -> bool:
     for opt in COMPILE_OPTIONS:
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
-    return cfg.consumers > 1 and not cfg.swap and cfg.ks == 1
+    return cfg.consumers > 1 and not cfg.swap
 
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
