@@ -41,7 +41,13 @@
 //   every thread (one warpgroup); the host guarantees N and ldc multiples of 8 and C 16-byte
 //   aligned.
 // * Prologue: with one consumer warpgroup, the copies that land only in this CTA (A in a CM x 1
-//   cluster, B in 1 x CN) start before the cluster barrier that guards the multicast ones.
+//   cluster, B in 1 x CN) start before the cluster barrier that guards the multicast ones; that
+//   barrier arrives relaxed (fence.mbarrier_init orders the barriers' creation).
+// * End: no cluster barrier for the plain tiles. A CTA's remote operations are copies its peers
+//   wait for and releases their producers wait for; the releases no producer waits for are skipped.
+// * SWAP = 1 (an experiment's config): C's transposed tile, wgmma's M along N (B's 64-column chunks
+//   in the A slot, M-major), its N the tile's BM rows of A (any multiple of 8); BN / 64 consumer
+//   warpgroups; staged transposed; it keeps the final cluster barrier.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
