@@ -290,11 +290,14 @@ def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int
 
 def _bulk_store(cfg: Config) -> bool:
     """Whether the kernel writes C with TMA stores (and needs C's tensor map): with two or more
-    consumer warpgroups, unless an experiment's -DTW_TMA_STORE=0 / 1 says otherwise (the .cu's rule)."""
+    consumer warpgroups, unless an experiment's -DTW_TMA_STORE=0 / 1 says otherwise (the .cu's rule);
+    never for C's transposed tile (swap), which stages and stores per thread."""
+    if cfg.swap:
+        return False
     for opt in COMPILE_OPTIONS:
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
-    return cfg.consumers > 1 and not cfg.swap
+    return cfg.consumers > 1
 
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
