@@ -30,6 +30,16 @@ def test_configs_are_instantiated():
         assert cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
 
 
+def test_library_module_leaves_out_the_experiment_configs():
+    lib = set(gs._library_names())
+    for dt in (torch.bfloat16, torch.float16):
+        assert all(c.name(dt) in lib for c in gs.CONFIGS.values())
+        assert gs.KMAJOR_CONFIG.name(torch.bfloat16) in lib
+        assert not any(c.name(dt) in lib for c in gs.EXTRA_CONFIGS.values())
+    assert lib | {c.name(d) for c in gs.EXTRA_CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
+        == set(gs._instantiated())
+
+
 def test_config_with_warpgroups_along_n():
     c = gs.EXTRA_CONFIGS["64x128w2_c2x1"]
     assert (c.consumers, c.threads, c.epi_n) == (2, 384, 64)

@@ -273,9 +273,19 @@ COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
 
 @functools.cache
+def _library_names() -> tuple[str, ...]:
+    """The .cu's instantiations less EXTRA_CONFIGS' (what gemm() and the tile rule can pick): one
+    module; an experiment's config compiles as a module of its own, so the library's first call
+    does not compile kernels it never runs."""
+    extra = {c.name(d) for c in EXTRA_CONFIGS.values() for d in _DTYPES}
+    return tuple(sorted(set(rt.name_expressions_for(SRC)) - extra))
+
+
+@functools.cache
 def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int,
             options: tuple[str, ...] = COMPILE_OPTIONS) -> _Loaded:
-    mod = rt.load(SRC, sorted(_instantiated()), options=options, device_index=device_index)
+    lib = _library_names()
+    mod = rt.load(SRC, lib if name in lib else (name,), options=options, device_index=device_index)
     k = mod.kernel(name, [])
     k.set_max_dynamic_shared(shmem)
     d = _driver()
