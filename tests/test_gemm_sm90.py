@@ -237,13 +237,14 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
 
     gt._PLANS.clear()
     calls = []
-    real = gs.gemm_sm90
+    real = gs._launch
+    names = {cfg: name for name, cfg in gs.CONFIGS.items()}
 
-    def spy(*args, **kw):
-        calls.append(kw.get("config"))
-        return real(*args, **kw)
+    def spy(a, b, out, cfg, *rest):  # every launch, checked (gemm_sm90) or planned, comes here
+        calls.append(names.get(cfg, cfg))
+        return real(a, b, out, cfg, *rest)
 
-    monkeypatch.setattr(gs, "gemm_sm90", spy)
+    monkeypatch.setattr(gs, "_launch", spy)
     g = torch.Generator(device="cuda").manual_seed(7)
     n = 1536
     a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)

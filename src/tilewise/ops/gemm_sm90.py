@@ -363,8 +363,18 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         problem = out_problem(out, a.dtype, a.device, M, N)
         if problem is not None:
             raise ValueError(f"gemm_sm90: {problem}")
+    return _launch(a, b, out, cfg, clusters)
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, clusters: int | None = None):
+    """gemm_sm90's launch without its checks, for operands they accepted (gemm()'s plans call it
+    for a layout whose key the checked call has seen: dtype, shapes, strides, 16-byte alignment,
+    device); ``cfg`` with B's layout already in trans_b. Returns out."""
+    M, K = a.shape
+    N = b.shape[1]
+    trans_b = cfg.trans_b
     dev = a.get_device()
-    ld = _loaded(name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
+    ld = _loaded(cfg.name(a.dtype), dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
     map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)
     if trans_b:
         bch = 64 if cfg.bn % 64 == 0 else 32

@@ -1215,14 +1215,18 @@ class _Sm90Plan:
     """gemm()'s route to the CUDA C kernel (ops/gemm_sm90) for one plan key: the same call
     contract as _Plan (None when a given out meets an input's bytes: the checked path refuses it)."""
 
-    __slots__ = ("config", "out_shape", "out_dtype", "device", "extents")
+    __slots__ = ("config", "cfg", "out_shape", "out_dtype", "device", "extents")
 
     def __call__(self, a, b, bias, out):
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+            if out.data_ptr() & 15:
+                return None  # (the checked path allocates its own)
         elif _meets_inputs(out, self.extents, a, b, None):
             return None
-        return _sm90.gemm_sm90(a, b, out=out, config=self.config)
+        # the key covers what gemm_sm90's checks read (dtypes, shapes, strides, 16-byte alignment,
+        # devices): its launch runs without them
+        return _sm90._launch(a, b, out, self.cfg)
 
 
 def _sm90_config(a, b, bias, activation, out_dtype, out) -> str | None:
@@ -1244,6 +1248,7 @@ def _run_sm90(key, config, a, b, out):
     if key is not None:
         p = _Sm90Plan()
         p.config, p.out_shape, p.out_dtype, p.device = config, tuple(res.shape), res.dtype, a.device
+        p.cfg = _sm90.CONFIGS[config]  # (the route takes B with unit-stride rows: trans_b 1, as CONFIGS)
         p.extents = (_extent(a), _extent(b), 0, _extent(res))
         _keep_plan(key, p)
     return res
