@@ -9,7 +9,7 @@ clusters CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
 
     gemm_sm90(a, b, out=None, config=None) -> C (M, N)
 
-``config`` names an entry of ``CONFIGS``; None takes ``config_for(M, N, K)``, the wave-fill rule.
+``config`` names an entry of ``CONFIGS``; None takes ``config_for(M, N, K)``, the wave-time model.
 Needs compute capability 9.0 (sm_90a instructions), cuda-bindings (TMA descriptors, launch), and
 16-byte aligned rows (M, N, K >= 1; K and N multiples of 8). ``applies(a, b)``
 says whether a call would be taken. Cost: ``gemm_triton.cost``.
@@ -168,42 +168,73 @@ def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: 
     return None
 
 
+# A tile's throughput relative to 128 x 256 once the K loop runs (the tensor cores' share it keeps
+# busy): 128 x 192 and 128 x 128 from the large squares of logs/gemm-sm90-big-tiles-*-7f6b697
+# (6144^3-8192^3, where every tile fills its waves alike: 128 x 192 c2x1 0.94-0.99 of 128 x 256's
+# rate, c1x2 a little below, 128 x 128 0.91-0.98: 0.9 keeps it off 5000^3, where its misaligned
+# rows cost most, 0.60x cuBLAS against 128 x 256 0.78x); the one-warpgroup tiles from the no-load clock
+# stamps (64 x 128: 557 cycles a K block against 256 at peak, docs/notes-matmul.md); 192 x 96 set
+# so that it keeps the one-wave 1536^2 (where it measured ahead) and loses 2560^2 (where it
+# measured 0.90x against 128 x 256's 1.00x).
+TILE_RATE = {"64x128_c2x1": 0.5, "128x64_c1x2": 0.5, "128x128_c2x1": 0.9, "128x128_c1x1": 0.87,
+             "128x192_c2x1": 0.96, "128x192_c1x2": 0.93, "128x256_c2x1": 1.0, "192x96_c1x2": 0.8}
+
+
+def tile_time(name: str, M: int, N: int, sms: int = 132) -> float:
+    """The wave model's time of an (M, N) output in ``name``'s tiles, in units of a 1 x 1 output
+    cell at 128 x 256's rate: waves (tiles over SMs, rounded up: a persistent CTA's last tile
+    takes as long as a full one) x the tile's area / its rate. K scales every tile alike."""
+    cfg = CONFIGS[name]
+    tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
+    return -(-tiles // sms) * cfg.bm * cfg.bn / TILE_RATE.get(name, 0.5)
+
+
 def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
     """The tile and cluster for an (M, N, K) problem: the config (of ``names``, default all of
-    ``CONFIGS``) whose tiles fill the SMs' waves best, ties to the larger tile (fewer bytes from L2
-    a FLOP), then to the earlier entry. A first rule, to be replaced by the measured table
-    (docs/notes-matmul.md)."""
-    best, best_score = None, -1.0
+    ``CONFIGS``) with the least ``tile_time`` (waves x tile area / the tile's measured rate), ties
+    to the earlier entry. Measured against every large tile at 2304^2-8192^2 and five rectangles
+    (logs/gemm-sm90-big-tiles-{bf16,fp16}-7f6b697, which the rates were fitted to): it picks the
+    fastest tile, or one within 3.5 % of it (5120^3: 128 x 256 where 128 x 192 ran 2.5-3.5 %
+    faster), at every shape there. (The wave-fill score it replaces picked 64 x 128 at 6144^3: 0.56x
+    cuBLAS against 128 x 256's 0.95x.)"""
+    best, best_t = None, float("inf")
     for name in CONFIGS if names is None else names:
-        cfg = CONFIGS[name]
-        tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
-        waves = -(-tiles // sms)
-        fill = tiles / (waves * sms)
-        # useful share of the tile area (edge tiles are partly empty)
-        useful = (M * N) / (tiles * cfg.bm * cfg.bn)
-        score = fill * useful * (1.0 + 1e-3 * cfg.bm * cfg.bn / 1024)
-        if score > best_score:
-            best, best_score = name, score
+        t = tile_time(name, M, N, sms)
+        if t < best_t:
+            best, best_t = name, t
     return best
+
+
+# gemm() sends problems at least this large (M, N >= 2048, K >= 1024) to gemm_sm90 (below the
+# three narrower rules of route_for): measured level with Triton's gemm() at 2048^3 and ahead of it
+# at every larger shape of logs/gemm-sm90-big-tiles-*-7f6b697 (0-7 % on the squares, 1-12 % on the
+# rectangles; never behind by more than 1 %).
+ROUTE_MIN_MN, ROUTE_MIN_K = 2048, 1024
 
 
 def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) -> str | None:
     """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
     Triton kernels; ``ldb``: B's row stride in elements (default N). From the sweeps beside
-    Triton's gemm() and cuBLAS (graph-replayed): gemm_sm90 wins where its tile rule finds 192 x 96
-    tiles filling one wave (1536^2: 0.85x cuBLAS against Triton's 0.72-0.74x; Triton's power-of-two
-    tiles leave 27 % of the SMs idle there), 128 x 192 tiles in two to three waves with B multicast
-    (3072^2: 0.88-0.94x against 0.79-0.85x; logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc), and 64 x 128
-    tiles filling 90-100 % of a wave when B's rows are not whole 128-byte lines (1000^3 0.80-0.88x
-    against 0.76-0.80x, 1000 x 1000 x 4000 0.84-0.96x against 0.65-0.71x; with whole lines, 960^3 /
-    1024^3, Triton is ahead, 0.97-1.04x against 0.76-0.81x: logs/gemm-sm90-route1000-2eadfd7);
-    elsewhere it ties or trails (2560^2, 4096^2: within +-0.02 or behind)."""
+    Triton's gemm() and cuBLAS (graph-replayed):
+
+    - 64 x 128 tiles filling 90-100 % of a wave when B's rows are not whole 128-byte lines (1000^3
+      0.80-0.88x against 0.76-0.80x, 1000 x 1000 x 4000 0.84-0.96x against 0.65-0.71x; with whole
+      lines, 960^3 / 1024^3, Triton is ahead, 0.97-1.04x against 0.76-0.81x:
+      logs/gemm-sm90-route1000-2eadfd7);
+    - 192 x 96 tiles filling one wave (1536^2: 0.85x cuBLAS against Triton's 0.72-0.74x; Triton's
+      power-of-two tiles leave 27 % of the SMs idle there);
+    - 128 x 192 tiles in two to three waves (3072^2: 0.88-0.94x against 0.79-0.85x;
+      logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc);
+    - every problem with M, N >= ROUTE_MIN_MN and K >= ROUTE_MIN_K, in config_for's tile
+      (logs/gemm-sm90-big-tiles-*-7f6b697: 4096^3 0.996x / 1.006x against gemm()'s 0.965x /
+      0.968x, 8192 x 4096 x 1024 1.01x / 1.02x against 0.89x / 0.93x)."""
     ldb = N if ldb is None else ldb
     t64 = -(-M // 64) * -(-N // 128)
     if (2 * ldb) % 128 and 0.9 * sms <= t64 <= sms:
         return "64x128_c2x1"
-    # (the sweeps behind the two rules below ran before the 64 x 128 config joined the fill rule)
     name = config_for(M, N, K, sms, [n for n in CONFIGS if n != "64x128_c2x1"])
+    if min(M, N) >= ROUTE_MIN_MN and K >= ROUTE_MIN_K:
+        return name
     cfg = CONFIGS[name]
     tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
     if name == "192x96_c1x2" and 0.9 * sms <= tiles <= sms:

@@ -1287,8 +1287,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
                 16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); plain 16-bit products on an
                 sm_90 GPU where ``gemm_sm90.route_for`` says the CUDA C wgmma + TMA-multicast kernel
-                wins (1536^2, 3072^2-like shapes, and 1000^2-like ones whose B rows are not whole
-                128-byte lines); else v3_tma_persistent
+                wins (M, N >= 2048 with K >= 1024; 1536^2, 3072^2-like shapes; 1000^2-like ones
+                whose B rows are not whole 128-byte lines); else v3_tma_persistent
                 where the layouts allow TMA (16-bit: the tile ``tma_tile_for``'s wave model picks,
                 v3_tma_split's 128 x 192 or a fixed 64 x 128 where they fill the GPU better), else
                 v1_tiled) or a key of VARIANTS.
