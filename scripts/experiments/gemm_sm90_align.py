@@ -26,6 +26,7 @@ def run(n, dtype):
     g = torch.Generator(device="cuda").manual_seed(n)
     cfg = gs.route_for(n, n, n) or gs.config_for(n, n, n)
     graphs = {}
+    keep = []  # a graph replays on these addresses: they live until the rounds are done
     pad = -(-n // 64) * 64
     for label, ld in (("packed", n), ("padded", pad)):
         if label == "padded" and pad == n:
@@ -34,6 +35,7 @@ def run(n, dtype):
         out = torch.empty(n, n, device="cuda", dtype=dtype)
         ref = a.double() @ b.double()
         c = torch.empty(n, n, device="cuda", dtype=dtype)
+        keep += [a, b, out, c]
         if not graphs:
             graphs["cublas"] = graph_of(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
         else:
