@@ -126,6 +126,13 @@ def test_time_ms_graph_rejects_bad_counts():
         time_ms_graph(lambda: None, calls=0)
 
 
+def test_time_ms_graphs_rejects_bad_counts():
+    from tilewise.bench.harness import time_ms_graphs
+
+    with pytest.raises(ValueError, match="rounds"):
+        time_ms_graphs({"a": lambda: None}, rounds=0)
+
+
 @pytest.mark.gpu
 def test_gpu_time_ms_graph_matches_device_bound_timing():
     """On a device-bound op (a 256 MB copy) the graph-replayed time per call agrees with the
@@ -140,3 +147,20 @@ def test_gpu_time_ms_graph_matches_device_bound_timing():
     assert 0.7 < graph / eager < 1.4, (graph, eager)
     s = torch.zeros(1, device="cuda")
     assert time_ms_graph(lambda: s.add_(1.0), calls=50) < 0.02  # a few us a launch, host excluded
+
+
+@pytest.mark.gpu
+def test_gpu_time_ms_graphs_times_each_version_in_the_same_rounds():
+    """Interleaved graph timing: one median per version; a copy of twice the bytes takes about
+    twice as long, and a version measured alone agrees with its interleaved time."""
+    import torch
+
+    from tilewise.bench.harness import time_ms_graph, time_ms_graphs
+
+    x = torch.randn(1 << 26, device="cuda")
+    y = torch.empty_like(x)
+    t = time_ms_graphs({"half": lambda: y[: 1 << 25].copy_(x[: 1 << 25]), "full": lambda: y.copy_(x)}, calls=5)
+    assert set(t) == {"half", "full"}
+    assert 1.6 < t["full"] / t["half"] < 2.4, t
+    alone = time_ms_graph(lambda: y.copy_(x), calls=5)
+    assert 0.8 < alone / t["full"] < 1.25, (alone, t)

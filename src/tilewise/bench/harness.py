@@ -71,19 +71,11 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 15) -> float:
-    """Median device time of one ``fn()`` in ms with the host out of the picture: ``calls``
-    back-to-back calls captured in one CUDA graph (after warm-up on a side stream, so autotuning
-    and lazy loading happen outside the capture), the graph replayed ``repeats`` times between
-    events. For kernels shorter than their host launch path (small GEMMs: a planned gemm() call
-    costs 10-20 us of host time on the H200's host, 50-230 us through Triton's own dispatch,
-    more than a 512^3 GEMM's device time), where ``time_ms`` measures the host. No L2 flush
-    between the calls: inputs stay hot, as in a training step; report it beside ``time_ms``, not
-    instead of it."""
+def _graph_of(fn: Callable[[], object], calls: int):
+    """``calls`` back-to-back ``fn()`` calls captured in one CUDA graph, after warm-up on a side
+    stream (autotuning and lazy loading happen outside the capture); replayed once."""
     import torch
 
-    if calls < 1 or repeats < 1:
-        raise ValueError(f"time_ms_graph: calls and repeats must be >= 1, got {calls}, {repeats}")
     fn()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -97,17 +89,55 @@ def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 1
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    samples.sort()
+    return graph
+
+
+def _replay_ms(graph, calls: int) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 15) -> float:
+    """Median device time of one ``fn()`` in ms with the host out of the picture: ``calls``
+    back-to-back calls captured in one CUDA graph (after warm-up on a side stream, so autotuning
+    and lazy loading happen outside the capture), the graph replayed ``repeats`` times between
+    events. For kernels shorter than their host launch path (small GEMMs: a planned gemm() call
+    costs 10-20 us of host time on the H200's host, 50-230 us through Triton's own dispatch,
+    more than a 512^3 GEMM's device time), where ``time_ms`` measures the host. No L2 flush
+    between the calls: inputs stay hot, as in a training step; report it beside ``time_ms``, not
+    instead of it. To compare versions, ``time_ms_graphs`` (interleaved) is fairer."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"time_ms_graph: calls and repeats must be >= 1, got {calls}, {repeats}")
+    graph = _graph_of(fn, calls)
+    samples = sorted(_replay_ms(graph, calls) for _ in range(repeats))
     del graph
     return samples[len(samples) // 2]
+
+
+def time_ms_graphs(fns: dict[str, Callable[[], object]], *, calls: int = 20, rounds: int = 7,
+                   replays: int = 3) -> dict[str, float]:
+    """``time_ms_graph`` for several versions of one computation, interleaved: each version's
+    ``calls`` calls in one graph, the graphs replayed round-robin (``rounds`` rounds of
+    ``replays`` replays each), each version's median over its samples. A compute-bound GPU's
+    clock drifts with its power draw over a run (the H200 at 8192^3: cuBLAS timed first, on a
+    cool GPU, measured 1.46 ms against 1.64-1.69 ms inside interleaved rounds), so versions timed
+    one after the other are compared at different clocks; interleaved, every version sees the
+    same drift."""
+    if calls < 1 or rounds < 1 or replays < 1:
+        raise ValueError(f"time_ms_graphs: calls, rounds and replays must be >= 1, got {calls}, {rounds}, {replays}")
+    graphs = {k: _graph_of(fn, calls) for k, fn in fns.items()}
+    samples: dict[str, list[float]] = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, graph in graphs.items():
+            samples[k].extend(_replay_ms(graph, calls) for _ in range(replays))
+    del graphs
+    return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 
 
 def host_us_per_call(fn: Callable[[], object], *, calls: int = 2000, repeats: int = 9) -> float:
