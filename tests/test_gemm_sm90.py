@@ -85,6 +85,18 @@ def test_config_rule_takes_the_least_wave_time(M, N, K, want):
     assert gs.config_for(M, N, K, 132) == want
 
 
+def test_tail_split_rule():
+    assert gs.tail_splits(400, 66, 79) == 6   # 5000^3 in 128 x 256: four tiles in the seventh wave
+    assert gs.tail_splits(256, 66, 64) == 1   # 4096^3: the last wave 58 of 66, nothing to gain
+    assert gs.tail_splits(64, 66, 16) == 1    # one partial wave: no whole wave to follow
+    assert gs.tail_splits(396, 66, 79) == 1   # whole waves
+    assert gs.tail_splits(400, 66, 79, swap=True) == 1
+    assert gs.tail_splits(400, 66, 4) == 1    # short K: the partials' round trip costs more than it saves
+    for nct, clusters, kt in [(400, 66, 79), (133, 66, 200), (70, 33, 1000)]:
+        s = gs.tail_splits(nct, clusters, kt)
+        assert s == 1 or (nct % clusters) * s <= clusters  # one unit a resident cluster at most
+
+
 def test_wave_time_model():
     # waves x area / rate: 2560^2 in 128 x 256 is 200 tiles, two waves on 132 SMs
     assert gs.tile_time("128x256_c2x1", 2560, 2560, 132) == 2 * 128 * 256
@@ -155,6 +167,89 @@ def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
 def test_gemm_sm90_several_tiles_a_cta(config):
     # more cluster tiles than resident clusters: the persistent loop and the ring's phases wrap
     _check(2304, 2056, 520, torch.bfloat16, config, seed=3)
+
+
+def _clusters_for_a_tail(M, N, cfg):
+    """A cluster count (as the ``clusters`` argument) that leaves a last wave at most half full
+    after at least one whole wave: the stream-K tail applies."""
+    nct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+    for c in range(nct // 2, 1, -1):
+        if 1 <= nct % c <= c // 2:
+            return c
+    raise AssertionError(f"no cluster count gives a partial last wave for {nct} cluster tiles")
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("splits", [2, 3, 16])
+@pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "192x96_c1x2", "128x128_c1x1", "64x128_c2x1",
+                                    "64x128w2_c2x1"])
+def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
+    """The stream-K tail, forced, with few clusters so that whole waves and a partial one run:
+    right answers on odd sizes into NaN-poisoned outputs (every tail tile's epilogue ran), the
+    same bits on a second run (the last unit adds the partials in range order whoever it is),
+    a K of one block (no split possible), and a replayed CUDA graph (the workspace from its pool)."""
+    cfg = gs.CONFIGS.get(config) or gs.EXTRA_CONFIGS[config]
+    M, N, K = 1000, 1032, 1000
+    clusters = _clusters_for_a_tail(M, N, cfg)
+    monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref = a.double() @ b.double()
+    runs = []
+    for _ in range(2):
+        c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=torch.bfloat16)), config=config,
+                         clusters=clusters)
+        torch.cuda.synchronize()
+        assert c.isfinite().all(), "a tail tile was not written"
+        assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+        runs.append(c)
+    assert torch.equal(runs[0], runs[1]), "the tail's sum depends on the order the units arrived in"
+    monkeypatch.setattr(gs, "TAIL_SPLITS", 1)
+    plain = gs.gemm_sm90(a, b, config=config, clusters=clusters)
+    assert ((plain.double() - ref).norm() / ref.norm()).item() < 1e-2
+    monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
+    short = gs.gemm_sm90(a[:, :64].contiguous(), b[:64].contiguous(), config=config, clusters=clusters)
+    ref64 = a[:, :64].double() @ b[:64].double()
+    assert ((short.double() - ref64).norm() / ref64.norm()).item() < 1e-2
+    if splits != 3:
+        return
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
+    for i in range(2):
+        poison(out)
+        a.copy_(torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        assert out.isfinite().all() and ((out.double() - ref).norm() / ref.norm()).item() < 1e-2, i
+
+
+@gpu
+@needs_sm90
+def test_gemm_routes_5000_with_a_tail():
+    """gemm() at 5000 x 5000 x 4096 (the route's 128 x 256 tile: 400 cluster tiles, the last wave
+    four of them) takes the tail split by the rule, and its result is right."""
+    from tilewise.ops import gemm_triton as gt
+
+    M = N = 5000
+    K = 4096
+    assert gs.route_for(M, N, K) == "128x256_c2x1"
+    assert gs.tail_splits(400, 66, K // 64) > 1
+    g = torch.Generator(device="cuda").manual_seed(2)
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16, generator=g)
+    for _ in range(2):  # checked, then planned
+        c = gt.gemm(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=torch.float16)))
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        assert c.isfinite().all() and ((c.double() - ref).norm() / ref.norm()).item() < 2e-3
 
 
 @gpu

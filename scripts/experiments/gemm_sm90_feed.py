@@ -18,7 +18,6 @@ wait on their wgmma (tensor-bound). Two questions, each with a prediction writte
 Interleaved rounds, graph-replayed, each variant checked against float64 on NaN-poisoned outputs.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_feed.py
 """
-import ctypes
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -59,7 +58,7 @@ def launcher(path, cfg, dtype, options, chunk):
     k.set_max_dynamic_shared(cfg.shmem)
     func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
     clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
-    types = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+    types = gs._ARG_TYPES  # (the stream-K tail's workspace, counters and splits last: off here)
 
     def run(a, b, out):
         M, K = a.shape
@@ -76,7 +75,7 @@ def launcher(path, cfg, dtype, options, chunk):
             map_c = gs.tensor_map(out, cw, 64, 2 * cw)
         else:
             map_c = map_a
-        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), types)
+        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), 0, 0, 1), types)
         gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
                      "cuLaunchKernel")
         return out

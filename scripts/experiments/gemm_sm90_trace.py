@@ -38,8 +38,7 @@ from tilewise.ops import gemm_sm90 as gs
 from tilewise.runtime import cuda as rt
 
 CFG = gs.CONFIGS["64x128_c2x1"]
-TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-         ctypes.c_void_p)
+TYPES = gs._ARG_TYPES + (ctypes.c_void_p,)  # the trace buffer after the stream-K tail's arguments
 
 
 def traced(src, cfg, dtype, options=()):
@@ -60,7 +59,7 @@ def traced(src, cfg, dtype, options=()):
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
         map_c = gs.tensor_map(out, 64, 64, 128) if gs._bulk_store(cfg) else map_a  # C's boxes (epi_n 128 / 64)
-        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), trace.data_ptr()), TYPES)
+        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), 0, 0, 1, trace.data_ptr()), TYPES)
         gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
                      "cuLaunchKernel")
         return grid

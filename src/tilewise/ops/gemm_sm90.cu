@@ -243,7 +243,8 @@ __host__ __device__ constexpr int consumer_wgs() {
 template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
-              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc
+              const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc,
+              float* __restrict__ sk_ws, int* __restrict__ sk_flags, int sk
 #ifdef TW_TRACE
               , long long* __restrict__ trace
 #endif
@@ -271,6 +272,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  __shared__ int sk_last[NWG];  // a consumer warpgroup's tail unit arrived last (stream-K tail)
   // Dynamic shared memory: the ring (aligned up to 1024 bytes for the 128-byte swizzle; the host
   // asks for 1 KiB more), then the consumers' C staging buffers (NWG x 64 x EPI_N elements; with
   // SWAP NWG x BM x 64).
@@ -350,6 +352,32 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const int nct = ctm * ctn;
   const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
   const int kt = (K + BK - 1) / BK;
+  // Stream-K tail (sk > 1; plain tiles only, the host passes 1 for SWAP and when the cluster tiles
+  // do not fill a wave): the cluster tiles [0, full) run whole, in waves, as always; the last,
+  // partial wave's tiles [full, nct) are each cut into sk ranges of K blocks, one range a cluster
+  // (cluster u takes tile full + u / sk, range u % sk). Each range's products go to the workspace
+  // as fp32; the unit that arrives last on the tile's counter adds the sk partials in range order
+  // (the same sum whoever is last: the result does not depend on timing) and runs the epilogue.
+  // Nobody waits for anybody, so residency cannot deadlock it.
+  const int sks = (!SWAP && sk > 1 && nct >= clusters) ? sk : 1;
+  const int full = sks > 1 ? nct - nct % clusters : nct;
+  const int n_full = full > cluster_id ? (full - cluster_id + clusters - 1) / clusters : 0;
+  const bool sk_unit = sks > 1 && cluster_id < (nct - full) * sks;
+  const int sk_split = sk_unit ? cluster_id % sks : 0;
+  const int sk_kb0 = sk_split * kt / sks, sk_kb1 = (sk_split + 1) * kt / sks;
+  const int n_items = n_full + (sk_unit ? 1 : 0);
+  // This cluster's j-th tile: cluster tile t, K blocks [kb0, kb1).
+  auto item = [&](int j, int& t, int& kb0, int& kb1) {
+    if (j < n_full) {
+      t = cluster_id + j * clusters;
+      kb0 = 0;
+      kb1 = kt;
+    } else {
+      t = full + cluster_id / sks;
+      kb0 = sk_kb0;
+      kb1 = sk_kb1;
+    }
+  };
   // No final cluster barrier for the plain tiles (not SWAP): consumers skip the releases no
   // producer waits for (a stage's last use in the cluster's block sequence), so the only remote
   // operations a CTA makes are copies its peers wait for on `full` barriers and releases their
@@ -359,7 +387,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   constexpr bool kPrune = !SWAP && CS > 1;
   // The K blocks this cluster's CTAs run in all (their tiles times kt); block h's stage is waited for
   // again only if h + STAGES < that.
-  const long long blocks_all = (long long)((nct - cluster_id + clusters - 1) / clusters) * kt;
+  const long long blocks_all = (long long)n_full * kt + (sk_unit ? sk_kb1 - sk_kb0 : 0);
 
   if (wg == 0) {
     // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
@@ -402,11 +430,13 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       }
       // The rest as a plain ring: the loop below is the same whether or not copies went out early.
       int it = early;
-      for (int t = cluster_id; t < nct; t += clusters) {
+      for (int jt = 0; jt < n_items; ++jt) {
+        int t, kb0, kb1;
+        item(jt, t, kb0, kb1);
         int cm, cn;
         cluster_tile(t, ctm, ctn, cm, cn);
         const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
-        for (int kb = t == cluster_id ? early : 0; kb < kt; ++kb, ++it) {
+        for (int kb = jt == 0 ? early : kb0; kb < kb1; ++kb, ++it) {
           const int s = it % STAGES;
           const unsigned ph = (unsigned)(it / STAGES) & 1u;
           if (kNoLoad && kb >= STAGES) continue;
@@ -510,7 +540,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
       }
     } else {
-    for (int t = cluster_id; t < nct; t += clusters) {
+    for (int jt = 0; jt < n_items; ++jt) {
+      int t, kb0, kb1;
+      item(jt, t, kb0, kb1);
+      const int nb = kb1 - kb0;  // K blocks of this tile here (kt but for a tail unit)
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
@@ -518,7 +551,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
       const bool stamp = t == cluster_id && w == 0 && tid == 0;
       if (stamp) TW_STAMP(63, 1);
-      for (int kb = 0; kb < kt; ++kb, ++it) {
+      for (int kb = 0; kb < nb; ++kb, ++it) {
         const int s = it % STAGES;
         if (stamp) TW_STAMP(kb, 2);
         if (!kNoLoad || kb < STAGES) mbar_wait(smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
@@ -550,9 +583,35 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
       fence_regs(acc);
       if (tid == 0 && !kNoLoad)
-        for (int j = min(kt, kInflight); j >= 1; --j)
+        for (int j = min(nb, kInflight); j >= 1; --j)
           if (!kPrune || it - j + STAGES < blocks_all) release((it - j) % STAGES);
       if (stamp) TW_STAMP(63, 2);
+      if (sk_unit && jt == n_full) {
+        // A tail unit: this warpgroup's partial to the workspace (element i of thread tid at
+        // i * 128 + tid: coalesced), fenced by every thread; one arrival a warpgroup on the tile's
+        // counter. The last arriver adds all sks partials in range order (L2 loads: the other units'
+        // stores are not in this SM's L1) and goes on to the epilogue; the others are done.
+        const long long slot = (long long)((t - full) * CS + (int)rank) * NWG + w;
+        float* const mine = sk_ws + (slot * sks + sk_split) * (BNW / 2) * 128 + tid;
+#pragma unroll
+        for (int i = 0; i < BNW / 2; ++i) mine[i * 128] = acc[i];
+        __threadfence();
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+        if (tid == 0) {
+          const int before = atomicAdd(sk_flags + slot, 1);
+          __threadfence();
+          sk_last[w] = before == sks - 1;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
+        if (!sk_last[w]) continue;
+        const float* const parts = sk_ws + slot * sks * (BNW / 2) * 128 + tid;
+#pragma unroll
+        for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
+        for (int q = 0; q < sks; ++q) {
+#pragma unroll
+          for (int i = 0; i < BNW / 2; ++i) acc[i] += __ldcg(parts + ((long long)q * (BNW / 2) + i) * 128);
+        }
+      }
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
       if (M > 0) continue;

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,7 +342,35 @@ def _bulk_store(cfg: Config) -> bool:
     return cfg.consumers > 1
 
 
-_ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+_ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+
+# The stream-K tail's splits: None takes ``tail_splits``' rule, 1 turns the tail off, k > 1 forces
+# k where the kernel can take it (experiments).
+TAIL_SPLITS: int | None = None
+# A partial's round trip (written by one unit, read back by the last) in K blocks of the tile's own
+# MMA time: BM x BN x 4 bytes at ~100 GB/s an SM (L2) against BM x BN x 64 x 2 FLOPs at ~6 TFLOP/s
+# an SM, about 2 whatever the tile.
+_PARTIAL_BLOCKS = 2.0
+
+
+def tail_splits(cluster_tiles: int, clusters: int, kt: int, swap: bool = False) -> int:
+    """How many K ranges the stream-K tail cuts each tile of the last, partial wave into (1: no
+    tail split). A wave of ``clusters`` resident clusters runs ``cluster_tiles`` tiles of ``kt`` K
+    blocks; when the last wave holds r < clusters / 2 tiles, the others idle through a whole tile's
+    time (5000^3 in 128 x 256 tiles: 400 cluster tiles on 66 clusters, the seventh wave 4 tiles).
+    Cut in s ranges, the tail takes about kt / s + (s + 1) x _PARTIAL_BLOCKS blocks (the last unit
+    reads all s partials): s near sqrt(kt / 2), at most clusters / r units a tile, taken when it
+    saves a fifth of the tail."""
+    if swap or cluster_tiles < clusters or clusters < 2:
+        return 1
+    r = cluster_tiles % clusters
+    if r == 0:
+        return 1
+    s = min(clusters // r, kt, max(1, round(math.sqrt(kt / _PARTIAL_BLOCKS))))
+    if s < 2 or kt / s + (s + 1) * _PARTIAL_BLOCKS >= 0.8 * kt:
+        return 1
+    return s
 
 
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -419,10 +448,26 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
         map_c = map_a
     tiles_m, tiles_n = -(-M // cfg.bm), -(-N // cfg.bn)
     cluster_tiles = -(-tiles_m // cfg.cm) * -(-tiles_n // cfg.cn)
-    grid = min(cluster_tiles, clusters or ld.clusters) * cfg.cluster
+    resident = min(cluster_tiles, clusters or ld.clusters)
+    grid = resident * cfg.cluster
+    kt = -(-K // 64)
+    if TAIL_SPLITS is None:
+        sk = tail_splits(cluster_tiles, resident, kt, bool(cfg.swap))
+    elif cfg.swap or cluster_tiles <= resident or cluster_tiles % resident == 0:
+        sk = 1
+    else:  # forced: at most one unit a resident cluster, one K block a unit
+        sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
+    ws_ptr = flags_ptr = 0
+    if sk > 1:
+        # per call from the caching allocator (stream-ordered, and a graph capture's own pool):
+        # concurrent calls on other streams never share a workspace; the counters start at zero
+        tail = cluster_tiles % resident
+        ws = torch.empty(tail * sk * cfg.cluster * cfg.bm * cfg.bn, dtype=torch.float32, device=a.device)
+        flags = torch.zeros(tail * cfg.cluster * cfg.consumers, dtype=torch.int32, device=a.device)
+        ws_ptr, flags_ptr = ws.data_ptr(), flags.data_ptr()
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
-    args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _ARG_TYPES)
+    args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), ws_ptr, flags_ptr, sk), _ARG_TYPES)
     launch = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)
     if torch.cuda.current_device() == dev:
         err = d.cuLaunchKernel(*launch)[0]

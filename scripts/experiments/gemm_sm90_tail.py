@@ -1,0 +1,92 @@
+"""gemm_sm90's stream-K tail: the last, partial wave's tiles cut into K ranges over all clusters.
+Interleaved graph-replayed rounds beside cuBLAS, each variant checked against float64 on a
+NaN-poisoned output.
+
+Why: 5000^3 ran 0.82-0.83x cuBLAS graph-replayed (logs/bench-gemm-triton-b8aaf9a): 400 cluster
+tiles of 128 x 256 on 66 clusters run as 7 waves where the work is 6.06; per wave the kernel is as
+fast as at 4096 (logs/gemm-sm90-align-94c210b).
+Prediction, written before the run: the rule's 6 ranges take 5000^3 from ~455 to 405-420 us
+(0.90-0.95x cuBLAS), 5120^3 alike; forced 3-12 ranges within 5 % of the rule's; and the shapes
+without a tail (1000, 1536, 3072, 4096) within +-1 % of the kernel before the change (OLD.cu, the
+same build without the tail's arguments), which runs beside it.
+Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_tail.py OLD.cu
+"""
+import ctypes
+import sys
+
+import torch
+from _timing import warm_clocks
+from gemm_sm90_feed import operands
+from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
+
+from tilewise.ops import gemm_sm90 as gs
+from tilewise.runtime import cuda as rt
+
+_OLD_ARGS = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+NO_TAIL = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1", 4096: "128x256_c2x1"}
+TAIL = [(5000, 5000, 5000), (5120, 5120, 5120), (5000, 5000, 4096)]
+
+
+def old_launcher(path, cfg, dtype):
+    d = gs._driver()
+    mod = rt.load(path, [cfg.name(dtype)], options=("-std=c++17",), device_index=0)
+    k = mod.kernel(cfg.name(dtype), [])
+    k.set_max_dynamic_shared(cfg.shmem)
+    func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+    clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
+
+    def run(a, b, out):
+        M, K = a.shape
+        N = b.shape[1]
+        map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
+        bch = 64 if cfg.bn % 64 == 0 else 32
+        map_b = gs.tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
+        map_c = gs.tensor_map(out, 64 if cfg.epi_n % 64 == 0 else 32, 64, 128 if cfg.epi_n % 64 == 0 else 64) \
+            if gs._bulk_store(cfg) else map_a
+        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+        grid = min(ct, clusters) * cfg.cluster
+        stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
+        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
+        gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
+                     "cuLaunchKernel")
+    return run
+
+
+def no_tail(old_path, n, name, dtype):
+    a, b, out, ref = operands(n, n, n, dtype, n)
+    cfg = gs.CONFIGS[name]
+    old = old_launcher(old_path, cfg, dtype)
+    gs.TAIL_SPLITS = None
+    graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
+              "before": checked_graph(lambda: old(a, b, out), out, ref, "before"),
+              "now": checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, "now")}
+    rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {n}^3 {name}", 8)
+
+
+def tail(m, n, k, dtype):
+    a, b, out, ref = operands(m, n, k, dtype, m + k)
+    name = gs.route_for(m, n, k)
+    graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
+    for label, splits in (("off", 1), ("rule", None), ("3", 3), ("4", 4), ("8", 8), ("12", 12)):
+        gs.TAIL_SPLITS = splits
+        graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, label)
+    gs.TAIL_SPLITS = None
+    cfg = gs.CONFIGS[name]
+    nct = -(-(-(-m // cfg.bm)) // cfg.cm) * -(-(-(-n // cfg.bn)) // cfg.cn)
+    print(f"{m}x{n}x{k} {name}: {nct} cluster tiles, rule's splits {gs.tail_splits(nct, 66, -(-k // 64))}", flush=True)
+    rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 6)
+
+
+def main():
+    old_path = sys.argv[1]
+    warm_clocks()
+    for dtype in (torch.bfloat16, torch.float16):
+        for m, n, k in TAIL:
+            tail(m, n, k, dtype)
+            torch.cuda.empty_cache()
+    for n, name in NO_TAIL.items():
+        no_tail(old_path, n, name, torch.bfloat16)
+
+
+if __name__ == "__main__":
+    main()
