@@ -30,6 +30,17 @@ def test_configs_are_instantiated():
         assert cfg.bm % (8 * cfg.cn) == 0 and 64 % (8 * cfg.cm) == 0
 
 
+def test_every_config_has_a_tail_kernel_outside_the_library_module():
+    names, lib = set(gs._instantiated()), set(gs._library_names())
+    for c in gs.CONFIGS.values():
+        for dt in (torch.bfloat16, torch.float16):
+            tail = gs._tail_name(c, dt)
+            assert tail in names and tail not in lib, (c, tail)
+            assert tail.endswith(",1>") and tail != c.name(dt)
+    for c in list(gs.EXTRA_CONFIGS.values()) + [gs.KMAJOR_CONFIG]:
+        assert gs._tail_name(c, torch.bfloat16) is None  # the launch keeps sk = 1 for them
+
+
 def test_library_module_leaves_out_the_experiment_configs():
     lib = set(gs._library_names())
     for dt in (torch.bfloat16, torch.float16):
@@ -37,6 +48,7 @@ def test_library_module_leaves_out_the_experiment_configs():
         assert gs.KMAJOR_CONFIG.name(torch.bfloat16) in lib
         assert not any(c.name(dt) in lib for c in gs.EXTRA_CONFIGS.values())
     assert lib | {c.name(d) for c in gs.EXTRA_CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
+        | {gs._tail_name(c, d) for c in gs.CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
         == set(gs._instantiated())
 
 
@@ -183,7 +195,7 @@ def _clusters_for_a_tail(M, N, cfg):
 @needs_sm90
 @pytest.mark.parametrize("splits", [2, 3, 16])
 @pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "192x96_c1x2", "128x128_c1x1", "64x128_c2x1",
-                                    "64x128w2_c2x1"])
+                                    "128x64_c1x2"])
 def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
     """The stream-K tail, forced, with few clusters so that whole waves and a partial one run:
     right answers on odd sizes into NaN-poisoned outputs (every tail tile's epilogue ran), the

@@ -9,6 +9,10 @@ Prediction, written before the run: the rule's 6 ranges take 5000^3 from ~455 to
 (0.90-0.95x cuBLAS), 5120^3 alike; forced 3-12 ranges within 5 % of the rule's; and the shapes
 without a tail (1000, 1536, 3072, 4096) within +-1 % of the kernel before the change (OLD.cu, the
 same build without the tail's arguments), which runs beside it.
+First run (c2d6ebb, the tail's code inside the whole tiles' loop): the tail as predicted at 5000 /
+5120, but the shapes without a tail 4-18 % slower than before (1536^3 12.84 -> 15.17 us); the tail
+is now a TAIL = 1 instantiation of its own, and TAIL = 0 compiles to the old kernel's instructions
+(register names and code motion aside).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_tail.py OLD.cu
 """
 import ctypes

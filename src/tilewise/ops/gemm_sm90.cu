@@ -11,6 +11,14 @@
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1> gemm_sm90<__half,64,128,2,1,8,1>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2> gemm_sm90<__half,64,128,2,1,8,1,2>
 // tilewise-instantiate: gemm_sm90<__nv_bfloat16,72,128,2,1,8,1,1,1> gemm_sm90<__half,72,128,2,1,8,1,1,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,64,1,2,8,1,1,0,1> gemm_sm90<__half,128,64,1,2,8,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,2,1,6,1,1,0,1> gemm_sm90<__half,128,128,2,1,6,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,2,1,5,1,1,0,1> gemm_sm90<__half,128,192,2,1,5,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,192,1,2,5,1,1,0,1> gemm_sm90<__half,128,192,1,2,5,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,256,2,1,4,1,1,0,1> gemm_sm90<__half,128,256,2,1,4,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,192,96,1,2,5,1,1,0,1> gemm_sm90<__half,192,96,1,2,5,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,128,128,1,1,6,1,1,0,1> gemm_sm90<__half,128,128,1,1,6,1,1,0,1>
+// tilewise-instantiate: gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,1,0,1> gemm_sm90<__half,64,128,2,1,8,1,1,0,1>
 //
 // C[M, N] = A[M, K] B[K, N] on Hopper's tensor cores (sm_90a), the way the vendor libraries do it
 // and Triton 3.6 cannot: warpgroup MMA (wgmma) from shared memory, tiles brought in by the tensor
@@ -240,7 +248,7 @@ __host__ __device__ constexpr int consumer_wgs() {
   return SWAP ? BN / 64 : BM / 64 * WN;
 }
 
-template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0>
+template <typename T, int BM, int BN, int CM, int CN, int STAGES, int kTransB, int WN = 1, int SWAP = 0, int TAIL = 0>
 __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consumer_wgs<BM, BN, WN, SWAP>() + 1), 1)
     gemm_sm90(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
               const __grid_constant__ TmaDesc tma_c, T* __restrict__ c, int M, int N, int K, long long ldc,
@@ -352,32 +360,19 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const int nct = ctm * ctn;
   const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
   const int kt = (K + BK - 1) / BK;
-  // Stream-K tail (sk > 1; plain tiles only, the host passes 1 for SWAP and when the cluster tiles
-  // do not fill a wave): the cluster tiles [0, full) run whole, in waves, as always; the last,
+  // Stream-K tail (TAIL instantiations, sk > 1; plain tiles only, the host passes 1 for SWAP and
+  // when the cluster tiles do not fill a wave; with TAIL = 0 all of it compiles away): the cluster tiles [0, full) run whole, in waves, as always; the last,
   // partial wave's tiles [full, nct) are each cut into sk ranges of K blocks, one range a cluster
   // (cluster u takes tile full + u / sk, range u % sk). Each range's products go to the workspace
   // as fp32; the unit that arrives last on the tile's counter adds the sk partials in range order
   // (the same sum whoever is last: the result does not depend on timing) and runs the epilogue.
   // Nobody waits for anybody, so residency cannot deadlock it.
-  const int sks = (!SWAP && sk > 1 && nct >= clusters) ? sk : 1;
+  const int sks = (TAIL && !SWAP && sk > 1 && nct >= clusters) ? sk : 1;
   const int full = sks > 1 ? nct - nct % clusters : nct;
   const int n_full = full > cluster_id ? (full - cluster_id + clusters - 1) / clusters : 0;
   const bool sk_unit = sks > 1 && cluster_id < (nct - full) * sks;
   const int sk_split = sk_unit ? cluster_id % sks : 0;
   const int sk_kb0 = sk_split * kt / sks, sk_kb1 = (sk_split + 1) * kt / sks;
-  const int n_items = n_full + (sk_unit ? 1 : 0);
-  // This cluster's j-th tile: cluster tile t, K blocks [kb0, kb1).
-  auto item = [&](int j, int& t, int& kb0, int& kb1) {
-    if (j < n_full) {
-      t = cluster_id + j * clusters;
-      kb0 = 0;
-      kb1 = kt;
-    } else {
-      t = full + cluster_id / sks;
-      kb0 = sk_kb0;
-      kb1 = sk_kb1;
-    }
-  };
   // No final cluster barrier for the plain tiles (not SWAP): consumers skip the releases no
   // producer waits for (a stage's last use in the cluster's block sequence), so the only remote
   // operations a CTA makes are copies its peers wait for on `full` barriers and releases their
@@ -387,7 +382,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   constexpr bool kPrune = !SWAP && CS > 1;
   // The K blocks this cluster's CTAs run in all (their tiles times kt); block h's stage is waited for
   // again only if h + STAGES < that.
-  const long long blocks_all = (long long)n_full * kt + (sk_unit ? sk_kb1 - sk_kb0 : 0);
+  const long long blocks_all = TAIL ? (long long)n_full * kt + (sk_unit ? sk_kb1 - sk_kb0 : 0)
+                                    : (long long)((nct - cluster_id + clusters - 1) / clusters) * kt;
 
   if (wg == 0) {
     // With one consumer warpgroup (256 threads) every thread may keep 255 registers: no rebalancing.
@@ -430,13 +426,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       }
       // The rest as a plain ring: the loop below is the same whether or not copies went out early.
       int it = early;
-      for (int jt = 0; jt < n_items; ++jt) {
-        int t, kb0, kb1;
-        item(jt, t, kb0, kb1);
+      auto produce = [&](const int t, const int kb_first, const int kb_end) {
         int cm, cn;
         cluster_tile(t, ctm, ctn, cm, cn);
         const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
-        for (int kb = jt == 0 ? early : kb0; kb < kb1; ++kb, ++it) {
+        for (int kb = kb_first; kb < kb_end; ++kb, ++it) {
           const int s = it % STAGES;
           const unsigned ph = (unsigned)(it / STAGES) & 1u;
           if (kNoLoad && kb >= STAGES) continue;
@@ -460,7 +454,9 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           }
           if (t == cluster_id) TW_STAMP(kb, 1);
         }
-      }
+      };
+      for (int t = cluster_id; t < full; t += clusters) produce(t, t == cluster_id ? early : 0, kt);
+      if (sk_unit) produce(full + cluster_id / sks, sk_kb0, sk_kb1);
     }
   } else {
     if constexpr (NWG > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
@@ -540,10 +536,11 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
       }
     } else {
-    for (int jt = 0; jt < n_items; ++jt) {
-      int t, kb0, kb1;
-      item(jt, t, kb0, kb1);
-      const int nb = kb1 - kb0;  // K blocks of this tile here (kt but for a tail unit)
+    // One tile's products and epilogue (nb K blocks; tail: this cluster's stream-K unit, see
+    // above). Called with constants below, so the whole tiles' loop compiles without the tail's code
+    // (with it in the loop, a runtime branch on the shared flag cost 4-18 % at 1000-3072: a
+    // WARPSYNC in the K loop and a longer epilogue path, logs/gemm-sm90-tail-c2d6ebb).
+    auto tile = [&](const int t, const int nb, const bool tail) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
       const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
@@ -586,7 +583,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         for (int j = min(nb, kInflight); j >= 1; --j)
           if (!kPrune || it - j + STAGES < blocks_all) release((it - j) % STAGES);
       if (stamp) TW_STAMP(63, 2);
-      if (sk_unit && jt == n_full) {
+      if (tail) {
         // A tail unit: this warpgroup's partial to the workspace (element i of thread tid at
         // i * 128 + tid: coalesced), fenced by every thread; one arrival a warpgroup on the tile's
         // counter. The last arriver adds all sks partials in range order (L2 loads: the other units'
@@ -603,7 +600,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
           sk_last[w] = before == sks - 1;
         }
         asm volatile("bar.sync %0, 128;" ::"r"(1 + w) : "memory");
-        if (!sk_last[w]) continue;
+        if (!sk_last[w]) return;
         const float* const parts = sk_ws + slot * sks * (BNW / 2) * 128 + tid;
 #pragma unroll
         for (int i = 0; i < BNW / 2; ++i) acc[i] = 0.0f;
@@ -614,7 +611,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
       }
 #ifdef TW_NO_STORE
       // An experiment's switch: the products without the epilogue's stores (C stays unwritten).
-      if (M > 0) continue;
+      if (M > 0) return;
 #endif
       // Accumulator layout of m64 x BNW: warp q of the warpgroup holds rows 16q .. 16q + 15; lane l
       // rows l / 4 and l / 4 + 8, columns 8j + 2 (l % 4) and the next, j = 0 .. BNW / 8 - 1.
@@ -705,7 +702,9 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
         trace[((long long)blockIdx.x * 64 + 63) * 8 + 5] = ns;
       }
 #endif
-    }
+    };
+    for (int t = cluster_id; t < full; t += clusters) tile(t, kt, false);
+    if (sk_unit) tile(full + cluster_id / sks, sk_kb1 - sk_kb0, true);
     }
     // The shared memory stays until the last bulk store has read it.
     if (kTmaStore && tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");

@@ -49,6 +49,7 @@ class Config:
     trans_b: int = 1
     wn: int = 1
     swap: int = 0
+    tail: int = 0  # the stream-K tail's instantiation (TAIL = 1: see tail_splits)
 
     @property
     def consumers(self) -> int:
@@ -77,7 +78,10 @@ class Config:
         return bnw if bnw <= 128 else bnw // 2
 
     def name(self, dtype: torch.dtype) -> str:
-        wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
+        if self.tail:
+            wn = f",{self.wn},{self.swap},1"
+        else:
+            wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
         return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
                 f"{self.trans_b}{wn}>")
 
@@ -306,11 +310,13 @@ COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
 @functools.cache
 def _library_names() -> tuple[str, ...]:
-    """The .cu's instantiations less EXTRA_CONFIGS' (what gemm() and the tile rule can pick): one
-    module; an experiment's config compiles as a module of its own, so the library's first call
-    does not compile kernels it never runs."""
+    """The .cu's instantiations less EXTRA_CONFIGS' and the stream-K tail's (what gemm() and the
+    tile rule pick for every shape): one module; an experiment's config and a tail kernel compile
+    as a module of their own when first needed, so the library's first call does not compile
+    kernels most shapes never run."""
     extra = {c.name(d) for c in EXTRA_CONFIGS.values() for d in _DTYPES}
-    return tuple(sorted(set(rt.name_expressions_for(SRC)) - extra))
+    tails = {dataclasses.replace(c, tail=1).name(d) for c in CONFIGS.values() for d in _DTYPES}
+    return tuple(sorted(set(rt.name_expressions_for(SRC)) - extra - tails))
 
 
 @functools.cache
@@ -340,6 +346,13 @@ def _bulk_store(cfg: Config) -> bool:
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
     return cfg.consumers > 1
+
+
+@functools.cache
+def _tail_name(cfg: Config, dtype: torch.dtype) -> str | None:
+    """The stream-K tail kernel of ``cfg`` (its TAIL = 1 instantiation), None where there is none."""
+    name = dataclasses.replace(cfg, tail=1).name(dtype)
+    return name if name in _instantiated() else None
 
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
@@ -451,14 +464,18 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     resident = min(cluster_tiles, clusters or ld.clusters)
     grid = resident * cfg.cluster
     kt = -(-K // 64)
-    if TAIL_SPLITS is None:
-        sk = tail_splits(cluster_tiles, resident, kt, bool(cfg.swap))
-    elif cfg.swap or cluster_tiles <= resident or cluster_tiles % resident == 0:
-        sk = 1
-    else:  # forced: at most one unit a resident cluster, one K block a unit
-        sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
+    sk = 1
+    if cluster_tiles > resident and cluster_tiles % resident:  # a partial last wave after whole ones
+        tail_name = _tail_name(cfg, a.dtype)
+        if tail_name is None:
+            pass  # (no tail kernel for this config: SWAP, K-major B, the experiments' tiles)
+        elif TAIL_SPLITS is None:
+            sk = tail_splits(cluster_tiles, resident, kt, bool(cfg.swap))
+        else:  # forced: at most one unit a resident cluster, one K block a unit
+            sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
     ws_ptr = flags_ptr = 0
     if sk > 1:
+        ld = _loaded(tail_name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
         # per call from the caching allocator (stream-ordered, and a graph capture's own pool):
         # concurrent calls on other streams never share a workspace; the counters start at zero
         tail = cluster_tiles % resident
