@@ -48,7 +48,11 @@ _SCALED_MM_FAST = "torch._scaled_mm(fast_accum)"
 
 
 def _versions(a, b):
-    return {n: fn for n, fn in op.VARIANTS.items() if n != "v3_tma_persistent" or op.tma_applies(a, b)}
+    """The variants that take these operands: v3_tma_persistent where TMA applies, v3_tma_split for
+    16-bit inputs only (it refuses fp8 and fp32 with an error, by design)."""
+    two_byte = a.dtype in (torch.float16, torch.bfloat16)
+    return {n: fn for n, fn in op.VARIANTS.items()
+            if (n != "v3_tma_persistent" or op.tma_applies(a, b)) and (n != "v3_tma_split" or two_byte)}
 
 
 def _squares(r, dtype, n, g, variants=None):
