@@ -6,6 +6,9 @@ w.T (K-major: a (N, K) tensor's transpose), each variant beside cuBLAS (TF32 on)
 graph-replayed rounds, checked against float64.
 Prediction, written before the run: K-major B >= 3x faster than row-major B in every variant; a
 transposing copy of B (64 MB at 4096^2 fp32, ~30 us) is then worth it for row-major B.
+First run (f989096, logs/gemm-tf32-layout-f989096): K-major B 395-427 us (0.94-1.015x cuBLAS)
+against row-major 1,593-2,054 us (0.20-0.25x), as predicted; torch's transposing copy_ took 128 us,
+so gemm() now uses tilewise's transpose for it (its row "gemm row" includes that copy).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_tf32_layout.py
 """
 import torch

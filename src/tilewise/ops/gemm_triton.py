@@ -49,7 +49,8 @@ import triton.language as tl
 from ..cost import Cost
 from ..runtime import cuda as rt
 from . import gemm_sm90 as _sm90
-from ._memory import check_no_overlap, span
+from . import transpose as _transpose
+from ._memory import check_no_overlap, may_overlap, span
 from ..runtime.triton_launch import bind as _bind, cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -1266,6 +1267,24 @@ def _planned(route, key, a, b, bias, activation, out_dtype, precision, out):
     return res
 
 
+# tf32 with B given (K, N) row-major: wgmma takes tf32 operands from shared memory K-major only, so
+# the kernels re-lay B out inside the K loop. Measured at 4096^3 (interleaved graph rounds,
+# logs/gemm-tf32-layout-f989096): row-major B 1,593-2,054 us (0.20-0.25x cuBLAS TF32), the same
+# values K-major 395 us (1.015x). gemm() therefore transposes a row-major fp32 B first with
+# tilewise's transpose (one read and one write of B: ~35 us at 4096^2 against a 1,600 us loss).
+# Not below 2^16 elements of B, where the extra launch is not worth measuring for.
+_TF32_KMAJOR_FROM = 1 << 16
+
+
+def _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and not _INTERPRET
+            and a.dtype == torch.float32 and b.dtype == torch.float32 and precision == "tf32"
+            and scale_a is None and scale_b is None and a.dim() == 2 and b.dim() == 2 and b.is_cuda
+            and a.device == b.device and a.shape[1] == b.shape[0] and b.is_contiguous()
+            and b.numel() >= _TF32_KMAJOR_FROM and min(b.shape) > 1
+            and not (isinstance(out, torch.Tensor) and may_overlap(out, b)))  # (the checks refuse that)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
          out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
          scale_b: torch.Tensor | None = None, precision: str = "tf32", out: torch.Tensor | None = None,
@@ -1299,6 +1318,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     overlap of a given out with the inputs is still checked each call; TILEWISE_GEMM_PLANS=0
     turns plans off).
     """
+    if variant is None and _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out):
+        b = _transpose.transpose(b).t()  # the same (K, N) values, K-major
     key = None
     if variant is None and aux is None and scale_a is None and scale_b is None and _PLANS_ON and not _INTERPRET:
         try:
