@@ -105,7 +105,10 @@ def _tf32(r, n, g):
         torch.backends.cuda.matmul.allow_tf32 = prev
     r.add("gemm", "cublas_tf32", shape, "tf32", base_ms, cost, ceiling_dtype="tf32")
     ref = a.double() @ b.double()
-    for name, fn in _versions(a, b).items():
+    # gemm(auto) transposes this row-major B first (wgmma's tf32 operands are K-major only); the
+    # variants take B as given
+    versions = {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out), **_versions(a, b)}
+    for name, fn in versions.items():
         def one(name=name, fn=fn):
             out.fill_(float("nan"))
             fn(a, b, out=out)
