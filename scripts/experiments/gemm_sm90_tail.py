@@ -15,51 +15,24 @@ is now a TAIL = 1 instantiation of its own, and TAIL = 0 compiles to the old ker
 (register names and code motion aside).
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_sm90_tail.py OLD.cu
 """
-import ctypes
 import sys
 
 import torch
 from _timing import warm_clocks
+from gemm_sm90_ab_old import old_launcher
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops import gemm_sm90 as gs
-from tilewise.runtime import cuda as rt
 
-_OLD_ARGS = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 NO_TAIL = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1", 4096: "128x256_c2x1"}
 TAIL = [(5000, 5000, 5000), (5120, 5120, 5120), (5000, 5000, 4096)]
-
-
-def old_launcher(path, cfg, dtype):
-    d = gs._driver()
-    mod = rt.load(path, [cfg.name(dtype)], options=("-std=c++17",), device_index=0)
-    k = mod.kernel(cfg.name(dtype), [])
-    k.set_max_dynamic_shared(cfg.shmem)
-    func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
-    clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
-
-    def run(a, b, out):
-        M, K = a.shape
-        N = b.shape[1]
-        map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
-        bch = 64 if cfg.bn % 64 == 0 else 32
-        map_b = gs.tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
-        map_c = gs.tensor_map(out, 64 if cfg.epi_n % 64 == 0 else 32, 64, 128 if cfg.epi_n % 64 == 0 else 64) \
-            if gs._bulk_store(cfg) else map_a
-        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
-        grid = min(ct, clusters) * cfg.cluster
-        stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
-        gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
-                     "cuLaunchKernel")
-    return run
 
 
 def no_tail(old_path, n, name, dtype):
     a, b, out, ref = operands(n, n, n, dtype, n)
     cfg = gs.CONFIGS[name]
-    old = old_launcher(old_path, cfg, dtype)
+    old = old_launcher(old_path, cfg, dtype, maps=3)  # the kernel before the tail: three maps, eight arguments
     gs.TAIL_SPLITS = None
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
               "before": checked_graph(lambda: old(a, b, out), out, ref, "before"),
