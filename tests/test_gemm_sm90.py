@@ -97,6 +97,13 @@ def test_config_rule_takes_the_least_wave_time(M, N, K, want):
     assert gs.config_for(M, N, K, 132) == want
 
 
+def test_cluster_tiles():
+    # 5000^2 in 128 x 256 tiles: 40 x 20 tiles, paired along M by 2 x 1 clusters
+    assert gs.CONFIGS["128x256_c2x1"].cluster_tiles(5000, 5000) == 400
+    assert gs.CONFIGS["192x96_c1x2"].cluster_tiles(1536, 1536) == 8 * 8  # 8 x 16 tiles, paired along N
+    assert gs.CONFIGS["128x128_c1x1"].cluster_tiles(129, 1) == 2
+
+
 def test_tail_split_rule():
     assert gs.tail_splits(400, 66, 79) == 6   # 5000^3 in 128 x 256: four tiles in the seventh wave
     assert gs.tail_splits(256, 66, 64) == 1   # 4096^3: the last wave 58 of 66, nothing to gain
@@ -184,7 +191,7 @@ def test_gemm_sm90_several_tiles_a_cta(config):
 def _clusters_for_a_tail(M, N, cfg):
     """A cluster count (as the ``clusters`` argument) that leaves a last wave at most half full
     after at least one whole wave: the stream-K tail applies."""
-    nct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+    nct = cfg.cluster_tiles(M, N)
     for c in range(nct // 2, 1, -1):
         if 1 <= nct % c <= c // 2:
             return c

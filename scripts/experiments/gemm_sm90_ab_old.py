@@ -51,7 +51,7 @@ def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++
         map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
         bch = 64 if cfg.bn % 64 == 0 else 32
         map_b = gs.tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
-        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+        ct = cfg.cluster_tiles(M, N)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
         if maps == 3 and "-DTW_TMA_STORE=0" in options:  # C's map present, not read

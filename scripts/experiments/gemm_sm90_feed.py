@@ -66,7 +66,7 @@ def launcher(path, cfg, dtype, options, chunk):
         map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
         bch = 64 if cfg.bn % 64 == 0 else 32
         map_b = gs.tensor_map(b, bch, 64 if chunk else 64 // cfg.cm, 2 * bch)
-        ct = -(-(-(-M // cfg.bm)) // cfg.cm) * -(-(-(-N // cfg.bn)) // cfg.cn)
+        ct = cfg.cluster_tiles(M, N)
         grid = min(ct, clusters) * cfg.cluster
         stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
         # the library's store rule: bulk stores (C's map) with two or more consumer warpgroups

@@ -15,6 +15,7 @@ import sys
 import torch
 from _timing import warm_clocks
 
+from tilewise.bench import harness
 from tilewise.ops import gemm_sm90 as gs
 from tilewise.ops import gemm_triton as gt
 
@@ -28,28 +29,12 @@ ROUNDS, CALLS = 7, 20
 
 
 def graph_of(fn):
-    fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
+    """fn's CALLS calls in one CUDA graph (the bench harness's capture)."""
+    return harness.graph_of(fn, CALLS)
 
 
 def replay_us(g):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    g.replay()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) * 1e3 / CALLS
+    return harness.replay_ms(g, CALLS) * 1e3
 
 
 def square_operands(n, dtype):

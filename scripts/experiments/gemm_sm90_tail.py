@@ -49,7 +49,7 @@ def tail(m, n, k, dtype):
         graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, label)
     gs.TAIL_SPLITS = None
     cfg = gs.CONFIGS[name]
-    nct = -(-(-(-m // cfg.bm)) // cfg.cm) * -(-(-(-n // cfg.bn)) // cfg.cn)
+    nct = cfg.cluster_tiles(m, n)
     print(f"{m}x{n}x{k} {name}: {nct} cluster tiles, rule's splits {gs.tail_splits(nct, 66, -(-k // 64))}", flush=True)
     rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 6)
 

@@ -71,7 +71,7 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def _graph_of(fn: Callable[[], object], calls: int):
+def graph_of(fn: Callable[[], object], calls: int):
     """``calls`` back-to-back ``fn()`` calls captured in one CUDA graph, after warm-up on a side
     stream (autotuning and lazy loading happen outside the capture); replayed once."""
     import torch
@@ -92,7 +92,8 @@ def _graph_of(fn: Callable[[], object], calls: int):
     return graph
 
 
-def _replay_ms(graph, calls: int) -> float:
+def replay_ms(graph, calls: int) -> float:
+    """One replay of ``graph`` between events, in ms a call (``calls`` calls in the graph)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -114,8 +115,8 @@ def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 1
     instead of it. To compare versions, ``time_ms_graphs`` (interleaved) is fairer."""
     if calls < 1 or repeats < 1:
         raise ValueError(f"time_ms_graph: calls and repeats must be >= 1, got {calls}, {repeats}")
-    graph = _graph_of(fn, calls)
-    samples = sorted(_replay_ms(graph, calls) for _ in range(repeats))
+    graph = graph_of(fn, calls)
+    samples = sorted(replay_ms(graph, calls) for _ in range(repeats))
     del graph
     return samples[len(samples) // 2]
 
@@ -131,11 +132,11 @@ def time_ms_graphs(fns: dict[str, Callable[[], object]], *, calls: int = 20, rou
     same drift."""
     if calls < 1 or rounds < 1 or replays < 1:
         raise ValueError(f"time_ms_graphs: calls, rounds and replays must be >= 1, got {calls}, {rounds}, {replays}")
-    graphs = {k: _graph_of(fn, calls) for k, fn in fns.items()}
+    graphs = {k: graph_of(fn, calls) for k, fn in fns.items()}
     samples: dict[str, list[float]] = {k: [] for k in graphs}
     for _ in range(rounds):
         for k, graph in graphs.items():
-            samples[k].extend(_replay_ms(graph, calls) for _ in range(replays))
+            samples[k].extend(replay_ms(graph, calls) for _ in range(replays))
     del graphs
     return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 

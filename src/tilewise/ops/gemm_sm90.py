@@ -71,6 +71,10 @@ class Config:
         staging = self.bm * 64 if self.swap else 64 * self.epi_n
         return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * staging * 2 + 1024
 
+    def cluster_tiles(self, M: int, N: int) -> int:
+        """Cluster tiles of an (M, N) output: what the persistent kernel's clusters share out."""
+        return -(-(-(-M // self.bm)) // self.cm) * -(-(-(-N // self.bn)) // self.cn)
+
     @property
     def epi_n(self) -> int:
         """C columns a consumer warpgroup stages at a time."""
@@ -459,20 +463,19 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
         map_c = tensor_map(out, cw, 64, 2 * cw)
     else:  # not read by the kernel
         map_c = map_a
-    tiles_m, tiles_n = -(-M // cfg.bm), -(-N // cfg.bn)
-    cluster_tiles = -(-tiles_m // cfg.cm) * -(-tiles_n // cfg.cn)
+    cluster_tiles = cfg.cluster_tiles(M, N)
     resident = min(cluster_tiles, clusters or ld.clusters)
     grid = resident * cfg.cluster
     kt = -(-K // 64)
-    sk = 1
-    if cluster_tiles > resident and cluster_tiles % resident:  # a partial last wave after whole ones
-        tail_name = _tail_name(cfg, a.dtype)
-        if tail_name is None:
-            pass  # (no tail kernel for this config: SWAP, K-major B, the experiments' tiles)
-        elif TAIL_SPLITS is None:
-            sk = tail_splits(cluster_tiles, resident, kt, bool(cfg.swap))
-        else:  # forced: at most one unit a resident cluster, one K block a unit
-            sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
+    # a partial last wave after whole ones, and a tail kernel for this config (none for SWAP,
+    # K-major B and the experiments' tiles)
+    tail_name = _tail_name(cfg, a.dtype) if cluster_tiles > resident and cluster_tiles % resident else None
+    if tail_name is None:
+        sk = 1
+    elif TAIL_SPLITS is None:
+        sk = tail_splits(cluster_tiles, resident, kt)
+    else:  # forced: at most one unit a resident cluster, one K block a unit
+        sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
     ws_ptr = flags_ptr = 0
     if sk > 1:
         ld = _loaded(tail_name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
