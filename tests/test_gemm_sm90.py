@@ -252,6 +252,33 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
 
 @gpu
 @needs_sm90
+@pytest.mark.parametrize("splits", [2, 5, 40])
+@pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "128x128_c2x1", "128x128_c1x1", "64x128_c2x1"])
+def test_gemm_sm90_split_k_one_wave(monkeypatch, config, splits):
+    """Split-K through the tail kernel: fewer cluster tiles than resident clusters, every tile cut
+    into K ranges (cluster_tiles x splits clusters launched, capped at the resident count): right
+    answers on odd sizes into NaN-poisoned outputs, the same bits twice, K shorter than the splits
+    (ranges of one block, or empty ones capped away), and N-major / odd M edges."""
+    cfg = gs.CONFIGS[config]
+    g = torch.Generator(device="cuda").manual_seed(17)
+    for M, N, K in ((333, 520, 1000), (200, 136, 4001), (130, 264, 192)):
+        assert cfg.cluster_tiles(M, N) < 66
+        a = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
+        b = torch.randn(K, N, device="cuda", dtype=torch.float16, generator=g)
+        ref = a.double() @ b.double()
+        monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
+        runs = []
+        for _ in range(2):
+            c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=torch.float16)), config=config)
+            torch.cuda.synchronize()
+            assert c.isfinite().all(), (M, N, K, "a tile was not written")
+            assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2, (M, N, K)
+            runs.append(c)
+        assert torch.equal(runs[0], runs[1]), (M, N, K, "the split sum depends on the arrival order")
+
+
+@gpu
+@needs_sm90
 def test_gemm_routes_5000_with_a_tail():
     """gemm() at 5000 x 5000 x 4096 (the route's 128 x 256 tile: 400 cluster tiles, the last wave
     four of them) takes the tail split by the rule, and its result is right."""

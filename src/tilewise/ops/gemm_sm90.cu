@@ -329,7 +329,10 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
     if ((kEarlyA || kEarlyB) && threadIdx.x == 0) {
       const int ctm = ((M + BM - 1) / BM + CM - 1) / CM, ctn = ((N + BN - 1) / BN + CN - 1) / CN;
       const int cid = blockIdx.x / CS;
-      if (cid < ctm * ctn) {
+      // A cluster's first tile is tile cid, whole, unless cid runs only a stream-K unit (TAIL with
+      // sk > 1: the units start after the whole waves' tiles, at their own K ranges).
+      const int nct0 = ctm * ctn, first_whole = (TAIL && sk > 1) ? nct0 - nct0 % (int)(gridDim.x / CS) : nct0;
+      if (cid < first_whole) {
         int cm, cn;
         cluster_tile(cid, ctm, ctn, cm, cn);
         const int m0 = (cm * CM + rm) * BM, n0 = (cn * CN + rn) * BN;
@@ -360,14 +363,15 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   const int nct = ctm * ctn;
   const int cluster_id = blockIdx.x / CS, clusters = gridDim.x / CS;
   const int kt = (K + BK - 1) / BK;
-  // Stream-K tail (TAIL instantiations, sk > 1; plain tiles only, the host passes 1 for SWAP and
-  // when the cluster tiles do not fill a wave; with TAIL = 0 all of it compiles away): the cluster tiles [0, full) run whole, in waves, as always; the last,
-  // partial wave's tiles [full, nct) are each cut into sk ranges of K blocks, one range a cluster
-  // (cluster u takes tile full + u / sk, range u % sk). Each range's products go to the workspace
+  // Stream-K tail (TAIL instantiations, sk > 1; plain tiles only, the host passes 1 for SWAP; with
+  // TAIL = 0 all of it compiles away): the cluster tiles [0, full) run whole, in waves, as always;
+  // the last, partial wave's tiles [full, nct) are each cut into sk ranges of K blocks, one range a
+  // cluster (cluster u takes tile full + u / sk, range u % sk). With fewer tiles than clusters the
+  // host launches nct x sk clusters, full is 0 and every tile is split (split-K). Each range's products go to the workspace
   // as fp32; the unit that arrives last on the tile's counter adds the sk partials in range order
   // (the same sum whoever is last: the result does not depend on timing) and runs the epilogue.
   // Nobody waits for anybody, so residency cannot deadlock it.
-  const int sks = (TAIL && !SWAP && sk > 1 && nct >= clusters) ? sk : 1;
+  const int sks = (TAIL && !SWAP && sk > 1) ? sk : 1;
   const int full = sks > 1 ? nct - nct % clusters : nct;
   const int n_full = full > cluster_id ? (full - cluster_id + clusters - 1) / clusters : 0;
   const bool sk_unit = sks > 1 && cluster_id < (nct - full) * sks;

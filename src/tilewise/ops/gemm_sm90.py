@@ -390,6 +390,14 @@ def tail_splits(cluster_tiles: int, clusters: int, kt: int, swap: bool = False) 
     return s
 
 
+def split_k(cluster_tiles: int, clusters: int, kt: int) -> int:
+    """How many K ranges each tile is cut into when ``cluster_tiles`` tiles of ``kt`` K blocks
+    fill at most one wave of ``clusters`` (split-K through the tail kernel; 1: none). Not yet
+    measured: off until the experiment (scripts/experiments/gemm_sm90_splitk.py) says where it
+    pays."""
+    return 1
+
+
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
               config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
@@ -464,24 +472,28 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     else:  # not read by the kernel
         map_c = map_a
     cluster_tiles = cfg.cluster_tiles(M, N)
-    resident = min(cluster_tiles, clusters or ld.clusters)
-    grid = resident * cfg.cluster
+    cap = clusters or ld.clusters  # clusters resident at once
+    resident = min(cluster_tiles, cap)
     kt = -(-K // 64)
-    # a partial last wave after whole ones, and a tail kernel for this config (none for SWAP,
-    # K-major B and the experiments' tiles)
-    tail_name = _tail_name(cfg, a.dtype) if cluster_tiles > resident and cluster_tiles % resident else None
-    if tail_name is None:
+    # The tail kernel of this config (none for SWAP, K-major B and the experiments' tiles) splits
+    # the tiles of a partial last wave after whole ones (stream-K tail), or, with fewer tiles than
+    # resident clusters, every tile (split-K: cluster_tiles x sk clusters launched).
+    tail_name = _tail_name(cfg, a.dtype)
+    tail = cluster_tiles % cap if cluster_tiles > cap else cluster_tiles
+    if tail_name is None or tail == 0:
         sk = 1
     elif TAIL_SPLITS is None:
-        sk = tail_splits(cluster_tiles, resident, kt)
+        sk = tail_splits(cluster_tiles, cap, kt) if cluster_tiles > cap else split_k(cluster_tiles, cap, kt)
     else:  # forced: at most one unit a resident cluster, one K block a unit
-        sk = max(1, min(TAIL_SPLITS, kt, resident // (cluster_tiles % resident)))
+        sk = max(1, min(TAIL_SPLITS, kt, cap // tail))
+    if sk > 1 and cluster_tiles <= cap:
+        resident = cluster_tiles * sk
+    grid = resident * cfg.cluster
     ws_ptr = flags_ptr = 0
     if sk > 1:
         ld = _loaded(tail_name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
         # per call from the caching allocator (stream-ordered, and a graph capture's own pool):
         # concurrent calls on other streams never share a workspace; the counters start at zero
-        tail = cluster_tiles % resident
         ws = torch.empty(tail * sk * cfg.cluster * cfg.bm * cfg.bn, dtype=torch.float32, device=a.device)
         flags = torch.zeros(tail * cfg.cluster * cfg.consumers, dtype=torch.int32, device=a.device)
         ws_ptr, flags_ptr = ws.data_ptr(), flags.data_ptr()
