@@ -261,7 +261,7 @@ def test_gemm_sm90_split_k_one_wave(monkeypatch, config, splits):
     (ranges of one block, or empty ones capped away), and N-major / odd M edges."""
     cfg = gs.CONFIGS[config]
     g = torch.Generator(device="cuda").manual_seed(17)
-    for M, N, K in ((333, 520, 1000), (200, 136, 4001), (130, 264, 192)):
+    for M, N, K in ((333, 520, 1000), (200, 136, 4008), (130, 264, 192)):
         assert cfg.cluster_tiles(M, N) < 66
         a = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
         b = torch.randn(K, N, device="cuda", dtype=torch.float16, generator=g)
@@ -275,6 +275,55 @@ def test_gemm_sm90_split_k_one_wave(monkeypatch, config, splits):
             assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2, (M, N, K)
             runs.append(c)
         assert torch.equal(runs[0], runs[1]), (M, N, K, "the split sum depends on the arrival order")
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("config", ["64x128_c2x1", "128x256_c2x1", "192x96_c1x2"])
+def test_gemm_sm90_dependent_launch_keeps_stream_order(config):
+    """Programmatic dependent launch: each call starts before the previous kernel has finished and
+    waits in the kernel for it. A chain where every product reads the one before it (and a PyTorch
+    kernel rewrites an operand in between), eager and graph-replayed, must match the same chain in
+    float64; a call that read its input too early would carry stale or NaN-poisoned values."""
+    assert gs.PDL
+    M, K = 520, 264
+    g = torch.Generator(device="cuda").manual_seed(23)
+    w = (torch.randn(K, K, device="cuda", generator=g) / K ** 0.5).half()
+    x0 = torch.randn(M, K, device="cuda", generator=g).half()
+    xs = [poison(torch.empty(M, K, device="cuda", dtype=torch.float16)) for _ in range(6)]
+
+    def chain():
+        xs[0].copy_(x0)
+        for i in range(1, 6):
+            gs.gemm_sm90(xs[i - 1], w, out=xs[i], config=config)
+            if i == 3:
+                xs[i].mul_(-0.5)
+
+    def reference():
+        r = x0.double()
+        for i in range(1, 6):
+            r = r @ w.double()
+            if i == 3:
+                r = r * -0.5
+        return r
+
+    chain()
+    torch.cuda.synchronize()
+    ref = reference()
+    assert ((xs[5].double() - ref).norm() / ref.norm()).item() < 2e-2
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        chain()
+    for _ in range(2):
+        for x in xs:
+            poison(x)
+        x0.copy_(torch.randn(M, K, device="cuda", generator=g).half())
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference()
+        assert xs[5].isfinite().all() and ((xs[5].double() - ref).norm() / ref.norm()).item() < 2e-2
 
 
 @gpu

@@ -320,6 +320,14 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  // Programmatic dependent launch (the host launches with programmatic stream serialization): the
+  // next kernel in the stream may be launched as soon as every CTA of this one has started (a
+  // persistent grid is all resident by then), so its CTAs are placed and run their set-up while
+  // this one finishes; and this one waits here, after its own set-up (barriers, descriptor
+  // prefetch) and before its first global memory access, until the kernel before it has completed
+  // and its writes are visible. Without the launch attribute both are no-ops.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   // Every CTA's barriers exist before any peer's copy or arrival can reach them.
   if (CS > 1) {
     // Relaxed: fence.mbarrier_init above is all the ordering the peers need, and a release arrival

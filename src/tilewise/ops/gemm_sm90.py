@@ -451,6 +451,29 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     return _launch(a, b, out, cfg, clusters)
 
 
+# Launch with programmatic dependent launch (the kernel's griddepcontrol instructions): the next
+# kernel's CTAs are placed while this one drains. False launches plainly (experiments' A/B).
+PDL = True
+
+
+@functools.lru_cache(maxsize=256)
+def _pdl_config(grid: int, threads: int, shmem: int, stream: int):
+    """The launch configuration with programmatic stream serialization allowed (cached: building the
+    driver structs costs more host time than the launch)."""
+    d = _driver()
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    c = d.CUlaunchConfig()
+    c.gridDimX, c.gridDimY, c.gridDimZ = grid, 1, 1
+    c.blockDimX, c.blockDimY, c.blockDimZ = threads, 1, 1
+    c.sharedMemBytes = shmem
+    c.hStream = d.CUstream(stream)
+    c.attrs = [attr]
+    c.numAttrs = 1
+    return c
+
+
 def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, clusters: int | None = None):
     """gemm_sm90's launch without its checks, for operands they accepted (gemm()'s plans call it
     for a layout whose key the checked call has seen: dtype, shapes, strides, 16-byte alignment,
@@ -500,13 +523,18 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), ws_ptr, flags_ptr, sk), _ARG_TYPES)
-    launch = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0)
+    if PDL:
+        launch, what = (_pdl_config(grid, cfg.threads, cfg.shmem, stream), ld.func, args, 0), "cuLaunchKernelEx"
+        fn = d.cuLaunchKernelEx
+    else:
+        launch, what = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0), "cuLaunchKernel"
+        fn = d.cuLaunchKernel
     if torch.cuda.current_device() == dev:
-        err = d.cuLaunchKernel(*launch)[0]
+        err = fn(*launch)[0]
     else:  # the function handle belongs to dev's context: make it current for the launch
         with torch.cuda.device(dev):
-            err = d.cuLaunchKernel(*launch)[0]
-    _check_cu((err, None), "cuLaunchKernel")
+            err = fn(*launch)[0]
+    _check_cu((err, None), what)
     if rt.debug_sync():
         torch.cuda.synchronize(dev)
     return out
