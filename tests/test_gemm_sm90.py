@@ -104,6 +104,22 @@ def test_cluster_tiles():
     assert gs.CONFIGS["128x128_c1x1"].cluster_tiles(129, 1) == 2
 
 
+def test_split_k_rule_and_route():
+    """Split-K only for long K over at most half a wave of tiles, as many ranges as the resident
+    clusters take with at least 32 K blocks each; gemm()'s route sends such products to 128 x 128."""
+    assert gs.split_k(32, 66, 256) == 2     # 1024 x 1024 x 16384 in 128 x 128 c2x1
+    assert gs.split_k(18, 66, 128) == 3     # 768 x 768 x 8192
+    assert gs.split_k(32, 66, 16) == 1      # 1000^3: every split measured slower
+    assert gs.split_k(40, 66, 512) == 1     # more than half a wave already
+    assert gs.split_k(1, 66, 128) == 4      # one tile: capped by 32 blocks a range
+    assert gs.split_k(1, 66, 4096) == 66    # ... and by the resident clusters
+    assert gs.route_for(1024, 1024, 16384) == "128x128_c2x1"
+    assert gs.route_for(768, 768, 8192) == "128x128_c2x1"
+    assert gs.route_for(1024, 1024, 8128) != "128x128_c2x1"   # 127 blocks
+    assert gs.route_for(2048, 2048, 16384) != "128x128_c2x1"  # a whole wave of tiles: no split
+    assert gs.route_for(1000, 1000, 1000) == "64x128_c2x1"
+
+
 def test_tail_split_rule():
     assert gs.tail_splits(400, 66, 79) == 6   # 5000^3 in 128 x 256: four tiles in the seventh wave
     assert gs.tail_splits(256, 66, 64) == 1   # 4096^3: the last wave 58 of 66, nothing to gain

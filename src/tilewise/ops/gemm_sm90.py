@@ -21,6 +21,7 @@ import ctypes
 import dataclasses
 import functools
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,10 +235,15 @@ def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) ->
       power-of-two tiles leave 27 % of the SMs idle there);
     - 128 x 192 tiles in two to three waves (3072^2: 0.88-0.94x against 0.79-0.85x;
       logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc);
+    - long K (at least SPLIT_K_MIN_BLOCKS blocks of 64) over an output of at most half a wave of
+      128 x 128 cluster tiles: that tile, split in K (1024 x 1024 x 16384: 0.975x against Triton's
+      0.66x; 768 x 768 x 8192: 0.76x against 0.72x; logs/gemm-sm90-splitk-de8f792);
     - every problem with M, N >= ROUTE_MIN_MN and K >= ROUTE_MIN_K, in config_for's tile
       (logs/gemm-sm90-big-tiles-*-7f6b697: 4096^3 0.996x / 1.006x against gemm()'s 0.965x /
       0.968x, 8192 x 4096 x 1024 1.01x / 1.02x against 0.89x / 0.93x)."""
     ldb = N if ldb is None else ldb
+    if -(-K // 64) >= SPLIT_K_MIN_BLOCKS and 2 * CONFIGS["128x128_c2x1"].cluster_tiles(M, N) <= sms // 2:
+        return "128x128_c2x1"  # split-K (split_k's rule)
     t64 = -(-M // 64) * -(-N // 128)
     if (2 * ldb) % 128 and 0.9 * sms <= t64 <= sms:
         return "64x128_c2x1"
@@ -390,12 +396,22 @@ def tail_splits(cluster_tiles: int, clusters: int, kt: int, swap: bool = False) 
     return s
 
 
+# Split-K pays only for long K: a partial's round trip through L2 and the counters' fill cost
+# 3-5 us a call (1000^3 in 128 x 128 tiles: 9.8 us unsplit, 13.1 split in two), while a tile's
+# K block costs ~0.3-0.4 us (logs/gemm-sm90-splitk-de8f792).
+SPLIT_K_MIN_BLOCKS = 128
+
+
 def split_k(cluster_tiles: int, clusters: int, kt: int) -> int:
     """How many K ranges each tile is cut into when ``cluster_tiles`` tiles of ``kt`` K blocks
-    fill at most one wave of ``clusters`` (split-K through the tail kernel; 1: none). Not yet
-    measured: off until the experiment (scripts/experiments/gemm_sm90_splitk.py) says where it
-    pays."""
-    return 1
+    fill at most half a wave of ``clusters`` (split-K through the tail kernel; 1: none): as many
+    as the resident clusters take, at least 32 K blocks a range, for kt >= SPLIT_K_MIN_BLOCKS.
+    Measured (logs/gemm-sm90-splitk-de8f792, graph-replayed x cuBLAS): 1024 x 1024 x 16384 in
+    128 x 128 tiles 0.64x unsplit, 0.975x in 2 (Triton's gemm() 0.66x); 768 x 768 x 8192 0.45x,
+    0.64x in 2, 0.76x in 3 (gemm() 0.72x); at kt = 16 (1000^3) every split was slower."""
+    if kt < SPLIT_K_MIN_BLOCKS or 2 * cluster_tiles > clusters:
+        return 1
+    return max(1, min(clusters // cluster_tiles, kt // 32))
 
 
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -452,8 +468,12 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
 
 
 # Launch with programmatic dependent launch (the kernel's griddepcontrol instructions): the next
-# kernel's CTAs are placed while this one drains. False launches plainly (experiments' A/B).
-PDL = True
+# kernel's CTAs are placed and set up while this one drains. Measured (logs/gemm-sm90-pdl-aba1793,
+# graph-replayed): back to back 1000^3 fp16 8.32 -> 7.71 us, 1000 x 1000 x 64 3.66 -> 3.09, 1536^3
+# 12.91 -> 12.35, 3072^3 and larger within noise; after a kernel that does not trigger early (a
+# PyTorch elementwise op) 0.14-0.17 us slower (1000^3 9.58 -> 9.72). TILEWISE_PDL=0 (or False here)
+# launches plainly.
+PDL = os.environ.get("TILEWISE_PDL", "1") != "0"
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,8 +1,9 @@
 """gemm_triton: Triton tensor-core GEMM beside cuBLAS (torch.matmul), torch._scaled_mm (fp8) and
 PyTorch's unfused linear + ReLU, in one run.
 
-quick: bf16 squares 4096 and 8192 (gemm() as routed, v1, v3), fp8 8192 (v3), fused linear + bias + ReLU, and a
-       short sweep (512, 1000, 1536, 2999, 3072, 4096, 5000, 5003; bf16 and fp16) of gemm() vs cuBLAS.
+quick: bf16 squares 4096 and 8192 (gemm() as routed, v1, v3), fp8 8192 (v3), fused linear + bias + ReLU, a
+       short sweep (512, 1000, 1536, 2999, 3072, 4096, 5000, 5003; bf16 and fp16) of gemm() vs cuBLAS,
+       and two long-K products (1024 x 1024 x 16384, 768 x 768 x 8192: gemm_sm90 split in K).
 full:  also fp16 squares, tf32, the sweep 512 .. 8192 with odd sizes (bf16, fp16), torch.compile
        of the unfused linear.
 fp8 baselines: torch._scaled_mm as called by default (use_fast_accum=False: cuBLASLt promotes the
@@ -43,6 +44,8 @@ _SWEEP = [512, 1000, 1536, 2048, 2999, 3072, 4096, 5000, 5003, 6144, 8192]
 # time within the quick budget; 5000 (N a multiple of 8, so gemm_sm90 takes it, but rows of 10,000
 # bytes, not whole 128-byte lines), where the large-tile route ran furthest below cuBLAS.
 _QUICK_SWEEP = [512, 1000, 1536, 2999, 3072, 4096, 5000, 5003]
+# Long K over a small output (a weight gradient's shape: K the tokens): gemm_sm90 split in K.
+_LONG_K = [(1024, 1024, 16384), (768, 768, 8192)]
 _SCALED_MM = "torch._scaled_mm"
 _SCALED_MM_FAST = "torch._scaled_mm(fast_accum)"
 
@@ -196,16 +199,19 @@ def _linear(r, g, tokens=8192, k=4096, n=4096, dtype=torch.bfloat16, with_compil
     torch.cuda.empty_cache()
 
 
-def _sweep(r, dtype, g, sizes):
-    for n in sizes:
-        a = torch.randn(n, n, device="cuda", generator=g).to(dtype)
-        b = torch.randn(n, n, device="cuda", generator=g).to(dtype)
-        shape, cost = f"{n}x{n}x{n}", op.cost(n, n, n, dtype)
-        out = torch.empty(n, n, device="cuda", dtype=dtype)
+def _sweep(r, dtype, g, sizes, name="gemm_sweep"):
+    """gemm() (and gemm_sm90 where it applies) against cuBLAS on squares n (an int) or (m, n, k)
+    products, eager and graph-replayed."""
+    for size in sizes:
+        m, n, k = (size, size, size) if isinstance(size, int) else size
+        a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        b = torch.randn(k, n, device="cuda", generator=g).to(dtype)
+        shape, cost = f"{m}x{n}x{k}", op.cost(m, n, k, dtype)
+        out = torch.empty(m, n, device="cuda", dtype=dtype)
         base_ms = time_ms(lambda: torch.matmul(a, b, out=out))
-        r.add("gemm_sweep", "cublas", shape, dtype, base_ms, cost)
+        r.add(name, "cublas", shape, dtype, base_ms, cost)
         ref = torch.matmul(a.float(), b.float())
-        r.status(f"gemm sweep {n} {dtype}")
+        r.status(f"gemm sweep {shape} {dtype}")
         graphed = {"cublas": lambda: torch.matmul(a, b, out=out)}
 
         def one():
@@ -213,7 +219,7 @@ def _sweep(r, dtype, g, sizes):
             op.gemm(a, b, out=out)
             check("gemm sweep", out, ref, dtype=dtype)
             ms = time_ms(lambda: op.gemm(a, b, out=out))
-            r.add("gemm_sweep", "gemm(auto)", shape, dtype, ms, cost, baseline="cublas", baseline_ms=base_ms)
+            r.add(name, "gemm(auto)", shape, dtype, ms, cost, baseline="cublas", baseline_ms=base_ms)
             graphed["gemm(auto)"] = lambda: op.gemm(a, b, out=out)
 
         def sm90():
@@ -221,7 +227,7 @@ def _sweep(r, dtype, g, sizes):
             out.fill_(float("nan"))
             sm.gemm_sm90(a, b, out=out)
             check("gemm_sm90 sweep", out, ref, dtype=dtype)
-            r.add("gemm_sweep", "gemm_sm90", shape, dtype, time_ms(lambda: sm.gemm_sm90(a, b, out=out)), cost,
+            r.add(name, "gemm_sm90", shape, dtype, time_ms(lambda: sm.gemm_sm90(a, b, out=out)), cost,
                   baseline="cublas", baseline_ms=base_ms)
             graphed["gemm_sm90"] = lambda: sm.gemm_sm90(a, b, out=out)
 
@@ -230,10 +236,10 @@ def _sweep(r, dtype, g, sizes):
             # launch costs more host time than the kernel runs), so every version again,
             # graph-replayed in interleaved rounds (the same clock for all, see time_ms_graphs).
             t = time_ms_graphs(graphed)
-            r.add("gemm_sweep", "cublas[graph]", shape, dtype, t["cublas"], cost)
+            r.add(name, "cublas[graph]", shape, dtype, t["cublas"], cost)
             for k in graphed:
                 if k != "cublas":
-                    r.add("gemm_sweep", f"{k}[graph]", shape, dtype, t[k], cost, baseline="cublas[graph]",
+                    r.add(name, f"{k}[graph]", shape, dtype, t[k], cost, baseline="cublas[graph]",
                           baseline_ms=t["cublas"])
 
         _guarded(r, f"gemm sweep {shape} {dtype}", one)
@@ -268,6 +274,7 @@ def _run(r) -> None:
         # The >= 0.85x-over-a-sweep target, measured in every quick run on a few sizes.
         for dtype in (torch.bfloat16, torch.float16):
             _sweep(r, dtype, g, _QUICK_SWEEP)
+            _sweep(r, dtype, g, _LONG_K, "gemm_long_k")
         return
     _linear(r, g, tokens=8192, k=4096, n=4096, with_compile=True)
     for n in (4096, 8192):
@@ -275,3 +282,4 @@ def _run(r) -> None:
     _tf32(r, 4096, g)
     for dtype in (torch.bfloat16, torch.float16):
         _sweep(r, dtype, g, _SWEEP)
+        _sweep(r, dtype, g, _LONG_K, "gemm_long_k")
