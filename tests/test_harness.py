@@ -131,6 +131,8 @@ def test_time_ms_graphs_rejects_bad_counts():
 
     with pytest.raises(ValueError, match="rounds"):
         time_ms_graphs({"a": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="warmup_ms"):
+        time_ms_graphs({"a": lambda: None}, warmup_ms=-1)
 
 
 @pytest.mark.gpu

@@ -122,21 +122,34 @@ def time_ms_graph(fn: Callable[[], object], *, calls: int = 20, repeats: int = 1
 
 
 def time_ms_graphs(fns: dict[str, Callable[[], object]], *, calls: int = 20, rounds: int = 7,
-                   replays: int = 3) -> dict[str, float]:
+                   replays: int = 3, warmup_ms: float = 150.0) -> dict[str, float]:
     """``time_ms_graph`` for several versions of one computation, interleaved: each version's
     ``calls`` calls in one graph, the graphs replayed round-robin (``rounds`` rounds of
-    ``replays`` replays each), each version's median over its samples. A compute-bound GPU's
-    clock drifts with its power draw over a run (the H200 at 8192^3: cuBLAS timed first, on a
-    cool GPU, measured 1.46 ms against 1.64-1.69 ms inside interleaved rounds), so versions timed
-    one after the other are compared at different clocks; interleaved, every version sees the
-    same drift."""
-    if calls < 1 or rounds < 1 or replays < 1:
-        raise ValueError(f"time_ms_graphs: calls, rounds and replays must be >= 1, got {calls}, {rounds}, {replays}")
+    ``replays`` replays each, the order reversed every other round), each version's median over
+    its samples. A compute-bound GPU's clock drifts with its power draw over a run (the H200 at
+    8192^3: cuBLAS timed first, on a cool GPU, measured 1.46 ms against 1.64-1.69 ms inside
+    interleaved rounds), so versions timed one after the other are compared at different clocks;
+    interleaved, every version sees the same drift. Before the rounds, all graphs are replayed
+    round-robin for ``warmup_ms`` of wall time: a cool H200 runs 4096^3 bf16 at 1,980 MHz for the
+    first ~20 ms and settles at ~1,500 MHz at its 700 W cap within ~0.2 s (175 -> 205 us a call,
+    logs/gemm-4096-clock-ec66c61), and rounds taken during that fall favour whichever version
+    each round times first."""
+    if calls < 1 or rounds < 1 or replays < 1 or warmup_ms < 0:
+        raise ValueError(f"time_ms_graphs: calls, rounds and replays must be >= 1 and warmup_ms >= 0, got {calls}, "
+                         f"{rounds}, {replays}, {warmup_ms}")
+    import torch
+
     graphs = {k: graph_of(fn, calls) for k, fn in fns.items()}
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        for graph in graphs.values():
+            graph.replay()
+        torch.cuda.synchronize()
     samples: dict[str, list[float]] = {k: [] for k in graphs}
-    for _ in range(rounds):
-        for k, graph in graphs.items():
-            samples[k].extend(replay_ms(graph, calls) for _ in range(replays))
+    keys = list(graphs)
+    for r in range(rounds):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            samples[k].extend(replay_ms(graphs[k], calls) for _ in range(replays))
     del graphs
     return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 
