@@ -28,9 +28,11 @@ ROUNDS = 7
 _OLD_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
-def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++17",)):
+def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++17",), tail_args=False):
     """The older kernel; extra_param: with a third (unused) 128-byte tensor-map parameter, as this
-    commit's kernel has (C's map), to time what the larger parameter block costs."""
+    commit's kernel has (C's map), to time what the larger parameter block costs; tail_args: a
+    build with the stream-K tail's three parameters (workspace, counters, splits), passed as none
+    (maps=3 only)."""
     d = gs._driver()
     if extra_param:
         src = Path(path).read_text().replace(
@@ -39,7 +41,7 @@ def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++
         assert "tma_x" in src
         path = Path(path).with_name(Path(path).stem + "_xparam.cu")
         path.write_text(src)
-    mod = rt.load(path, sorted(rt.name_expressions_for(Path(path))), options=tuple(options), device_index=0)
+    mod = rt.load(path, (cfg.name(dtype),), options=tuple(options), device_index=0)
     k = mod.kernel(cfg.name(dtype), [])
     k.set_max_dynamic_shared(cfg.shmem)
     func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
@@ -65,6 +67,9 @@ def old_launcher(path, cfg, dtype, extra_param=False, maps=2, options=("-std=c++
             args = ((map_a, map_b, map_a, out.data_ptr(), M, N, K, out.stride(0)), (None,) + _OLD_ARGS)
         else:
             args = ((map_a, map_b, out.data_ptr(), M, N, K, out.stride(0)), _OLD_ARGS)
+        if tail_args:
+            assert maps == 3, "the tail's parameters came after C's map"
+            args = (args[0] + (0, 0, 1), gs._ARG_TYPES)
         gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
                      "cuLaunchKernel")
         return out

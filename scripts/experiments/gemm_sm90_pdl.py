@@ -21,49 +21,20 @@ import sys
 
 import torch
 from _timing import warm_clocks
+from gemm_sm90_ab_old import old_launcher
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops import gemm_sm90 as gs
-from tilewise.runtime import cuda as rt
 
 SHAPES = [(1000, 1000, 1000, "64x128_c2x1"), (1000, 1000, 64, "64x128_c2x1"), (1536, 1536, 1536, "192x96_c1x2"),
           (3072, 3072, 3072, "128x192_c2x1"), (4096, 4096, 4096, "128x256_c2x1"), (5000, 5000, 5000, "128x256_c2x1")]
 
 
-def old_launcher(path, cfg, dtype):
-    """The kernel of the .cu at ``path`` (the same eleven parameters), launched plainly, no tail."""
-    d = gs._driver()
-    mod = rt.load(path, (cfg.name(dtype),), options=("-std=c++17",), device_index=0)
-    k = mod.kernel(cfg.name(dtype), [])
-    k.set_max_dynamic_shared(cfg.shmem)
-    func = gs._check_cu(d.cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
-    clusters = int(k.max_active_clusters(cfg.cluster, cfg.threads, cfg.shmem))
-
-    def run(a, b, out):
-        M, K = a.shape
-        N = b.shape[1]
-        map_a = gs.tensor_map(a, 64, cfg.bm // cfg.cn, 128)
-        bch = 64 if cfg.bn % 64 == 0 else 32
-        map_b = gs.tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
-        if gs._bulk_store(cfg):
-            cw = 64 if cfg.epi_n % 64 == 0 else 32
-            map_c = gs.tensor_map(out, cw, 64, 2 * cw)
-        else:
-            map_c = map_a
-        grid = min(cfg.cluster_tiles(M, N), clusters) * cfg.cluster
-        args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), 0, 0, 1), gs._ARG_TYPES)
-        stream = d.CUstream(torch.cuda.current_stream().cuda_stream)
-        gs._check_cu((d.cuLaunchKernel(func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, stream, args, 0)[0], None),
-                     "cuLaunchKernel")
-        return out
-    return run
-
-
 def shape(old_path, m, n, k, name, dtype):
     a, b, out, ref = operands(m, n, k, dtype, m + k)
     cfg = gs.CONFIGS[name]
-    old = old_launcher(old_path, cfg, dtype)
+    old = old_launcher(old_path, cfg, dtype, maps=3, tail_args=True)  # launched plainly, no tail
     x = torch.randn(1 << 16, device="cuda")
     y = torch.empty_like(x)
 
