@@ -344,6 +344,27 @@ def test_gemm_sm90_dependent_launch_keeps_stream_order(config):
 
 @gpu
 @needs_sm90
+@pytest.mark.parametrize("M,N,K", [(333, 520, 1000), (200, 136, 16384)])
+def test_gemm_sm90_plain_launch(monkeypatch, M, N, K):
+    """PDL off (TILEWISE_PDL=0 / gs.PDL = False): cuLaunchKernel, the kernel's griddepcontrol
+    instructions then no-ops; right answers on odd sizes, split-K (long K) included, the same bits
+    as the PDL launch."""
+    g = torch.Generator(device="cuda").manual_seed(29)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref = a.double() @ b.double()
+    outs = []
+    for pdl in (False, True):
+        monkeypatch.setattr(gs, "PDL", pdl)
+        c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=torch.bfloat16)))
+        torch.cuda.synchronize()
+        assert c.isfinite().all() and ((c.double() - ref).norm() / ref.norm()).item() < 1e-2, pdl
+        outs.append(c)
+    assert torch.equal(outs[0], outs[1])
+
+
+@gpu
+@needs_sm90
 def test_gemm_routes_5000_with_a_tail():
     """gemm() at 5000 x 5000 x 4096 (the route's 128 x 256 tile: 400 cluster tiles, the last wave
     four of them) takes the tail split by the rule, and its result is right."""
