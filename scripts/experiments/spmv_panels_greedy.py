@@ -14,8 +14,10 @@ Prediction, written before the run: the stream from 529 MB (+3.35 % over the non
 the tail about as long as now; 175-179 us against the library layout's ~180 (70.5-72 %).
 Measured at fbc741a (logs/spmv-panels-greedy-fbc741a): stream 513.3 MB (+0.25 % padding), tail
 67,108 chunks (64,953 before); 176.8 us (71.2 % of the copy) against 180.8 (69.6 %), all seven
-interleaved runs apart. The library builds its rounds this way since (spmv_panels_rounds on the
-GPU), so at later commits both rows time the same layout.
+interleaved runs apart. The library version (spmv_panels_rounds, a CUDA walk a block a panel, and
+the same walk on the host for CPU tensors; CPU tests passed) is commit be19ff5, reverted because
+no device time was left to run its GPU tests: cherry-pick it and run `pytest -m gpu
+tests/test_spmv.py` first.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/spmv_panels_greedy.py
 """
 import multiprocessing as mp

@@ -12,8 +12,7 @@ Prediction, written before the run: ~2 padding entries a chunk (+5-7 % stream by
 us against the library layout's ~180.
 Measured at 37cf77d (logs/spmv-panels-sector-37cf77d): 187.5 us against the library layout's
 180.4, +6.3 % stream bytes (+9.7 % padding against +3.35 %): slower, as the prediction's DRAM-bound
-end said. Since the packed rounds (Panels.from_csr no longer lays the rounds out with
-_panel_chunks), this script's patch no longer reaches the rounds: it reproduces at 37cf77d only.
+end said.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/spmv_panels_sector.py
 """
 import numpy as np
