@@ -25,11 +25,10 @@ import time
 
 import numpy as np
 import torch
-from triton.testing import do_bench
+from spmv_panels_sector import compare, uniform
 
-from tilewise.bench.suites import spmv as suite
 from tilewise.ops import spmv as op
-from tilewise.ops.spmv import PANEL_COLS, PANEL_ROUND, Panels, panel_shape
+from tilewise.ops.spmv import PANEL_COLS, PANEL_ROUND, Panels
 
 
 def greedy_panel(args):
@@ -115,38 +114,8 @@ def build_greedy(A, rows: int, cluster: int) -> Panels:
 
 
 def main():
-    print(torch.cuda.get_device_name(), flush=True)
-    A = suite.make_matrix("uniform")
-    M, N = A.shape
-    floor = op.cost(M, N, A.nnz).bytes
-    x = torch.randn(N, device="cuda")
-    ref = torch.sparse_csr_tensor(A.row_ptr, A.col, A.val.double(), (M, N)) @ x.double()
-    rows, cl = panel_shape(M)
-    print(f"uniform {M} x {N}, nnz {A.nnz}, panels of {rows} rows x {cl} CTAs; floor {floor / 1e6:.1f} MB", flush=True)
-    layouts = {"library": Panels.from_csr(A), "greedy": build_greedy(A, rows, cl)}
-    for name, F in layouts.items():
-        tail = int((F.panel_chunk[1:] - F.panel_tail).sum())
-        print(f"{name}: {F.key.numel() // 32} chunks, stream {F.key.numel() * 8 / 1e6:.1f} MB "
-              f"({F.key.numel() / A.nnz - 1:+.2%} padding), tail {tail} chunks, build {F.build_ms:.0f} ms", flush=True)
-        for _ in range(2):
-            y = torch.full((M,), float("nan"), device="cuda")
-            op.spmv(F, x, y)
-            err = ((y.double() - ref).norm() / ref.norm()).item()
-            assert y.isfinite().all() and err < 1e-5, (name, err)
-    Ac = torch.sparse_csr_tensor(A.row_ptr, A.col, A.val, (M, N))
-    fns = {"cusparse": lambda: Ac @ x}
-    ys = {k: torch.empty(M, device="cuda") for k in layouts}
-    for k, F in layouts.items():
-        fns[k] = lambda F=F, y=ys[k]: op.spmv(F, x, y)
-    times = {k: [] for k in fns}
-    for _ in range(7):  # interleaved: each a short do_bench (L2 flushed between calls)
-        for k, fn in fns.items():
-            times[k].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
-    base = float(np.median(times["cusparse"]))
-    for k, t in times.items():
-        ms = float(np.median(t))
-        print(f"{k:9s} {ms * 1e3:7.1f} us  {floor / ms / 1e6:7.0f} GB/s  {floor / ms / 1e6 / 4260:.1%} of 4.26 TB/s  "
-              f"{base / ms:.2f}x cusparse  (runs {' '.join(f'{s * 1e3:.1f}' for s in t)})", flush=True)
+    A, rows, cl = uniform()
+    compare(A, {"library": Panels.from_csr(A), "greedy": build_greedy(A, rows, cl)}, rounds=7)
 
 
 if __name__ == "__main__":

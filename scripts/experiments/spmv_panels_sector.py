@@ -94,41 +94,53 @@ def build(A, aligned: bool) -> Panels:
         op._panel_chunks = orig
 
 
-def main():
-    print(torch.cuda.get_device_name(), flush=True)
-    A = suite.make_matrix("uniform")
+def compare(A, layouts: dict, rounds: int = 5):
+    """Each Panels layout of A checked twice against float64 on a NaN-poisoned y, then timed beside
+    cuSPARSE in ``rounds`` interleaved rounds of a short do_bench each (L2 flushed between calls);
+    one line a layout (stream bytes, padding, tail, build time) and one a timing."""
     M, N = A.shape
     floor = op.cost(M, N, A.nnz).bytes
     x = torch.randn(N, device="cuda")
     ref = torch.sparse_csr_tensor(A.row_ptr, A.col, A.val.double(), (M, N)) @ x.double()
-    rows, cl = panel_shape(M)
-    print(f"uniform {M} x {N}, nnz {A.nnz}, panels of {rows} rows x {cl} CTAs; floor {floor / 1e6:.1f} MB", flush=True)
-    layouts = {}
-    for aligned in (False, True):
-        F = build(A, aligned)
-        name = "aligned" if aligned else "library"
-        layouts[name] = F
-        print(f"{name}: {F.key.numel() / 32:.0f} chunks, stream {(F.key.numel() * 8) / 1e6:.1f} MB "
-              f"({F.key.numel() / A.nnz - 1:+.2%} padding), rounds part "
-              f"{int((F.panel_tail - F.panel_chunk[:-1]).sum())} chunks, build {F.build_ms:.0f} ms", flush=True)
-        y = torch.full((M,), float("nan"), device="cuda")
-        op.spmv(F, x, y)
-        err = ((y.double() - ref).norm() / ref.norm()).item()
-        assert y.isfinite().all() and err < 1e-5, (name, err)
+    for name, F in layouts.items():
+        tail = int((F.panel_chunk[1:] - F.panel_tail).sum())
+        print(f"{name}: {F.key.numel() // 32} chunks, stream {F.key.numel() * 8 / 1e6:.1f} MB "
+              f"({F.key.numel() / A.nnz - 1:+.2%} padding), tail {tail} chunks, build {F.build_ms:.0f} ms", flush=True)
+        for _ in range(2):
+            y = torch.full((M,), float("nan"), device="cuda")
+            op.spmv(F, x, y)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            assert y.isfinite().all() and err < 1e-5, (name, err)
     Ac = torch.sparse_csr_tensor(A.row_ptr, A.col, A.val, (M, N))
     fns = {"cusparse": lambda: Ac @ x}
     ys = {k: torch.empty(M, device="cuda") for k in layouts}
     for k, F in layouts.items():
         fns[k] = lambda F=F, y=ys[k]: op.spmv(F, x, y)
     times = {k: [] for k in fns}
-    for _ in range(5):  # interleaved: each a short do_bench (L2 flushed between calls)
+    for _ in range(rounds):
         for k, fn in fns.items():
             times[k].append(do_bench(fn, warmup=5, rep=40, return_mode="median"))
     base = float(np.median(times["cusparse"]))
-    for k, v in times.items():
-        ms = float(np.median(v))
+    for k, t in times.items():
+        ms = float(np.median(t))
         print(f"{k:9s} {ms * 1e3:7.1f} us  {floor / ms / 1e6:7.0f} GB/s  {floor / ms / 1e6 / 4260:.1%} of 4.26 TB/s  "
-              f"{base / ms:.2f}x cusparse  (runs {' '.join(f'{t * 1e3:.1f}' for t in v)})", flush=True)
+              f"{base / ms:.2f}x cusparse  (runs {' '.join(f'{v * 1e3:.1f}' for v in t)})", flush=True)
+
+
+def uniform():
+    """The bench suite's uniform matrix and its default panel shape (rows, cluster), printed."""
+    print(torch.cuda.get_device_name(), flush=True)
+    A = suite.make_matrix("uniform")
+    M, N = A.shape
+    rows, cl = panel_shape(M)
+    print(f"uniform {M} x {N}, nnz {A.nnz}, panels of {rows} rows x {cl} CTAs; floor "
+          f"{op.cost(M, N, A.nnz).bytes / 1e6:.1f} MB", flush=True)
+    return A, rows, cl
+
+
+def main():
+    A, _, _ = uniform()
+    compare(A, {"library": build(A, False), "aligned": build(A, True)})
 
 
 if __name__ == "__main__":
