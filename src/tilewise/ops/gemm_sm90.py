@@ -72,6 +72,10 @@ class Config:
         staging = self.bm * 64 if self.swap else 64 * self.epi_n
         return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * staging * 2 + 1024
 
+    def tiles(self, M: int, N: int) -> int:
+        """BM x BN tiles of an (M, N) output."""
+        return -(-M // self.bm) * -(-N // self.bn)
+
     def cluster_tiles(self, M: int, N: int) -> int:
         """Cluster tiles of an (M, N) output: what the persistent kernel's clusters share out."""
         return -(-(-(-M // self.bm)) // self.cm) * -(-(-(-N // self.bn)) // self.cn)
@@ -195,8 +199,7 @@ def tile_time(name: str, M: int, N: int, sms: int = 132) -> float:
     cell at 128 x 256's rate: waves (tiles over SMs, rounded up: a persistent CTA's last tile
     takes as long as a full one) x the tile's area / its rate. K scales every tile alike."""
     cfg = CONFIGS[name]
-    tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
-    return -(-tiles // sms) * cfg.bm * cfg.bn / TILE_RATE.get(name, 0.5)
+    return -(-cfg.tiles(M, N) // sms) * cfg.bm * cfg.bn / TILE_RATE.get(name, 0.5)
 
 
 def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
@@ -242,16 +245,15 @@ def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) ->
       (logs/gemm-sm90-big-tiles-*-7f6b697: 4096^3 0.996x / 1.006x against gemm()'s 0.965x /
       0.968x, 8192 x 4096 x 1024 1.01x / 1.02x against 0.89x / 0.93x)."""
     ldb = N if ldb is None else ldb
-    if -(-K // 64) >= SPLIT_K_MIN_BLOCKS and 2 * CONFIGS["128x128_c2x1"].cluster_tiles(M, N) <= sms // 2:
-        return "128x128_c2x1"  # split-K (split_k's rule)
-    t64 = -(-M // 64) * -(-N // 128)
-    if (2 * ldb) % 128 and 0.9 * sms <= t64 <= sms:
+    c128 = CONFIGS["128x128_c2x1"]
+    if split_k(c128.cluster_tiles(M, N), sms // c128.cluster, -(-K // 64)) > 1:
+        return "128x128_c2x1"
+    if (2 * ldb) % 128 and 0.9 * sms <= CONFIGS["64x128_c2x1"].tiles(M, N) <= sms:
         return "64x128_c2x1"
     name = config_for(M, N, K, sms, [n for n in CONFIGS if n != "64x128_c2x1"])
     if min(M, N) >= ROUTE_MIN_MN and K >= ROUTE_MIN_K:
         return name
-    cfg = CONFIGS[name]
-    tiles = -(-M // cfg.bm) * -(-N // cfg.bn)
+    tiles = CONFIGS[name].tiles(M, N)
     if name == "192x96_c1x2" and 0.9 * sms <= tiles <= sms:
         return name
     if name.startswith("128x192") and 2 * sms < tiles <= 3 * sms:
@@ -478,8 +480,8 @@ PDL = os.environ.get("TILEWISE_PDL", "1") != "0"
 
 @functools.lru_cache(maxsize=256)
 def _pdl_config(grid: int, threads: int, shmem: int, stream: int):
-    """The launch configuration with programmatic stream serialization allowed (cached: building the
-    driver structs costs more host time than the launch)."""
+    """The launch configuration with programmatic stream serialization allowed (built once per
+    grid, block, shared memory and stream)."""
     d = _driver()
     attr = d.CUlaunchAttribute()
     attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION

@@ -50,6 +50,17 @@ _SCALED_MM = "torch._scaled_mm"
 _SCALED_MM_FAST = "torch._scaled_mm(fast_accum)"
 
 
+def _graph_rows(r, op_name, shape, dtype, cost, fns, baseline, **kw):
+    """``fns`` graph-replayed in interleaved rounds (``time_ms_graphs``, the same clock for all):
+    a row each, named "<key>[graph]", every other one against ``baseline``'s."""
+    t = time_ms_graphs(fns, **kw)
+    r.add(op_name, f"{baseline}[graph]", shape, dtype, t[baseline], cost)
+    for k, ms in t.items():
+        if k != baseline:
+            r.add(op_name, f"{k}[graph]", shape, dtype, ms, cost, baseline=f"{baseline}[graph]",
+                  baseline_ms=t[baseline])
+
+
 def _versions(a, b):
     """The variants that take these operands: v3_tma_persistent where TMA applies, v3_tma_split for
     16-bit inputs only (it refuses fp8 and fp32 with an error, by design)."""
@@ -85,10 +96,8 @@ def _squares(r, dtype, n, g, variants=None):
     def graphs():
         # gemm() and cuBLAS again, graph-replayed in interleaved rounds (the rows the >= 0.95x
         # target reads: both sides at the same clock, see time_ms_graphs)
-        t = time_ms_graphs({"cublas": lambda: torch.matmul(a, b, out=out), "gemm": lambda: op.gemm(a, b, out=out)})
-        r.add("gemm", "cublas[graph]", shape, dtype, t["cublas"], cost)
-        r.add("gemm", "gemm(auto)[graph]", shape, dtype, t["gemm"], cost, baseline="cublas[graph]",
-              baseline_ms=t["cublas"])
+        _graph_rows(r, "gemm", shape, dtype, cost, {"cublas": lambda: torch.matmul(a, b, out=out),
+                                                    "gemm(auto)": lambda: op.gemm(a, b, out=out)}, "cublas")
 
     _guarded(r, f"gemm(auto) graphs {shape} {dtype}", graphs)
     del a, b, out, ref
@@ -199,11 +208,9 @@ def _linear(r, g, tokens=8192, k=4096, n=4096, dtype=torch.bfloat16, with_compil
         # after the other, so the clock's drift at the power limit lands on one side (see
         # time_ms_graphs); these compare both at the same clock.
         with torch.no_grad():
-            t = time_ms_graphs({"torch_unfused": unfused,
-                                "tilewise.linear": lambda: op.linear(x, w, b, activation="relu")}, calls=10)
-        r.add("linear_relu", "torch_unfused[graph]", shape, dtype, t["torch_unfused"], cost)
-        r.add("linear_relu", "tilewise.linear[graph]", shape, dtype, t["tilewise.linear"], cost,
-              baseline="torch_unfused[graph]", baseline_ms=t["torch_unfused"])
+            _graph_rows(r, "linear_relu", shape, dtype, cost,
+                        {"torch_unfused": unfused, "tilewise.linear": lambda: op.linear(x, w, b, activation="relu")},
+                        "torch_unfused", calls=10)
 
     _guarded(r, f"linear_relu {shape}", one)
     _guarded(r, f"linear_relu graphs {shape}", graphs)
@@ -247,12 +254,7 @@ def _sweep(r, dtype, g, sizes, name="gemm_sweep"):
             # Device time without the host: small sizes are host-bound in eager timing (a Triton
             # launch costs more host time than the kernel runs), so every version again,
             # graph-replayed in interleaved rounds (the same clock for all, see time_ms_graphs).
-            t = time_ms_graphs(graphed)
-            r.add(name, "cublas[graph]", shape, dtype, t["cublas"], cost)
-            for k in graphed:
-                if k != "cublas":
-                    r.add(name, f"{k}[graph]", shape, dtype, t[k], cost, baseline="cublas[graph]",
-                          baseline_ms=t["cublas"])
+            _graph_rows(r, name, shape, dtype, cost, graphed, "cublas")
 
         _guarded(r, f"gemm sweep {shape} {dtype}", one)
         if sm.applies(a, b):
