@@ -2,7 +2,7 @@
 // beta == 0 never reads y (y may hold anything, NaN included), as in BLAS.
 // tilewise-instantiate: spmv_csr_scalar spmv_ell spmv_csr_chunks spmv_csr_stream
 // tilewise-instantiate: spmv_csr_vector<2> spmv_csr_vector<4> spmv_csr_vector<8> spmv_csr_vector<16> spmv_csr_vector<32>
-// tilewise-instantiate: spmv_csr_merge_fixup
+// tilewise-instantiate: spmv_csr_merge_fixup spmv_panels_rounds
 // tilewise-instantiate: spmv_jds<256,1> spmv_jds<128,1> spmv_jds<512,1> spmv_jds<128,2>
 // tilewise-instantiate: spmv_csr_merge<128,5> spmv_csr_merge<128,7> spmv_csr_merge<128,8> spmv_csr_merge<128,9> spmv_csr_merge<128,11> spmv_csr_merge<128,15>
 // tilewise-instantiate: spmv_panels<1024,1,3,64> spmv_panels<1024,1,3,128> spmv_panels<1024,1,4,64> spmv_panels<1024,1,4,128> spmv_panels<1024,2,3,64> spmv_panels<1024,2,3,128> spmv_panels<1024,2,4,64> spmv_panels<1024,2,4,128> spmv_panels<1024,2,5,64> spmv_panels<1024,2,5,128> spmv_panels<1024,3,4,64> spmv_panels<1024,3,4,128> spmv_panels<1024,4,4,64> spmv_panels<1024,4,4,128>
@@ -449,4 +449,43 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
     tw::cluster_arrive();
     tw::cluster_wait();
   }
+}
+
+// Panels' rounds, packed (Panels.from_csr): one panel a block. The block clears the panel's row
+// stamps (shared memory, one int a row), then thread 0 walks the panel's entries in column order
+// and gives each its slot in the panel's rounds part, or -1 when its row is already in the current
+// round (the entry goes to the atomic tail, and takes no slot: a round holds round_slots entries
+// with no holes). A new column block starts a new chunk of 32 slots (a chunk has one column base).
+// total[p]: the panel's slots, whole rounds. Sequential by design (the greedy order is the point);
+// ~1M entries a panel take tens of ms.
+extern "C" __global__ void __launch_bounds__(256) spmv_panels_rounds(
+    const int* __restrict__ row, const int* __restrict__ blk, const long long* __restrict__ start,
+    long long* __restrict__ slot, long long* __restrict__ total, int rows, int round_slots) {
+  extern __shared__ int stamp[];
+  const int p = blockIdx.x;
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) stamp[i] = -1;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const long long b = start[p], e = start[p + 1];
+  long long pos = 0, end = round_slots;
+  int rid = 0, cur = -1;
+  for (long long i = b; i < e; ++i) {
+    const int bk = blk[i];
+    if (bk != cur) {
+      cur = bk;
+      pos = (pos + 31) & ~31LL;
+    }
+    while (pos >= end) {
+      end += round_slots;
+      ++rid;
+    }
+    const int r = row[i];
+    if (stamp[r] == rid) {
+      slot[i] = -1;
+      continue;
+    }
+    stamp[r] = rid;
+    slot[i] = pos++;
+  }
+  total[p] = (pos + round_slots - 1) / round_slots * round_slots;
 }
