@@ -664,6 +664,37 @@ def test_gpu_panels_packed_rounds_match_the_host_walk(name, rows, cluster, rc):
         assert torch.equal(getattr(dev, f).cpu(), getattr(host, f)), f
 
 
+def _rounds_input(seed, P, rows, per_panel, blocks):
+    """Entries sorted by (panel, column) as Panels.from_csr hands them to _packed_rounds: few rows
+    (so rows repeat within a round), columns over several column blocks (so chunks re-align)."""
+    g = torch.Generator().manual_seed(seed)
+    n = torch.randint(0, per_panel + 1, (P,), generator=g)
+    panel = torch.repeat_interleave(torch.arange(P), n)
+    c = torch.randint(0, blocks * sp.PANEL_COLS, (panel.numel(),), generator=g)
+    c = c // sp.PANEL_COLS * sp.PANEL_COLS + c % 5   # few distinct columns: runs of one block
+    order = torch.argsort(panel * (blocks * sp.PANEL_COLS) + c, stable=True)
+    panel, c = panel[order], c[order]
+    rl = torch.randint(0, rows, (panel.numel(),), generator=g)
+    return panel, c, rl, torch.randn(panel.numel(), generator=g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed,P,rows,per_panel,blocks,rc", [(0, 3, 5, 3000, 40, 1), (1, 5, 40, 9000, 3, 2),
+                                                             (2, 1, 1, 700, 7, 1), (3, 4, 300, 20000, 1, 3),
+                                                             (4, 6, 64, 33, 2, 1)])
+def test_gpu_packed_rounds_walk_equals_the_serial_one(seed, P, rows, per_panel, blocks, rc):
+    """The warp walk of spmv_panels_rounds against _packed_rounds_host on input made to stress it:
+    rows repeated within 32 entries, column-block changes inside a step, rounds of one to three
+    chunks so that a step often crosses into the next round."""
+    panel, c, rl, v = _rounds_input(seed, P, rows, per_panel, blocks)
+    host, host_moved = sp._packed_rounds(panel, c, rl, v, P, rows, rc)
+    dev, dev_moved = sp._packed_rounds(panel.cuda(), c.cuda(), rl.cuda(), v.cuda(), P, rows, rc)
+    assert torch.equal(dev_moved.cpu(), host_moved)
+    for a, b in zip(dev, host):
+        assert torch.equal(a.cpu(), b)
+    assert 0 < int(host_moved.sum()) < panel.numel() or rows == 1
+
+
 @pytest.mark.gpu
 def test_gpu_panels_uniform_rounds_are_full():
     """On the bench's uniform matrix (2M x 2M, 32 a row) the packed rounds leave under 1 % of

@@ -452,12 +452,20 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
 }
 
 // Panels' rounds, packed (Panels.from_csr): one panel a block. The block clears the panel's row
-// stamps (shared memory, one int a row), then thread 0 walks the panel's entries in column order
-// and gives each its slot in the panel's rounds part, or -1 when its row is already in the current
-// round (the entry goes to the atomic tail, and takes no slot: a round holds round_slots entries
-// with no holes). A new column block starts a new chunk of 32 slots (a chunk has one column base).
-// total[p]: the panel's slots, whole rounds. Sequential by design (the greedy order is the point);
-// ~1M entries a panel take tens of ms.
+// stamps (shared memory, one int a row); then its first warp walks the panel's entries in column
+// order, 32 at a time, and gives each its slot in the panel's rounds part, or -1 when its row is
+// already in the current round (the entry goes to the atomic tail and takes no slot: a round holds
+// round_slots entries with no holes). A new column block starts a new chunk of 32 slots (a chunk
+// has one column base). The result is the one of the serial walk (_packed_rounds_host, the test
+// compares them): within 32 entries, an entry is kept when its row is not stamped with the round
+// and no earlier entry of the 32 has its row (__match_any_sync); slots are counts of the kept ones
+// (ballot, popc), re-aligned at each column-block change; the first entry whose slot would start
+// the next round ends the step, and the next step starts there with the next round.
+// total[p]: the panel's slots, whole rounds.
+__device__ __forceinline__ unsigned tw_lanes(int from, int to) {  // bits from..to-1, 0 <= from <= to < 32
+  return ((1u << to) - 1) & ~((1u << from) - 1);
+}
+
 extern "C" __global__ void __launch_bounds__(256) spmv_panels_rounds(
     const int* __restrict__ row, const int* __restrict__ blk, const long long* __restrict__ start,
     long long* __restrict__ slot, long long* __restrict__ total, int rows, int round_slots) {
@@ -465,27 +473,75 @@ extern "C" __global__ void __launch_bounds__(256) spmv_panels_rounds(
   const int p = blockIdx.x;
   for (int i = threadIdx.x; i < rows; i += blockDim.x) stamp[i] = -1;
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
   const long long b = start[p], e = start[p + 1];
-  long long pos = 0, end = round_slots;
+  long long pos = 0, end = round_slots, i0 = b;
   int rid = 0, cur = -1;
-  for (long long i = b; i < e; ++i) {
-    const int bk = blk[i];
-    if (bk != cur) {
-      cur = bk;
-      pos = (pos + 31) & ~31LL;
-    }
-    while (pos >= end) {
-      end += round_slots;
-      ++rid;
-    }
-    const int r = row[i];
-    if (stamp[r] == rid) {
-      slot[i] = -1;
-      continue;
-    }
-    stamp[r] = rid;
-    slot[i] = pos++;
+  int bk = -2, r = -1;  // this step's entry (i0 + lane)
+  if (i0 + lane < e) {
+    bk = blk[i0 + lane];
+    r = row[i0 + lane];
   }
-  total[p] = (pos + round_slots - 1) / round_slots * round_slots;
+  while (i0 < e) {
+    const int n = (int)min(32LL, e - i0);
+    const bool valid = lane < n;
+    // the next step's entries, loaded now (used when this step takes all 32), and L2 further ahead
+    const long long nx = i0 + 32 + lane;
+    int nbk = -2, nr = -1;
+    if (nx < e) {
+      nbk = blk[nx];
+      nr = row[nx];
+    }
+    if (lane < 2 && nx + 1024 < e) {
+      const int* ahead = (lane ? blk : row) + nx + 1024;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(ahead));
+    }
+    int prev = __shfl_up_sync(0xffffffffu, bk, 1);
+    if (lane == 0) prev = cur;
+    const unsigned heads = __ballot_sync(0xffffffffu, valid && bk != prev);
+    const unsigned same = __match_any_sync(0xffffffffu, r);
+    const bool keep = valid && (same & tw_lanes(0, lane)) == 0 && stamp[r] != rid;
+    const unsigned kept = __ballot_sync(0xffffffffu, keep);
+    long long base = pos, run = pos;
+    int from = 0, seg = 0;
+    for (unsigned hm = heads; hm; hm &= hm - 1) {  // column-block changes, in order (warp-uniform)
+      const int h = __ffs(hm) - 1;
+      run = (run + __popc(kept & tw_lanes(seg, h)) + 31) & ~31LL;
+      seg = h;
+      if (h <= lane) {
+        base = run;
+        from = h;
+      }
+    }
+    const long long at = base + __popc(kept & tw_lanes(from, lane));  // this entry's slot, if kept
+    const unsigned over = __ballot_sync(0xffffffffu, valid && at >= end);
+    const int take = over ? __ffs(over) - 1 : n;
+    if (lane < take) {
+      if (keep) stamp[r] = rid;
+      slot[i0 + lane] = keep ? at : -1;
+    }
+    if (over) {
+      pos = __shfl_sync(0xffffffffu, at, take);
+      ++rid;
+      end += round_slots;
+    } else {
+      pos = __shfl_sync(0xffffffffu, at + (keep ? 1 : 0), n - 1);
+    }
+    if (take) cur = __shfl_sync(0xffffffffu, bk, take - 1);
+    i0 += take;
+    if (take == 32) {
+      bk = nbk;
+      r = nr;
+    } else {
+      bk = -2;
+      r = -1;
+      if (i0 + lane < e) {
+        bk = blk[i0 + lane];
+        r = row[i0 + lane];
+      }
+    }
+    __syncwarp();
+  }
+  if (lane == 0) total[p] = (pos + round_slots - 1) / round_slots * round_slots;
 }
