@@ -598,8 +598,8 @@ def _packed_rounds(panel, c, rl, v, P: int, rows: int, round_chunks: int):
     in column order, an entry whose row is already in the current round passed over (to the tail),
     a new column block starting a new chunk, each panel padded to whole rounds (on the GPU
     ``spmv_panels_rounds``, a warp a panel taking 32 entries a step, with the serial walk's very
-    result; on the CPU the serial walk in Python). Returns (key,
-    val, chunk_col0, chunk_panel, chunks per panel) and the mask of the entries passed over."""
+    result; on the CPU the serial walk in Python). Returns (key, val, chunk_col0, chunk_panel,
+    chunks per panel) and the mask of the entries passed over."""
     dev = panel.device
     start = torch.zeros(P + 1, dtype=torch.int64, device=dev)
     start[1:] = torch.cumsum(torch.bincount(panel, minlength=P), 0)
