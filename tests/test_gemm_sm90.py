@@ -500,3 +500,116 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
         gt.gemm(a, b, scale_b=torch.ones(1, device="cuda"))
     assert calls == []
     gt._PLANS.clear()
+
+
+# --------------------------------------------------------------------------- tf32, row-major B
+
+
+def test_tf32_tile_rule():
+    assert gs.tf32_bm_for(4096, 4096) == 256 and gs.tf32_bm_for(8192, 8192) == 256
+    assert gs.tf32_bm_for(1024, 1024) == 128  # 64 tiles of 128 rows: half a wave, not a quarter
+    assert gs.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (990) against 4 of 256 (1024)
+    for M, N in [(1, 4), (777, 333), (20000, 128)]:
+        assert gs.tf32_bm_for(M, N) in gs.TF32_CONFIGS
+    for bm, st in gs.TF32_CONFIGS.items():
+        assert gs._tf32_shmem(bm) <= rt.SM90_SHARED_OPT_IN - 1024
+        assert f"gemm_sm90_tf32<{bm},{st}>" in rt.name_expressions_for(gs.SRC_TF32)
+
+
+def test_tf32_compiles_without_spills():
+    mod = rt.compile_file(gs.SRC_TF32, arch="sm_90", name_expressions=rt.name_expressions_for(gs.SRC_TF32))
+    assert mod.arch == "sm_90a" and len(mod.resources) == len(gs.TF32_CONFIGS)
+    assert all(not r.spills and r.registers <= 168 for r in mod.resources), mod.resources
+
+
+def test_tf32_errors_on_cpu_tensors():
+    a = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="CUDA"):
+        gs.gemm_tf32(a, a)
+    with pytest.raises(ValueError, match="inner"):
+        gs.gemm_tf32(a, torch.randn(9, 8))
+    with pytest.raises(ValueError, match="float32"):
+        gs.gemm_tf32(a.bfloat16(), a.bfloat16())
+    with pytest.raises(ValueError, match="2-D"):
+        gs.gemm_tf32(a[0], a)
+    assert not gs.tf32_applies(a, a)
+
+
+def _check_tf32(M, N, K, bm=None, seed=0, out=None):
+    """gemm_tf32 into a NaN-poisoned out against float64: each element within tf32's bound (two
+    operands read to 10 mantissa bits: |error| <= 2^-9 (|a| @ |b|), with room for the fp32 sums)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, device="cuda", generator=g)
+    b = torch.randn(K, N, device="cuda", generator=g)
+    if out is None:
+        out = poison(torch.empty(M, N, device="cuda"))
+    c = gs.gemm_tf32(a, b, out=out, bm=bm)
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    bound = 2.0 ** -8 * (a.double().abs() @ b.double().abs()) + 1e-6
+    assert c.isfinite().all(), "an element was not written"
+    worst = ((c.double() - ref).abs() / bound).max().item()
+    err = ((c.double() - ref).norm() / ref.norm()).item()  # tf32 gives ~8e-4; a lost K block ~0.1
+    assert worst <= 1.0 and err < 2e-3, (M, N, K, bm, worst, err)
+    return a, b, c
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("bm", [256, 192, 128])
+@pytest.mark.parametrize("M,N,K", [(1, 4, 4), (37, 132, 68), (300, 200, 100), (257, 129 * 4, 132), (1000, 1004, 516),
+                                   (513, 260, 2052)])
+def test_gpu_tf32_odd_sizes(M, N, K, bm):
+    """Sizes that are not multiples of the tile (BM x 128) or of the K block (32): TMA's zero fill
+    and the epilogue's bounds."""
+    _check_tf32(M, N, K, bm)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("bm", [256, 128])
+def test_gpu_tf32_several_tiles_a_cta_and_row_stride(bm):
+    """More tiles than SMs (each CTA loops; the ring's phases carry over tiles), an out with a row
+    stride above N: the padding columns stay as they were (NaN)."""
+    M, N, K = 3000, 1500, 260
+    store = poison(torch.empty(M, N + 12, device="cuda"))
+    _check_tf32(M, N, K, bm, seed=3, out=store[:, :N])
+    assert store[:, N:].isnan().all(), "a store outside the (M, N) view"
+
+
+@gpu
+@needs_sm90
+def test_gpu_tf32_rejects_layouts_and_overlap():
+    a = torch.randn(64, 64, device="cuda")
+    with pytest.raises(ValueError, match="unit-stride rows"):
+        gs.gemm_tf32(a, a.t())
+    with pytest.raises(ValueError, match="16-byte"):
+        gs.gemm_tf32(torch.randn(64, 66, device="cuda")[:, :63], torch.randn(63, 64, device="cuda"))
+    with pytest.raises(ValueError, match="shares memory"):
+        gs.gemm_tf32(a, a, out=a)
+    with pytest.raises(ValueError, match="bm"):
+        gs.gemm_tf32(a, a, bm=64)
+    with pytest.raises(ValueError, match="float32"):
+        gs.gemm_tf32(a, a, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16))
+    assert not gs.tf32_applies(a, a.t()) and gs.tf32_applies(a, a)
+
+
+@gpu
+@needs_sm90
+def test_gpu_tf32_graph_replay_and_repeat_bits():
+    """Captured in a CUDA graph and replayed on new inputs; two runs give the same bits (no
+    atomics, one order of summation)."""
+    M, N, K = 700, 900, 400
+    a, b, c = _check_tf32(M, N, K)
+    again = gs.gemm_tf32(a, b)
+    assert torch.equal(c, again)
+    out = poison(torch.empty(M, N, device="cuda"))
+    gs.gemm_tf32(a, b, out=out)  # warm-up outside the capture (compile, descriptors)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs.gemm_tf32(a, b, out=out)
+    a.copy_(torch.randn_like(a))
+    poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, gs.gemm_tf32(a, b))

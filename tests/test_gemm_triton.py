@@ -906,20 +906,28 @@ def test_gpu_plans_under_graph_capture():
 
 @pytest.mark.gpu
 def test_gpu_tf32_row_major_b_is_transposed_first():
-    """gemm() gives a row-major fp32 B to the tf32 kernels K-major (wgmma takes tf32 operands
-    K-major only; 0.20-0.25x cuBLAS without this): the same bits as the K-major product, right
-    within tf32's tolerance on odd sizes into a poisoned out; a given out that overlaps B is still
-    refused; "ieee" precision and small B keep B as given."""
+    """gemm() with a row-major fp32 B: plain products go to gemm_sm90.gemm_tf32 on an sm_90 GPU (B
+    as given); with a bias (which that kernel does not fuse) B is transposed first and given to
+    the tf32 kernels K-major (wgmma takes tf32 operands K-major only; 0.20-0.25x cuBLAS without
+    this): the same bits as the K-major product, right within tf32's tolerance on odd sizes into
+    a poisoned out; a given out that overlaps B is still refused; "ieee" precision and small B keep
+    B as given."""
     M, N, K = 333, 520, 264
     g = torch.Generator(device="cuda").manual_seed(9)
     a = torch.randn(M, K, device="cuda", generator=g)
     b = torch.randn(K, N, device="cuda", generator=g)
+    bias = torch.randn(N, device="cuda", generator=g)
     assert gt._tf32_wants_kmajor(a, b, "tf32", None, None, None)
     assert not gt._tf32_wants_kmajor(a, b, "ieee", None, None, None)
     assert not gt._tf32_wants_kmajor(a, b[:64, :64].contiguous(), "tf32", None, None, None)
-    got = gt.gemm(a, b, out=poison(torch.empty(M, N, device="cuda")))
-    assert torch.equal(got, gt.gemm(a, b.t().contiguous().t()))
-    assert rel_error(got, a.double() @ b.double()) <= TOL[torch.float32]
+    got = gt.gemm(a, b, bias=bias, out=poison(torch.empty(M, N, device="cuda")))
+    assert torch.equal(got, gt.gemm(a, b.t().contiguous().t(), bias=bias))
+    assert rel_error(got, a.double() @ b.double() + bias.double()) <= TOL[torch.float32]
+    plain = gt.gemm(a, b, out=poison(torch.empty(M, N, device="cuda")))
+    if gt._sm90.available(a.get_device()):
+        assert gt._tf32_rowmajor_b(a, b, None, None, None, None, None, "tf32", None, None)
+        assert torch.equal(plain, gt._sm90.gemm_tf32(a, b))
+    assert rel_error(plain, a.double() @ b.double()) <= TOL[torch.float32]
     buf = torch.randn(K * N + M * N, device="cuda", generator=g)
     b2 = buf[:K * N].view(K, N)
     with pytest.raises(ValueError):

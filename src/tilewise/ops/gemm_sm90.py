@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..runtime import cuda as rt
+from ._memory import may_overlap
 
 SRC = Path(__file__).with_suffix(".cu")
 _DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -277,7 +278,8 @@ def _check_cu(res, what: str):
     return res[1] if len(res) == 2 else res[1:]
 
 
-_DT_ENUM = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
+_DT_ENUM = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+            torch.float32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
 _maps: OrderedDict = OrderedDict()
 _MAPS_KEPT = 64
 
@@ -557,6 +559,122 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
         with torch.cuda.device(dev):
             err = fn(*launch)[0]
     _check_cu((err, None), what)
+    if rt.debug_sync():
+        torch.cuda.synchronize(dev)
+    return out
+
+
+# --------------------------------------------------------------------------- tf32, row-major B
+
+SRC_TF32 = SRC.with_name("gemm_sm90_tf32.cu")
+# BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32 in 227 KiB).
+TF32_CONFIGS = {256: 4, 192: 5, 128: 6}
+# A tile's rate relative to BM = 256 in the wave model below: 192 from 8192^3 (0.997x cuBLAS against
+# 256's 0.992x), 128 from 4096^3 and 8192^3 (0.98x / 0.86x against 1.07x / 0.99x:
+# logs/gemm-tf32-rega-156b85a).
+TF32_RATE = {256: 1.0, 192: 0.97, 128: 0.85}
+_TF32_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
+
+
+def tf32_bm_for(M: int, N: int, sms: int = 132) -> int:
+    """BM for an (M, N) output: the fewest waves of BM x 128 tiles (a persistent CTA's last tile
+    takes as long as a full one) times the tile's rows over its rate; ties to the larger tile."""
+    def t(bm):
+        tiles = -(-M // bm) * -(-N // 128)
+        return -(-tiles // sms) * bm / TF32_RATE[bm]
+    return min(TF32_CONFIGS, key=lambda bm: (t(bm), -bm))
+
+
+def tf32_applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
+    """Whether gemm_tf32 takes these operands: fp32 A and B on one sm_90 device, A with unit-stride
+    rows and B with unit-stride rows (row-major (K, N)), 16-byte aligned starts and row strides
+    (TMA), M, N, K >= 1; an ``out`` of fp32 (M, N) with unit-stride rows. Sizes are not judged."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    ok = (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.dtype == torch.float32
+          and b.dtype == torch.float32 and a.device == b.device and a.shape[1] == b.shape[0]
+          and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and _rows_ok(a, 1) and _rows_ok(b, 1))
+    if ok and out is not None:
+        ok = (isinstance(out, torch.Tensor) and _tf32_out_problem(out, a.device, a.shape[0], b.shape[1]) is None)
+    return ok and available(a.get_device())
+
+
+def _tf32_out_problem(out: torch.Tensor, device: torch.device, M: int, N: int) -> str | None:
+    if tuple(out.shape) != (M, N) or out.dtype != torch.float32 or out.device != device:
+        return f"out must be ({M}, {N}) float32 on {device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
+    if out.stride(1) != 1 or out.stride(0) < max(N, 1):
+        return f"out needs unit-stride rows (strides {out.stride()})"
+    return None
+
+
+@functools.cache
+def _tf32_func(bm: int, device_index: int):
+    names = tuple(f"gemm_sm90_tf32<{m},{s}>" for m, s in TF32_CONFIGS.items())
+    mod = rt.load(SRC_TF32, names, options=("-std=c++17",), device_index=device_index)
+    k = mod.kernel(f"gemm_sm90_tf32<{bm},{TF32_CONFIGS[bm]}>", [])
+    k.set_max_dynamic_shared(_tf32_shmem(bm))
+    return _check_cu(_driver().cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+
+
+def _tf32_shmem(bm: int) -> int:
+    return TF32_CONFIGS[bm] * (bm * 32 * 4 + 32 * 128 * 4) + 1024  # the ring, + 1 KiB to align it
+
+
+def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+              bm: int | None = None) -> torch.Tensor:
+    """C (M, N) = A (M, K) @ B (K, N) on tensor cores in tf32, fp32 in and out, fp32 accumulate,
+    with B row-major as given (no transposing copy; see gemm_sm90_tf32.cu). A and B: unit-stride
+    rows, 16-byte aligned starts and row strides (K and N multiples of 4 for contiguous tensors).
+    ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192 or 128 C rows
+    a tile (default ``tf32_bm_for``). Rounding: the tensor cores read the top 19 bits of each fp32
+    operand (tf32), as cuBLAS's TF32 kernels do."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError("gemm_tf32: a and b must be tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemm_tf32: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm_tf32: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(f"gemm_tf32: a and b must be float32, got {a.dtype} and {b.dtype}")
+    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+        raise ValueError(f"gemm_tf32: a and b must be on one CUDA device, got {a.device} and {b.device}")
+    M, K = a.shape
+    N = b.shape[1]
+    if min(M, N, K) < 1:
+        raise ValueError(f"gemm_tf32: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    for name, t in (("a", a), ("b", b)):
+        if not _rows_ok(t, 1):
+            raise ValueError(f"gemm_tf32: {name} needs unit-stride rows, 16-byte aligned start and row stride "
+                             f"(shape {tuple(t.shape)}, strides {t.stride()}, address % 16 = {t.data_ptr() % 16})")
+    if not available(a.get_device()):
+        raise RuntimeError("gemm_tf32 needs a compute capability 9.0 GPU (sm_90a) and cuda-bindings")
+    dev = a.get_device()
+    if bm is None:
+        bm = tf32_bm_for(M, N, rt.sm_count(dev))
+    elif bm not in TF32_CONFIGS:
+        raise ValueError(f"gemm_tf32: bm must be one of {sorted(TF32_CONFIGS)}, got {bm}")
+    if out is None:
+        out = torch.empty((M, N), dtype=torch.float32, device=a.device)
+    else:
+        problem = _tf32_out_problem(out, a.device, M, N)
+        if problem is not None:
+            raise ValueError(f"gemm_tf32: {problem}")
+        if may_overlap(out, a) or may_overlap(out, b):
+            raise ValueError("gemm_tf32: out shares memory with a or b (tiles would read overwritten inputs)")
+    func = _tf32_func(bm, dev)
+    ma, mb = tensor_map(a, 32, bm, 128), tensor_map(b, 32, 32, 128)
+    tiles = -(-M // bm) * -(-N // 128)
+    grid = min(tiles, rt.sm_count(dev))
+    d = _driver()
+    args = ((ma, mb, out.data_ptr(), M, N, K, out.stride(0)), _TF32_ARGS)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    launch = (func, grid, 1, 1, 384, 1, 1, _tf32_shmem(bm), d.CUstream(stream), args, 0)
+    if torch.cuda.current_device() == dev:
+        err = d.cuLaunchKernel(*launch)[0]
+    else:
+        with torch.cuda.device(dev):
+            err = d.cuLaunchKernel(*launch)[0]
+    _check_cu((err, None), "cuLaunchKernel")
     if rt.debug_sync():
         torch.cuda.synchronize(dev)
     return out

@@ -1285,6 +1285,18 @@ def _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out) -> bool:
             and not (isinstance(out, torch.Tensor) and may_overlap(out, b)))  # (the checks refuse that)
 
 
+# tf32 with row-major B on sm_90, no bias, activation or scales, fp32 out: gemm_sm90.gemm_tf32, which
+# takes B as given (wgmma on C's transposed tile with B's block in registers). At 4096^3 / 8192^3
+# it ran 1.07x / 0.99x cuBLAS TF32 where the transposing copy + Triton ran 0.91x / 0.89x
+# (logs/gemm-tf32-rega-156b85a). Not where split_k_for splits K (outputs too small to fill the GPU).
+def _tf32_rowmajor_b(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux) -> bool:
+    return (not _INTERPRET and bias is None and activation is None and aux is None and scale_a is None
+            and scale_b is None and precision == "tf32" and out_dtype in (None, torch.float32)
+            and _sm90.tf32_applies(a, b, out)
+            and not (out is not None and (may_overlap(out, a) or may_overlap(out, b)))
+            and split_k_for(a.shape[0], b.shape[1], a.shape[1]) == 1)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
          out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
          scale_b: torch.Tensor | None = None, precision: str = "tf32", out: torch.Tensor | None = None,
@@ -1302,7 +1314,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     out:        optional (M, N) tensor of out_dtype to write into (any strides for v1/v2); it may
                 not share memory with a, b or bias (refused: tiles would read overwritten inputs).
     aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
-    variant:    None (``gemm_splitk`` when ``split_k_for`` says the output is too small for the
+    variant:    None (fp32 with a row-major B and no bias, activation or scales on an sm_90 GPU:
+                ``gemm_sm90.gemm_tf32``, B as given; ``gemm_splitk`` when ``split_k_for`` says the output is too small for the
                 GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
                 16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); plain 16-bit products on an
                 sm_90 GPU where ``gemm_sm90.route_for`` says the CUDA C wgmma + TMA-multicast kernel
@@ -1318,6 +1331,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     overlap of a given out with the inputs is still checked each call; TILEWISE_GEMM_PLANS=0
     turns plans off).
     """
+    if variant is None and _tf32_rowmajor_b(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux):
+        return _sm90.gemm_tf32(a, b, out=out)
     if variant is None and _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out):
         b = _transpose.transpose(b).t()  # the same (K, N) values, K-major
     key = None

@@ -3,8 +3,9 @@ PyTorch's unfused linear + ReLU, in one run.
 
 quick: bf16 squares 4096 and 8192 (gemm() as routed, v1, v3), fp8 8192 (v3), fused linear + bias + ReLU, a
        short sweep (512, 1000, 1536, 2999, 3072, 4096, 5000, 5003; bf16 and fp16) of gemm() vs cuBLAS,
-       and two long-K products (1024 x 1024 x 16384, 768 x 768 x 8192: gemm_sm90 split in K).
-full:  also fp16 squares, tf32, the sweep 512 .. 8192 with odd sizes (bf16, fp16), torch.compile
+       and two long-K products (1024 x 1024 x 16384, 768 x 768 x 8192: gemm_sm90 split in K), tf32
+       4096 (gemm() vs cuBLAS TF32, row-major B).
+full:  also fp16 squares, tf32 with the variants, the sweep 512 .. 8192 with odd sizes (bf16, fp16), torch.compile
        of the unfused linear.
 fp8 baselines: torch._scaled_mm as called by default (use_fast_accum=False: cuBLASLt promotes the
 fp8 tensor-core partial sums to fp32 at intervals) and with use_fast_accum=True (partial sums stay
@@ -50,15 +51,16 @@ _SCALED_MM = "torch._scaled_mm"
 _SCALED_MM_FAST = "torch._scaled_mm(fast_accum)"
 
 
-def _graph_rows(r, op_name, shape, dtype, cost, fns, baseline, **kw):
+def _graph_rows(r, op_name, shape, dtype, cost, fns, baseline, ceiling_dtype=None, **kw):
     """``fns`` graph-replayed in interleaved rounds (``time_ms_graphs``, the same clock for all):
     a row each, named "<key>[graph]", every other one against ``baseline``'s."""
     t = time_ms_graphs(fns, **kw)
-    r.add(op_name, f"{baseline}[graph]", shape, dtype, t[baseline], cost)
+    extra = {} if ceiling_dtype is None else {"ceiling_dtype": ceiling_dtype}
+    r.add(op_name, f"{baseline}[graph]", shape, dtype, t[baseline], cost, **extra)
     for k, ms in t.items():
         if k != baseline:
             r.add(op_name, f"{k}[graph]", shape, dtype, ms, cost, baseline=f"{baseline}[graph]",
-                  baseline_ms=t[baseline])
+                  baseline_ms=t[baseline], **extra)
 
 
 def _versions(a, b):
@@ -104,7 +106,7 @@ def _squares(r, dtype, n, g, variants=None):
     torch.cuda.empty_cache()
 
 
-def _tf32(r, n, g):
+def _tf32(r, n, g, variants=True):
     a = torch.randn(n, n, device="cuda", generator=g)
     b = torch.randn(n, n, device="cuda", generator=g)
     shape, cost = f"{n}x{n}x{n}", op.cost(n, n, n, torch.float32)
@@ -113,23 +115,34 @@ def _tf32(r, n, g):
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
         base_ms = time_ms(lambda: torch.matmul(a, b, out=out))
+        r.add("gemm", "cublas_tf32", shape, "tf32", base_ms, cost, ceiling_dtype="tf32")
+        ref = a.double() @ b.double()
+        # gemm(auto) takes this row-major B to gemm_sm90.gemm_tf32 on an sm_90 GPU (elsewhere it
+        # transposes B first: wgmma's tf32 operands are K-major only); the variants take B as given
+        versions = {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out)}
+        if variants:
+            versions.update(_versions(a, b))
+        for name, fn in versions.items():
+            def one(name=name, fn=fn):
+                out.fill_(float("nan"))
+                fn(a, b, out=out)
+                check(f"gemm.{name} tf32", out, ref, dtype="tf32")
+                ms = time_ms(lambda: fn(a, b, out=out))
+                r.add("gemm", name, shape, "tf32", ms, cost, baseline="cublas_tf32", baseline_ms=base_ms,
+                      ceiling_dtype="tf32")
+
+            _guarded(r, f"gemm.{name} {shape} tf32", one)
+
+        def graphs():
+            # both graph-replayed in interleaved rounds, at the same clock (cuBLAS captured with
+            # TF32 on)
+            _graph_rows(r, "gemm", shape, "tf32", cost, {"cublas_tf32": lambda: torch.matmul(a, b, out=out),
+                                                         "gemm(auto)": lambda: op.gemm(a, b, out=out)},
+                        "cublas_tf32", ceiling_dtype="tf32")
+
+        _guarded(r, f"gemm(auto) graphs {shape} tf32", graphs)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    r.add("gemm", "cublas_tf32", shape, "tf32", base_ms, cost, ceiling_dtype="tf32")
-    ref = a.double() @ b.double()
-    # gemm(auto) transposes this row-major B first (wgmma's tf32 operands are K-major only); the
-    # variants take B as given
-    versions = {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out), **_versions(a, b)}
-    for name, fn in versions.items():
-        def one(name=name, fn=fn):
-            out.fill_(float("nan"))
-            fn(a, b, out=out)
-            check(f"gemm.{name} tf32", out, ref, dtype="tf32")
-            ms = time_ms(lambda: fn(a, b, out=out))
-            r.add("gemm", name, shape, "tf32", ms, cost, baseline="cublas_tf32", baseline_ms=base_ms,
-                  ceiling_dtype="tf32")
-
-        _guarded(r, f"gemm.{name} {shape} tf32", one)
     del a, b, out, ref
     torch.cuda.empty_cache()
 
@@ -285,6 +298,7 @@ def _run(r) -> None:
     # in the full run a K = 4096 one where the GEMM dominates.
     _linear(r, g, tokens=8192, k=1024, n=4096, with_compile=not r.quick)
     if r.quick:
+        _tf32(r, 4096, g, variants=False)
         # The >= 0.85x-over-a-sweep target, measured in every quick run on a few sizes.
         for dtype in (torch.bfloat16, torch.float16):
             _sweep(r, dtype, g, _QUICK_SWEEP)

@@ -1,0 +1,192 @@
+// tilewise-arch: sm_90a
+// tilewise-instantiate: gemm_sm90_tf32<256,4> gemm_sm90_tf32<192,5> gemm_sm90_tf32<128,6>
+//
+// tf32 C[M, N] = A[M, K] B[K, N], fp32 in and out, A and B row-major, on Hopper's tensor cores with
+// no transposing copy of B (gemm_sm90.gemm_tf32; gemm() takes it for row-major fp32 B).
+// wgmma takes tf32 operands from shared memory K-major only, and row-major B is N-major. So the
+// kernel computes C's transposed tile: wgmma's M runs along N, its A operand is B's block read from
+// shared memory into registers (a register fragment may come from any layout), and its B operand is
+// A's rows, K-major, through a matrix descriptor.
+// * A CTA: a producer warpgroup (one thread issues the TMA copies; registers given back with
+//   setmaxnreg) and two consumer warpgroups, each 64 columns of C (wgmma M) by BM rows of C (wgmma
+//   N): a tile of BM x 128, persistent over the tiles in a grouped order (8 tile rows a group).
+// * A STAGES-deep ring of (A block [BM][32] fp32, 128-byte rows; B block of four [32 k][32 n]
+//   chunks), both as TMA writes them with 128-byte swizzle; `full` / `empty` mbarriers a stage.
+//   TMA fills out-of-range rows and columns with zeros (K need not be a multiple of 32).
+// * Fragments (m64 x k8 tf32): thread (warp q, lane l) holds rows 16q + l / 4 (+ 8) and columns
+//   l % 4 (+ 4) of its warpgroup's 64 x 8 slice: four 4-byte shared-memory loads a k8 step. In a
+//   swizzled chunk, (n, k) is at k * 128 + (((n % 32) / 4) ^ (k % 8)) * 16 + (n % 4) * 4, and k % 8
+//   is l % 4 (+ 4): each thread's four offsets are fixed for the whole loop.
+// * Two fragment sets, alternating by K block: a block's wgmmas read their registers until the
+//   wait_group of the next block, so the next block loads into the other set.
+// * Epilogue: each thread stores its accumulators to C directly (a warp's store: four rows of 32
+//   contiguous bytes), rows < M and columns < N; C needs unit-stride rows, nothing more.
+// Measured at 4096^3 / 8192^3 against cuBLAS TF32 (row-major B, interleaved graph rounds):
+// BM = 256 1.069x / 0.992x, 192 0.907x / 0.997x, 128 0.980x / 0.864x; gemm() with its transposing
+// copy 0.913x / 0.892x (logs/gemm-tf32-rega-156b85a).
+#include "tilewise_common.cuh"
+#include "tilewise_wgmma_tf32.cuh"
+
+namespace {
+
+struct alignas(64) TmaDesc {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<0>(bar, parity); }
+
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swz) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swz << 62);
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void keep_regs(const unsigned (&f)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" ::"r"(f[i]) : "memory");
+}
+
+__device__ __forceinline__ unsigned lds32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void tile_of(int t, int tm_n, int tn_n, int& tm, int& tn) {
+  constexpr int G = 8;
+  const int per = G * tn_n;
+  const int g = t / per;
+  const int first = g * G;
+  const int gs = min(tm_n - first, G);
+  const int r = t - g * per;
+  tm = first + r % gs;
+  tn = r / gs;
+}
+
+}  // namespace
+
+template <int BM, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    gemm_sm90_tf32(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b, float* __restrict__ c,
+                 int M, int N, int K, long long ldc) {
+  constexpr int BK = 32, BNT = 128;
+  constexpr unsigned A_BYTES = BM * BK * 4, B_BYTES = BK * BNT * 4, STAGE_BYTES = A_BYTES + B_BYTES;
+  static_assert(A_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  const unsigned base = (tw::smem_addr(smem_raw) + 1023u) & ~1023u;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int tm_n = (M + BM - 1) / BM, tn_n = (N + BNT - 1) / BNT, tiles = tm_n * tn_n;
+  const int kt = (K + BK - 1) / BK;
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_b)) : "memory");
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      tw::mbar_init(tw::smem_addr(&full_bar[s]), 1);
+      tw::mbar_init(tw::smem_addr(&empty_bar[s]), 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      int it = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_of(t, tm_n, tn_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BNT;
+        for (int kb = 0; kb < kt; ++kb, ++it) {
+          const int s = it % STAGES;
+          mbar_wait(tw::smem_addr(&empty_bar[s]), ((unsigned)(it / STAGES) & 1u) ^ 1u);
+          const unsigned full = tw::smem_addr(&full_bar[s]);
+          tw::mbar_expect_tx(full, STAGE_BYTES);
+          const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+          tma_load_2d(sa, &tma_a, full, kb * BK, m0);
+#pragma unroll
+          for (int ch = 0; ch < BNT / 32; ++ch) tma_load_2d(sb + ch * 4096, &tma_b, full, n0 + ch * 32, kb * BK);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int w = wg - 1, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;
+    const int nl = 64 * w + 16 * warp + g;  // this thread's fragment rows nl and nl + 8 (one chunk)
+    const unsigned u0 = (unsigned)(nl % 32) / 4, e0 = (unsigned)(nl % 4) * 4;
+    const unsigned chunk = (unsigned)(nl / 32) * 4096;
+    const unsigned off0 = chunk + q * 128 + ((u0 ^ q) << 4) + e0;
+    const unsigned off1 = chunk + q * 128 + (((u0 + 2) ^ q) << 4) + e0;
+    const unsigned off2 = chunk + (q + 4) * 128 + ((u0 ^ (q + 4)) << 4) + e0;
+    const unsigned off3 = chunk + (q + 4) * 128 + (((u0 + 2) ^ (q + 4)) << 4) + e0;
+    float acc[BM / 2];
+    unsigned fa0[16], fa1[16];
+    int it = 0;
+    auto release = [&](int stage) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tw::smem_addr(&empty_bar[stage])) : "memory"); };
+    auto block = [&](unsigned(&f)[16], const unsigned(&fo)[16], const int kb) {
+      const int s = it % STAGES;
+      mbar_wait(tw::smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
+      const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        f[4 * ks + 0] = lds32(sb + ks * 1024 + off0);
+        f[4 * ks + 1] = lds32(sb + ks * 1024 + off1);
+        f[4 * ks + 2] = lds32(sb + ks * 1024 + off2);
+        f[4 * ks + 3] = lds32(sb + ks * 1024 + off3);
+      }
+      fence_regs(acc);
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        tw::wgmma_m64k8_tf32_ra<BM>(acc, f[4 * ks], f[4 * ks + 1], f[4 * ks + 2], f[4 * ks + 3],
+                          smem_desc(sa + ks * 32, 16, 1024, 1));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      fence_regs(acc);
+      if (kb >= 1) {
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        fence_regs(acc);
+        keep_regs(fo);
+        if (tid == 0) release((it - 1) % STAGES);
+      }
+      ++it;
+    };
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tm, tn;
+      tile_of(t, tm_n, tn_n, tm, tn);
+      const int m0 = tm * BM, n0 = tn * BNT;
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
+      for (int kb = 0; kb < kt; kb += 2) {
+        block(fa0, fa1, kb);
+        if (kb + 1 < kt) block(fa1, fa0, kb + 1);
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      fence_regs(acc);
+      keep_regs(fa0);
+      keep_regs(fa1);
+      if (tid == 0) release((it - 1) % STAGES);
+      // accumulator 4 j + e: C row m0 + 8 j + 2 q + (e & 1), column n0 + nl + 8 (e >> 1)
+      const int n = n0 + nl;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = m0 + 8 * j + 2 * q + (e & 1), col = n + 8 * (e >> 1);
+          if (row < M && col < N) c[(long long)row * ldc + col] = acc[4 * j + e];
+        }
+      }
+    }
+  }
+}
