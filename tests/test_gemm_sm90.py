@@ -508,7 +508,11 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
 def test_tf32_tile_rule():
     assert gs.tf32_bm_for(4096, 4096) == 256 and gs.tf32_bm_for(8192, 8192) == 256
     assert gs.tf32_bm_for(1024, 1024) == 128  # 64 tiles of 128 rows: half a wave, not a quarter
-    assert gs.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (990) against 4 of 256 (1024)
+    assert gs.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (1011) against 4 of 256 (1024)
+    # the best BM of each shape in the sweep logs/gemm-tf32-sweep-43fb8eb
+    sweep = {(512, 512): 128, (1536, 1536): 192, (3000, 3000): 192, (5000, 5000): 256, (6144, 6144): 256,
+             (8192, 1024): 256, (256, 4096): 128, (4096, 256): 128}
+    assert {mn: gs.tf32_bm_for(*mn) for mn in sweep} == sweep
     for M, N in [(1, 4), (777, 333), (20000, 128)]:
         assert gs.tf32_bm_for(M, N) in gs.TF32_CONFIGS
     for bm, st in gs.TF32_CONFIGS.items():
