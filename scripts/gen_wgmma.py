@@ -12,7 +12,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "tilewise" / "ops" / "include" / "tilewise_wgmma.cuh"
 OUT_TF32 = OUT.with_name("tilewise_wgmma_tf32.cuh")
-NS_TF32 = (128, 192, 256)
+NS_TF32 = (64, 128, 192, 256)
 NS = (64, 72, 96, 128, 192, 256)
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 

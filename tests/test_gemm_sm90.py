@@ -522,7 +522,7 @@ def test_tf32_tile_rule():
 
 def test_tf32_compiles_without_spills():
     mod = rt.compile_file(gs.SRC_TF32, arch="sm_90", name_expressions=rt.name_expressions_for(gs.SRC_TF32))
-    assert mod.arch == "sm_90a" and len(mod.resources) == len(gs.TF32_CONFIGS)
+    assert mod.arch == "sm_90a" and len(mod.resources) == len(rt.name_expressions_for(gs.SRC_TF32))
     assert all(not r.spills and r.registers <= 168 for r in mod.resources), mod.resources
 
 
@@ -539,7 +539,7 @@ def test_tf32_errors_on_cpu_tensors():
     assert not gs.tf32_applies(a, a)
 
 
-def _check_tf32(M, N, K, bm=None, seed=0, out=None):
+def _check_tf32(M, N, K, bm=None, seed=0, out=None, cluster=1):
     """gemm_tf32 into a NaN-poisoned out against float64: each element within tf32's bound (two
     operands read to 10 mantissa bits: |error| <= 2^-9 (|a| @ |b|), with room for the fp32 sums)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -547,7 +547,7 @@ def _check_tf32(M, N, K, bm=None, seed=0, out=None):
     b = torch.randn(K, N, device="cuda", generator=g)
     if out is None:
         out = poison(torch.empty(M, N, device="cuda"))
-    c = gs.gemm_tf32(a, b, out=out, bm=bm)
+    c = gs.gemm_tf32(a, b, out=out, bm=bm, cluster=cluster)
     torch.cuda.synchronize()
     ref = a.double() @ b.double()
     bound = 2.0 ** -8 * (a.double().abs() @ b.double().abs()) + 1e-6
@@ -560,13 +560,25 @@ def _check_tf32(M, N, K, bm=None, seed=0, out=None):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("bm", [256, 192, 128])
+@pytest.mark.parametrize("bm", [256, 192, 128, 64])
 @pytest.mark.parametrize("M,N,K", [(1, 4, 4), (37, 132, 68), (300, 200, 100), (257, 129 * 4, 132), (1000, 1004, 516),
                                    (513, 260, 2052)])
 def test_gpu_tf32_odd_sizes(M, N, K, bm):
     """Sizes that are not multiples of the tile (BM x 128) or of the K block (32): TMA's zero fill
     and the epilogue's bounds."""
     _check_tf32(M, N, K, bm)
+
+
+@gpu
+@needs_sm90
+@pytest.mark.parametrize("bm", [256, 192, 128])
+@pytest.mark.parametrize("M,N,K", [(37, 132, 68), (300, 200, 100), (1000, 1004, 516), (513, 260, 2052),
+                                   (3000, 1500, 260)])
+def test_gpu_tf32_cta_pairs(M, N, K, bm):
+    """cluster = 2: CTA pairs along N sharing A's blocks by multicast, an odd count of 128-column
+    tiles (the last pair's second CTA past N: copies zero-filled, stores masked), several pair tiles
+    a pair."""
+    _check_tf32(M, N, K, bm, seed=5, cluster=2)
 
 
 @gpu
@@ -592,7 +604,9 @@ def test_gpu_tf32_rejects_layouts_and_overlap():
     with pytest.raises(ValueError, match="shares memory"):
         gs.gemm_tf32(a, a, out=a)
     with pytest.raises(ValueError, match="bm"):
-        gs.gemm_tf32(a, a, bm=64)
+        gs.gemm_tf32(a, a, bm=96)
+    with pytest.raises(ValueError, match="cluster"):
+        gs.gemm_tf32(a, a, bm=64, cluster=2)
     with pytest.raises(ValueError, match="float32"):
         gs.gemm_tf32(a, a, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16))
     assert not gs.tf32_applies(a, a.t()) and gs.tf32_applies(a, a)

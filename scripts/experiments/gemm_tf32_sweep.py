@@ -2,12 +2,18 @@
 replaced (tilewise's transpose of B, then the Triton kernels on K-major B), and gemm_tf32 at each BM,
 beside cuBLAS TF32; interleaved graph-replayed rounds (harness.time_ms_graphs), each checked against
 float64 first. Question: does the new route lose anywhere, and does tf32_bm_for pick the best BM?
-Prediction, written before the run: gemm_tf32 ahead of the old route at every shape (it saves the
+Second run (BM = 64 added, CTA pairs along N sharing A's blocks by multicast), prediction written
+before it: BM = 64 lifts the outputs of under a wave of BM = 128 tiles (4096 x 256 x 4096: 0.75 ->
+~0.95; 512^3 and 1024^3 a few %); the pairs gain 0-5 % at 4096-8192 (a third less L2 -> SM traffic
+a K block: 32 + 16 KiB -> 16 + 16) and lose where a pair leaves SMs idle.
+First run's prediction, written before it: gemm_tf32 ahead of the old route at every shape (it saves the
 transpose's read and write of B and runs ~1.0x cuBLAS where the Triton kernel ran 0.94-1.0x); BM by
 the model within 3 % of the best BM, except at the smallest shapes (512-1024), where launch and
 fill times dominate.
 Run on the GPU: PYTHONPATH=src python3 scripts/experiments/gemm_tf32_sweep.py
 """
+import sys
+
 import torch
 from _timing import warm_clocks
 
@@ -16,6 +22,10 @@ from tilewise.ops import gemm_sm90 as gs
 from tilewise.ops import gemm_triton as gt
 from tilewise.ops import transpose as tr
 
+# First run (43fb8eb): the old route too. Second: BM = 64 and CTA pairs sharing A (cluster 2), and
+# not the old route (OLD_ROUTE = False; --old puts it back).
+OLD_ROUTE = "--old" in sys.argv
+CLUSTERS = True
 SHAPES = [(512, 512, 512), (1000, 1000, 1000), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048),
           (3000, 3000, 3000), (4096, 4096, 4096), (5000, 5000, 5000), (6144, 6144, 6144), (8192, 8192, 8192),
           (8192, 1024, 4096), (1024, 8192, 4096), (4096, 4096, 512), (256, 4096, 4096), (4096, 256, 4096)]
@@ -31,10 +41,14 @@ def main():
         out = torch.empty(M, N, device="cuda")
         ref = a.double() @ b.double()
         fns = {"cublas": lambda: torch.matmul(a, b, out=out),
-               "gemm()": lambda: gt.gemm(a, b, out=out),
-               "old route": lambda: gt.gemm(a, tr.transpose(b).t(), out=out)}
+               "gemm()": lambda: gt.gemm(a, b, out=out)}
+        if OLD_ROUTE:
+            fns["old route"] = lambda: gt.gemm(a, tr.transpose(b).t(), out=out)
         for bm in gs.TF32_CONFIGS:
             fns[f"BM={bm}"] = lambda bm=bm: gs.gemm_tf32(a, b, out=out, bm=bm)
+        if CLUSTERS:
+            for bm in (256, 192, 128):
+                fns[f"BM={bm}c2"] = lambda bm=bm: gs.gemm_tf32(a, b, out=out, bm=bm, cluster=2)
         for k, fn in fns.items():
             out.fill_(float("nan"))
             fn()
@@ -42,7 +56,7 @@ def main():
             assert out.isfinite().all() and err < 2e-3, (M, N, K, k, err)
         t = harness.time_ms_graphs(fns)
         pick = gs.tf32_bm_for(M, N, torch.cuda.get_device_properties(0).multi_processor_count)
-        best = min((k for k in fns if k.startswith("BM=")), key=t.get)
+        best = min((k for k in fns if k.startswith("BM=") and not k.endswith("c2")), key=t.get)
         line = "  ".join(f"{k} {t['cublas'] / v:.3f}" for k, v in t.items() if k != "cublas")
         print(f"tf32 {M}x{N}x{K}: cublas {t['cublas'] * 1e3:8.1f} us | {line} | model BM={pick}, best {best} "
               f"({t[best] / t[f'BM={pick}']:.3f})", flush=True)

@@ -567,14 +567,14 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
 # --------------------------------------------------------------------------- tf32, row-major B
 
 SRC_TF32 = SRC.with_name("gemm_sm90_tf32.cu")
-# BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32 in 227 KiB).
-TF32_CONFIGS = {256: 4, 192: 5, 128: 6}
+# BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32, 8 x 24 in 227 KiB).
+TF32_CONFIGS = {256: 4, 192: 5, 128: 6, 64: 8}
 # A tile's rate relative to BM = 256 in the wave model below. 128 from 4096^3 and 8192^3 (0.98x /
 # 0.86x cuBLAS against 1.07x / 0.99x, logs/gemm-tf32-rega-156b85a); 192 from the sweep of 15 shapes
 # (logs/gemm-tf32-sweep-43fb8eb): 0.97 picked it at 5000^3, 5 % behind 256; 0.95 keeps it where it
 # won (1536^2: 1.33x against 1.05x; 3000^2: 1.09x against 0.87x). With it the model picks the best
 # BM at all 15 shapes of that sweep.
-TF32_RATE = {256: 1.0, 192: 0.95, 128: 0.85}
+TF32_RATE = {256: 1.0, 192: 0.95, 128: 0.85, 64: 0.6}
 _TF32_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
@@ -609,13 +609,27 @@ def _tf32_out_problem(out: torch.Tensor, device: torch.device, M: int, N: int) -
     return None
 
 
+def _tf32_name(bm: int, cluster: int) -> str:
+    return f"gemm_sm90_tf32<{bm},{TF32_CONFIGS[bm]}>" if cluster == 1 else \
+        f"gemm_sm90_tf32<{bm},{TF32_CONFIGS[bm]},{cluster}>"
+
+
 @functools.cache
-def _tf32_func(bm: int, device_index: int):
-    names = tuple(f"gemm_sm90_tf32<{m},{s}>" for m, s in TF32_CONFIGS.items())
+def _tf32_func(bm: int, cluster: int, device_index: int):
+    """(the kernel's function handle, CTAs resident at once)."""
+    names = tuple(rt.name_expressions_for(SRC_TF32))
     mod = rt.load(SRC_TF32, names, options=("-std=c++17",), device_index=device_index)
-    k = mod.kernel(f"gemm_sm90_tf32<{bm},{TF32_CONFIGS[bm]}>", [])
+    k = mod.kernel(_tf32_name(bm, cluster), [])
     k.set_max_dynamic_shared(_tf32_shmem(bm))
-    return _check_cu(_driver().cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+    func = _check_cu(_driver().cuKernelGetFunction(k.handle.handle), "cuKernelGetFunction")
+    sms = rt.sm_count(device_index)
+    if cluster == 1:
+        return func, sms
+    try:
+        resident = k.max_active_clusters(cluster, 384, _tf32_shmem(bm)) * cluster
+    except Exception:  # an occupancy API this cuda.core lacks: clusters in SM pairs
+        resident = sms // cluster * cluster
+    return func, max(cluster, min(int(resident), sms // cluster * cluster))
 
 
 def _tf32_shmem(bm: int) -> int:
@@ -623,12 +637,13 @@ def _tf32_shmem(bm: int) -> int:
 
 
 def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-              bm: int | None = None) -> torch.Tensor:
+              bm: int | None = None, cluster: int = 1) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) on tensor cores in tf32, fp32 in and out, fp32 accumulate,
     with B row-major as given (no transposing copy; see gemm_sm90_tf32.cu). A and B: unit-stride
     rows, 16-byte aligned starts and row strides (K and N multiples of 4 for contiguous tensors).
-    ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192 or 128 C rows
-    a tile (default ``tf32_bm_for``). Rounding: the tensor cores read the top 19 bits of each fp32
+    ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192, 128 or 64 C rows
+    a tile (default ``tf32_bm_for``). ``cluster`` 2: CTA pairs along N share A's blocks by TMA
+    multicast (an experiment's switch; BM 256, 192 or 128). Rounding: the tensor cores read the top 19 bits of each fp32
     operand (tf32), as cuBLAS's TF32 kernels do."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("gemm_tf32: a and b must be tensors")
@@ -655,6 +670,8 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         bm = tf32_bm_for(M, N, rt.sm_count(dev))
     elif bm not in TF32_CONFIGS:
         raise ValueError(f"gemm_tf32: bm must be one of {sorted(TF32_CONFIGS)}, got {bm}")
+    if cluster not in (1, 2) or _tf32_name(bm, cluster) not in rt.name_expressions_for(SRC_TF32):
+        raise ValueError(f"gemm_tf32: no cluster {cluster} kernel for bm {bm}")
     if out is None:
         out = torch.empty((M, N), dtype=torch.float32, device=a.device)
     else:
@@ -663,10 +680,11 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
             raise ValueError(f"gemm_tf32: {problem}")
         if may_overlap(out, a) or may_overlap(out, b):
             raise ValueError("gemm_tf32: out shares memory with a or b (tiles would read overwritten inputs)")
-    func = _tf32_func(bm, dev)
-    ma, mb = tensor_map(a, 32, bm, 128), tensor_map(b, 32, 32, 128)
-    tiles = -(-M // bm) * -(-N // 128)
-    grid = min(tiles, rt.sm_count(dev))
+    func, resident = _tf32_func(bm, cluster, dev)
+    ma, mb = tensor_map(a, 32, bm // cluster, 128), tensor_map(b, 32, 32, 128)
+    n_tiles = -(-N // 128)
+    ctas = -(-M // bm) * -(-n_tiles // cluster) * cluster  # one a tile, in whole clusters
+    grid = min(ctas, resident)
     d = _driver()
     args = ((ma, mb, out.data_ptr(), M, N, K, out.stride(0)), _TF32_ARGS)
     stream = torch.cuda.current_stream(dev).cuda_stream

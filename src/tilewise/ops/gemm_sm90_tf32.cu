@@ -1,5 +1,6 @@
 // tilewise-arch: sm_90a
-// tilewise-instantiate: gemm_sm90_tf32<256,4> gemm_sm90_tf32<192,5> gemm_sm90_tf32<128,6>
+// tilewise-instantiate: gemm_sm90_tf32<256,4> gemm_sm90_tf32<192,5> gemm_sm90_tf32<128,6> gemm_sm90_tf32<64,8>
+// tilewise-instantiate: gemm_sm90_tf32<256,4,2> gemm_sm90_tf32<192,5,2> gemm_sm90_tf32<128,6,2>
 //
 // tf32 C[M, N] = A[M, K] B[K, N], fp32 in and out, A and B row-major, on Hopper's tensor cores with
 // no transposing copy of B (gemm_sm90.gemm_tf32; gemm() takes it for row-major fp32 B).
@@ -19,6 +20,9 @@
 //   is l % 4 (+ 4): each thread's four offsets are fixed for the whole loop.
 // * Two fragment sets, alternating by K block: a block's wgmmas read their registers until the
 //   wait_group of the next block, so the next block loads into the other set.
+// * CN = 2: a cluster of two CTAs side by side along N (tiles n0 and n0 + 128 of the same rows)
+//   shares A's block: each CTA copies half its rows and multicasts them to both; a stage's `empty`
+//   barrier then takes the releases of both CTAs' consumers (4), since a peer's copy lands in it.
 // * Epilogue: each thread stores its accumulators to C directly (a warp's store: four rows of 32
 //   contiguous bytes), rows < M and columns < N; C needs unit-stride rows, nothing more.
 // Measured at 4096^3 / 8192^3 against cuBLAS TF32 (row-major B, interleaved graph rounds):
@@ -39,6 +43,25 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, u
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(desc)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// The same copy multicast to the cluster's CTAs in `mask` (same offset, each CTA's barrier at `bar`'s).
+__device__ __forceinline__ void tma_load_2d_mc(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1,
+                                               unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+// One arrival on the barrier at this CTA's address `bar` in cluster CTA `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
       : "memory");
 }
 
@@ -76,18 +99,21 @@ __device__ __forceinline__ void tile_of(int t, int tm_n, int tn_n, int& tm, int&
 
 }  // namespace
 
-template <int BM, int STAGES>
-__global__ void __launch_bounds__(384, 1)
+template <int BM, int STAGES, int CN = 1>
+__global__ void __cluster_dims__(CN, 1, 1) __launch_bounds__(384, 1)
     gemm_sm90_tf32(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b, float* __restrict__ c,
                  int M, int N, int K, long long ldc) {
   constexpr int BK = 32, BNT = 128;
   constexpr unsigned A_BYTES = BM * BK * 4, B_BYTES = BK * BNT * 4, STAGE_BYTES = A_BYTES + B_BYTES;
-  static_assert(A_BYTES % 1024 == 0, "stages stay 1024-byte aligned");
+  static_assert(A_BYTES % 1024 == 0 && (CN == 1 || CN == 2) && BM % (8 * CN) == 0, "stages stay 1024-byte aligned");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
   const unsigned base = (tw::smem_addr(smem_raw) + 1023u) & ~1023u;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int tm_n = (M + BM - 1) / BM, tn_n = (N + BNT - 1) / BNT, tiles = tm_n * tn_n;
+  // cluster tiles: BM x (128 CN); CTA `rank` of a cluster takes the rank-th 128 columns
+  const int tm_n = (M + BM - 1) / BM, tn_n = ((N + BNT - 1) / BNT + CN - 1) / CN, tiles = tm_n * tn_n;
+  const unsigned rank = CN > 1 ? tw::cta_rank() : 0u;
+  const int cid = blockIdx.x / CN, clusters = gridDim.x / CN;
   const int kt = (K + BK - 1) / BK;
   if (threadIdx.x == 0) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(&tma_a)) : "memory");
@@ -95,26 +121,35 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       tw::mbar_init(tw::smem_addr(&full_bar[s]), 1);
-      tw::mbar_init(tw::smem_addr(&empty_bar[s]), 2);
+      tw::mbar_init(tw::smem_addr(&empty_bar[s]), 2 * CN);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (CN > 1) {  // both CTAs' barriers exist before any copy or arrival can reach them
+    tw::cluster_arrive_relaxed();
+    tw::cluster_wait();
+  } else {
+    __syncthreads();
+  }
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
       int it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = cid; t < tiles; t += clusters) {
         int tm, tn;
         tile_of(t, tm_n, tn_n, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BNT;
+        const int m0 = tm * BM, n0 = (tn * CN + (int)rank) * BNT;
         for (int kb = 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
           mbar_wait(tw::smem_addr(&empty_bar[s]), ((unsigned)(it / STAGES) & 1u) ^ 1u);
           const unsigned full = tw::smem_addr(&full_bar[s]);
           tw::mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
-          tma_load_2d(sa, &tma_a, full, kb * BK, m0);
+          if constexpr (CN > 1)
+            tma_load_2d_mc(sa + rank * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + (int)rank * (BM / CN),
+                           (unsigned short)((1u << CN) - 1));
+          else
+            tma_load_2d(sa, &tma_a, full, kb * BK, m0);
 #pragma unroll
           for (int ch = 0; ch < BNT / 32; ++ch) tma_load_2d(sb + ch * 4096, &tma_b, full, n0 + ch * 32, kb * BK);
         }
@@ -134,7 +169,15 @@ __global__ void __launch_bounds__(384, 1)
     float acc[BM / 2];
     unsigned fa0[16], fa1[16];
     int it = 0;
-    auto release = [&](int stage) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(tw::smem_addr(&empty_bar[stage])) : "memory"); };
+    auto release = [&](int stage) {
+      const unsigned e = tw::smem_addr(&empty_bar[stage]);
+      if constexpr (CN > 1) {
+#pragma unroll
+        for (int r = 0; r < CN; ++r) mbar_arrive_cluster(e, (unsigned)r);
+      } else {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(e) : "memory");
+      }
+    };
     auto block = [&](unsigned(&f)[16], const unsigned(&fo)[16], const int kb) {
       const int s = it % STAGES;
       mbar_wait(tw::smem_addr(&full_bar[s]), (unsigned)(it / STAGES) & 1u);
@@ -162,10 +205,10 @@ __global__ void __launch_bounds__(384, 1)
       }
       ++it;
     };
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = cid; t < tiles; t += clusters) {
       int tm, tn;
       tile_of(t, tm_n, tn_n, tm, tn);
-      const int m0 = tm * BM, n0 = tn * BNT;
+      const int m0 = tm * BM, n0 = (tn * CN + (int)rank) * BNT;
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
       for (int kb = 0; kb < kt; kb += 2) {
@@ -188,5 +231,10 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
     }
+  }
+  if constexpr (CN > 1) {  // no CTA leaves while its peer may still copy into it or arrive on it
+    __syncwarp();
+    tw::cluster_arrive();
+    tw::cluster_wait();
   }
 }
