@@ -507,12 +507,17 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
 
 def test_tf32_tile_rule():
     assert gs.tf32_bm_for(4096, 4096) == 256 and gs.tf32_bm_for(8192, 8192) == 256
-    assert gs.tf32_bm_for(1024, 1024) == 128  # 64 tiles of 128 rows: half a wave, not a quarter
+    assert gs.tf32_bm_for(1024, 1024) == 64  # 128 tiles of 64 rows: a wave, not half of one
     assert gs.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (1011) against 4 of 256 (1024)
-    # the best BM of each shape in the sweep logs/gemm-tf32-sweep-43fb8eb
-    sweep = {(512, 512): 128, (1536, 1536): 192, (3000, 3000): 192, (5000, 5000): 256, (6144, 6144): 256,
-             (8192, 1024): 256, (256, 4096): 128, (4096, 256): 128}
+    # the best BM of each shape in the sweep logs/gemm-tf32-sweep2-6be142a
+    sweep = {(512, 512): 64, (1024, 1024): 64, (1536, 1536): 192, (2048, 2048): 256, (3000, 3000): 192,
+             (5000, 5000): 256, (6144, 6144): 256, (8192, 1024): 256, (256, 4096): 64, (4096, 256): 64}
     assert {mn: gs.tf32_bm_for(*mn) for mn in sweep} == sweep
+    # CTA pairs where they led in that sweep, not where they trailed
+    assert [gs.tf32_cluster_for(n, n, gs.tf32_bm_for(n, n)) for n in (3000, 5000, 8192)] == [2, 2, 2]
+    assert [gs.tf32_cluster_for(m, n, gs.tf32_bm_for(m, n)) for m, n in ((2048, 2048), (1536, 1536), (1024, 8192),
+                                                                        (8192, 1024), (512, 512))] == [1] * 5
+    assert gs.tf32_cluster_for(4096, 4096, 64) == 1  # no pair kernel for BM = 64
     for M, N in [(1, 4), (777, 333), (20000, 128)]:
         assert gs.tf32_bm_for(M, N) in gs.TF32_CONFIGS
     for bm, st in gs.TF32_CONFIGS.items():

@@ -569,12 +569,21 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
 SRC_TF32 = SRC.with_name("gemm_sm90_tf32.cu")
 # BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32, 8 x 24 in 227 KiB).
 TF32_CONFIGS = {256: 4, 192: 5, 128: 6, 64: 8}
+# BMs with a CTA-pair kernel (cluster = 2: pairs along N share A's blocks by TMA multicast).
+TF32_PAIRS = (256, 192, 128)
 # A tile's rate relative to BM = 256 in the wave model below. 128 from 4096^3 and 8192^3 (0.98x /
 # 0.86x cuBLAS against 1.07x / 0.99x, logs/gemm-tf32-rega-156b85a); 192 from the sweep of 15 shapes
 # (logs/gemm-tf32-sweep-43fb8eb): 0.97 picked it at 5000^3, 5 % behind 256; 0.95 keeps it where it
 # won (1536^2: 1.33x against 1.05x; 3000^2: 1.09x against 0.87x). With it the model picks the best
-# BM at all 15 shapes of that sweep.
+# BM at all 15 shapes of that sweep. 64 from the second sweep (logs/gemm-tf32-sweep2-6be142a): it
+# fills the GPU where BM = 128 leaves half of it idle (4096 x 256 x 4096: 0.91x against 0.74x;
+# 512^3 1.03x against 0.83x; 1024^3 1.12x against 0.92x) and trails everywhere else; with 0.6 the
+# model picks the best BM at 14 of the 15 shapes (at 1000^3 it picks 64, 3.5 % behind 128).
 TF32_RATE = {256: 1.0, 192: 0.95, 128: 0.85, 64: 0.6}
+# CTA pairs from the same sweep, against the same BM alone: ahead where both sides of C are large
+# (3000^2 +14 % at BM 192, 5000^2 +3.5 %, 6144^2 +3 %, 8192^2 +2 % at BM 256; 4096^2 level), behind
+# below (2048^2 -1 %, 1536^2 -3 %, 1024 x 8192 -2.5 %, 8192 x 1024 -1 %).
+TF32_PAIRS_FROM = 2560
 _TF32_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 
 
@@ -585,6 +594,12 @@ def tf32_bm_for(M: int, N: int, sms: int = 132) -> int:
         tiles = -(-M // bm) * -(-N // 128)
         return -(-tiles // sms) * bm / TF32_RATE[bm]
     return min(TF32_CONFIGS, key=lambda bm: (t(bm), -bm))
+
+
+def tf32_cluster_for(M: int, N: int, bm: int) -> int:
+    """2 (CTA pairs sharing A's blocks) where both sides of C are at least TF32_PAIRS_FROM and BM
+    has a pair kernel, else 1."""
+    return 2 if bm in TF32_PAIRS and min(M, N) >= TF32_PAIRS_FROM else 1
 
 
 def tf32_applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
@@ -637,13 +652,13 @@ def _tf32_shmem(bm: int) -> int:
 
 
 def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-              bm: int | None = None, cluster: int = 1) -> torch.Tensor:
+              bm: int | None = None, cluster: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) on tensor cores in tf32, fp32 in and out, fp32 accumulate,
     with B row-major as given (no transposing copy; see gemm_sm90_tf32.cu). A and B: unit-stride
     rows, 16-byte aligned starts and row strides (K and N multiples of 4 for contiguous tensors).
     ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192, 128 or 64 C rows
-    a tile (default ``tf32_bm_for``). ``cluster`` 2: CTA pairs along N share A's blocks by TMA
-    multicast (an experiment's switch; BM 256, 192 or 128). Rounding: the tensor cores read the top 19 bits of each fp32
+    a tile (default ``tf32_bm_for``). ``cluster``: 1, or 2 for CTA pairs along N that share A's
+    blocks by TMA multicast (BM 256, 192 or 128; default ``tf32_cluster_for``). Rounding: the tensor cores read the top 19 bits of each fp32
     operand (tf32), as cuBLAS's TF32 kernels do."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise TypeError("gemm_tf32: a and b must be tensors")
@@ -670,7 +685,9 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         bm = tf32_bm_for(M, N, rt.sm_count(dev))
     elif bm not in TF32_CONFIGS:
         raise ValueError(f"gemm_tf32: bm must be one of {sorted(TF32_CONFIGS)}, got {bm}")
-    if cluster not in (1, 2) or _tf32_name(bm, cluster) not in rt.name_expressions_for(SRC_TF32):
+    if cluster is None:
+        cluster = tf32_cluster_for(M, N, bm)
+    if cluster not in (1, 2) or (cluster == 2 and bm not in TF32_PAIRS):
         raise ValueError(f"gemm_tf32: no cluster {cluster} kernel for bm {bm}")
     if out is None:
         out = torch.empty((M, N), dtype=torch.float32, device=a.device)
