@@ -24,8 +24,10 @@ from tilewise.ops import transpose as tr
 
 # First run (43fb8eb): the old route too. Second: BM = 64 and CTA pairs sharing A (cluster 2), and
 # not the old route (OLD_ROUTE = False; --old puts it back).
+# Third (--gemm-only): gemm() with the rules that came of the second, beside cuBLAS only.
 OLD_ROUTE = "--old" in sys.argv
-CLUSTERS = True
+GEMM_ONLY = "--gemm-only" in sys.argv
+CLUSTERS = not GEMM_ONLY
 SHAPES = [(512, 512, 512), (1000, 1000, 1000), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048),
           (3000, 3000, 3000), (4096, 4096, 4096), (5000, 5000, 5000), (6144, 6144, 6144), (8192, 8192, 8192),
           (8192, 1024, 4096), (1024, 8192, 4096), (4096, 4096, 512), (256, 4096, 4096), (4096, 256, 4096)]
@@ -44,8 +46,8 @@ def main():
                "gemm()": lambda: gt.gemm(a, b, out=out)}
         if OLD_ROUTE:
             fns["old route"] = lambda: gt.gemm(a, tr.transpose(b).t(), out=out)
-        for bm in gs.TF32_CONFIGS:
-            fns[f"BM={bm}"] = lambda bm=bm: gs.gemm_tf32(a, b, out=out, bm=bm)
+        for bm in () if GEMM_ONLY else gs.TF32_CONFIGS:
+            fns[f"BM={bm}"] = lambda bm=bm: gs.gemm_tf32(a, b, out=out, bm=bm, cluster=1)
         if CLUSTERS:
             for bm in (256, 192, 128):
                 fns[f"BM={bm}c2"] = lambda bm=bm: gs.gemm_tf32(a, b, out=out, bm=bm, cluster=2)
@@ -56,8 +58,12 @@ def main():
             assert out.isfinite().all() and err < 2e-3, (M, N, K, k, err)
         t = harness.time_ms_graphs(fns)
         pick = gs.tf32_bm_for(M, N, torch.cuda.get_device_properties(0).multi_processor_count)
-        best = min((k for k in fns if k.startswith("BM=") and not k.endswith("c2")), key=t.get)
         line = "  ".join(f"{k} {t['cublas'] / v:.3f}" for k, v in t.items() if k != "cublas")
+        if GEMM_ONLY:
+            print(f"tf32 {M}x{N}x{K}: cublas {t['cublas'] * 1e3:8.1f} us | {line} | BM={pick}, cluster "
+                  f"{gs.tf32_cluster_for(M, N, pick)}", flush=True)
+            continue
+        best = min((k for k in fns if k.startswith("BM=") and not k.endswith("c2")), key=t.get)
         print(f"tf32 {M}x{N}x{K}: cublas {t['cublas'] * 1e3:8.1f} us | {line} | model BM={pick}, best {best} "
               f"({t[best] / t[f'BM={pick}']:.3f})", flush=True)
 
