@@ -60,6 +60,7 @@
 #include <cuda_fp16.h>
 
 #include "tilewise_common.cuh"
+#include "tilewise_sm90.cuh"
 #include "tilewise_wgmma.cuh"
 
 // K blocks whose wgmma groups a consumer keeps in flight before it waits (1: the block before the
@@ -130,10 +131,9 @@ constexpr int kEarlyForced = -1;
 
 namespace {
 
-// A CUtensorMap (cuda.h), opaque: 128 bytes, 64-byte aligned; passed by value as a __grid_constant__.
-struct alignas(64) TmaDesc {
-  unsigned long long opaque[16];
-};
+using tw::fence_regs;
+using tw::smem_desc;
+using tw::TmaDesc;
 
 using tw::mbar_expect_tx;
 using tw::mbar_init;
@@ -196,19 +196,6 @@ __device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, unsigned src, 
                    reinterpret_cast<unsigned long long>(desc)),
                "r"(src), "r"(c0), "r"(c1)
                : "memory");
-}
-
-// Shared-memory matrix descriptor: start address, leading / stride byte offsets, swizzle
-// (1 = 128 B, 2 = 64 B).
-__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swz) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swz << 62);
-}
-
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {

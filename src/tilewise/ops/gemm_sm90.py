@@ -13,6 +13,12 @@ clusters CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
 Needs compute capability 9.0 (sm_90a instructions), cuda-bindings (TMA descriptors, launch), and
 16-byte aligned rows (M, N, K >= 1; K and N multiples of 8). ``applies(a, b)``
 says whether a call would be taken. Cost: ``gemm_triton.cost``.
+
+    gemm_tf32(a, b, out=None, bm=None, cluster=None) -> C (M, N), fp32
+
+tf32 for fp32 A and a row-major B with no transposing copy of B (``gemm_sm90_tf32.cu``: wgmma on C's
+transposed tile, B's block read into registers as the A operand); BM x 128 tiles, CTA pairs sharing
+A's blocks where C is large (``tf32_bm_for``, ``tf32_cluster_for``); ``tf32_applies(a, b, out)``.
 """
 
 from __future__ import annotations
@@ -418,26 +424,32 @@ def split_k(cluster_tiles: int, clusters: int, kt: int) -> int:
     return max(1, min(clusters // cluster_tiles, kt // 32))
 
 
+def _check_operands(fn: str, a, b, dtypes: tuple, dtype_words: str) -> tuple[int, int, int]:
+    """The checks gemm_sm90 and gemm_tf32 share (tensors, 2-D, inner dimensions, one dtype of
+    ``dtypes`` for both, one CUDA device, nothing empty); returns (M, N, K)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError(f"{fn}: a and b must be tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{fn}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{fn}: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if a.dtype not in dtypes or b.dtype != a.dtype:
+        raise ValueError(f"{fn}: a and b must {dtype_words}, got {a.dtype} and {b.dtype}")
+    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
+        raise ValueError(f"{fn}: a and b must be on one CUDA device, got {a.device} and {b.device}")
+    (M, K), N = a.shape, b.shape[1]
+    if min(M, N, K) < 1:
+        raise ValueError(f"{fn}: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    return M, N, K
+
+
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
               config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
     docstring for layouts; N a multiple of 8. ``out``: an (M, N) tensor of A's dtype with
     unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. ``clusters``: how many clusters to launch (default: as many as are
     resident at once, from the occupancy API; for experiments)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        raise TypeError("gemm_sm90: a and b must be tensors")
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"gemm_sm90: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"gemm_sm90: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
-    if a.dtype not in _DTYPES or b.dtype != a.dtype:
-        raise ValueError(f"gemm_sm90: a and b must both be float16 or bfloat16, got {a.dtype} and {b.dtype}")
-    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
-        raise ValueError(f"gemm_sm90: a and b must be on one CUDA device, got {a.device} and {b.device}")
-    M, K = a.shape
-    N = b.shape[1]
-    if min(M, N, K) < 1:
-        raise ValueError(f"gemm_sm90: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    M, N, K = _check_operands("gemm_sm90", a, b, tuple(_DTYPES), "both be float16 or bfloat16")
     if N % 8:
         raise ValueError(f"gemm_sm90: N = {N} must be a multiple of 8 (C is written in 16-byte chunks)")
     if not available(a.get_device()):
@@ -658,22 +670,9 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     rows, 16-byte aligned starts and row strides (K and N multiples of 4 for contiguous tensors).
     ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192, 128 or 64 C rows
     a tile (default ``tf32_bm_for``). ``cluster``: 1, or 2 for CTA pairs along N that share A's
-    blocks by TMA multicast (BM 256, 192 or 128; default ``tf32_cluster_for``). Rounding: the tensor cores read the top 19 bits of each fp32
-    operand (tf32), as cuBLAS's TF32 kernels do."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        raise TypeError("gemm_tf32: a and b must be tensors")
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"gemm_tf32: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"gemm_tf32: inner dimensions differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
-    if a.dtype != torch.float32 or b.dtype != torch.float32:
-        raise ValueError(f"gemm_tf32: a and b must be float32, got {a.dtype} and {b.dtype}")
-    if not (a.is_cuda and b.is_cuda) or a.device != b.device:
-        raise ValueError(f"gemm_tf32: a and b must be on one CUDA device, got {a.device} and {b.device}")
-    M, K = a.shape
-    N = b.shape[1]
-    if min(M, N, K) < 1:
-        raise ValueError(f"gemm_tf32: empty operand ({M} x {K} @ {K} x {N}); use torch.matmul")
+    blocks by TMA multicast (BM 256, 192 or 128; default ``tf32_cluster_for``). Rounding: the
+    tensor cores read the top 19 bits of each fp32 operand (tf32), as cuBLAS's TF32 kernels do."""
+    M, N, K = _check_operands("gemm_tf32", a, b, (torch.float32,), "be float32")
     for name, t in (("a", a), ("b", b)):
         if not _rows_ok(t, 1):
             raise ValueError(f"gemm_tf32: {name} needs unit-stride rows, 16-byte aligned start and row stride "

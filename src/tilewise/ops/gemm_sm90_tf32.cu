@@ -30,13 +30,14 @@
 // ran 0.913x / 0.892x (logs/gemm-tf32-rega-156b85a); over 15 shapes with BM = 64 and the CTA pairs
 // (logs/gemm-tf32-sweep-43fb8eb, gemm-tf32-sweep2-6be142a; the host's rules pick from these).
 #include "tilewise_common.cuh"
+#include "tilewise_sm90.cuh"
 #include "tilewise_wgmma_tf32.cuh"
 
 namespace {
 
-struct alignas(64) TmaDesc {
-  unsigned long long opaque[16];
-};
+using tw::fence_regs;
+using tw::smem_desc;
+using tw::TmaDesc;
 
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<0>(bar, parity); }
 
@@ -66,16 +67,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
       : "memory");
 }
 
-__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swz) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swz << 62);
-}
-
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 __device__ __forceinline__ void keep_regs(const unsigned (&f)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) asm volatile("" ::"r"(f[i]) : "memory");
