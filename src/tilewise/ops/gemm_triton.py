@@ -1286,9 +1286,10 @@ def _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out) -> bool:
 
 
 # tf32 with row-major B on sm_90, no bias, activation or scales, fp32 out: gemm_sm90.gemm_tf32, which
-# takes B as given (wgmma on C's transposed tile with B's block in registers). At 4096^3 / 8192^3
-# it ran 1.07x / 0.99x cuBLAS TF32 where the transposing copy + Triton ran 0.91x / 0.89x
-# (logs/gemm-tf32-rega-156b85a). Not where split_k_for splits K (outputs too small to fill the GPU).
+# takes B as given (wgmma on C's transposed tile with B's block in registers). It beat the
+# transposing copy + Triton at all 15 shapes of logs/gemm-tf32-sweep-43fb8eb (4096^3: 1.04x against
+# 0.88x cuBLAS TF32) and, with its final tile rules, ran >= 1.0x cuBLAS TF32 at 13 of them
+# (logs/gemm-tf32-sweep3-c3a1ddd). Not where split_k_for splits K (outputs too small to fill the GPU).
 def _tf32_rowmajor_b(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux) -> bool:
     return (not _INTERPRET and bias is None and activation is None and aux is None and scale_a is None
             and scale_b is None and precision == "tf32" and out_dtype in (None, torch.float32)
@@ -1315,8 +1316,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
                 not share memory with a, b or bias (refused: tiles would read overwritten inputs).
     aux:        optional contiguous (M, N) tensor receiving the pre-activation values.
     variant:    None (fp32 with a row-major B and no bias, activation or scales on an sm_90 GPU:
-                ``gemm_sm90.gemm_tf32``, B as given; ``gemm_splitk`` when ``split_k_for`` says the output is too small for the
-                GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
+                ``gemm_sm90.gemm_tf32``, B as given; ``gemm_splitk`` when ``split_k_for`` says the
+                output is too small for the GPU and K is long; the persistent kernel with a fixed 64 x 64 tile for small
                 16-bit problems (<= 16 tiles of 128 x 128, 16-byte rows); plain 16-bit products on an
                 sm_90 GPU where ``gemm_sm90.route_for`` says the CUDA C wgmma + TMA-multicast kernel
                 wins (M, N >= 2048 with K >= 1024; 1536^2, 3072^2-like shapes; 1000^2-like ones
