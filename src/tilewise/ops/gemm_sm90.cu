@@ -134,6 +134,9 @@ namespace {
 using tw::fence_regs;
 using tw::smem_desc;
 using tw::TmaDesc;
+using tw::cluster_tile;
+using tw::mbar_arrive_cluster;
+using tw::tma_load_2d;
 
 using tw::mbar_expect_tx;
 using tw::mbar_init;
@@ -147,46 +150,8 @@ constexpr unsigned kWaitHintNs = 1000000;
 #endif
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<kWaitHintNs>(bar, parity); }
 
-// Arrive on the barrier at this CTA's address `bar` in CTA `rank` of the cluster (itself included).
-// The arrival orders after this thread's wgmma.wait_group (program order), which is all the
-// producer needs: the peer's reads of the stage are complete. Default release semantics at CTA
-// scope; -DTW_ARRIVE_CLUSTER_SCOPE asks for a cluster-scope release (an experiment's comparison).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-#ifdef TW_ARRIVE_CLUSTER_SCOPE
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-#else
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-#endif
-      "}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-
 __device__ __forceinline__ void mbar_arrive_local(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// 2-D tile copy global -> shared; with mask != 0 multicast to every CTA of the cluster whose bit is
-// set (same shared-memory offset, each CTA's own barrier at `bar`'s offset).
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1,
-                                            unsigned short mask) {
-  const unsigned long long d = reinterpret_cast<unsigned long long>(desc);
-  if (mask == 0) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-        "l"(d), "r"(bar), "r"(c0), "r"(c1)
-        : "memory");
-  } else {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
-        "l"(d), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
-        : "memory");
-  }
 }
 
 // 2-D tile copy shared -> global (bulk async, committed as a group by the caller); the tensor map
@@ -213,18 +178,6 @@ template <>
 struct IsHalf<__half> {
   static constexpr bool value = true;
 };
-
-// Cluster tile t -> (cluster row, cluster column), grouped 8 cluster rows at a time.
-__device__ __forceinline__ void cluster_tile(int t, int ctm, int ctn, int& cm, int& cn) {
-  constexpr int G = 8;
-  const int per = G * ctn;
-  const int g = t / per;
-  const int first = g * G;
-  const int gs = min(ctm - first, G);
-  const int r = t - g * per;
-  cm = first + r % gs;
-  cn = r / gs;
-}
 
 }  // namespace
 

@@ -81,11 +81,11 @@ class Config:
 
     def tiles(self, M: int, N: int) -> int:
         """BM x BN tiles of an (M, N) output."""
-        return -(-M // self.bm) * -(-N // self.bn)
+        return _cdiv(M, self.bm) * _cdiv(N, self.bn)
 
     def cluster_tiles(self, M: int, N: int) -> int:
         """Cluster tiles of an (M, N) output: what the persistent kernel's clusters share out."""
-        return -(-(-(-M // self.bm)) // self.cm) * -(-(-(-N // self.bn)) // self.cn)
+        return _cdiv(_cdiv(M, self.bm), self.cm) * _cdiv(_cdiv(N, self.bn), self.cn)
 
     @property
     def epi_n(self) -> int:
@@ -206,7 +206,16 @@ def tile_time(name: str, M: int, N: int, sms: int = 132) -> float:
     cell at 128 x 256's rate: waves (tiles over SMs, rounded up: a persistent CTA's last tile
     takes as long as a full one) x the tile's area / its rate. K scales every tile alike."""
     cfg = CONFIGS[name]
-    return -(-cfg.tiles(M, N) // sms) * cfg.bm * cfg.bn / TILE_RATE.get(name, 0.5)
+    return _wave_time(cfg.tiles(M, N), sms, cfg.bm * cfg.bn, TILE_RATE.get(name, 0.5))
+
+
+def _wave_time(tiles: int, sms: int, area: int, rate: float) -> float:
+    """Waves of ``tiles`` over ``sms`` (rounded up) x a tile's ``area`` / its ``rate``."""
+    return _cdiv(tiles, sms) * area / rate
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
@@ -560,20 +569,24 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), ws_ptr, flags_ptr, sk), _ARG_TYPES)
     if PDL:
-        launch, what = (_pdl_config(grid, cfg.threads, cfg.shmem, stream), ld.func, args, 0), "cuLaunchKernelEx"
-        fn = d.cuLaunchKernelEx
+        _cu_launch(d.cuLaunchKernelEx, (_pdl_config(grid, cfg.threads, cfg.shmem, stream), ld.func, args, 0), dev)
     else:
-        launch, what = (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0), "cuLaunchKernel"
-        fn = d.cuLaunchKernel
+        _cu_launch(d.cuLaunchKernel, (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0),
+                   dev)
+    return out
+
+
+def _cu_launch(fn, launch: tuple, dev: int) -> None:
+    """``fn(*launch)`` (cuLaunchKernel or cuLaunchKernelEx) with dev's context current (the
+    function handle belongs to it), its error raised; synchronized under TILEWISE_DEBUG_SYNC."""
     if torch.cuda.current_device() == dev:
         err = fn(*launch)[0]
-    else:  # the function handle belongs to dev's context: make it current for the launch
+    else:
         with torch.cuda.device(dev):
             err = fn(*launch)[0]
-    _check_cu((err, None), what)
+    _check_cu((err, None), fn.__name__)
     if rt.debug_sync():
         torch.cuda.synchronize(dev)
-    return out
 
 
 # --------------------------------------------------------------------------- tf32, row-major B
@@ -603,8 +616,7 @@ def tf32_bm_for(M: int, N: int, sms: int = 132) -> int:
     """BM for an (M, N) output: the fewest waves of BM x 128 tiles (a persistent CTA's last tile
     takes as long as a full one) times the tile's rows over its rate; ties to the larger tile."""
     def t(bm):
-        tiles = -(-M // bm) * -(-N // 128)
-        return -(-tiles // sms) * bm / TF32_RATE[bm]
+        return _wave_time(_cdiv(M, bm) * _cdiv(N, 128), sms, bm, TF32_RATE[bm])
     return min(TF32_CONFIGS, key=lambda bm: (t(bm), -bm))
 
 
@@ -668,9 +680,9 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
     """C (M, N) = A (M, K) @ B (K, N) on tensor cores in tf32, fp32 in and out, fp32 accumulate,
     with B row-major as given (no transposing copy; see gemm_sm90_tf32.cu). A and B: unit-stride
     rows, 16-byte aligned starts and row strides (K and N multiples of 4 for contiguous tensors).
-    ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192, 128 or 64 C rows
-    a tile (default ``tf32_bm_for``). ``cluster``: 1, or 2 for CTA pairs along N that share A's
-    blocks by TMA multicast (BM 256, 192 or 128; default ``tf32_cluster_for``). Rounding: the
+    ``out``: fp32 (M, N) with unit-stride rows (any row stride >= N). ``bm``: 256, 192, 128 or 64
+    C rows a tile (default ``tf32_bm_for``). ``cluster``: 1, or 2 for CTA pairs along N that share
+    A's blocks by TMA multicast (BM 256, 192 or 128; default ``tf32_cluster_for``). Rounding: the
     tensor cores read the top 19 bits of each fp32 operand (tf32), as cuBLAS's TF32 kernels do."""
     M, N, K = _check_operands("gemm_tf32", a, b, (torch.float32,), "be float32")
     for name, t in (("a", a), ("b", b)):
@@ -679,38 +691,39 @@ def gemm_tf32(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
                              f"(shape {tuple(t.shape)}, strides {t.stride()}, address % 16 = {t.data_ptr() % 16})")
     if not available(a.get_device()):
         raise RuntimeError("gemm_tf32 needs a compute capability 9.0 GPU (sm_90a) and cuda-bindings")
-    dev = a.get_device()
     if bm is None:
-        bm = tf32_bm_for(M, N, rt.sm_count(dev))
+        bm = tf32_bm_for(M, N, rt.sm_count(a.get_device()))
     elif bm not in TF32_CONFIGS:
         raise ValueError(f"gemm_tf32: bm must be one of {sorted(TF32_CONFIGS)}, got {bm}")
-    if cluster is None:
-        cluster = tf32_cluster_for(M, N, bm)
-    if cluster not in (1, 2) or (cluster == 2 and bm not in TF32_PAIRS):
+    if cluster is not None and (cluster not in (1, 2) or (cluster == 2 and bm not in TF32_PAIRS)):
         raise ValueError(f"gemm_tf32: no cluster {cluster} kernel for bm {bm}")
-    if out is None:
-        out = torch.empty((M, N), dtype=torch.float32, device=a.device)
-    else:
+    if out is not None:
         problem = _tf32_out_problem(out, a.device, M, N)
         if problem is not None:
             raise ValueError(f"gemm_tf32: {problem}")
         if may_overlap(out, a) or may_overlap(out, b):
             raise ValueError("gemm_tf32: out shares memory with a or b (tiles would read overwritten inputs)")
+    return _tf32_launch(a, b, out, bm, cluster)
+
+
+def _tf32_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bm: int | None = None,
+                 cluster: int | None = None) -> torch.Tensor:
+    """gemm_tf32's launch without its checks, for operands they (or ``tf32_applies`` and an
+    overlap test, as gemm() does) accepted; bm and cluster None take the rules. Returns out."""
+    (M, K), N = a.shape, b.shape[1]
+    dev = a.get_device()
+    if bm is None:
+        bm = tf32_bm_for(M, N, rt.sm_count(dev))
+    if cluster is None:
+        cluster = tf32_cluster_for(M, N, bm)
+    if out is None:
+        out = torch.empty((M, N), dtype=torch.float32, device=a.device)
     func, resident = _tf32_func(bm, cluster, dev)
     ma, mb = tensor_map(a, 32, bm // cluster, 128), tensor_map(b, 32, 32, 128)
-    n_tiles = -(-N // 128)
-    ctas = -(-M // bm) * -(-n_tiles // cluster) * cluster  # one a tile, in whole clusters
+    ctas = _cdiv(M, bm) * _cdiv(_cdiv(N, 128), cluster) * cluster  # one a tile, in whole clusters
     grid = min(ctas, resident)
     d = _driver()
     args = ((ma, mb, out.data_ptr(), M, N, K, out.stride(0)), _TF32_ARGS)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    launch = (func, grid, 1, 1, 384, 1, 1, _tf32_shmem(bm), d.CUstream(stream), args, 0)
-    if torch.cuda.current_device() == dev:
-        err = d.cuLaunchKernel(*launch)[0]
-    else:
-        with torch.cuda.device(dev):
-            err = d.cuLaunchKernel(*launch)[0]
-    _check_cu((err, None), "cuLaunchKernel")
-    if rt.debug_sync():
-        torch.cuda.synchronize(dev)
+    _cu_launch(d.cuLaunchKernel, (func, grid, 1, 1, 384, 1, 1, _tf32_shmem(bm), d.CUstream(stream), args, 0), dev)
     return out

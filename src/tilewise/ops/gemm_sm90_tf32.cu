@@ -38,34 +38,11 @@ namespace {
 using tw::fence_regs;
 using tw::smem_desc;
 using tw::TmaDesc;
+using tw::cluster_tile;
+using tw::mbar_arrive_cluster;
+using tw::tma_load_2d;
 
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<0>(bar, parity); }
-
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// The same copy multicast to the cluster's CTAs in `mask` (same offset, each CTA's barrier at `bar`'s).
-__device__ __forceinline__ void tma_load_2d_mc(unsigned dst, const TmaDesc* desc, unsigned bar, int c0, int c1,
-                                               unsigned short mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(desc)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
-      : "memory");
-}
-
-// One arrival on the barrier at this CTA's address `bar` in cluster CTA `rank`.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
 
 __device__ __forceinline__ void keep_regs(const unsigned (&f)[16]) {
 #pragma unroll
@@ -76,17 +53,6 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
   unsigned v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
-}
-
-__device__ __forceinline__ void tile_of(int t, int tm_n, int tn_n, int& tm, int& tn) {
-  constexpr int G = 8;
-  const int per = G * tn_n;
-  const int g = t / per;
-  const int first = g * G;
-  const int gs = min(tm_n - first, G);
-  const int r = t - g * per;
-  tm = first + r % gs;
-  tn = r / gs;
 }
 
 }  // namespace
@@ -129,7 +95,7 @@ __global__ void __cluster_dims__(CN, 1, 1) __launch_bounds__(384, 1)
       int it = 0;
       for (int t = cid; t < tiles; t += clusters) {
         int tm, tn;
-        tile_of(t, tm_n, tn_n, tm, tn);
+        cluster_tile(t, tm_n, tn_n, tm, tn);
         const int m0 = tm * BM, n0 = (tn * CN + (int)rank) * BNT;
         for (int kb = 0; kb < kt; ++kb, ++it) {
           const int s = it % STAGES;
@@ -138,12 +104,12 @@ __global__ void __cluster_dims__(CN, 1, 1) __launch_bounds__(384, 1)
           tw::mbar_expect_tx(full, STAGE_BYTES);
           const unsigned sa = base + s * STAGE_BYTES, sb = sa + A_BYTES;
           if constexpr (CN > 1)
-            tma_load_2d_mc(sa + rank * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + (int)rank * (BM / CN),
+            tma_load_2d(sa + rank * (BM / CN) * 128, &tma_a, full, kb * BK, m0 + (int)rank * (BM / CN),
                            (unsigned short)((1u << CN) - 1));
           else
-            tma_load_2d(sa, &tma_a, full, kb * BK, m0);
+            tma_load_2d(sa, &tma_a, full, kb * BK, m0, 0);
 #pragma unroll
-          for (int ch = 0; ch < BNT / 32; ++ch) tma_load_2d(sb + ch * 4096, &tma_b, full, n0 + ch * 32, kb * BK);
+          for (int ch = 0; ch < BNT / 32; ++ch) tma_load_2d(sb + ch * 4096, &tma_b, full, n0 + ch * 32, kb * BK, 0);
         }
       }
     }
@@ -199,7 +165,7 @@ __global__ void __cluster_dims__(CN, 1, 1) __launch_bounds__(384, 1)
     };
     for (int t = cid; t < tiles; t += clusters) {
       int tm, tn;
-      tile_of(t, tm_n, tn_n, tm, tn);
+      cluster_tile(t, tm_n, tn_n, tm, tn);
       const int m0 = tm * BM, n0 = (tn * CN + (int)rank) * BNT;
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;

@@ -1333,7 +1333,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     turns plans off).
     """
     if variant is None and _tf32_rowmajor_b(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux):
-        return _sm90.gemm_tf32(a, b, out=out)
+        return _sm90._tf32_launch(a, b, out)  # (_tf32_rowmajor_b made gemm_tf32's checks)
     if variant is None and _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out):
         b = _transpose.transpose(b).t()  # the same (K, N) values, K-major
     key = None

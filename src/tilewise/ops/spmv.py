@@ -575,7 +575,7 @@ class Panels:
                 lay, moved = _packed_rounds(panel, c, rl, v, P, rows, round_chunks)
                 parts.append(lay)
                 panel, c, rl, v = panel[moved], c[moved], rl[moved], v[moved]
-            parts.append(_panel_chunks(panel, c, rl, v, P, NB, 1))
+            parts.append(_panel_chunks(panel, c, rl, v, P, NB))
             # chunks panel by panel: the rounds part first, then the tail
             n_parts = len(parts)
             chunk_key = torch.cat([q[3] * n_parts + i for i, q in enumerate(parts)])
@@ -618,11 +618,7 @@ def _packed_rounds(panel, c, rl, v, P: int, rows: int, round_chunks: int):
     slot = (torch.cumsum(totals, 0) - totals)[panel[kept]] + local[kept]
     total = int(totals.sum())
     ck = c[kept]
-    k = (ck % PANEL_COLS) * 65536 + rl[kept]
-    key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=dev)
-    key[slot] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
-    val = torch.zeros(total, dtype=torch.float32, device=dev)
-    val[slot] = v[kept]
+    key, val = _slots(ck, rl[kept], v[kept], slot, total)
     n_chunks = total // 32
     chunk_col0 = torch.zeros(n_chunks, dtype=torch.int64, device=dev)
     chunk_col0[slot // 32] = ck // PANEL_COLS * PANEL_COLS
@@ -656,30 +652,34 @@ def _packed_rounds_host(row: list, blk: list, start: list, rows: int, round_slot
     return torch.tensor(out, dtype=torch.int64), torch.tensor(totals, dtype=torch.int64)
 
 
-def _panel_chunks(panel, c, rl, v, P: int, NB: int, round_chunks: int):
-    """Chunks of 32 for entries sorted by (panel, column): each (panel, column block) padded to whole
-    chunks, each panel to whole rounds of ``round_chunks`` chunks. Returns key, val, chunk_col0,
-    chunk_panel (per chunk), chunks per panel, and each entry's slot."""
+def _slots(c, rl, v, slot, total: int):
+    """Key and value arrays of ``total`` slots with the entries (column c, row in panel rl, value v)
+    at ``slot``: key = (c % PANEL_COLS) << 16 | rl as int32, padding 0xFFFF with value 0."""
+    k = (c % PANEL_COLS) * 65536 + rl
+    key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=c.device)
+    key[slot] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
+    val = torch.zeros(total, dtype=torch.float32, device=c.device)
+    val[slot] = v
+    return key, val
+
+
+def _panel_chunks(panel, c, rl, v, P: int, NB: int):
+    """The tail part of a Panels layout: chunks of 32 for entries sorted by (panel, column), each
+    (panel, column block) padded to whole chunks. Returns key, val, chunk_col0, chunk_panel (per
+    chunk) and chunks per panel."""
     dev = panel.device
     seg = panel * NB + c // PANEL_COLS
     counts = torch.bincount(seg, minlength=P * NB)
-    seg_chunks = ((counts + 31) // 32).view(P, NB).clone()
-    if round_chunks > 1:
-        seg_chunks[:, -1] += (-seg_chunks.sum(1)) % round_chunks
-    per_panel = seg_chunks.sum(1)
-    seg_chunks = seg_chunks.view(-1)
+    seg_chunks = (counts + 31) // 32
+    per_panel = seg_chunks.view(P, NB).sum(1)
     slots = seg_chunks * 32
     pstart = torch.cumsum(slots, 0) - slots
     ustart = torch.cumsum(counts, 0) - counts
     slot = pstart[seg] + (torch.arange(seg.numel(), device=dev) - ustart[seg])
     total = int(slots.sum())
-    k = (c % PANEL_COLS) * 65536 + rl
-    key = torch.full((total,), 0xFFFF, dtype=torch.int32, device=dev)
-    key[slot] = torch.where(k >= 2**31, k - 2**32, k).to(torch.int32)
-    val = torch.zeros(total, dtype=torch.float32, device=dev)
-    val[slot] = v
+    key, val = _slots(c, rl, v, slot, total)
     seg_of_chunk = torch.repeat_interleave(torch.arange(P * NB, device=dev), seg_chunks, output_size=total // 32)
-    return key, val, (seg_of_chunk % NB) * PANEL_COLS, seg_of_chunk // NB, per_panel, slot
+    return key, val, (seg_of_chunk % NB) * PANEL_COLS, seg_of_chunk // NB, per_panel
 
 
 def panel_shape(M: int, device_index: int | None = None, clusters_fit=None, sms: int | None = None) -> tuple[int, int]:

@@ -79,31 +79,36 @@ def _squares(r, dtype, n, g, variants=None):
     base_ms = time_ms(lambda: torch.matmul(a, b, out=out))
     r.add("gemm", "cublas", shape, dtype, base_ms, cost)
     ref = torch.matmul(a.float(), b.float())
-    # gemm(auto): what a user calls (its route may pick gemm_sm90 or one of the variants below)
-    versions = {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out), **_versions(a, b)}
-    for name, fn in versions.items():
-        if variants is not None and name not in variants and name != "gemm(auto)":
-            continue
+    versions = {n: fn for n, fn in _versions(a, b).items() if variants is None or n in variants}
+    _square_rows(r, a, b, out, ref, shape, dtype, cost, versions, "cublas", base_ms)
+    del a, b, out, ref
+    torch.cuda.empty_cache()
+
+
+def _square_rows(r, a, b, out, ref, shape, dtype, cost, versions, baseline, base_ms, ceiling_dtype=None):
+    """gemm(auto) (what a user calls: its route may pick gemm_sm90 or one of the variants) and
+    ``versions``, each checked into a NaN-poisoned out and timed eager against ``baseline``'s
+    base_ms; then gemm(auto) and torch.matmul graph-replayed in interleaved rounds (the rows the
+    targets read: both sides at the same clock, see time_ms_graphs)."""
+    extra = {} if ceiling_dtype is None else {"ceiling_dtype": ceiling_dtype}
+    for name, fn in {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out), **versions}.items():
         r.status(f"gemm {name} {shape} {dtype}")
 
         def one(name=name, fn=fn):
             out.fill_(float("nan"))
             fn(a, b, out=out)
-            check(f"gemm.{name}", out, ref, dtype=dtype)
+            check(f"gemm.{name} {dtype}", out, ref, dtype=dtype)
             ms = time_ms(lambda: fn(a, b, out=out))
-            r.add("gemm", name, shape, dtype, ms, cost, baseline="cublas", baseline_ms=base_ms)
+            r.add("gemm", name, shape, dtype, ms, cost, baseline=baseline, baseline_ms=base_ms, **extra)
 
         _guarded(r, f"gemm.{name} {shape} {dtype}", one)
 
     def graphs():
-        # gemm() and cuBLAS again, graph-replayed in interleaved rounds (the rows the >= 0.95x
-        # target reads: both sides at the same clock, see time_ms_graphs)
-        _graph_rows(r, "gemm", shape, dtype, cost, {"cublas": lambda: torch.matmul(a, b, out=out),
-                                                    "gemm(auto)": lambda: op.gemm(a, b, out=out)}, "cublas")
+        _graph_rows(r, "gemm", shape, dtype, cost, {baseline: lambda: torch.matmul(a, b, out=out),
+                                                    "gemm(auto)": lambda: op.gemm(a, b, out=out)},
+                    baseline, ceiling_dtype=ceiling_dtype)
 
     _guarded(r, f"gemm(auto) graphs {shape} {dtype}", graphs)
-    del a, b, out, ref
-    torch.cuda.empty_cache()
 
 
 def _tf32(r, n, g, variants=True):
@@ -118,29 +123,10 @@ def _tf32(r, n, g, variants=True):
         r.add("gemm", "cublas_tf32", shape, "tf32", base_ms, cost, ceiling_dtype="tf32")
         ref = a.double() @ b.double()
         # gemm(auto) takes this row-major B to gemm_sm90.gemm_tf32 on an sm_90 GPU (elsewhere it
-        # transposes B first: wgmma's tf32 operands are K-major only); the variants take B as given
-        versions = {"gemm(auto)": lambda a, b, out: op.gemm(a, b, out=out)}
-        if variants:
-            versions.update(_versions(a, b))
-        for name, fn in versions.items():
-            def one(name=name, fn=fn):
-                out.fill_(float("nan"))
-                fn(a, b, out=out)
-                check(f"gemm.{name} tf32", out, ref, dtype="tf32")
-                ms = time_ms(lambda: fn(a, b, out=out))
-                r.add("gemm", name, shape, "tf32", ms, cost, baseline="cublas_tf32", baseline_ms=base_ms,
-                      ceiling_dtype="tf32")
-
-            _guarded(r, f"gemm.{name} {shape} tf32", one)
-
-        def graphs():
-            # both graph-replayed in interleaved rounds, at the same clock (cuBLAS captured with
-            # TF32 on)
-            _graph_rows(r, "gemm", shape, "tf32", cost, {"cublas_tf32": lambda: torch.matmul(a, b, out=out),
-                                                         "gemm(auto)": lambda: op.gemm(a, b, out=out)},
-                        "cublas_tf32", ceiling_dtype="tf32")
-
-        _guarded(r, f"gemm(auto) graphs {shape} tf32", graphs)
+        # transposes B first: wgmma's tf32 operands are K-major only); the variants take B as given.
+        # cuBLAS's graph is captured with TF32 on.
+        _square_rows(r, a, b, out, ref, shape, "tf32", cost, _versions(a, b) if variants else {}, "cublas_tf32",
+                     base_ms, ceiling_dtype="tf32")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     del a, b, out, ref
