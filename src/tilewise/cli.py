@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -106,17 +107,21 @@ def cmd_bench(args) -> int:
     runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con,
                             out_dir=Path(args.out))
     failed: list[str] = []
+    seconds: dict[str, float] = {}
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=con) as prog:
         task = prog.add_task("bench", total=len(names))
         runner.status = lambda s: prog.update(task, description=s)
         for n in names:
             prog.update(task, description=n)
+            start, rows = time.perf_counter(), len(runner.rows)
             try:
                 suites.get(n).run(runner)
             except harness.CheckError as e:
                 failed.append(f"{n}: {e}")
                 con.print(f"[red]check failed, not timed[/red]: {e}")
+            seconds[n] = time.perf_counter() - start
+            con.print(f"{n}: {len(runner.rows) - rows} rows in {seconds[n]:.1f} s")
             prog.advance(task)
     con.print(report.rich_table([r.as_csv() for r in runner.rows],
                                 title=f"{info.name}, {'quick' if args.quick else 'full'} run {runner.date}"))
