@@ -499,6 +499,7 @@ def _check_bias_run(ours, q, k, v, bias, causal):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_forward_backward(shape, dtype, causal, poisoned_outputs):
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D)
@@ -517,6 +518,7 @@ def poisoned_outputs(monkeypatch):
                                    (2, 2, 2, 1, 1, 32), (2, 3, 3, 33, 4097, 128)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_v4_tma(shape, causal, poisoned_outputs):
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + D)
@@ -538,6 +540,7 @@ def test_gpu_output_is_fully_written_and_matches_sdpa(poisoned_outputs):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="bias_shape", per=2)
 def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
     _check_mask_bias_grads(A.flash_attention, bias_shape, causal, Hkv=4, D=64, seeds=(3, 4))
 
@@ -545,6 +548,7 @@ def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4, 4, 2, 1000, 777, 64), (2, 2, 2, 513, 1000, 32)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_bias_pair_forward_and_grads(shape, causal, poisoned_outputs, monkeypatch):
     """The two-batch-elements-a-program forward (a bias shared by the batch, no mask, B even):
     output, LSE and every gradient against the fp32 reference, bf16, odd lengths, GQA."""
@@ -567,6 +571,7 @@ def test_gpu_bias_pair_forward_and_grads(shape, causal, poisoned_outputs, monkey
                                   ((2, 2, 1, 513, 264, 64), (513, 264)),
                                   ((1, 2, 2, 4097, 4096, 128), (1, 2, 4097, 4096))], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="case", per=2)
 def test_gpu_v4_tma_bias_forward_and_grads(case, causal, poisoned_outputs, monkeypatch):
     """The bias forward through v4's TMA kernel (bf16 bias of q's dtype, dense rows): it must run,
     and output, LSE and every gradient match the fp32 reference; odd Sq, GQA, shared, per-batch
@@ -630,6 +635,7 @@ def test_gpu_peak_memory_is_linear_in_s():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.quick(where=lambda deterministic: deterministic)
 def test_gpu_torch_compile_in_a_model(deterministic):
     lin = torch.nn.Linear(64, 3 * 64, device="cuda", dtype=torch.bfloat16)
 
@@ -873,6 +879,7 @@ ATOMIC_GPU_SHAPES = [s for s in GPU_SHAPES if s[-1] <= 128] + [(2, 8, 2, 1031, 2
 @pytest.mark.parametrize("shape", ATOMIC_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dq_path", ["tma", "pointer"])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_atomic_backward(shape, dtype, causal, dq_path, poisoned_outputs):
     B, H, Hkv, Sq, Sk, D = shape
     tma = dq_path == "tma" and D in A._ATOMIC_TMA_CONFIGS
@@ -894,6 +901,7 @@ def test_gpu_atomic_backward(shape, dtype, causal, dq_path, poisoned_outputs):
 @pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="bias_shape")
 def test_gpu_atomic_mask_bias_and_bias_grad(bias_shape, D, causal):
     _check_mask_bias_grads(A.v3_flash2_atomic, bias_shape, causal, Hkv=2, D=D, seeds=(30 + D, 31))
 
@@ -977,6 +985,7 @@ ORDERED_GPU_SHAPES = ATOMIC_GPU_SHAPES + [(1, 2, 2, 4096, 4096, 128), (2, 2, 1, 
 @pytest.mark.parametrize("shape", ORDERED_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", [1, 2], ids=["thread_counts", "warp_counts"])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_ordered_backward(shape, dtype, causal, mode, poisoned_outputs, monkeypatch):
     """deterministic=True through the fused kernel with ordered dQ adds (counted per thread or
     per warp): against the fp32 reference, against the two-kernel backward, and bitwise equal
@@ -1001,6 +1010,7 @@ def test_gpu_ordered_backward(shape, dtype, causal, mode, poisoned_outputs, monk
 @pytest.mark.parametrize("bias_shape", [(1, 4, 1000, 777), (2, 1, 1, 777), (1000, 777)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="bias_shape")
 def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
     """The ordered backward with a bias whose gradient is taken (GQA, odd sizes), no mask: against
     the fp32 reference, and bitwise equal over two runs."""
@@ -1037,6 +1047,7 @@ WS_BWD_GPU_SHAPES = [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 1000, 33, 128), (2, 3
 @pytest.mark.parametrize("shape", WS_BWD_GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("ws_dq", [True, False], ids=["gluon_dq", "triton_dq"])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch):
     """v6's Gluon dK / dV kernel, with its Gluon dQ kernel or v3's: against the fp32 reference (and
     SDPA's low-precision error), against the Triton kernels, bitwise equal over two runs, and the
@@ -1280,6 +1291,7 @@ def _ws_or_skip(q):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", WS_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, monkeypatch):
     """v5's forward on its own grid (the backward is ``flash_attention``'s, from v5's output and
     log-sum-exp): odd Sq and Sk, one row, GQA, causal, both 16-bit types, D 64 and 128,
@@ -1305,6 +1317,7 @@ def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, mon
                                   ((1, 2, 2, 4097, 4096, 128), (1, 2, 4097, 4096)),
                                   ((2, 2, 2, 256, 384, 128), (2, 2, 256, 384))], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="case", per=2)
 def test_gpu_v5_ws_bias_forward_and_grads(case, causal, poisoned_outputs, monkeypatch):
     """v5 with an additive bias (q's dtype, dense rows): shared, per-batch, 2-D and full biases,
     odd Sq, GQA; output, LSE and every gradient (dbias too) against the fp32 reference."""
@@ -1362,6 +1375,7 @@ def _check_v5_forward(q, k, v, causal, bias):
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, monkeypatch):
     """v5 with three consumer warpgroups (192 query rows a CTA): odd sizes, causal, bias, GQA."""
     from tilewise.ops import attention_gluon as ag
@@ -1379,6 +1393,7 @@ def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, m
                                    (3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 2048, 128)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
     """v5 on a persistent grid (``attention_gluon.PERSISTENT``, forced here; the default at D = 128
     without causal): odd sizes, GQA, one row, more work items than SMs (the ring and the Q buffers
@@ -1438,6 +1453,7 @@ def test_gpu_default_routes(monkeypatch):
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypatch):
     """v5 with the consumers taking turns issuing their products (``attention_gluon.PINGPONG``,
     opt-in): two consumers at D = 128, three at D = 64 from Sq = 4096 (the rules' config)."""

@@ -423,6 +423,7 @@ def test_tilewise_vs_torch_one_step_gpu(dropout):
 
 
 @gpu
+@pytest.mark.slow
 def test_convergence_50_steps_gpu():
     """From one seed the two backends give the same loss step by step (AdamW, dropout off)."""
     a, b = _pair(V=2000, H=256)

@@ -162,6 +162,7 @@ def test_fake_impl_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("variant", KERNELS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_variants_against_torch(variant, dtype, shape, reduction):
     N, C = shape
     if variant == "v2_fused" and C > ce.MAX_FUSED or variant == "v4_cluster" and C > ce.MAX_CLUSTER:
@@ -208,6 +209,7 @@ def test_interpreter_grad_is_adopted_not_copied(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_gpu_peak_memory_is_the_gradient():
     N, C = 1024, 131072
     x = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)

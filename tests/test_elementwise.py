@@ -463,6 +463,7 @@ def _zip_ref(op, a, b):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("variant", list(ew.MAP_VARIANTS))
 @pytest.mark.parametrize("op", list(ew.MAP_OPS))
+@pytest.mark.quick(rotate="n")
 def test_map_variants(op, variant, n, dtype):
     g = torch.Generator(device="cuda").manual_seed(n)
     x = _inputs(op, n, dtype, g)
@@ -508,6 +509,7 @@ def _zip_operands(op, shape, dtype, g):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("variant", list(ew.ZIP_VARIANTS))
 @pytest.mark.parametrize("op", list(ew.ZIP_OPS))
+@pytest.mark.quick(rotate="n")
 def test_zip_variants(op, variant, n, dtype):
     g = torch.Generator(device="cuda").manual_seed(n + 7)
     a, b = _zip_operands(op, n, dtype, g)
@@ -541,6 +543,7 @@ def _strided_cases(dtype, g):
 @pytest.mark.parametrize("case", ["transposed", "sliced", "bias_row", "bias_col", "outer", "scalar",
                                   "permuted_4d", "offset_view"])
 @pytest.mark.parametrize("op", ["add", "mul", "max", "relu_backward", "sub"])
+@pytest.mark.quick(rotate="case", per=2)
 def test_zip_strided_and_broadcast(op, case, dtype):
     g = torch.Generator(device="cuda").manual_seed(11)
     a, b = _strided_cases(dtype, g)[case]
@@ -585,6 +588,7 @@ def _rows_gpu_cases(dtype, g):
                                   "bias_col", "bias_col_first", "scalar", "scalar_1d_long", "padded_rows",
                                   "same_shape_1d"])
 @pytest.mark.parametrize("op", list(ew.ZIP_OPS))
+@pytest.mark.quick(rotate="case")
 def test_zip_v5_rows_layouts(op, case, dtype):
     g = torch.Generator(device="cuda").manual_seed(13)
     a, b = _rows_gpu_cases(dtype, g)[case]

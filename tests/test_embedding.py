@@ -160,6 +160,7 @@ def _rel(a, b):
                                        ((4097,), 33, 31), ((3, 3000), 7, 129), ((1, 9000), 4097, 33),
                                        ((7, 9), 70001, 3)])  # the last: past v2's one-block row starts
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+@pytest.mark.quick(rotate=("shape", "V", "E"))
 def test_forward_backward_gpu(variant, dtype, shape, V, E, id_dtype):
     g = torch.Generator(device="cuda").manual_seed(1)
     w = torch.randn(V, E, device="cuda", generator=g).to(dtype).requires_grad_()

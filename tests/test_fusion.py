@@ -242,6 +242,7 @@ def _check(out, ref):
 @pytest.mark.parametrize("n", [1, 31, 33, 1000, 4097, (1 << 20) + 3])
 @pytest.mark.parametrize("name", list(EXPRESSIONS))
 @pytest.mark.parametrize("variant", [None, "blocked", "contiguous", "strided"])
+@pytest.mark.quick(rotate="n")
 def test_fused_matches_pytorch_same_shape(variant, name, n, dtype):
     fn, arity = EXPRESSIONS[name]
     g = torch.Generator(device="cuda").manual_seed(n)

@@ -192,6 +192,7 @@ def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("config", sorted(gs.CONFIGS) + sorted(gs.EXTRA_CONFIGS))
 @pytest.mark.parametrize("M,N,K", [(333, 520, 136), (1000, 1000, 1000), (129, 72, 64), (1, 8, 8), (515, 1208, 1000)])
+@pytest.mark.quick(rotate=("M", "N", "K"), per=2)
 def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
     _check(M, N, K, dtype, config)
 
@@ -219,6 +220,7 @@ def _clusters_for_a_tail(M, N, cfg):
 @pytest.mark.parametrize("splits", [2, 3, 16])
 @pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "192x96_c1x2", "128x128_c1x1", "64x128_c2x1",
                                     "128x64_c1x2"])
+@pytest.mark.quick(rotate="splits")
 def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
     """The stream-K tail, forced, with few clusters so that whole waves and a partial one run:
     right answers on odd sizes into NaN-poisoned outputs (every tail tile's epilogue ran), the
@@ -270,6 +272,7 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
 @needs_sm90
 @pytest.mark.parametrize("splits", [2, 5, 40])
 @pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "128x128_c2x1", "128x128_c1x1", "64x128_c2x1"])
+@pytest.mark.quick(rotate="splits")
 def test_gemm_sm90_split_k_one_wave(monkeypatch, config, splits):
     """Split-K through the tail kernel: fewer cluster tiles than resident clusters, every tile cut
     into K ranges (cluster_tiles x splits clusters launched, capped at the resident count): right
@@ -568,6 +571,7 @@ def _check_tf32(M, N, K, bm=None, seed=0, out=None, cluster=1):
 @pytest.mark.parametrize("bm", [256, 192, 128, 64])
 @pytest.mark.parametrize("M,N,K", [(1, 4, 4), (37, 132, 68), (300, 200, 100), (257, 129 * 4, 132), (1000, 1004, 516),
                                    (513, 260, 2052)])
+@pytest.mark.quick(rotate=("M", "N", "K"), per=2)
 def test_gpu_tf32_odd_sizes(M, N, K, bm):
     """Sizes that are not multiples of the tile (BM x 128) or of the K block (32): TMA's zero fill
     and the epilogue's bounds."""

@@ -389,6 +389,7 @@ def test_cost_and_reference():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (31, 33, 17), (1000, 4097, 64), (4097, 1000, 1000), (257, 8, 4096)],
                          ids=str)
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_sizes_against_fp64(variant, dtype, shape):
     M, N, K = shape
     a, b, bias = _operands(M, N, K, dtype, "kmajor", seed=M + N + K)
@@ -407,6 +408,7 @@ def test_gpu_sizes_against_fp64(variant, dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 @pytest.mark.parametrize("shape", [(2999, 2999, 2999), (1001, 1536, 1003), (4096, 1000, 517)], ids=str)
+@pytest.mark.quick(rotate="shape")
 def test_gpu_auto_pads_unaligned_rows(shape, b_layout, dtype, monkeypatch):
     M, N, K = shape
     g = torch.Generator(device="cuda").manual_seed(M + K)
@@ -583,6 +585,7 @@ def test_kernels_compile_for_sm90_with_wgmma_pipelining_and_tma():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 @pytest.mark.parametrize("shape", [(1000, 1000, 1000), (768, 776, 3000), (1000, 1000, 8)], ids=str)
+@pytest.mark.quick(rotate="shape")
 def test_gpu_fixed_64x128_tile(shape, b_layout, dtype):
     """gemm()'s fixed 64 x 128 TMA launch (where tma_tile_for picks it): bias + GELU + aux, sizes
     off the tile, long and short K, poisoned outputs."""
@@ -604,6 +607,7 @@ def test_gpu_fixed_64x128_tile(shape, b_layout, dtype):
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 @pytest.mark.parametrize("shape", [(1536, 1536, 1536), (3072, 3072, 3072), (1000, 1096, 520), (129, 200, 4104)],
                          ids=str)
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_tma_split(shape, b_layout, dtype):
     """v3_tma_split on the GPU (its 128 x 192 tile): sizes where gemm() picks it, tiles cut in the
     first and second halves, long K; bias + ReLU + aux; poisoned outputs."""
@@ -623,6 +627,7 @@ def test_gpu_tma_split(shape, b_layout, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(512, 512, 512), (200, 312, 96), (1, 8, 8), (130, 1000, 2048)], ids=str)
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_small_problem_path(dtype, shape):
     """gemm(variant=None) on small 16-bit problems takes the fixed 64 x 64 persistent tile: right
     answers with bias and activation, sizes not multiples of the tile, poisoned output; layouts it
@@ -819,6 +824,7 @@ _PLAN_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _PLAN_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}-{c[5]}")
 @pytest.mark.parametrize("with_out", [False, True])
+@pytest.mark.quick(rotate="with_out")
 def test_gpu_plans_match_the_checked_path(case, with_out):
     """gemm()'s plans (the first call checks and routes, later calls launch directly) give
     bit-identical results to the checked path (plans off) on fresh inputs each call, into

@@ -65,6 +65,7 @@ def _ref(a, b):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("variant", list(mm.VARIANTS))
+@pytest.mark.quick(rotate="shape", per=2)
 def test_variants_match_float64(variant, shape):
     M, N, K = shape
     g = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)

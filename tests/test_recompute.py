@@ -96,6 +96,7 @@ def test_interpreter_backward_writes_no_zero_gradients(recompute):
 @pytest.mark.parametrize("n", [1, 31, 33, 1000, 4097, (1 << 20) + 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.quick(rotate="n", per=2)
 def test_gpu_against_reference(recompute, dtype, n):
     g = torch.Generator(device="cuda").manual_seed(n)
     x = (torch.randn(n, device="cuda", generator=g) * 4).to(dtype).requires_grad_()

@@ -134,6 +134,7 @@ def _check(out, ref, R, dtype, op="sum"):
 @pytest.mark.parametrize("op", list(rd.OPS))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("variant", list(rd.VARIANTS))
+@pytest.mark.quick(rotate="shape")
 def test_variants_every_dim(variant, shape, op, dtype):
     g = torch.Generator(device="cuda").manual_seed(sum(shape))
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=g)

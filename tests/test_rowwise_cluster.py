@@ -92,6 +92,7 @@ def _check_forward(fwd, x, log, dtype):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("log", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_softmax_forward_backward(shape, dtype, log):
     M, N = shape
     if N > rc.max_row(dtype, "fwd"):
@@ -158,6 +159,7 @@ def test_gpu_softmax_default_and_autograd():
 @pytest.mark.parametrize("shape", [(1, 16392), (33, 40000), (17, 131072), (3, 262144)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_cross_entropy_against_torch(shape, dtype, reduction):
     N, C = shape
     if C > rc.max_row(dtype, "ce"):
@@ -198,6 +200,7 @@ def test_gpu_cross_entropy_default_is_v7_and_peak_memory():
 
 
 @pytest.mark.gpu
+@pytest.mark.sanitize
 def test_sanitizer_cluster_kernels_small():
     """Small enough for compute-sanitizer (memcheck / racecheck): every kernel once."""
     x = _x(3, 16392, torch.bfloat16, seed=1)

@@ -174,6 +174,7 @@ GPU_SHAPES = [(1, 1), (31, 33), (33, 1000), (7, 4097), (3, 16384), (5, 16385), (
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", list(sm.VARIANTS))
 @pytest.mark.parametrize("log", [False, True])
+@pytest.mark.quick(rotate="shape")
 def test_gpu_variants_forward_backward(variant, dtype, shape, log):
     M, N = shape
     if variant == "v2_fused" and N > sm.MAX_FUSED or variant == "v4_cluster" and N > sm.MAX_CLUSTER:

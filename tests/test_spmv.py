@@ -587,6 +587,7 @@ def _all_formats(A):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N", [(1, 1), (31, 33), (33, 31), (1000, 4097), (4097, 1000)])
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.3])
+@pytest.mark.quick(rotate=("M", "N"), per=2)
 def test_every_kernel_on_odd_sizes(M, N, density):
     D = _random_dense(M, N, density, M + N, empty_rows=(0,)).cuda()
     A = sp.CSR.from_dense(D)
@@ -653,6 +654,7 @@ def test_panels_many_blocks_and_panels():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["odd", "empty_panel", "wide", "powerlaw"])
 @pytest.mark.parametrize("rows,cluster,rc", [(7, 2, 64), (1000, 1, 128), (57344, 1, 64)])
+@pytest.mark.quick(rotate="rows")
 def test_gpu_panels_packed_rounds_match_the_host_walk(name, rows, cluster, rc):
     """spmv_panels_rounds (a block a panel on the GPU) gives the very layout of the host's walk
     (_packed_rounds_host): every key, value, column base and panel boundary."""
@@ -739,6 +741,7 @@ def test_gpu_input_errors():
 
 
 @pytest.mark.gpu
+@pytest.mark.sanitize
 def test_sanitizer_small():
     """Every kernel and format on small odd matrices with empty rows, for
     ``compute-sanitizer --tool memcheck|racecheck python -m pytest -m gpu -k sanitizer tests/test_spmv.py``."""
@@ -850,6 +853,7 @@ def test_csr_merge_is_the_auto_pick_for_powerlaw():
 
 
 @pytest.mark.gpu
+@pytest.mark.sanitize
 def test_sanitizer_csr_merge_small():
     """csr_merge at every (nt, ipt) on small matrices with empty rows, a row spanning many tiles,
     an all-empty matrix and beta != 0, for

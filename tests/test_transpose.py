@@ -163,6 +163,7 @@ def test_v4_default_models():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("variant", list(tp.VARIANTS))
+@pytest.mark.quick(rotate="shape", per=2)
 def test_variants_match_reference(variant, shape, dtype):
     g = torch.Generator(device="cuda").manual_seed(sum(shape))
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
@@ -229,6 +230,7 @@ def test_gpu_input_errors():
 
 
 @pytest.mark.gpu
+@pytest.mark.sanitize
 def test_sanitizer_small():
     """A short pass over every kernel at odd sizes, for
     ``compute-sanitizer --tool memcheck|racecheck python -m pytest -m gpu -k sanitizer tests/test_transpose.py``."""

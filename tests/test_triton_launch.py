@@ -146,6 +146,7 @@ def _no_cache_broken():
                                      "v4_streamk"])
 @pytest.mark.parametrize("shape", [(1000, 1000, 1000), (333, 520, 136), (512, 512, 512), (64, 96, 4104)],
                          ids=str)
+@pytest.mark.quick(rotate="shape")
 def test_gpu_gemm_cached_launch_is_bit_identical(variant, shape):
     from tilewise.ops import gemm_triton as gt
 
@@ -250,6 +251,7 @@ def test_gpu_cached_launch_under_graph_capture():
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("kind", ["plain", "causal", "bias"])
+@pytest.mark.quick(rotate="D")
 def test_gpu_attention_cached_launch_is_bit_identical(D, kind):
     from tilewise.ops.attention import flash_attention
 

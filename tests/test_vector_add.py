@@ -31,6 +31,7 @@ def test_rejects_cpu_tensors_and_unknown_variant():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("variant", list(va.VARIANTS))
+@pytest.mark.quick(rotate="n", per=2)
 def test_variants_match_torch_add(variant, n, dtype):
     g = torch.Generator(device="cuda").manual_seed(n)
     a = torch.randn(n, device="cuda", dtype=dtype, generator=g)

@@ -1,4 +1,4 @@
-"""``tilewise info | bench | roofline | report | check | train | predict | evaluate``."""
+"""``tilewise info | bench | roofline | report | check | verify-status | train | predict | evaluate``."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def cmd_check(args) -> int:
         t.add_column(c, justify="left" if c == "kernel" else "right", no_wrap=True)
     bad = []
     try:
-        res = rt.check_package(args.arch)
+        res = rt.check_package(args.arch, jobs=args.jobs)
     except rt.CompileError as e:
         con.print(f"[red]{e}[/red]")
         return 1
@@ -201,6 +201,15 @@ def cmd_check(args) -> int:
         con.print(f"[red]spills in: {', '.join(bad)}[/red]")
         return 1
     return 0
+
+
+def cmd_verify_status(args) -> int:
+    """Whether the working tree's GPU sources are the ones the last GPU run verified."""
+    from . import verify
+
+    code, message = verify.status(Path(args.record) if args.record else None)
+    print(message)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +242,12 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")
     s.add_argument("--arch", default="sm_90")
+    s.add_argument("--jobs", type=int, default=None, help="compiles at once (default: one per source, up to the CPU count)")
     s.set_defaults(fn=cmd_check)
+
+    s = sub.add_parser("verify-status", help="do the GPU sources match the last verified GPU run (bench/results/verified.json)?")
+    s.add_argument("--record", help="the record to compare with (default: bench/results/verified.json of this checkout)")
+    s.set_defaults(fn=cmd_verify_status)
 
     # The classifier's commands live with the training code (tilewise/train.py).
     from . import train as _train

@@ -374,13 +374,24 @@ def name_expressions_for(path: Path) -> list[str]:
     return names
 
 
-def check_package(arch: str = "sm_90") -> list[KernelResources]:
-    """Compile every .cu in the package for ``arch``; return each kernel's resources."""
-    out: list[KernelResources] = []
-    for src in package_sources():
-        mod = compile_file(src, arch=arch, name_expressions=name_expressions_for(src))
-        out.extend(mod.resources)
-    return out
+def _check_one(src: Path, arch: str) -> list[KernelResources]:
+    return compile_file(src, arch=arch, name_expressions=name_expressions_for(src)).resources
+
+
+def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelResources]:
+    """Compile every .cu in the package for ``arch``; return each kernel's resources (in source
+    order). ``jobs``: compiles at once, each in its own process (default: one per source, up to the
+    CPU count; 1 compiles here, in order)."""
+    srcs = package_sources()
+    jobs = min(len(srcs), os.cpu_count() or 1) if jobs is None else jobs
+    if jobs <= 1:
+        return [r for src in srcs for r in _check_one(src, arch)]
+    import concurrent.futures
+    import multiprocessing
+
+    # spawn: NVRTC in fresh processes, whatever CUDA state the caller holds
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [r for res in pool.map(_check_one, srcs, [arch] * len(srcs)) for r in res]
 
 
 # --------------------------------------------------------------------------- parameters

@@ -1,0 +1,107 @@
+"""Proof that the GPU sources ran on a GPU: ``bench/results/verified.json`` and ``tilewise verify-status``.
+
+``scripts/gpu-check`` (the quick tier, the quick bench and the compile check, on a GPU) writes the
+record: the commit, a SHA-256 per GPU source and one over all of them, the quick tier's counts and
+duration. ``tilewise verify-status`` hashes the working tree's GPU sources and says whether they
+are the ones the record verified, and which files differ when they are not.
+
+GPU sources: every ``.py``, ``.cu`` and ``.cuh`` under ``ops/`` (kernels, launchers, routing,
+configs), ``runtime/`` (compile, cache, launch) and ``nn/`` (the modules that call them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+GPU_DIRS = ("ops", "runtime", "nn")
+SUFFIXES = (".py", ".cu", ".cuh")
+RECORD = Path("bench") / "results" / "verified.json"
+
+
+def gpu_sources(package: Path = PACKAGE) -> list[Path]:
+    """The GPU-relevant source files, sorted by their path inside the package."""
+    out = [p for d in GPU_DIRS for p in (package / d).rglob("*")
+           if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]
+    return sorted(out, key=lambda p: p.relative_to(package).as_posix())
+
+
+def source_hashes(package: Path = PACKAGE) -> dict[str, str]:
+    """{path inside the package: SHA-256 of its bytes} for every GPU source."""
+    return {p.relative_to(package).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in gpu_sources(package)}
+
+
+def digest(hashes: dict[str, str]) -> str:
+    """One SHA-256 over every (path, hash) pair, in path order."""
+    h = hashlib.sha256()
+    for path in sorted(hashes):
+        h.update(f"{path}\0{hashes[path]}\n".encode())
+    return h.hexdigest()
+
+
+def repo_root(package: Path = PACKAGE) -> Path | None:
+    """The checkout holding this package (src/tilewise), or None for an installed copy."""
+    root = package.parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "src" / package.name).is_dir() else None
+
+
+def write_record(path: Path, *, commit: str, device: str, quick: dict, steps: dict[str, float],
+                 package: Path = PACKAGE) -> dict:
+    """Write the record atomically; ``quick``: passed / failed / skipped / errors / seconds / workers."""
+    hashes = source_hashes(package)
+    record = {
+        "commit": commit,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device,
+        "ok": quick.get("failed", 0) == 0 and quick.get("errors", 0) == 0 and quick.get("passed", 0) > 0,
+        "quick_tier": quick,
+        "steps_seconds": {k: round(v, 1) for k, v in steps.items()},
+        "source_digest": digest(hashes),
+        "sources": hashes,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return record
+
+
+def status(record_path: Path | None = None, package: Path = PACKAGE) -> tuple[int, str]:
+    """(exit code, message): 0 the GPU sources are the verified ones, 1 they differ or the record
+    says the run failed, 2 there is no record to compare with."""
+    if record_path is None:
+        root = repo_root(package)
+        if root is None:
+            return 2, "no verification record: this is an installed copy, not a checkout (pass --record)"
+        record_path = root / RECORD
+    record_path = Path(record_path)
+    if not record_path.is_file():
+        return 2, f"no verification record at {record_path}: run scripts/gpu-check on a GPU"
+    try:
+        rec = json.loads(record_path.read_text())
+        want = dict(rec["sources"])
+        quick = rec["quick_tier"]
+    except (ValueError, KeyError, TypeError) as e:
+        return 2, f"{record_path} is not a verification record ({e})"
+    have = source_hashes(package)
+    where = f"commit {rec.get('commit', '?')} on {rec.get('device', '?')}, {rec.get('date', '?')}"
+    counts = (f"quick tier {quick.get('passed', 0)} passed, {quick.get('failed', 0)} failed, "
+              f"{quick.get('skipped', 0)} skipped in {quick.get('seconds', 0):.0f} s")
+    changed = sorted(p for p in have.keys() & want.keys() if have[p] != want[p])
+    added = sorted(have.keys() - want.keys())
+    removed = sorted(want.keys() - have.keys())
+    if changed or added or removed:
+        lines = [f"GPU sources differ from the last verified run ({where}):"]
+        lines += [f"  changed {p}" for p in changed] + [f"  new     {p}" for p in added]
+        lines += [f"  removed {p}" for p in removed]
+        lines.append("Run scripts/gpu-check on a GPU before this lands (README, Contributing).")
+        return 1, "\n".join(lines)
+    if not rec.get("ok"):
+        return 1, f"the GPU sources are the ones verified ({where}), but that run failed: {counts}"
+    return 0, f"verified: the GPU sources ({len(have)} files) are the ones that ran at {where}; {counts}"

@@ -1,0 +1,190 @@
+"""The GPU suite's tiers, shards and kernel ledger, checked on the CPU.
+
+``test_every_kernel_build_ran_in_the_quick_tier`` is the coverage rule: every CUDA C instantiation a
+``.cu`` declares, every entry of every ``*VARIANTS`` table and every Triton / Gluon kernel of
+``tilewise.ops`` (the jit functions named ``*_kernel``) must have run on a GPU in a test that the quick tier still collects, according to
+the ledger that ``scripts/gpu-check`` recorded (``bench/results/gpu-coverage.json``). Dropping a
+variant's last quick-tier test, or adding a kernel build without a GPU run, fails here.
+"""
+
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import gpu_ledger
+import gpu_tiers
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+LEDGER = ROOT / "bench" / "results" / "gpu-coverage.json"
+
+# Builds the quick tier cannot run, with the reason; the test fails when one of these runs after all
+# or is no longer declared, so the list cannot go stale.
+NOT_RUN: dict[str, str] = {}
+
+
+def _collect(*args, cwd=ROOT, env=None) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                         cwd=cwd, capture_output=True, text=True, env=env)
+    assert out.returncode in (0, 5), out.stdout + out.stderr
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+# --------------------------------------------------------------------------- tiers and shards
+
+
+def _fake_suite(tmp_path: Path) -> dict:
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["gpu_tiers"]\n')
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: gpu\n")
+    (tmp_path / "test_fake.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.gpu
+        @pytest.mark.parametrize("n", [1, 33, 4097])
+        @pytest.mark.parametrize("variant", ["a", "b", "c", "d"])
+        @pytest.mark.quick(rotate="n")
+        def test_rotated(variant, n):
+            pass
+
+        @pytest.mark.gpu
+        @pytest.mark.parametrize("n", [1, 33, 4097])
+        @pytest.mark.parametrize("variant", ["a", "b"])
+        @pytest.mark.quick(rotate="n", per=2)
+        def test_two_each(variant, n):
+            pass
+
+        @pytest.mark.gpu
+        @pytest.mark.parametrize("D", [64, 128])
+        @pytest.mark.quick(where=lambda D: D == 128)
+        def test_where(D):
+            pass
+
+        @pytest.mark.gpu
+        @pytest.mark.slow
+        def test_slow():
+            pass
+
+        @pytest.mark.gpu
+        def test_plain():
+            pass
+
+        def test_cpu():
+            pass
+        """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_tiers_split_every_test_once(tmp_path):
+    env = _fake_suite(tmp_path)
+    quick = _collect("--tier", "quick", cwd=tmp_path, env=env)
+    full = _collect("--tier", "full", cwd=tmp_path, env=env)
+    every = _collect("--tier", "all", cwd=tmp_path, env=env)
+    gpu_quick = [i for i in quick if "test_cpu" not in i]
+    assert sorted(gpu_quick + full) == sorted(i for i in every if "test_cpu" not in i)
+    assert "test_fake.py::test_cpu" in quick and "test_fake.py::test_cpu" not in full
+    rotated = [i for i in gpu_quick if "test_rotated" in i]
+    assert len(rotated) == 4  # each variant at one n ...
+    assert {i.split("[")[1].split("-")[0] for i in rotated} == {"a", "b", "c", "d"}
+    assert {i.split("-")[1].rstrip("]") for i in rotated} == {"1", "33", "4097"}  # ... every n somewhere
+    two = [i for i in gpu_quick if "test_two_each" in i]
+    assert len(two) == 4 and all(sum(v in i for i in two) == 2 for v in ("[a-", "[b-"))
+    assert [i for i in gpu_quick if "test_where" in i] == ["test_fake.py::test_where[128]"]
+    assert "test_fake.py::test_slow" in full and "test_fake.py::test_plain" in gpu_quick
+
+
+def test_shards_partition_and_balance():
+    ids = [f"t{i}" for i in range(50)]
+    seconds = {f"t{i}": float((i * 7) % 13 + 1) for i in range(45)}  # five without a record
+    for n in (1, 2, 3, 5):
+        where = gpu_tiers.shard_of(ids, n, seconds)
+        assert sorted(set(where)) == list(range(n)) and len(where) == len(ids)
+        default = sorted(seconds.values())[len(seconds) // 2]
+        load = [sum(seconds.get(i, default) for i, s in zip(ids, where) if s == k) for k in range(n)]
+        assert max(load) - min(load) <= max(seconds.values())
+        assert gpu_tiers.shard_of(ids, n, seconds) == where  # deterministic
+
+
+def test_shard_option_selects_disjoint_parts(tmp_path):
+    env = _fake_suite(tmp_path)
+    every = _collect("--tier", "all", "-m", "gpu", cwd=tmp_path, env=env)
+    parts = [_collect("--tier", "all", "-m", "gpu", "--shard", f"{k}/3", cwd=tmp_path, env=env) for k in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == sorted(every)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--shard", "4/3"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "K must be between 1 and N" in out.stderr
+
+
+def test_recorded_durations_cover_the_gpu_suite():
+    """Shards balance on recorded seconds: most GPU tests must have one (new tests count as the median)."""
+    seconds = gpu_tiers.recorded_durations()
+    every = _collect("--tier", "all", "-m", "gpu", "tests")
+    known = sum(i in seconds for i in every)
+    assert known >= 0.9 * len(every), f"only {known} of {len(every)} GPU tests have a recorded duration"
+
+
+# --------------------------------------------------------------------------- the coverage rule
+
+
+def declared_builds() -> dict[str, set[str]]:
+    """What the sources declare: CUDA C instantiations, VARIANTS entries, Triton / Gluon kernels."""
+    from tilewise.runtime import cuda
+    import tilewise.ops as ops
+
+    builds = {"cuda": set(), "variants": set(), "triton": set()}
+    for src in cuda.package_sources():
+        builds["cuda"].update(cuda.name_expressions_for(src))
+    for info in pkgutil.iter_modules(ops.__path__):
+        mod = importlib.import_module(f"tilewise.ops.{info.name}")
+        for name, table in vars(mod).items():
+            if name.endswith("VARIANTS") and isinstance(table, dict):
+                builds["variants"].update(f"{mod.__name__}.{name}[{k}]" for k, v in table.items() if callable(v))
+    # launched kernels are named *_kernel; the other jit functions are device helpers they inline
+    builds["triton"] = {q for q, _ in gpu_ledger.jit_functions() if q.startswith("tilewise.ops.") and q.endswith("_kernel")}
+    return builds
+
+
+def covered(ledger: dict, quick: set[str]) -> dict[str, set[str]]:
+    """Builds the ledger saw run in a test the quick tier still collects."""
+    out = {}
+    for kind, builds in ledger.items():
+        names = {b for b, tests in builds.items() if quick.intersection(tests)}
+        if kind == "triton":
+            names = {b.split(" ", 1)[0] for b in names}
+        out[kind] = names
+    return out
+
+
+def test_every_kernel_build_ran_in_the_quick_tier():
+    assert LEDGER.is_file(), f"{LEDGER} is missing: run scripts/gpu-check on a GPU and commit what it writes"
+    ledger = json.loads(LEDGER.read_text())
+    quick = set(_collect("-m", "gpu", "tests"))
+    done = covered(ledger, quick)
+    declared = declared_builds()
+    missing = {kind: sorted(b for b in names - done.get(kind, set()) if b not in NOT_RUN)
+               for kind, names in declared.items()}
+    lines = [f"  {kind}: {b}" for kind, names in missing.items() for b in names]
+    assert not lines, ("kernel builds no quick-tier GPU test ran (bench/results/gpu-coverage.json); add or "
+                       "widen a quick-tier test and run scripts/gpu-check:\n" + "\n".join(lines))
+    every = set().union(*declared.values())
+    stale = [b for b in NOT_RUN if b not in every or any(b in names for names in done.values())]
+    assert not stale, f"NOT_RUN entries that are run now or no longer declared: {stale}"
+
+
+def test_coverage_rule_fails_when_a_variant_loses_its_tests():
+    """The rule above, on the real ledger, with the quick-tier tests of one variant taken away."""
+    if not LEDGER.is_file():
+        pytest.skip("no ledger yet (test_every_kernel_build_ran_in_the_quick_tier says so)")
+    ledger = json.loads(LEDGER.read_text())
+    quick = set(_collect("-m", "gpu", "tests"))
+    key = "tilewise.ops.vector_add.VARIANTS[v3_blocked]"
+    assert quick.intersection(ledger["variants"][key])
+    without = {i for i in quick if not ("test_vector_add" in i and "v3_blocked" in i) and "test_sanitize" not in i}
+    assert key not in covered(ledger, without)["variants"]
