@@ -3,9 +3,11 @@
 ``pytest -m gpu --ledger-out FILE`` records, per test, on the GPU:
 
 - every CUDA C kernel launched (``runtime.cuda.Kernel``, by its name expression, e.g.
-  ``map_v1_strided<float,ew::Neg>``): every test that launched it;
-- every entry of an op's ``*VARIANTS`` table that was called (``tilewise.ops.softmax.VARIANTS[v2_fused]``):
-  every test that called it;
+  ``map_v1_strided<float,ew::Neg>``): every test that launched it; kernels an op launches through
+  the driver with a handle it keeps (gemm_sm90, the cluster kernels): the tests that took the handle;
+- every entry of an op's ``*VARIANTS`` table that was called (``tilewise.ops.softmax.VARIANTS[v2_fused]``),
+  through the table or through the module's own name for it (``attention.v3_flash2``): every test
+  that called it;
 - every Triton / Gluon kernel specialization compiled or loaded in the process (kernel, constexprs,
   warps, stages): the first test of each worker process that needed it (Triton keeps no per-launch
   record on its fast paths; first use in a process is what its caches show).
@@ -43,25 +45,34 @@ class Ledger:
         self.hits: dict[str, dict[str, set[str]]] = {"cuda": {}, "variants": {}, "triton": {}}
         self.seen_triton: set[tuple[str, str]] = set()
         self.names: dict[int, list[str]] = {}  # id(function) -> its "module.TABLE[key]" names
+        self.wrappers: dict[int, object] = {}  # id(function) -> its one recording wrapper
+        self.keep: list = []  # the wrapped functions, alive so that their ids stay theirs
 
     def add(self, kind: str, build: str, test: str | None = None) -> None:
         test = test or self.current
         if test is not None:
             self.hits[kind].setdefault(build, set()).add(test)
 
-    # -- CUDA C: every launch
+    # -- CUDA C: every launch through Kernel, and every handle taken for a launch of the op's own
+    # (gemm_sm90 and the cluster kernels launch through the driver with a handle they keep)
     def install_cuda(self) -> None:
         from tilewise.runtime import cuda
 
-        call = cuda.Kernel.__call__
+        call, get = cuda.Kernel.__call__, cuda.Module.kernel
         ledger = self
 
         @functools.wraps(call)
-        def recorded(kernel, *args, **kwargs):
+        def recorded_call(kernel, *args, **kwargs):
             ledger.add("cuda", kernel.name)
             return call(kernel, *args, **kwargs)
 
-        cuda.Kernel.__call__ = recorded
+        @functools.wraps(get)
+        def recorded_get(module, name, *args, **kwargs):
+            ledger.add("cuda", name)
+            return get(module, name, *args, **kwargs)
+
+        cuda.Kernel.__call__ = recorded_call
+        cuda.Module.kernel = recorded_get
 
     # -- VARIANTS tables: every call
     def install_variants(self) -> None:
@@ -75,14 +86,22 @@ class Ledger:
                 for key, fn in list(table.items()):
                     if callable(fn):
                         table[key] = self._wrap(fn, f"{mod.__name__}.{table_name}[{key}]")
+            # the module's own names for the same functions (``attention.v3_flash2``): calls by name,
+            # from tests or from inside the module, go through the wrapper too
+            for attr, obj in list(vars(mod).items()):
+                if callable(obj) and id(getattr(obj, "__tilewise_ledger_inner__", obj)) in self.names:
+                    setattr(mod, attr, self._wrap(obj, None))
 
-    def _wrap(self, fn, name: str):
+    def _wrap(self, fn, name: str | None):
         inner = getattr(fn, "__tilewise_ledger_inner__", fn)
+        self.keep.append(inner)
         names = self.names.setdefault(id(inner), [])
-        if name not in names:
+        if name is not None and name not in names:
             names.append(name)
         if inner is not fn:
             return fn
+        if id(inner) in self.wrappers:
+            return self.wrappers[id(inner)]
         ledger = self
 
         @functools.wraps(inner)
@@ -92,6 +111,7 @@ class Ledger:
             return inner(*args, **kwargs)
 
         recorded.__tilewise_ledger_inner__ = inner
+        self.wrappers[id(inner)] = recorded
         return recorded
 
     # -- Triton / Gluon: what the JIT caches hold after each test
@@ -148,6 +168,22 @@ def _spec(fn, kernel) -> str:
     consts["num_warps"] = getattr(md, "num_warps", None)
     consts["num_stages"] = getattr(md, "num_stages", None)
     return json.dumps(consts, sort_keys=True, separators=(",", ":"))
+
+
+def spread(tests: set[str]) -> list[str]:
+    """At most MAX_TESTS node ids, taken from as many test functions as there are (round robin in
+    name order), so that one function's parametrizations do not crowd out the other witnesses."""
+    by_fn: dict[str, list[str]] = {}
+    for t in sorted(tests):
+        by_fn.setdefault(t.split("[", 1)[0], []).append(t)
+    out: list[str] = []
+    queues = list(by_fn.values())
+    while queues and len(out) < MAX_TESTS:
+        for q in queues:
+            if q and len(out) < MAX_TESTS:
+                out.append(q.pop(0))
+        queues = [q for q in queues if q]
+    return sorted(out)
 
 
 _LEDGER: dict = {}
@@ -223,7 +259,7 @@ def pytest_sessionfinish(session):
             for build, tests in builds.items():
                 merged[kind].setdefault(build, set()).update(tests)
         part.unlink()
-    out = {kind: {b: sorted(t)[:MAX_TESTS] for b, t in sorted(builds.items())} for kind, builds in merged.items()}
+    out = {kind: {b: spread(t) for b, t in sorted(builds.items())} for kind, builds in merged.items()}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
