@@ -13,7 +13,7 @@
   record on its fast paths; first use in a process is what its caches show).
 
 and writes FILE (``bench/results/gpu-coverage.json`` from ``scripts/gpu-check``). Recording wraps and
-reads; it changes no launch. ``tests/test_gpu_coverage.py`` (CPU, CI) checks the ledger against the
+reads; it changes no launch. ``tests/test_gpu_tiers.py`` (CPU, CI) checks the ledger against the
 builds the sources declare and the quick tier collected now, so a build no quick-tier test runs fails CI.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
 import pkgutil
 import sys
 import time
@@ -45,8 +44,7 @@ class Ledger:
         self.hits: dict[str, dict[str, set[str]]] = {"cuda": {}, "variants": {}, "triton": {}}
         self.seen_triton: set[tuple[str, str]] = set()
         self.names: dict[int, list[str]] = {}  # id(function) -> its "module.TABLE[key]" names
-        self.wrappers: dict[int, object] = {}  # id(function) -> its one recording wrapper
-        self.keep: list = []  # the wrapped functions, alive so that their ids stay theirs
+        self.wrappers: dict[int, object] = {}  # id(function) -> its one wrapper (which keeps it alive)
 
     def add(self, kind: str, build: str, test: str | None = None) -> None:
         test = test or self.current
@@ -94,7 +92,6 @@ class Ledger:
 
     def _wrap(self, fn, name: str | None):
         inner = getattr(fn, "__tilewise_ledger_inner__", fn)
-        self.keep.append(inner)
         names = self.names.setdefault(id(inner), [])
         if name is not None and name not in names:
             names.append(name)
@@ -259,7 +256,7 @@ def pytest_sessionfinish(session):
             for build, tests in builds.items():
                 merged[kind].setdefault(build, set()).update(tests)
         part.unlink()
+    from tilewise.runtime.cuda import _write_atomic
+
     out = {kind: {b: spread(t) for b, t in sorted(builds.items())} for kind, builds in merged.items()}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    _write_atomic(path, (json.dumps(out, indent=1, sort_keys=True) + "\n").encode())

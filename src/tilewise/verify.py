@@ -14,8 +14,9 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from .runtime.cuda import _write_atomic
 
 PACKAGE = Path(__file__).resolve().parent
 GPU_DIRS = ("ops", "runtime", "nn")
@@ -64,11 +65,7 @@ def write_record(path: Path, *, commit: str, device: str, quick: dict, steps: di
         "source_digest": digest(hashes),
         "sources": hashes,
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    _write_atomic(Path(path), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return record
 
 
