@@ -404,6 +404,27 @@ def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind, cfg):
         assert torch.equal(buf, again)  # deterministic
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("E", [31, 50, 100, 200])  # one per chunks-a-row build (_scan_chunks: 1, 2, 4, 8)
+def test_scan_backward_every_build_gpu(E, id_dtype, dtype):
+    """Each embedding_bwd_scan_v3<T, index, chunks> the module builds, at a row width that is not
+    a multiple of its chunk, with repeated ids and padding, against the float64 reference."""
+    V = 777
+    g = torch.Generator(device="cuda").manual_seed(E)
+    ids = torch.randint(0, V, (9, 37), device="cuda", generator=g)
+    ids[0, :25] = 5                # a repeated id
+    ids[:, 30:] = 3                # padding
+    ids = ids.to(id_dtype)
+    gout = torch.randn(9, 37, E, device="cuda", generator=g).to(dtype)
+    ref = em.reference_backward(ids, gout, V, padding_idx=3)
+    buf = poison(torch.empty(V, E, device="cuda", dtype=dtype))
+    em._backward(ids, gout, V, 3, em.SCAN, out=buf)
+    assert not torch.isnan(buf).any()
+    assert _rel(buf, ref) <= DTYPE_TOL[dtype] * 4
+
+
 def test_module_names_are_instantiated_in_the_cu():
     """Every kernel name _module asks NVRTC for is instantiated by embedding.cu (a name missing
     there fails only when the module loads, on a GPU)."""

@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -217,6 +219,27 @@ def test_masked_mean_forward_backward(B, T, E, ltype, dtype):
         ya.backward(gy)
         yb.backward(gy.double())
         _check(a.grad, b.grad, 1, dtype)
+
+
+@pytest.mark.gpu
+def test_masked_mean_backward_first_on_the_autograd_thread():
+    """A fresh process whose backward starts with our kernel: the autograd device thread has made
+    no CUDA call, so the occupancy query of the backward launch found no current context."""
+    code = """
+import torch
+from tilewise.ops import reduce as rd
+x = torch.randn(3, 17, 33, device="cuda", requires_grad=True)
+lengths = torch.tensor([17, 0, 5], device="cuda")
+y = rd.masked_mean(x, lengths)
+gy = torch.randn_like(y)
+torch.autograd.backward(y, gy)
+x2 = x.detach().double().requires_grad_()
+torch.autograd.backward(rd.masked_mean_reference(x2, lengths), gy.double())
+torch.testing.assert_close(x.grad.double(), x2.grad)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 @pytest.mark.gpu

@@ -190,6 +190,37 @@ def test_debug_switch_reads_environment():
         assert p.stdout.strip() == want, p.stderr
 
 
+def test_driver_calls_bind_the_primary_context_once_on_invalid_context(monkeypatch):
+    bound = []
+
+    class Device:
+        def __init__(self, i):
+            self.i = i
+
+        def set_current(self):
+            bound.append(self.i)
+
+    monkeypatch.setattr(rt, "_cuda_core", lambda: type("cc", (), {"Device": Device}))
+    k = object.__new__(rt.Kernel)
+    k.device_index = 3
+    calls = []
+
+    def query(a, b):
+        calls.append((a, b))
+        if len(calls) == 1:
+            raise RuntimeError("CUDA_ERROR_INVALID_CONTEXT: invalid device context")
+        return a + b
+
+    assert k._in_context(query, 2, 5) == 7 and bound == [3] and len(calls) == 2
+
+    def broken():
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    with pytest.raises(RuntimeError, match="INVALID_VALUE"):
+        k._in_context(broken)
+    assert bound == [3]  # other errors do not bind or retry
+
+
 def test_ctype_names():
     assert rt.ctype(torch.bfloat16) == "__nv_bfloat16" and rt.ctype(torch.float16) == "__half"
     with pytest.raises(ValueError):

@@ -9,10 +9,10 @@
 // tilewise-instantiate: zip_v1_strided<__half,ew::Pow> zip_v2_contiguous<__half,ew::Pow> zip_v1_strided<__nv_bfloat16,ew::Add> zip_v2_contiguous<__nv_bfloat16,ew::Add>
 // tilewise-instantiate: divergence_v1_branch divergence_v2_select
 // tilewise-instantiate: zip_v3_tiled<float,ew::Add> zip_v3_tiled<float,ew::Mul> zip_v3_tiled<__half,ew::Sub> zip_v3_tiled<__nv_bfloat16,ew::Max>
-// tilewise-instantiate: map_v4_blocked<float,ew::Neg> map_v4_blocked<float,ew::Relu> map_v4_blocked<float,ew::Exp> map_v4_blocked<float,ew::Log> map_v4_blocked<float,ew::Sigmoid> map_v4_blocked<float,ew::Tanh> map_v4_blocked<float,ew::Gelu> map_v4_blocked<float,ew::Sin> map_v4_blocked<float,ew::Cos>
-// tilewise-instantiate: zip_v4_blocked<float,ew::Add> zip_v4_blocked<float,ew::Sub> zip_v4_blocked<float,ew::Mul> zip_v4_blocked<float,ew::Div> zip_v4_blocked<float,ew::Max> zip_v4_blocked<float,ew::Pow> zip_v4_blocked<float,ew::ReluBackward>
+// tilewise-instantiate: map_v4_blocked<float,ew::Neg,1,256,1> map_v4_blocked<float,ew::Relu,1,256,1> map_v4_blocked<float,ew::Exp,2,128,12> map_v4_blocked<float,ew::Log,2,128,12> map_v4_blocked<float,ew::Sigmoid,2,128,12> map_v4_blocked<float,ew::Tanh,2,128,12> map_v4_blocked<float,ew::Gelu,2,128,12> map_v4_blocked<float,ew::Sin,2,128,12> map_v4_blocked<float,ew::Cos,2,128,12>
+// tilewise-instantiate: zip_v4_blocked<float,ew::Add,1,128,1> zip_v4_blocked<float,ew::Sub,1,128,1> zip_v4_blocked<float,ew::Mul,1,128,1> zip_v4_blocked<float,ew::Div,1,128,1> zip_v4_blocked<float,ew::Max,1,128,1> zip_v4_blocked<float,ew::Pow,1,128,1> zip_v4_blocked<float,ew::ReluBackward,1,128,1>
 // tilewise-instantiate: zip_v5_rows<float,ew::Add> zip_v5_rows<float,ew::Sub> zip_v5_rows<float,ew::Mul> zip_v5_rows<float,ew::Div> zip_v5_rows<float,ew::Max> zip_v5_rows<float,ew::Pow> zip_v5_rows<float,ew::ReluBackward>
-// tilewise-instantiate: map_v4_blocked<__half,ew::Gelu> map_v4_blocked<__nv_bfloat16,ew::Gelu> zip_v4_blocked<__half,ew::Pow> zip_v4_blocked<__nv_bfloat16,ew::Add> zip_v5_rows<__half,ew::Pow> zip_v5_rows<__nv_bfloat16,ew::Add>
+// tilewise-instantiate: map_v4_blocked<__half,ew::Gelu,1,128,1> map_v4_blocked<__nv_bfloat16,ew::Gelu,1,128,1> zip_v4_blocked<__half,ew::Pow,1,128,1> zip_v4_blocked<__nv_bfloat16,ew::Add,1,128,1> zip_v5_rows<__half,ew::Pow> zip_v5_rows<__nv_bfloat16,ew::Add>
 #include "tilewise_common.cuh"
 #include "strided.cuh"
 #include "elementwise_ops.cuh"
@@ -45,14 +45,22 @@ __global__ void __launch_bounds__(256) zip_v1_strided(const T* __restrict__ a, c
 
 // v2_contiguous: contiguous same-shape operands, 16-byte aligned: 16-byte loads and stores, a
 // grid-stride loop over one resident wave, UNROLL independent vectors per operand in flight per
-// thread (4 for map, 2 per operand for zip: at 4 the fp32 Div kernel spilled around the call to
-// the division's slow path); the n % (16 / sizeof(T)) tail element-wise. Plain loads and stores:
+// thread (4 for map, 2 per operand for zip, fewer where ContiguousUnroll says); the
+// n % (16 / sizeof(T)) tail element-wise. Plain loads and stores:
 // the evict-first hints (ld.cs / st.cs) measured ~6 % slower on the H200 (vector_add, docs/notes.md).
+// Vectors in flight per thread in v2 where the default spills: NVRTC 13.0's ptxas spilled 8 bytes
+// around fp32 sinf / cosf's range-reduction call at 4 map vectors and 4 bytes around the fp32
+// division's slow path at 2 zip vectors (13.5 did not); at 2 and 1 neither does.
+template <typename Op, typename T, int DEFAULT> struct ContiguousUnroll { static constexpr int value = DEFAULT; };
+template <> struct ContiguousUnroll<ew::Sin, float, 4> { static constexpr int value = 2; };
+template <> struct ContiguousUnroll<ew::Cos, float, 4> { static constexpr int value = 2; };
+template <> struct ContiguousUnroll<ew::Div, float, 2> { static constexpr int value = 1; };
+
 template <typename T, typename Op>
 __global__ void __launch_bounds__(256) map_v2_contiguous(const T* __restrict__ x, T* __restrict__ out,
                                                          long long n) {
   using V = tw::Vec16<T>;
-  constexpr int UNROLL = 4;
+  constexpr int UNROLL = ContiguousUnroll<Op, T, 4>::value;
   const long long nvec = n / V::N;
   const uint4* __restrict__ x4 = reinterpret_cast<const uint4*>(x);
   uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
@@ -85,7 +93,7 @@ template <typename T, typename Op>
 __global__ void __launch_bounds__(256) zip_v2_contiguous(const T* __restrict__ a, const T* __restrict__ b,
                                                          T* __restrict__ out, long long n) {
   using V = tw::Vec16<T>;
-  constexpr int UNROLL = 2;
+  constexpr int UNROLL = ContiguousUnroll<Op, T, 2>::value;
   const long long nvec = n / V::N;
   const uint4* __restrict__ a4 = reinterpret_cast<const uint4*>(a);
   const uint4* __restrict__ b4 = reinterpret_cast<const uint4*>(b);

@@ -404,8 +404,9 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1) spmv_panels(
   }
 
   // Tail: rank r takes the r-th of CL equal runs of chunks; any warp any chunk; atomics; UT chunks
-  // a warp in flight (the tail is short: fewer, deeper iterations).
-  constexpr int UT = 8;
+  // a warp in flight (the tail is short: fewer, deeper iterations). 4 where 8 spilled under NVRTC
+  // 13.0's ptxas at 64 registers (one CTA a cluster, or U = 5: 4 to 92 bytes; 13.5 did not).
+  constexpr int UT = (CL == 1 || U > 4) ? 4 : 8;
   const long long n = c1 - t0;
   const int cb = t0 + (int)(n * rank / CL), ce = t0 + (int)(n * (rank + 1) / CL);
   for (int c = cb + warp; c < ce; c += NW * UT) {

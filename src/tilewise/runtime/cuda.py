@@ -375,7 +375,13 @@ def name_expressions_for(path: Path) -> list[str]:
 
 
 def _check_one(src: Path, arch: str) -> list[KernelResources]:
-    return compile_file(src, arch=arch, name_expressions=name_expressions_for(src)).resources
+    # uncached: the report is of this NVRTC, not of whichever compiled the cached cubin
+    names = name_expressions_for(src)
+    res = compile_file(src, arch=arch, name_expressions=names, use_cache=False).resources
+    missing = sorted(set(names) - {r.name for r in res})
+    if missing:  # a kernel the check cannot see is a kernel it cannot pass
+        raise CompileError(f"{src.name}: ptxas reported no resources for {', '.join(missing)}")
+    return res
 
 
 def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelResources]:
@@ -606,23 +612,30 @@ class Kernel:
         handle = self._raw_stream(self.device_index)
         stream = _streams.get(handle) or _stream_for(handle)
         try:
-            self._launch(stream, cfg, self.handle, *cargs)
+            self._in_context(self._launch, stream, cfg, self.handle, *cargs)
         except Exception as e:
-            if "INVALID_CONTEXT" in str(e):
-                # A thread that has made no CUDA runtime call yet (PyTorch's autograd device
-                # thread, when no PyTorch kernel ran before ours in a backward) has no current
-                # context for the driver API: bind the device's primary context and retry once.
-                _cuda_core().Device(self.device_index).set_current()
-                self._launch(stream, cfg, self.handle, *cargs)
-            else:
-                raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
-                                        f"shmem={shmem}) failed: {e}") from e
+            raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
+                                    f"shmem={shmem}) failed: {e}") from e
         if _debug_sync:
             self._sync_and_check()
 
+    def _in_context(self, fn, *args):
+        """``fn(*args)``, once more after binding the device's primary context if the driver says
+        this thread has none: PyTorch's autograd device thread has made no CUDA runtime call when
+        no PyTorch kernel ran before ours in a backward (masked_mean's backward queries occupancy
+        first)."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            if "INVALID_CONTEXT" not in str(e):
+                raise
+            _cuda_core().Device(self.device_index).set_current()
+            return fn(*args)
+
     def max_active_blocks_per_sm(self, block_size: int, dynamic_shmem: int = 0) -> int:
         """Occupancy: how many blocks of this kernel fit on one SM at once."""
-        return int(self.handle.occupancy.max_active_blocks_per_multiprocessor(block_size, dynamic_shmem))
+        occ = self.handle.occupancy
+        return int(self._in_context(occ.max_active_blocks_per_multiprocessor, block_size, dynamic_shmem))
 
     def resident_grid(self, block_size: int, dynamic_shmem: int = 0) -> int:
         """Blocks that are all resident at once: the grid of a grid-stride kernel (one full wave)."""
@@ -636,10 +649,13 @@ class Kernel:
         cc = _cuda_core()
         cfg = cc.LaunchConfig(grid=1, cluster=int(cluster), block=int(block_size), shmem_size=int(dynamic_shmem))
         occ = self.handle.occupancy
-        try:
-            return int(occ.max_active_clusters(cfg, stream=cc.Device(self.device_index).default_stream))
-        except TypeError:  # cuda.core releases whose stream argument is optional / positional
-            return int(occ.max_active_clusters(cfg))
+
+        def query():
+            try:
+                return occ.max_active_clusters(cfg, stream=cc.Device(self.device_index).default_stream)
+            except TypeError:  # cuda.core releases whose stream argument is optional / positional
+                return occ.max_active_clusters(cfg)
+        return int(self._in_context(query))
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory per block (up to the device's opt-in limit)."""
