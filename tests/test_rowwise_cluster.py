@@ -54,8 +54,10 @@ def test_every_config_is_instantiated_in_the_cu():
             for cl, nt, ch in tuple(cfgs) + tuple(extra):
                 assert f"{rc._NAMES[kind]}<{ty},{cl},{nt},{ch}>" in listed
             if kind in rc.PIPE_KINDS:
-                for cl, nt, ch in cfgs:
-                    assert f"{rc._NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>" in listed
+                for cfg in cfgs:
+                    name = f"{rc._NAMES[kind + '_pipe']}<{ty},{','.join(map(str, cfg))}>"
+                    assert (name in listed) == (cfg in rc.pipe_configs(kind, size)), name
+                    assert (rc.pipe_shmem(cfg) <= rc.SHMEM_LIMIT) == (name in listed), name
 
 
 def test_unsupported_reason_on_cpu():
@@ -140,7 +142,7 @@ def _every_built_config():
             extra = rc.EXTRA_BF16 if dtype == torch.bfloat16 else rc.EXTRA_FP32 if size == 4 else {}
             for cfg in tuple(cfgs) + tuple(extra.get(kind, ())):
                 out.append((kind, dtype, cfg, False))
-                if kind in rc.PIPE_KINDS and cfg in cfgs:
+                if kind in rc.PIPE_KINDS and cfg in rc.pipe_configs(kind, size):
                     out.append((kind, dtype, cfg, True))
     return out
 

@@ -28,10 +28,10 @@
 // tilewise-instantiate: rc_cross_entropy<float,2,512,8> rc_cross_entropy<float,4,512,8> rc_cross_entropy<float,8,512,8> rc_cross_entropy<float,8,1024,8> rc_cross_entropy<float,8,1024,4>
 // tilewise-instantiate: rc_softmax_fwd_pipe<__nv_bfloat16,2,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,4,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,8,256,8> rc_softmax_fwd_pipe<__nv_bfloat16,8,1024,4>
 // tilewise-instantiate: rc_softmax_fwd_pipe<__half,2,256,8> rc_softmax_fwd_pipe<__half,4,256,8> rc_softmax_fwd_pipe<__half,8,256,8> rc_softmax_fwd_pipe<__half,8,1024,4>
-// tilewise-instantiate: rc_softmax_fwd_pipe<float,2,512,8> rc_softmax_fwd_pipe<float,4,512,8> rc_softmax_fwd_pipe<float,8,512,8> rc_softmax_fwd_pipe<float,8,1024,8>
+// tilewise-instantiate: rc_softmax_fwd_pipe<float,2,512,8> rc_softmax_fwd_pipe<float,4,512,8> rc_softmax_fwd_pipe<float,8,512,8>
 // tilewise-instantiate: rc_cross_entropy_pipe<__nv_bfloat16,2,256,8> rc_cross_entropy_pipe<__nv_bfloat16,4,256,8> rc_cross_entropy_pipe<__nv_bfloat16,8,256,8> rc_cross_entropy_pipe<__nv_bfloat16,8,1024,4>
 // tilewise-instantiate: rc_cross_entropy_pipe<__half,2,256,8> rc_cross_entropy_pipe<__half,4,256,8> rc_cross_entropy_pipe<__half,8,256,8> rc_cross_entropy_pipe<__half,8,1024,4>
-// tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8> rc_cross_entropy_pipe<float,8,1024,8>
+// tilewise-instantiate: rc_cross_entropy_pipe<float,2,512,8> rc_cross_entropy_pipe<float,4,512,8> rc_cross_entropy_pipe<float,8,512,8>
 // tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,8,256,8,true> rc_cross_entropy<__nv_bfloat16,8,256,8,true> rc_softmax_fwd<float,8,512,8,true> rc_cross_entropy<float,8,512,8,true>
 // tilewise-instantiate: rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,3> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,256,8,2,4> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,1,3> rc_softmax_fwd_tma<__nv_bfloat16,8,512,4,2,3> rc_softmax_fwd_tma<__half,8,128,16,1,5> rc_cross_entropy_tma<__nv_bfloat16,8,128,16,1,5> rc_cross_entropy_tma<__half,8,128,16,1,5> rc_cross_entropy_tma<__nv_bfloat16,8,256,8,1,4> rc_softmax_fwd_tma<__nv_bfloat16,8,128,16,1,5>
 #include "tilewise_common.cuh"

@@ -153,6 +153,12 @@ def unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
     return None
 
 
+def pipe_configs(kind: str, itemsize: int) -> tuple:
+    """The configs the pipelined (v6) kernel of ``kind`` is built for: CONFIGS' whose two row slices
+    fit a block's shared memory (fp32 (8, 1024, 8) needs 256 KiB: not built)."""
+    return tuple(c for c in CONFIGS[(kind, itemsize)] if pipe_shmem(c) <= SHMEM_LIMIT)
+
+
 @functools.cache
 def _module(device_index: int) -> rt.Module:
     names = []
@@ -169,7 +175,7 @@ def _module(device_index: int) -> rt.Module:
     for kind in PIPE_KINDS:
         for size, types in ((2, ("__nv_bfloat16", "__half")), (4, ("float",))):
             for ty in types:
-                for cl, nt, ch in CONFIGS[(kind, size)]:
+                for cl, nt, ch in pipe_configs(kind, size):
                     names.append(f"{_NAMES[kind + '_pipe']}<{ty},{cl},{nt},{ch}>")
     for (kind, size), cfgs in TMA_CONFIGS.items():
         for cl, nt, ch, st, mb in cfgs:
@@ -334,6 +340,9 @@ def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
         _kernel(kind, t0.dtype, cfg, dev, True)((M * cl,), (nt,), *args)
         return
     if pipe:
+        if cfg not in pipe_configs(kind, t0.dtype.itemsize):
+            raise ValueError(f"rowwise_cluster: the pipelined {kind} kernel is built for {pipe_configs(kind, t0.dtype.itemsize)} "
+                             f"({t0.dtype}), got {cfg}: two slices of it need {pipe_shmem(cfg)} B of shared memory")
         kk = kind + "_pipe"
         k = _kernel(kk, t0.dtype, cfg, dev)
         clusters = min(M, _resident_clusters(kk, t0.dtype, cfg, dev))

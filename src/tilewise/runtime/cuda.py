@@ -379,6 +379,12 @@ def _check_one(src: Path, arch: str) -> list[KernelResources]:
     names = name_expressions_for(src)
     res = compile_file(src, arch=arch, name_expressions=names, use_cache=False).resources
     missing = sorted(set(names) - {r.name for r in res})
+    if missing:
+        # On the H200 (NVRTC 13.0) the program log of a large module lacked some kernels' ptxas
+        # lines; compiled apart they are reported.
+        apart = compile_file(src, arch=arch, name_expressions=missing, use_cache=False).resources
+        res = res + [r for r in apart if r.name in missing]
+        missing = sorted(set(names) - {r.name for r in res})
     if missing:  # a kernel the check cannot see is a kernel it cannot pass
         raise CompileError(f"{src.name}: ptxas reported no resources for {', '.join(missing)}")
     return res
