@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -505,6 +507,62 @@ def test_gpu_forward_backward(shape, dtype, causal, poisoned_outputs):
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D)
     ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
     _check_low_precision(ours, q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["v1_naive", "v2_online", "v3_flash2", "v3_flash2_atomic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_table_entries(variant, causal):
+    """VARIANTS entries called through the table (v4 / v5 have tests of their own): bf16, odd
+    lengths, GQA, against the fp32 reference."""
+    q, k, v = _inputs(2, 4, 2, 100, 77, 64, dtype=torch.bfloat16, device="cuda", seed=9)
+    ours = _run_fwd_bwd(A.VARIANTS[variant], q, k, v, causal=causal)
+    _check_low_precision(ours, q, k, v, causal)
+
+
+# Routes to the tile-table entries the other quick-tier tests do not reach: (kind[key] it is for,
+# dtype, D, bias: None / "fp32" (the pointer kernels) / "same" (q's dtype: the TMA bias forward) /
+# "shared-fp32" (one bias for the batch: the pair forward), deterministic, dQ by TMA, pair forward).
+_TABLE_ROUTES = [
+    ("fwd_bias,dq_bias,dkdv[32]", torch.bfloat16, 32, "fp32", True, False, False),
+    ("fwd_bias,dq_bias,dkdv[256]", torch.bfloat16, 256, "fp32", True, False, False),
+    ("fwd_tma_bias[32]", torch.bfloat16, 32, "same", True, False, False),
+    ("fwd_tma_bias[256]", torch.bfloat16, 256, "same", True, False, False),
+    ("atomic_bias[32]", torch.bfloat16, 32, "fp32", False, False, False),
+    ("atomic_tma_bias[128]", torch.bfloat16, 128, "fp32", False, True, False),
+    ("atomic[128] fp32", torch.float32, 128, None, False, False, False),
+    ("dkdv,dq[64] fp32", torch.float32, 64, None, True, False, False),
+    ("fwd_bias_pair[128]", torch.bfloat16, 128, "shared-fp32", True, False, True),
+    ("fwd_bias_pair[256]", torch.bfloat16, 256, "shared-fp32", True, False, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", _TABLE_ROUTES, ids=lambda r: r[0])
+def test_gpu_tile_table_routes(route, monkeypatch):
+    """Forward and backward (bias gradient too) on a route to one tile-table entry (see
+    _TABLE_ROUTES), odd lengths, against the fp32 reference; the ledger records the tile that ran."""
+    _, dtype, D, bias_kind, det, dq_by_tma, pair = route
+    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 256 if pair else 0)
+    B, H, Sq, Sk = 2, 2, 100, 80
+    q, k, v = _inputs(B, H, H, Sq, Sk, D, dtype=dtype, device="cuda", seed=D)
+    g = torch.Generator(device="cuda").manual_seed(D + 1)
+    bias = None
+    if bias_kind is not None:
+        shape = (1, H, Sq, Sk) if bias_kind == "shared-fp32" else (B, H, Sq, Sk)
+        bias = torch.randn(shape, device="cuda", generator=g)
+        bias = bias.to(dtype) if bias_kind == "same" else bias
+    fn = functools.partial(A.flash_attention, deterministic=det)
+    with A.use_ws(False), A.use_ws_bwd(False), A.ordered_dq(False), A.dq_tma(dq_by_tma):
+        ours = _run_fwd_bwd(fn, q, k, v, causal=True, bias=bias)
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=True,
+                       bias=bias.float() if bias is not None else None)
+    tol = 5e-3 if dtype == torch.float32 else 2e-2
+    for name in ("out", "dq", "dk", "dv") + (("dbias",) if bias is not None else ()):
+        assert not torch.isnan(ours[name]).any(), name
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < tol, f"{name}: {e:.3g}"
+    torch.testing.assert_close(ours["lse"], ref["lse"], rtol=0, atol=2e-2)
 
 
 @pytest.fixture

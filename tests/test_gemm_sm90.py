@@ -218,10 +218,10 @@ def _clusters_for_a_tail(M, N, cfg):
 @gpu
 @needs_sm90
 @pytest.mark.parametrize("splits", [2, 3, 16])
-@pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "192x96_c1x2", "128x128_c1x1", "64x128_c2x1",
-                                    "128x64_c1x2"])
+@pytest.mark.parametrize("config", sorted(gs.CONFIGS))  # each has a tail kernel per dtype
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.quick(rotate="splits")
-def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
+def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits, dtype):
     """The stream-K tail, forced, with few clusters so that whole waves and a partial one run:
     right answers on odd sizes into NaN-poisoned outputs (every tail tile's epilogue ran), the
     same bits on a second run (the last unit adds the partials in range order whoever it is),
@@ -231,12 +231,12 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
     clusters = _clusters_for_a_tail(M, N, cfg)
     monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
     g = torch.Generator(device="cuda").manual_seed(11)
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    a = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
+    b = torch.randn(K, N, device="cuda", dtype=dtype, generator=g)
     ref = a.double() @ b.double()
     runs = []
     for _ in range(2):
-        c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=torch.bfloat16)), config=config,
+        c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=dtype)), config=config,
                          clusters=clusters)
         torch.cuda.synchronize()
         assert c.isfinite().all(), "a tail tile was not written"
@@ -252,7 +252,7 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
     assert ((short.double() - ref64).norm() / ref64.norm()).item() < 1e-2
     if splits != 3:
         return
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=dtype)
     gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -261,7 +261,7 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits):
         gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
     for i in range(2):
         poison(out)
-        a.copy_(torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g))
+        a.copy_(torch.randn(M, K, device="cuda", dtype=dtype, generator=g))
         graph.replay()
         torch.cuda.synchronize()
         ref = a.double() @ b.double()
@@ -381,10 +381,12 @@ def test_transposed_tile_refuses_kmajor_b():
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemm_sm90_kmajor_b(dtype):
-    _check(333, 520, 136, dtype, None, b_kmajor=True)
-    _check(1000, 1000, 1000, dtype, None, b_kmajor=True, seed=1)
+@pytest.mark.parametrize("dtype,config", [(torch.bfloat16, None), (torch.float16, None),
+                                          (torch.bfloat16, "192x96_c1x2"), (torch.bfloat16, "128x128_c1x1")],
+                         ids=str)  # the K-major builds (the last two for experiments)
+def test_gemm_sm90_kmajor_b(dtype, config):
+    _check(333, 520, 136, dtype, config, b_kmajor=True)
+    _check(1000, 1000, 1000, dtype, config, b_kmajor=True, seed=1)
 
 
 @gpu

@@ -1,8 +1,10 @@
 """The GPU suite's tiers, shards and kernel ledger, checked on the CPU.
 
 ``test_every_kernel_build_ran_in_the_quick_tier`` is the coverage rule: every CUDA C instantiation a
-``.cu`` declares, every entry of every ``*VARIANTS`` table and every Triton / Gluon kernel of
-``tilewise.ops`` (the jit functions named ``*_kernel``) must have run on a GPU in a test that the quick tier still collects, according to
+``.cu`` declares, every entry of every ``*VARIANTS`` table, every Triton / Gluon kernel of
+``tilewise.ops`` (the jit functions named ``*_kernel``) and every entry of their tile tables
+(``config_entries``: attention's, the Gluon kernels', the GEMM autotuner's) must have run on a GPU
+in a test that the quick tier still collects, according to
 the ledger that ``scripts/gpu-check`` recorded (``bench/results/gpu-coverage.json``). Dropping a
 variant's last quick-tier test, or adding a kernel build without a GPU run, fails here.
 """
@@ -151,7 +153,7 @@ def declared_builds() -> dict[str, set[str]]:
     from tilewise.runtime import cuda
     import tilewise.ops as ops
 
-    builds = {"cuda": set(), "variants": set(), "triton": set()}
+    builds = {"cuda": set(), "variants": set(), "triton": set(), "config": set()}
     for src in cuda.package_sources():
         builds["cuda"].update(cuda.name_expressions_for(src))
     for info in pkgutil.iter_modules(ops.__path__):
@@ -161,7 +163,76 @@ def declared_builds() -> dict[str, set[str]]:
                 builds["variants"].update(f"{mod.__name__}.{name}[{k}]" for k, v in table.items() if callable(v))
     # launched kernels are named *_kernel; the other jit functions are device helpers they inline
     builds["triton"] = {q for q, _ in gpu_ledger.jit_functions() if q.startswith("tilewise.ops.") and q.endswith("_kernel")}
+    builds["config"] = set(config_entries())
     return builds
+
+
+_AK = "tilewise.ops.attention_kernels."
+# attention._TABLES kinds -> the kernels that take that table's tile, with the constexprs that say
+# the kind (the forward table serves the pointer and the TMA kernel alike).
+_ATTENTION_KINDS = {
+    "fwd": [(_AK + "_attn_fwd_kernel", {"HAS_BIAS": False}), (_AK + "_attn_fwd_tma_kernel", {"HAS_BIAS": False})],
+    "fwd_bias": [(_AK + "_attn_fwd_kernel", {"HAS_BIAS": True})],
+    "fwd_tma_bias": [(_AK + "_attn_fwd_tma_kernel", {"HAS_BIAS": True})],
+    "fwd_bias_pair": [(_AK + "_attn_fwd_bias_pair_kernel", {})],
+    "dkdv": [(_AK + "_attn_bwd_dkdv_kernel", {})],
+    "dq": [(_AK + "_attn_bwd_dq_kernel", {"BIAS_GRAD": False})],
+    "dq_bias": [(_AK + "_attn_bwd_dq_kernel", {"BIAS_GRAD": True})],
+    "atomic": [(_AK + "_attn_bwd_atomic_kernel", {"BIAS_GRAD": False, "DQ_TMA": False})],
+    "atomic_bias": [(_AK + "_attn_bwd_atomic_kernel", {"BIAS_GRAD": True, "DQ_TMA": False})],
+    "atomic_tma": [(_AK + "_attn_bwd_atomic_kernel", {"BIAS_GRAD": False, "DQ_TMA": True})],
+    "atomic_tma_bias": [(_AK + "_attn_bwd_atomic_kernel", {"BIAS_GRAD": True, "DQ_TMA": True})],
+}
+
+
+def config_entries() -> dict[str, list[tuple[str, dict]]]:
+    """Each entry of the Triton / Gluon config tables -> the (kernel, constexprs) specializations
+    that would show it ran. Attention's tables are keyed by head dim (matched through HEAD_DIM); the
+    Gluon kernels take the head dim from their descriptors, so their entries match on the tile and
+    stages alone; the GEMM autotuner's configs match on the tile, group, stages and warps."""
+    from tilewise.ops import attention as at
+    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops import attention_gluon_bwd as agb
+    from tilewise.ops import gemm_triton as gt
+
+    out = {}
+    assert set(at._TABLES) == set(_ATTENTION_KINDS), "attention._TABLES changed: update _ATTENTION_KINDS"
+    for tname, tables in (("_TABLES", at._TABLES), ("_TABLES_2BYTE", at._TABLES_2BYTE)):
+        for kind, table in tables.items():
+            for key, (bm, bn, warps, stages) in table.items():
+                need = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "@D": key}
+                out[f"tilewise.ops.attention.{tname}[{kind}][{key}]"] = [
+                    (k, {**c, **need}) for k, c in _ATTENTION_KINDS[kind]]
+    g = "tilewise.ops.attention_gluon."
+    for (D, bias), (bn, stages) in ag.CONFIGS.items():
+        out[f"{g}CONFIGS[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel", {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
+    g = "tilewise.ops.attention_gluon_bwd."
+    for D, (bm, stages) in agb.CONFIGS.items():
+        out[f"{g}CONFIGS[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
+    for D, (bn, stages) in agb.DQ_CONFIGS.items():
+        out[f"{g}DQ_CONFIGS[{D}]"] = [(g + "attn_bwd_dq_ws_kernel", {"BLOCK_N": bn, "STAGES": stages})]
+    g = "tilewise.ops.gemm_triton."
+    for c in gt._CONFIGS:
+        need = {**c.kwargs, "num_stages": c.num_stages, "num_warps": c.num_warps}
+        label = ",".join(f"{k}={v}" for k, v in need.items())
+        out[f"{g}_CONFIGS[{label}]"] = [(g + k, need) for k in
+                                         ("_gemm_kernel", "_gemm_persistent_kernel", "_gemm_tma_persistent_kernel")]
+    return out
+
+
+def _head_dim_key(d: int) -> int:
+    """attention._config's table key for head dim d."""
+    return min(max(16, 1 << (d - 1).bit_length(), 32), 256)
+
+
+def _spec_matches(constexprs: dict, need: dict) -> bool:
+    for k, v in need.items():
+        if k == "@D":
+            if "HEAD_DIM" not in constexprs or _head_dim_key(constexprs["HEAD_DIM"]) != v:
+                return False
+        elif constexprs.get(k, object()) != v:
+            return False
+    return True
 
 
 def covered(ledger: dict, quick: set[str]) -> dict[str, set[str]]:
@@ -170,6 +241,9 @@ def covered(ledger: dict, quick: set[str]) -> dict[str, set[str]]:
     for kind, builds in ledger.items():
         names = {b for b, tests in builds.items() if quick.intersection(tests)}
         if kind == "triton":
+            specs = [(b.split(" ", 1)[0], json.loads(b.split(" ", 1)[1]) if " " in b else {}) for b in names]
+            out["config"] = {label for label, alts in config_entries().items()
+                             if any(k == name and _spec_matches(cx, need) for k, need in alts for name, cx in specs)}
             names = {b.split(" ", 1)[0] for b in names}
         out[kind] = names
     return out

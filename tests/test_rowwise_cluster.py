@@ -448,3 +448,11 @@ def test_gpu_tma_cross_entropy_against_torch(shape, dtype):
     rc.cross_entropy_tma(xs, torch.where(t < 0, torch.full_like(t, -100), t), loss, None, -100, 0.0, 1.0)
     ref = F.cross_entropy(xs.double(), t, reduction="none")
     assert _rel(loss, ref) <= TOL[dtype]  # loss only, no gradient written
+    if dtype == torch.bfloat16:  # each built config (fp16 has the default only), with its gradient
+        b = xs.double().requires_grad_()
+        F.cross_entropy(b, t, reduction="sum").backward()
+        for cfg in rc.TMA_CONFIGS[("ce", 2)]:
+            loss, dx = poison(torch.empty(M, device="cuda")), poison(torch.empty_like(xs))
+            rc.cross_entropy_tma(xs, t, loss, dx, -100, 0.0, 1.0, config=cfg)
+            assert _rel(loss, ref) <= TOL[dtype], cfg
+            assert _rel(dx, b.grad) <= 2 * TOL[dtype], cfg

@@ -39,6 +39,20 @@ def test_every_package_kernel_compiles_for_sm90_without_spills(fresh_cache):
         assert not r.spills, f"{r.name} spills: {r.spill_store_bytes} B stored, {r.spill_load_bytes} B loaded"
 
 
+def test_check_fails_on_a_declared_kernel_without_a_report(monkeypatch):
+    src = rt.OPS_DIR / "vector_add.cu"
+    monkeypatch.setattr(rt, "package_sources", lambda: [src])
+    real = rt._check_one
+
+    def lossy(path, arch):  # a ptxas log that lost one kernel's lines
+        res, missing = real(path, arch)
+        return res[1:], sorted({*missing, res[0].name})
+
+    monkeypatch.setattr(rt, "_check_one", lossy)
+    with pytest.raises(rt.CompileError, match="reported no resources for vector_add"):
+        rt.check_package("sm_90", jobs=1)
+
+
 def test_cli_check_reports_kernels(fresh_cache):
     p = subprocess.run([sys.executable, "-m", "tilewise", "check", "--arch", "sm_90"], capture_output=True,
                        text=True, env={**os.environ, "COLUMNS": "200"})
