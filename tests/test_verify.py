@@ -32,7 +32,7 @@ def test_record_then_status(tmp_path):
     assert code == 0 and "abc1234" in msg and "10 passed" in msg
     (pkg / "cli.py").write_text("changed, still not a GPU source\n")
     assert verify.status(None, pkg)[0] == 0
-    (pkg / "ops" / "k.cu").write_text("__global__ void k() { /* changed */ }\n")
+    (pkg / "ops" / "k.cu").write_text("__global__ void k() { int changed = 1; }\n")
     (pkg / "ops" / "new.py").write_text("Z = 3\n")
     code, msg = verify.status(None, pkg)
     assert code == 1 and "changed ops/k.cu" in msg and "new     ops/new.py" in msg
@@ -53,3 +53,32 @@ def test_installed_copy_has_no_record(tmp_path):
     (pkg / "ops").mkdir(parents=True)
     code, msg = verify.status(None, pkg)
     assert code == 2 and "installed copy" in msg
+
+
+def test_fingerprint_is_of_the_code_not_its_comments(tmp_path):
+    py, cu = tmp_path / "a.py", tmp_path / "a.cu"
+    py.write_text('"""Module doc."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # why\n')
+    cu.write_text('// tilewise-instantiate: k<float>\n// note\ntemplate <typename T> __global__ void k(T* p) {\n'
+                  '  p[0] = 1;  /* a\n  b */\n  const char* s = "// not a comment";\n}\n')
+    base = verify.fingerprint(py), verify.fingerprint(cu)
+    py.write_text('"""Another doc,\nlonger."""\n\n\ndef f(x):\n    """Other."""\n    # a comment line\n    return x + 1\n')
+    cu.write_text('// tilewise-instantiate: k<float>\n// a different note\ntemplate <typename T>  __global__ void k(T* p) {\n'
+                  '\n    p[0] = 1;\n  const char* s = "// not a comment";  // why\n}\n')
+    assert (verify.fingerprint(py), verify.fingerprint(cu)) == base
+    for path, old, new in ((py, "x + 1", "x + 2"), (cu, "k<float>", "k<double>"),
+                           (cu, '"// not a comment"', '"// not a comment!"'), (cu, "p[0] = 1", "p[0] = 2")):
+        text = path.read_text()
+        path.write_text(text.replace(old, new))
+        assert verify.fingerprint(path) not in base, (old, new)
+        path.write_text(text)
+
+
+def test_record_of_another_hash_scheme_is_not_compared(tmp_path):
+    pkg = _package(tmp_path)
+    record = tmp_path / "v.json"
+    verify.write_record(record, commit="abc", device="d", quick=dict(passed=3), steps={}, package=pkg)
+    rec = json.loads(record.read_text())
+    del rec["source_hash"]  # a record of byte hashes
+    record.write_text(json.dumps(rec))
+    code, msg = verify.status(record, pkg)
+    assert code == 2 and "'bytes'" in msg

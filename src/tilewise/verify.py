@@ -7,13 +7,20 @@ are the ones the record verified, and which files differ when they are not.
 
 GPU sources: every ``.py``, ``.cu`` and ``.cuh`` under ``ops/`` (kernels, launchers, routing,
 configs), ``runtime/`` (compile, cache, launch) and ``nn/`` (the modules that call them).
+
+A file's hash is of its code, not its bytes (``fingerprint``): Python by its syntax tree without
+docstrings, CUDA C with comments removed (but the ``// tilewise-`` directives, which choose what
+compiles) and whitespace runs collapsed. A comment or docstring edit keeps the record valid; any
+change to what runs does not.
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from .runtime.cuda import _write_atomic
@@ -31,10 +38,50 @@ def gpu_sources(package: Path = PACKAGE) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(package).as_posix())
 
 
+HASH_SCHEME = "code-v1"  # what ``fingerprint`` hashes; a record of another scheme cannot be compared
+
+
+def _python_code(text: str) -> str:
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+# a string or char literal, a // comment to the end of the line, or a /* */ comment
+_C_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def _c_code(text: str) -> str:
+    def keep(m: re.Match) -> str:
+        t = m.group(0)
+        if t.startswith("/*"):
+            return " " + "\n" * t.count("\n")
+        if t.startswith("//"):
+            return t if t.startswith("// tilewise-") else ""
+        return t
+
+    lines = (" ".join(line.split()) for line in _C_TOKENS.sub(keep, text).splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def fingerprint(path: Path) -> str:
+    """SHA-256 of a source's code: comments, docstrings and layout left out (see the module's doc)."""
+    text = path.read_text()
+    try:
+        code = _python_code(text) if path.suffix == ".py" else _c_code(text)
+    except SyntaxError:
+        code = text  # not parseable: every byte counts
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
 def source_hashes(package: Path = PACKAGE) -> dict[str, str]:
-    """{path inside the package: SHA-256 of its bytes} for every GPU source."""
-    return {p.relative_to(package).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in gpu_sources(package)}
+    """{path inside the package: ``fingerprint``} for every GPU source."""
+    return {p.relative_to(package).as_posix(): fingerprint(p) for p in gpu_sources(package)}
 
 
 def digest(hashes: dict[str, str]) -> str:
@@ -63,6 +110,7 @@ def write_record(path: Path, *, commit: str, device: str, quick: dict, steps: di
         "quick_tier": quick,
         "steps_seconds": {k: round(v, 1) for k, v in steps.items()},
         "source_digest": digest(hashes),
+        "source_hash": HASH_SCHEME,
         "sources": hashes,
     }
     _write_atomic(Path(path), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
@@ -86,6 +134,9 @@ def status(record_path: Path | None = None, package: Path = PACKAGE) -> tuple[in
         quick = rec["quick_tier"]
     except (ValueError, KeyError, TypeError) as e:
         return 2, f"{record_path} is not a verification record ({e})"
+    if rec.get("source_hash", "bytes") != HASH_SCHEME:
+        return 2, (f"{record_path} hashes sources as {rec.get('source_hash', 'bytes')!r}, this tilewise as "
+                   f"{HASH_SCHEME!r}: run scripts/gpu-check on a GPU")
     have = source_hashes(package)
     where = f"commit {rec.get('commit', '?')} on {rec.get('device', '?')}, {rec.get('date', '?')}"
     counts = (f"quick tier {quick.get('passed', 0)} passed, {quick.get('failed', 0)} failed, "
