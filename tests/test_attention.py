@@ -727,7 +727,8 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
 
     from tilewise.ops import attention_kernels as K
 
-    fn = {"fwd": K._attn_fwd_kernel, "fwd_bias": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel, "dq": K._attn_bwd_dq_kernel,
+    fn = {"fwd": K._attn_fwd_kernel, "fwd_bias": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel,
+          "dq": K._attn_bwd_dq_kernel,
           "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel,
           "fwd_tma": K._attn_fwd_tma_kernel, "fwd_tma_bias": K._attn_fwd_tma_kernel}[kind]
     table = "atomic_tma" if dq_tma else {"fwd_tma": "fwd"}.get(kind, kind)
@@ -776,7 +777,8 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
     return regs, sass.count("LDL") + sass.count("STL"), sass.count("HGMMA"), copies
 
 
-SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=False)), "dq": ("dq", dict(causal=False)),
+SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=False)),
+              "dq": ("dq", dict(causal=False)),
               "dq_bias_grad": ("dq", dict(causal=False, bias=True, bias_grad=True)),
               "atomic": ("atomic", dict(causal=False)), "atomic_causal": ("atomic", dict(causal=True)),
               "atomic_tma_causal": ("atomic", dict(causal=True, dq_tma=True)),

@@ -28,7 +28,8 @@ def write_tiny_sst2(d, n_train=256, n_dev=64, seed=0):
             words = POS if lab else NEG
             k = int(torch.randint(1, 4, (1,), generator=g))
             toks = [words[int(torch.randint(0, 6, (1,), generator=g))] for _ in range(k)]
-            toks += [FILL[int(torch.randint(0, 8, (1,), generator=g))] for _ in range(int(torch.randint(0, 9, (1,), generator=g)))]
+            toks += [FILL[int(torch.randint(0, 8, (1,), generator=g))]
+                     for _ in range(int(torch.randint(0, 9, (1,), generator=g)))]
             perm = torch.randperm(len(toks), generator=g).tolist()
             out.append((" ".join(toks[i] for i in perm) + " ", lab))
         return out
@@ -123,7 +124,8 @@ def test_functional_rejects_wrong_signature(monkeypatch):
     mod = types.ModuleType("tilewise_fake_gemm")
     mod.linear = lambda x, w: x
     monkeypatch.setitem(sys.modules, "tilewise_fake_gemm", mod)
-    monkeypatch.setitem(twf.CANDIDATES, "linear", [("tilewise_fake_gemm", "linear", ("x", "weight", "bias", "activation"))])
+    monkeypatch.setitem(twf.CANDIDATES, "linear",
+                        [("tilewise_fake_gemm", "linear", ("x", "weight", "bias", "activation"))])
     twf.reset()
     assert twf.resolve("linear") is None and "lacks" in twf.report()["linear"]
     twf.reset()
@@ -535,11 +537,11 @@ def test_resume_eager_checkpoint_into_graph_gpu(tmp_path):
 
 
 def _sweep_script():
-    """scripts/experiments/sst2_sweep.py as a module (it is a script, not part of the package)."""
+    """research/sst2_sweep.py as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "experiments" / "sst2_sweep.py"
+    path = Path(__file__).resolve().parents[1] / "research" / "sst2_sweep.py"
     spec = importlib.util.spec_from_file_location("sst2_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
@@ -547,7 +549,7 @@ def _sweep_script():
 
 
 def test_sweep_script_smoke(tmp_path):
-    """scripts/experiments/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
+    """research/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
     a JSON table with each run's best dev accuracy, its epoch, and the command that reproduces it."""
     sweep = _sweep_script()
     data = write_tiny_sst2(tmp_path / "sst2")

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wgmma_header_is_generated():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_wgmma.py"), "--check"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_wgmma.py"), "--check"],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -508,7 +508,7 @@ def test_tma_pruning_drops_configs_past_shared_memory():
     assert any(c.kwargs["BLOCK_N"] == 256 for c in pruned(torch.bfloat16))  # 208 KiB: fits
 
 
-_COMPILE_SM90 = r"""
+_COMPILE_SM90 = (r"""
 import json
 import triton
 from triton.backends.compiler import GPUTarget
@@ -523,7 +523,8 @@ def build(fn, sig, constexprs, aligned, num_warps, num_stages):
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), """
+                 r"""options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = k.asm["ptx"]
     return {"wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async.cg" in ptx or "cp.async.ca" in ptx,
             "tma": "cp.async.bulk.tensor" in ptx, "e4m3": "e4m3" in ptx, "smem": k.metadata.shared}
@@ -560,7 +561,7 @@ spsig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16[
 split = build(gt._gemm_tma_split_kernel, spsig, {**meta, "BLOCK_N": bn, "BLOCK_N2": bn2, "BLOCK_K": bk,
                                                  "B_KMAJOR": False}, ["M", "N", "K"], w, st)
 print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "split": split, "limit": gt._SMEM_LIMIT}))
-"""
+""")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernels run for real")

@@ -162,7 +162,8 @@ def declared_builds() -> dict[str, set[str]]:
             if name.endswith("VARIANTS") and isinstance(table, dict):
                 builds["variants"].update(f"{mod.__name__}.{name}[{k}]" for k, v in table.items() if callable(v))
     # launched kernels are named *_kernel; the other jit functions are device helpers they inline
-    builds["triton"] = {q for q, _ in gpu_ledger.jit_functions() if q.startswith("tilewise.ops.") and q.endswith("_kernel")}
+    builds["triton"] = {q for q, _ in gpu_ledger.jit_functions()
+                        if q.startswith("tilewise.ops.") and q.endswith("_kernel")}
     builds["config"] = set(config_entries())
     return builds
 
@@ -205,7 +206,8 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
                     (k, {**c, **need}) for k, c in _ATTENTION_KINDS[kind]]
     g = "tilewise.ops.attention_gluon."
     for (D, bias), (bn, stages) in ag.CONFIGS.items():
-        out[f"{g}CONFIGS[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel", {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
+        out[f"{g}CONFIGS[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel",
+                                           {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
     g = "tilewise.ops.attention_gluon_bwd."
     for D, (bm, stages) in agb.CONFIGS.items():
         out[f"{g}CONFIGS[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
@@ -273,5 +275,6 @@ def test_coverage_rule_fails_when_a_variant_loses_its_tests():
     quick = set(_collect("-m", "gpu", "tests"))
     key = "tilewise.ops.softmax.VARIANTS[v7_cluster_tma]"
     assert key in covered(ledger, quick)["variants"]
-    without = {i for i in quick if not ("test_softmax.py::test_gpu_variants_forward_backward" in i and "v7_cluster_tma" in i)}
+    without = {i for i in quick
+               if not ("test_softmax.py::test_gpu_variants_forward_backward" in i and "v7_cluster_tma" in i)}
     assert key not in covered(ledger, without)["variants"]

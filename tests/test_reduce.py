@@ -97,7 +97,8 @@ def test_host_layout_walks_the_right_rows(case):
     base = torch.randn(6, 7, 9)
     x, dim, keepdim = {
         "last": (base, -1, False), "first": (base, 0, False), "middle_permuted": (base.permute(2, 0, 1), 1, False),
-        "sliced": (base[1:, ::2, 3:], 2, False), "vector": (base[2, 3], 0, False), "keepdim": (base.transpose(0, 1), 1, True),
+        "sliced": (base[1:, ::2, 3:], 2, False), "vector": (base[2, 3], 0, False),
+        "keepdim": (base.transpose(0, 1), 1, True),
     }[case]
     dim, R, rs, other, ost, out = rd._prepare("t", x, dim, "sum", keepdim, None, cuda=False)
     words = rd.ew.layout_words(other or (1,), [ost or (0,)])

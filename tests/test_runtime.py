@@ -9,8 +9,6 @@ import torch
 
 from tilewise.runtime import cuda as rt
 
-from conftest import HAS_CUDA
-
 TEMPLATE_SRC = textwrap.dedent(r"""
     #include "tilewise_common.cuh"
     template <typename T>

@@ -56,7 +56,8 @@ def test_sanitize_elementwise():
                 _close(out, ew.reference(op, x.double(), b.double()), dtype)
     for variant in ew.DIVERGENCE_VARIANTS:
         xs = ew.divergence_inputs(1003, "split")
-        torch.testing.assert_close(ew.divergence(xs, variant, work=8), ew.divergence_reference(xs, 8), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ew.divergence(xs, variant, work=8), ew.divergence_reference(xs, 8),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_sanitize_reduce_and_masked_mean():

@@ -74,7 +74,8 @@ def test_attention_grid_on_the_gpus_named(tmp_path):
 def test_attention_targets_reads_the_default_row_against_same_run_baselines(tmp_path):
     """scripts/attention-targets: ratios = baseline / flash_attention from the same run, the newest
     run by default, the best SDPA backend for bias rows, a later run of a shape replacing an earlier."""
-    head = "op,variant,shape,dtype,median_ms,gbps,tflops,roofline_pct,baseline,baseline_ms,speedup,device,git_sha,date\n"
+    head = ("op,variant,shape,dtype,median_ms,gbps,tflops,roofline_pct,baseline,baseline_ms,speedup,"
+            "device,git_sha,date\n")
     rows = [("attention_fwd", "sdpa_flash", "B=4,H=16,S=4096,D=128", 3.0, "aaa", "2026-01-01"),
             ("attention_fwd", "flash_attention", "B=4,H=16,S=4096,D=128", 1.5, "aaa", "2026-01-01"),
             ("attention_fwd", "sdpa_flash", "B=4,H=16,S=4096,D=128", 2.0, "bbb", "2026-01-02"),

@@ -20,7 +20,8 @@ def _random_dense(M, N, density, seed, empty_rows=()):
 def _ell_model(E: sp.ELL, x):
     """y from the ELL arrays as the kernel reads them (column-major, -1 padding ends a row)."""
     valid = E.col >= 0
-    prod = torch.where(valid, E.val.double() * x.double()[E.col.clamp_min(0).long()], torch.zeros((), dtype=torch.float64))
+    prod = torch.where(valid, E.val.double() * x.double()[E.col.clamp_min(0).long()],
+                       torch.zeros((), dtype=torch.float64))
     return prod.sum(0)
 
 
@@ -647,7 +648,8 @@ def test_panels_many_blocks_and_panels():
             torch.testing.assert_close(y.double(), 0.5 * ref + 2.0 * y0.double(), rtol=1e-4, atol=1e-4)
     Pd = sp.Panels.from_csr(A)
     rows, cl = sp.panel_shape(M)
-    assert (Pd.rows, Pd.cluster) == (rows, cl) and Pd.panels * cl <= torch.cuda.get_device_properties(0).multi_processor_count
+    assert ((Pd.rows, Pd.cluster) == (rows, cl)
+            and Pd.panels * cl <= torch.cuda.get_device_properties(0).multi_processor_count)
     torch.testing.assert_close(sp.spmv(Pd, x).double(), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -857,7 +859,8 @@ def test_csr_merge_is_the_auto_pick_for_powerlaw():
 def test_sanitizer_csr_merge_small():
     """csr_merge at every (nt, ipt) on small matrices with empty rows, a row spanning many tiles,
     an all-empty matrix and beta != 0, for
-    ``compute-sanitizer --tool memcheck|racecheck|initcheck python -m pytest -m gpu -k sanitizer tests/test_spmv.py``."""
+    ``compute-sanitizer --tool memcheck|racecheck|initcheck python -m pytest -m gpu -k sanitizer
+    tests/test_spmv.py``."""
     cases = [(torch.tensor([0, 3, 0, 0, 7, 1, 0, 2, 0] * 5), 31), (torch.tensor([2, 0, 5000, 1, 0, 3]), 5003),
              (torch.zeros(7, dtype=torch.long), 5)]
     for k, (lengths, N) in enumerate(cases):

@@ -9,7 +9,7 @@ from conftest import poison
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # v4 configurations the GPU tests run besides the default: the first run's, and shapes the sweep
-# in scripts/experiments/transpose_variants.py tries (other tiles, block sizes, orders, hints).
+# in research/transpose_variants.py tries (other tiles, block sizes, orders, hints).
 V4_EXTRA = {d: [tp.V4_TRIED[d], tp.V4Config(tm=128, tw=32, group=3, ldcs=False),
                 tp.V4Config(tm=32, tw=64, threads=128, gl=32 // (16 // torch.empty((), dtype=d).element_size()),
                             group=10**6, minb=8),

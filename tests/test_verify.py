@@ -61,8 +61,10 @@ def test_fingerprint_is_of_the_code_not_its_comments(tmp_path):
     cu.write_text('// tilewise-instantiate: k<float>\n// note\ntemplate <typename T> __global__ void k(T* p) {\n'
                   '  p[0] = 1;  /* a\n  b */\n  const char* s = "// not a comment";\n}\n')
     base = verify.fingerprint(py), verify.fingerprint(cu)
-    py.write_text('"""Another doc,\nlonger."""\n\n\ndef f(x):\n    """Other."""\n    # a comment line\n    return x + 1\n')
-    cu.write_text('// tilewise-instantiate: k<float>\n// a different note\ntemplate <typename T>  __global__ void k(T* p) {\n'
+    py.write_text('"""Another doc,\nlonger."""\n\n\ndef f(x):\n    """Other."""\n'
+                  '    # a comment line\n    return x + 1\n')
+    cu.write_text('// tilewise-instantiate: k<float>\n// a different note\n'
+                  'template <typename T>  __global__ void k(T* p) {\n'
                   '\n    p[0] = 1;\n  const char* s = "// not a comment";  // why\n}\n')
     assert (verify.fingerprint(py), verify.fingerprint(cu)) == base
     for path, old, new in ((py, "x + 1", "x + 2"), (cu, "k<float>", "k<double>"),

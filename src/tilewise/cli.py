@@ -107,8 +107,8 @@ def cmd_bench(args) -> int:
     runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con,
                             out_dir=Path(args.out))
     failed: list[str] = []
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=con) as prog:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=con) as prog:
         task = prog.add_task("bench", total=len(names))
         runner.status = lambda s: prog.update(task, description=s)
         for n in names:
@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", help="PNG path (default: beside the CSV)")
     s.set_defaults(fn=cmd_roofline)
 
-    s = sub.add_parser("report", help="Markdown table of the newest rows of a bench CSV (fastest of our versions per case)")
+    s = sub.add_parser("report",
+                       help="Markdown table of the newest rows of a bench CSV (fastest of our versions per case)")
     s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
     s.add_argument("--readme", help="rewrite the results section of this file instead of printing")
     s.add_argument("--all", action="store_true", help="every row, not only the fastest of our versions per case")
@@ -240,11 +241,14 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")
     s.add_argument("--arch", default="sm_90")
-    s.add_argument("--jobs", type=int, default=None, help="compiles at once (default: one per source, up to the CPU count)")
+    s.add_argument("--jobs", type=int, default=None,
+                   help="compiles at once (default: one per source, up to the CPU count)")
     s.set_defaults(fn=cmd_check)
 
-    s = sub.add_parser("verify-status", help="do the GPU sources match the last verified GPU run (bench/results/verified.json)?")
-    s.add_argument("--record", help="the record to compare with (default: bench/results/verified.json of this checkout)")
+    s = sub.add_parser("verify-status",
+                       help="do the GPU sources match the last verified GPU run (bench/results/verified.json)?")
+    s.add_argument("--record",
+                   help="the record to compare with (default: bench/results/verified.json of this checkout)")
     s.set_defaults(fn=cmd_verify_status)
 
     # The classifier's commands live with the training code (tilewise/train.py).

@@ -131,9 +131,9 @@ def time_ms_graphs(fns: dict[str, Callable[[], object]], *, calls: int = 20, rou
     interleaved rounds), so versions timed one after the other are compared at different clocks;
     interleaved, every version sees the same drift. Before the rounds, all graphs are replayed
     round-robin for ``warmup_ms`` of wall time: a cool H200 runs 4096^3 bf16 at 1,980 MHz for the
-    first ~20 ms and settles at ~1,500 MHz at its 700 W cap within ~0.2 s (175 -> 205 us a call,
-    logs/gemm-4096-clock-ec66c61), and rounds taken during that fall favour whichever version
-    each round times first."""
+    first ~20 ms and settles at ~1,500 MHz at its 700 W cap within ~0.2 s (175 -> 205 us a call),
+    and rounds taken during that fall favour whichever version each round times first
+    (docs/tuning/bench.md, "time_ms_graphs: interleaved rounds and warm-up")."""
     if calls < 1 or rounds < 1 or replays < 1 or warmup_ms < 0:
         raise ValueError(f"time_ms_graphs: calls, rounds and replays must be >= 1 and warmup_ms >= 0, got {calls}, "
                          f"{rounds}, {replays}, {warmup_ms}")

@@ -12,11 +12,9 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     v4_flash2_tma (v3 with TMA loads in the forward; v3's backward; no-bias rows only),
     v3_flash2_atomic (the default forward and, with ``deterministic=False``, the fused backward
     with atomic dQ; forward + backward rows only), v6_flash2_ws_bwd (v5's forward, v6's backward:
-    dK / dV and dQ kernels warp-specialized in Gluon; no-bias forward + backward rows, D 64 / 128),
-    v3_flash2_ordered / v3_flash2_twokernel (rows of 2c64a6d in the CSV: v3's forward, the
-    deterministic backward through the fused kernel with ordered dQ adds / the two kernels; the
-    ordered one measured slower everywhere, its rows since dropped). Rows before the tenth session
-    (git e665872 and older): v3_flash2 / v5_flash2_ws ran the default backward, v3's then.
+    dK / dV and dQ kernels warp-specialized in Gluon; no-bias forward + backward rows, D 64 / 128).
+    Older rows of the CSV that this suite no longer writes, or that timed another backward under
+    the same name: docs/tuning/attention.md, "Bench rows".
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
 16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
 tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192

@@ -47,8 +47,8 @@ def run(r) -> None:
         r.add("sigmoid3", "recomputed", shape, dtype, times["recomputed"],
               op.cost(n, dtype, recompute=True), baseline="stored", baseline_ms=times["stored"])
         # Each kernel alone (no autograd), against its own bytes: shows which one, if any, falls
-        # short of copy bandwidth (on the first H200 run 'stored' was at 82 %: autograd wrote
-        # zero gradients for a1 and a2, 2 n b more bytes, fixed in ops.recompute).
+        # short of copy bandwidth, apart from autograd's own traffic (docs/tuning/rowwise.md,
+        # "Recompute: no zero gradients").
         b = x.element_size()
         xd = x.detach()
         y, a1, a2 = torch.ops.tilewise.sigmoid3_fwd(xd, True)

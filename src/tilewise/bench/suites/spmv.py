@@ -2,7 +2,7 @@
 (cuSPARSE) in the same run: every kernel at every applicable width, the format conversions' cost
 (op ``spmv_convert``, csr_merge's partition plan included), and the kernel ``spmv()`` picks
 (variant ``auto=<kernel>``). csr_merge runs at its default (nt, ipt) here; every (nt, ipt) is timed
-by scripts/experiments/spmv_variants.py.
+by research/spmv_variants.py.
 
 Matrices (``make_matrix(kind, small)``; ``small`` is the test-sized version):
     uniform:   2M x 2M, 32 random columns per row

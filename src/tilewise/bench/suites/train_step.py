@@ -44,8 +44,8 @@ from ..harness import CheckError, check
 OP = "train_step"
 V, B, T, E, H, C = 14819, 64, 64, 50, 256, 2
 SHAPE = f"B={B} T={T} E={E} H={H} V={V}"
-# Timed widths: the course's H=256, and H=1024, the width the SST-2 sweep found most accurate
-# (bench/results/logs/sst2-sweep-cpu.json, sst2-confirm-h1024.json).
+# Timed widths: the course's H=256, and H=1024, the most accurate width of the SST-2 sweep
+# (docs/tuning/bench.md, "train_step: HIDDENS").
 HIDDENS = (H, 1024)
 BASELINE = "torch_graph"
 # (variant, backend, mode), the baselines first: ours name torch_graph's time.

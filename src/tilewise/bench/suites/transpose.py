@@ -1,8 +1,8 @@
 """transpose beside a copy of the same bytes, PyTorch eager ``x.t().contiguous()`` and its
 ``torch.compile``d form, every version, all in one run; plus one row of v3_padded against v2_smem
-(op ``transpose_bank_conflict``) that prices the bank conflicts, and v4 in its first measured
-configuration (``v4_vec/first``) beside its default. The sweep over v4 configurations is
-scripts/experiments/transpose_variants.py."""
+(op ``transpose_bank_conflict``) that prices the bank conflicts, and v4 in the predicted
+configuration that lost (``v4_vec/tried``, ``V4_TRIED``) beside its default. The sweep over v4
+configurations is research/transpose_variants.py."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def run(r) -> None:
 
             times = {}
             runs = dict(op.VARIANTS)
-            # v4 as first measured (streaming stores, tile-row-major order, 64-byte bf16 store runs)
-            # beside the new default: the same run says whether the default change paid.
+            # V4_TRIED (plain stores, launch groups of 8 tile rows) beside the default, in the same
+            # run: the pair says whether the default still wins (docs/tuning/transpose.md, "V4_TRIED").
             runs["v4_vec/tried"] = lambda x_, o_: op.v4_vec(x_, o_, config=op.V4_TRIED[dtype])
             for name, fn in runs.items():
                 out.fill_(float("nan"))

@@ -250,8 +250,8 @@ def run(r) -> None:
         out = torch.empty(n, n, device="cuda", dtype=dtype)
         r.status(f"wave {n}")
         # Device time from CUDA-graph replay: at these sizes a Triton launch spends more time on
-        # the host (50-130 us on the H200's host) than the kernel runs, and eager timing showed
-        # the host, not the waves (the first run: gemm(auto) 83-108 us at every size).
+        # the host (50-130 us on the H200's host) than the kernel runs, so eager timing shows the
+        # host, not the waves (docs/tuning/gemm.md, "Wave suite: graph-replayed timing").
         base_ms = time_ms_graph(lambda: torch.matmul(a, b, out=out))
         r.add("wave", "cublas", shape, dtype, base_ms, cost)
         ref = torch.matmul(a.float(), b.float())

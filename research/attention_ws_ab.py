@@ -1,0 +1,239 @@
+"""v5 (the warp-specialized Gluon forward, ops/attention_gluon.py) against the Triton forward the
+library runs without it (v3's pointer kernel; v4's TMA kernel with a bias), and SDPA's cuDNN
+backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 128, S 1024 / 4096 /
+8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
+each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
+``attention._WS_RULES``.
+Run on the GPU: PYTHONPATH=src python3 research/attention_ws_ab.py [--bias-paths | --d64 |
+--pingpong | --persistent] (the bias forward's routes at S = 1024 and 2048; D = 64 with two and three
+consumers; v5 with and without ping-pong; v5 on its own grid and on a persistent one) instead.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops import attention as A
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def race(fns, q, k, v, causal, bias, label):
+    """Check each fn against the fp32 reference on heads 0-1 of batch 0, then time them in two
+    interleaved rounds; the best of the two per fn (ms)."""
+    ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal,
+                      bias=bias[:, :2].float() if bias is not None else None)
+    for name, fn in fns.items():
+        err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"{name} {label}: rel err {err:.3g}"
+    times = {name: [] for name in fns}
+    for _ in range(2):
+        for name, fn in fns.items():
+            times[name].append(bench(fn))
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def warm_up():
+    """Clocks up before the first timing (an idle H200 sits at 345 MHz)."""
+    x = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):
+        x @ x
+
+
+def modes(H, S, g):
+    """(mode, causal, bias) for the plain, causal and (1, H, S, S)-bias forwards."""
+    for mode in ("plain", "causal", "bias"):
+        bias = 0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g) if mode == "bias" else None
+        yield mode, mode == "causal", bias
+
+
+def cudnn_fn(q, k, v, bias, causal):
+    def fn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+    return fn
+
+
+def main():
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    H, TOKENS = 16, 16384
+    for D in (64, 128):
+        for S in (1024, 4096, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for mode, causal, bias in modes(H, S, g):
+                flops = 4 * B * H * S * S * D // (2 if causal else 1)
+                cudnn = cudnn_fn(q, k, v, bias, causal)
+
+                def ours(ws):
+                    def fn():
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                    return fn
+
+                fns = {"cudnn": cudnn, "triton (v3/v4)": ours(False), "v5 gluon ws": ours(True)}
+                t = race(fns, q, k, v, causal, bias, f"D={D} S={S} {mode}")
+                line = " | ".join(f"{name} {t[name] * 1e3:8.1f} us {flops / t[name] / 1e9:6.1f} TF" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line} | v5 x triton {t['triton (v3/v4)'] / t['v5 gluon ws']:.3f}"
+                      f" | v5 x cudnn {t['cudnn'] / t['v5 gluon ws']:.3f} (triton x cudnn "
+                      f"{t['cudnn'] / t['triton (v3/v4)']:.3f})", flush=True)
+
+
+def bias_paths():
+    """The bias forward's routes at S = 1024 / 2048 (B = 16 / 8): v4's TMA bias kernel (the
+    default where v5 is not), v3's pointer kernel (``_BIAS_FWD["tma"]`` off), v5, and cuDNN."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    H, TOKENS = 16, 16384
+    for D in (64, 128):
+        for S in (1024, 2048):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            bias = 0.1 * torch.randn(1, H, S, S, device="cuda", dtype=torch.bfloat16, generator=g)
+            flops = 4 * B * H * S * S * D
+            cudnn = cudnn_fn(q, k, v, bias, False)
+
+            def route(ws, tma):
+                def fn():
+                    old = A._BIAS_FWD["tma"]
+                    A._BIAS_FWD["tma"] = tma
+                    try:
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, bias=bias)
+                    finally:
+                        A._BIAS_FWD["tma"] = old
+                return fn
+
+            fns = {"cudnn": cudnn, "v4 tma bias": route(False, True), "v3 pointer bias": route(False, False),
+                   "v5 gluon ws": route(True, True)}
+            t = race(fns, q, k, v, False, bias, f"bias D={D} S={S}")
+            line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us {flops / t[name] / 1e9:6.1f} TF "
+                              f"({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+            print(f"bias D={D:3d} S={S:5d} B={B:2d}: {line}", flush=True)
+
+
+def d64():
+    """D = 64: the Triton forward against v5 with two consumer warpgroups (128 query rows a CTA) and
+    with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192. (At
+    803d45c the rules' config took precedence over attention_gluon.OVERRIDE: all three v5 columns of
+    that run are the three-consumer config; the override wins since.)"""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    H, TOKENS, D = 16, 16384, 64
+    warm_up()
+    for S in (1024, 4096, 8192):
+        B = TOKENS // S
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        for mode, causal, bias in modes(H, S, g):
+            cudnn = cudnn_fn(q, k, v, bias, causal)
+
+            def ours(ws, cfg=None):
+                def fn():
+                    key = (D, bias is not None)
+                    if cfg is not None:
+                        ag.OVERRIDE[key] = cfg
+                    try:
+                        with A.use_ws(ws):
+                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                    finally:
+                        ag.OVERRIDE.pop(key, None)
+                return fn
+
+            fns = {"cudnn": cudnn, "triton": ours(False), "v5 2x64": ours(True),
+                   "v5 3x64": ours(True, (128, 2, 160, None, 3)), "v5 3x64 bn64": ours(True, (64, 3, 160, None, 3))}
+            t = race(fns, q, k, v, causal, bias, f"D=64 S={S} {mode}")
+            line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+            print(f"D=64 S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
+
+
+def pingpong():
+    """v5 with and without the consumers taking turns issuing their products
+    (``attention_gluon.PINGPONG``), D 64 / 128, S 4096 / 8192, plain / causal / bias, against cuDNN.
+    Written after the eighth session's device budget was spent: not yet run."""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    H, TOKENS = 16, 16384
+    warm_up()
+    for D in (128, 64):
+        for S in (4096, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for mode, causal, bias in modes(H, S, g):
+                cudnn = cudnn_fn(q, k, v, bias, causal)
+
+                def ws(pp):
+                    def fn():
+                        old = ag.PINGPONG["on"]
+                        ag.PINGPONG["on"] = pp
+                        try:
+                            with A.use_ws(True):
+                                return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                        finally:
+                            ag.PINGPONG["on"] = old
+                    return fn
+
+                fns = {"cudnn": cudnn, "v5": ws(False), "v5 ping-pong": ws(True)}
+                t = race(fns, q, k, v, causal, bias, f"D={D} S={S} {mode}")
+                line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {mode:6s}: {line}", flush=True)
+
+
+def persistent():
+    """v5 on its grid of 2048-ish CTAs against v5 on a persistent grid (``attention_gluon.PERSISTENT``:
+    one CTA an SM, work items round robin, the K / V ring running on across items), two consumers,
+    D 128 / 64, S 1024 / 4096 / 8192, plain / causal, against cuDNN. Written after the ninth
+    session's device budget was spent: not yet run. Prediction: D = 128 plain S = 4096 from 0.90x
+    cuDNN to ~0.95x (the prologue and epilogue of 15.5 waves hidden), little change at S = 8192
+    causal where v5 is already at 0.97x."""
+    from tilewise.ops import attention_gluon as ag
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    H, TOKENS = 16, 16384
+    warm_up()
+    for D in (128, 64):
+        for S in (4096, 1024, 8192):
+            B = TOKENS // S
+            q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            for causal in (False, True):
+                cudnn = cudnn_fn(q, k, v, None, causal)
+
+                def ws(pers):
+                    def fn():
+                        old = ag.PERSISTENT["on"], ag.OVERRIDE.get((D, False))
+                        ag.PERSISTENT["on"] = pers
+                        ag.OVERRIDE[(D, False)] = (128, 2, ag.CONSUMER_REGS, None, 2)
+                        try:
+                            with A.use_ws(True):
+                                return A.flash_attention(q, k, v, causal=causal)
+                        finally:
+                            ag.PERSISTENT["on"] = old[0]
+                            if old[1] is None:
+                                ag.OVERRIDE.pop((D, False), None)
+                            else:
+                                ag.OVERRIDE[(D, False)] = old[1]
+                    return fn
+
+                fns = {"cudnn": cudnn, "v5": ws(False), "v5 persistent": ws(True)}
+                t = race(fns, q, k, v, causal, None, f"D={D} S={S} causal={causal}")
+                line = " | ".join(f"{name} {t[name] * 1e3:7.1f} us ({t['cudnn'] / t[name]:.3f}x cudnn)" for name in fns)
+                print(f"D={D:3d} S={S:5d} B={B:2d} {'causal' if causal else 'plain':6s}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--bias-paths" in sys.argv:
+        bias_paths()
+    elif "--d64" in sys.argv:
+        d64()
+    elif "--pingpong" in sys.argv:
+        pingpong()
+    elif "--persistent" in sys.argv:
+        persistent()
+    else:
+        main()
