@@ -124,8 +124,15 @@ class Ledger:
 
 
 def jit_functions():
-    """(module.name, JITFunction) for every Triton / Gluon kernel defined at module level in tilewise."""
+    """(module.name, JITFunction) for every Triton / Gluon kernel defined at module level in tilewise.
+    Under TRITON_INTERPRET=1 (the CPU tests) ``triton.jit`` makes InterpretedFunctions: those count
+    too, so that the coverage rule sees the same kernels on the CPU as on the GPU."""
     from triton.runtime.jit import JITFunction
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # a Triton without the interpreter
+        InterpretedFunction = JITFunction
+    kinds = (JITFunction, InterpretedFunction)
 
     seen = set()
     for mod_name, mod in list(sys.modules.items()):
@@ -133,11 +140,14 @@ def jit_functions():
             continue
         for attr, obj in list(vars(mod).items()):
             fn = obj
-            while fn is not None and not isinstance(fn, JITFunction) and hasattr(fn, "fn"):
+            while fn is not None and not isinstance(fn, kinds) and hasattr(fn, "fn"):
                 fn = fn.fn  # autotune / heuristics wrappers
-            if isinstance(fn, JITFunction) and id(fn) not in seen and getattr(fn, "__module__", mod_name) == mod_name:
+            if not isinstance(fn, kinds) or id(fn) in seen:
+                continue
+            inner = fn.fn if isinstance(fn, InterpretedFunction) and hasattr(fn, "fn") else fn
+            if getattr(inner, "__module__", mod_name) == mod_name:
                 seen.add(id(fn))
-                yield f"{mod_name}.{fn.__name__}", fn
+                yield f"{mod_name}.{inner.__name__}", fn
 
 
 def compiled_specs(fn) -> list[str]:

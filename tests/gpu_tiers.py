@@ -8,10 +8,10 @@ exhaustive parametrizations), ``--tier all`` both. CPU tests have no tier: every
     @pytest.mark.quick(where=lambda D, **_: D == 128)
     @pytest.mark.slow                             # the whole function is full tier
 
-``rotate``: the combinations of the *other* parameters are numbered in collection order; the j-th
-keeps the values of the rotated parameter(s) at positions j, j + 1, ..., j + per - 1 (mod their
-count), so each combination runs at ``per`` values, different ones for its neighbours, and every
-value runs somewhere once there are at least as many combinations as values.
+``rotate``: each combination of the *other* parameters keeps the ``per`` values of the rotated
+parameter(s) that rank first for it by a hash of the two (``_rank``), and a value no combination
+kept goes to the one that ranks it first, so every value runs somewhere. The choice depends on the
+values alone: adding or removing a parameter value changes only the choices that involve it.
 
 Shards. ``--shard K/N`` keeps a deterministic 1/N of the selected tests, balanced by recorded
 seconds (``tests/gpu_durations.json``; a test without a record counts as the median): longest
@@ -23,6 +23,7 @@ teardown seconds and the outcome) as it ends, so a run that is killed keeps what
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -125,12 +126,18 @@ def _quick_ids(mark, group) -> set[str]:
             values.append(v)
         if c not in combos:
             combos.append(c)
-    kept = set()
-    for it in group:
-        v, c = split(it)
-        if (values.index(v) - combos.index(c)) % len(values) < per:
-            kept.add(it.nodeid)
-    return kept
+    chosen = {c: set(sorted(values, key=lambda v: _rank(c, v))[:per]) for c in combos}
+    for v in values:  # every value somewhere: at the combination that ranks it first
+        if not any(v in chosen[c] for c in combos):
+            chosen[min(combos, key=lambda c: _rank(c, v))].add(v)
+    return {it.nodeid for it in group if split(it)[0] in chosen[split(it)[1]]}
+
+
+def _rank(combo: tuple, value: tuple) -> bytes:
+    """A combination's preference for a value of the rotated parameters, from their reprs alone: a
+    value or combination added to or taken from the parametrization moves no other choice (a
+    numbering by collection order would shift every later one)."""
+    return hashlib.sha256(repr((combo, value)).encode()).digest()
 
 
 def recorded_durations() -> dict[str, float]:
