@@ -266,7 +266,7 @@ def pytest_sessionfinish(session):
             for build, tests in builds.items():
                 merged[kind].setdefault(build, set()).update(tests)
         part.unlink()
-    from tilewise.runtime.cuda import _write_atomic
+    from tilewise._files import write_atomic as _write_atomic
 
     out = {kind: {b: spread(t) for b, t in sorted(builds.items())} for kind, builds in merged.items()}
     _write_atomic(path, (json.dumps(out, indent=1, sort_keys=True) + "\n").encode())

@@ -217,7 +217,7 @@ def merge(paths: list[str]) -> int:
     data = {"about": "seconds per GPU test (setup + call + teardown) from scripts/gpu-check runs under "
                      "pytest-xdist on the H200; --shard balances on these (tests/gpu_tiers.py)",
             "seconds": dict(sorted(seconds.items()))}
-    from tilewise.runtime.cuda import _write_atomic
+    from tilewise._files import write_atomic as _write_atomic
 
     _write_atomic(DURATIONS, (json.dumps(data, indent=0, sort_keys=True) + "\n").encode())
     print(f"{n} durations folded into {DURATIONS} ({len(seconds)} tests)")

@@ -147,16 +147,26 @@ def _pick_csv(path: str | None) -> Path:
     return found[-1]
 
 
+def _bench_file_error(cmd: str, e: Exception) -> int:
+    """A bad input or an unwritable output: one line on stderr naming the file, no traceback."""
+    if isinstance(e, OSError) and e.filename:
+        e = f"{e.filename}: {e.strerror or e}"
+    print(f"tilewise {cmd}: error: {e}", file=sys.stderr)
+    return 1
+
+
 def cmd_roofline(args) -> int:
     from .bench import harness, report, roofline
-    from .runtime.device import load_ceilings
 
     csv_path = _pick_csv(args.csv)
     ceil_path = Path(args.ceilings) if args.ceilings else csv_path.with_name(csv_path.stem + "-ceilings.json")
     if not ceil_path.is_file():
         raise SystemExit(f"no ceilings file {ceil_path}; `tilewise bench` writes it beside the CSV")
-    rows = report.best_of_ours(report.latest_run(harness.read_csv(csv_path)))
-    out = roofline.plot(rows, load_ceilings(ceil_path), args.out or csv_path.with_suffix(".png"))
+    try:
+        rows = report.best_of_ours(report.latest_run(harness.read_csv(csv_path)))
+        out = roofline.plot(rows, roofline.load_ceilings(ceil_path), args.out or csv_path.with_suffix(".png"))
+    except (harness.BenchFileError, OSError) as e:
+        return _bench_file_error("roofline", e)
     _console().print(f"roofline written to {out}")
     return 0
 
@@ -164,11 +174,14 @@ def cmd_roofline(args) -> int:
 def cmd_report(args) -> int:
     from .bench import harness, report
 
-    rows = report.latest_run(harness.read_csv(_pick_csv(args.csv)))
-    if not args.all:
-        rows = report.best_of_ours(rows)
+    try:
+        rows = report.latest_run(harness.read_csv(_pick_csv(args.csv)))
+        if not args.all:
+            rows = report.best_of_ours(rows)
+        changed = report.update_readme(args.readme, rows) if args.readme else None
+    except (harness.BenchFileError, OSError) as e:
+        return _bench_file_error("report", e)
     if args.readme:
-        changed = report.update_readme(args.readme, rows)
         _console().print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
     else:
         print(report.markdown_table(rows))

@@ -5,6 +5,9 @@
 
 Per epoch: one pass over the shuffled training split (AdamW), accuracy on the dev split, a
 checkpoint (model, optimizer, RNG states, vocabulary) that ``--resume`` continues from exactly.
+Every output file is written whole or not at all (a temporary file renamed into place), a run
+holds a lock on its output directory, and checkpoints load with ``weights_only`` (tensors and
+plain data: a file that would need other objects, which could run code, is refused).
 Throughput is examples per second of the training pass only, timed with the device synchronized
 at both ends. The loss is kept on the device during an epoch (reading it every step would stall
 the GPU) and shown on the progress bar every ``log_every`` steps.
@@ -21,17 +24,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import math
 import os
+import pickle
 import sys
+import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from ._files import write_atomic
 from .data import sst2
 from .nn import functional as twf
 from .nn.classifier import SentimentClassifier
@@ -76,6 +84,15 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a tilewise checkpoint, or one that would need more than tensors and plain
+    data to load (unpickling anything else can run code)."""
+
+
+class OutputDirError(RuntimeError):
+    """The output directory cannot be created or written, or another run holds it."""
 
 
 def lr_factor(schedule: str, step: int, total_steps: int) -> float:
@@ -153,8 +170,11 @@ def _embedding_init(cfg: TrainConfig, vocab: sst2.Vocab, notes: list[str]) -> to
     cache = cfg.glove_cache
     if cache is None:
         local = Path(".data") / "glove50_sst2.npz"  # the extract that travels with the repo's ignored .data/
-        if local.is_file() and glove.subset(glove.load(local), vocab.itos) is not None:
-            cache = str(local)
+        try:
+            if local.is_file() and glove.subset(glove.load(local), vocab.itos) is not None:
+                cache = str(local)
+        except ValueError as e:  # not an extract this version reads (e.g. one stored with pickle): skip it
+            notes.append(f"GloVe: {local} not used ({e})")
     g = glove.glove_vectors(vocab.itos, cache)
     notes.append(f"GloVe 6B 50-d: {g.found.sum()} of {len(vocab) - 2} vocabulary words found "
                  f"({100 * g.coverage:.1f}% coverage)")
@@ -316,6 +336,79 @@ def evaluate(model: SentimentClassifier, data: sst2.EncodedSplit, batch_size: in
     return {"accuracy": correct.item() / n, "loss": loss_sum.item() / n}
 
 
+# --------------------------------------------------------------------------- files
+
+
+LOCK_NAME = "train.lock"
+_OUTPUTS = ("checkpoint.pt", "metrics.json", "loss_curve.png")
+_PROBE = ".write-check"
+
+
+def _save_atomic(obj, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_atomic(path, buf.getbuffer())
+
+
+def _claim_output_dir(out: Path, held: contextlib.ExitStack) -> None:
+    """Lock ``out`` for this run (held until ``held`` closes; a second run into it fails at once),
+    check that files can be created in it, and remove temporary files that killed runs left."""
+    import fcntl
+
+    try:
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutputDirError(f"output directory {out} is not writable ({e.strerror})") from e
+    held.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputDirError(f"output directory {out} is in use by another training run (it holds "
+                             f"{out / LOCK_NAME}); wait for it or choose another --output-dir") from None
+    except OSError as e:
+        raise OutputDirError(f"cannot lock output directory {out} ({e.strerror})") from e
+    held.callback(fcntl.flock, fd, fcntl.LOCK_UN)
+    for name in _OUTPUTS + (_PROBE,):
+        for p in out.glob(f".{name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                p.unlink()
+    try:  # the lock file may exist already: only creating a file proves the directory writable
+        pfd, probe = tempfile.mkstemp(dir=out, prefix=f".{_PROBE}.", suffix=".tmp")
+        os.close(pfd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputDirError(f"output directory {out} is not writable ({e.strerror})") from e
+
+
+_CKPT_KEYS = ("model", "vocab", "config")
+_RESUME_KEYS = _CKPT_KEYS + ("optimizer", "epoch", "rng", "history", "step_losses")
+
+
+def _read_checkpoint(path: Path, keys: Sequence[str] = _CKPT_KEYS) -> dict:
+    """The dict a checkpoint file holds, unpickled with ``weights_only``; CheckpointError naming
+    the file when it is unreadable, not a checkpoint, or needs other objects to load."""
+    try:
+        with warnings.catch_warnings():  # a pickle protocol note on files that are refused anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from e
+    except pickle.UnpicklingError as e:
+        why = str(e).partition("WeightsUnpickler error:")[2].split(" Please use")[0].strip()
+        why = next((ln.strip() for ln in why.splitlines() if ln.strip()), "")[:200]
+        raise CheckpointError(f"{path} is not a tilewise checkpoint, or not one that loads safely: torch.load with "
+                              f"weights_only (tensors and plain data; anything else could run code when unpickled) "
+                              f"refused it" + (f" ({why})" if why else "")) from e
+    except Exception as e:  # torch.load's errors on other files: EOFError, KeyError, RuntimeError, ...
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path} is not a tilewise checkpoint (torch.load: {type(e).__name__}"
+                              + (f": {why})" if why else ")")) from e
+    missing = [k for k in keys if k not in ck] if isinstance(ck, dict) else list(keys)
+    if missing:
+        raise CheckpointError(f"{path} is not a tilewise checkpoint (it lacks {', '.join(missing)})")
+    return ck
+
+
 # --------------------------------------------------------------------------- train
 
 
@@ -421,7 +514,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     writes the outputs (the others return its metrics' shape with their own losses)."""
     cfg, ddp, dist_notes = _init_distributed(cfg)
     try:
-        return _train(cfg, ddp, dist_notes)
+        with contextlib.ExitStack() as held:  # the output directory's lock
+            return _train(cfg, ddp, dist_notes, held)
     finally:
         if ddp is not None:
             import torch.distributed as dist
@@ -430,7 +524,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict[str, Any]:
+def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str], held: contextlib.ExitStack
+           ) -> dict[str, Any]:
     if cfg.epochs < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.hidden < 1:
         raise ValueError(f"train: need epochs >= 0, batch_size >= 1, lr > 0, hidden >= 1; got epochs={cfg.epochs}, "
                          f"batch_size={cfg.batch_size}, lr={cfg.lr}, hidden={cfg.hidden}")
@@ -454,7 +549,12 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     lead = rank == 0  # prints, evaluates and writes
     con = _console(cfg)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputDirError(f"cannot create output directory {out} ({e.strerror or e})") from e
+    if lead:  # before any data is read or step taken
+        _claim_output_dir(out, held)
     torch.manual_seed(cfg.seed)
 
     data = _load_data(cfg.data_dir, cfg.download)
@@ -463,7 +563,7 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     if cfg.resume:
         if not ckpt_path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ckpt = _read_checkpoint(ckpt_path, _RESUME_KEYS)
         vocab = sst2.Vocab(ckpt["vocab"])
     else:
         vocab = _vocab(data, cfg.min_count)
@@ -496,14 +596,26 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     step_losses: list[float] = []
     start_epoch = 0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        try:
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            why = (str(e).strip().splitlines() or [""])[0][:300]
+            raise CheckpointError(f"--resume: {ckpt_path} does not fit this model and optimizer ({why}); resume "
+                                  "with the options it was trained with") from e
         # The checkpoint may come from a run with(out) --graph: capturable AdamW keeps its step
-        # counters on the device, the plain one on the CPU.
-        for grp in opt.param_groups:
+        # counters on the device, the plain one on the CPU. Its groups also carry the old run's
+        # lr and weight decay: this run's options apply (a schedule sets the lrs again each step).
+        base_lrs = (cfg.lr if cfg.embedding_lr is None else cfg.embedding_lr, cfg.lr)
+        for grp, lr in zip(opt.param_groups, base_lrs):
             grp["capturable"] = cfg.graph
-            lr = float(grp["lr"])  # the schedule sets the value below; here only its kind and device
+            grp["weight_decay"] = cfg.weight_decay
             grp["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if tensor_lr else lr
+        old = ckpt["config"] if isinstance(ckpt["config"], dict) else {}
+        changed = [f"{k} {old[k]} -> {getattr(cfg, k)}" for k in ("lr", "embedding_lr", "weight_decay")
+                   if k in old and old[k] != getattr(cfg, k)]
+        if changed:
+            notes.append(f"--resume: {', '.join(changed)} from epoch {int(ckpt['epoch']) + 1} on")
         for st in opt.state.values():
             if "step" in st and torch.is_tensor(st["step"]):
                 st["step"] = st["step"].to(device if cfg.graph else "cpu", torch.float32)
@@ -587,6 +699,7 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
                 ev = {"accuracy": math.nan, "loss": math.nan}
             rec = {"epoch": epoch + 1, "train_loss": sum(epoch_losses) / max(1, len(epoch_losses)),
                    "lr_end": [float(g["lr"]) for g in opt.param_groups],
+                   "weight_decay": [float(g["weight_decay"]) for g in opt.param_groups],
                    "dev_accuracy": ev["accuracy"], "dev_loss": ev["loss"], "train_seconds": secs,
                    # all processes' examples (each took as many steps in the same time)
                    "examples_per_second": world * examples / secs if secs > 0 else math.nan, "steps": len(losses)}
@@ -598,10 +711,11 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
                 rng = _rng_state(gen, device)
                 if word_gen is not None:
                     rng["words"] = word_gen.get_state()
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
-                            "rng": rng, "history": history, "step_losses": step_losses,
-                            "ema": ema.state_dict() if ema is not None else None,
-                            "vocab": vocab.itos, "config": asdict(cfg)}, ckpt_path)
+                # Plain data only (the config through JSON): loadable with weights_only.
+                _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
+                              "rng": rng, "history": history, "step_losses": step_losses,
+                              "ema": ema.state_dict() if ema is not None else None,
+                              "vocab": list(vocab.itos), "config": json.loads(json.dumps(asdict(cfg)))}, ckpt_path)
 
     metrics = {
         "config": asdict(cfg), "device": str(device), "backend": backend,
@@ -616,7 +730,7 @@ def _train(cfg: TrainConfig, ddp: "_Dist | None", dist_notes: list[str]) -> dict
     }
     if not lead:
         return metrics
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_atomic(out / "metrics.json", json.dumps(metrics, indent=2).encode())
     if cfg.plot:
         _plot(step_losses, history, out / "loss_curve.png")
     return metrics
@@ -650,8 +764,10 @@ def _plot(step_losses: list[float], history: list[dict], path: Path) -> None:
     ax.legend(loc="upper left")
     ax.set_title("SST-2 classifier")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    write_atomic(path, buf.getbuffer())
 
 
 # --------------------------------------------------------------------------- predict / evaluate
@@ -667,17 +783,21 @@ def load_checkpoint(path: str | Path, device: str = "auto", backend: str = "auto
         path = path / "checkpoint.pt"
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = _read_checkpoint(path)
     c = ck["config"]
     dev, be, _ = resolve_device_backend(TrainConfig(device=device, backend=backend))
-    vocab = sst2.Vocab(ck["vocab"])
-    model = SentimentClassifier(len(vocab), c["embed_dim"], c["hidden"], 2, c["dropout"], be,
-                                padding_idx=vocab.pad_id)
-    model.load_state_dict(ck["model"])
-    if ck.get("ema") is not None:  # the averaged weights are the ones train evaluated
-        with torch.no_grad():
-            for p, a in zip(model.parameters(), ck["ema"]["shadow"]):
-                p.copy_(a)
+    try:
+        vocab = sst2.Vocab(ck["vocab"])
+        model = SentimentClassifier(len(vocab), c["embed_dim"], c["hidden"], 2, c["dropout"], be,
+                                    padding_idx=vocab.pad_id)
+        model.load_state_dict(ck["model"])
+        if ck.get("ema") is not None:  # the averaged weights are the ones train evaluated
+            with torch.no_grad():
+                for p, a in zip(model.parameters(), ck["ema"]["shadow"], strict=True):
+                    p.copy_(a)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{path} is not a tilewise checkpoint of this model ({type(e).__name__}: {why})") from e
     return model.to(dev).eval(), vocab, c
 
 
@@ -721,7 +841,7 @@ def main_predict(args: argparse.Namespace) -> int:
     try:
         res = predict(args.checkpoint, args.sentences, args.device, args.backend)
     except (FileNotFoundError, ValueError) as e:
-        Console(stderr=True, highlight=False).print(f"tilewise predict: {e}")
+        Console(stderr=True, highlight=False).print(f"tilewise predict: {e}", markup=False, soft_wrap=True)
         return 2
     for s, (label, prob) in zip(args.sentences, res):
         print(f"{label}\t{prob:.3f}\t{s}")  # plain tabs: meant for scripts too
@@ -742,7 +862,7 @@ def main_evaluate(args: argparse.Namespace) -> int:
     try:
         r = evaluate_checkpoint(args.checkpoint, args.data_dir, args.split, args.device, args.backend)
     except (FileNotFoundError, ValueError) as e:
-        Console(stderr=True, highlight=False).print(f"tilewise evaluate: {e}")
+        Console(stderr=True, highlight=False).print(f"tilewise evaluate: {e}", markup=False, soft_wrap=True)
         return 2
     Console(highlight=False).print(f"{args.split}: accuracy {100 * r['accuracy']:.2f}%, loss {r['loss']:.4f}")
     return 0
@@ -1010,14 +1130,14 @@ def _main(args: argparse.Namespace) -> int:
     _enable_crash_reports()
     try:
         m = train(config_from_args(args))
-    except (sst2.MissingDataError, ValueError, FileNotFoundError) as e:
-        Console(stderr=True, highlight=False).print(f"tilewise train: {e}")
+    except (sst2.MissingDataError, ValueError, FileNotFoundError, OutputDirError) as e:
+        Console(stderr=True, highlight=False).print(f"tilewise train: {e}", markup=False, soft_wrap=True)
         return 2
     except Exception as e:
         from .data.glove import GloveUnavailable
 
         if isinstance(e, GloveUnavailable):
-            Console(stderr=True, highlight=False).print(f"tilewise train: {e}")
+            Console(stderr=True, highlight=False).print(f"tilewise train: {e}", markup=False, soft_wrap=True)
             return 2
         # Anything else (a kernel error, a CUDA fault): the full traceback, on stderr AND stdout,
         # so that a log that keeps only one of them (and --no-progress) still shows why it stopped.

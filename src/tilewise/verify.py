@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from .runtime.cuda import _write_atomic
+from ._files import write_atomic
 
 PACKAGE = Path(__file__).resolve().parent
 GPU_DIRS = ("ops", "runtime", "nn")
@@ -113,7 +113,7 @@ def write_record(path: Path, *, commit: str, device: str, quick: dict, steps: di
         "source_hash": HASH_SCHEME,
         "sources": hashes,
     }
-    _write_atomic(Path(path), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    write_atomic(Path(path), (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return record
 
 

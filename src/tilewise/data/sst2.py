@@ -10,12 +10,13 @@ Where the files come from, in the order they are looked for:
 A directory holds ``train.tsv`` and ``dev.tsv`` (and optionally ``test.tsv``), GLUE's format: a
 header line, then ``sentence<TAB>label`` (label 0 or 1); GLUE's test split is
 ``index<TAB>sentence`` with no labels (they are read as -1). The text is already tokenized and
-lower-cased, so tokens are ``sentence.split()``.
+lower-cased, so tokens are ``sentence.split()``. ``load_sst2`` requires labels in train and dev
+(they are trained and scored on) and at least one example in every split it loads. Files are
+UTF-8; lines of any length are accepted.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -150,26 +151,51 @@ class Split:
         return len(self.labels)
 
 
-def read_tsv(path: str | os.PathLike, name: str | None = None) -> Split:
-    """Read one GLUE SST-2 TSV file. Raises ``ValueError`` naming the file and line on bad rows."""
+def _lines(path: Path, f) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the binary file ``f``; \\n, \\r\\n and a lone \\r end a line (as in the
+    csv module). Each line is decoded alone so that a decoding error can name its line."""
+    lineno = 0
+    for raw in f:
+        for piece in raw.splitlines():
+            lineno += 1
+            try:
+                yield lineno, piece.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
+                                 f"save the file as UTF-8") from None
+
+
+def read_tsv(path: str | os.PathLike, name: str | None = None, *, require_labels: bool = False) -> Split:
+    """Read one GLUE SST-2 TSV file. Raises ``ValueError`` naming the file and line on bad rows, and
+    naming the file when ``require_labels`` and the header has no ``label`` column."""
     path = Path(path)
     name = name or path.stem
     tokens: list[list[str]] = []
     labels: list[int] = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None:
+    # Split on tabs by hand (no quoting, like csv.QUOTE_NONE): the csv module caps a field at 131,072
+    # characters and its errors name neither file nor line.
+    with open(path, "rb") as f:
+        lines = _lines(path, f)
+        first = next(lines, None)
+        if first is None:
             raise ValueError(f"{path}: empty file (expected a header 'sentence<TAB>label')")
+        header = first[1].split("\t")
         cols = [h.strip().lower() for h in header]
         if "sentence" not in cols:
             raise ValueError(f"{path}: header {header!r} has no 'sentence' column")
         si = cols.index("sentence")
         li = cols.index("label") if "label" in cols else None
-        for lineno, row in enumerate(reader, start=2):
-            if not row or (len(row) == 1 and not row[0].strip()):
+        if li is None and require_labels:
+            raise ValueError(f"{path}: header {header!r} has no 'label' column; the {name} split needs labels "
+                             f"(only GLUE's test split comes without them)")
+        for lineno, line in lines:
+            row = line.split("\t")
+            if len(row) == 1 and not row[0].strip():
                 continue
-            if len(row) <= max(si, li if li is not None else 0):
+            if li is not None and len(row) <= li:
+                raise ValueError(f"{path}:{lineno}: no label (expected {len(cols)} tab-separated fields, "
+                                 f"got {len(row)})")
+            if len(row) <= si:
                 raise ValueError(f"{path}:{lineno}: expected {len(cols)} tab-separated fields, got {len(row)}")
             if li is None:
                 lab = -1
@@ -187,7 +213,8 @@ def read_tsv(path: str | os.PathLike, name: str | None = None) -> Split:
 
 def load_sst2(data_dir: str | os.PathLike | None = None, *, splits: Sequence[str] = ("train", "dev"),
               download: bool = False) -> dict[str, Split]:
-    """The named splits from the first directory that has them (see ``find_data_dir``)."""
+    """The named splits from the first directory that has them (see ``find_data_dir``). Raises
+    ``ValueError`` naming the file for a train or dev split without labels, or any split without examples."""
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"load_sst2: unknown split {s!r}; choose from {SPLITS}")
@@ -197,7 +224,10 @@ def load_sst2(data_dir: str | os.PathLike | None = None, *, splits: Sequence[str
         p = d / f"{s}.tsv"
         if not p.is_file():
             raise MissingDataError(f"{p} is missing ({d} has train.tsv but not {s}.tsv)")
-        out[s] = read_tsv(p, s)
+        # GLUE's test split has no labels (read as -1; evaluate refuses it); train and dev need them.
+        out[s] = read_tsv(p, s, require_labels=s != "test")
+        if not len(out[s]):
+            raise ValueError(f"{p}: no examples after the header line; the {s} split needs at least one")
     return out
 
 
