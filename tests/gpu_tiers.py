@@ -118,19 +118,14 @@ def _quick_ids(mark, group) -> set[str]:
         return (tuple(_key(p[n]) for n in names),
                 tuple(sorted((k, _key(x)) for k, x in p.items() if k not in names)))
 
-    values: list[tuple] = []
-    combos: list[tuple] = []
-    for it in group:
-        v, c = split(it)
-        if v not in values:
-            values.append(v)
-        if c not in combos:
-            combos.append(c)
+    parts = {it.nodeid: split(it) for it in group}
+    values = list(dict.fromkeys(v for v, _ in parts.values()))
+    combos = list(dict.fromkeys(c for _, c in parts.values()))
     chosen = {c: set(sorted(values, key=lambda v: _rank(c, v))[:per]) for c in combos}
     for v in values:  # every value somewhere: at the combination that ranks it first
         if not any(v in chosen[c] for c in combos):
             chosen[min(combos, key=lambda c: _rank(c, v))].add(v)
-    return {it.nodeid for it in group if split(it)[0] in chosen[split(it)[1]]}
+    return {i for i, (v, c) in parts.items() if v in chosen[c]}
 
 
 def _rank(combo: tuple, value: tuple) -> bytes:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .._files import write_atomic  # noqa: F401  (report and roofline import it from here)
+from .._files import write_atomic
 from ..cost import Cost
 
 try:

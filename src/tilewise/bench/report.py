@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .harness import BenchFileError, write_atomic
+from .._files import write_atomic
+from .harness import BenchFileError
 
 README_START = "<!-- results:start -->"
 README_END = "<!-- results:end -->"

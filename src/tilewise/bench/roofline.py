@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..runtime.device import Ceilings
-from .harness import BenchFileError, write_atomic
+from .._files import write_atomic
+from .harness import BenchFileError
 
 
 def _positive(v) -> bool:
