@@ -11,7 +11,7 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                domain, the log-sum-exp (LSE) saved; causal tiles above the diagonal not loaded,
                mask-blocked key tiles skipped from a per-tile "any key live" map. Opt-in
                (``_BIAS_FWD["pair_max_d"]``): a forward for a bias shared by the batch that runs
-               two batch elements a program on one bias tile (measured no faster, see below).
+               two batch elements a program on one bias tile (off: no faster, see ``_BIAS_FWD``).
                Backward: Delta = rowsum(dO * O) kernel, then a dK/dV kernel (one key tile per
                program, the query heads of a GQA group summed in registers) and a dQ kernel (one
                query tile per program, also writing dS for the bias gradient); P recomputed from
@@ -32,7 +32,9 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                read-modify-writes of each dQ element, in L2).
     v4_flash2_tma: v3 whose forward loads Q/K/V tiles by TMA (tensor descriptors) instead of
                per-thread pointers, for contiguous fp16/bf16 inputs without mask or bias and D in
-               {32, 64, 128, 256}; opt-in (``use_tma()``) until measured. bound: as v3.
+               {32, 64, 128, 256}; opt-in (``use_tma()``: slower than v3's pointer loads there).
+               Its kernel with a dense-row bias is the default bias forward (``_BIAS_FWD["tma"]``).
+               bound: as v3.
     v5_flash2_ws: the forward warp-specialized in Gluon (``attention_gluon.py``, sm_90, fp16/bf16,
                D 64 / 128, no mask; a dense-row bias): a TMA loader warp feeds a ring of K/V (and
                bias) stages to two or three consumer warpgroups of 64 query rows, each running
@@ -54,6 +56,9 @@ Semantics follow ``torch.nn.functional.scaled_dot_product_attention`` (SDPA): ``
 attend; ``causal`` is top-left aligned (query i sees keys j <= i, also when Sq != Sk); GQA as
 SDPA's ``enable_gqa`` (query head h uses K/V head h // (H // Hkv)). One difference: a row whose
 every key is masked gives output 0 and LSE -inf (SDPA gives NaN), and gradients 0 for it.
+
+Why each tile table, route and default below is what it is, with the measurements behind it:
+docs/tuning/attention.md (one section per decision; the comments here name the section).
 """
 
 from __future__ import annotations
@@ -178,86 +183,69 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
 
 
 # ----------------------------------------------------------------------------------------------
-# Configurations (block sizes, warps, stages) for sm_90; see docs/notes-attention.md
+# Configurations (block sizes, warps, stages) for sm_90; see docs/tuning/attention.md
 # ----------------------------------------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), by the padded head dim. Chosen from the sm_90 register
-# and spill report of each kernel compiled for the JIT's specialization of contiguous inputs (unit
-# inner strides, 16-divisible pointers and strides), Triton 3.9 ptxas; docs/notes-attention.md has
-# the table. Rule: the largest tiles with no spill; 8 warps (two warpgroups) so that each wgmma has
-# M = 64 rows per warpgroup.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), by the padded head dim: the largest tiles with no spill
+# in the sm_90 register report; 8 warps (two warpgroups) so that each wgmma has M = 64 rows per
+# warpgroup (docs/tuning/attention.md, "Forward tiles").
 _FWD_CONFIGS = {32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
-# dK/dV: a key tile of BLOCK_N stays in registers with two fp32 accumulators; query tiles stream.
+# dK/dV: a key tile of BLOCK_N stays in registers with two fp32 accumulators; query tiles stream;
+# tiles from the sm_90 register report (docs/tuning/attention.md, "Deterministic backward tiles").
 _DKDV_CONFIGS = {32: (64, 128, 8, 3), 64: (32, 128, 8, 3), 128: (32, 128, 8, 2), 256: (32, 32, 4, 1)}
 # 2-byte inputs at D = 64: a 64-key tile in one warpgroup with 4 stages of 32-query tiles ran the
-# backward 1.11x faster than 32 x 128 x 8 warps (H200, B=4 H=16 S=4096 bf16: 2.142 vs 2.370 ms
-# non-causal, 1.271 vs 1.510 causal; logs/attention-bwd-configs-d64-det-tiles.log).
+# backward 1.11x faster than 32 x 128 x 8 warps (1.19x causal; same section).
 _DKDV_2BYTE = {64: (32, 64, 4, 4)}
-# dQ: a query tile of BLOCK_M stays, key tiles stream.
+# dQ: a query tile of BLOCK_M stays, key tiles stream (same section).
 _DQ_CONFIGS = {32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)}
 # dQ that also stores dS for the bias gradient: the extra (BLOCK_M, BLOCK_N) store spills at 128 x 64.
 _DQ_BIAS_CONFIGS = {**_DQ_CONFIGS, 128: (128, 32, 8, 2)}
 # Atomic backward (deterministic=False): a key tile of BLOCK_N in registers as in dK/dV, plus a
-# (BLOCK_M, D) fp32 dQ tile per query tile whose atomic add needs one 64-bit address per element;
-# from the sm_90 register report (docs/notes-attention.md). At D = 128 every BLOCK_M >= 32 spills
-# (dK + dV alone are 128 registers at 8 warps): 16 x 128 with one stage is the only spill-free one
-# found, causal included (2 stages: 23 spill instructions causal).
-# scripts/experiments/attention_bwd_configs.py times the candidates on the device.
-# Measured on the H200 (scripts/experiments/attention_bwd_configs.py, B=4 H=16 S=4096 bf16, backward
-# alone): at D = 128 the spilling 64 x 128 x 2 stages ran 330.8 TFLOP/s non-causal / 306.1 causal
-# against 181.5 / 177.4 for the spill-free 16 x 128 and 263.4 / 230.9 for the best TMA-dQ tile, so
-# it is the default (its spills are a few cold registers; ptxas' count is not the cost); at D = 64
-# 64 x 128 x 2 ran 272.2 / 230.9 against 154.0 / 146.7 for 64 x 64. Second run (2026-11-29,
-# logs/attention-bwd-configs-run2.log): at D = 128 three stages beat two, 363.1 vs 333.0 TFLOP/s
-# non-causal (1.25x SDPA flash's backward) and 312.6 vs 308.7 causal, so D = 128 takes 3 stages
-# for 2-byte inputs (_ATOMIC_2BYTE: fp32 tiles are twice the shared memory); at D = 64 two stages
-# stay (274.9 non-causal; one stage 244.6).
+# (BLOCK_M, D) fp32 dQ tile per query tile whose atomic add needs one 64-bit address per element.
+# 64 x 128 spills a few cold registers at D = 128 yet ran 1.8x the only spill-free tile (16 x 128):
+# ptxas' spill count is not the cost. 2-byte inputs at D = 128 take 3 stages (1.09x two; fp32 tiles
+# need twice the shared memory) (docs/tuning/attention.md, "Atomic backward tiles").
 _ATOMIC_CONFIGS = {32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2), 256: (16, 32, 4, 1)}
 _ATOMIC_2BYTE = {128: (64, 128, 8, 3)}
 # + the dS store for the bias gradient: 64 x 64 is spill-free at D = 64; nothing tried at D = 128 is
-# (32 x 64: 67 spill instructions, 16 x 128: 71), the fewest-spill wgmma-friendly one is used.
+# (32 x 64: 67 spill instructions, 16 x 128: 71), the fewest-spill wgmma-friendly one is used
+# (same section).
 _ATOMIC_BIAS_CONFIGS = {**_ATOMIC_CONFIGS, 64: (64, 64, 8, 2), 128: (32, 64, 8, 2)}
 # The same kernel with dQ added by a TMA bulk reduce-add (``DQ_TMA``) from shared memory instead of
 # per-element atomics: the 64-bit addresses go, and D = 128 fits two stages without a spill
-# (bias grad: 18 spill instructions, vs 67 for the pointer path's best). Only where it helps.
+# (bias grad: 18 spill instructions, vs 67 for the pointer path's best). Only where it helps
+# (docs/tuning/attention.md, "dQ by TMA reduce-add").
 _ATOMIC_TMA_CONFIGS = {128: (16, 128, 8, 2)}
 _ATOMIC_TMA_BIAS_CONFIGS = {128: (16, 128, 8, 2)}
 _OVERRIDE: dict[str, tuple] = {}
 # Forward with a bias shared by the batch (stride 0 over B): the grid runs batch-fastest so that the
-# B programs reading one bias tile run together and share it through L2. Measured
-# (scripts/experiments/attention_bias_fwd.py, B=4 H=16 S=4096 bf16, (1, H, S, S) bias): D = 64
-# 1.078 -> 1.044 ms (run 1), 1.105 -> 1.041 (run 2); D = 128 1.372 -> 1.426 (run 1), 1.386 -> 1.365
-# (run 2): within the runs' spread at D = 128, where the math bounds the tile; on everywhere.
-# Loading the next key tile's bias one iteration ahead by hand (Triton pipelines only the loads
-# that feed a dot) ran 25-30 % slower at both and was dropped (logs/attention-bias-fwd-run1.log).
+# B programs reading one bias tile run together and share it through L2: 1.03-1.06x at D = 64, within
+# noise at D = 128, where the math bounds the tile; on everywhere. A hand prefetch of the next key
+# tile's bias ran 25-30 % slower (dropped) (docs/tuning/attention.md, "Bias forward: batch-fastest grid").
 _BIAS_FWD = {"batch_fastest": True, "pair_max_d": 0, "tma": True}
-# With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 0.972 ms against 1.041 for 128 x 64 x 8
-# warps (batch-fastest both; logs/attention-bias-fwd-run2.log); at D = 128 128 x 64 stays (64 x 64:
-# 2.01 ms against 1.37).
+# With a bias at D = 64 a 64 x 64 tile in one warpgroup ran 1.07x 128 x 64 x 8 warps; at D = 128
+# 128 x 64 stays (64 x 64 ran 0.68x) (docs/tuning/attention.md, "Bias forward tiles").
 _FWD_BIAS_CONFIGS = {**_FWD_CONFIGS, 64: (64, 64, 4, 3)}
 # A bias tile prefetched like K and V (a masked pointer load is synchronous in the sm_90 TTGIR) by
 # loading it as the A operand of a product with the identity was tried and removed: it paid a third
-# MMA a key tile, 0.925x the add at D = 64 (logs/attention-bias-dot.log). The TMA forward
-# (_BIAS_FWD["tma"]) prefetches it without one.
+# MMA a key tile, 0.925x the add at D = 64 (docs/tuning/attention.md, "Bias through an identity
+# product"). The TMA forward (_BIAS_FWD["tma"]) prefetches it without one.
 # Bias shared by the batch, no mask, B even, head dim <= _BIAS_FWD["pair_max_d"]: two batch elements
 # a program share each bias tile (attention_kernels._attn_fwd_bias_pair_kernel). Off by default
-# (pair_max_d 0): measured on the H200 (scripts/experiments/attention_bias_pair.py,
-# logs/attention-bias-pair.log, D = 64, (1, H, S, S) bias), B=4 S=4096: best tile 128 x 64 x 8 warps
-# x 3 stages 0.971 ms against 0.901 for the one-element kernel; B=2 S=8192: 1.911 against 1.975
-# (1.03x). Halving the bias reads did not pay for two accumulators' registers (252-255 a thread,
-# no spill, half the resident warps): the bias is not what bounds the one-element kernel.
-# The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``, ``_tma_bias_applies``). D = 64:
-# 128 x 64 x 8 warps x 3 stages was ahead of 64 x 64 x 4 x 3 in three of four comparisons and level in
-# the fourth (scripts/experiments/attention_bias_tma.py, B=4 S=4096 / B=2 S=8192: before the scale
-# fold 0.853 / 1.818 ms against 0.848 / 1.941, logs/attention-bias-tma.log; after it 0.850 / 1.802
-# against 0.915 / 1.889, logs/attention-bias-tma-fold.log). D = 128: 128 x 64 x 8 x 3 in both.
+# (pair_max_d 0): 0.93-1.03x the one-element kernel at D = 64. Halving the bias reads did not pay for
+# two accumulators' registers (252-255 a thread, half the resident warps): the bias is not what
+# bounds the one-element kernel (docs/tuning/attention.md, "Bias pair kernel").
+# The bias forward through v4's TMA kernel (``_BIAS_FWD["tma"]``, ``_tma_bias_applies``): 128 x 64 x 8
+# warps x 3 stages at D = 64 and 128; at D = 64 it was ahead of 64 x 64 x 4 x 3 in three of four
+# comparisons and level in the fourth (docs/tuning/attention.md, "Bias forward by TMA").
 _FWD_TMA_BIAS_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}
 _FWD_BIAS_PAIR_CONFIGS = {32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)}
 
 
 @contextlib.contextmanager
 def override_configs(**kinds):
-    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'fwd_tma_bias', 'fwd_bias_pair', 'dkdv', 'dq',
+    """Force (BLOCK_M, BLOCK_N, num_warps, num_stages) for kinds 'fwd', 'fwd_bias', 'fwd_tma_bias',
+    'fwd_bias_pair', 'dkdv', 'dq',
     'dq_bias',
     'atomic', 'atomic_bias', 'atomic_tma', 'atomic_tma_bias' (the bias-grad kinds default to their
     plain kind's override; tests use tiny tiles so that the interpreter walks several tiles; the
@@ -276,7 +264,8 @@ def _block_d(D: int) -> int:
 
 
 # The table of each kernel kind, and the kinds whose 2-byte inputs have entries of their own.
-_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "fwd_tma_bias": _FWD_TMA_BIAS_CONFIGS, "fwd_bias_pair": _FWD_BIAS_PAIR_CONFIGS,
+_TABLES = {"fwd": _FWD_CONFIGS, "fwd_bias": _FWD_BIAS_CONFIGS, "fwd_tma_bias": _FWD_TMA_BIAS_CONFIGS,
+           "fwd_bias_pair": _FWD_BIAS_PAIR_CONFIGS,
            "dkdv": _DKDV_CONFIGS, "dq": _DQ_CONFIGS,
            "dq_bias": _DQ_BIAS_CONFIGS, "atomic": _ATOMIC_CONFIGS, "atomic_bias": _ATOMIC_BIAS_CONFIGS,
            "atomic_tma": _ATOMIC_TMA_CONFIGS, "atomic_tma_bias": _ATOMIC_TMA_BIAS_CONFIGS}
@@ -388,10 +377,10 @@ def _empty_like_out(q):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-# v4 (TMA loads) without a bias is opt-in (``with use_tma(): ...`` or the variant): measured 5-8 %
-# slower than v3's pointer loads on every plain forward (e.g. bench 767ce4a, B=4 H=16 S=4096: D 64
-# 0.676 ms against 0.629, D 128 1.206 against 1.128). With a bias it is the default where it
-# applies (``_BIAS_FWD["tma"]``): its bias tile is prefetched, the pointer kernel's is not.
+# v4 (TMA loads) without a bias is opt-in (``with use_tma(): ...`` or the variant): 5-8 % slower
+# than v3's pointer loads on every plain forward measured. With a bias it is the default where it
+# applies (``_BIAS_FWD["tma"]``): its bias tile is prefetched, the pointer kernel's is not
+# (docs/tuning/attention.md, "v4: TMA forward").
 _TMA = {"on": False}
 
 
@@ -409,18 +398,11 @@ def use_tma(on: bool = True):
 # v5 (attention_gluon: the warp-specialized Gluon forward, sm_90): the default where ``_WS_RULES``
 # has the (head dim, causal, bias) case and Sq reaches its minimum; opt-in elsewhere (``use_ws`` or
 # the v5 variant). Each rule: (smallest Sq, v5 config or None for attention_gluon's default of two
-# consumer warpgroups). Measured against the Triton forward it replaces, bf16, H = 16,
-# B * S = 16384 (scripts/experiments/attention_ws_ab.py; logs/attention-ws-ab-8ef2c2d.log,
-# attention-ws-d64-fc2237c.log), x the Triton forward at S 1024 / 4096 / 8192:
-#   D = 128, two consumers: plain 1.156 / 1.162 / 1.161, causal 1.115 / 1.136 / 1.139, (1, H, S, S)
-#     bias 1.027 / 1.031 / 1.055 (v4's TMA bias kernel);
-#   D = 64, three consumers (192 query rows a CTA, 160 registers each): plain 0.957 / 1.118 / 1.161,
-#     causal 0.735 / 1.025 / 1.109, bias 0.889 / 0.960 / 1.028 (attention-ws-d64-fc2237c.log); with
-#     the bias programs in batch-fastest order (as v4) bias 0.898 / 1.045 / 1.056, plain 0.956 /
-#     1.126 / 1.149, causal 0.733 / 1.019 / 1.115 (attention-ws-d64-803d45c.log); two consumers
-#     0.88-1.02 at fc2237c.
-# D = 64 at S = 1024 runs 2048 short CTAs of one per SM, where v3 keeps several resident. S = 2048
-# and causal with a bias (no SDPA baseline) are not measured and keep the Triton forward.
+# consumer warpgroups). D = 128 (two consumers): 1.03-1.16x the Triton forward from S = 1024. D = 64
+# (three consumers, 192 query rows a CTA, 160 registers each): 1.02-1.15x from S = 4096, 0.73-0.96x
+# at S = 1024 (2048 short CTAs of one per SM, where v3 keeps several resident). D = 64 S = 2048 and
+# causal with a bias (no SDPA baseline) are not measured and keep the Triton forward
+# (docs/tuning/attention.md, "v5 forward routes").
 _WS = {"on": None}  # None: the rules; True / False: forced where it applies / off
 _WS_THREE = (128, 2, 160, None, 3)  # BLOCK_N, STAGES, consumer registers, maxnreg, consumers
 _WS_RULES: dict = {(128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
@@ -466,11 +448,9 @@ def _ws_plan(D, causal, has_bias, Sq):
 # (the interpreter runs programs one after another, so a causal key tile would wait forever on a
 # later one), no mask (skipped tiles would break the count), D <= 128. ``_ORDERED_DQ["on"]``: None
 # = where ``_ORDERED_RULES`` has (head dim, bias gradient); True / False: forced where it applies /
-# off. Measured slower than the two-kernel backward everywhere (bench rows ``v3_flash2_ordered`` /
-# ``v3_flash2_twokernel`` at 2c64a6d: 0.91-0.95x SDPA flash fwd+bwd at D = 128 against 1.07-1.12x,
-# 0.73-0.96x at D = 64 against 0.92-1.32x): each dQ read-modify-write's L2 load sits on the query
-# tile loop's critical path (scripts/experiments/attention_ordered_dq.py: without any waiting it
-# alone costs 1.42x the atomic kernel's time, the ordering 1.06x more), so the rules stay empty.
+# off. Slower than the two-kernel backward everywhere (0.91-0.95x SDPA flash fwd+bwd at D = 128
+# against 1.07-1.12x): each dQ read-modify-write's L2 load sits on the query tile loop's critical
+# path, so the rules stay empty (docs/tuning/attention.md, "Ordered dQ").
 _ORDERED_DQ = {"on": None, "mode": 1}  # mode: the kernel's ORDERED (1 per-thread counts, 2 per-warp)
 _ORDERED_RULES: set = set()
 
@@ -494,15 +474,10 @@ def ordered_dq(on: bool | None = True):
 # The deterministic backward only: ``deterministic=False`` keeps the fused atomic kernel, which is
 # slower than v6 where the rules send v6 (D = 128 S = 4096: atomic 3.82 ms, v6 3.07 ms, v3's two
 # kernels 4.62 ms), so at D = 128 the default is also the fastest. Rules, (head dim, causal) ->
-# least min(Sq, Sk), from the backward alone (bf16, H = 16, B * S = 16384;
-# scripts/experiments/attention_ws_bwd.py --tiles, logs/attention-ws-bwd-e665872.log): D = 128
-# faster than v3's two kernels from S = 1024 on (1.38-1.61x), D = 64 slower at S = 1024
-# (0.85-0.88x), faster from 4096 (1.05 / 1.10 / 1.10 / 1.24x: S = 4096 and 16384, plain / causal).
-# The full grid (e79d096, forward + backward, logs/bench-attention-grid-e79d096.log) agrees except
-# D = 128 causal S = 1024: 1.23 ms a call against v3's 1.13 (at S = 2048 1.37 against 1.86). There
-# the call is host-bound: v5 + v6 cost ~1.0 ms of host time a forward + backward against v3's
-# ~0.7, above the ~0.85 ms the device needs (attention_host_time.py, logs/attention-host-time-
-# e0009f8.log). So causal D = 128 from S = 2048.
+# least min(Sq, Sk): D = 128 1.38-1.61x v3's two kernels from S = 1024; D = 64 0.85-0.88x at
+# S = 1024, 1.05-1.24x from 4096. Causal D = 128 from S = 2048: at S = 1024 the call is host-bound
+# (v5 + v6 ~1.0 ms of host time against v3's ~0.7) and v3's path ran faster
+# (docs/tuning/attention.md, "v6 backward routes").
 _WS_BWD = {"on": None, "dq": True}
 _WS_BWD_RULES = {(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096}
 
@@ -556,7 +531,8 @@ def _ordered_plan(q, D, mask, bias_grad) -> bool:
 # only (the interpreter has no descriptor reduce). "works" turns False at the first build failure
 # (e.g. a Triton without descriptor atomic_add), after which pointer atomics are used.
 # Off by default: on the H200 the TMA reduce-add path's best tile (32 x 128) ran 263.4 TFLOP/s
-# against 330.8 for pointer atomics at 64 x 128 (D = 128, non-causal).
+# against 330.8 for pointer atomics at 64 x 128 (D = 128, non-causal; docs/tuning/attention.md,
+# "dQ by TMA reduce-add").
 _DQ_TMA = {"on": False, "works": None}
 
 
@@ -771,7 +747,8 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
                 *(flags.stride() if flags is not None else (0, 0, 0, 0)),
                 BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
                 HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, DQ_TMA=use_tma,
-                ORDERED=_ORDERED_DQ["mode"] if ordered else 0, NTHREADS=32 * warps, PREC=prec, num_warps=warps, num_stages=stages)
+                ORDERED=_ORDERED_DQ["mode"] if ordered else 0, NTHREADS=32 * warps, PREC=prec, num_warps=warps,
+                num_stages=stages)
 
         if ordered:
             launch(False)
@@ -885,7 +862,7 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerFlash(torch.autograd.Function):
     """What ``_fwd_op`` and its autograd registration do, for eager calls: the custom-op dispatcher
     costs about 20 us a call on a fast host and more on the H200's (a 16 us S = 1024 forward ran
-    host-bound; scripts/experiments/host_overhead.py). Traced code (torch.compile) keeps the
+    host-bound; docs/tuning/attention.md, "Eager calls"). Traced code (torch.compile) keeps the
     custom ops, whose fake implementations it needs."""
 
     @staticmethod

@@ -22,8 +22,8 @@ log-sum-exp go out through masked pointer stores). Causal: key tiles up to the C
 each consumer masks keys after its rows (top-left aligned, key n <= query m, as the other
 versions). GQA through the K / V row of head h // (H / Hkv).
 
-Measured on the H200 (scripts/experiments/attention_gluon_ws.py, logs/attention-gluon-ws-*.log):
-see docs/notes-attention.md ("Eighth session").
+Where it runs and how fast: docs/tuning/attention.md ("v5 forward routes", "v5 ping-pong", "v5
+persistent grid").
 """
 
 from __future__ import annotations
@@ -254,30 +254,30 @@ if _GLUON:
         # constexprs into values); the last one is the consumer's index (the loader ignores it).
         if NUM_CONS == 2:
             gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
-                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 1)),
-                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
-                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 1)),
-                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 2)),
-                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                  out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                  HAS_BIAS, NUM_CONS, PINGPONG, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
+                (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 2)),
+                (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -433,17 +433,16 @@ CONSUMER_REGS = 232
 OVERRIDE: dict = {}
 # Ping-pong (FA3's schedule): the consumers take turns issuing their wgmma products (round robin
 # through one mbarrier each), so one's softmax runs while another's products do. Correct on the
-# H200 and slower or equal on every case measured (ninth session, attention_ws_ab.py --pingpong;
-# D = 128 S = 4096 0.889 -> 0.875x cuDNN): off.
+# H200 and slower or equal on every case measured (D = 128 S = 4096 0.889 -> 0.875x cuDNN): off
+# (docs/tuning/attention.md, "v5 ping-pong").
 PINGPONG = {"on": False}
-# The persistent grid (``attn_fwd_ws_persistent_kernel``; no bias, two consumers): written after the
-# ninth session's profile (v5 runs 2048 CTAs at one an SM, each paying its Q load, ring fill and
-# epilogue with the tensor pipe idle; cuDNN's forward is persistent). ``PERSISTENT["on"]``: None =
-# where ``PERSISTENT_RULES`` (head dim, causal) say, True / False forced / off. Measured against v5's
-# grid (scripts/experiments/attention_ws_ab.py --persistent, e665872; B * S = 16384, H = 16, bf16):
-# D = 128 without causal 1.04-1.08x (S 1024 / 4096 / 8192: 0.81 / 0.81 / 0.94x cuDNN -> 0.87 / 0.85 /
-# 0.97x); causal 0.95-0.97x (the static round robin leaves SMs idle at the end even with the longest
-# tiles first); D = 64 0.99-1.07x, within the run's noise on half the cases: left on v5's grid.
+# The persistent grid (``attn_fwd_ws_persistent_kernel``; no bias, two consumers): one CTA an SM, so
+# one work item's epilogue overlaps the next one's Q load and ring fill (v5's own grid runs 2048 CTAs
+# at one an SM, each paying its Q load, ring fill and epilogue with the tensor pipe idle; cuDNN's
+# forward is persistent). ``PERSISTENT["on"]``: None = where ``PERSISTENT_RULES`` (head dim, causal)
+# say, True / False forced / off. Against v5's grid: D = 128 without causal 1.04-1.08x; causal
+# 0.95-0.97x (the static round robin leaves SMs idle at the end even with the longest tiles first);
+# D = 64 0.99-1.07x, within noise: left on v5's grid (docs/tuning/attention.md, "v5 persistent grid").
 PERSISTENT = {"on": None}
 PERSISTENT_RULES = {(128, False)}
 

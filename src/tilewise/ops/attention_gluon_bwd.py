@@ -1,7 +1,7 @@
 """v6 backward: the deterministic backward's two kernels warp-specialized in Gluon.
 
 The Triton dK / dV kernel keeps the tensor pipe 38% busy at D = 128 on the H200, the dQ kernel 54%,
-cuDNN's fused backward 63% (Nsight Compute, docs/notes-attention.md, "Ninth session"): one
+cuDNN's fused backward 63% (Nsight Compute; docs/tuning/attention.md, "v6 backward"): one
 instruction stream per warpgroup, so each tile's loads, exponentials and products take turns, and
 a third of the dK / dV kernel's stall cycles are the software pipeline's barriers. Here both
 kernels are split (``gl.warp_specialize``) into a TMA loader warp and two consumer warpgroups:
@@ -27,10 +27,10 @@ never stored. Causal (top-left, key n <= query m): dK / dV from the CTA's first 
 on, dQ up to the CTA's last row; tiles that cross the diagonal are masked. No mask or bias (those
 keep the Triton kernels).
 
-Status (H200, Triton 3.6, e665872; docs/notes-attention.md, "Tenth session"): correct (the GPU
-tests), and the backward alone at B * S = 16384, H = 16, bf16 runs 1.38-1.61x v3's two kernels at
-D = 128 (S 1024-16384; 3.07 ms at S = 4096 against 4.62, cuDNN 2.69) and 1.05-1.24x at D = 64 from
-S = 4096 (0.85x at S = 1024): ``flash_attention``'s backward where ``attention._WS_BWD_RULES`` say.
+Speed (H200, the backward alone at B * S = 16384, H = 16, bf16): 1.38-1.61x v3's two kernels at
+D = 128 (S 1024-16384) and 1.05-1.24x at D = 64 from S = 4096 (0.85x at S = 1024), so it is
+``flash_attention``'s backward where ``attention._WS_BWD_RULES`` say (docs/tuning/attention.md,
+"v6 backward").
 """
 
 from __future__ import annotations
@@ -339,16 +339,15 @@ if _GLUON:
 
 
 # D -> (BLOCK_M, STAGES); shared memory: K, V 2 x 64 x D + STAGES x (Q, dO) BLOCK_M x D, 2 bytes each
-# (D = 128: 64 KB + 2 x 32 KB = 128 KB). Measured (attention_ws_bwd.py --tiles, e665872): BLOCK_M 64
-# with 2 stages runs 1.08-1.28x BLOCK_M 32 with 3 at D = 128 (S 1024-16384; it has ~300 spill
-# instructions under Triton 3.6 against 0-39, and is faster anyway) and 1.07-1.16x at D = 64 from
-# S = 4096 (1.16-1.67x at 1024); 3 or 4 stages equal or slower; BLOCK_M 128 at D = 64 spills ~1,000
-# and runs 0.7x.
+# (D = 128: 64 KB + 2 x 32 KB = 128 KB). BLOCK_M 64 with 2 stages ran 1.08-1.28x BLOCK_M 32 with 3
+# at D = 128 (despite ~300 spill instructions against 0-39) and 1.07-1.67x at D = 64; 3 or 4 stages
+# equal or slower; BLOCK_M 128 at D = 64 spills ~1,000 and ran 0.7x (docs/tuning/attention.md,
+# "v6 tiles").
 CONFIGS = {64: (64, 2), 128: (64, 2)}
 CONSUMER_REGS = 240
 OVERRIDE: dict = {}  # D -> (BLOCK_M, STAGES, consumer registers): experiments
 # dQ kernel: D -> (BLOCK_N, STAGES); shared memory Q, dO 2 x 64 x D + STAGES x (K, V) BLOCK_N x D
-# (D = 128: 64 KB + 3 x 32 KB = 160 KB). BLOCK_N 128 or 2 / 4 stages measured within 1-2% (--tiles).
+# (D = 128: 64 KB + 3 x 32 KB = 160 KB). BLOCK_N 128 or 2 / 4 stages ran within 1-2% (same section).
 DQ_CONFIGS = {64: (64, 3), 128: (64, 3)}
 DQ_OVERRIDE: dict = {}  # D -> (BLOCK_N, STAGES, consumer registers): experiments
 

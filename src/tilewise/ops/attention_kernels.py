@@ -28,7 +28,7 @@ def _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL: tl.c
 
     Tried and dropped: rescaling acc and l only when some row's max grows by more than 2^8 (a
     CTA-wide reduction and branch a tile): 8-20 % slower on every forward measured
-    (logs/attention-softmax-fold.log)."""
+    (docs/tuning/attention.md, "Lazy rescaling")."""
     if BOUNDS:
         keep = offs_n[None, :] < Sk
         if CAUSAL:

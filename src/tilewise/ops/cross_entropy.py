@@ -19,21 +19,25 @@ Versions:
     v6_cluster_pipe: v5 in a persistent grid of resident clusters, each thread copying its vectors
                of the next row into shared memory (cp.async, two row slices a block) while the
                current row is reduced, exchanged and written: loads in flight through the cluster
-               barriers. C up to 131072. bound: as v5. Measured slower than v5.
+               barriers. C up to 131072. bound: as v5. Measured slower than v5
+               (docs/tuning/rowwise.md, "Pipelined v6").
     v7_cluster_tma: softmax's v7 pipeline (rowwise_cluster.cu, rc_cross_entropy_tma): each CTA's
                slice of a row arrives by one bulk copy (TMA) into shared memory, the next row's
                copy starts right after the row's single cluster barrier; every warp's (max, sum of
                exp, sum of x) exchanged through distributed shared memory; one exp an element.
                2-byte logits, C up to 131072; the default there (else v5). bound: as v5.
+               (docs/tuning/rowwise.md, "Cross-entropy on the TMA pipeline")
     v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
                num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
                in distributed shared memory: one read, one write. Experimental, not the default
                until measured (PREFER_CLUSTER); raises NotImplementedError for C > 16384 where
-               this Triton cannot build multi-CTA kernels (softmax.cluster_unsupported_reason).
+               this Triton cannot build multi-CTA kernels (softmax.cluster_unsupported_reason;
+               docs/tuning/rowwise.md, "Triton multi-CTA v4_cluster").
 
 The forward writes the gradient for an upstream gradient of 1 (the common case: the loss is the
 last op). Backward returns it unchanged when the upstream gradient is 1 (decided on the device by
-a small kernel that scales only otherwise: no host sync), else scales it in place (mean/sum: by a scalar; none: by row, a new tensor). In eager
+a small kernel that scales only otherwise: no host sync), else scales it in place (mean/sum: by a
+scalar; none: by row, a new tensor). In eager
 mode backward drops its own reference before returning the gradient, so AccumulateGrad adopts it
 as .grad without a copy: peak extra memory is the gradient itself (+ N x 4 B of row losses).
 
@@ -247,8 +251,8 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     ignore_index, so the loss kernel never reads outside a row) and copies the count of bad ones
     to pinned host memory; the loss kernel is launched next and reads 1/(rows that count) of
     'mean' from the device; only then does the host wait, for the copy (done long before the
-    loss kernel ends), and raise on a bad target. The old order (count, sync, then launch) left
-    the GPU idle for the host's launch latency on every call."""
+    loss kernel ends), and raise on a bad target. Counting, syncing and only then launching would
+    leave the GPU idle for the host's launch latency on every call."""
     from . import rowwise_cluster as rc
 
     N, C = logits.shape
@@ -371,7 +375,8 @@ def _setup(ctx, inputs, output):
     ctx.reduction, ctx.has_grad = inputs[2], inputs[5]
     ctx.mark_non_differentiable(output[1])
     # Autograd would otherwise hand backward a zero-filled (N, C) tensor as the gradient of the
-    # non-differentiable second output: a second gradient-sized buffer (peak 2x, measured on the H200).
+    # non-differentiable second output: a second gradient-sized buffer (peak 2x, measured on the H200;
+    # docs/tuning/rowwise.md, "Cross-entropy gradient memory").
     ctx.set_materialize_grads(False)
     ctx.compiled = torch.compiler.is_compiling()
     if ctx.compiled:

@@ -46,11 +46,13 @@ __global__ void __launch_bounds__(256) zip_v1_strided(const T* __restrict__ a, c
 // v2_contiguous: contiguous same-shape operands, 16-byte aligned: 16-byte loads and stores, a
 // grid-stride loop over one resident wave, UNROLL independent vectors per operand in flight per
 // thread (4 for map, 2 per operand for zip, fewer where ContiguousUnroll says); the
-// n % (16 / sizeof(T)) tail element-wise. Plain loads and stores:
-// the evict-first hints (ld.cs / st.cs) measured ~6 % slower on the H200 (vector_add, docs/notes.md).
+// n % (16 / sizeof(T)) tail element-wise. Plain loads and stores: the evict-first hints
+// (ld.cs / st.cs) cost ~6 % on the H200 (docs/tuning/pointwise.md, "vector_add: one chunk per
+// block, plain loads").
 // Vectors in flight per thread in v2 where the default spills: NVRTC 13.0's ptxas spilled 8 bytes
 // around fp32 sinf / cosf's range-reduction call at 4 map vectors and 4 bytes around the fp32
-// division's slow path at 2 zip vectors (13.5 did not); at 2 and 1 neither does.
+// division's slow path at 2 zip vectors (13.5 did not); at 2 and 1 neither does
+// (docs/tuning/pointwise.md, "ContiguousUnroll").
 template <typename Op, typename T, int DEFAULT> struct ContiguousUnroll { static constexpr int value = DEFAULT; };
 template <> struct ContiguousUnroll<ew::Sin, float, 4> { static constexpr int value = 2; };
 template <> struct ContiguousUnroll<ew::Cos, float, 4> { static constexpr int value = 2; };
@@ -171,12 +173,13 @@ __global__ void __launch_bounds__(256) zip_v3_tiled(const T* __restrict__ a, con
 // pattern): block k owns the contiguous chunk of 256 x UNROLL vectors starting at k x 256 x UNROLL,
 // each thread UNROLL of them 256 apart (coalesced), all loads issued before the first use. The
 // blocks in flight touch one window of memory; a grid-stride loop spreads the resident threads
-// over the whole array (measured ~5 % slower on vector_add). The last block does the scalar tail.
+// over the whole array (~5 % slower on vector_add). The last block does the scalar tail.
 // Every block but the last skips the per-vector bounds checks ("full"); with them in every block
 // ptxas put a 16-byte vector on the stack in some 2-byte kernels (bf16 Neg, fp16 Div).
 // Template knobs (BlockedConfig in elementwise.py): UNROLL vectors per thread, NT threads per
 // block, MINB the minimum resident blocks per SM asked of ptxas (a register cap: 1 = none); the
-// defaults are the round-2 kernel. The block's chunk is NT x UNROLL vectors.
+// template defaults are BlockedConfig()'s, the launched ones BLOCKED_DEFAULT's (docs/tuning/pointwise.md,
+// "BLOCKED_DEFAULT"). The block's chunk is NT x UNROLL vectors.
 // How many of a thread's UNROLL vectors map_v4_blocked loads before computing on them. fp32 Sigmoid at
 // 8 spilled 40 bytes around the call to the division's slow path (ptxas, NVRTC 13.5); at 4 it does
 // not. The block's chunk stays 256 x UNROLL vectors, so the host's grid does not depend on the op.

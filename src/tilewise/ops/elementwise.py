@@ -363,14 +363,10 @@ class BlockedConfig:
                              f"of 32 in [64, 1024], 1 <= minb <= 2048 / threads)")
 
 
-# The round-2 kernel (80 registers in fp32 map, 3 blocks per SM). Per (kind, dtype); the GPU
-# measurements (scripts/experiments/elementwise_variants.py) print the line that replaces an entry.
-# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29, 2^28 elements, each
-# beside PyTorch eager in the same run): fewer vectors per thread and 128-thread blocks keep more
-# blocks resident; fp32 map relu 0.999x / gelu 0.989x eager at 2 x 128 capped at 32 registers (minb 16;
-# minb 12, 42 registers, is used: at 16 sinf / cosf spill their range reduction) (the
-# old 8 x 256: 0.964x / 0.985x), zip add 1.012x at 1 x 128, bf16 relu 1.000x and add 1.001x at 1 x 128.
-# fp16 follows bf16 (not measured apart).
+# v4_blocked's config per (kind, dtype) (BlockedConfig(), 8 x 256, where none): fewer vectors a
+# thread and 128-thread blocks keep more blocks resident, ~1.0x PyTorch eager at 2^28 elements on
+# the H200 (8 x 256: relu 0.964x); fp32 map caps at minb 12, as minb 16 makes sinf / cosf spill;
+# fp16 follows bf16, not measured apart (docs/tuning/pointwise.md, "BLOCKED_DEFAULT").
 _MEASURED_BLOCKED = {
     ("map", torch.float32): BlockedConfig(unroll=2, threads=128, minb=12),
     ("zip", torch.float32): BlockedConfig(unroll=1, threads=128, minb=1),
@@ -383,10 +379,9 @@ BLOCKED_DEFAULT: dict[tuple[str, torch.dtype], BlockedConfig] = {
     (kind, d): _MEASURED_BLOCKED.get((kind, d), BlockedConfig()) for kind in ("map", "zip") for d in _DTYPES}
 
 
-# Ops of one instruction an element (neg, relu): in fp32 map they ran fastest at one vector a
-# thread in 256-thread blocks (relu 1.006x and 1.007x eager in the two passes of the same
-# elementwise_variants run, 2^28 elements), a config at which gelu loses 8 %; other ops keep
-# BLOCKED_DEFAULT.
+# Ops of one instruction an element (neg, relu): in fp32 map they run fastest at one vector a
+# thread in 256-thread blocks (relu 1.006-1.007x eager at 2^28 elements), where gelu loses
+# 8 %; other ops keep BLOCKED_DEFAULT (docs/tuning/pointwise.md, "Light ops: _MEASURED_LIGHT").
 _LIGHT_FUNCTORS = frozenset({"Neg", "Relu"})
 _MEASURED_LIGHT = {("map", torch.float32): BlockedConfig(unroll=1, threads=256, minb=1)}
 
@@ -420,7 +415,7 @@ def blocked_name(kind: str, functor: str, dtype: torch.dtype, config: BlockedCon
 
 def blocked_prepare(kind: str, ops, dtype: torch.dtype, configs, device_index: int | None = None) -> rt.Module:
     """Compile v4_blocked for many (op, config) pairs in one NVRTC module (for sweeps such as
-    scripts/experiments/elementwise_variants.py); later launches with those configs use it."""
+    research/elementwise_variants.py); later launches with those configs use it."""
     dev = torch.cuda.current_device() if device_index is None else device_index
     table = MAP_OPS if kind == "map" else ZIP_OPS
     configs = list(dict.fromkeys(configs))

@@ -30,9 +30,9 @@ Versions (``embedding.cu``); the forward is the same gather in both, the backwar
                   ids are split over 4 warps (a quarter of v3's serial walk each), whose partial
                   rows in shared memory are summed in warp order: deterministic. Past its limits
                   (shared memory, rows x ids <= 2^33) v3, then v2, then v1. The default: its
-                  forward + backward replayed in a CUDA graph took 20.7 us on the H200 at 64 x 64
-                  ids into 20000 x 50 (v3 94 us, torch.embedding 114 us; bench rows
-                  embedding_fwd_bwd *_graph, git_sha 91e2bf3).
+                  forward + backward replayed in a CUDA graph takes 20.7 us on the H200 at 64 x 64
+                  ids into 20000 x 50, against v3's 94 us and torch.embedding's 114 us
+                  (docs/tuning/embedding.md, "Default backward: v4_block_scan").
                   bound: one launch; V / 32 blocks each reading the ids (n x id bytes) from L2.
 
 Forward and backward are both one pass over their bytes; at the classifier's sizes (64 x 64 ids,
@@ -175,9 +175,10 @@ def scan_applies(n: int, V: int, E: int) -> bool:
 
 
 BLOCK_SCAN = 3         # _backward's kind for v4_block_scan
-# v4_block_scan's (warps NW, ids loaded at once a thread LU, table rows a block RB): the default is
-# built for every dtype; the others for fp32 tables and int64 ids only (for
-# scripts/experiments/embedding_profile.py, through ``block_scan_config``).
+# v4_block_scan's (warps NW, ids loaded at once a thread LU, table rows a block RB): the default
+# (the fastest of these five at the classifier's shape) is built for every dtype; the others for
+# fp32 tables and int64 ids only, for the profile sweep through ``block_scan_config``
+# (docs/tuning/embedding.md, "BLOCK_SCAN_DEFAULT").
 BLOCK_SCAN_DEFAULT = (4, 8, 32)
 BLOCK_SCAN_EXTRA = ((4, 32, 32), (4, 8, 64), (8, 8, 64), (8, 16, 32))
 _block_scan_override: tuple | None = None

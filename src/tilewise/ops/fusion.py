@@ -9,8 +9,8 @@ with four kernel templates:
     strided:    one thread per output, every input read through its strides with broadcasting
                 (``include/strided.cuh``: stride 0 on broadcast dims). bound: copy bandwidth when the
                 reads coalesce.
-    contiguous: (round 2) inputs contiguous, one shape, 16-byte aligned: 16-byte loads and stores in
-                a grid-stride loop with streaming hints.
+    contiguous: inputs contiguous, one shape, 16-byte aligned: 16-byte loads and stores in a
+                grid-stride loop with streaming hints (kept for comparison; blocked is the default).
     blocked:    the same inputs as contiguous, elementwise v4_blocked's scheme: block k owns NT x
                 UNROLL consecutive 16-byte vectors, plain loads, all before the first use.
                 bound: copy bandwidth ((k inputs + 1) x n x itemsize).
@@ -18,7 +18,7 @@ with four kernel templates:
                 1 (16-byte loads) or 0 (a scalar per row): a bias row or column, a scalar, padded
                 rows; a row-broadcast input loaded once per ROWS rows. bound: copy bandwidth.
 A call picks blocked, else rows, else strided (``FusedFunction.plan``); ``FuseConfig`` /
-``FUSE_DEFAULT`` hold the knobs (scripts/experiments/elementwise_variants.py sweeps them).
+``FUSE_DEFAULT`` hold the knobs (research/elementwise_variants.py sweeps them).
 The source depends on (expression, dtype) only; the broadcast pattern is data (the layout array),
 so one compiled module per (expression, dtype, config) serves every pattern and NVRTC runs once for it
 (then the disk cache answers). Intermediates stay in registers: ``sin(x)**2 + cos(x)**2`` reads x
@@ -183,7 +183,7 @@ def _live(graph: Graph, out: Node) -> list[Node]:
 # --------------------------------------------------------------------------- code generation
 
 # How sin and cos are computed (template parameter MODE of every generated kernel):
-#   "libm":   sinf / cosf, each with its own full-range argument reduction (the round-2 code);
+#   "libm":   sinf / cosf, each with its own full-range argument reduction;
 #   "sincos": one sincosf where sin(v) and cos(v) of the same v are both live (one reduction for
 #             both; the same accuracy class as sinf/cosf), sinf / cosf otherwise;
 #   "fast":   the __sinf / __cosf (__sincosf) intrinsics: a few instructions, but their error grows
@@ -217,11 +217,9 @@ class FuseConfig:
             raise ValueError(f"tilewise.fuse: config {self} is not valid")
 
 
-# The default of every FusedFunction; scripts/experiments/elementwise_variants.py prints the line
-# that replaces it.
-# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29): sin^2 + cos^2 on
-# 2^28 fp32 at 4,203 GB/s = 98.9 % of copy, 1.100x torch.compile (one sincosf, 4 x 512 blocked);
-# relu(x + b) with a bias row 1.002x torch.compile on the rows path at 2 rows a thread.
+# The default of every FusedFunction: one sincosf and 4 x 512 blocked run sin^2 + cos^2 on 2^28
+# fp32 at 4,203 GB/s = 98.9 % of copy, 1.100x torch.compile (H200); 2 rows a thread put relu(x + b)
+# with a bias row at 1.002x torch.compile on the rows path (docs/tuning/pointwise.md, "FUSE_DEFAULT").
 FUSE_DEFAULT = FuseConfig(trig="sincos", unroll=4, threads=512, minb=1, rows=2, rows_threads=256)
 
 KINDS = ("strided", "contiguous", "blocked", "rows")
@@ -301,7 +299,7 @@ def generate_source(graph: Graph, out: Node, arity: int, dtype: torch.dtype) -> 
     """One CUDA C source for one expression and dtype, with four kernel templates (each over the
     trig MODE; blocked and rows also over their FuseConfig knobs):
       strided:    a thread per output, every input through its strides (strided.cuh);
-      contiguous: same-shape contiguous inputs, 16-byte vectors in a grid-stride loop (round 2);
+      contiguous: same-shape contiguous inputs, 16-byte vectors in a grid-stride loop;
       blocked:    same-shape contiguous inputs, block k owns NT x UNROLL consecutive 16-byte vectors,
                   each thread UNROLL of them NT apart, loads before the first use (elementwise
                   v4_blocked's scheme);
@@ -616,7 +614,7 @@ class FusedFunction:
         """inputs: tensors of one float dtype on one device, broadcastable shapes, any strides.
         out: optional contiguous tensor of the broadcast shape and the inputs' dtype (CUDA only).
         variant: None (``plan``: blocked, rows or strided) or one of "strided", "contiguous" (the
-        round-2 grid-stride vector kernel), "blocked", "rows" (the last three raise ValueError
+        grid-stride vector kernel), "blocked", "rows" (the last three raise ValueError
         when the inputs do not fit them). config: a ``FuseConfig`` (default: the one given to
         ``fuse``, else ``FUSE_DEFAULT``). Returns ``out`` (a new contiguous tensor when not given)
         of the broadcast shape and the inputs' dtype."""

@@ -72,9 +72,9 @@ constexpr int kInflight = TW_INFLIGHT;
 
 // The epilogue's stores: 1 = bulk asynchronous TMA stores from the staging buffer (one thread),
 // 0 = 16-byte stores by the warpgroup's 128 threads. Default: bulk with two or more consumer
-// warpgroups (measured 2-3 % faster at 1536 and 3072, logs/gemm-sm90-bisect-021c38c.log), per-thread
-// with one (1-2 % faster at 1000 / 1024, where each CTA has one tile and the bulk store's final
-// wait is not hidden).
+// warpgroups (2-3 % faster at 1536 and 3072), per-thread with one (1-2 % faster at 1000 / 1024,
+// where each CTA has one tile and the bulk store's final wait is not hidden); docs/tuning/gemm.md,
+// "sm90 epilogue stores".
 // -DTW_TMA_STORE=0 / 1 forces one for experiments.
 #ifdef TW_TMA_STORE
 constexpr int kTmaStoreForced = TW_TMA_STORE;
@@ -82,12 +82,12 @@ constexpr int kTmaStoreForced = TW_TMA_STORE;
 constexpr int kTmaStoreForced = -1;
 #endif
 
-// -DTW_TRACE (an experiment's instrument, scripts/experiments/gemm_sm90_trace.py): the kernel takes
-// a 9th parameter, an array of 64 x 8 clock64 stamps a CTA, and records for the first tile's K
-// blocks kb < 63 (slot kb): 0 the producer before its wait for the stage, 1 after its copies are
-// issued, 2 the first consumer warpgroup (thread 0) before its wait for the data, 3 after it, 4
-// after it released the block's stage; slot 63: 0 the CTA's start, 1 the consumer past the cluster
-// barrier, 2 the epilogue's start, 3 its end, and 4 / 5 the global timer (ns) at 0 / 3.
+// -DTW_TRACE (an experiment's instrument; docs/tuning/gemm.md, "sm90 experiment switches"): the
+// kernel takes a 9th parameter, an array of 64 x 8 clock64 stamps a CTA, and records for the first
+// tile's K blocks kb < 63 (slot kb): 0 the producer before its wait for the stage, 1 after its
+// copies are issued, 2 the first consumer warpgroup (thread 0) before its wait for the data, 3
+// after it, 4 after it released the block's stage; slot 63: 0 the CTA's start, 1 the consumer past
+// the cluster barrier, 2 the epilogue's start, 3 its end, and 4 / 5 the global timer (ns) at 0 / 3.
 #ifdef TW_TRACE
 #define TW_STAMP(kb, e)                                                                        \
   do {                                                                                         \
@@ -111,8 +111,8 @@ constexpr bool kNoLoad = false;
 // B's share of a cluster column (B N-major, CM > 1): each CTA copies 64 / CM of a block's K rows of
 // every B chunk (boxes of 64 / CM rows); -DTW_B_BY_CHUNK: whole chunks instead, chunk ch by the
 // CTA of rank ch % CM (boxes of 64 rows, fewer copies; unequal shares when CM does not divide the
-// chunks; the host's map box must then be 64 rows). An experiment's switch
-// (scripts/experiments/gemm_sm90_feed.py, gemm_sm90_relaxed.py).
+// chunks; the host's map box must then be 64 rows). An experiment's switch (docs/tuning/gemm.md,
+// "sm90 experiment switches").
 #ifdef TW_B_BY_CHUNK
 constexpr bool kBChunkForced = true;
 #else
@@ -242,7 +242,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   // first tile's first STAGES blocks while the cluster barrier below is still open: those copies
   // reach nothing but this CTA's own barriers, initialized (and fenced) just before. Taken with one
   // consumer warpgroup (64 x 128 at 1000^3: 9.16 -> 8.71 us), not with more (192 x 96 at 1536^3:
-  // 13.60 -> 14.12 us, 128 x 192 at 3072^3 within noise); logs/gemm-sm90-bisect-021c38c.log.
+  // 13.60 -> 14.12 us); docs/tuning/gemm.md, "sm90 early local copies".
   constexpr bool kEarly = kEarlyForced < 0 ? NWG == 1 : kEarlyForced == 1;
   constexpr bool kEarlyA = kEarly && CS > 1 && CN == 1, kEarlyB = kEarly && CS > 1 && CM == 1;
   int early = 0;  // K blocks of the first tile whose local copies are issued (producer thread only)
@@ -271,8 +271,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   // Every CTA's barriers exist before any peer's copy or arrival can reach them.
   if (CS > 1) {
     // Relaxed: fence.mbarrier_init above is all the ordering the peers need, and a release arrival
-    // is a GPU-scope fence in every thread (1000^3: 8.76 -> 8.63 us bf16, 8.92 -> 8.71 fp16; 1536^3
-    // 13.67 -> 13.51; 3072 / 4096 unchanged; logs/gemm-sm90-relaxed-2eb2667).
+    // is a GPU-scope fence in every thread (1000^3: 8.76 -> 8.63 us bf16; docs/tuning/gemm.md,
+    // "sm90 cluster barriers").
     tw::cluster_arrive_relaxed();
     if ((kEarlyA || kEarlyB) && threadIdx.x == 0) {
       const int ctm = ((M + BM - 1) / BM + CM - 1) / CM, ctn = ((N + BN - 1) / BN + CN - 1) / CN;
@@ -329,8 +329,8 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   // producer waits for (a stage's last use in the cluster's block sequence), so the only remote
   // operations a CTA makes are copies its peers wait for on `full` barriers and releases their
   // producers wait for, and it may leave without waiting for its peers or for its stores to be
-  // acknowledged (the barrier's release semantics). Measured (logs/gemm-sm90-prune-2100ae8):
-  // 1000^3 8.53 -> 8.30 us fp16, 8.65 -> 8.32 bf16; 1536^3 13.59 -> 12.92; 3072^3 81.1 -> 79.1.
+  // acknowledged (the barrier's release semantics): 1000^3 8.53 -> 8.30 us fp16, 1536^3 13.59 ->
+  // 12.92 (docs/tuning/gemm.md, "sm90 cluster barriers").
   constexpr bool kPrune = !SWAP && CS > 1;
   // The K blocks this cluster's CTAs run in all (their tiles times kt); block h's stage is waited for
   // again only if h + STAGES < that.
@@ -491,7 +491,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
     // One tile's products and epilogue (nb K blocks; tail: this cluster's stream-K unit, see
     // above). Called with constants below, so the whole tiles' loop compiles without the tail's code
     // (with it in the loop, a runtime branch on the shared flag cost 4-18 % at 1000-3072: a
-    // WARPSYNC in the K loop and a longer epilogue path, logs/gemm-sm90-tail-c2d6ebb).
+    // WARPSYNC in the K loop and a longer epilogue path; docs/tuning/gemm.md, "sm90 stream-K tail").
     auto tile = [&](const int t, const int nb, const bool tail) {
       int cm, cn;
       cluster_tile(t, ctm, ctn, cm, cn);
@@ -664,7 +664,7 @@ __global__ void __cluster_dims__(CM * CN, 1, 1) __launch_bounds__(128 * (consume
   // SWAP keeps the final barrier: no CTA leaves while a peer may still arrive on its
   // barriers. With release semantics: it orders the consumers' last remote arrivals. (Relaxed here,
   // with a cluster fence by the thread that made them, measured 1-2 % slower at 1000^3:
-  // logs/gemm-sm90-relaxed-2eb2667.)
+  // docs/tuning/gemm.md, "sm90 cluster barriers".)
   if (CS > 1 && !kPrune) {
     tw::cluster_arrive();
     tw::cluster_wait();

@@ -109,7 +109,7 @@ def _instantiated() -> frozenset[str]:
 
 CONFIGS = {
     # one consumer warpgroup (256 threads); ahead of 128 x 64 in the dict so the fill rule's tie
-    # goes to it (1000^3: 8.7 against 9.5 us, logs/gemm-sm90-rounds-091de36)
+    # goes to it (1000^3: 8.7 against 9.5 us; docs/tuning/gemm.md, "sm90 config order")
     "64x128_c2x1": Config(64, 128, 2, 1, 8),
     "128x64_c1x2": Config(128, 64, 1, 2, 8),
     "128x128_c2x1": Config(128, 128, 2, 1, 6),
@@ -119,14 +119,15 @@ CONFIGS = {
     "128x256_c2x1": Config(128, 256, 2, 1, 4),
     "192x96_c1x2": Config(192, 96, 1, 2, 5),
 }
-# Instantiated configs outside the tile rule, for experiments (docs/notes-matmul.md).
+# Instantiated configs outside the tile rule, for experiments (docs/notes-matmul.md; their
+# measurements: docs/tuning/gemm.md, "sm90 experiment configs").
 EXTRA_CONFIGS: dict[str, Config] = {
     # the 64 x 128 tile with two consumer warpgroups on its 64-column halves: correct, slower than
-    # one warpgroup at 1000^3 (9.48 against 8.73 us bf16, logs/gemm-sm90-wn2-3a2d9ea)
+    # one warpgroup at 1000^3 (9.48 against 8.73 us bf16)
     "64x128w2_c2x1": Config(64, 128, 2, 1, 8, wn=2),
     # C's transposed tile, 72 rows x 128 columns (two consumer warpgroups on the column halves),
     # B shared by 2 x 1 clusters: 1000^2 in 14 x 8 tiles, 112 CTAs. Correct (GPU tests), slower than
-    # 64 x 128 at 1000^3: 8.87 against 8.45 us fp16 (logs/gemm-sm90-swap-5800bd3).
+    # 64 x 128 at 1000^3: 8.87 against 8.45 us fp16.
     "72x128t_c2x1": Config(72, 128, 2, 1, 8, swap=1),
 }
 # B given as w.T (K-major): only this tile is instantiated for it.
@@ -190,13 +191,11 @@ def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: 
 
 
 # A tile's throughput relative to 128 x 256 once the K loop runs (the tensor cores' share it keeps
-# busy): 128 x 192 and 128 x 128 from the large squares of logs/gemm-sm90-big-tiles-*-7f6b697
-# (6144^3-8192^3, where every tile fills its waves alike: 128 x 192 c2x1 0.94-0.99 of 128 x 256's
-# rate, c1x2 a little below, 128 x 128 0.91-0.98: 0.9 keeps it off 5000^3, where its misaligned
-# rows cost most, 0.60x cuBLAS against 128 x 256 0.78x); the one-warpgroup tiles from the no-load clock
-# stamps (64 x 128: 557 cycles a K block against 256 at peak, docs/notes-matmul.md); 192 x 96 set
-# so that it keeps the one-wave 1536^2 (where it measured ahead) and loses 2560^2 (where it
-# measured 0.90x against 128 x 256's 1.00x).
+# busy): 128 x 192 and 128 x 128 from large squares (6144^3-8192^3), where every tile fills its
+# waves alike (128 x 128's 0.9 keeps it off 5000^3, where its misaligned rows cost most); the
+# one-warpgroup tiles from no-load clock stamps (64 x 128: 557 cycles a K block against 256 at
+# peak); 192 x 96 set so that it keeps the one-wave 1536^2 and loses 2560^2 (docs/tuning/gemm.md,
+# "sm90 tile rule").
 TILE_RATE = {"64x128_c2x1": 0.5, "128x64_c1x2": 0.5, "128x128_c2x1": 0.9, "128x128_c1x1": 0.87,
              "128x192_c2x1": 0.96, "128x192_c1x2": 0.93, "128x256_c2x1": 1.0, "192x96_c1x2": 0.8}
 
@@ -221,11 +220,8 @@ def _cdiv(a: int, b: int) -> int:
 def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
     """The tile and cluster for an (M, N, K) problem: the config (of ``names``, default all of
     ``CONFIGS``) with the least ``tile_time`` (waves x tile area / the tile's measured rate), ties
-    to the earlier entry. Measured against every large tile at 2304^2-8192^2 and five rectangles
-    (logs/gemm-sm90-big-tiles-{bf16,fp16}-7f6b697, which the rates were fitted to): it picks the
-    fastest tile, or one within 3.5 % of it (5120^3: 128 x 256 where 128 x 192 ran 2.5-3.5 %
-    faster), at every shape there. (The wave-fill score it replaces picked 64 x 128 at 6144^3: 0.56x
-    cuBLAS against 128 x 256's 0.95x.)"""
+    to the earlier entry. Against every large tile at 2304^2-8192^2 and five rectangles it picks
+    the fastest tile or one within 3.5 % of it (docs/tuning/gemm.md, "sm90 tile rule")."""
     best, best_t = None, float("inf")
     for name in CONFIGS if names is None else names:
         t = tile_time(name, M, N, sms)
@@ -235,31 +231,27 @@ def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
 
 
 # gemm() sends problems at least this large (M, N >= 2048, K >= 1024) to gemm_sm90 (below the
-# three narrower rules of route_for): measured level with Triton's gemm() at 2048^3 and ahead of it
-# at every larger shape of logs/gemm-sm90-big-tiles-*-7f6b697 (0-7 % on the squares, 1-12 % on the
-# rectangles; never behind by more than 1 %).
+# three narrower rules of route_for): level with Triton's gemm() at 2048^3 and 0-12 % ahead of it
+# at larger shapes, never behind by more than 1 % (docs/tuning/gemm.md, "sm90 route rule").
 ROUTE_MIN_MN, ROUTE_MIN_K = 2048, 1024
 
 
 def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) -> str | None:
     """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
-    Triton kernels; ``ldb``: B's row stride in elements (default N). From the sweeps beside
-    Triton's gemm() and cuBLAS (graph-replayed):
+    Triton kernels; ``ldb``: B's row stride in elements (default N). Each rule is where gemm_sm90
+    measured ahead of Triton's gemm() against cuBLAS, graph-replayed
+    (docs/tuning/gemm.md, "sm90 route rule"):
 
     - 64 x 128 tiles filling 90-100 % of a wave when B's rows are not whole 128-byte lines (1000^3
-      0.80-0.88x against 0.76-0.80x, 1000 x 1000 x 4000 0.84-0.96x against 0.65-0.71x; with whole
-      lines, 960^3 / 1024^3, Triton is ahead, 0.97-1.04x against 0.76-0.81x:
-      logs/gemm-sm90-route1000-2eadfd7);
+      0.80-0.88x against 0.76-0.80x; with whole lines, 960^3 / 1024^3, Triton is ahead);
     - 192 x 96 tiles filling one wave (1536^2: 0.85x cuBLAS against Triton's 0.72-0.74x; Triton's
       power-of-two tiles leave 27 % of the SMs idle there);
-    - 128 x 192 tiles in two to three waves (3072^2: 0.88-0.94x against 0.79-0.85x;
-      logs/gemm-sm90-sweep-{bf16,fp16}-e60fadc);
+    - 128 x 192 tiles in two to three waves (3072^2: 0.88-0.94x against 0.79-0.85x);
     - long K (at least SPLIT_K_MIN_BLOCKS blocks of 64) over an output of at most half a wave of
       128 x 128 cluster tiles: that tile, split in K (1024 x 1024 x 16384: 0.975x against Triton's
-      0.66x; 768 x 768 x 8192: 0.76x against 0.72x; logs/gemm-sm90-splitk-de8f792);
-    - every problem with M, N >= ROUTE_MIN_MN and K >= ROUTE_MIN_K, in config_for's tile
-      (logs/gemm-sm90-big-tiles-*-7f6b697: 4096^3 0.996x / 1.006x against gemm()'s 0.965x /
-      0.968x, 8192 x 4096 x 1024 1.01x / 1.02x against 0.89x / 0.93x)."""
+      0.66x);
+    - every problem with M, N >= ROUTE_MIN_MN and K >= ROUTE_MIN_K, in config_for's tile (4096^3
+      ~1.0x against gemm()'s ~0.97x)."""
     ldb = N if ldb is None else ldb
     c128 = CONFIGS["128x128_c2x1"]
     if split_k(c128.cluster_tiles(M, N), sms // c128.cluster, -(-K // 64)) > 1:
@@ -416,18 +408,15 @@ def tail_splits(cluster_tiles: int, clusters: int, kt: int, swap: bool = False) 
 
 
 # Split-K pays only for long K: a partial's round trip through L2 and the counters' fill cost
-# 3-5 us a call (1000^3 in 128 x 128 tiles: 9.8 us unsplit, 13.1 split in two), while a tile's
-# K block costs ~0.3-0.4 us (logs/gemm-sm90-splitk-de8f792).
+# 3-5 us a call, while a tile's K block costs ~0.3-0.4 us (docs/tuning/gemm.md, "sm90 split-K").
 SPLIT_K_MIN_BLOCKS = 128
 
 
 def split_k(cluster_tiles: int, clusters: int, kt: int) -> int:
     """How many K ranges each tile is cut into when ``cluster_tiles`` tiles of ``kt`` K blocks
     fill at most half a wave of ``clusters`` (split-K through the tail kernel; 1: none): as many
-    as the resident clusters take, at least 32 K blocks a range, for kt >= SPLIT_K_MIN_BLOCKS.
-    Measured (logs/gemm-sm90-splitk-de8f792, graph-replayed x cuBLAS): 1024 x 1024 x 16384 in
-    128 x 128 tiles 0.64x unsplit, 0.975x in 2 (Triton's gemm() 0.66x); 768 x 768 x 8192 0.45x,
-    0.64x in 2, 0.76x in 3 (gemm() 0.72x); at kt = 16 (1000^3) every split was slower."""
+    as the resident clusters take, at least 32 K blocks a range, for kt >= SPLIT_K_MIN_BLOCKS
+    (1024 x 1024 x 16384: 0.64x cuBLAS unsplit, 0.975x in 2; docs/tuning/gemm.md, "sm90 split-K")."""
     if kt < SPLIT_K_MIN_BLOCKS or 2 * cluster_tiles > clusters:
         return 1
     return max(1, min(clusters // cluster_tiles, kt // 32))
@@ -456,7 +445,8 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
               config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
     docstring for layouts; N a multiple of 8. ``out``: an (M, N) tensor of A's dtype with
-    unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. ``clusters``: how many clusters to launch (default: as many as are
+    unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. ``clusters``: how
+    many clusters to launch (default: as many as are
     resident at once, from the occupancy API; for experiments)."""
     M, N, K = _check_operands("gemm_sm90", a, b, tuple(_DTYPES), "both be float16 or bfloat16")
     if N % 8:
@@ -493,10 +483,9 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
 
 
 # Launch with programmatic dependent launch (the kernel's griddepcontrol instructions): the next
-# kernel's CTAs are placed and set up while this one drains. Measured (logs/gemm-sm90-pdl-aba1793,
-# graph-replayed): back to back 1000^3 fp16 8.32 -> 7.71 us, 1000 x 1000 x 64 3.66 -> 3.09, 1536^3
-# 12.91 -> 12.35, 3072^3 and larger within noise; after a kernel that does not trigger early (a
-# PyTorch elementwise op) 0.14-0.17 us slower (1000^3 9.58 -> 9.72). TILEWISE_PDL=0 (or False here)
+# kernel's CTAs are placed and set up while this one drains: back to back 1000^3 fp16 8.32 -> 7.71
+# us, 0.14-0.17 us slower after a kernel that does not trigger early
+# (docs/tuning/gemm.md, "sm90 programmatic dependent launch"). TILEWISE_PDL=0 (or False here)
 # launches plainly.
 PDL = os.environ.get("TILEWISE_PDL", "1") != "0"
 
@@ -596,18 +585,13 @@ SRC_TF32 = SRC.with_name("gemm_sm90_tf32.cu")
 TF32_CONFIGS = {256: 4, 192: 5, 128: 6, 64: 8}
 # BMs with a CTA-pair kernel (cluster = 2: pairs along N share A's blocks by TMA multicast).
 TF32_PAIRS = (256, 192, 128)
-# A tile's rate relative to BM = 256 in the wave model below. 128 from 4096^3 and 8192^3 (0.98x /
-# 0.86x cuBLAS against 1.07x / 0.99x, logs/gemm-tf32-rega-156b85a); 192 from the sweep of 15 shapes
-# (logs/gemm-tf32-sweep-43fb8eb): 0.97 picked it at 5000^3, 5 % behind 256; 0.95 keeps it where it
-# won (1536^2: 1.33x against 1.05x; 3000^2: 1.09x against 0.87x). With it the model picks the best
-# BM at all 15 shapes of that sweep. 64 from the second sweep (logs/gemm-tf32-sweep2-6be142a): it
-# fills the GPU where BM = 128 leaves half of it idle (4096 x 256 x 4096: 0.91x against 0.74x;
-# 512^3 1.03x against 0.83x; 1024^3 1.12x against 0.92x) and trails everywhere else; with 0.6 the
-# model picks the best BM at 14 of the 15 shapes (at 1000^3 it picks 64, 3.5 % behind 128).
+# A tile's rate relative to BM = 256 in the wave model below, fitted so that the model picks the
+# best BM measured over a 15-shape sweep (all 15 for 256 / 192 / 128; 14 of 15 with 64, which
+# fills the GPU where BM = 128 leaves half of it idle and trails everywhere else)
+# (docs/tuning/gemm.md, "tf32 tile rule").
 TF32_RATE = {256: 1.0, 192: 0.95, 128: 0.85, 64: 0.6}
-# CTA pairs from the same sweep, against the same BM alone: ahead where both sides of C are large
-# (3000^2 +14 % at BM 192, 5000^2 +3.5 %, 6144^2 +3 %, 8192^2 +2 % at BM 256; 4096^2 level), behind
-# below (2048^2 -1 %, 1536^2 -3 %, 1024 x 8192 -2.5 %, 8192 x 1024 -1 %).
+# CTA pairs against the same BM alone: ahead where both sides of C are large (3000^2 +14 % at
+# BM 192, 8192^2 +2 % at BM 256), behind below (1536^2 -3 %) (docs/tuning/gemm.md, "tf32 CTA pairs").
 TF32_PAIRS_FROM = 2560
 _TF32_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
 

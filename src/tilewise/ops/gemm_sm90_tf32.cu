@@ -25,10 +25,9 @@
 //   barrier then takes the releases of both CTAs' consumers (4), since a peer's copy lands in it.
 // * Epilogue: each thread stores its accumulators to C directly (a warp's store: four rows of 32
 //   contiguous bytes), rows < M and columns < N; C needs unit-stride rows, nothing more.
-// Measured against cuBLAS TF32 (row-major B, interleaved graph rounds): at 4096^3 / 8192^3 BM = 256
-// 1.069x / 0.992x, 192 0.907x / 0.997x, 128 0.980x / 0.864x, where gemm() with its transposing copy
-// ran 0.913x / 0.892x (logs/gemm-tf32-rega-156b85a); over 15 shapes with BM = 64 and the CTA pairs
-// (logs/gemm-tf32-sweep-43fb8eb, gemm-tf32-sweep2-6be142a; the host's rules pick from these).
+// Against cuBLAS TF32 (row-major B): BM = 256 1.069x at 4096^3, where gemm() with its transposing
+// copy ran 0.913x; the host's rules pick BM and the CTA pairs from measurements over 15 shapes
+// (docs/tuning/gemm.md, "tf32 tile rule", "tf32 CTA pairs").
 #include "tilewise_common.cuh"
 #include "tilewise_sm90.cuh"
 #include "tilewise_wgmma_tf32.cuh"

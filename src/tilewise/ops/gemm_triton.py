@@ -26,10 +26,9 @@ Versions (F = 2 M N K; floor F / peak of the dtype: bf16 ~700-790, fp16 ~667, tf
                        its fp32 partial in a workspace and counts itself in; the last to arrive
                        adds the partials in program order (deterministic) and runs the epilogue.
                        TMA loads where the rows allow. Fixed tile, no autotuning, not the default:
-                       measured 0.47x (1536) to 0.97x (2048, 128 x 256) cuBLAS on the H200
-                       (logs/gemm-small-run4-streamk.log): with 128 x 128 tiles the 132 busy SMs
-                       draw ~5.6 TB/s from L2 whether they run 27 or 48 K-steps each, and the
-                       fix-up adds 5-6 us (logs/streamk-diag.log).
+                       0.47x (1536) to 0.97x (2048, 128 x 256) cuBLAS on the H200, bound by L2
+                       bandwidth whatever the split, plus the fix-up's 5-6 us (docs/tuning/gemm.md,
+                       "v4_streamk: not the default").
 
 Each kernel is autotuned over a short config list (per dtype class: K tile 128 for fp8, 64 for
 16-bit, 32 for fp32), keyed on (M, N, K) and the dtypes. Under TRITON_INTERPRET=1 (CPU tests),
@@ -394,9 +393,8 @@ def _gemm_tma_split_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, aux_desc, a
         for kk in range(0, k_tiles):
             # The second B tile is loaded after the first product: the pipeliner then gives it a
             # barrier of its own, and the first product waits only for A and the first B tile
-            # (8 barriers against 4 when the three loads come first). The experiment's kernel, built
-            # this way, ran 0.88x cuBLAS at 3072^3 (logs/gemm-split-tiles.log); this one with the
-            # three loads first 0.75x / 0.81x (bf16 / fp16, bench ccf81ca), same SASS otherwise.
+            # (8 barriers against 4 when the three loads come first): 0.88x cuBLAS at 3072^3 against
+            # 0.75x-0.81x (docs/tuning/gemm.md, "v3_tma_split: load order in the K loop").
             off_k = kk * BLOCK_K
             a = a_desc.load([off_m, off_k])
             b = _tma_load_b(b_desc, off_n, off_k, B_KMAJOR)
@@ -793,10 +791,9 @@ def _run_tma_split(a, b, out, bias, activation, scale_a, scale_b, precision, aux
 
 
 # The tiles gemm() weighs for 16-bit TMA problems: (BLOCK_M, BLOCK_N, throughput at equal wave
-# fill relative to 128 x 128). Measured graph-replayed on the H200, bf16: 64 x 128 0.83 (1280^3,
-# both filling 76 % of the last wave: 0.83x against 1.00x cuBLAS, logs/gemm-tma-configs.log);
-# 128 x 192 0.98 (2304^3, both 82 %: 0.872-0.883x against 0.886x, logs/gemm-split-tiles.log);
-# 128 x 256 1.03 (2048^3, both 97 %: 0.97x against 0.94x, logs/gemm-tma-configs.log).
+# fill relative to 128 x 128), each measured graph-replayed (bf16, H200) at a size where it and
+# 128 x 128 fill the last wave alike
+# (docs/tuning/gemm.md, "TMA tile choice (_TMA_TILES, tma_tile_for)").
 _TMA_TILES = {"64x128": (64, 128, 0.83), "128x128": (128, 128, 1.0), "128x192": (128, 192, 0.98),
               "128x256": (128, 256, 1.03)}
 _TMA_64x128 = (64, 128, 64, 4, 4)  # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
@@ -808,11 +805,8 @@ def tma_tile_for(M: int, N: int, sms: int) -> str:
     the waves). gemm() runs "64x128" as one fixed config, "128x192" as v3_tma_split, the others
     through v3_tma_persistent's autotuner. On 132 SMs: 768-1000 -> 64 x 128 (1000^2: 128 tiles,
     one wave); 1536^2 and 3072^2 -> 128 x 192 (96 and 384 tiles: 0.73 and 0.97 fill, against
-    0.55 and 0.87 for 128 x 128); 1280, 2048, 2304, 4096 -> the autotuner.
-
-    Measured graph-replayed (bf16, x cuBLAS): 1000 64 x 128 0.80x against the autotuner's 0.53-0.84x
-    over runs (logs/gemm-tma-configs.log); 1536 128 x 192 0.714x against 0.640x, 3072 0.881x against
-    0.826x (logs/gemm-split-tiles.log)."""
+    0.55 and 0.87 for 128 x 128); 1280, 2048, 2304, 4096 -> the autotuner. The measurements
+    against the autotuner: docs/tuning/gemm.md, "TMA tile choice (_TMA_TILES, tma_tile_for)"."""
     def score(name):
         bm, bn, rel = _TMA_TILES[name]
         tiles = _cdiv(M, bm) * _cdiv(N, bn)
@@ -905,12 +899,10 @@ _TMA_FIXED_64x128 = _variant("tma_64x128")  # gemm()'s pick where tma_tile_for s
 
 
 # Small problems (at most 16 tiles of 128 x 128, e.g. 512 x 512): the persistent kernel with a fixed
-# 64 x 64 tile, no autotuner. Measured graph-replayed on the H200 (scripts/experiments/gemm_small.py,
-# logs/gemm-small-run1.log), 512^3: bf16 3.57 us = 0.95x cuBLAS (autotuned TMA path 4.05 us, 0.84x),
-# fp16 3.56 us = 1.04x (TMA path 9.02 us, 0.41x: its autotuner picked a 128-wide tile there). At 768
-# the TMA path stays ahead (0.87x against 0.60-0.73x for 64 x 64), so the rule stops at 16 tiles.
-# The pointer kernel needs 16-byte rows to vectorize (1000-wide bf16 rows ran 21-100 us against
-# TMA's 11), hence the alignment test.
+# 64 x 64 tile, no autotuner: 0.95x / 1.04x cuBLAS at 512^3 (bf16 / fp16) against the autotuned TMA
+# path's 0.84x / 0.41x; at 768 the TMA path is ahead, so the rule stops at 16 tiles. The pointer
+# kernel needs 16-byte rows to vectorize, hence the alignment test
+# (docs/tuning/gemm.md, "Small problems: fixed 64 x 64 tile").
 _V1_FROM_MN = 7168 * 7168  # outputs at least this large go to v1_tiled (16-bit), see gemm()
 _SMALL_TILE = (64, 64, 64, 4, 4)  # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
 _SMALL_MAX_TILES = 16
@@ -942,17 +934,15 @@ def _run_small(a, b, bias, activation, out_dtype, precision, out):
 
 
 # Rows whose length in bytes is not a multiple of 16 (odd K or N, e.g. 2999) rule out TMA and
-# 16-byte vector loads: v1_tiled then ran 2999^3 at 130-134 TFLOP/s (bench 333be9b, 5a125fe;
-# cuBLAS 108), against ~600-650 for the TMA kernel on aligned rows. gemm() instead copies the
-# operands into zero-padded buffers with aligned rows (K and N rounded up to 16 bytes; zero pad
-# columns of A meet zero pad rows of B, so the sum is unchanged), runs the TMA kernel into an
-# output with aligned rows and copies the (M, N) result out. Modelled time of each route, in
-# the measured rates: v1 at _V1_UNALIGNED_TFLOPS, padded at _TMA_TFLOPS plus the copies' bytes
-# at _COPY_GBPS plus _COPY_LAUNCH_US a copy; padding where it models at most 0.8x v1's time.
-# The 16-bit rates are measured (v1 at 2999^3; TMA at 3072^3-4096^3 in the same bench runs); the
-# fp8 and tf32 TMA rates are the 16-bit one scaled by their tensor-core peaks (x2, x0.5), and v1's
-# unaligned rate is taken as the 16-bit one for every dtype (not measured for fp8 / fp32).
-# Bench 78ee084 (graph-replayed, x cuBLAS): 2999^3 0.41 -> 0.18 ms (2.7x cuBLAS), 5003^3 1.86 -> 0.57 ms.
+# 16-byte vector loads: v1_tiled then runs 2999^3 at ~130 TFLOP/s (cuBLAS 108), against ~600-650
+# for the TMA kernel on aligned rows. gemm() instead copies the operands into zero-padded buffers
+# with aligned rows (K and N rounded up to 16 bytes; zero pad columns of A meet zero pad rows of
+# B, so the sum is unchanged), runs the TMA kernel into an output with aligned rows and copies the
+# (M, N) result out. Modelled time of each route, in the measured rates: v1 at
+# _V1_UNALIGNED_TFLOPS, padded at _TMA_TFLOPS plus the copies' bytes at _COPY_GBPS plus
+# _COPY_LAUNCH_US a copy; padding where it models at most 0.8x v1's time. The 16-bit rates are
+# measured; fp8 and tf32 are scaled by their tensor-core peaks (x2, x0.5). 2999^3 bf16: 0.41 ms on
+# v1, 0.18 ms padded (2.7x cuBLAS) (docs/tuning/gemm.md, "Unaligned rows: padded route").
 _V1_UNALIGNED_TFLOPS = 130.0
 _TMA_TFLOPS = {1: 1200.0, 2: 600.0, 4: 300.0}
 _COPY_GBPS = 2500.0
@@ -1006,7 +996,8 @@ def _padded_time_ratio(M: int, N: int, K: int, itemsize: int, out_itemsize: int,
     copy_bytes = 2 * (plan[0] * M * K * itemsize + plan[1] * K * N * itemsize + plan[2] * M * N * out_itemsize)
     flops = 2.0 * M * N * K
     t_v1 = flops / (_V1_UNALIGNED_TFLOPS * 1e12)
-    t_pad = flops / (_TMA_TFLOPS[itemsize] * 1e12) + copy_bytes / (_COPY_GBPS * 1e9) + sum(plan) * _COPY_LAUNCH_US * 1e-6
+    t_pad = (flops / (_TMA_TFLOPS[itemsize] * 1e12) + copy_bytes / (_COPY_GBPS * 1e9)
+             + sum(plan) * _COPY_LAUNCH_US * 1e-6)
     return t_pad / t_v1
 
 
@@ -1203,7 +1194,8 @@ def _make_plan(route, a, b, bias, activation, out_dtype, precision, out) -> _Pla
     p.device = a.device
     p.extents = (_extent(a), _extent(b), _extent(bias) if bias is not None else 0, _extent(out))
     p.bound = p.makers = p.tail = None
-    launch, kind, extra = {"small": (_pointer_launch, "ptr", ("persistent",)), "v1": (_pointer_launch, "ptr", ("tiled",)),
+    launch, kind, extra = {"small": (_pointer_launch, "ptr", ("persistent",)),
+                           "v1": (_pointer_launch, "ptr", ("tiled",)),
                            "tma": (_tma_launch, "tma", ()), "tma_64x128": (_tma_launch, "tma", ()),
                            "split": (_split_launch, "split", ())}[route]
     fixed = {"small": dict(fixed=_SMALL_TILE), "tma_64x128": dict(fixed=_TMA_64x128)}.get(route, {})
@@ -1268,11 +1260,10 @@ def _planned(route, key, a, b, bias, activation, out_dtype, precision, out):
 
 
 # tf32 with B given (K, N) row-major: wgmma takes tf32 operands from shared memory K-major only, so
-# the kernels re-lay B out inside the K loop. Measured at 4096^3 (interleaved graph rounds,
-# logs/gemm-tf32-layout-f989096): row-major B 1,593-2,054 us (0.20-0.25x cuBLAS TF32), the same
-# values K-major 395 us (1.015x). gemm() therefore transposes a row-major fp32 B first with
-# tilewise's transpose (one read and one write of B: ~35 us at 4096^2 against a 1,600 us loss).
-# Not below 2^16 elements of B, where the extra launch is not worth measuring for.
+# the kernels re-lay B out inside the K loop (0.20-0.25x cuBLAS TF32 at 4096^3, K-major 1.015x).
+# gemm() therefore transposes a row-major fp32 B first with tilewise's transpose (one read and one
+# write of B: ~35 us at 4096^2 against a ~1,600 us loss); not below 2^16 elements of B, where the
+# extra launch is not worth measuring for (docs/tuning/gemm.md, "tf32 row-major B: transposing copy").
 _TF32_KMAJOR_FROM = 1 << 16
 
 
@@ -1286,10 +1277,10 @@ def _tf32_wants_kmajor(a, b, precision, scale_a, scale_b, out) -> bool:
 
 
 # tf32 with row-major B on sm_90, no bias, activation or scales, fp32 out: gemm_sm90.gemm_tf32, which
-# takes B as given (wgmma on C's transposed tile with B's block in registers). It beat the
-# transposing copy + Triton at all 15 shapes of logs/gemm-tf32-sweep-43fb8eb (4096^3: 1.04x against
-# 0.88x cuBLAS TF32) and, with its final tile rules, ran >= 1.0x cuBLAS TF32 at 13 of them
-# (logs/gemm-tf32-sweep3-c3a1ddd). Not where split_k_for splits K (outputs too small to fill the GPU).
+# takes B as given (wgmma on C's transposed tile with B's block in registers): ahead of the
+# transposing copy + Triton at every shape of a 15-shape sweep (4096^3: 1.04x against 0.88x cuBLAS
+# TF32; docs/tuning/gemm.md, "tf32 row-major B: gemm_tf32 route"). Not where split_k_for splits K
+# (outputs too small to fill the GPU).
 def _tf32_rowmajor_b(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux) -> bool:
     return (not _INTERPRET and bias is None and activation is None and aux is None and scale_a is None
             and scale_b is None and precision == "tf32" and out_dtype in (None, torch.float32)
@@ -1369,10 +1360,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
         plan = None if ok else _padding_plan(a, b, out_dtype, out, aux)
         if plan is not None:
             return _run_padded(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, plan)
-        # Large 16-bit squares: v1_tiled measured ahead of v3 at 8192^3 in three runs (bf16
-        # 1.022x / 0.986x / 1.02x cuBLAS against v3's 0.930x / 0.939x / 0.91x, bench rows 38046a9,
-        # 54b6af0, e7c4f50), level with or behind it at 4096^3 (0.96x / 0.89x / 0.92x against
-        # 0.99x / 0.90x / 0.93x).
+        # Large 16-bit squares: v1_tiled is ahead of v3 at 8192^3 (bf16 ~1.0x cuBLAS against ~0.93x),
+        # level with or behind it at 4096^3
+        # (docs/tuning/gemm.md, "Large 16-bit squares: v1_tiled (_V1_FROM_MN)").
         two_byte = a.dtype in (torch.float16, torch.bfloat16)
         big = two_byte and a.shape[0] * b.shape[1] >= _V1_FROM_MN
         variant = "v3_tma_persistent" if ok and not big else "v1_tiled"
@@ -1477,7 +1467,8 @@ _linear_op.register_autograd(_linear_bwd, setup_context=_linear_setup)
 
 class _EagerLinear(torch.autograd.Function):
     """``_linear_op`` with its autograd, for eager calls: no custom-op dispatcher (about 20 us a
-    call on a fast host, more on the H200's; scripts/experiments/host_overhead.py). Traced code
+    call on a fast host, more on the H200's;
+    docs/tuning/gemm.md, "Eager linear without the custom-op dispatcher"). Traced code
     (torch.compile) keeps the custom ops."""
 
     @staticmethod

@@ -11,9 +11,9 @@ Versions (each a forward kernel and a backward kernel, elementwise, n elements o
                 bytes: (1 + 1) + (2 + 1) = 5 n b.  Extra FLOPs: three sigmoids, free at this
                 intensity. bound: copy bandwidth on those bytes for both.
 
-Recomputation moves 5/8 of the bytes: the lecture's ratio. (Until 2026-11-29 the stored backward
-also read y: 9 streams, a 5/9 ratio, which the H200 measured at 0.546, 12.7 % off the lecture's;
-docs/notes-softmax.md.)
+Recomputation moves 5/8 of the bytes: the lecture's ratio. The stored backward takes y from a2
+rather than reading it: reading y too makes 9 streams and a 5/9 ratio, 12.7 % off the lecture's
+(docs/tuning/rowwise.md, "Recompute: stored backward streams").
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ def _setup(ctx, inputs, output):
         ctx.save_for_backward(x)
     ctx.mark_non_differentiable(output[1], output[2])
     # Without this autograd hands backward a zero-filled gradient for a1 and a2 (never used):
-    # two full-size memsets, 2 x n x b bytes of writes that made 'stored' 9 + 2 streams, not 9
-    # (measured on the H200: stored at 82 % of its 9-stream roofline, recomputed at 100 %).
+    # two full-size memsets, 2 x n x b bytes of extra writes that held 'stored' to 82 % of its
+    # roofline on the H200 (docs/tuning/rowwise.md, "Recompute: no zero gradients").
     ctx.set_materialize_grads(False)
 
 

@@ -22,7 +22,8 @@ Versions (``reduce.cu``; rows are the outputs, each a walk of length R with stri
                 aligned x; other layouts run v4_columns. bound: copy bandwidth.
 
 The public ``reduce`` takes v3_warp when the reduced dim is innermost in memory (rs == 1) or the
-outputs are not adjacent in memory, else v5_columns where its layout applies, else v4_columns. Accumulation in fp32; max propagates NaN.
+outputs are not adjacent in memory, else v5_columns where its layout applies, else v4_columns.
+Accumulation in fp32; max propagates NaN.
 """
 
 from __future__ import annotations
@@ -254,9 +255,9 @@ class ColumnsConfig:
             raise ValueError(f"reduce.v5_columns: config {self} is not valid for {dtype}")
 
 
-# Per dtype; scripts/experiments/elementwise_variants.py prints the line that replaces an entry.
-# Picked by scripts/experiments/elementwise_variants.py on the H200 (2026-11-29): sum along dim 0,
-# fp32 3,973 GB/s = 93.5 % of copy, 1.059x torch.sum; bf16 3,400 GB/s, 1.084x (fp16 follows bf16).
+# v5_columns' config per dtype: sum along dim 0 on the H200 at fp32 3,973 GB/s = 93.5 % of copy,
+# 1.059x torch.sum; bf16 3,400 GB/s, 1.084x; fp16 follows bf16 (docs/tuning/pointwise.md,
+# "COLUMNS_DEFAULT").
 COLUMNS_DEFAULT: dict[torch.dtype, ColumnsConfig] = {
     torch.float32: ColumnsConfig(tx=16, ty=16, unroll=8, minb=1, waves=2, min_rows=256, fold="pass"),
     torch.bfloat16: ColumnsConfig(tx=16, ty=4, unroll=8, minb=1, waves=1, min_rows=256, fold="pass"),
@@ -452,8 +453,8 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
 
 
 # What reduce() runs for a leading-dim reduction that v5's 16-byte loads can read: "v5_columns"
-# (round 3, predicted faster) or "v4_columns" (round 2: 0.88x torch.sum); the experiment script
-# times both.
+# (1.06x torch.sum on 32768 x 4096 fp32, dim 0) or "v4_columns" (0.88x there); both stay so that
+# they can be timed side by side (docs/tuning/pointwise.md, "COLUMNS_VERSION").
 COLUMNS_VERSION = "v5_columns"
 
 

@@ -150,7 +150,8 @@ __device__ __forceinline__ void combine(float pm, float ps, float& Mx, float& Ms
 // X1: one exp an element instead of two (softmax only): the sum pass stores exp(x - block max)
 // back over x, packed in T, and the output multiplies it by one per-thread factor; for 2-byte T
 // that rounds e to T before the multiply (within the output's own rounding). The exp unit (16 a
-// clock an SM) otherwise does 2 x 5.4e8 exps at 4096 x 131072, half the time the bytes take.
+// clock an SM) otherwise does 2 x 5.4e8 exps at 4096 x 131072, half the time the bytes take
+// (docs/tuning/rowwise.md, "One exp an element").
 template <typename T, int CL, int NT, int CH, bool X1, class At>
 __device__ __forceinline__ void softmax_row(const At& at, const Slice<T, CL, NT>& sl, T* yr, int log,
                                             float* red_a, float* red_b, float* part) {
@@ -488,6 +489,7 @@ rc_cross_entropy_pipe(const T* __restrict__ x, const long long* __restrict__ tar
 // barrier also tells thread 0 that every thread of its CTA has copied the stage into registers, so
 // it refills that stage with the row S steps ahead at once. Each thread keeps exp(x - its own
 // max) packed in T (one exp an element) and multiplies by exp(own max - row max) / row sum.
+// Configurations and their measurements: docs/tuning/rowwise.md, "TMA configs".
 
 namespace rc {
 __device__ __forceinline__ __half __low2half_or_bf16(__half2 a) { return __low2half(a); }

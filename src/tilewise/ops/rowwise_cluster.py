@@ -30,11 +30,8 @@ _SRC = "rowwise_cluster.cu"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # (cl, nt, ch) per dtype and kernel, smallest capacity first (each is instantiated in the .cu).
-# 2-byte types: 256 threads x 8 chunks measured fastest at 131072 on the H200 (2026-11-29,
-# scripts/experiments/rowwise_cluster_configs.py, bf16 4096 x 131072 forward, GB/s):
-# 8 x 256 x 8: 2,927-2,949; 8 x 512 x 4: 2,671-2,696; 8 x 128 x 16: 2,565; 4 x 256 x 16: 2,482;
-# 4 x 1024 x 4: 2,113; 8 x 1024 x 4: 1,253 (more resident CTAs an SM, more rows in flight);
-# cross-entropy 8192 x 131072: 1.750 ms at 8 x 256 x 8 against 2.099-2.116 at 8 x 512 x 4.
+# 2-byte types: 256 threads x 8 chunks, the fastest split of a 131072-element row on the H200 (more
+# resident CTAs an SM, more rows in flight) (docs/tuning/rowwise.md, "Cluster configs").
 _TWO_BYTE = ((2, 256, 8), (4, 256, 8), (8, 256, 8), (8, 1024, 4))  # the last: rows past 131072
 CONFIGS = {
     ("fwd", 2): _TWO_BYTE, ("bwd", 2): _TWO_BYTE, ("ce", 2): _TWO_BYTE,
@@ -42,7 +39,7 @@ CONFIGS = {
     ("bwd", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8)),
     ("ce", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8), (8, 1024, 8)),
 }
-# Also built, for the experiment script (bf16 only): other splits of a 131072-element row.
+# Also built, for research/rowwise_cluster_configs.py (bf16 only): other splits of a 131072-element row.
 EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
 EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
 _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
@@ -52,29 +49,20 @@ _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entr
 PIPE_KINDS = ("fwd", "ce")
 # One exp an element (X1 in the .cu), softmax forward and cross-entropy: built for these (dtype
 # itemsize, config) pairs only, and the default (one_exp=None) wherever the picked config is one of
-# them. Measured on the H200 (scripts/experiments/rowwise_cluster_configs.py, bf16, same run):
-# softmax forward 4096 x 131072 3,099 GB/s = 73.8 % of copy (two exps: 69.7 %), cross-entropy
-# loss + gradient 8192 x 131072 1.581 ms = 64.7 % of its floor (two exps: 1.755 ms, 58.3 %).
+# them: the exp unit is otherwise a bound (bf16 softmax forward 73.8 % of copy, not 69.7 %)
+# (docs/tuning/rowwise.md, "One exp an element").
 ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
                    ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
 
 
 # TMA-pipelined forward (v7): (cl, nt, ch, stages, min blocks an SM for __launch_bounds__), 2-byte
-# types (bf16, fp16). H200, 4096 x 131072 bf16 (scripts/experiments/softmax_tma.py): run 1
-# (logs/softmax-tma-run1.log) (8, 256, 8) with 2 stages 82.8 % of copy, 3 stages 71.1 %, 4 stages
-# 48.1 %: fewer CTAs an SM (shared memory) cost more than rows in flight gained. Run 2
-# (logs/softmax-tma-run2.log, paired max): 1 stage x 4 CTAs an SM 86.7 % (0.587 ms, 1.87x
-# torch.softmax), 2 stages x 3 CTAs 84.9 %, 512 threads x 4 chunks 82.0 %; v5 73.9 % in that run.
-# With one stage the next row's copy starts right after the row's cluster barrier and runs under
-# its exchange, its output and the SM's three other CTAs.
-# Bench (logs/bench-softmax-v7.log): 0.5966 ms = 85.1 % of that run's copy, 1.84x torch.softmax.
-# Run 3 (logs/softmax-tma-run3.log): 128 threads x 16 chunks at 5 blocks an SM (95 registers,
-# 5 CTAs x 32 KB of shared memory) 87.3 % against 85.4 % for 256 x 8 at 4; its bench row
-# (logs/bench-softmax-v7-128x16.log): 0.5831 ms = 86.6 % of copy, 1.92x torch.softmax, 1.87x
-# torch.compile. 6 and 7 blocks an SM spill (ptxas: 800 and 1,904 bytes).
+# types (bf16, fp16): the default and the alternatives it beat. Resident CTAs pay, stages ahead do
+# not: the default, 128 threads x 16 chunks, 1 stage, 5 blocks an SM, runs at 86.6 % of copy on the
+# H200 (docs/tuning/rowwise.md, "TMA configs").
 TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
                             (8, 512, 4, 2, 3), (8, 128, 16, 1, 5)),
                # cross-entropy with its gradient on the same pipeline (rc_cross_entropy_tma)
+               # (docs/tuning/rowwise.md, "Cross-entropy on the TMA pipeline")
                ("ce", 2): ((8, 128, 16, 1, 5), (8, 256, 8, 1, 4))}
 TMA_DEFAULT = {("fwd", 2): (8, 128, 16, 1, 5), ("ce", 2): (8, 128, 16, 1, 5)}
 # TILEWISE_SOFTMAX_TMA_CONFIG="cl,nt,ch,stages,minb" picks another built configuration as the default.
@@ -341,7 +329,8 @@ def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
         return
     if pipe:
         if cfg not in pipe_configs(kind, t0.dtype.itemsize):
-            raise ValueError(f"rowwise_cluster: the pipelined {kind} kernel is built for {pipe_configs(kind, t0.dtype.itemsize)} "
+            raise ValueError(f"rowwise_cluster: the pipelined {kind} kernel is built for "
+                             f"{pipe_configs(kind, t0.dtype.itemsize)} "
                              f"({t0.dtype}), got {cfg}: two slices of it need {pipe_shmem(cfg)} B of shared memory")
         kk = kind + "_pipe"
         k = _kernel(kk, t0.dtype, cfg, dev)

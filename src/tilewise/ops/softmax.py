@@ -37,7 +37,8 @@ Versions (forward; the backward follows the same pattern):
                 slices a block) while it reduces, exchanges and writes the current one: loads stay
                 in flight through the barriers that idle v5's memory pipe between rows. Forward
                 only (the backward is v5's); rows up to 131072. bound: as v5. Measured slower
-                than v5 (the per-thread copies cost an instruction per 16 bytes).
+                than v5 (the per-thread copies cost an instruction per 16 bytes; see
+                docs/tuning/rowwise.md, "Pipelined v6").
     v7_cluster_tma: v6's idea with the TMA engine: each CTA's slice of a row is one contiguous
                 run, fetched by one thread with one bulk copy (cp.async.bulk) into shared memory,
                 completing on an mbarrier; the copy of a CTA's next row starts right after the
@@ -45,8 +46,8 @@ Versions (forward; the backward follows the same pattern):
                 under the SM's other CTAs (5 of 128 threads an SM). Stats: each thread's (max,
                 sum of exp) pair, combined per warp, all warps' pairs read through distributed
                 shared memory; one exp an element, paired bf16/fp16 max. 2-byte types, rows up
-                to 131072 (longer or fp32 rows: v5); the default forward where it applies.
-                Backward: v5's.
+                to 131072 (longer or fp32 rows: v5); the default forward where it applies
+                (docs/tuning/rowwise.md, "TMA configs"). Backward: v5's.
 
 Backward: dx = y * (dy - sum(y * dy)) (softmax), dx = dy - exp(y) * sum(dy) (log-softmax);
 floor 3 x M x N x itemsize (read y and dy, write dx). v1: a row-dot kernel then an elementwise
@@ -72,8 +73,9 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
 CLUSTER_SLICE = 16384  # elements of a row each CTA of a v4_cluster cluster holds
 MAX_CLUSTER = 8 * CLUSTER_SLICE  # 131072: 8 CTAs, the portable cluster size
-# v4_cluster (one read) is unverified on a GPU so far: the default for rows past MAX_FUSED stays
-# v3_online until the GPU tests pass for v4_cluster and the bench shows it faster.
+# v4_cluster (one read) does not build on Triton 3.6 (multi-CTA reductions): the default for rows past
+# MAX_FUSED stays v3_online until the GPU tests pass for v4_cluster and the bench shows it faster
+# (docs/tuning/rowwise.md, "Triton multi-CTA v4_cluster").
 PREFER_CLUSTER = False
 # v5_cluster_cuda (rowwise_cluster.cu: CUDA C thread-block clusters, one read and one write) is the
 # default past MAX_FUSED where the layout allows 16-byte vectors and the GPU is sm_90+.
@@ -262,7 +264,8 @@ def _softmax_bwd_kernel(Yp, DY, DX, M, N, stride_ym, stride_dym, stride_dxm,
             # Pass 2 (REVERSE) walks the row backwards: the chunks pass 1 read last are re-read
             # first, while they are surely still in L2 (132 rows of y and dy in flight, 67 MB at
             # 131072 bf16, do not all fit in the 60 MB L2; in the forward order the H200 took
-            # the time of 5 streams from DRAM, i.e. every re-read missed).
+            # the time of 5 streams from DRAM, i.e. every re-read missed; docs/tuning/rowwise.md,
+            # "Online pass 2 direction").
             nchunks = tl.cdiv(N, BLOCK)
             for i in range(0, nchunks):
                 c = ((nchunks - 1 - i) if REVERSE else i) * BLOCK + cols
@@ -608,7 +611,8 @@ def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
 _FWD = {"v1_unfused": _fwd_unfused, "v2_fused": _fwd_fused, "v3_online": _fwd_online,
         "v4_cluster": _fwd_cluster, "v5_cluster_cuda": _fwd_cluster_cuda, "v6_cluster_pipe": _fwd_cluster_pipe,
         "v7_cluster_tma": _fwd_cluster_tma}
-# v6 has no backward of its own: v5's backward (two inputs in registers) already runs at 84 % of its floor.
+# v6 has no backward of its own: v5's backward (two inputs in registers) already runs at 84 % of its floor
+# (docs/tuning/rowwise.md, "Cluster backward").
 _BWD = {"v1_unfused": _bwd_unfused, "v2_fused": _bwd_fused, "v3_online": _bwd_online,
         "v4_cluster": _bwd_cluster, "v5_cluster_cuda": _bwd_cluster_cuda, "v6_cluster_pipe": _bwd_cluster_cuda,
         "v7_cluster_tma": _bwd_cluster_cuda}

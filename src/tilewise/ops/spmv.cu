@@ -318,8 +318,8 @@ extern "C" __global__ void __launch_bounds__(256) spmv_csr_merge_fixup(
 // A panel's chunks [panel_chunk[p], panel_tail[p]) come in rounds of kRoundChunks chunks (a whole
 // number a warp: 64 is two) in which no row repeats (the builder moves repeats to the tail): a round is added with plain
 // shared-memory loads and stores and a barrier before the next round. Shared-memory float atomics are a
-// compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN, about one lane a clock an SM, measured: the
-// accumulation alone took 217 us of the uniform matrix's ~230): only the tail
+// compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN, about one lane a clock an SM: the accumulation
+// alone took 217 us of the uniform matrix's ~230; docs/tuning/spmv.md, "Panels rounds"): only the tail
 // [panel_tail[p], panel_chunk[p + 1]) uses them, and the order of its adds is not fixed (the last
 // bits of y may differ between runs when a panel has a tail).
 // A cluster of CL CTAs shares a panel: rank r takes the r-th of CL equal runs of the rounds and of

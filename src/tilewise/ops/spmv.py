@@ -34,9 +34,9 @@ x (once if it stays in cache, up to once per nonzero if not) and y:
     panels:      the Panels format (below): a cluster of CTAs per panel of rows, nonzeros in column
                  order, y of the panel accumulated in shared memory; for randomly spread columns.
 
-``spmv(A, x)`` picks from the row-length statistics kept with the CSR (see ``choose``: the rules
-and the measured table behind each threshold are in docs/notes-spmv.md); for a CSR it may build an
-ELL or JDS copy once and keep it with the matrix.
+``spmv(A, x)`` picks from the row-length statistics kept with the CSR (see ``choose``; the measured
+table behind each threshold: docs/tuning/spmv.md, "choose rules"); for a CSR it may build an
+ELL, JDS or Panels copy once and keep it with the matrix.
 """
 
 from __future__ import annotations
@@ -57,12 +57,10 @@ CHUNK = 512          # nonzeros per warp in csr_split's chunk kernel (the .cu's 
 STREAM_NNZ = 1024    # csr_stream: nonzeros per block (its shared buffer holds 2048, the .cu's CAP)
 STREAM_ROWS = 256    # csr_stream: rows per block when rows are shorter than STREAM_NNZ / 256
 MERGE_CONFIGS = tuple((nt, ipt) for nt in (128, 256) for ipt in (5, 7, 8, 9, 11, 15))  # the .cu's instantiations
-# spmv_jds<NT, R> instantiations (threads a block, rows a thread) and the default: on the H200
-# (scripts/experiments/spmv_variants.py, logs/spmv-variants-jds.log) 128 threads x 2 rows ran
-# banded5 in 70.4 us (256 x 1, the lecture's layout: 73.5 us), banded27 133.7 us (137.0), uniform
-# 460.3 us (459.9); a fully unrolled kernel without len_sorted was slower on every matrix (banded5
-# 83.1 us). 256 x 2, 256 x 4 and 128 x 4 (71.0 / 71.3 / 71.2 us on banded5) are not built: ptxas
-# spills 4 bytes in 256 x 2 and 128 x 4.
+# spmv_jds<NT, R> instantiations (threads a block, rows a thread) and the default: 128 x 2 ran
+# banded5 in 70.4 us on the H200 against 73.5 us for the lecture's 256 x 1 (banded27 133.7 / 137.0,
+# uniform a tie); 256 x 2, 256 x 4 and 128 x 4 (71.0 / 71.3 / 71.2 us on banded5) are not built:
+# ptxas spills 4 bytes in 256 x 2 and 128 x 4 (docs/tuning/spmv.md, "JDS_CONFIGS and JDS_DEFAULT").
 JDS_CONFIGS = ((256, 1), (128, 1), (512, 1), (128, 2))
 JDS_DEFAULT = (128, 2)
 MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads avoid a common bank
@@ -70,18 +68,16 @@ MERGE_DEFAULT = (256, 7)  # (NT, IPT); odd IPT: the walk's shared-memory reads a
 # its gathers) and the default; PANEL_MAX_ROWS: a panel's y in shared memory, 224 KiB of the 227 KiB
 # a CTA may take (and below 0xFFFF, the padding key).
 PANEL_CONFIGS = ((1024, 1, 3), (1024, 1, 4), (1024, 2, 3), (1024, 2, 4), (1024, 2, 5), (1024, 3, 4), (1024, 4, 4))
-# Defaults by cluster size, from scripts/experiments/spmv_variants.py on the H200 (uniform matrix,
-# 66 panels x 2 CTAs, rounds; logs/spmv-variants-8c953cf.log, -030e0de.log): U rounds a group, three
-# groups in flight: rounds of 32 chunks U = 2 / 3 / 4 / 5 252 / 209 / 190 / 187 us; rounds of 64
-# chunks U = 3 / 4 / 5 207 / 182 / 192 us (U = 7 spills at 64 registers; the chunks' column bases
-# read at gather time instead of with the keys, to free registers: 210 us at U = 5, reverted).
+# Defaults by cluster size: U = 4 sub-rounds a group, three groups in flight; on the H200's uniform
+# matrix (66 panels x 2 CTAs, rounds of 64 chunks) U = 3 / 4 / 5 ran 207 / 182 / 192 us, and U = 7
+# spills at 64 registers (docs/tuning/spmv.md, "PANEL_DEFAULT").
 PANEL_DEFAULT = {1: (1024, 1, 4), 2: (1024, 2, 4), 3: (1024, 3, 4), 4: (1024, 4, 4)}  # by cluster size
 PANEL_MAX_ROWS = 57344
 PANEL_COLS = 65536   # columns of a chunk's column block (16 bits of the key)
 PANEL_ROUND = 64     # chunks a round (default), two a warp of the 1024-thread kernel
 PANEL_ROUNDS = (64, 128)  # the round sizes the kernel is built for (its kRoundChunks)
 LONG_LEN = 4096      # csr_split's cap on rows left whole (the sub = 32 case of split_len)
-SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/notes-spmv.md)
+SPLIT_PER_LANE = 128  # csr_split cuts rows longer than 128 x SUB (split_len; docs/tuning/spmv.md, "split_len")
 _INT32_MAX = 2**31 - 1
 
 
@@ -409,7 +405,8 @@ def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape)
             if bool(down.any()):
                 i = int(torch.nonzero(down)[0]) + 1
                 raise ValueError(f"CSR: column indices are not sorted within a row (position {i}); "
-                                 f"sort them (torch: A.to_sparse_coo().coalesce().to_sparse_csr(); SciPy: A.sort_indices())")
+                                 f"sort them (torch: A.to_sparse_coo().coalesce().to_sparse_csr(); "
+                                 f"SciPy: A.sort_indices())")
 
 
 @dataclass
@@ -512,8 +509,9 @@ class Panels:
     into shared memory with plain loads and stores and one barrier a round. The rounds are packed
     greedily in column order: a nonzero whose row is already in the current round is passed over
     to the tail (in column order again, added with shared-memory atomics) and takes no slot, so a
-    round is full (uniform 2M x 2M x 32: +0.25 % padding against +3.35 % when the rounds were cut
-    at fixed places and a repeat left a hole; 180.8 -> 176.8 us, logs/spmv-panels-greedy-fbc741a).
+    round is full (uniform 2M x 2M x 32: +0.25 % padding and 176.8 us, against +3.35 % and 180.8 us
+    for rounds cut at fixed places, where a repeat leaves a hole; docs/tuning/spmv.md, "Panels
+    rounds").
     ``rounds=False``: everything is tail.
     ``cluster`` CTAs (one thread-block cluster) share a panel: each takes 1 / cluster of its rounds
     and of its tail, and the panel's y is summed across their shared memories. 8 bytes a nonzero
@@ -544,9 +542,10 @@ class Panels:
                  round_chunks: int = PANEL_ROUND) -> "Panels":
         """``rows`` (rows a panel, 1..PANEL_MAX_ROWS) and ``cluster`` (CTAs a panel, 1..4) default to
         ``panel_shape``: the largest panels that fill the GPU in one wave of clusters. ``rounds``
-        (default True): measured on the H200 (logs/spmv-variants-7ab279a.log, 2M x 2M with 32 / 16 / 4
-        random columns a row, 66 panels x 2 CTAs): 181 / 105 / 49 us with rounds of 64 chunks,
-        226 / 125 / 54 without; rounds of 128 chunks 198 / 116 / 51."""
+        (default True; ``round_chunks`` default PANEL_ROUND = 64): on the H200, 2M x 2M with 32 / 16 /
+        4 random columns a row, 66 panels x 2 CTAs: 181 / 105 / 49 us with rounds of 64 chunks,
+        226 / 125 / 54 without, 198 / 116 / 51 with rounds of 128 (docs/tuning/spmv.md, "Panels
+        rounds")."""
         M, N = A.shape
         if rows is None or cluster is None:
             r0, c0 = panel_shape(M, A.val.get_device())
@@ -554,7 +553,8 @@ class Panels:
             cluster = c0 if cluster is None else cluster
         rows, cluster = int(rows), int(cluster)
         if not 1 <= rows <= PANEL_MAX_ROWS:
-            raise ValueError(f"Panels: rows must be in 1..{PANEL_MAX_ROWS} (a panel's y is in shared memory), got {rows}")
+            raise ValueError(
+                f"Panels: rows must be in 1..{PANEL_MAX_ROWS} (a panel's y is in shared memory), got {rows}")
         if cluster not in PANEL_DEFAULT:
             raise ValueError(f"Panels: cluster must be one of {sorted(PANEL_DEFAULT)}, got {cluster}")
         if round_chunks not in PANEL_ROUNDS:
@@ -687,8 +687,9 @@ def panel_shape(M: int, device_index: int | None = None, clusters_fit=None, sms:
     fit at once (``clusters_fit(CL)``, from the occupancy API on a GPU: clusters stay inside a GPC,
     so the H200's 132 SMs hold 66 clusters of 2 but 39 of 3 and 30 of 4), rows = ceil(M / panels)
     at most PANEL_MAX_ROWS. Among the cluster sizes whose panels fit, the one that leaves the fewest
-    SMs idle, then the fewest panels (each panel reads x once), then the most CTAs a panel. Measured on the H200 (uniform,
-    logs/spmv-panels-ablation-3799427.log): 66 x 2 227 us, 132 x 1 230, 39 x 3 279 (117 SMs busy)."""
+    SMs idle, then the fewest panels (each panel reads x once), then the most CTAs a panel. On the
+    H200 (uniform): 66 x 2 227 us, 132 x 1 230, 39 x 3 279 (117 SMs busy) (docs/tuning/spmv.md,
+    "panel_shape")."""
     if clusters_fit is None:
         dev = torch.cuda.current_device() if device_index is None else device_index
         clusters_fit = functools.partial(_clusters_fit, dev)
@@ -744,7 +745,8 @@ _PARAMS = {
                        "alpha", "beta"),
     "spmv_csr_merge_fixup": ("carry:f", "seg_row:i", "seg_b0:i", "seg_b1:i", "y:f", "n_seg", "alpha"),
     "spmv_ell": ("col:i", "val:f", "x:f", "y:f", "M", "K", "alpha", "beta"),
-    "spmv_panels": ("key:i", "val:f", "chunk_col0:i", "panel_chunk:i", "panel_tail:i", "x:f", "y:f", "M", "R", "alpha", "beta"),
+    "spmv_panels": ("key:i", "val:f", "chunk_col0:i", "panel_chunk:i", "panel_tail:i", "x:f", "y:f", "M", "R",
+                    "alpha", "beta"),
     "spmv_jds": ("perm:i", "len_sorted:i", "jd_ptr:i", "col:i", "val:f", "x:f", "y:f", "M", "alpha", "beta"),
     "spmv_panels_rounds": ("row:i", "blk:i", "start:l", "slot:l", "total:l", "rows", "round_slots"),
 }
@@ -803,7 +805,8 @@ def _check(A, x, y, beta):
     if not isinstance(y, torch.Tensor):
         raise ValueError(f"spmv: 'y' must be a torch.Tensor, got {type(y).__name__}")
     if y.device != dev or y.dtype != torch.float32 or tuple(y.shape) != (M,):
-        raise ValueError(f"spmv: 'y' must be float32 of shape ({M},) on {dev}; got {y.dtype} {tuple(y.shape)} on {y.device}")
+        raise ValueError(
+            f"spmv: 'y' must be float32 of shape ({M},) on {dev}; got {y.dtype} {tuple(y.shape)} on {y.device}")
     return y
 
 
@@ -975,8 +978,8 @@ PANEL_ONE_WAVE_ROWS = PANEL_MAX_ROWS * 132  # ... and the panels fit one wave of
 
 
 def choose(stats: RowStats, convert: bool = True) -> str:
-    """The kernel for a matrix with these row lengths, from the H200 tables in docs/notes-spmv.md
-    (speed-ups over cuSPARSE in brackets):
+    """The kernel for a matrix with these row lengths, from the H200 tables in docs/tuning/spmv.md,
+    "choose rules" (speed-ups over cuSPARSE in brackets):
       * a row longer than ``split_len(mean)``, or rows of very uneven length (std > mean):
         csr_merge (powerlaw 1.07, wide 1.16). Every kernel that gives a row to one thread or
         sub-warp is as slow as its longest row (3x to 1000x slower there); csr_split cut the long

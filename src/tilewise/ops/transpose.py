@@ -192,28 +192,26 @@ class V4Config:
             raise ValueError(f"transpose.v4_vec: config {self} does not fit {dtype}")
 
 
-# The first GPU run's configuration (streaming stores, tile-row-major order, bf16 storing 64-byte
-# runs per output row). It is the default: on the H200 (bench/results, 2026-11-29) it measured
-# fp32 3,806 and 3,750 GB/s in two runs against 3,651 for the predicted V4_TRIED below (plain
-# stores, launch groups of 8 tile rows, 48-register cap), and bf16 3,319 / 3,318 against 3,311.
+# An earlier default (streaming stores, tile-row-major order, bf16 storing 64-byte runs per output
+# row), kept for reference: neither compiled nor timed. It beat V4_TRIED (fp32 3,806 / 3,750 GB/s
+# against 3,651) and lost to V4_DEFAULT (docs/tuning/transpose.md, "V4_FIRST").
 V4_FIRST = {
     torch.float32: V4Config(gl=8, stcs=True, group=0),
     torch.float16: V4Config(gl=4, stcs=True, group=0),
     torch.bfloat16: V4Config(gl=4, stcs=True, group=0),
 }
-# The winners of scripts/experiments/transpose_variants.py on the H200 (2026-11-29, 16384^2). Run 1
-# (122 configurations) found plain loads, streaming stores and tile-column-major launch order
-# (group >= tile rows) best on the first tile shape: fp32 3,769 -> 4,012 GB/s, bf16 3,330 -> 3,813.
-# Run 2 (stage C: those hints over the tile shapes, gl and register caps) picked these:
-# fp32 64 x 64 tile, 128 threads, 16 store lanes: 4,085 GB/s = 96.8 % of copy, 1.038x torch.compile;
-# bf16 128 x 64 words, 512 threads, >= 2 blocks/SM: 4,018 GB/s = 97.6 % of copy, 1.198x.
+# The default: plain loads, streaming stores and tile-column-major launch order (group >= tile
+# rows) won the configuration sweep at 16384^2 on the H200: fp32 64 x 64 tile, 128 threads, 16 store
+# lanes 4,085 GB/s = 96.8 % of copy, 1.038x torch.compile; bf16 128 x 64 words, 512 threads, >= 2
+# blocks/SM 4,018 GB/s = 97.6 % of copy, 1.198x (docs/tuning/transpose.md, "V4_DEFAULT").
 V4_DEFAULT = {
     torch.float32: V4Config(tm=64, tw=64, threads=128, minb=1, gl=16, ldcs=False, stcs=True, group=1 << 30),
     torch.float16: V4Config(tm=128, tw=64, threads=512, minb=2, gl=8, ldcs=False, stcs=True, group=1 << 30),
     torch.bfloat16: V4Config(tm=128, tw=64, threads=512, minb=2, gl=8, ldcs=False, stcs=True, group=1 << 30),
 }
-# The prediction that lost (docs/notes-transpose.md); kept compiled so the bench and the
-# experiment script (scripts/experiments/transpose_variants.py) can time it beside the default.
+# The predicted configuration that lost (plain stores, launch groups of 8 tile rows, fp32 capped
+# at 48 registers); kept compiled so the bench and the sweep time it beside the default
+# (docs/tuning/transpose.md, "V4_TRIED").
 V4_TRIED = {
     torch.float32: V4Config(minb=5),
     torch.float16: V4Config(gl=8),
@@ -232,7 +230,7 @@ def v4_name(dtype: torch.dtype, cfg: V4Config, vec: bool) -> str:
 
 def v4_prepare(dtype: torch.dtype, configs, device_index: int | None = None) -> dict[V4Config, rt.Kernel]:
     """Compile the vector-path kernels of many v4 configs in one NVRTC module (for sweeps such as
-    scripts/experiments/transpose_variants.py) and return {config: kernel}; ``v4_vec`` then uses them."""
+    research/transpose_variants.py) and return {config: kernel}; ``v4_vec`` then uses them."""
     dev = torch.cuda.current_device() if device_index is None else device_index
     configs = list(dict.fromkeys(configs))
     for c in configs:

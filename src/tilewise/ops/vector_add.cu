@@ -14,8 +14,9 @@ __global__ void vector_add_v1_naive(const T* __restrict__ a, const T* __restrict
 
 // v2_vectorized: 16-byte loads and stores, a grid-stride loop over the blocks that are resident at
 // once, UNROLL independent 16-byte loads per operand in flight per thread; the n % (16 / sizeof(T))
-// tail is done element by element. Plain loads: the evict-first hints (ld.cs / st.cs) measured 6 %
-// slower on the H200. Needs a, b, out 16-byte aligned (the launcher checks).
+// tail is done element by element. Plain loads: the evict-first hints (ld.cs / st.cs) cost 6 % on
+// the H200 (docs/tuning/pointwise.md, "vector_add: one chunk per block, plain loads"). Needs a, b,
+// out 16-byte aligned (the launcher checks).
 template <typename T>
 __global__ void __launch_bounds__(256) vector_add_v2_vectorized(const T* __restrict__ a,
                                                                 const T* __restrict__ b,
@@ -58,8 +59,9 @@ __global__ void __launch_bounds__(256) vector_add_v2_vectorized(const T* __restr
 // v3_blocked: v2's 16-byte accesses without the grid-stride loop: block k owns the contiguous
 // chunk of 256 x UNROLL vectors starting at k x 256 x UNROLL, each thread UNROLL of them 256 apart
 // (coalesced). Blocks that run together touch one contiguous window of memory; in the grid-stride
-// loop the resident threads drift apart over the array, which measured 5 % slower (more DRAM
-// pages open at once is the likely cause). The last block also does the scalar tail.
+// loop the resident threads drift apart over the array, which costs 5 % (more DRAM pages open at
+// once is the likely cause; docs/tuning/pointwise.md, "vector_add: one chunk per block, plain
+// loads"). The last block also does the scalar tail.
 template <typename T>
 __global__ void __launch_bounds__(256) vector_add_v3_blocked(const T* __restrict__ a,
                                                              const T* __restrict__ b,

@@ -374,36 +374,40 @@ def name_expressions_for(path: Path) -> list[str]:
     return names
 
 
-def _check_one(src: Path, arch: str) -> list[KernelResources]:
-    # uncached: the report is of this NVRTC, not of whichever compiled the cached cubin
+def _check_one(src: Path, arch: str) -> tuple[list[KernelResources], list[str]]:
+    """The resources ptxas reported for a source's declared kernels, and the declared names it did
+    not report. Uncached: the report is of this NVRTC, not of whichever compiled the cached cubin."""
     names = name_expressions_for(src)
     res = compile_file(src, arch=arch, name_expressions=names, use_cache=False).resources
-    missing = sorted(set(names) - {r.name for r in res})
-    if missing:
-        # On the H200 (NVRTC 13.0) the program log of a large module lacked some kernels' ptxas
-        # lines; compiled apart they are reported.
-        apart = compile_file(src, arch=arch, name_expressions=missing, use_cache=False).resources
-        res = res + [r for r in apart if r.name in missing]
-        missing = sorted(set(names) - {r.name for r in res})
-    if missing:  # a kernel the check cannot see is a kernel it cannot pass
-        raise CompileError(f"{src.name}: ptxas reported no resources for {', '.join(missing)}")
-    return res
+    return res, sorted(set(names) - {r.name for r in res})
 
 
 def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelResources]:
     """Compile every .cu in the package for ``arch``; return each kernel's resources (in source
     order). ``jobs``: compiles at once, each in its own process (default: one per source, up to the
-    CPU count; 1 compiles here, in order)."""
+    CPU count; 1 compiles here, in order). Raises CompileError when a declared kernel has no report."""
     srcs = package_sources()
     jobs = min(len(srcs), os.cpu_count() or 1) if jobs is None else jobs
     if jobs <= 1:
-        return [r for src in srcs for r in _check_one(src, arch)]
-    import concurrent.futures
-    import multiprocessing
+        results = [_check_one(src, arch) for src in srcs]
+    else:
+        import concurrent.futures
+        import multiprocessing
 
-    # spawn: NVRTC in fresh processes, whatever CUDA state the caller holds
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [r for res in pool.map(_check_one, srcs, [arch] * len(srcs)) for r in res]
+        # spawn: NVRTC in fresh processes, whatever CUDA state the caller holds
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_check_one, srcs, [arch] * len(srcs)))
+    out: list[KernelResources] = []
+    for src, (res, missing) in zip(srcs, results):
+        if missing and jobs > 1:
+            # On the H200 (NVRTC 13.0) sources compiled in the worker processes came back without
+            # ptxas lines for some or all of their kernels, while the same compile alone in one
+            # process reported every one: compile such a source again here, alone.
+            res, missing = _check_one(src, arch)
+        if missing:  # a kernel the check cannot see is a kernel it cannot pass
+            raise CompileError(f"{src.name}: ptxas reported no resources for {', '.join(missing)}")
+        out += res
+    return out
 
 
 # --------------------------------------------------------------------------- parameters
@@ -618,10 +622,13 @@ class Kernel:
         handle = self._raw_stream(self.device_index)
         stream = _streams.get(handle) or _stream_for(handle)
         try:
-            self._in_context(self._launch, stream, cfg, self.handle, *cargs)
-        except Exception as e:
-            raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
-                                    f"shmem={shmem}) failed: {e}") from e
+            self._launch(stream, cfg, self.handle, *cargs)
+        except Exception as e:  # the retry stays off the launch's path
+            try:
+                self._retry_in_context(e, self._launch, stream, cfg, self.handle, *cargs)
+            except Exception as e2:
+                raise KernelLaunchError(f"launch of kernel {self.name} (grid={grid}, block={block}, "
+                                        f"shmem={shmem}) failed: {e2}") from e2
         if _debug_sync:
             self._sync_and_check()
 
@@ -633,10 +640,15 @@ class Kernel:
         try:
             return fn(*args)
         except Exception as e:
-            if "INVALID_CONTEXT" not in str(e):
-                raise
-            _cuda_core().Device(self.device_index).set_current()
-            return fn(*args)
+            return self._retry_in_context(e, fn, *args)
+
+    def _retry_in_context(self, error: Exception, fn, *args):
+        """After ``fn(*args)`` raised ``error``: raise it again, or run ``fn`` once more with the
+        primary context bound when the error was the driver's INVALID_CONTEXT."""
+        if "INVALID_CONTEXT" not in str(error):
+            raise error
+        _cuda_core().Device(self.device_index).set_current()
+        return fn(*args)
 
     def max_active_blocks_per_sm(self, block_size: int, dynamic_shmem: int = 0) -> int:
         """Occupancy: how many blocks of this kernel fit on one SM at once."""

@@ -3,8 +3,8 @@
 ``fn[grid](*args, **kwargs)`` runs, on every call, the autotuner's lookup (a dict of all arguments,
 its key, the config's pre-hook), the JIT's argument binding and specialization, a cache lookup and
 the grid lambda before the launcher itself. On the H200's host that is 50-130 us a GEMM call
-against cuBLAS's ~12 us (bench/results/logs/cluster-run1-host-overhead-train-profile.log), so a
-kernel shorter than that is host-bound in eager mode.
+against cuBLAS's ~12 us, so a kernel shorter than that is host-bound in eager mode
+(docs/tuning/gemm.md, "Cached Triton launch").
 
 ``launch(fn, grid, *args, **kwargs)`` does the same launch; after the first call with a given
 *signature* it calls the compiled kernel's launcher directly. The signature is what Triton
@@ -20,15 +20,15 @@ tensor by keyword), ``TILEWISE_FAST_LAUNCH=0``, and any Triton version whose obj
 used here (checked once, on the first cached call). First calls of a signature (the misses) are
 serialized under a lock; cached calls take none.
 
-Measured on the H200's host, same process, cache off / on (logs/host-overhead-launch-cache.log):
-gemm v1_tiled 73 -> 27 us a call at 1000^3; gemm(auto) 127 -> 82 us; the
-outputs are bit-identical (tests/test_triton_launch.py).
+On the H200's host, cache off / on: gemm v1_tiled 73 -> 27 us a call at 1000^3; gemm(auto)
+127 -> 82 us (docs/tuning/gemm.md, "Cached Triton launch"); the outputs are bit-identical
+(tests/test_triton_launch.py).
 
 ``bind(fn, grid, *args, **kwargs)`` launches the same way and returns a ``Bound``: that kernel,
 grid and constexprs, relaunched with new leading arguments and no per-call checks, for a caller
 that keys its own calls (gemm()'s call plans). On Triton 3.6 it calls the compiled launcher
 directly, each TMA descriptor encoded once per address (``_direct_launcher``): a planned 1000^3
-gemm() call 82 -> 13 us of host time (logs/gemm-plans-run2-617f3be.log).
+gemm() call 82 -> 13 us of host time (docs/tuning/gemm.md, "Call plans and the direct launcher").
 """
 
 from __future__ import annotations
@@ -351,7 +351,8 @@ def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
     if callable(grid):
         grid = grid(dict(zip(names, args + tail)))
     b = Bound()
-    b.fn, b.kwargs, b.kernel, b.tail, b.names, b.device, b.cache = fn, dict(kwargs), entry.kernel, tail, names, key[0], cache
+    b.fn, b.kwargs, b.kernel, b.tail, b.names, b.device, b.cache = (fn, dict(kwargs), entry.kernel, tail, names,
+                                                                     key[0], cache)
     b.grid = _grid3(grid)
     b.pre_hook = entry.pre_hook if run_pre_hook else None
     b.constants = dict(zip(names[n:], tail))
@@ -401,7 +402,8 @@ def _remember(cache: _Cache, fn, key, kernel, args: tuple, kwargs: dict) -> None
 
 
 def stats() -> dict:
-    """Per launched function (a kernel's name, ``[Autotuner]`` for an autotuned one): calls through the cached launcher (hits), through Triton's dispatch
+    """Per launched function (a kernel's name, ``[Autotuner]`` for an autotuned one): calls through the
+    cached launcher (hits), through Triton's dispatch
     (misses: first calls of a signature, or hooks installed), and whether the kernel fell back
     for good (broken: this Triton's objects lack what the cached path uses)."""
     out = {}
