@@ -38,7 +38,20 @@ def gpu_sources(package: Path = PACKAGE) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(package).as_posix())
 
 
-HASH_SCHEME = "code-v1"  # what ``fingerprint`` hashes; a record of another scheme cannot be compared
+HASH_SCHEME = "code-v2"  # what ``fingerprint`` hashes; a record of another scheme cannot be compared
+
+
+def _canonical(node) -> str:
+    """The syntax tree as text, with empty and None fields left out: ``ast.dump`` differs between
+    Python versions (3.12 added ``type_params``), this does not, so a record made on the GPU
+    machine's Python compares with a checkout on another."""
+    if isinstance(node, ast.AST):
+        fields = (f"{f}={_canonical(v)}" for f in node._fields
+                  if (v := getattr(node, f, None)) is not None and v != [])
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(v) for v in node) + "]"
+    return repr(node)
 
 
 def _python_code(text: str) -> str:
@@ -49,7 +62,7 @@ def _python_code(text: str) -> str:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    return _canonical(tree)
 
 
 # a string or char literal, a // comment to the end of the line, or a /* */ comment
