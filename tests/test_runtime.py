@@ -51,6 +51,13 @@ def test_check_fails_on_a_declared_kernel_without_a_report(monkeypatch):
         rt.check_package("sm_90", jobs=1)
 
 
+def test_nvrtc_own_cache_is_off_so_ptxas_always_reports():
+    """NVRTC 12.9+ caches compiles, and a hit skips ptxas and its -v report: on the H200 `check`
+    found no resources for matmul.cu's kernels once the tests had compiled them (397a6eb)."""
+    opts = rt._program_options("k.cu", "sm_90", ())
+    assert rt.nvrtc_version() < (12, 9) or opts.no_cache is True
+
+
 def test_cli_check_reports_kernels(fresh_cache):
     p = subprocess.run([sys.executable, "-m", "tilewise", "check", "--arch", "sm_90"], capture_output=True,
                        text=True, env={**os.environ, "COLUMNS": "200"})

@@ -257,6 +257,10 @@ def _program_options(name: str, arch: str, options: Sequence[str]):
             extra_ptxas.append(opt[len("-Xptxas="):])
         else:
             raise ValueError(f"unsupported compile option {opt!r} (use -std=, -D, -Xptxas=)")
+    if nvrtc_version() >= (12, 9):
+        # NVRTC's own compile cache (12.9+) skips ptxas on a hit, and with it the -v report that
+        # resources and the check read; our cache (cache_dir) already keeps the cubin.
+        kw["no_cache"] = True
     return cc.ProgramOptions(name=name, arch=arch, std=std, include_path=inc,
                              define_macro=defines or None, ptxas_options=extra_ptxas, **kw)
 
@@ -399,11 +403,6 @@ def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelRe
             results = list(pool.map(_check_one, srcs, [arch] * len(srcs)))
     out: list[KernelResources] = []
     for src, (res, missing) in zip(srcs, results):
-        if missing and jobs > 1:
-            # On the H200 (NVRTC 13.0) sources compiled in the worker processes came back without
-            # ptxas lines for some or all of their kernels, while the same compile alone in one
-            # process reported every one: compile such a source again here, alone.
-            res, missing = _check_one(src, arch)
         if missing:  # a kernel the check cannot see is a kernel it cannot pass
             raise CompileError(f"{src.name}: ptxas reported no resources for {', '.join(missing)}")
         out += res
