@@ -118,7 +118,7 @@ def per_call_us(fn, n: int = 2000) -> float:
 def linear_step_case(M: int = 2048, N: int = 512, K: int = 512):
     """(torch_step, tilewise_step): relu(x @ w.T + b).sum().backward() on bf16 (M, K) x (N, K), in
     PyTorch and through tilewise.linear, for the host-time experiments (host_overhead, gemm_plans)."""
-    from tilewise.ops import gemm_triton as g
+    from tilewise.ops.gemm import api as g
 
     xs = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     ws = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)

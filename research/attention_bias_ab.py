@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from _timing import bias_attention_case, interleaved_rounds
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def bench(fn):

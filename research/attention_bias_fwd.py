@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 B, H, S = 4, 16, 4096
 TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 4)]

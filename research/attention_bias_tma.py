@@ -30,7 +30,7 @@ import torch
 from triton.testing import do_bench
 
 from _timing import bias_attention_case
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 TILES = {64: [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
          128: [(128, 64, 8, 3), (128, 128, 8, 2)]}

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 B, H, S = 4, 16, 4096
 ATOMIC = {  # D: [(dQ path, (BLOCK_M, BLOCK_N, num_warps, num_stages)), ...]; the default is starred

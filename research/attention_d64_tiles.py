@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from _timing import bias_attention_case, interleaved_rounds
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 BIAS_TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (256, 64, 8, 2), (256, 64, 8, 3)]
 PLAIN_TILES = [(128, 64, 8, 3), (128, 128, 8, 2), (256, 64, 8, 2)]

@@ -17,7 +17,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from triton.testing import do_bench
 
 from _timing import interleaved_rounds
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 TILES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 4)]
 flex = torch.compile(flex_attention, dynamic=False)

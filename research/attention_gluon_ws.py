@@ -307,7 +307,7 @@ def main():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tilewise.ops import attention as att
+    from tilewise.ops.attention import api as att
 
 
     torch.manual_seed(0)

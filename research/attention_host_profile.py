@@ -13,7 +13,7 @@ import pstats
 import torch
 
 from attention_host_time import _both  # this folder is on sys.path when run as a script
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def main():

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 PATHS = {"default": lambda: contextlib.nullcontext(),
          "v3+v3": lambda: _both(A.use_ws(False), A.use_ws_bwd(False)),

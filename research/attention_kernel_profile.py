@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def cases(D):

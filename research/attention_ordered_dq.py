@@ -14,7 +14,7 @@ Run on the GPU: PYTHONPATH=src python3 research/attention_ordered_dq.py
 import torch
 import triton
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def warm_up():

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def bench(fn):
@@ -45,7 +45,7 @@ def old_kernels():
     """The attention kernels of OLD_SRC (an older checkout's src/) under the current launchers: the
     kernel module is swapped for the call (the launchers import it at call time)."""
     import tilewise.ops as ops
-    from tilewise.ops import attention_kernels as new
+    from tilewise.ops.attention import triton_kernels as new
 
     spec = importlib.util.spec_from_file_location(
         "tw_old_attention_kernels", os.path.join(os.environ["OLD_SRC"], "tilewise", "ops", "attention_kernels.py"))

@@ -1,4 +1,4 @@
-"""v5 (the warp-specialized Gluon forward, ops/attention_gluon.py) against the Triton forward the
+"""v5 (the warp-specialized Gluon forward, ops/attention/gluon_fwd.py) against the Triton forward the
 library runs without it (v3's pointer kernel; v4's TMA kernel with a bias), and SDPA's cuDNN
 backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 128, S 1024 / 4096 /
 8192, plain, causal, and with a (1, H, S, S) bias. Two interleaved rounds (do_bench, L2 flushed);
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 
 def bench(fn):
@@ -120,7 +120,7 @@ def d64():
     with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192. (At
     803d45c the rules' config took precedence over attention_gluon.OVERRIDE: all three v5 columns of
     that run are the three-consumer config; the override wins since.)"""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     g = torch.Generator(device="cuda").manual_seed(2)
     H, TOKENS, D = 16, 16384, 64
@@ -154,7 +154,7 @@ def pingpong():
     """v5 with and without the consumers taking turns issuing their products
     (``attention_gluon.PINGPONG``), D 64 / 128, S 4096 / 8192, plain / causal / bias, against cuDNN.
     Written after the eighth session's device budget was spent: not yet run."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     g = torch.Generator(device="cuda").manual_seed(3)
     H, TOKENS = 16, 16384
@@ -190,7 +190,7 @@ def persistent():
     session's device budget was spent: not yet run. Prediction: D = 128 plain S = 4096 from 0.90x
     cuDNN to ~0.95x (the prologue and epilogue of 15.5 waves hidden), little change at S = 8192
     causal where v5 is already at 0.97x."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     g = torch.Generator(device="cuda").manual_seed(4)
     H, TOKENS = 16, 16384

@@ -1,4 +1,4 @@
-"""v6 (the Gluon warp-specialized backward kernels, ops/attention_gluon_bwd.py) against v3's Triton
+"""v6 (the Gluon warp-specialized backward kernels, ops/attention/gluon_bwd.py) against v3's Triton
 dK / dV and dQ kernels (the deterministic backward), and cuDNN's backward: the backward alone (one
 forward, its graph kept; do_bench, L2 flushed), bf16, H = 16, B * S = 16384 tokens as the bench,
 D 64 / 128, causal or not, S 1024 / 4096 / 8192. Columns: triton (both kernels v3's), v6 dkdv (the
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilewise.ops import attention as A
-from tilewise.ops import attention_gluon_bwd as gb
+from tilewise.ops.attention import api as A
+from tilewise.ops.attention import gluon_bwd as gb
 
 
 def warm_up():

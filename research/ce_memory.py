@@ -6,7 +6,7 @@ Run on the GPU: PYTHONPATH=src python3 research/ce_memory.py
 
 import torch
 
-from tilewise.ops import cross_entropy as ce
+from tilewise.ops.rowwise import cross_entropy as ce
 
 N, C = 1024, 131072
 MB = 1 << 20

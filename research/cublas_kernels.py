@@ -8,7 +8,7 @@ Run: PYTHONPATH=src python3 research/cublas_kernels.py
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tilewise.ops import gemm_triton as G
+from tilewise.ops.gemm import api as G
 
 SIZES = [1000, 1536, 2048, 2304, 3072, 4096, 8192]
 

@@ -36,9 +36,9 @@ from dataclasses import replace
 import torch
 from triton.testing import do_bench
 
-from tilewise.ops import elementwise as ew
-from tilewise.ops import fusion as fu
-from tilewise.ops import reduce as rd
+from tilewise.ops.pointwise import elementwise as ew
+from tilewise.ops.pointwise import fusion as fu
+from tilewise.ops.pointwise import reduce as rd
 from tilewise.runtime import cuda as rt
 
 T0 = time.time()
@@ -283,7 +283,7 @@ FUSE_ROWS = [(r, t) for r in (1, 2, 4, 8) for t in (128, 256, 512)]
 
 
 def fusion_cases(copy_ms, n):
-    from tilewise.ops.elementwise import cos, relu, sin
+    from tilewise.ops.pointwise.elementwise import cos, relu, sin
 
     g = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randn(n, device="cuda", generator=g)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import median_event_ms  # noqa: E402
 from tilewise.bench.suites.embedding import _capture  # noqa: E402
-from tilewise.ops import embedding as op  # noqa: E402
+from tilewise.ops.embedding import api as op  # noqa: E402
 
 
 def median_ms(fn, reps=200):

@@ -16,7 +16,7 @@ import time
 import torch
 
 from tilewise.bench.harness import graph_of, replay_ms
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import api as gt
 
 CALLS = 20
 

@@ -19,7 +19,7 @@ import torch
 
 from _timing import square_gemm_case
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_triton as new
+from tilewise.ops.gemm import api as new
 
 spec = importlib.util.spec_from_file_location(
     "tilewise.ops._gemm_triton_old", os.path.join(os.environ["OLD_SRC"], "tilewise", "ops", "gemm_triton.py"))

@@ -172,7 +172,7 @@ def compile_only():
 
 def main():
     from tilewise.bench.harness import time_ms, time_ms_graph
-    from tilewise.ops import gemm_triton as g
+    from tilewise.ops.gemm import api as g
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     x = torch.randn(8192, 8192, device="cuda")

@@ -1,4 +1,4 @@
-"""gemm()'s call plans (ops/gemm_triton.py, "call plans"): host time of a call with the plans off
+"""gemm()'s call plans (ops/gemm/api.py, "call plans"): host time of a call with the plans off
 (every call checks, routes, builds checked descriptors and keys the launch) and on (the first call
 of a layout does that; later calls allocate, make descriptors and launch the compiled kernel),
 against torch.matmul, in one process. Per size: host us per call (back-to-back calls, no sync),
@@ -21,7 +21,7 @@ import torch
 
 from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
-from tilewise.ops import gemm_triton as g
+from tilewise.ops.gemm import api as g
 
 
 def eager_us(fn, reps=300):

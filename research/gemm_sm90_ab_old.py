@@ -20,7 +20,7 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 from tilewise.runtime import cuda as rt
 
 CASES = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1"}

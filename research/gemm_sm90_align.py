@@ -12,7 +12,7 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 SIZES = [5000, 4992, 5120, 3000, 1000]
 

@@ -19,8 +19,8 @@ from _timing import warm_clocks
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 SHAPES = [(2304,) * 3, (2560,) * 3, (3000,) * 3, (3072,) * 3, (3584,) * 3, (4096,) * 3, (5000,) * 3,
           (5120,) * 3, (6144,) * 3, (7168,) * 3, (8192,) * 3, (4096, 4096, 1024), (2048, 8192, 2048),

@@ -27,7 +27,7 @@ from _timing import warm_clocks
 from gemm_sm90_ab_old import old_launcher
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 # (at 021c38c the defaults were early copies everywhere and bulk stores with 2-3 consumer
 # warpgroups; the labels of that run's log name the choices, as here)

@@ -1,4 +1,4 @@
-"""The CUDA C sm_90a GEMM (tilewise/ops/gemm_sm90.cu: wgmma, TMA, cluster multicast) against cuBLAS
+"""The CUDA C sm_90a GEMM (tilewise/ops/gemm/sm90.cu: wgmma, TMA, cluster multicast) against cuBLAS
 and gemm() (Triton) on the sizes where gemm() misses 0.85x cuBLAS graph-replayed (1000, 1536,
 3072) and on the squares (4096, 8192): every config, bf16 and fp16, correctness first (output
 poisoned with NaN, relative error against fp32), then graph-replayed and eager times, same run.
@@ -15,8 +15,8 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms, time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 
 def main(sizes):

@@ -21,7 +21,7 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 EXTRA = {"64x128_c2x2": gs.Config(64, 128, 2, 2, 8), "64x128_c4x1": gs.Config(64, 128, 4, 1, 8),
          "192x96_c2x2": gs.Config(192, 96, 2, 2, 5), "128x192_c2x2": gs.Config(128, 192, 2, 2, 5)}

@@ -13,8 +13,8 @@ Run on the GPU: PYTHONPATH=src python3 research/gemm_sm90_host.py
 import torch
 
 from tilewise.bench.harness import host_us_per_call
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 
 def main():

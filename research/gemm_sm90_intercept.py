@@ -15,7 +15,7 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 
 def main():

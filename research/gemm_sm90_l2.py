@@ -20,7 +20,7 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 BASE = gs.CONFIGS["64x128_c2x1"]
 C4 = dataclasses.replace(BASE, cm=4)

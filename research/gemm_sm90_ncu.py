@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 gs.COMPILE_OPTIONS = ("-std=c++17",) + tuple(os.environ.get("TW_OPTS", "").split())
 dtype = torch.float16 if "fp16" in sys.argv else torch.bfloat16

@@ -25,7 +25,7 @@ from gemm_sm90_ab_old import old_launcher
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 SHAPES = [(1000, 1000, 1000, "64x128_c2x1"), (1000, 1000, 64, "64x128_c2x1"), (1536, 1536, 1536, "192x96_c1x2"),
           (3072, 3072, 3072, "128x192_c2x1"), (4096, 4096, 4096, "128x256_c2x1"), (5000, 5000, 5000, "128x256_c2x1")]

@@ -21,7 +21,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 CASES = [(1000, torch.float16, "64x128_c2x1"), (1000, torch.bfloat16, "64x128_c2x1"),
          (1536, torch.float16, "192x96_c1x2"), (3072, torch.bfloat16, "128x192_c2x1")]

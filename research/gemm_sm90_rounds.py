@@ -16,8 +16,8 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench import harness
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 OPTIONS = {"default": (), "early": ("-DTW_EARLY_LOCAL",), "tma": ("-DTW_TMA_STORE",),
            "early+tma": ("-DTW_EARLY_LOCAL", "-DTW_TMA_STORE")}

@@ -14,8 +14,8 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import graph_of, replay_us
 
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 SHAPES = [(904, 904, 904), (936, 936, 936), (960, 960, 960), (968, 968, 968), (1000, 1000, 1000),
           (1016, 1016, 1016), (1024, 1024, 1024), (1000, 1000, 4000), (1000, 1000, 1024), (1024, 1024, 1000),

@@ -24,8 +24,8 @@ from _timing import warm_clocks
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 SHAPES = [(2048, 2048, 2048), (2560, 2560, 2560), (3584, 3584, 3584), (4096, 4096, 4096),
           (4096, 4096, 1024), (2048, 8192, 2048), (6144, 6144, 6144), (8192, 8192, 8192)]

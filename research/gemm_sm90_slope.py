@@ -12,7 +12,7 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 M = N = 1536
 KS = (64, 768, 1536, 3072, 6144)

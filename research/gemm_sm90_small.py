@@ -14,8 +14,8 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 SIZES = (768, 1000, 1024, 1280)
 NAMES = ("64x128_c2x1", "128x64_c1x2", "128x128_c2x1")

@@ -26,7 +26,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 CASES = [("float16 1000^3", square_operands(1000, torch.float16), "64x128_c2x1"),
          ("bfloat16 1000^3", square_operands(1000, torch.bfloat16), "64x128_c2x1"),

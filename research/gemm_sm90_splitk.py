@@ -22,8 +22,8 @@ from _timing import warm_clocks
 from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 from tilewise.runtime import cuda as rt
 
 SHAPES = [(1000, 1000, 1000), (1024, 1024, 1024), (1000, 1000, 4000), (1024, 1024, 16384), (768, 768, 8192),

@@ -19,7 +19,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 ROUTED = gs.CONFIGS["64x128_c2x1"]
 SWAP = gs.EXTRA_CONFIGS["72x128t_c2x1"]

@@ -7,8 +7,8 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 SHAPES = [(n, n, n) for n in (768, 1000, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 3072, 3584, 4096, 6144, 8192)]
 SHAPES += [(8192, 4096, 1024), (8192, 1024, 4096), (4096, 4096, 1024), (2048, 8192, 2048)]

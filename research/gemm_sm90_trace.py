@@ -34,7 +34,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, operands
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 from tilewise.runtime import cuda as rt
 
 CFG = gs.CONFIGS["64x128_c2x1"]

@@ -13,8 +13,8 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 
 CASES = {1000: ("128x64_c1x2", "128x128_c1x1"), 1536: ("192x96_c1x2", "128x192_c1x2"), 3072: ("128x192_c2x1",),
          4096: ("128x256_c2x1",)}

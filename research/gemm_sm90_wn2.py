@@ -15,7 +15,7 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 
 NAMES = ("64x128_c2x1", "64x128w2_c2x1")
 

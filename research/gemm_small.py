@@ -26,7 +26,7 @@ import torch
 import triton
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_triton as G
+from tilewise.ops.gemm import api as G
 
 SIZES = [512, 768, 1000, 1536, 2048, 2304, 2999, 3072, 4096]
 STREAMK = [(128, 128, 64, 4, 8), (128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 64, 64, 4, 4)]

@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_triton as G
+from tilewise.ops.gemm import api as G
 
 
 @triton.jit

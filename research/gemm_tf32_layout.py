@@ -15,7 +15,7 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import api as gt
 
 
 def main():

@@ -23,8 +23,8 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
 from tilewise.runtime import cuda as rt
 
 HERE = Path(__file__).resolve().parent

@@ -18,9 +18,9 @@ import torch
 from _timing import warm_clocks
 
 from tilewise.bench import harness
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import gemm_triton as gt
-from tilewise.ops import transpose as tr
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import api as gt
+from tilewise.ops.transpose import api as tr
 
 # First run (43fb8eb): the old route too. Second: BM = 64 and CTA pairs sharing A (cluster 2), and
 # not the old route (OLD_ROUTE = False; --old puts it back).

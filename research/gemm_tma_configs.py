@@ -13,7 +13,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_triton as G
+from tilewise.ops.gemm import api as G
 
 SIZES = [768, 1000, 1280, 1536, 2048]
 CONFIGS = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) for c in G._CONFIGS

@@ -14,7 +14,7 @@ import torch
 
 from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
-from tilewise.ops import gemm_triton as g
+from tilewise.ops.gemm import api as g
 from tilewise.runtime import triton_launch as tl_launch
 
 
@@ -63,9 +63,9 @@ torch_step, tw_step = linear_step_case()
 row("linear fwd+bwd 2048x512x512 torch", torch_step, baseline=True, calls=100)
 row("linear fwd+bwd 2048x512x512 tilewise", tw_step, calls=100)
 
-from tilewise.ops.attention import flash_attention  # noqa: E402
-from tilewise.ops.cross_entropy import cross_entropy  # noqa: E402
-from tilewise.ops.softmax import softmax  # noqa: E402
+from tilewise.ops.attention.api import flash_attention  # noqa: E402
+from tilewise.ops.rowwise.cross_entropy import cross_entropy  # noqa: E402
+from tilewise.ops.rowwise.softmax import softmax  # noqa: E402
 
 q, k, v = (torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 row("attention fwd B1 H8 S1024 D64 sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from _timing import softmax_case
-from tilewise.ops import cross_entropy as ce
-from tilewise.ops import rowwise_cluster as rc
-from tilewise.ops import softmax as sm
+from tilewise.ops.rowwise import cross_entropy as ce
+from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import softmax as sm
 
 CONFIGS = [(8, 512, 4), (8, 256, 8)]
 BWD_CONFIGS = [(8, 512, 4), (8, 256, 8)]

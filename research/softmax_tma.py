@@ -20,8 +20,8 @@ import torch
 from triton.testing import do_bench
 
 from _timing import softmax_case
-from tilewise.ops import rowwise_cluster as rc
-from tilewise.ops import softmax as sm
+from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import softmax as sm
 
 
 def bench(fn):

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import median_event_ms  # noqa: E402
 from tilewise.runtime import cuda as rt  # noqa: E402
-from tilewise.ops import spmv as op  # noqa: E402
+from tilewise.ops.spmv import api as op  # noqa: E402
 
 SRC = r"""
 extern "C" __global__ void __launch_bounds__(256) stream_cols(const int* __restrict__ col, float* __restrict__ y,

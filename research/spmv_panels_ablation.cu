@@ -1,4 +1,4 @@
-// Ablations of spmv_panels (tilewise/ops/spmv.cu) for research/spmv_panels_ablation.py:
+// Ablations of spmv_panels (tilewise/ops/spmv/spmv.cu) for research/spmv_panels_ablation.py:
 // the same loop with one part changed, to see which part sets the time on the uniform matrix.
 //   MODE 0: the library's loop (shared-memory float atomicAdd into the panel's y)
 //   MODE 1: ys[row] += p without an atomic (racy, wrong answers: the cost of the CAS loop)

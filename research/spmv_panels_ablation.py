@@ -12,7 +12,7 @@ import torch
 from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
-from tilewise.ops import spmv as op
+from tilewise.ops.spmv import api as op
 from tilewise.runtime import cuda as rt
 from tilewise.runtime.device import measure_copy_gbps
 

@@ -16,8 +16,8 @@ Measured at fbc741a (logs/spmv-panels-greedy-fbc741a): stream 513.3 MB (+0.25 % 
 67,108 chunks (64,953 before); 176.8 us (71.2 % of the copy) against 180.8 (69.6 %), all seven
 interleaved runs apart. The library version (spmv_panels_rounds, a CUDA walk a block a panel, and
 the same walk on the host for CPU tensors; CPU tests passed) is commit be19ff5, reverted because
-no device time was left to run its GPU tests: `git checkout be19ff5 -- src/tilewise/ops/spmv.cu
-src/tilewise/ops/spmv.py tests/test_spmv.py` brings it back; run `pytest -m gpu tests/test_spmv.py` first.
+no device time was left to run its GPU tests: `git checkout be19ff5 -- src/tilewise/ops/spmv/spmv.cu
+src/tilewise/ops/spmv/api.py tests/test_spmv.py` brings it back; run `pytest -m gpu tests/test_spmv.py` first.
 Run on the GPU: PYTHONPATH=src python3 research/spmv_panels_greedy.py
 """
 import multiprocessing as mp
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from spmv_panels_sector import compare, uniform
 
-from tilewise.ops import spmv as op
-from tilewise.ops.spmv import PANEL_COLS, PANEL_ROUND, Panels
+from tilewise.ops.spmv import api as op
+from tilewise.ops.spmv.api import PANEL_COLS, PANEL_ROUND, Panels
 
 
 def greedy_panel(args):

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from tilewise.bench.suites import spmv as suite
-from tilewise.ops import spmv as op
+from tilewise.ops.spmv import api as op
 
 args = sys.argv[1:] or ["1024", "2", "8"]
 cfg = tuple(int(v) for v in args[:3])

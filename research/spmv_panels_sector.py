@@ -20,8 +20,8 @@ import torch
 from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
-from tilewise.ops import spmv as op
-from tilewise.ops.spmv import PANEL_COLS, Panels, panel_shape
+from tilewise.ops.spmv import api as op
+from tilewise.ops.spmv.api import PANEL_COLS, Panels, panel_shape
 
 SECTOR = 8  # fp32 columns a 32-byte sector
 

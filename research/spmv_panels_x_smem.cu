@@ -3,7 +3,7 @@
 // what the runs showed): (A) panels_kv8, (B) panels_xsmem (thread 0 of the consumers is the
 // producer: 7x too slow, cause below), (C) panels_xsmem2 (a producer warp; protocol below).
 //
-// panels_kv8<NT, CL, U, kRoundChunks>: the library's spmv_panels (tilewise/ops/spmv.cu) line for
+// panels_kv8<NT, CL, U, kRoundChunks>: the library's spmv_panels (tilewise/ops/spmv/spmv.cu) line for
 //   line (rounds, three groups in flight, atomic tail, cluster sum over DSMEM), except that an
 //   entry's key and value come interleaved in one 8-byte word (uint2: key, value bits) and are
 //   read with one 8-byte load instead of two 4-byte loads. Reads the library's Panels layout.

@@ -897,7 +897,7 @@ def bench(fn):
 
 def gpu():
     from tilewise.bench.suites import spmv as suite
-    from tilewise.ops import spmv as op
+    from tilewise.ops.spmv import api as op
     from tilewise.runtime import cuda as rt
     from tilewise.runtime.device import measure_copy_gbps
 

@@ -1,5 +1,5 @@
 """Which SpMV kernel, at which setting, is fastest on each matrix of the bench suite? One run over
-the library's kernels (tilewise/ops/spmv.cu) on the full-size suite matrices
+the library's kernels (tilewise/ops/spmv/spmv.cu) on the full-size suite matrices
 (tilewise/bench/suites/spmv.py::make_matrix), beside PyTorch's CSR ``A @ x`` (cuSPARSE), same run.
 
 Timed, each after its output is checked against a float64 reference on a NaN-poisoned y:
@@ -23,7 +23,7 @@ import torch
 from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
-from tilewise.ops import spmv as op
+from tilewise.ops.spmv import api as op
 from tilewise.runtime.device import measure_copy_gbps
 
 T0 = time.time()

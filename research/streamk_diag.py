@@ -15,7 +15,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tilewise.bench.harness import time_ms_graph
-from tilewise.ops import gemm_triton as G
+from tilewise.ops.gemm import api as G
 
 BM, BN, BK, ST, W = 128, 128, 64, 4, 8
 

@@ -2,7 +2,7 @@
 1.0x-torch.compile targets? One run over the real kernel (transpose.cu's transpose_v4_vec) with its
 template and launch parameters, 16384 x 16384 fp32 and bf16, each output checked bit-exact first.
 
-Knobs (see V4Config in tilewise/ops/transpose.py):
+Knobs (see V4Config in tilewise/ops/transpose/api.py):
   D, T. V4_DEFAULT (the first bench run's configuration) and V4_TRIED (the prediction that lost).
   A. cache hints x launch order on the default tile: ld.cs/st.cs (evict-first) against plain, and
      tile-row-major / groups of 4..32 tile rows / tile-column-major. Hypothesis: evict-first stores
@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 from triton.testing import do_bench
 
-from tilewise.ops import transpose as tp
+from tilewise.ops.transpose import api as tp
 from tilewise.runtime import cuda as rt
 
 SIZE = 16384

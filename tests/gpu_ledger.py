@@ -5,7 +5,7 @@
 - every CUDA C kernel launched (``runtime.cuda.Kernel``, by its name expression, e.g.
   ``map_v1_strided<float,ew::Neg>``): every test that launched it; kernels an op launches through
   the driver with a handle it keeps (gemm_sm90, the cluster kernels): the tests that took the handle;
-- every entry of an op's ``*VARIANTS`` table that was called (``tilewise.ops.softmax.VARIANTS[v2_fused]``),
+- every entry of an op's ``*VARIANTS`` table that was called (``tilewise.ops.rowwise.softmax.VARIANTS[v2_fused]``),
   through the table or through the module's own name for it (``attention.v3_flash2``): every test
   that called it;
 - every Triton / Gluon kernel specialization compiled or loaded in the process (kernel, constexprs,
@@ -76,8 +76,8 @@ class Ledger:
     def install_variants(self) -> None:
         import tilewise.ops as ops
 
-        for info in pkgutil.iter_modules(ops.__path__):
-            mod = importlib.import_module(f"tilewise.ops.{info.name}")
+        for info in pkgutil.walk_packages(ops.__path__, "tilewise.ops."):
+            mod = importlib.import_module(info.name)
             for table_name, table in list(vars(mod).items()):
                 if not (table_name.endswith("VARIANTS") and isinstance(table, dict)):
                     continue

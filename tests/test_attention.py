@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilewise.bench.harness import peak_extra_bytes
-from tilewise.ops import attention as A
+from tilewise.ops.attention import api as A
 
 from conftest import HAS_CUDA, poison
 
@@ -725,7 +725,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tilewise.ops import attention_kernels as K
+    from tilewise.ops.attention import triton_kernels as K
 
     fn = {"fwd": K._attn_fwd_kernel, "fwd_bias": K._attn_fwd_kernel, "dkdv": K._attn_bwd_dkdv_kernel,
           "dq": K._attn_bwd_dq_kernel,
@@ -873,7 +873,7 @@ def _atomic_kwargs(shape, extra):
 @pytest.mark.parametrize("name", list(ATOMIC_CASES))
 def test_triton_interpreter_atomic_backward(name, monkeypatch):
     """deterministic=False against the float64 reference and against deterministic=True."""
-    from tilewise.ops import attention_kernels as K
+    from tilewise.ops.attention import triton_kernels as K
 
     shape, extra = ATOMIC_CASES[name]
     q, k, v = _inputs(*shape, dtype=torch.float32, seed=sum(shape) + 1)
@@ -995,7 +995,7 @@ def _record_launches(monkeypatch) -> list:
 
 def _backward_kernel_counts(launched) -> dict:
     """Launches of the fused (atomic / ordered) backward kernel and of the two-kernel backward's."""
-    from tilewise.ops import attention_kernels as K
+    from tilewise.ops.attention import triton_kernels as K
 
     return {"fused": launched.count(K._attn_bwd_atomic_kernel),
             "two_kernel": sum(fn in (K._attn_bwd_dq_kernel, K._attn_bwd_dkdv_kernel) for fn in launched)}
@@ -1112,7 +1112,7 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch)
     """v6's Gluon dK / dV kernel, with its Gluon dQ kernel or v3's: against the fp32 reference (and
     SDPA's low-precision error), against the Triton kernels, bitwise equal over two runs, and the
     Gluon kernels are what ran."""
-    from tilewise.ops import attention_gluon_bwd as gb
+    from tilewise.ops.attention import gluon_bwd as gb
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 3)
@@ -1189,7 +1189,7 @@ def _gluon_sm90_report(cases: str) -> dict:
 
 
 _WS_COMPILE_SM90 = r"""
-from tilewise.ops import attention_gluon as ag
+from tilewise.ops.attention import gluon_fwd as ag
 
 cases = [(D, bias, causal, 2, False) for D, bias, causal in itertools.product((64, 128), (False, True), (False, True))]
 cases += [(64, bias, causal, 3, False) for bias, causal in itertools.product((False, True), (False, True))]
@@ -1225,7 +1225,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     variants (opt-in) and the persistent grid (opt-in, not yet run on a GPU): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
@@ -1238,7 +1238,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
 
 
 _WS_BWD_COMPILE_SM90 = r"""
-from tilewise.ops import attention_gluon_bwd as gb
+from tilewise.ops.attention import gluon_bwd as gb
 
 for D, causal in itertools.product((64, 128), (False, True)):
     bm, stages = gb.CONFIGS[D]
@@ -1266,7 +1266,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
     at BLOCK_M 64 within what was seen (spill instructions, plain / causal: Triton 3.6 D = 64 none,
     D = 128 283 / 383, the configuration measured fastest on the H200; Triton 3.9 D = 64 392 / 0,
     D = 128 1266 / 700, not measured on a GPU)."""
-    from tilewise.ops import attention_gluon_bwd as gb
+    from tilewise.ops.attention import gluon_bwd as gb
 
     if not gb.available():
         pytest.skip("this Triton has no Gluon")
@@ -1287,7 +1287,7 @@ def test_gluon_descriptors_built_once_per_backward():
     """``attention_gluon._desc``: the shared-memory layout is built once per (block, dtype); within
     one ``memo`` the same tensor and block give the same descriptor, another block or another
     tensor (address, shape, strides) a new one with its own fields."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
@@ -1341,7 +1341,7 @@ WS_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
 
 
 def _ws_or_skip(q):
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     if not ag.available() or torch.cuda.get_device_capability(q.device) != (9, 0):
         pytest.skip("v5 needs sm_90 and Gluon")
@@ -1356,7 +1356,7 @@ def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, mon
     """v5's forward on its own grid (the backward is ``flash_attention``'s, from v5's output and
     log-sum-exp): odd Sq and Sk, one row, GQA, causal, both 16-bit types, D 64 and 128,
     NaN-started outputs."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + 3 * Sk + D)
@@ -1381,7 +1381,7 @@ def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, mon
 def test_gpu_v5_ws_bias_forward_and_grads(case, causal, poisoned_outputs, monkeypatch):
     """v5 with an additive bias (q's dtype, dense rows): shared, per-batch, 2-D and full biases,
     odd Sq, GQA; output, LSE and every gradient (dbias too) against the fp32 reference."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     (B, H, Hkv, Sq, Sk, D), bias_shape = case
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
@@ -1399,7 +1399,7 @@ def test_gpu_v5_ws_bias_forward_and_grads(case, causal, poisoned_outputs, monkey
 @pytest.mark.gpu
 def test_gpu_v5_ws_falls_back_where_it_does_not_apply(monkeypatch):
     """A mask, D = 96, fp32, a bias whose rows are not 16-byte multiples: v3 / v4 run instead."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     calls = []
     real = ag.fwd
@@ -1438,7 +1438,7 @@ def _check_v5_forward(q, k, v, causal, bias):
 @pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, monkeypatch):
     """v5 with three consumer warpgroups (192 query rows a CTA): odd sizes, causal, bias, GQA."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 7)
@@ -1458,7 +1458,7 @@ def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
     """v5 on a persistent grid (``attention_gluon.PERSISTENT``, forced here; the default at D = 128
     without causal): odd sizes, GQA, one row, more work items than SMs (the ring and the Q buffers
     carry over between items)."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 13)
@@ -1477,9 +1477,9 @@ def test_gpu_default_routes(monkeypatch):
     without causal and v5's grid with it, backward v6's two Gluon kernels (with causal from
     S = 2048, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
     deterministic=False the atomic kernel; a mask v3's kernels."""
-    from tilewise.ops import attention_gluon as ag
-    from tilewise.ops import attention_gluon_bwd as gb
-    from tilewise.ops import attention_kernels as K
+    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_bwd as gb
+    from tilewise.ops.attention import triton_kernels as K
 
     import functools
 
@@ -1517,7 +1517,7 @@ def test_gpu_default_routes(monkeypatch):
 def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypatch):
     """v5 with the consumers taking turns issuing their products (``attention_gluon.PINGPONG``,
     opt-in): two consumers at D = 128, three at D = 64 from Sq = 4096 (the rules' config)."""
-    from tilewise.ops import attention_gluon as ag
+    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 11)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tilewise.ops import blas
+from tilewise.ops.gemm import blas
 
 from conftest import poison
 
@@ -85,7 +85,7 @@ def test_import_does_not_load_nvmath():
     import subprocess
     import sys
 
-    code = "import sys, tilewise.ops.blas; print('nvmath.bindings.cublas' in sys.modules)"
+    code = "import sys, tilewise.ops.gemm.blas; print('nvmath.bindings.cublas' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.stdout.strip() == "False", p.stderr
 

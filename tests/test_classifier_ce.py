@@ -1,4 +1,4 @@
-"""The classifier's sync-free cross-entropy (tilewise.ops.cross_entropy.cross_entropy_capturable):
+"""The classifier's sync-free cross-entropy (tilewise.ops.rowwise.cross_entropy.cross_entropy_capturable):
 against F.cross_entropy under the Triton interpreter on the CPU, and captured in a CUDA graph on
 the GPU; and how tilewise.nn.functional chooses it."""
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tilewise.nn import functional as twf
-from tilewise.ops import cross_entropy as ce
+from tilewise.ops.rowwise import cross_entropy as ce
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -109,7 +109,7 @@ def test_functional_prefers_the_capturable_cross_entropy():
 
 def test_functional_falls_back_inside_graphs_for_a_sync_op(monkeypatch):
     """Were the op found the synchronizing one, capture would use PyTorch's (NOT_CAPTURABLE)."""
-    monkeypatch.setitem(twf.CANDIDATES, "cross_entropy", [("tilewise.ops.cross_entropy", "cross_entropy", ())])
+    monkeypatch.setitem(twf.CANDIDATES, "cross_entropy", [("tilewise.ops.rowwise.cross_entropy", "cross_entropy", ())])
     twf.reset()
     try:
         assert twf.resolve("cross_entropy") is ce.cross_entropy

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from tilewise.bench.harness import peak_extra_bytes
-from tilewise.ops import cross_entropy as ce
+from tilewise.ops.rowwise import cross_entropy as ce
 
 from conftest import HAS_CUDA
 

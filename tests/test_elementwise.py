@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops import elementwise as ew
+from tilewise.ops.pointwise import elementwise as ew
 
 from conftest import poison
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops import fusion as fu
-from tilewise.ops.elementwise import cos, exp, gelu, maximum, relu, sigmoid, sin, tanh
+from tilewise.ops.pointwise import fusion as fu
+from tilewise.ops.pointwise.elementwise import cos, exp, gelu, maximum, relu, sigmoid, sin, tanh
 from tilewise.runtime import cuda as rt
 
 from conftest import poison

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilewise.ops import gemm_sm90 as gs
+from tilewise.ops.gemm import sm90 as gs
 from tilewise.runtime import cuda as rt
 
 from conftest import HAS_CUDA, poison
@@ -355,7 +355,7 @@ def test_gemm_sm90_plain_launch(monkeypatch, M, N, K):
 def test_gemm_routes_5000_with_a_tail():
     """gemm() at 5000 x 5000 x 4096 (the route's 128 x 256 tile: 400 cluster tiles, the last wave
     four of them) takes the tail split by the rule, and its result is right."""
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     M = N = 5000
     K = 4096
@@ -466,7 +466,7 @@ def test_route_rule_reads_b_row_stride():
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     gt._PLANS.clear()
     calls = []

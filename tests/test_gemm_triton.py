@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tilewise.bench.harness import rel_error
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import api as gt
 
 from conftest import HAS_CUDA, poison
 
@@ -513,7 +513,7 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import api as gt
 
 
 def build(fn, sig, constexprs, aligned, num_warps, num_stages):

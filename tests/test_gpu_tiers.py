@@ -174,8 +174,8 @@ def declared_builds() -> dict[str, set[str]]:
     builds = {"cuda": set(), "variants": set(), "triton": set(), "config": set()}
     for src in cuda.package_sources():
         builds["cuda"].update(cuda.name_expressions_for(src))
-    for info in pkgutil.iter_modules(ops.__path__):
-        mod = importlib.import_module(f"tilewise.ops.{info.name}")
+    for info in pkgutil.walk_packages(ops.__path__, "tilewise.ops."):
+        mod = importlib.import_module(info.name)
         for name, table in vars(mod).items():
             if name.endswith("VARIANTS") and isinstance(table, dict):
                 builds["variants"].update(f"{mod.__name__}.{name}[{k}]" for k, v in table.items() if callable(v))
@@ -186,7 +186,7 @@ def declared_builds() -> dict[str, set[str]]:
     return builds
 
 
-_AK = "tilewise.ops.attention_kernels."
+_AK = "tilewise.ops.attention.triton_kernels."
 # attention._TABLES kinds -> the kernels that take that table's tile, with the constexprs that say
 # the kind (the forward table serves the pointer and the TMA kernel alike).
 _ATTENTION_KINDS = {
@@ -209,10 +209,10 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
     that would show it ran. Attention's tables are keyed by head dim (matched through HEAD_DIM); the
     Gluon kernels take the head dim from their descriptors, so their entries match on the tile and
     stages alone; the GEMM autotuner's configs match on the tile, group, stages and warps."""
-    from tilewise.ops import attention as at
-    from tilewise.ops import attention_gluon as ag
-    from tilewise.ops import attention_gluon_bwd as agb
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.attention import api as at
+    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_bwd as agb
+    from tilewise.ops.gemm import api as gt
 
     out = {}
     assert set(at._TABLES) == set(_ATTENTION_KINDS), "attention._TABLES changed: update _ATTENTION_KINDS"
@@ -220,18 +220,18 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
         for kind, table in tables.items():
             for key, (bm, bn, warps, stages) in table.items():
                 need = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "@D": key}
-                out[f"tilewise.ops.attention.{tname}[{kind}][{key}]"] = [
+                out[f"tilewise.ops.attention.api.{tname}[{kind}][{key}]"] = [
                     (k, {**c, **need}) for k, c in _ATTENTION_KINDS[kind]]
-    g = "tilewise.ops.attention_gluon."
+    g = "tilewise.ops.attention.gluon_fwd."
     for (D, bias), (bn, stages) in ag.CONFIGS.items():
         out[f"{g}CONFIGS[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel",
                                            {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
-    g = "tilewise.ops.attention_gluon_bwd."
+    g = "tilewise.ops.attention.gluon_bwd."
     for D, (bm, stages) in agb.CONFIGS.items():
         out[f"{g}CONFIGS[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
     for D, (bn, stages) in agb.DQ_CONFIGS.items():
         out[f"{g}DQ_CONFIGS[{D}]"] = [(g + "attn_bwd_dq_ws_kernel", {"BLOCK_N": bn, "STAGES": stages})]
-    g = "tilewise.ops.gemm_triton."
+    g = "tilewise.ops.gemm.api."
     for c in gt._CONFIGS:
         need = {**c.kwargs, "num_stages": c.num_stages, "num_warps": c.num_warps}
         label = ",".join(f"{k}={v}" for k, v in need.items())
@@ -299,7 +299,7 @@ def test_coverage_rule_fails_when_a_variant_loses_its_tests():
         return ran if all(f"[{v}" in i or f"-{v}" in i for i in ran) else None
 
     # softmax's v7 where the ledger allows, else the first entry whose tests all name it
-    key = next((k for k in ["tilewise.ops.softmax.VARIANTS[v7_cluster_tma]", *sorted(done)]
+    key = next((k for k in ["tilewise.ops.rowwise.softmax.VARIANTS[v7_cluster_tma]", *sorted(done)]
                 if k in done and its_own(k)), None)
     assert key is not None, "the ledger shows no VARIANTS entry run by tests that name it"
     assert key not in covered(ledger, quick - its_own(key))["variants"]

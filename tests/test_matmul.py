@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from tilewise.bench.harness import rel_error
-from tilewise.ops import matmul as mm
+from tilewise.ops.gemm import sgemm as mm
 from tilewise.runtime import cuda as rt
 
 from conftest import poison
@@ -43,7 +43,7 @@ def test_bad_input_is_rejected_with_the_reason():
 
 def test_every_version_is_a_variant_and_compiles_without_spills(fresh_cache):
     assert list(mm.VARIANTS) == list(mm._VERSIONS) and mm.FASTEST in mm.VARIANTS
-    src = rt.OPS_DIR / "matmul.cu"
+    src = rt.OPS_DIR / "gemm" / "sgemm.cu"
     declared = rt.name_expressions_for(src)
     assert sorted(declared) == sorted(f"matmul_{v}" for v in mm._VERSIONS)
     res = {r.name: r for r in rt.compile_file(src, arch="sm_90", name_expressions=declared).resources}

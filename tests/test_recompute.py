@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tilewise.ops import recompute as rc
+from tilewise.ops.pointwise import recompute as rc
 
 from conftest import HAS_CUDA
 

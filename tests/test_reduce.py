@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops import reduce as rd
+from tilewise.ops.pointwise import reduce as rd
 
 from conftest import poison
 
@@ -228,7 +228,7 @@ def test_masked_mean_backward_first_on_the_autograd_thread():
     no CUDA call, so the occupancy query of the backward launch found no current context."""
     code = """
 import torch
-from tilewise.ops import reduce as rd
+from tilewise.ops.pointwise import reduce as rd
 x = torch.randn(3, 17, 33, device="cuda", requires_grad=True)
 lengths = torch.tensor([17, 0, 5], device="cuda")
 y = rd.masked_mean(x, lengths)

@@ -1,4 +1,4 @@
-"""rowwise_cluster.cu: softmax / log-softmax forward and backward and cross-entropy over
+"""ops/rowwise/cluster.cu: softmax / log-softmax forward and backward and cross-entropy over
 thread-block clusters (softmax's and cross_entropy's v5_cluster_cuda)."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from tilewise.bench.harness import peak_extra_bytes
-from tilewise.ops import cross_entropy as ce
-from tilewise.ops import rowwise_cluster as rc
-from tilewise.ops import softmax as sm
+from tilewise.ops.rowwise import cross_entropy as ce
+from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import softmax as sm
 
 from conftest import poison
 
@@ -45,7 +45,7 @@ def test_pick_takes_the_smallest_config_that_holds_the_row():
 def test_every_config_is_instantiated_in_the_cu():
     import pathlib
 
-    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
     for (kind, size), cfgs in rc.CONFIGS.items():
@@ -297,7 +297,7 @@ def test_pipe_limits_on_cpu():
 def test_one_exp_names_are_instantiated():
     import pathlib
 
-    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
     for (kind, size), cfgs in rc.ONE_EXP_CONFIGS.items():
@@ -354,7 +354,7 @@ def test_kernel_params_keep_nullable_scale_and_take_strided_rows(monkeypatch):
 def test_tma_configs_are_instantiated_and_fit_shared_memory():
     import pathlib
 
-    src = (pathlib.Path(rc.__file__).parent / "rowwise_cluster.cu").read_text()
+    src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
     for (kind, size), cfgs in rc.TMA_CONFIGS.items():
@@ -408,7 +408,7 @@ def test_tma_default_from_the_environment():
     import subprocess
     import sys
 
-    code = "from tilewise.ops import rowwise_cluster as rc; print(rc.TMA_DEFAULT[('fwd', 2)])"
+    code = "from tilewise.ops.rowwise import cluster as rc; print(rc.TMA_DEFAULT[('fwd', 2)])"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,1,4"})
     assert ok.returncode == 0 and ok.stdout.strip() == "(8, 256, 8, 1, 4)", ok.stderr[-500:]

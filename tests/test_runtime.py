@@ -38,7 +38,7 @@ def test_every_package_kernel_compiles_for_sm90_without_spills(fresh_cache):
 
 
 def test_check_fails_on_a_declared_kernel_without_a_report(monkeypatch):
-    src = rt.OPS_DIR / "vector_add.cu"
+    src = rt.OPS_DIR / "pointwise" / "vector_add.cu"
     monkeypatch.setattr(rt, "package_sources", lambda: [src])
     real = rt._check_one
 
@@ -251,7 +251,7 @@ def test_ctype_names():
 
 @pytest.mark.gpu
 def test_kernel_call_errors_name_the_argument():
-    m = rt.load(rt.OPS_DIR / "vector_add.cu", ["vector_add_v1_naive<float>"])
+    m = rt.load(rt.OPS_DIR / "pointwise" / "vector_add.cu", ["vector_add_v1_naive<float>"])
     p = (rt.Tensor("a", (torch.float32,)), rt.Tensor("b", (torch.float32,)), rt.Tensor("out", (torch.float32,)),
          rt.Scalar("n", "i64"))
     k = m.kernel("vector_add_v1_naive<float>", p)
@@ -271,7 +271,7 @@ def test_kernel_call_errors_name_the_argument():
 
 @pytest.mark.gpu
 def test_launches_follow_pytorch_current_stream():
-    from tilewise.ops import vector_add as va
+    from tilewise.ops.pointwise import vector_add as va
 
     s = torch.cuda.Stream()
     a = torch.randn(1 << 22, device="cuda")
@@ -288,7 +288,7 @@ def test_launches_follow_pytorch_current_stream():
 
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
-    from tilewise.ops import vector_add as va
+    from tilewise.ops.pointwise import vector_add as va
 
     n = 100_003
     a = torch.randn(n, device="cuda")
@@ -350,7 +350,7 @@ def test_debug_sync_names_the_failing_kernel():
 def test_module_loads_from_disk_cache_in_second_process(tmp_path):
     code = textwrap.dedent("""
         import torch
-        from tilewise.ops import vector_add as va
+        from tilewise.ops.pointwise import vector_add as va
         a = torch.randn(1000, device="cuda")
         torch.testing.assert_close(va.vector_add(a, a), a + a)
         print(va._module(0).compiled.from_cache)
@@ -369,7 +369,7 @@ def test_gpu_launch_from_a_thread_without_a_current_context():
     our kernel is its first CUDA work: the launch binds the primary context and succeeds."""
     import threading
 
-    from tilewise.ops import vector_add as va
+    from tilewise.ops.pointwise import vector_add as va
 
     a = torch.randn(1001, device="cuda")
     b = torch.randn(1001, device="cuda")

@@ -9,13 +9,13 @@ PyTorch, so the run under the sanitizers is a correctness run too. Also part of 
 import pytest
 import torch
 
-from tilewise.ops import elementwise as ew
-from tilewise.ops import embedding as em
-from tilewise.ops import fusion as fu
-from tilewise.ops import gemm_sm90 as gs
-from tilewise.ops import matmul as mm
-from tilewise.ops import reduce as rd
-from tilewise.ops import vector_add as va
+from tilewise.ops.pointwise import elementwise as ew
+from tilewise.ops.embedding import api as em
+from tilewise.ops.pointwise import fusion as fu
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import sgemm as mm
+from tilewise.ops.pointwise import reduce as rd
+from tilewise.ops.pointwise import vector_add as va
 
 from conftest import poison
 

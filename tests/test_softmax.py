@@ -3,8 +3,8 @@ import itertools
 import pytest
 import torch
 
-from tilewise.ops import rowwise_cluster as rc
-from tilewise.ops import softmax as sm
+from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import softmax as sm
 
 from conftest import HAS_CUDA, poison
 
@@ -353,17 +353,17 @@ def test_kernels_compile_for_sm90_without_spills():
                 sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in sig.items()}
                 for log in ((False, True) if case == "online" else (False,)):
                     rev = not one and (sm._FWD_REVERSE if streams == 1 else sm._BWD_REVERSE)
-                    jobs.append(["tilewise.ops.softmax", name, sig,
+                    jobs.append(["tilewise.ops.rowwise.softmax", name, sig,
                                  {"ROWS": rows, "BLOCK": block, "LOG": log, "ONE_PASS": one,
                                   "REVERSE": rev}, warps])
         for block in (sm.MAX_CLUSTER,):  # v4_cluster: the row split over num_ctas CTAs
             for name, sig in (("_softmax_fwd_kernel", _FWD_SIG), ("_softmax_bwd_kernel", _BWD_SIG)):
                 sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in sig.items()}
-                jobs.append(["tilewise.ops.softmax", name, sig,
+                jobs.append(["tilewise.ops.rowwise.softmax", name, sig,
                              {"ROWS": 1, "BLOCK": block, "LOG": False, "ONE_PASS": True,
                               "REVERSE": False}, 16,
                              block // sm.CLUSTER_SLICE])
-    jobs.append(["tilewise.ops.softmax", "_row_max_kernel",
+    jobs.append(["tilewise.ops.rowwise.softmax", "_row_max_kernel",
                  {"X": "*bf16", "MX": "*fp32", "N": "i32", "stride_xm": "i32", "BLOCK": "constexpr"},
                  {"BLOCK": sm._UNFUSED_BLOCK}, 4])
     jobs += _cross_entropy_jobs() + _recompute_jobs()
@@ -374,7 +374,7 @@ def test_kernels_compile_for_sm90_without_spills():
 
 
 def _cross_entropy_jobs():
-    from tilewise.ops import cross_entropy as ce
+    from tilewise.ops.rowwise import cross_entropy as ce
     jobs = []
     for case in ("online_bf16", "online_fp32", "fused2", "fused16384"):
         p = "*fp32" if case.endswith("fp32") else "*bf16"
@@ -392,30 +392,30 @@ def _cross_entropy_jobs():
                "grad_scale": "fp32", "ROWS": "constexpr", "BLOCK": "constexpr", "ONE_PASS": "constexpr",
                "HAS_GRAD": "constexpr", "SMOOTH": "constexpr"}
         for smooth in ((False, True) if case.startswith("online") else (True,)):
-            jobs.append(["tilewise.ops.cross_entropy", "_ce_kernel", sig,
+            jobs.append(["tilewise.ops.rowwise.cross_entropy", "_ce_kernel", sig,
                          {"ROWS": rows, "BLOCK": block, "ONE_PASS": one, "HAS_GRAD": True,
                           "SMOOTH": smooth}, warps])
             if case == "online_bf16":  # v4_cluster at C = 131072: 8 CTAs of 16384 classes
-                jobs.append(["tilewise.ops.cross_entropy", "_ce_kernel", sig,
+                jobs.append(["tilewise.ops.rowwise.cross_entropy", "_ce_kernel", sig,
                              {"ROWS": 1, "BLOCK": ce.MAX_CLUSTER, "ONE_PASS": True, "HAS_GRAD": True,
                               "SMOOTH": smooth}, 16, ce.MAX_CLUSTER // ce.CLUSTER_SLICE])
     # The backward's device-side scale (runs after every eager cross-entropy backward): a loop whose
     # trip count comes from a loaded value must build for sm_90.
     for p in ("*bf16", "*fp32"):
-        jobs.append(["tilewise.ops.cross_entropy", "_scale_unless_one_kernel",
+        jobs.append(["tilewise.ops.rowwise.cross_entropy", "_scale_unless_one_kernel",
                      {"G": p, "DLOSS": p, "total": "i64", "BLOCK": "constexpr", "ITERS": "constexpr"},
                      {"BLOCK": ce._SCALE_BLOCK, "ITERS": 4}, 4])
     return jobs
 
 
 def _recompute_jobs():
-    from tilewise.ops import recompute as rc
+    from tilewise.ops.pointwise import recompute as rc
     p = "*bf16"
     return [
-        ["tilewise.ops.recompute", "_fwd_kernel", {"X": p, "A1": p, "A2": p, "Y": p, "n": "i64",
+        ["tilewise.ops.pointwise.recompute", "_fwd_kernel", {"X": p, "A1": p, "A2": p, "Y": p, "n": "i64",
          "STORE": "constexpr", "BLOCK": "constexpr"}, {"STORE": True, "BLOCK": rc._BLOCK}, 8],
-        ["tilewise.ops.recompute", "_bwd_stored_kernel", {"A1": p, "A2": p, "DY": p, "DX": p,
+        ["tilewise.ops.pointwise.recompute", "_bwd_stored_kernel", {"A1": p, "A2": p, "DY": p, "DX": p,
          "n": "i64", "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],
-        ["tilewise.ops.recompute", "_bwd_recompute_kernel", {"X": p, "DY": p, "DX": p, "n": "i64",
+        ["tilewise.ops.pointwise.recompute", "_bwd_recompute_kernel", {"X": p, "DY": p, "DX": p, "n": "i64",
          "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],
     ]

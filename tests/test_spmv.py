@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tilewise.bench.suites import spmv as suite
-from tilewise.ops import spmv as sp
+from tilewise.ops.spmv import api as sp
 
 from conftest import poison
 

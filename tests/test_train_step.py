@@ -89,7 +89,7 @@ def test_cost_numbers():
 
 
 def test_tolerance_and_summarize():
-    assert ts.tolerance("tilewise_graph", "tilewise (tilewise.ops.gemm_triton.linear)") == 1e-2
+    assert ts.tolerance("tilewise_graph", "tilewise (tilewise.ops.gemm.api.linear)") == 1e-2
     assert ts.tolerance("tilewise_eager", "torch (no module)") == 1e-4
     assert ts.tolerance("torch_graph", "tilewise (x)") == 1e-4
     s = ts.summarize(0.5, 64)

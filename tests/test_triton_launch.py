@@ -148,7 +148,7 @@ def _no_cache_broken():
                          ids=str)
 @pytest.mark.quick(rotate="shape")
 def test_gpu_gemm_cached_launch_is_bit_identical(variant, shape):
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     M, N, K = shape
     g = torch.Generator(device="cuda").manual_seed(M + N + K)
@@ -165,7 +165,7 @@ def test_gpu_gemm_cached_launch_is_bit_identical(variant, shape):
 
 @pytest.mark.gpu
 def test_gpu_cached_launch_follows_alignment_and_streams():
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     # Same shapes, a base pointer 2 bytes off: must not reuse the kernel compiled for aligned A.
     buf = torch.randn(200 * 130 + 1, device="cuda", dtype=torch.float16)
@@ -194,7 +194,7 @@ def test_gpu_cached_launch_from_threads():
     must keep the config of its own launch (the miss path is serialized)."""
     import threading
 
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     shapes = [(300 + 64 * i, 200 + 32 * i, 128 + 16 * i) for i in range(6)]
     ops = []
@@ -225,7 +225,7 @@ def test_gpu_cached_launch_from_threads():
 
 @pytest.mark.gpu
 def test_gpu_cached_launch_under_graph_capture():
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     a = torch.randn(700, 520, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(520, 384, device="cuda", dtype=torch.bfloat16)
@@ -253,7 +253,7 @@ def test_gpu_cached_launch_under_graph_capture():
 @pytest.mark.parametrize("kind", ["plain", "causal", "bias"])
 @pytest.mark.quick(rotate="D")
 def test_gpu_attention_cached_launch_is_bit_identical(D, kind):
-    from tilewise.ops.attention import flash_attention
+    from tilewise.ops.attention.api import flash_attention
 
     g = torch.Generator(device="cuda").manual_seed(D)
     q, k, v = (torch.randn(2, 3, 300, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -280,8 +280,8 @@ def test_gpu_attention_cached_launch_is_bit_identical(D, kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4097, 1000), (64, 50257), (3, 7)], ids=str)
 def test_gpu_softmax_and_cross_entropy_cached_launch(shape):
-    from tilewise.ops.cross_entropy import cross_entropy
-    from tilewise.ops.softmax import softmax
+    from tilewise.ops.rowwise.cross_entropy import cross_entropy
+    from tilewise.ops.rowwise.softmax import softmax
 
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, shape[1], (shape[0],), device="cuda")
@@ -296,7 +296,7 @@ def test_gpu_bound_launch_honours_hooks_and_the_switch():
     from triton import knobs
 
     from tilewise.bench.harness import rel_error
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     a = torch.randn(300, 136, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(136, 200, device="cuda", dtype=torch.bfloat16)
@@ -335,7 +335,7 @@ def test_gpu_bound_launch_honours_hooks_and_the_switch():
 def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
     """Bound's raw-launcher path (Triton 3.6: descriptors encoded once per address) against
     kernel.run, on two operand sets taken in turn (the encoded maps must follow the address)."""
-    from tilewise.ops import gemm_triton as gt
+    from tilewise.ops.gemm import api as gt
 
     M, N, K = shape
     sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tilewise.ops import vector_add as va
+from tilewise.ops.pointwise import vector_add as va
 
 from conftest import poison
 

@@ -213,7 +213,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tilewise.bench.suites import wave
-from tilewise.ops import gemm_triton as gt
+from tilewise.ops.gemm import api as gt
 
 c = wave.PINNED
 bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]

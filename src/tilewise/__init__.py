@@ -1,6 +1,6 @@
 """tilewise: GPU kernels for LLM workloads, from naive to the roofline.
 
-The public functional API. Each function lives in ``tilewise.ops.<op>`` (with its versions in
+The public functional API. Each function lives in ``tilewise.ops.<family>.<module>`` (with its versions in
 ``VARIANTS``, its ``reference`` and its ``cost``); names are imported on first use, so
 ``import tilewise`` stays light and one op's dependencies never break another's import.
 """
@@ -13,28 +13,25 @@ from .cost import Cost
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    # name: module under tilewise.ops (or tilewise.<x> when it has a dot)
-    "vector_add": "ops.vector_add",
-    "fuse": "ops.fusion",
-    "reduce": "ops.reduce",
-    "masked_mean": "ops.reduce",
-    "relu": "ops.elementwise", "gelu": "ops.elementwise", "sigmoid": "ops.elementwise",
-    "tanh": "ops.elementwise", "exp": "ops.elementwise", "log": "ops.elementwise",
-    "sin": "ops.elementwise", "cos": "ops.elementwise", "neg": "ops.elementwise",
-    "add": "ops.elementwise", "sub": "ops.elementwise", "mul": "ops.elementwise",
-    "div": "ops.elementwise", "maximum": "ops.elementwise", "pow": "ops.elementwise",
-    "transpose": "ops.transpose",
-    "spmv": "ops.spmv", "CSR": "ops.spmv", "ELL": "ops.spmv", "JDS": "ops.spmv", "Panels": "ops.spmv",
-    "matmul": "ops.matmul",
-    "gemm": "ops.gemm_triton", "linear": "ops.gemm_triton",
-    "softmax": "ops.softmax", "log_softmax": "ops.softmax", "softmax_backward": "ops.softmax",
-    "cross_entropy": "ops.cross_entropy",
-    "sigmoid3": "ops.recompute",
-    "flash_attention": "ops.attention",
-    "embedding": "ops.embedding",
-    "SentimentClassifier": "nn.classifier",
+_PUBLIC = {
+    # module under tilewise (a family package's module): the public names it holds
+    "ops.pointwise.vector_add": ["vector_add"],
+    "ops.pointwise.fusion": ["fuse"],
+    "ops.pointwise.reduce": ["reduce", "masked_mean"],
+    "ops.pointwise.elementwise": ["relu", "gelu", "sigmoid", "tanh", "exp", "log", "sin", "cos", "neg",
+                                  "add", "sub", "mul", "div", "maximum", "pow"],
+    "ops.pointwise.recompute": ["sigmoid3"],
+    "ops.transpose.api": ["transpose"],
+    "ops.spmv.api": ["spmv", "CSR", "ELL", "JDS", "Panels"],
+    "ops.gemm.sgemm": ["matmul"],
+    "ops.gemm.api": ["gemm", "linear"],
+    "ops.rowwise.softmax": ["softmax", "log_softmax", "softmax_backward"],
+    "ops.rowwise.cross_entropy": ["cross_entropy"],
+    "ops.attention.api": ["flash_attention"],
+    "ops.embedding.api": ["embedding"],
+    "nn.classifier": ["SentimentClassifier"],
 }
+_LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}
 
 __all__ = ["Cost", "__version__", *_LAZY]
 

@@ -4,11 +4,11 @@ else on PyTorch with the reason kept in ``report()``.
 This is the one place where the model meets the ops, so that wiring a new op in is a change here
 only. The contract each op is expected to meet (looked up by name at first use):
 
-    embedding      tilewise.ops.embedding.embedding(ids, weight, padding_idx=None)
-    linear         tilewise.ops.gemm_triton.linear(x, w, b=None, activation=None|"relu")
+    embedding      tilewise.ops.embedding.api.embedding(ids, weight, padding_idx=None)
+    linear         tilewise.ops.gemm.api.linear(x, w, b=None, activation=None|"relu")
                    (x, w, b passed by position; also accepted: tilewise.linear)
-    masked_mean    tilewise.ops.reduce.masked_mean(x, lengths, dim=1)  (x (B, T, H), lengths (B,))
-    cross_entropy  tilewise.ops.cross_entropy.cross_entropy_capturable(logits, target): no host
+    masked_mean    tilewise.ops.pointwise.reduce.masked_mean(x, lengths, dim=1)  (x (B, T, H), lengths (B,))
+    cross_entropy  tilewise.ops.rowwise.cross_entropy.cross_entropy_capturable(logits, target): no host
                    sync, so CUDA graphs capture it and an eager loop runs ahead of the GPU; targets
                    out of range are counted on the device: ``check_targets()`` raises on them
                    (``tilewise train`` calls it after every epoch). Else ...cross_entropy(logits,
@@ -30,18 +30,18 @@ import torch.nn.functional as F
 
 # name -> list of (module, attribute, parameter names the call uses)
 CANDIDATES: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
-    "embedding": [("tilewise.ops.embedding", "embedding", ("ids", "weight", "padding_idx"))],
-    "linear": [("tilewise.ops.gemm_triton", "linear", ("x", "activation")),
+    "embedding": [("tilewise.ops.embedding.api", "embedding", ("ids", "weight", "padding_idx"))],
+    "linear": [("tilewise.ops.gemm.api", "linear", ("x", "activation")),
                ("tilewise", "linear", ("x", "activation"))],
-    "masked_mean": [("tilewise.ops.reduce", "masked_mean", ("x", "lengths"))],
-    "cross_entropy": [("tilewise.ops.cross_entropy", "cross_entropy_capturable", ()),
-                      ("tilewise.ops.cross_entropy", "cross_entropy", ())],
+    "masked_mean": [("tilewise.ops.pointwise.reduce", "masked_mean", ("x", "lengths"))],
+    "cross_entropy": [("tilewise.ops.rowwise.cross_entropy", "cross_entropy_capturable", ()),
+                      ("tilewise.ops.rowwise.cross_entropy", "cross_entropy", ())],
 }
 
 # Implementations ("module.attr") that synchronize with the host (so cannot be captured in a CUDA
 # graph), and why; when one of them is the resolved one, PyTorch's op is used while capturing.
 NOT_CAPTURABLE: dict[str, str] = {
-    "tilewise.ops.cross_entropy.cross_entropy": "it checks the targets with a device-to-host copy",
+    "tilewise.ops.rowwise.cross_entropy.cross_entropy": "it checks the targets with a device-to-host copy",
 }
 
 _resolved: dict[str, Callable | None] = {}
@@ -122,7 +122,7 @@ def check_targets(device=None) -> None:
     """Raise ValueError if the sync-free cross-entropy saw class targets out of range on
     ``device`` since the last call (one host sync; a no-op when that op is not the one in use)."""
     if _impl.get("cross_entropy", "").endswith("cross_entropy_capturable"):
-        from ..ops import cross_entropy as ce
+        from ..ops.rowwise import cross_entropy as ce
 
         ce.check_targets(device)
 

@@ -361,7 +361,7 @@ def compile_file(path: str | os.PathLike, **kw) -> CompiledModule:
 
 
 def package_sources() -> list[Path]:
-    return sorted(OPS_DIR.glob("*.cu"))
+    return sorted(OPS_DIR.rglob("*.cu"))
 
 
 def name_expressions_for(path: Path) -> list[str]:

@@ -34,7 +34,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ...ops import attention as op
+from ...ops.attention import api as op
 from ..harness import CheckError, check, time_ms
 
 # Backward candidates (full run, S = 4096, no bias): one kernel's tile changed at a time.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import blas as op
+from ...ops.gemm import blas as op
 from ..harness import check, time_ms
 
 

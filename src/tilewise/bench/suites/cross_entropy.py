@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...ops import cross_entropy as op
-from ...ops import rowwise_cluster as rc
+from ...ops.rowwise import cross_entropy as op
+from ...ops.rowwise import cluster as rc
 from ..harness import check, peak_extra_bytes, time_ms
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
-from ...ops import elementwise as ew
+from ...ops.pointwise import elementwise as ew
 from ..harness import check, time_ms
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import embedding as op
+from ...ops.embedding import api as op
 from ..harness import CheckError, check, host_us_per_call, time_ms
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import fusion as fu
-from ...ops.elementwise import cos, relu, sin
+from ...ops.pointwise import fusion as fu
+from ...ops.pointwise.elementwise import cos, relu, sin
 from ..harness import check, time_ms
 
 

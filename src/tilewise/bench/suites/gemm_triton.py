@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import gemm_sm90 as sm
-from ...ops import gemm_triton as op
+from ...ops.gemm import sm90 as sm
+from ...ops.gemm import api as op
 from ..harness import CheckError, check, time_ms, time_ms_graphs
 
 # A version that fails to compile or launch (say a Triton release that rejects a TMA layout) is

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...ops import vector_add as op
+from ...ops.pointwise import vector_add as op
 from ...runtime import cuda as rt
 from ..harness import host_us_per_call
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import matmul as op
+from ...ops.gemm import sgemm as op
 from ..harness import check, time_ms
 
 _BASE = "cublas_fp32"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
-from ...ops import recompute as op
+from ...ops.pointwise import recompute as op
 from ..harness import check, time_ms
 
 

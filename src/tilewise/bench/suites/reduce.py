@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import reduce as op
+from ...ops.pointwise import reduce as op
 from ..harness import check, time_ms
 
 

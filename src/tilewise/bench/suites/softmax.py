@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
-from ...ops import rowwise_cluster as rc
-from ...ops import softmax as op
+from ...ops.rowwise import cluster as rc
+from ...ops.rowwise import softmax as op
 from ..harness import check, time_ms
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import spmv as op
+from ...ops.spmv import api as op
 from ..harness import check, time_ms
 
 KINDS = ("uniform", "powerlaw", "banded5", "banded27", "short", "wide")

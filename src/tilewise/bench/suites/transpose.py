@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
-from ...ops import transpose as op
+from ...ops.transpose import api as op
 from ..harness import check, time_ms
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...cost import Cost
-from ...ops import vector_add as op
+from ...ops.pointwise import vector_add as op
 from ..harness import check, time_ms
 
 

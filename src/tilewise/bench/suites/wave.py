@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ...ops import gemm_triton as op
+from ...ops.gemm import api as op
 from ..harness import CheckError, check, time_ms_graph
 
 SIZES = [1408, 1416, 1536, 1664, 1792, 1920, 2040, 2048, 2056, 2176, 2304, 2312]

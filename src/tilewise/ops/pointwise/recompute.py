@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cost import Cost
-from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch
+from ...cost import Cost
+from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LECTURE_RATIO = 5 / 8

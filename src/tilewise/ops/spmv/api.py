@@ -43,14 +43,15 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 
-_SRC = "spmv.cu"
+_SRC = Path(__file__).with_name("spmv.cu")
 _THREADS = 256
 _SUBS = (2, 4, 8, 16, 32)
 CHUNK = 512          # nonzeros per warp in csr_split's chunk kernel (the .cu's CHUNK)

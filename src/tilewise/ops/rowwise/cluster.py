@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from pathlib import Path
 
 import torch
 
-from ..runtime import cuda as rt
+from ...runtime import cuda as rt
 
-_SRC = "rowwise_cluster.cu"
+_SRC = Path(__file__).with_name("cluster.cu")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # (cl, nt, ch) per dtype and kernel, smallest capacity first (each is instantiated in the .cu).

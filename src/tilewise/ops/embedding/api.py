@@ -46,15 +46,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from pathlib import Path
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ID_DTYPES = (torch.int64, torch.int32)
-_SRC = "embedding.cu"
+_SRC = Path(__file__).with_name("embedding.cu")
 _THREADS = 256
 _SORT_THREADS = 1024
 SORT_MAX_IDS = 8192  # 8192 x 8-byte keys = 64 KiB of shared memory for the one-block sort

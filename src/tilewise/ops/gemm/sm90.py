@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import cuda as rt
-from ._memory import may_overlap
+from ...runtime import cuda as rt
+from .._memory import may_overlap
 
 SRC = Path(__file__).with_suffix(".cu")
 _DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -580,7 +580,7 @@ def _cu_launch(fn, launch: tuple, dev: int) -> None:
 
 # --------------------------------------------------------------------------- tf32, row-major B
 
-SRC_TF32 = SRC.with_name("gemm_sm90_tf32.cu")
+SRC_TF32 = SRC.with_name("sm90_tf32.cu")
 # BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32, 8 x 24 in 227 KiB).
 TF32_CONFIGS = {256: 4, 192: 5, 128: 6, 64: 8}
 # BMs with a CTA-pair kernel (cluster = 2: pairs along N share A's blocks by TMA multicast).

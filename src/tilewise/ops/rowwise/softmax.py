@@ -65,9 +65,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cost import Cost
-from ..runtime import cuda as rt
-from ..runtime.triton_launch import cdiv as _cdiv, launch as _launch
+from ...cost import Cost
+from ...runtime import cuda as rt
+from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
@@ -557,7 +557,7 @@ def _bwd_cluster(y2, g2, dx2, log):
 
 
 def _require_cuda_cluster(kind: str, *ts: torch.Tensor) -> None:
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     why = rc.unsupported_reason(*ts, kind=kind)
     if why:
@@ -566,21 +566,21 @@ def _require_cuda_cluster(kind: str, *ts: torch.Tensor) -> None:
 
 
 def _fwd_cluster_cuda(x2, y2, log):
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     _require_cuda_cluster("fwd", x2, y2)
     rc.softmax_fwd(x2, y2, log)
 
 
 def _bwd_cluster_cuda(y2, g2, dx2, log):
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     _require_cuda_cluster("bwd", y2, g2, dx2)
     rc.softmax_bwd(y2, g2, dx2, log)
 
 
 def _fwd_cluster_pipe(x2, y2, log):
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     why = rc.pipe_unsupported_reason(x2, y2, kind="fwd")
     if why:
@@ -589,13 +589,13 @@ def _fwd_cluster_pipe(x2, y2, log):
 
 
 def _fwd_cluster_tma(x2, y2, log):
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     rc.softmax_fwd_tma(x2, y2, log)  # checks the layout itself (ValueError saying what is missing)
 
 
 def _tma_ok(*ts: torch.Tensor) -> bool:
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     return rc.tma_unsupported_reason(*ts, kind="fwd") is None
 
@@ -603,7 +603,7 @@ def _tma_ok(*ts: torch.Tensor) -> bool:
 def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
     if not PREFER_CUDA_CLUSTER or _interpreting():
         return False
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     return rc.unsupported_reason(*ts, kind=kind) is None
 

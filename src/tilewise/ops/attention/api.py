@@ -71,8 +71,8 @@ from typing import Optional
 
 import torch
 
-from ..cost import Cost
-from ..runtime.triton_launch import launch as _launch
+from ...cost import Cost
+from ...runtime.triton_launch import launch as _launch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -426,7 +426,7 @@ def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
     """v5 needs Hopper (wgmma; sm_90 exactly), Gluon, D 64 or 128, the q/k/v layouts v4's TMA
     loads need (``_tma_applies``: 16-bit, contiguous, aligned, no mask) and a bias (if any) that
     TMA reads by rows (``_tma_bias_rows``)."""
-    from . import attention_gluon as ag
+    from . import gluon_fwd as ag
 
     return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not _interpreting()
             and _tma_applies(q, k, v, mask, None) and (bias is None or _tma_bias_rows(q, k, bias, bias_strides))
@@ -581,7 +581,7 @@ def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
 def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from . import attention_kernels as K_
+    from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -604,7 +604,7 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None):
 
 
 def _fwd_impl(q, k, v, mask, bias, causal, scale):
-    from . import attention_kernels as K_
+    from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -624,7 +624,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
     bias_strides = _bcast_strides(bias, full)
     ws, ws_cfg = _ws_plan(D, causal, bias is not None, Sq)
     if ws and _ws_applies(q, k, v, mask, bias, bias_strides):
-        from . import attention_gluon as ag
+        from . import gluon_fwd as ag
         return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch, config=ws_cfg)
     if _TMA["on"] and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse)
@@ -655,7 +655,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale):
 
 
 def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):
-    from . import attention_kernels as K_
+    from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     bm, bn, warps, stages = _config("fwd_bias_pair", D)
@@ -668,7 +668,7 @@ def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse):
 
 
 def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic=True):
-    from . import attention_kernels as K_
+    from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -703,7 +703,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None)
 
     if ws_bwd:  # v6 (no mask, no bias): dK / dV, and dQ unless v3's is asked for, by the Gluon kernels
-        from . import attention_gluon_bwd as gb
+        from . import gluon_bwd as gb
 
         memo: dict = {}  # the TMA descriptors both kernels use, built once
         gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch, memo=memo)

@@ -42,15 +42,16 @@ from __future__ import annotations
 import builtins
 import functools
 import math
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SRC = "elementwise.cu"
+_SRC = Path(__file__).with_name("elementwise.cu")
 _THREADS = 256
 MAX_DIMS = 8
 _bzip = builtins.zip  # this module defines its own map() and zip()

@@ -29,16 +29,17 @@ fp32 / fp16 / bf16; any M, N >= 0; out must not overlap x.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
-from ._memory import may_overlap
+from ...cost import Cost
+from ...runtime import cuda as rt
+from .._memory import may_overlap
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SRC = "transpose.cu"
+_SRC = Path(__file__).with_name("transpose.cu")
 _MAX_GRID_Y = 65535
 _MAX_GRID_X = 2**31 - 1
 

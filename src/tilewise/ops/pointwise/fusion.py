@@ -1,7 +1,7 @@
 """fusion: ``tilewise.fuse(fn)`` turns an elementwise Python function of tensors into one CUDA C kernel.
 
 ``fn`` is traced once per arity with placeholder objects: tilewise's elementwise ops (``sin``,
-``relu``, ``add``... from ``tilewise.ops.elementwise``), the operators ``+ - * / ** -x`` and Python
+``relu``, ``add``... from ``tilewise.ops.pointwise.elementwise``), the operators ``+ - * / ** -x`` and Python
 numbers build an expression DAG (identical subexpressions are shared). From it one CUDA C source is
 generated, each node one fp32 line through the functors of ``include/elementwise_ops.cuh``
 (``fused_expr<MODE>``, MODE the trig mode of ``FuseConfig``: sinf+cosf / one sincosf / intrinsics),
@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 from . import elementwise as ew
 
 _THREADS = 256
@@ -127,7 +127,7 @@ class Tracer:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         raise ValueError(f"tilewise.fuse: {getattr(func, '__name__', func)} is a PyTorch function; inside a "
-                         f"fused function use tilewise's ops (tilewise.ops.elementwise: "
+                         f"fused function use tilewise's ops (tilewise.ops.pointwise.elementwise: "
                          f"{', '.join(ew.MAP_OPS)}, {', '.join(ew.ZIP_OPS)}) and + - * / **")
 
     def _compare(self, other):

@@ -19,14 +19,15 @@ fp16 and bf16 add in fp32 and round once, so results equal ``torch.add`` bit for
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SRC = "vector_add.cu"
+_SRC = Path(__file__).with_name("vector_add.cu")
 _THREADS = 256
 
 

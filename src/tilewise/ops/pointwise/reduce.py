@@ -29,16 +29,17 @@ Accumulation in fp32; max propagates NaN.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
+from ...cost import Cost
+from ...runtime import cuda as rt
 from . import elementwise as ew
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SRC = "reduce.cu"
+_SRC = Path(__file__).with_name("reduce.cu")
 _THREADS = 256
 OPS = ("sum", "max", "mean")
 _FUNCTOR = {"sum": "Sum", "mean": "Sum", "max": "Max"}

@@ -26,14 +26,15 @@ Versions (``matmul.cu``); F = 2 M N K, the floor is F / fp32 peak (cuBLAS: 51 TF
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 
-from ..cost import Cost
-from ..runtime import cuda as rt
-from ._memory import check_no_overlap
+from ...cost import Cost
+from ...runtime import cuda as rt
+from .._memory import check_no_overlap
 
-_SRC = "matmul.cu"
+_SRC = Path(__file__).with_name("sgemm.cu")
 _VERSIONS = ("v1_naive", "v2_coalesced", "v3_smem", "v4_blocktile", "v5_vectorized", "v6_warptile")
 _MAX_GRID_Z = 65535
 _MAX_GRID_Y = 65535

@@ -45,12 +45,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..cost import Cost
-from ..runtime import cuda as rt
-from . import gemm_sm90 as _sm90
-from . import transpose as _transpose
-from ._memory import check_no_overlap, may_overlap, span
-from ..runtime.triton_launch import bind as _bind, cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
+from ...cost import Cost
+from ...runtime import cuda as rt
+from . import sm90 as _sm90
+from ..transpose import api as _transpose
+from .._memory import check_no_overlap, may_overlap, span
+from ...runtime.triton_launch import bind as _bind, cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import cuda as rt
+from ...runtime import cuda as rt
 
 try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers check ``available``)
     from triton.experimental import gluon

@@ -44,7 +44,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .attention_gluon import fill_kv, kv_head_row, kv_ring, kv_tiles, unmasked_tiles
+    from .gluon_fwd import fill_kv, kv_head_row, kv_ring, kv_tiles, unmasked_tiles
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels
@@ -358,7 +358,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None)
     caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once)."""
-    from .attention_gluon import _desc, run
+    from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -377,7 +377,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None)
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None):
     """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
-    from .attention_gluon import _desc, run
+    from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..cost import Cost
+from ...cost import Cost
 
 # cudaDataType_t / cublasComputeType_t / cublasOperation_t / cublasPointerMode_t values (stable ABI).
 _CUDA_R = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 14}
@@ -44,7 +44,7 @@ def _cublas():
     try:
         import nvmath.bindings.cublas as cublas
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("tilewise.ops.blas needs nvmath-python (pip install nvmath-python[cu12])") from e
+        raise RuntimeError("tilewise.ops.gemm.blas needs nvmath-python (pip install nvmath-python[cu12])") from e
     return cublas
 
 

@@ -55,9 +55,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..cost import Cost
-from ..runtime import cuda as rt
-from ..runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
+from ...cost import Cost
+from ...runtime import cuda as rt
+from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -182,7 +182,7 @@ def default_variant(logits: torch.Tensor) -> str:
 
 def _tma_ok(logits) -> bool:
     """v7_cluster_tma takes these logits (2-byte, C <= 131072, 16-byte rows; see _cuda_cluster_ok)."""
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     return rc.tma_unsupported_reason(logits, kind="ce") is None
 
@@ -192,7 +192,7 @@ def _cuda_cluster_ok(logits) -> bool:
     the forward allocates): sm_90+, rows of whole 16-byte vectors, C <= its largest config."""
     if not PREFER_CUDA_CLUSTER or _interpreting() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         return False
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     return rc.unsupported_reason(logits, kind="ce") is None
 
@@ -253,7 +253,7 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     'mean' from the device; only then does the host wait, for the copy (done long before the
     loss kernel ends), and raise on a bad target. Counting, syncing and only then launching would
     leave the GPU idle for the host's launch latency on every call."""
-    from . import rowwise_cluster as rc
+    from . import cluster as rc
 
     N, C = logits.shape
     dev = logits.device

@@ -1,0 +1,1 @@
+"""FlashAttention: the public function, its references, tile tables, Triton and Gluon kernels."""

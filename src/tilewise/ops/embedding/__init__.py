@@ -1,0 +1,1 @@
+"""Embedding lookup and its backward (sort, scan, segment sum)."""

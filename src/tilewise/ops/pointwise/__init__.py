@@ -1,0 +1,1 @@
+"""Pointwise and row-reduction ops: vector add, elementwise map/zip, reductions, fusion, recomputation."""

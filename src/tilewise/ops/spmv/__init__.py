@@ -1,0 +1,1 @@
+"""Sparse matrix-vector product: CSR, ELL, JDS and panel formats."""

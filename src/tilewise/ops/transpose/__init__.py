@@ -1,0 +1,1 @@
+"""Transpose: naive to tiled, padded and vectorized CUDA C kernels."""
