@@ -99,3 +99,40 @@ def test_attention_targets_reads_the_default_row_against_same_run_baselines(tmp_
     old = subprocess.run([sys.executable, script, "--csv", str(path), "--sha", "aaa"], capture_output=True, text=True,
                          timeout=60)
     assert "2.00x" in old.stdout and "attention_bias" not in old.stdout
+
+
+def _bench_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["op", "variant", "shape", "dtype", "median_ms"])
+        w.writerows(rows)
+    return str(path)
+
+
+def test_ab_compare_flags_a_row_only_when_every_round_agrees(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import ab_compare
+    finally:
+        sys.path.pop(0)
+    base = [("softmax", "v2", "4096x4096", "bf16", "1.0"), ("gemm", "api", "1024", "bf16", "2.0"),
+            ("copy", "torch", "n=1", "fp32", "1.0")]
+    new1 = [("softmax", "v2", "4096x4096", "bf16", "1.10"), ("gemm", "api", "1024", "bf16", "2.10"),
+            ("copy", "torch", "n=1", "fp32", "1.0")]
+    new2 = [("softmax", "v2", "4096x4096", "bf16", "1.08"), ("gemm", "api", "1024", "bf16", "1.98")]
+    files = [_bench_csv(tmp_path / f"{n}.csv", r) for n, r in
+             (("b1", base), ("n1", new1), ("b2", base), ("n2", new2))]
+    lines, bad = ab_compare.compare([(ab_compare.read_rows(files[0]), ab_compare.read_rows(files[1])),
+                                     (ab_compare.read_rows(files[2]), ab_compare.read_rows(files[3]))], 0.03)
+    text = "\n".join(lines)
+    assert "SLOWER   softmax | v2" in text  # 10 % and 8 % slower in both rounds
+    assert "same     gemm | api" in text  # 5 % slower once, 1 % faster once: noise
+    assert "MISSING  copy | torch" in text and bad == 2
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_compare.py"), *files[:2]],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "2 moved beyond 3%" in p.stdout
+    bad_csv = tmp_path / "bad.csv"
+    bad_csv.write_text("op,variant\nx,y\n")
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_compare.py"), str(bad_csv), files[0]],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "bad.csv:2: not a bench row" in p.stderr
