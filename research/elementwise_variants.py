@@ -21,8 +21,8 @@ Cases (the bench sizes, all far past the 60 MiB L2):
      the rows kernel over rows per thread x block size.
 Prints one line per run (GB/s from the one-read-one-write byte count, % of the copy measured here,
 x eager, x torch.compile, registers, spills) and, per case, the best config as a line to paste into
-the module default (BLOCKED_DEFAULT, COLUMNS_DEFAULT, FUSE_DEFAULT). Configs whose kernels spill
-are listed but not timed (tests/test_runtime.py would reject them). For each winner it also
+the default in ops/pointwise/configs.py (BLOCKED_DEFAULT, COLUMNS_DEFAULT, FUSE_DEFAULT). Configs whose
+kernels spill are listed but not timed (tests/test_runtime.py would reject them). For each winner it also
 compiles every op of the module with that config and reports any spill.
 Run on the GPU (< 2 minutes on an H200): PYTHONPATH=src python3 research/elementwise_variants.py
 """
@@ -36,6 +36,7 @@ from dataclasses import replace
 import torch
 from triton.testing import do_bench
 
+from tilewise.ops.pointwise import configs
 from tilewise.ops.pointwise import elementwise as ew
 from tilewise.ops.pointwise import fusion as fu
 from tilewise.ops.pointwise import reduce as rd
@@ -100,7 +101,7 @@ def spills(r) -> int:
 
 # --------------------------------------------------------------------------- M / Z: v4_blocked
 
-BLOCKED = [ew.BlockedConfig(u, t, m) for u, t, m in (
+BLOCKED = [configs.BlockedConfig(u, t, m) for u, t, m in (
     (8, 256, 1), (16, 256, 1), (4, 256, 1), (2, 256, 1), (1, 256, 1),
     (8, 128, 1), (4, 128, 1), (2, 128, 1), (1, 128, 1), (4, 512, 1), (2, 512, 1), (1, 512, 1),
     (8, 256, 2), (8, 256, 3), (4, 256, 4), (4, 256, 6), (2, 256, 8), (4, 128, 8), (2, 128, 16), (8, 128, 4))]
@@ -171,7 +172,7 @@ def blocked_cases(copy_ms_by_dtype, n):
             del ref
         # One config per (kind, dtype): finalists = each op's 3 fastest and the current default,
         # re-timed longer; the pick maximises the worst ratio to eager over the ops.
-        default = ew.BLOCKED_DEFAULT[(kind, dtype)]
+        default = configs.BLOCKED_DEFAULT[(kind, dtype)]
         finalists = list(dict.fromkeys([default] + [c for case in per_op.values()
                                                      for _, c in sorted(case.results, key=lambda t: t[0])[:3]]))
         finalists = [c for c in finalists if all(c in [rc for _, rc in case.results] for case in per_op.values())]
@@ -186,7 +187,7 @@ def blocked_cases(copy_ms_by_dtype, n):
             best = max(scores, key=lambda c: min(scores[c]))
             ratios = ", ".join(f"{op} x{r:.3f} eager" for op, r in zip(ops, scores[best]))
             cur = ", ".join(f"{op} x{r:.3f}" for op, r in zip(ops, scores.get(default, [])))
-            print(f"BEST {kind} {dtype} (elementwise.py): BLOCKED_DEFAULT[({kind!r}, torch.{str(dtype).split('.')[-1]})] = "
+            print(f"BEST {kind} {dtype} (configs.py): BLOCKED_DEFAULT[({kind!r}, torch.{str(dtype).split('.')[-1]})] = "
                   f"{best!r}  # {ratios}; current default {default}: {cur or 'not timed'}")
             check_all_ops(kind, dtype, best)
         del x, y, out, args
@@ -204,10 +205,10 @@ def check_all_ops(kind, dtype, cfg):
 
 # --------------------------------------------------------------------------- R: v5_columns
 
-COLUMNS = [rd.ColumnsConfig(tx=tx, ty=ty, unroll=u, waves=w)
+COLUMNS = [configs.ColumnsConfig(tx=tx, ty=ty, unroll=u, waves=w)
            for tx in (16, 32, 64) for ty in (4, 8, 16) for u in (2, 4, 8) for w in (1, 2, 4)
            if 64 <= tx * ty <= 1024]
-COLUMNS += [rd.ColumnsConfig(tx=32, ty=8, unroll=u, minb=m, waves=w) for u in (4, 8) for m in (4, 6, 8)
+COLUMNS += [configs.ColumnsConfig(tx=32, ty=8, unroll=u, minb=m, waves=w) for u in (4, 8) for m in (4, 6, 8)
             for w in (1, 2, 4)]
 
 
@@ -215,8 +216,8 @@ def reduce_cases(copy_ms_by_dtype):
     g = torch.Generator(device="cuda").manual_seed(1)
     top = None
     for dtype in (torch.float32, torch.bfloat16):
-        cfgs = COLUMNS if top is None else list(dict.fromkeys(top + [rd.COLUMNS_DEFAULT[dtype]]))
-        kernel_cfgs = list(dict.fromkeys(rd.ColumnsConfig(c.tx, c.ty, c.unroll, c.minb) for c in cfgs))
+        cfgs = COLUMNS if top is None else list(dict.fromkeys(top + [configs.COLUMNS_DEFAULT[dtype]]))
+        kernel_cfgs = list(dict.fromkeys(configs.ColumnsConfig(c.tx, c.ty, c.unroll, c.minb) for c in cfgs))
         t = time.time()
         mod = rd.columns_prepare(dtype, kernel_cfgs)
         res = resources(mod)
@@ -248,7 +249,7 @@ def reduce_cases(copy_ms_by_dtype):
             case.row(name, cfg, bench(call), r)
         case.results.sort(key=lambda t: t[0])
         if case.results:
-            default = rd.COLUMNS_DEFAULT[dtype]
+            default = configs.COLUMNS_DEFAULT[dtype]
             finalists = list(dict.fromkeys([c for _, c in case.results[:3]]
                                            + ([default] if default in [c for _, c in case.results] else [])))
             # The same finalists with the last-block fold instead of the second kernel (checked first).
@@ -263,7 +264,7 @@ def reduce_cases(copy_ms_by_dtype):
                           "torch.sum")
             best = max(got, key=got.get)
             ms = CONFIRMED_MS[best]
-            print(f"BEST sum dim=0 {dtype} (reduce.py): COLUMNS_DEFAULT[torch.{str(dtype).split('.')[-1]}] = {best!r}"
+            print(f"BEST sum dim=0 {dtype} (configs.py): COLUMNS_DEFAULT[torch.{str(dtype).split('.')[-1]}] = {best!r}"
                   f"  # x{got[best]:.3f} torch.sum, {nbytes / ms / 1e6:.0f} GB/s, "
                   f"{100 * (nbytes / ms / 1e6) / case.copy_gbs:.1f}% of copy; default {default}: "
                   f"x{got.get(default, float('nan')):.3f}")
@@ -302,7 +303,7 @@ def fusion_cases(copy_ms, n):
         if not torch.allclose(cf(x), ref, atol=1e-5):
             print("   (torch.compile of sin^2 + cos^2 differs from eager beyond 1e-5)")
         comp_ms = bench(lambda: cf(x))
-    cfgs = [fu.FuseConfig(trig=m, unroll=u, threads=t, minb=mb) for m in fu.TRIG_MODES for u, t, mb in FUSE_BLOCKED]
+    cfgs = [configs.FuseConfig(trig=m, unroll=u, threads=t, minb=mb) for m in configs.TRIG_MODES for u, t, mb in FUSE_BLOCKED]
     t = time.time()
     mod = f.prepare(1, torch.float32, cfgs)
     res = resources(mod)
@@ -310,9 +311,9 @@ def fusion_cases(copy_ms, n):
     case = Case(f"fused sin^2+cos^2 n={n} fp32", 8 * n, copy_gbs, eager_ms, comp_ms)
     out = torch.empty_like(x)
     fs = f.source(1, torch.float32)
-    runs = [("strided", fu.FuseConfig(trig="libm")), ("strided", fu.FuseConfig(trig="sincos")),
-            ("contiguous", fu.FuseConfig(trig="libm")), ("contiguous", fu.FuseConfig(trig="sincos")),
-            ("contiguous", fu.FuseConfig(trig="fast"))] + [("blocked", c) for c in cfgs]
+    runs = [("strided", configs.FuseConfig(trig="libm")), ("strided", configs.FuseConfig(trig="sincos")),
+            ("contiguous", configs.FuseConfig(trig="libm")), ("contiguous", configs.FuseConfig(trig="sincos")),
+            ("contiguous", configs.FuseConfig(trig="fast"))] + [("blocked", c) for c in cfgs]
     for kind, cfg in runs:
         r = res[fu.kernel_name(fs, kind, cfg)]
         name = f"{kind} trig={cfg.trig}" + (f" unroll={cfg.unroll} threads={cfg.threads} minb={cfg.minb}"
@@ -332,7 +333,7 @@ def fusion_cases(copy_ms, n):
     if accurate:
         # Finalists (3 fastest accurate + the default) re-timed against the target's baseline.
         finalists = list(dict.fromkeys([c for _, c in accurate[:3]] + (
-            [fu.FUSE_DEFAULT] if fu.FUSE_DEFAULT in [c for _, c in accurate] else [])))
+            [configs.FUSE_DEFAULT] if configs.FUSE_DEFAULT in [c for _, c in accurate] else [])))
         base = (lambda: cf(x)) if comp_ms else (lambda: eager(x))
         got = confirm("sin^2+cos^2", base, {c: (lambda c=c: f(x, out=out, variant="blocked", config=c))
                                             for c in finalists}, "torch.compile" if comp_ms else "eager")
@@ -360,14 +361,14 @@ def fusion_cases(copy_ms, n):
         if not torch.equal(cf2(a, b), ref):
             print("   (torch.compile of relu(x + b) differs from eager)")
         comp_ms = bench(lambda: cf2(a, b))
-    rcfgs = [fu.FuseConfig(rows=r, rows_threads=t) for r, t in FUSE_ROWS]
+    rcfgs = [configs.FuseConfig(rows=r, rows_threads=t) for r, t in FUSE_ROWS]
     mod = h.prepare(2, torch.float32, rcfgs)
     res = resources(mod)
     fs = h.source(2, torch.float32)
     case = Case(f"fused relu(x + b) ({a.shape[0]}, 4096) + (4096,) fp32", (2 * a.numel() + 4096) * 4, copy_gbs,
                 eager_ms, comp_ms)
     out2 = torch.empty_like(a)
-    for kind, cfg in [("strided", fu.FUSE_DEFAULT)] + [("rows", c) for c in rcfgs]:
+    for kind, cfg in [("strided", configs.FUSE_DEFAULT)] + [("rows", c) for c in rcfgs]:
         r = res.get(fu.kernel_name(fs, kind, cfg))
         name = kind + (f" rows={cfg.rows} threads={cfg.rows_threads}" if kind == "rows" else "")
         if r is not None and spills(r):
@@ -380,7 +381,7 @@ def fusion_cases(copy_ms, n):
     case.results.sort(key=lambda t: t[0])
     if case.results:
         finalists = list(dict.fromkeys([c for _, c in case.results[:3]] + (
-            [fu.FUSE_DEFAULT] if fu.FUSE_DEFAULT in [c for _, c in case.results] else [])))
+            [configs.FUSE_DEFAULT] if configs.FUSE_DEFAULT in [c for _, c in case.results] else [])))
         base = (lambda: cf2(a, b)) if comp_ms else (lambda: eager2(a, b))
         got = confirm("relu(x + b)", base, {c: (lambda c=c: h(a, b, out=out2, variant="rows", config=c))
                                             for c in finalists}, "torch.compile" if comp_ms else "eager")
@@ -389,9 +390,9 @@ def fusion_cases(copy_ms, n):
         print(f"   best rows: rows={best_rows.rows} rows_threads={best_rows.rows_threads}: x{eager_ms / ms:.2f} "
               f"eager; confirmed x{got[best_rows]:.3f} {'torch.compile' if comp_ms else 'eager'}")
     if best_blocked is not None and best_rows is not None:
-        best = fu.FuseConfig(trig=best_blocked.trig, unroll=best_blocked.unroll, threads=best_blocked.threads,
+        best = configs.FuseConfig(trig=best_blocked.trig, unroll=best_blocked.unroll, threads=best_blocked.threads,
                              minb=best_blocked.minb, rows=best_rows.rows, rows_threads=best_rows.rows_threads)
-        print(f"BEST fusion (fusion.py): FUSE_DEFAULT = {best!r}")
+        print(f"BEST fusion (configs.py): FUSE_DEFAULT = {best!r}")
     del x, a, b, out, out2, ref
     torch.cuda.empty_cache()
 

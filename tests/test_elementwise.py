@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops.pointwise import elementwise as ew
+from tilewise.ops.pointwise import configs, elementwise as ew, layout as lay
 
 from conftest import poison
 
@@ -24,16 +24,16 @@ def test_magic_division_is_exact():
     xs = np.concatenate([rng.integers(0, 2**31, 5000), [0, 1, 2**31 - 1, 2**31 - 2]]).astype(np.uint64)
     for d in divisors:
         d = int(d)
-        mul, shr = ew.magic(d)
+        mul, shr = lay.magic(d)
         assert 0 < mul < 2**32
         q = ((xs * np.uint64(mul)) >> np.uint64(32)) >> np.uint64(shr)  # __umulhi then shift
         np.testing.assert_array_equal(q, xs // np.uint64(d), err_msg=f"divisor {d}")
-    assert ew.magic(1) == (0, 0)
+    assert lay.magic(1) == (0, 0)
 
 
 def _emulate_offsets(words, num_inputs):
     """What strided.cuh's broadcast_offsets computes, in Python, for every output index."""
-    M = ew.MAX_DIMS
+    M = lay.MAX_DIMS
     ndim, n = words[0], words[1]
     shape = words[2:2 + M]
     muls, shrs = words[2 + M:2 + 2 * M], words[2 + 2 * M:2 + 3 * M]
@@ -72,8 +72,8 @@ def test_layout_words_read_the_right_elements(case):
         a, b = base.permute(2, 0, 1), torch.randn(1, 7, 1, generator=g)
     else:
         a, b = torch.randn(5, 1, 3, generator=g), torch.randn(4, 1, generator=g)
-    shape = ew.broadcast_shape(tuple(a.shape), tuple(b.shape))
-    words = ew.layout_words(shape or (1,), [ew.expanded_strides(t, shape or (1,)) for t in (a, b)])
+    shape = lay.broadcast_shape(tuple(a.shape), tuple(b.shape))
+    words = lay.layout_words(shape or (1,), [lay.expanded_strides(t, shape or (1,)) for t in (a, b)])
     offs = _emulate_offsets(words, 2)
     got_a = torch.stack([a.as_strided((a.untyped_storage().nbytes() // 4,), (1,), 0)[o[0] + a.storage_offset()]
                          for o in offs])
@@ -87,7 +87,7 @@ def test_layout_words_read_the_right_elements(case):
 def _emulate_tiled(a, b, op):
     """zip_v3_tiled's addressing in Python: each tile staged per input in its own orientation."""
     out = torch.empty(torch.broadcast_shapes(a.shape, b.shape))
-    R, C, ((sar, sac), (sbr, sbc)) = ew._layout_2d((a, b), out)
+    R, C, ((sar, sac), (sbr, sbc)) = lay.layout_2d((a, b), out)
     flat = out.view(-1)
     sa = a.as_strided((a.untyped_storage().nbytes() // 4,), (1,), 0)
     sb = b.as_strided((b.untyped_storage().nbytes() // 4,), (1,), 0)
@@ -119,7 +119,7 @@ def test_tiled_addressing_emulated(case):
     a, b = {"transposed": (base.t(), torch.randn(40, 47, generator=g)),
             "bias_row": (base[:, 3:], torch.randn(37, generator=g)),
             "bias_col_transposed": (base.t()[:, 1:], torch.randn(40, 1, generator=g))}[case]
-    assert ew._transposed(ew._layout_2d((a, b), torch.empty(torch.broadcast_shapes(a.shape, b.shape)))[2]) \
+    assert lay.transposed(lay.layout_2d((a, b), torch.empty(torch.broadcast_shapes(a.shape, b.shape)))[2]) \
         == (case != "bias_row")
     torch.testing.assert_close(_emulate_tiled(a, b, lambda x, y: x + y), a + b)
 
@@ -134,14 +134,14 @@ def _emulate_rows(a, b, op):
     Returns the output and how many times each output element was written."""
     shape = torch.broadcast_shapes(a.shape, b.shape)
     out = torch.full(shape, float("nan"), dtype=a.dtype)
-    layout = ew._layout_2d((a, b), out)
-    assert ew._rows_ok((a, b), out, layout)
+    layout = lay.layout_2d((a, b), out)
+    assert lay.rows_ok((a, b), out, layout)
     itemsize = a.element_size()
     vec = 16 // itemsize
-    R, C, strides = ew._rows_layout(layout, itemsize)
-    blocks, (tx, ty) = ew._rows_grid(R, C, itemsize)
-    assert tx * ty == ew._THREADS and C % vec == 0
-    CV, ROWS = C // vec, ew._ROWS_PER_THREAD
+    R, C, strides = lay.rows_layout(layout, itemsize)
+    blocks, (tx, ty) = lay.rows_grid(R, C, itemsize)
+    assert tx * ty == lay.ROWS_THREADS and C % vec == 0
+    CV, ROWS = C // vec, lay.ROWS_PER_THREAD
     gx = -(-CV // tx)
     flat = out.view(-1)
     writes = torch.zeros(flat.numel(), dtype=torch.int64)
@@ -205,13 +205,13 @@ def test_rows_addressing_emulated(case, dtype):
 def test_rows_layout_cuts_one_long_row():
     # 1-D, 2^20 + 8 fp32 elements plus a scalar: rows of 8 x 4 (the largest vector count <= 1024
     # dividing 262146), the scalar keeps stride (0, 0).
-    R, C, st = ew._rows_layout((1, (1 << 20) + 8, ((0, 1), (0, 0))), 4)
+    R, C, st = lay.rows_layout((1, (1 << 20) + 8, ((0, 1), (0, 0))), 4)
     assert (R, C) == (((1 << 20) + 8) // 8, 8) and st == ((8, 1), (0, 0))
-    assert ew._rows_layout((1, 4096 * 3, ((0, 1), (0, 1))), 4) == (3, 4096, ((4096, 1), (4096, 1)))
-    assert ew._rows_layout((5, 8, ((8, 1), (0, 1))), 4) == (5, 8, ((8, 1), (0, 1)))
-    assert ew._rows_grid(65536, 4096, 4) == (4 * 8192, (256, 1))
-    assert ew._rows_grid(1000, 8, 4) == (1, (2, 128))
-    assert ew._rows_grid(1, 4, 4) == (1, (1, 256))
+    assert lay.rows_layout((1, 4096 * 3, ((0, 1), (0, 1))), 4) == (3, 4096, ((4096, 1), (4096, 1)))
+    assert lay.rows_layout((5, 8, ((8, 1), (0, 1))), 4) == (5, 8, ((8, 1), (0, 1)))
+    assert lay.rows_grid(65536, 4096, 4) == (4 * 8192, (256, 1))
+    assert lay.rows_grid(1000, 8, 4) == (1, (2, 128))
+    assert lay.rows_grid(1, 4, 4) == (1, (1, 256))
 
 
 BLOCKED_CONFIGS = [ew.BlockedConfig(), ew.BlockedConfig(1, 128, 1), ew.BlockedConfig(4, 512, 2),
@@ -225,7 +225,7 @@ def test_blocked_grid_covers_every_element_once():
         for itemsize in (4, 2):
             vec = 16 // itemsize
             for n in (1, 7, 8, 31, 33, 4097, 8192 * 3, 8192 * 3 + 5, 16384 * 2 - 1, (1 << 20) + 3):
-                grid = ew.blocked_grid(n, itemsize, cfg)
+                grid = lay.blocked_grid(n, itemsize, cfg)
                 nvec = n // vec
                 seen = np.zeros(nvec, dtype=np.int64)
                 for blk in range(grid):
@@ -240,12 +240,12 @@ def test_blocked_grid_covers_every_element_once():
 def test_blocked_config_names_and_validation():
     assert ew.blocked_name("map", "Relu", torch.float32, ew.BlockedConfig(4, 128, 2)) == \
         "map_v4_blocked<float,ew::Relu,4,128,2>"
+    bf16 = configs.BLOCKED_DEFAULT[("zip", torch.bfloat16)]
     assert ew.blocked_name("zip", "Add", torch.bfloat16) == (
-        f"zip_v4_blocked<__nv_bfloat16,ew::Add,{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].unroll},"
-        f"{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].threads},{ew.BLOCKED_DEFAULT[('zip', torch.bfloat16)].minb}>")
+        f"zip_v4_blocked<__nv_bfloat16,ew::Add,{bf16.unroll},{bf16.threads},{bf16.minb}>")
     for d in DTYPES:
         for kind in ("map", "zip"):
-            ew.BLOCKED_DEFAULT[(kind, d)].check()
+            configs.BLOCKED_DEFAULT[(kind, d)].check()
             assert all(ew.blocked_name(kind, f, d) in ew.module_names(d)
                        for f, _, _ in (ew.MAP_OPS if kind == "map" else ew.ZIP_OPS).values())
     for bad in ((3, 256, 1), (8, 100, 1), (8, 2048, 1), (8, 256, 0), (8, 256, 9)):
@@ -290,27 +290,27 @@ def test_zip_dispatch_picks_rows_for_bias_layouts():
 
 def test_collapse_merges_contiguous_dims():
     x = torch.empty(4, 5, 6)
-    assert ew.collapse((4, 5, 6), [x.stride()]) == ((120,), [(1,)])
+    assert lay.collapse((4, 5, 6), [x.stride()]) == ((120,), [(1,)])
     # A bias row over the last dim: two dims remain, the bias strides (0, 1).
-    assert ew.collapse((4, 5, 6), [x.stride(), (0, 0, 1)]) == ((20, 6), [(6, 1), (0, 1)])
-    assert ew.collapse((1, 1), [(0, 0)]) == ((1,), [(0,)])
+    assert lay.collapse((4, 5, 6), [x.stride(), (0, 0, 1)]) == ((20, 6), [(6, 1), (0, 1)])
+    assert lay.collapse((1, 1), [(0, 0)]) == ((1,), [(0,)])
     t = torch.empty(6, 5).t()
-    assert ew.collapse((5, 6), [t.stride()]) == ((5, 6), [(1, 5)])
+    assert lay.collapse((5, 6), [t.stride()]) == ((5, 6), [(1, 5)])
 
 
 def test_broadcast_shape_and_errors():
-    assert ew.broadcast_shape((3, 1, 5), (4, 1)) == (3, 4, 5)
-    assert ew.broadcast_shape((), (2,)) == (2,)
+    assert lay.broadcast_shape((3, 1, 5), (4, 1)) == (3, 4, 5)
+    assert lay.broadcast_shape((), (2,)) == (2,)
     with pytest.raises(ValueError, match=r"cannot broadcast: a \(3, 4\), b \(5,\)"):
-        ew.broadcast_shape((3, 4), (5,), names=("a", "b"))
+        lay.broadcast_shape((3, 4), (5,), names=("a", "b"))
 
 
 def test_too_many_dims_is_rejected():
     shape = (2,) * 9
     strides = tuple(3 ** (9 - d) for d in range(9))  # 3^(k+1) != 2 * 3^k: no two dims merge
     with pytest.raises(ValueError, match="more than 8"):
-        ew.layout_words(shape, [strides])
-    assert ew.layout_words(shape[:8], [strides[:8]])[0] == 8
+        lay.layout_words(shape, [strides])
+    assert lay.layout_words(shape[:8], [strides[:8]])[0] == 8
 
 
 # --------------------------------------------------------------------------- reference, cost, errors (CPU)
@@ -554,7 +554,7 @@ def test_zip_strided_and_broadcast(op, case, dtype):
     out2 = ew.zip_v1_strided(op, b, a)
     _check(out2, _zip_ref(op, b, a))
     out3 = poison(torch.empty(ref.shape, device="cuda", dtype=dtype))
-    if ew._layout_2d((a, b), out3) is None:
+    if lay.layout_2d((a, b), out3) is None:
         with pytest.raises(ValueError, match="does not collapse to 2 dims"):
             ew.zip_v3_tiled(op, a, b, out3)
     else:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops.pointwise import fusion as fu
+from tilewise.ops.pointwise import fusion as fu, layout as lay
 from tilewise.ops.pointwise.elementwise import cos, exp, gelu, maximum, relu, sigmoid, sin, tanh
 from tilewise.runtime import cuda as rt
 
@@ -141,7 +141,7 @@ def test_rows_grid_covers_every_row_vector_once():
     written exactly once, for several configs and shapes."""
     for cfg in (fu.FuseConfig(), fu.FuseConfig(rows=1, rows_threads=128), fu.FuseConfig(rows=4, rows_threads=512)):
         for R, C in ((1, 4), (7, 8), (1000, 4), (33, 4096 + 4), (65, 1028)):
-            blocks, (tx, ty) = fu.rows_grid(R, C, 4, cfg)
+            blocks, (tx, ty) = lay.rows_grid(R, C, 4, cfg.rows_threads, cfg.rows)
             CV = C // 4
             seen = np.zeros((R, CV), dtype=np.int64)
             gx = -(-CV // tx)

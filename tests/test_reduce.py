@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.ops.pointwise import reduce as rd
+from tilewise.ops.pointwise import layout as lay, reduce as rd
 
 from conftest import poison
 
@@ -101,7 +101,7 @@ def test_host_layout_walks_the_right_rows(case):
         "keepdim": (base.transpose(0, 1), 1, True),
     }[case]
     dim, R, rs, other, ost, out = rd._prepare("t", x, dim, "sum", keepdim, None, cuda=False)
-    words = rd.ew.layout_words(other or (1,), [ost or (0,)])
+    words = lay.layout_words(other or (1,), [ost or (0,)])
     storage = x.as_strided((x.untyped_storage().nbytes() // 4,), (1,), 0)
     sums = [sum(storage[x.storage_offset() + o[0] + r * rs].item() for r in range(R))
             for o in _emulate_offsets(words, 1)]

@@ -409,13 +409,13 @@ def _cross_entropy_jobs():
 
 
 def _recompute_jobs():
-    from tilewise.ops.pointwise import recompute as rc
+    from tilewise.ops.pointwise.configs import RECOMPUTE_BLOCK
     p = "*bf16"
     return [
         ["tilewise.ops.pointwise.recompute", "_fwd_kernel", {"X": p, "A1": p, "A2": p, "Y": p, "n": "i64",
-         "STORE": "constexpr", "BLOCK": "constexpr"}, {"STORE": True, "BLOCK": rc._BLOCK}, 8],
+         "STORE": "constexpr", "BLOCK": "constexpr"}, {"STORE": True, "BLOCK": RECOMPUTE_BLOCK}, 8],
         ["tilewise.ops.pointwise.recompute", "_bwd_stored_kernel", {"A1": p, "A2": p, "DY": p, "DX": p,
-         "n": "i64", "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],
+         "n": "i64", "BLOCK": "constexpr"}, {"BLOCK": RECOMPUTE_BLOCK}, 8],
         ["tilewise.ops.pointwise.recompute", "_bwd_recompute_kernel", {"X": p, "DY": p, "DX": p, "n": "i64",
-         "BLOCK": "constexpr"}, {"BLOCK": rc._BLOCK}, 8],
+         "BLOCK": "constexpr"}, {"BLOCK": RECOMPUTE_BLOCK}, 8],
     ]

@@ -31,7 +31,7 @@ def run(r) -> None:
         compiled = torch.compile(eager, dynamic=False)
         check(f"{opname}.torch.compile", compiled(*inputs), ref)
         r.add(opname, "torch.compile", shape, dtype, time_ms(lambda: compiled(*inputs)), cost)
-        # None: what a call picks (fu.FUSE_DEFAULT; blocked for the contiguous case, rows for the
+        # None: what a call picks (configs.FUSE_DEFAULT; blocked for the contiguous case, rows for the
         # bias row); the named kernels beside it, the round-2 ones (contiguous, strided) included.
         variants = [None, "blocked", "contiguous", "strided"] if len(inputs) == 1 else [None, "rows", "strided"]
         out = torch.empty_like(ref)

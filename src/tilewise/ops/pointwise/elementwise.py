@@ -17,9 +17,9 @@ Versions (``elementwise.cu``; the op is a template functor from ``include/elemen
                    UNROLL vectors, each thread UNROLL of them NT apart, all loads before the first
                    use, so the blocks in flight touch one window of memory (vector_add v3_blocked:
                    the grid-stride loop measured ~5 % slower). NT, UNROLL and the register cap
-                   (min blocks per SM) are template parameters (``BlockedConfig``, default
-                   ``blocked_default(kind, functor, dtype)``: per kind and dtype, with its own
-                   entry for one-instruction ops). bound: copy bandwidth.
+                   (min blocks per SM) are template parameters (``configs.BlockedConfig``, default
+                   ``configs.blocked_default(kind, functor, dtype)``: per kind and dtype, with its
+                   own entry for one-instruction ops). bound: copy bandwidth.
     v5_rows:       (zip) layouts that collapse to 2 dims (R, C) in which every operand walks a row
                    with stride 1 or 0 (a bias row, a bias column, a scalar, padded rows): 16-byte
                    loads along the row, a row-broadcast operand loaded once per 8 rows, a
@@ -28,7 +28,8 @@ Versions (``elementwise.cu``; the op is a template functor from ``include/elemen
                    row (a 1-D tensor and a scalar) is cut into rows of at most 1024 vectors.
                    bound: copy bandwidth (the broadcast operand stays in L1/L2).
 
-fp16 and bf16 compute in fp32 and round once. Ops: unary ``MAP_OPS``, binary ``ZIP_OPS``.
+fp16 and bf16 compute in fp32 and round once. Ops: unary ``MAP_OPS``, binary ``ZIP_OPS`` (``ops_table``);
+layouts, broadcasting and the input checks are in ``layout``.
 ``map``/``zip`` are the raw kernels (no autograd, optional ``out``); ``neg, relu, ... add, ...``
 below are differentiable (``torch.autograd.Function``), run the kernels on CUDA tensors and the
 PyTorch reference on CPU tensors (any float dtype, so gradcheck runs in float64 there), and are what
@@ -39,50 +40,22 @@ PyTorch reference on CPU tensors (any float dtype, so gradcheck runs in float64 
 
 from __future__ import annotations
 
-import builtins
 import functools
 import math
 from pathlib import Path
-from dataclasses import dataclass
 
 import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .configs import BlockedConfig, blocked_built, blocked_default
+from .layout import (blocked_grid, broadcast_shape, check_inputs, compiling, contiguous_ok, layout_2d, layout_tensor,
+                     out_tensor, rows_grid, rows_layout, rows_ok, strided_words, transposed)
+from .ops_table import MAP_OPS, ZIP_OPS, check_op
+from .reduce import sum_to_shape
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("elementwise.cu")
 _THREADS = 256
-MAX_DIMS = 8
-_bzip = builtins.zip  # this module defines its own map() and zip()
-
-# op name -> (functor, PyTorch reference, FLOPs per element as counted in cost())
-MAP_OPS = {
-    "neg": ("Neg", torch.neg, 1),
-    "relu": ("Relu", torch.relu, 1),
-    "exp": ("Exp", torch.exp, 1),
-    "log": ("Log", torch.log, 1),
-    "sigmoid": ("Sigmoid", torch.sigmoid, 3),
-    "tanh": ("Tanh", torch.tanh, 1),
-    "gelu": ("Gelu", torch.nn.functional.gelu, 5),
-    "sin": ("Sin", torch.sin, 1),
-    "cos": ("Cos", torch.cos, 1),
-}
-
-
-def _relu_backward_ref(g, x):
-    return torch.where(x > 0, g, torch.zeros((), dtype=g.dtype, device=g.device))
-
-
-ZIP_OPS = {
-    "add": ("Add", torch.add, 1),
-    "sub": ("Sub", torch.sub, 1),
-    "mul": ("Mul", torch.mul, 1),
-    "div": ("Div", torch.div, 1),
-    "max": ("Max", torch.maximum, 1),
-    "pow": ("Pow", torch.pow, 1),
-    "relu_backward": ("ReluBackward", _relu_backward_ref, 1),
-}
 
 
 # --------------------------------------------------------------------------- reference, cost
@@ -91,8 +64,8 @@ ZIP_OPS = {
 def reference(op: str, *inputs: torch.Tensor) -> torch.Tensor:
     """PyTorch: reads each input once (broadcast inputs once per distinct element), writes once."""
     if len(inputs) == 1:
-        return MAP_OPS[_check_op(op, MAP_OPS, "map")][1](inputs[0])
-    return ZIP_OPS[_check_op(op, ZIP_OPS, "zip")][1](*inputs)
+        return MAP_OPS[check_op(op, MAP_OPS, "map")][1](inputs[0])
+    return ZIP_OPS[check_op(op, ZIP_OPS, "zip")][1](*inputs)
 
 
 def cost(op: str, out_numel: int, input_numels: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> Cost:
@@ -105,123 +78,7 @@ def cost(op: str, out_numel: int, input_numels: tuple[int, ...] | int, dtype: to
     return Cost(flops=flops, bytes=(sum(input_numels) + out_numel) * itemsize)
 
 
-# --------------------------------------------------------------------------- layouts (strided.cuh)
-
-
-def magic(d: int) -> tuple[int, int]:
-    """(mul, shr) with ``x // d == (x * mul >> 32) >> shr`` for 0 <= x, d < 2^31 (mul 0: d == 1)."""
-    if d < 1:
-        raise ValueError(f"magic: divisor must be >= 1, got {d} (empty tensors launch nothing)")
-    if d == 1:
-        return 0, 0
-    lg = (d - 1).bit_length()  # ceil(log2 d)
-    p = 31 + lg
-    return -(-(1 << p) // d), p - 32
-
-
-def broadcast_shape(*shapes: tuple[int, ...], names: tuple[str, ...] | None = None) -> tuple[int, ...]:
-    """NumPy/PyTorch broadcasting of ``shapes``; ValueError naming the inputs that disagree."""
-    names = names or tuple(f"input {i}" for i in range(len(shapes)))
-    nd = max((len(s) for s in shapes), default=0)
-    out = []
-    for d in range(nd):
-        size = 1
-        for s in shapes:
-            k = d - (nd - len(s))
-            if k < 0 or s[k] == 1:
-                continue
-            if size != 1 and s[k] != size:
-                desc = ", ".join(f"{n} {tuple(s)}" for n, s in _bzip(names, shapes))
-                raise ValueError(f"shapes cannot broadcast: {desc} (dim {d - nd} is {size} vs {s[k]})")
-            size = s[k]
-        out.append(size)
-    return tuple(out)
-
-
-def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Drop size-1 dims and merge neighbours that every tensor walks as one (stride[d-1] ==
-    stride[d] * shape[d]), so a contiguous or bias-row pattern costs one or two divisions."""
-    dims = [(s, [st[d] for st in strides]) for d, s in enumerate(shape) if s != 1]
-    merged: list[tuple[int, list[int]]] = []
-    for s, st in dims:
-        if merged and all(p == q * s for p, q in _bzip(merged[-1][1], st)):
-            merged[-1] = (merged[-1][0] * s, st)
-        else:
-            merged.append((s, st))
-    if not merged:
-        merged = [(1, [0] * len(strides))]
-    return tuple(m[0] for m in merged), [tuple(m[1][k] for m in merged) for k in range(len(strides))]
-
-
-def expanded_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """t's strides seen from the broadcast ``shape``: 0 on dims t lacks or has as size 1."""
-    return _expanded(tuple(t.shape), tuple(t.stride()), shape)
-
-
-def _expanded(tshape, tstride, shape):
-    pad = len(shape) - len(tshape)
-    return tuple(0 if d < pad or tshape[d - pad] == 1 else tstride[d - pad] for d in range(len(shape)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan(shape: tuple[int, ...], specs: tuple) -> tuple:
-    """Per (output shape, inputs' (shape, stride)): the layout words, and (R, C, 2-D strides) when
-    the layout collapses to 2 dims (else None). Cached: working it out costs ~40 us of Python, more
-    than a launch."""
-    shape = shape or (1,)
-    strides = [_expanded(ts, st, shape) for ts, st in specs]
-    words = layout_words(shape, strides)
-    cshape, cstrides = collapse(shape, strides)
-    if len(cshape) == 1:
-        two = (1, cshape[0], tuple((0, st[0]) for st in cstrides))
-    elif len(cshape) == 2:
-        two = (cshape[0], cshape[1], tuple((st[0], st[1]) for st in cstrides))
-    else:
-        two = None
-    return words, two
-
-
-def _specs(inputs) -> tuple:
-    return tuple((tuple(t.shape), tuple(t.stride())) for t in inputs)
-
-
-def layout_words(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The meta array of strided.cuh for output ``shape`` and the inputs' ``strides``."""
-    shape, strides = collapse(shape, strides)
-    if len(shape) > MAX_DIMS:
-        raise ValueError(f"tensors with more than {MAX_DIMS} non-mergeable dimensions are not supported "
-                         f"(shape {shape}); make the input contiguous first")
-    n = math.prod(shape)
-    pad = MAX_DIMS - len(shape)
-    muls, shrs = _bzip(*(magic(s) if s < 2**31 else (0, 0) for s in shape))
-    words = [len(shape), n, *shape, *([1] * pad), *muls, *([0] * pad), *shrs, *([0] * pad)]
-    for st in strides:
-        words += [*st, *([0] * pad)]
-    return tuple(words)
-
-
-_meta_cache: dict[tuple, torch.Tensor] = {}
-
-
-def layout_tensor(words: tuple[int, ...], device_index: int) -> torch.Tensor:
-    """A cached int64 device copy of ``words`` (built once per layout; build it before a CUDA graph
-    capture, since building does a host-to-device copy)."""
-    key = (device_index, words)
-    t = _meta_cache.get(key)
-    if t is None:
-        if len(_meta_cache) > 4096:
-            _meta_cache.clear()
-        t = _meta_cache[key] = torch.tensor(words, dtype=torch.int64, device=f"cuda:{device_index}")
-    return t
-
-
 # --------------------------------------------------------------------------- launchers
-
-
-def _check_op(op, table, what):
-    if op not in table:
-        raise ValueError(f"{what}: unknown op {op!r}; choose from {sorted(table)}")
-    return op
 
 
 @functools.cache
@@ -275,42 +132,6 @@ def _kernel(version: str, kind: str, functor: str, dtype: torch.dtype, device_in
     return k
 
 
-def check_inputs(what: str, inputs: dict[str, torch.Tensor], *, cuda: bool = True) -> torch.Tensor:
-    """Type, device, dtype agreement of named inputs; returns the first. ValueError naming the arg."""
-    first_name, first = next(iter(inputs.items()))
-    for name, t in inputs.items():  # what each argument is, before where it lives
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{what}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise ValueError(f"{what}: '{name}' has dtype {t.dtype}; a floating-point tensor is needed "
-                             f"(float32, float16 or bfloat16)")
-    for name, t in inputs.items():
-        if cuda and not t.is_cuda:
-            raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
-                             f"(the autograd functions run the PyTorch reference on CPU tensors)")
-        if t.device != first.device:
-            raise ValueError(f"{what}: '{name}' is on {t.device} but '{first_name}' is on {first.device}")
-        if t.dtype != first.dtype:
-            raise ValueError(f"{what}: '{name}' has dtype {t.dtype} but '{first_name}' has {first.dtype}; "
-                             f"cast one of them")
-        if cuda and t.dtype not in _DTYPES:
-            raise ValueError(f"{what}: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
-    return first
-
-
-def _out(what, out, shape, like):
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape):
-        raise ValueError(f"{what}: 'out' must be a tensor of shape {tuple(shape)}")
-    if out.dtype != like.dtype or out.device != like.device:
-        raise ValueError(f"{what}: 'out' must be {like.dtype} on {like.device}, got {out.dtype} on {out.device}")
-    if not out.is_contiguous():
-        raise ValueError(f"{what}: 'out' must be contiguous (strides {tuple(out.stride())})")
-    return out
-
-
-
 _grid: dict[tuple, int] = {}
 
 
@@ -327,7 +148,7 @@ def _launch_strided(kind, functor, inputs, out):
         return out
     dev = out.get_device()
     k = _kernel("v1_strided", kind, functor, out.dtype, dev)
-    words = _plan(tuple(out.shape), _specs(inputs))[0]
+    words = strided_words(inputs, out)
     meta = layout_tensor(words, dev)
     k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, meta)
     return out
@@ -345,68 +166,10 @@ def _launch_contiguous(kind, functor, inputs, out):
     return out
 
 
-@dataclass(frozen=True)
-class BlockedConfig:
-    """v4_blocked's template parameters (elementwise.cu): unroll = 16-byte vectors per thread (1, 2,
-    4, 8, 16; all loaded before the first use, fp32 sigmoid in batches of 4), threads = block size
-    (64 to 1024, a multiple of 32), minb = minimum resident blocks per SM asked of ptxas
-    (``__launch_bounds__(threads, minb)``: a register cap; 1 = none). One block owns
-    threads x unroll consecutive vectors."""
-
-    unroll: int = 8
-    threads: int = 256
-    minb: int = 1
-
-    def check(self) -> None:
-        if (self.unroll not in (1, 2, 4, 8, 16) or self.threads % 32 or not 64 <= self.threads <= 1024
-                or not 1 <= self.minb <= 2048 // self.threads):
-            raise ValueError(f"v4_blocked: config {self} is not valid (unroll 1/2/4/8/16, threads a multiple "
-                             f"of 32 in [64, 1024], 1 <= minb <= 2048 / threads)")
-
-
-# v4_blocked's config per (kind, dtype) (BlockedConfig(), 8 x 256, where none): fewer vectors a
-# thread and 128-thread blocks keep more blocks resident, ~1.0x PyTorch eager at 2^28 elements on
-# the H200 (8 x 256: relu 0.964x); fp32 map caps at minb 12, as minb 16 makes sinf / cosf spill;
-# fp16 follows bf16, not measured apart (docs/tuning/pointwise.md, "BLOCKED_DEFAULT").
-_MEASURED_BLOCKED = {
-    ("map", torch.float32): BlockedConfig(unroll=2, threads=128, minb=12),
-    ("zip", torch.float32): BlockedConfig(unroll=1, threads=128, minb=1),
-    ("map", torch.bfloat16): BlockedConfig(unroll=1, threads=128, minb=1),
-    ("zip", torch.bfloat16): BlockedConfig(unroll=1, threads=128, minb=1),
-    ("map", torch.float16): BlockedConfig(unroll=1, threads=128, minb=1),
-    ("zip", torch.float16): BlockedConfig(unroll=1, threads=128, minb=1),
-}
-BLOCKED_DEFAULT: dict[tuple[str, torch.dtype], BlockedConfig] = {
-    (kind, d): _MEASURED_BLOCKED.get((kind, d), BlockedConfig()) for kind in ("map", "zip") for d in _DTYPES}
-
-
-# Ops of one instruction an element (neg, relu): in fp32 map they run fastest at one vector a
-# thread in 256-thread blocks (relu 1.006-1.007x eager at 2^28 elements), where gelu loses
-# 8 %; other ops keep BLOCKED_DEFAULT (docs/tuning/pointwise.md, "Light ops: _MEASURED_LIGHT").
-_LIGHT_FUNCTORS = frozenset({"Neg", "Relu"})
-_MEASURED_LIGHT = {("map", torch.float32): BlockedConfig(unroll=1, threads=256, minb=1)}
-
-
-def blocked_default(kind: str, functor: str, dtype: torch.dtype) -> BlockedConfig:
-    """v4_blocked's config for one op (functor name, e.g. "Relu") when the caller gives none."""
-    if functor in _LIGHT_FUNCTORS:
-        c = _MEASURED_LIGHT.get((kind, dtype))
-        if c is not None:
-            return c
-    return BLOCKED_DEFAULT[(kind, dtype)]
-
-
 def _check_blocked(config) -> None:
     if not isinstance(config, BlockedConfig):
         raise ValueError(f"v4_blocked: 'config' must be a BlockedConfig, got {type(config).__name__}")
     config.check()
-
-
-def blocked_built(kind: str, dtype: torch.dtype) -> tuple[BlockedConfig, ...]:
-    """The v4 configs compiled into the package module (the defaults: BLOCKED_DEFAULT's and the
-    light ops' one)."""
-    light = [c for (k, d), c in _MEASURED_LIGHT.items() if k == kind and d == dtype]
-    return tuple(dict.fromkeys((BLOCKED_DEFAULT[(kind, dtype)], *light)))
 
 
 def blocked_name(kind: str, functor: str, dtype: torch.dtype, config: BlockedConfig | None = None) -> str:
@@ -434,12 +197,6 @@ def blocked_prepare(kind: str, ops, dtype: torch.dtype, configs, device_index: i
     return mod
 
 
-def blocked_grid(n: int, itemsize: int, config: BlockedConfig) -> int:
-    """Blocks of v4_blocked for n elements: one per threads x unroll vectors, at least one (an empty
-    vector chunk still does the scalar tail)."""
-    return max(1, -(-n // (config.threads * config.unroll * (16 // itemsize))))
-
-
 def _launch_blocked(kind, functor, inputs, out, config: BlockedConfig | None = None):
     n = out.numel()
     if n == 0:
@@ -450,19 +207,6 @@ def _launch_blocked(kind, functor, inputs, out, config: BlockedConfig | None = N
     k = _kernel("v4_blocked", kind, functor, out.dtype, out.get_device(), cfg)
     k(blocked_grid(n, out.element_size(), cfg), cfg.threads, *inputs, out, n)
     return out
-
-
-_ROWS_PER_THREAD = 8  # rows per thread in v5_rows (ROWS in elementwise.cu)
-
-
-def _layout_2d(inputs, out):
-    """(R, C, [(row stride, col stride) per input]) when the collapsed layout has at most 2 dims."""
-    return _plan(tuple(out.shape), _specs(inputs))[1]
-
-
-def _transposed(strides_2d) -> bool:
-    """Some input walks rows faster than columns: v1's reads of it would not coalesce."""
-    return any(sr != 0 and sc != 0 and abs(sr) < abs(sc) for sr, sc in strides_2d)
 
 
 def _launch_tiled(functor, a, b, out, layout):
@@ -476,70 +220,27 @@ def _launch_tiled(functor, a, b, out, layout):
     return out
 
 
-def _rows_ok(inputs, out, layout) -> bool:
-    """v5_rows applies: every operand walks a row with stride 1 (its start and row stride keeping
-    16-byte loads aligned) or 0 (read as a scalar per row), and output rows are whole vectors."""
-    if layout is None:
-        return False
-    R, C, strides = layout
-    vec = 16 // out.element_size()
-    if C % vec or out.data_ptr() % 16:
-        return False
-    for t, (sr, sc) in _bzip(inputs, strides):
-        if sc not in (0, 1) or sr < 0:
-            return False
-        if sc == 1 and (t.data_ptr() % 16 or sr % vec):
-            return False
-    return _rows_grid(R, C, out.element_size())[0] < 2**31
-
-
-def _rows_layout(layout, itemsize):
-    """v5_rows' layout: a single row (a 1-D tensor, maybe with a scalar) is cut into rows of at
-    most 1024 vectors, so that each thread gets _ROWS_PER_THREAD vectors to keep in flight
-    instead of one (operands walk it with stride 1 or 0, so the cut is exact)."""
-    R, C, strides = layout
-    vec = 16 // itemsize
-    if R != 1:
-        return layout
-    k = next(k for k in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1) if C % (k * vec) == 0)
-    c2 = k * vec
-    return C // c2, c2, tuple((sc * c2, sc) for _, sc in strides)
-
-
-def _rows_grid(R, C, itemsize):
-    """(blocks, (TX, TY)) of v5_rows: TX threads across a row's vectors (a power of two, at most
-    256), TY = 256 / TX rows, each thread _ROWS_PER_THREAD rows TY apart."""
-    cv = C // (16 // itemsize)
-    tx = min(_THREADS, 1 << max(0, cv - 1).bit_length())
-    ty = _THREADS // tx
-    return -(-cv // tx) * -(-R // (ty * _ROWS_PER_THREAD)), (tx, ty)
-
-
 def _launch_rows(functor, a, b, out, layout):
     if out.numel() == 0:
         return out
-    R, C, ((sar, sac), (sbr, sbc)) = _rows_layout(layout, out.element_size())
+    R, C, ((sar, sac), (sbr, sbc)) = rows_layout(layout, out.element_size())
     k = _kernel("v5_rows", "zip", functor, out.dtype, out.get_device())
-    blocks, block = _rows_grid(R, C, out.element_size())
+    blocks, block = rows_grid(R, C, out.element_size())
     k(blocks, block, a, b, out, R, C, sar, sac, sbr, sbc)
     return out
 
 
-def _contiguous_ok(inputs, out):
-    return (all(t.is_contiguous() and t.shape == out.shape for t in inputs) and rt.aligned16(*inputs, out))
-
-
 def _map_prepare(op, x, out):
-    _check_op(op, MAP_OPS, "map")
+    check_op(op, MAP_OPS, "map")
     check_inputs(f"map({op})", {"x": x})
-    return MAP_OPS[op][0], _out(f"map({op})", out, x.shape, x)
+    return MAP_OPS[op][0], out_tensor(f"map({op})", out, x.shape, x)
 
 
 def _zip_prepare(op, a, b, out):
-    _check_op(op, ZIP_OPS, "zip")
+    check_op(op, ZIP_OPS, "zip")
     check_inputs(f"zip({op})", {"a": a, "b": b})
     shape = broadcast_shape(tuple(a.shape), tuple(b.shape), names=("a", "b"))
-    return ZIP_OPS[op][0], _out(f"zip({op})", out, shape, a)
+    return ZIP_OPS[op][0], out_tensor(f"zip({op})", out, shape, a)
 
 
 def map_v1_strided(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -549,7 +250,7 @@ def map_v1_strided(op: str, x: torch.Tensor, out: torch.Tensor | None = None) ->
 
 def map_v2_contiguous(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     functor, out = _map_prepare(op, x, out)
-    if not _contiguous_ok((x,), out):
+    if not contiguous_ok((x,), out):
         raise ValueError("map.v2_contiguous: x and out must be contiguous and start on 16-byte boundaries; "
                          "use v1_strided or map()")
     return _launch_contiguous("map", functor, (x,), out)
@@ -560,7 +261,7 @@ def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None,
     """``config``: a ``BlockedConfig`` (default ``blocked_default("map", functor, x.dtype)``: relu
     and neg have their own in fp32); others are compiled on first use."""
     functor, out = _map_prepare(op, x, out)
-    if not _contiguous_ok((x,), out):
+    if not contiguous_ok((x,), out):
         raise ValueError("map.v4_blocked: x and out must be contiguous and start on 16-byte boundaries; "
                          "use v1_strided or map()")
     if config is not None:
@@ -575,7 +276,7 @@ def zip_v1_strided(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor 
 
 def zip_v2_contiguous(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     functor, out = _zip_prepare(op, a, b, out)
-    if not _contiguous_ok((a, b), out):
+    if not contiguous_ok((a, b), out):
         raise ValueError("zip.v2_contiguous: a, b and out must be contiguous, of one shape (no broadcasting) "
                          "and start on 16-byte boundaries; use v1_strided or zip()")
     return _launch_contiguous("zip", functor, (a, b), out)
@@ -585,7 +286,7 @@ def zip_v3_tiled(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     functor, out = _zip_prepare(op, a, b, out)
     if out.numel() == 0:
         return out
-    layout = _layout_2d((a, b), out)
+    layout = layout_2d((a, b), out)
     if layout is None:
         raise ValueError("zip.v3_tiled: the operands' layout does not collapse to 2 dims; use v1_strided or zip()")
     return _launch_tiled(functor, a, b, out, layout)
@@ -595,7 +296,7 @@ def zip_v4_blocked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor 
                    config: BlockedConfig | None = None) -> torch.Tensor:
     """``config``: a ``BlockedConfig`` (default ``BLOCKED_DEFAULT[("zip", a.dtype)]``)."""
     functor, out = _zip_prepare(op, a, b, out)
-    if not _contiguous_ok((a, b), out):
+    if not contiguous_ok((a, b), out):
         raise ValueError("zip.v4_blocked: a, b and out must be contiguous, of one shape (no broadcasting) "
                          "and start on 16-byte boundaries; use v1_strided or zip()")
     if config is not None:
@@ -607,8 +308,8 @@ def zip_v5_rows(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     functor, out = _zip_prepare(op, a, b, out)
     if out.numel() == 0:
         return out
-    layout = _layout_2d((a, b), out)
-    if not _rows_ok((a, b), out, layout):
+    layout = layout_2d((a, b), out)
+    if not rows_ok((a, b), out, layout):
         raise ValueError("zip.v5_rows: needs a layout that collapses to 2 dims (rows, columns) in which each "
                          "operand walks a row with stride 1 or 0, rows a multiple of 16 bytes long and "
                          "16-byte aligned (e.g. a (R, C) tensor plus a (C,) bias row); use v1_strided or zip()")
@@ -641,7 +342,7 @@ def map(op: str, x: torch.Tensor, *, out: torch.Tensor | None = None, variant: s
     if variant is not None:
         return _pick(MAP_VARIANTS, "map", variant)(op, x, out)
     functor, out = _map_prepare(op, x, out)
-    if _contiguous_ok((x,), out):
+    if contiguous_ok((x,), out):
         return _launch_blocked("map", functor, (x,), out)
     return _launch_strided("map", functor, (x,), out)
 
@@ -679,42 +380,17 @@ def zip(op: str, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None =
 
 def _zip_choice(a, b, out) -> tuple[str, tuple | None]:
     """The version zip() runs for these operands and output (and the 2-D layout, when any)."""
-    if _contiguous_ok((a, b), out):
+    if contiguous_ok((a, b), out):
         return "v4_blocked", None
-    layout = _layout_2d((a, b), out)
-    if _rows_ok((a, b), out, layout):
+    layout = layout_2d((a, b), out)
+    if rows_ok((a, b), out, layout):
         return "v5_rows", layout
-    if layout is not None and _transposed(layout[2]):
+    if layout is not None and transposed(layout[2]):
         return "v3_tiled", layout
     return "v1_strided", layout
 
 
 # --------------------------------------------------------------------------- autograd
-
-
-def compiling() -> bool:
-    """True while torch.compile traces: kernels launched from Python cannot be traced, so the
-    differentiable ops switch to their ``torch.library`` custom ops (``tilewise::map`` ...)."""
-    try:
-        return bool(torch.compiler.is_compiling())
-    except AttributeError:  # older PyTorch
-        return False
-
-
-def sum_to_shape(g: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Reduce a broadcast gradient back to an input's ``shape`` (sum over the dims it was expanded
-    along), with tilewise's reduce kernels on CUDA and torch.sum on CPU or under torch.compile."""
-    shape = tuple(shape)
-    if tuple(g.shape) == shape:
-        return g
-    from . import reduce as red
-
-    lead = g.dim() - len(shape)
-    dims = list(range(lead)) + [lead + d for d, s in enumerate(shape) if s == 1 and g.shape[lead + d] != 1]
-    use_kernel = g.is_cuda and not compiling()
-    for d in sorted(dims, reverse=True):
-        g = red.reduce(g, d, "sum", keepdim=True) if use_kernel else g.sum(d, keepdim=True)
-    return g.reshape(shape)
 
 
 def _run_map(op, x):
@@ -935,10 +611,8 @@ def _as_tensor_like(v, like):
 
 def _binary(op):
     def f(a, b):
-        if getattr(a, "_tw_trace", False) or getattr(b, "_tw_trace", False):
-            from .fusion import _binary_trace
-
-            return _binary_trace(op, a, b)
+        if getattr(a, "_tw_trace", False) or getattr(b, "_tw_trace", False):  # tilewise.fuse's placeholder
+            return (a if getattr(a, "_tw_trace", False) else b)._binary(op, a, b)
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
             raise ValueError(f"{op}: 'a' or 'b' must be a torch.Tensor, got {type(a).__name__} and "
                              f"{type(b).__name__}")
@@ -1002,7 +676,7 @@ def divergence(x: torch.Tensor, variant: str = "v1_branch", work: int = 64,
     check_inputs("divergence", {"x": x})
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("divergence: 'x' must be a contiguous float32 tensor")
-    out = _out("divergence", out, x.shape, x)
+    out = out_tensor("divergence", out, x.shape, x)
     n = x.numel()
     if n == 0:
         return out

@@ -17,8 +17,8 @@ with four kernel templates:
     rows:       layouts that collapse to 2 dims (R, C) in which every input walks a row with stride
                 1 (16-byte loads) or 0 (a scalar per row): a bias row or column, a scalar, padded
                 rows; a row-broadcast input loaded once per ROWS rows. bound: copy bandwidth.
-A call picks blocked, else rows, else strided (``FusedFunction.plan``); ``FuseConfig`` /
-``FUSE_DEFAULT`` hold the knobs (research/elementwise_variants.py sweeps them).
+A call picks blocked, else rows, else strided (``FusedFunction.plan``); ``configs.FuseConfig`` /
+``configs.FUSE_DEFAULT`` hold the knobs (research/elementwise_variants.py sweeps them).
 The source depends on (expression, dtype) only; the broadcast pattern is data (the layout array),
 so one compiled module per (expression, dtype, config) serves every pattern and NVRTC runs once for it
 (then the disk cache answers). Intermediates stay in registers: ``sin(x)**2 + cos(x)**2`` reads x
@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,7 +40,10 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
-from . import elementwise as ew
+from .configs import FUSE_DEFAULT, TRIG_MODES, FuseConfig
+from .layout import (blocked_grid, broadcast_shape, check_inputs, contiguous_ok, layout_2d, layout_tensor, out_tensor,
+                     rows_grid, rows_layout, rows_ok, strided_words)
+from .ops_table import MAP_OPS, ZIP_OPS
 
 _THREADS = 256
 
@@ -91,6 +93,9 @@ class Tracer:
     def _unary(self, op: str) -> "Tracer":
         return Tracer(self.graph, self.graph.add(Node(op, (self.node,))))
 
+    def _binary(self, op: str, a, b) -> "Tracer":  # elementwise's binary ops hand a traced call here
+        return _binary_trace(op, a, b)
+
     def __neg__(self):
         return self._unary("neg")
 
@@ -128,7 +133,7 @@ class Tracer:
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         raise ValueError(f"tilewise.fuse: {getattr(func, '__name__', func)} is a PyTorch function; inside a "
                          f"fused function use tilewise's ops (tilewise.ops.pointwise.elementwise: "
-                         f"{', '.join(ew.MAP_OPS)}, {', '.join(ew.ZIP_OPS)}) and + - * / **")
+                         f"{', '.join(MAP_OPS)}, {', '.join(ZIP_OPS)}) and + - * / **")
 
     def _compare(self, other):
         raise ValueError("tilewise.fuse: comparisons cannot be fused (no boolean tensors in a fused "
@@ -182,46 +187,6 @@ def _live(graph: Graph, out: Node) -> list[Node]:
 
 # --------------------------------------------------------------------------- code generation
 
-# How sin and cos are computed (template parameter MODE of every generated kernel):
-#   "libm":   sinf / cosf, each with its own full-range argument reduction;
-#   "sincos": one sincosf where sin(v) and cos(v) of the same v are both live (one reduction for
-#             both; the same accuracy class as sinf/cosf), sinf / cosf otherwise;
-#   "fast":   the __sinf / __cosf (__sincosf) intrinsics: a few instructions, but their error grows
-#             with |x| (about 2^-21 absolute in [-pi, pi]); not for inputs of large magnitude.
-TRIG_MODES = {"libm": 0, "sincos": 1, "fast": 2}
-
-
-@dataclass(frozen=True)
-class FuseConfig:
-    """The generated kernels' template and launch parameters.
-
-    trig: a key of ``TRIG_MODES``. blocked path (contiguous same-shape inputs): unroll = 16-byte
-    vectors per thread and operand (1, 2, 4, 8, 16), threads = block size, minb = minimum resident
-    blocks per SM (``__launch_bounds__``; 1 = no register cap). rows path (inputs that walk rows with
-    stride 1 or 0: a bias row or column, a scalar): rows = rows per thread (1, 2, 4, 8),
-    rows_threads = block size (TX x TY with TX the next power of two of the row's vectors).
-    """
-
-    trig: str = "sincos"
-    unroll: int = 8
-    threads: int = 256
-    minb: int = 1
-    rows: int = 8
-    rows_threads: int = 256
-
-    def check(self) -> None:
-        ok = (self.trig in TRIG_MODES and self.unroll in (1, 2, 4, 8, 16) and self.rows in (1, 2, 4, 8)
-              and all(t % 32 == 0 and 64 <= t <= 1024 for t in (self.threads, self.rows_threads))
-              and 1 <= self.minb <= 2048 // self.threads)
-        if not ok:
-            raise ValueError(f"tilewise.fuse: config {self} is not valid")
-
-
-# The default of every FusedFunction: one sincosf and 4 x 512 blocked run sin^2 + cos^2 on 2^28
-# fp32 at 4,203 GB/s = 98.9 % of copy, 1.100x torch.compile (H200); 2 rows a thread put relu(x + b)
-# with a bias row at 1.002x torch.compile on the rows path (docs/tuning/pointwise.md, "FUSE_DEFAULT").
-FUSE_DEFAULT = FuseConfig(trig="sincos", unroll=4, threads=512, minb=1, rows=2, rows_threads=256)
-
 KINDS = ("strided", "contiguous", "blocked", "rows")
 
 
@@ -260,13 +225,13 @@ def _expr_lines(nodes: list[Node], arity: int, mode: int = 0) -> tuple[list[str]
                 continue
         if n.op == "const":
             rhs = _float_literal(n.value)
-        elif n.op in ew.MAP_OPS:
-            rhs = f"ew::{ew.MAP_OPS[n.op][0]}()({names[id(n.args[0])]})"
+        elif n.op in MAP_OPS:
+            rhs = f"ew::{MAP_OPS[n.op][0]}()({names[id(n.args[0])]})"
         elif n.op == "pow" and n.args[1].op == "const" and n.args[1].value == 2.0:
             a = names[id(n.args[0])]
             rhs = f"{a} * {a}"  # exact, as torch.pow(x, 2)
-        elif n.op in ew.ZIP_OPS:
-            rhs = f"ew::{ew.ZIP_OPS[n.op][0]}()({names[id(n.args[0])]}, {names[id(n.args[1])]})"
+        elif n.op in ZIP_OPS:
+            rhs = f"ew::{ZIP_OPS[n.op][0]}()({names[id(n.args[0])]}, {names[id(n.args[1])]})"
         else:
             raise ValueError(f"tilewise.fuse: no code for op {n.op!r}")
         lines.append(f"  const float {name} = {rhs};")
@@ -497,15 +462,15 @@ def evaluate_reference(graph: Graph, out: Node, inputs: tuple[torch.Tensor, ...]
             v = inputs[n.index]
         elif n.op == "const":
             v = n.value
-        elif n.op in ew.MAP_OPS:
-            v = ew.MAP_OPS[n.op][1](vals[id(n.args[0])])
+        elif n.op in MAP_OPS:
+            v = MAP_OPS[n.op][1](vals[id(n.args[0])])
         else:
             a, b = (vals[id(x)] for x in n.args)
             if n.op == "relu_backward" or n.op == "max":
                 like = a if isinstance(a, torch.Tensor) else b
                 a = a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=like.dtype, device=like.device)
                 b = b if isinstance(b, torch.Tensor) else torch.full((), b, dtype=like.dtype, device=like.device)
-            v = ew.ZIP_OPS[n.op][1](a, b)
+            v = ZIP_OPS[n.op][1](a, b)
         vals[id(n)] = v
     return vals[id(out)]
 
@@ -602,10 +567,10 @@ class FusedFunction:
         "rows" when the layout collapses to 2 dims in which every input walks a row with stride
         1 (aligned 16-byte loads) or 0, rows whole 16-byte vectors (a bias row or column, a
         scalar); else "strided". Returns (kind, the 2-D layout for "rows")."""
-        if ew._contiguous_ok(inputs, out):
+        if contiguous_ok(inputs, out):
             return "blocked", None
-        layout = ew._layout_2d(inputs, out)
-        if ew._rows_ok(inputs, out, layout):
+        layout = layout_2d(inputs, out)
+        if rows_ok(inputs, out, layout):
             return "rows", layout
         return "strided", None
 
@@ -627,13 +592,13 @@ class FusedFunction:
             raise ValueError(f"fused: 'config' must be a FuseConfig, got {type(cfg).__name__}")
         cfg.check()
         names = {f"x{i}": t for i, t in enumerate(inputs)}
-        first = ew.check_inputs("fused", names, cuda=False)
-        shape = ew.broadcast_shape(*(tuple(t.shape) for t in inputs), names=tuple(names))
+        first = check_inputs("fused", names, cuda=False)
+        shape = broadcast_shape(*(tuple(t.shape) for t in inputs), names=tuple(names))
         g, node = self.traced(len(inputs))
         if not first.is_cuda:
             return evaluate_reference(g, node, inputs).expand(shape).contiguous()
-        ew.check_inputs("fused", names)
-        out = ew._out("fused", out, shape, first)
+        check_inputs("fused", names)
+        out = out_tensor("fused", out, shape, first)
         n = out.numel()
         if n == 0:
             return out
@@ -642,8 +607,8 @@ class FusedFunction:
         if variant in ("contiguous", "blocked") and kind != "blocked":
             raise ValueError(f"fused: the {variant} kernel needs contiguous, same-shape, 16-byte aligned inputs")
         if variant == "rows" and kind != "rows":
-            layout = ew._layout_2d(inputs, out)
-            kind = "rows" if ew._rows_ok(inputs, out, layout) else "strided"
+            layout = layout_2d(inputs, out)
+            kind = "rows" if rows_ok(inputs, out, layout) else "strided"
         if variant == "rows" and kind == "strided":
             raise ValueError("fused: the rows kernel needs a layout that collapses to 2 dims (rows, columns) "
                              "in which each input walks a row with stride 1 or 0, rows of whole 16-byte "
@@ -652,10 +617,10 @@ class FusedFunction:
         arity, dtype = len(inputs), first.dtype
         k = self._kernel(kind, arity, dtype, dev, cfg)
         if kind == "blocked":
-            k(ew.blocked_grid(n, out.element_size(), cfg), cfg.threads, *inputs, out, n)
+            k(blocked_grid(n, out.element_size(), cfg), cfg.threads, *inputs, out, n)
         elif kind == "rows":
-            R, C, strides = ew._rows_layout(layout, out.element_size())
-            blocks, block = rows_grid(R, C, out.element_size(), cfg)
+            R, C, strides = rows_layout(layout, out.element_size())
+            blocks, block = rows_grid(R, C, out.element_size(), cfg.rows_threads, cfg.rows)
             k(blocks, block, *inputs, out, R, C, *(v for st in strides for v in st))
         elif kind == "contiguous":
             per_vec = 16 // out.element_size()
@@ -664,18 +629,8 @@ class FusedFunction:
                 wave = self._waves[key] = k.resident_grid(_THREADS)
             k(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, *inputs, out, n)
         else:
-            words = ew._plan(tuple(shape), ew._specs(inputs))[0]
-            k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, ew.layout_tensor(words, dev))
+            k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, layout_tensor(strided_words(inputs, out), dev))
         return out
-
-
-def rows_grid(R: int, C: int, itemsize: int, cfg: FuseConfig) -> tuple[int, tuple[int, int]]:
-    """(blocks, (TX, TY)) of the rows kernel: TX threads across a row's 16-byte vectors (a power of
-    two, at most rows_threads), TY = rows_threads / TX rows, each thread cfg.rows rows TY apart."""
-    cv = C // (16 // itemsize)
-    tx = min(cfg.rows_threads, 1 << max(0, cv - 1).bit_length())
-    ty = cfg.rows_threads // tx
-    return -(-cv // tx) * -(-R // (ty * cfg.rows)), (tx, ty)
 
 
 def fuse(fn, config: FuseConfig | None = None) -> FusedFunction:

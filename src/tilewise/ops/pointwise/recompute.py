@@ -26,11 +26,11 @@ import triton.language as tl
 
 from ...cost import Cost
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
+from .configs import RECOMPUTE_BLOCK
+from .layout import DTYPES
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LECTURE_RATIO = 5 / 8
 BYTES_RATIO = 5 / 8  # recomputed (5 streams) over stored (8 streams)
-_BLOCK = 2048  # 8 elements a thread at 8 warps: two 16-byte bf16 loads per tensor in flight
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,7 @@ def _bwd_recompute_kernel(X, DY, DX, n, BLOCK: tl.constexpr):
 
 
 def _block(t: torch.Tensor) -> int:
-    return _BLOCK if t.is_cuda else 16
+    return RECOMPUTE_BLOCK if t.is_cuda else 16
 
 
 def _check(x: torch.Tensor, name: str = "x") -> None:
@@ -106,7 +106,7 @@ def _check(x: torch.Tensor, name: str = "x") -> None:
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"sigmoid3: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
                          f"(use recompute.reference for CPU tensors)")
-    if x.dtype not in _DTYPES:
+    if x.dtype not in DTYPES:
         raise ValueError(f"sigmoid3: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
 
 

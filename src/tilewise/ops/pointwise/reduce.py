@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
-from . import elementwise as ew
+from .configs import COLUMNS_DEFAULT, COLUMNS_VERSION, ColumnsConfig
+from .layout import check_inputs, collapse, compiling, layout_tensor, layout_words, out_tensor
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("reduce.cu")
 _THREADS = 256
 OPS = ("sum", "max", "mean")
@@ -112,7 +112,7 @@ def _prepare(what, x, dim, op, keepdim, out, cuda=True):
     """Checks; then the row walk (length R, stride rs), the other dims with x's strides, and out."""
     if op not in OPS:
         raise ValueError(f"{what}: unknown op {op!r}; choose from {list(OPS)}")
-    ew.check_inputs(what, {"x": x}, cuda=cuda)
+    check_inputs(what, {"x": x}, cuda=cuda)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ValueError(f"{what}: 'dim' must be an int, got {type(dim).__name__}")
     nd = max(x.dim(), 1)
@@ -129,17 +129,17 @@ def _prepare(what, x, dim, op, keepdim, out, cuda=True):
         out_shape = ()
     if R == 0 and op == "max":
         raise ValueError(f"{what}: max over an empty dim (dim {dim} has size 0) has no identity")
-    out = ew._out(what, out, out_shape, x)
+    out = out_tensor(what, out, out_shape, x)
     return dim, R, rs, other, other_strides, out
 
 
 @functools.lru_cache(maxsize=4096)
 def _layout_words(other, other_strides):
-    return ew.layout_words(other or (1,), [other_strides or (0,)])
+    return layout_words(other or (1,), [other_strides or (0,)])
 
 
 def _layout(other, other_strides, dev):
-    return ew.layout_tensor(_layout_words(tuple(other), tuple(other_strides)), dev)
+    return layout_tensor(_layout_words(tuple(other), tuple(other_strides)), dev)
 
 
 def _trivial(op, R, out):
@@ -227,45 +227,6 @@ def _run_v4(x, op, R, rs, other, ost, out):
     return out
 
 
-@dataclass(frozen=True)
-class ColumnsConfig:
-    """v5_columns' template and launch parameters (reduce.cu): tx = threads across columns (each
-    one 16-byte vector), ty = thread rows, unroll = vector loads in flight per thread, minb =
-    minimum resident blocks per SM asked of ptxas (1 = no register cap); waves = how many full
-    waves of resident blocks the row split aims for (grid.y, the number of splits, is about waves x
-    the kernel's resident blocks (SMs x blocks per SM at its register and smem use) / column
-    blocks), min_rows = the fewest rows one split walks (short columns split less); fold = how the
-    split partials meet: "pass" (a second small kernel) or "last" (the last split block of each
-    column block folds them, counted with an atomic: one launch fewer; counters are cached per
-    device and stream, so two streams never share them)."""
-
-    tx: int = 32
-    ty: int = 8
-    unroll: int = 4
-    minb: int = 1
-    waves: int = 2
-    min_rows: int = 256
-    fold: str = "pass"
-
-    def check(self, dtype: torch.dtype = torch.float32) -> None:
-        nt = self.tx * self.ty
-        smem = self.ty * (16 // dtype.itemsize) * self.tx * 4
-        if (self.tx not in (8, 16, 32, 64, 128) or self.ty not in (1, 2, 4, 8, 16, 32) or not 32 <= nt <= 1024
-                or self.unroll not in (1, 2, 4, 8) or not 1 <= self.minb <= 2048 // nt or smem > 48 * 1024
-                or self.waves < 1 or self.min_rows < 1 or self.fold not in ("pass", "last")):
-            raise ValueError(f"reduce.v5_columns: config {self} is not valid for {dtype}")
-
-
-# v5_columns' config per dtype: sum along dim 0 on the H200 at fp32 3,973 GB/s = 93.5 % of copy,
-# 1.059x torch.sum; bf16 3,400 GB/s, 1.084x; fp16 follows bf16 (docs/tuning/pointwise.md,
-# "COLUMNS_DEFAULT").
-COLUMNS_DEFAULT: dict[torch.dtype, ColumnsConfig] = {
-    torch.float32: ColumnsConfig(tx=16, ty=16, unroll=8, minb=1, waves=2, min_rows=256, fold="pass"),
-    torch.bfloat16: ColumnsConfig(tx=16, ty=4, unroll=8, minb=1, waves=1, min_rows=256, fold="pass"),
-    torch.float16: ColumnsConfig(tx=16, ty=4, unroll=8, minb=1, waves=1, min_rows=256, fold="pass"),
-}
-
-
 def columns_name(functor: str, dtype: torch.dtype, cfg: ColumnsConfig) -> str:
     return f"reduce_v5_columns<{rt.ctype(dtype)},rd::{functor},{cfg.tx},{cfg.ty},{cfg.unroll},{cfg.minb}>"
 
@@ -328,7 +289,7 @@ def columns_layout(x: torch.Tensor, R: int, rs: int, other, ost) -> tuple[int, i
     16-byte load aligned); else None."""
     if R < 1 or rs == 1 or not other:
         return None
-    shape, (st,) = ew.collapse(tuple(other), [tuple(ost)])
+    shape, (st,) = collapse(tuple(other), [tuple(ost)])
     if len(shape) > 2 or st[-1] != 1:
         return None
     C = shape[-1]
@@ -453,14 +414,9 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
     return _run_v3(x, op, R, rs, other, ost, out)
 
 
-# What reduce() runs for a leading-dim reduction that v5's 16-byte loads can read: "v5_columns"
-# (1.06x torch.sum on 32768 x 4096 fp32, dim 0) or "v4_columns" (0.88x there); both stay so that
-# they can be timed side by side (docs/tuning/pointwise.md, "COLUMNS_VERSION").
-COLUMNS_VERSION = "v5_columns"
-
-
 def choose(x, R, rs, other, ost) -> tuple[str, tuple | None]:
-    """The version ``reduce`` runs for _prepare's row walk (and v5's (B, C, sb) layout)."""
+    """The version ``reduce`` runs for _prepare's row walk (and v5's (B, C, sb) layout); for columns
+    v5 can read, ``configs.COLUMNS_VERSION`` says v5_columns or v4_columns."""
     if rs != 1 and R > 1 and _outputs_adjacent(other, ost):
         layout = columns_layout(x, R, rs, other, ost)
         if layout is not None and COLUMNS_VERSION == "v5_columns":
@@ -499,7 +455,7 @@ def lengths_itemsize(lengths: torch.Tensor | None) -> int:
 
 
 def _check_masked(what, x, lengths):
-    ew.check_inputs(what, {"x": x})
+    check_inputs(what, {"x": x})
     if x.dim() != 3:
         raise ValueError(f"{what}: 'x' must be (B, T, E), got shape {tuple(x.shape)}")
     if not isinstance(lengths, torch.Tensor) or lengths.dtype not in (torch.int32, torch.int64):
@@ -583,12 +539,12 @@ def masked_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     Returns (B, E), x's dtype: ``out[b] = x[b, :lengths[b]].mean(0)``. Under torch.compile it runs
     as the custom op ``tilewise::masked_mean``.
     """
-    if ew.compiling():
+    if compiling():
         return torch.ops.tilewise.masked_mean(x, lengths)
     if x.is_cuda:
         _check_masked("masked_mean", x, lengths)
     else:
-        ew.check_inputs("masked_mean", {"x": x}, cuda=False)
+        check_inputs("masked_mean", {"x": x}, cuda=False)
         _check_masked_cpu(x, lengths)
     return MaskedMeanFunction.apply(x, lengths)
 
@@ -679,11 +635,11 @@ def _reduce_fn(op):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{op}: 'x' must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_cuda:
-            ew.check_inputs(op, {"x": x}, cuda=False)
+            check_inputs(op, {"x": x}, cuda=False)
             nd = max(x.dim(), 1)
             if not isinstance(dim, int) or not -nd <= dim < nd:
                 raise ValueError(f"{op}: 'dim' = {dim} is out of range for a tensor of {x.dim()} dims")
-        if ew.compiling():  # Inductor writes its own reductions; ours would break the graph
+        if compiling():  # Inductor writes its own reductions; ours would break the graph
             return reference(x, dim, op, keepdim)
         return ReduceFunction.apply(x, dim, op, keepdim)
 
@@ -697,3 +653,17 @@ sum = _reduce_fn("sum")  # noqa: A001
 mean = _reduce_fn("mean")
 amax = _reduce_fn("max")
 amax.__name__ = "amax"
+
+
+def sum_to_shape(g: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Reduce a broadcast gradient back to an input's ``shape`` (sum over the dims it was expanded
+    along), with the reduce kernels on CUDA and torch.sum on CPU or under torch.compile."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    lead = g.dim() - len(shape)
+    dims = list(range(lead)) + [lead + d for d, s in enumerate(shape) if s == 1 and g.shape[lead + d] != 1]
+    use_kernel = g.is_cuda and not compiling()
+    for d in sorted(dims, reverse=True):
+        g = reduce(g, d, "sum", keepdim=True) if use_kernel else g.sum(d, keepdim=True)
+    return g.reshape(shape)

@@ -25,8 +25,8 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .layout import DTYPES
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SRC = Path(__file__).with_name("vector_add.cu")
 _THREADS = 256
 
@@ -44,7 +44,7 @@ def cost(n: int, dtype: torch.dtype = torch.float32) -> Cost:
 @functools.cache
 def _module(device_index: int) -> rt.Module:
     names = [f"vector_add_{v}<{rt.ctype(d)}>" for v in ("v1_naive", "v2_vectorized", "v3_blocked")
-             for d in _DTYPES]
+             for d in DTYPES]
     return rt.load(_SRC, names, device_index=device_index)
 
 
@@ -70,7 +70,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.
     if a.get_device() < 0:
         raise ValueError(f"vector_add: 'a' is on {a.device}; tilewise kernels need CUDA tensors "
                          f"(use vector_add.reference for CPU tensors)")
-    if a.dtype not in _DTYPES:
+    if a.dtype not in DTYPES:
         raise ValueError(f"vector_add: 'a' has dtype {a.dtype}; supported: float32, float16, bfloat16")
     if a.shape != b.shape:
         raise ValueError(f"vector_add: shapes differ: a {tuple(a.shape)} vs b {tuple(b.shape)}")
