@@ -11,16 +11,16 @@ import time
 
 import torch
 
-from tilewise import train as tr
+from tilewise.sst2 import step_bench
 from tilewise.bench.suites import train_step as ts
 
 hidden = int(sys.argv[1]) if len(sys.argv) > 1 else ts.H
 dev = torch.device("cuda")
 sizes = dict(vocab_size=ts.V, embed_dim=ts.E, hidden=hidden, num_classes=ts.C)
-batches = tr.synthetic_batches(ts.N_BATCHES, ts.B, ts.T, ts.V, ts.C, device=dev)
+batches = step_bench.synthetic_batches(ts.N_BATCHES, ts.B, ts.T, ts.V, ts.C, device=dev)
 for backend in ("torch", "tilewise"):
-    model, opt = tr.step_model(backend, "eager", dropout=0.0, device=dev, **sizes)
-    step = tr.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device=dev, keep_graph=True)
+    model, opt = step_bench.step_model(backend, "eager", dropout=0.0, device=dev, **sizes)
+    step = step_bench.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device=dev, keep_graph=True)
     for i in range(10):
         step(batches[i % len(batches)])
     torch.cuda.synchronize()

@@ -1,6 +1,6 @@
 """SST-2 accuracy sweep of the classifier (issue 8: dev >= 82 % with GloVe, or the sweep that says
 this architecture cannot). One process, one device call: the data are read once, every run is
-``tilewise.train.train`` (so the best setting is reproduced by ``tilewise train`` with the printed
+``tilewise.sst2.train`` (so the best setting is reproduced by ``tilewise train`` with the printed
 options), on the fastest path there is (``--graph``: the whole step in a CUDA graph).
 
 Stages (each run: GloVe 50-d init, batch 64, seed 0, EPOCHS (10) epochs; the best
@@ -42,30 +42,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from tilewise import train as tr  # noqa: E402
+from tilewise import sst2  # noqa: E402
+from tilewise.sst2.commands import train_args  # noqa: E402
 
-# TrainConfig field -> CLI option, for the command that reproduces a run.
-_FLAGS = {"lr": "--lr", "embedding_lr": "--embedding-lr", "weight_decay": "--weight-decay", "hidden": "--hidden",
-          "dropout": "--dropout", "embed_dropout": "--embed-dropout", "lr_schedule": "--lr-schedule",
-          "freeze_embeddings_epochs": "--freeze-embeddings-epochs", "min_count": "--min-count",
-          "embedding_init": "--embedding-init", "epochs": "--epochs", "batch_size": "--batch-size",
-          "seed": "--seed", "backend": "--backend", "word_dropout": "--word-dropout", "ema": "--ema"}
+# The TrainConfig fields a setting may change (each has a short name in a run's name).
+_SHORT = {"lr": "lr", "embedding_lr": "elr", "weight_decay": "wd", "hidden": "H", "dropout": "do",
+          "embed_dropout": "edo", "lr_schedule": "", "freeze_embeddings_epochs": "freeze",
+          "min_count": "minc", "embedding_init": "", "epochs": "ep", "batch_size": "bs", "seed": "seed",
+          "backend": "", "word_dropout": "wdo", "ema": "ema"}
 
 
 def command(data_dir: str, setting: dict, graph: bool) -> str:
-    parts = ["tilewise", "train", "--data-dir", data_dir]
-    for k, v in setting.items():
-        parts += [_FLAGS[k], str(v)]
-    parts.append("--graph" if graph else "--no-graph")  # the CLI's default is graphs on a GPU
-    return " ".join(shlex.quote(p) for p in parts)
+    # --graph / --no-graph always: the CLI's default is graphs on a GPU
+    return shlex.join(["tilewise", "train", *train_args({"data_dir": data_dir, **setting, "graph": graph})])
 
 
 def name_of(setting: dict) -> str:
-    short = {"lr": "lr", "embedding_lr": "elr", "weight_decay": "wd", "hidden": "H", "dropout": "do",
-             "embed_dropout": "edo", "lr_schedule": "", "freeze_embeddings_epochs": "freeze",
-             "min_count": "minc", "embedding_init": "", "epochs": "ep", "batch_size": "bs", "seed": "seed",
-             "backend": "", "word_dropout": "wdo", "ema": "ema"}
-    return " ".join(f"{short[k]}{v}" for k, v in setting.items() if k != "batch_size")
+    return " ".join(f"{_SHORT[k]}{v}" for k, v in setting.items() if k != "batch_size")
 
 
 class Sweep:
@@ -95,13 +88,13 @@ class Sweep:
             self.skipped.append(f"{stage}: {name} (about {est:.0f} s needed, {self.left() - reserve:.0f} s left)")
             print(f"[sweep] skip {name}: budget", flush=True)
             return None
-        cfg = tr.TrainConfig(data_dir=self.args.data_dir, glove_cache=self.args.glove_cache, graph=self.graph,
+        cfg = sst2.TrainConfig(data_dir=self.args.data_dir, glove_cache=self.args.glove_cache, graph=self.graph,
                              device="cuda" if torch.cuda.is_available() else "cpu", progress=False, plot=False,
                              output_dir=str(self.work / f"run{len(self.rows)}"), max_steps=self.args.max_steps,
                              **s)
         t = time.perf_counter()
         try:
-            m = tr.train(cfg)
+            m = sst2.train(cfg)
         except Exception as e:
             if cfg.graph and s["backend"] == "tilewise":
                 print(f"[sweep] {name}: --graph failed ({type(e).__name__}: {e}); this run again eager", flush=True)
@@ -240,8 +233,8 @@ def main(argv=None) -> int:
     # and the tilewise backend against torch from the same seeds.
     if args.confirm:
         setting = json.loads(args.confirm)
-        if not isinstance(setting, dict) or set(setting) - set(_FLAGS):
-            raise SystemExit(f"--confirm: a JSON object of {sorted(_FLAGS)}, got {args.confirm!r}")
+        if not isinstance(setting, dict) or set(setting) - set(_SHORT):
+            raise SystemExit(f"--confirm: a JSON object of {sorted(_SHORT)}, got {args.confirm!r}")
         for backend in ("torch", "tilewise"):
             if backend == "tilewise" and (args.no_tilewise or not torch.cuda.is_available()):
                 continue
@@ -252,8 +245,8 @@ def main(argv=None) -> int:
 
     if args.grid:
         grid = json.loads(args.grid)
-        if not isinstance(grid, dict) or set(grid) - set(_FLAGS) or not all(isinstance(v, list) for v in grid.values()):
-            raise SystemExit(f"--grid: a JSON object of lists over {sorted(_FLAGS)}, got {args.grid!r}")
+        if not isinstance(grid, dict) or set(grid) - set(_SHORT) or not all(isinstance(v, list) for v in grid.values()):
+            raise SystemExit(f"--grid: a JSON object of lists over {sorted(_SHORT)}, got {args.grid!r}")
         run_grid(sw, grid, [int(v) for v in args.seeds.split(",")], args)
         sw.save()
         for s_ in sw.skipped:

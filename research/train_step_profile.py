@@ -7,12 +7,12 @@ Run on the GPU: PYTHONPATH=src python3 research/train_step_profile.py
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tilewise import train as tr
+from tilewise.sst2 import step_bench
 
-batches = tr.synthetic_batches(4, device="cuda")
+batches = step_bench.synthetic_batches(4, device="cuda")
 for backend in ("torch", "tilewise"):
-    model, opt = tr.step_model(backend, "graph", dropout=0.0)
-    step = tr.build_step(model, opt, "graph", batch_size=64, seq_len=64, device="cuda")
+    model, opt = step_bench.step_model(backend, "graph", dropout=0.0)
+    step = step_bench.build_step(model, opt, "graph", batch_size=64, seq_len=64, device="cuda")
     for b in batches:
         step(b)
     torch.cuda.synchronize()

@@ -2,12 +2,13 @@
 write; the tilewise backend against the torch one on the GPU."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from tilewise import train as tr
+from tilewise.sst2 import checkpoint, commands, config, dataset, loop, step_bench
 from tilewise.nn import SentimentClassifier
 from tilewise.nn import functional as twf
 
@@ -44,7 +45,7 @@ def tiny_config(tmp_path, **kw):
                 embedding_init="random", dropout=0.1, backend="torch", device="cpu", seed=0,
                 output_dir=str(tmp_path / "run"), progress=False)
     base.update(kw)
-    return tr.TrainConfig(**base)
+    return config.TrainConfig(**base)
 
 
 @pytest.fixture(autouse=True)
@@ -132,7 +133,7 @@ def test_functional_rejects_wrong_signature(monkeypatch):
 
 
 def test_short_cpu_training_reduces_loss(tmp_path):
-    m = tr.train(tiny_config(tmp_path, epochs=4))
+    m = loop.train(tiny_config(tmp_path, epochs=4))
     ep = m["epochs"]
     assert len(ep) == 4 and m["backend"] == "torch"
     assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"]
@@ -146,34 +147,34 @@ def test_short_cpu_training_reduces_loss(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
-    full = tr.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "full")))
-    tr.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part")))
-    resumed = tr.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "part"), resume=True))
+    full = loop.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "full")))
+    loop.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part")))
+    resumed = loop.train(tiny_config(tmp_path, epochs=3, output_dir=str(tmp_path / "part"), resume=True))
     assert resumed["step_losses"] == full["step_losses"]
     assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
 
 
 def test_cpu_backend_choice_and_errors(tmp_path):
-    dev, backend, notes = tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="auto"))
+    dev, backend, notes = config.resolve_device_backend(config.TrainConfig(device="cpu", backend="auto"))
     assert backend == "torch" and any("CPU" in n for n in notes)
     with pytest.raises(ValueError, match="tilewise needs a CUDA GPU"):
-        tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="tilewise"))
+        config.resolve_device_backend(config.TrainConfig(device="cpu", backend="tilewise"))
     with pytest.raises(ValueError, match="--graph"):
-        tr.resolve_device_backend(tr.TrainConfig(device="cpu", backend="torch", graph=True))
+        config.resolve_device_backend(config.TrainConfig(device="cpu", backend="torch", graph=True))
     with pytest.raises(FileNotFoundError, match="--resume"):
-        tr.train(tiny_config(tmp_path, resume=True, output_dir=str(tmp_path / "none")))
+        loop.train(tiny_config(tmp_path, resume=True, output_dir=str(tmp_path / "none")))
 
 
 def test_cli_arguments_and_missing_data(tmp_path, monkeypatch, capsys):
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
+    commands.add_arguments(p)
     args = p.parse_args(["--data-dir", str(tmp_path / "nothing"), "--epochs", "2", "--buckets", "16,32",
                          "--backend", "torch", "--device", "cpu", "--no-progress",
                          "--output-dir", str(tmp_path / "o")])
-    cfg = tr.config_from_args(args)
+    cfg = commands.config_from_args(args)
     assert cfg.epochs == 2 and cfg.buckets == (16, 32) and cfg.backend == "torch"
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "c"))
-    assert tr.main(args) == 2
+    assert commands.main(args) == 2
     err = capsys.readouterr().err
     assert "--data-dir" in err and "datasets" in err
     with pytest.raises(SystemExit):
@@ -184,14 +185,14 @@ def test_cli_prints_unexpected_failures(tmp_path, monkeypatch, capsys):
     """A failure inside training (a kernel error, say) is printed with its traceback on both
     streams and exits 1, even with --no-progress (the first GPU run left an empty log)."""
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
+    commands.add_arguments(p)
     args = p.parse_args(["--no-progress", "--device", "cpu", "--output-dir", str(tmp_path / "o")])
 
     def boom(cfg):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(tr, "train", boom)
-    assert tr.main(args) == 1
+    monkeypatch.setattr(loop, "train", boom)
+    assert commands.main(args) == 1
     cap = capsys.readouterr()
     for stream in (cap.out, cap.err):
         assert "RuntimeError: CUDA error: an illegal memory access" in stream and "Traceback" in stream
@@ -201,15 +202,15 @@ def test_tilewise_backend_pads_to_buckets(tmp_path, monkeypatch):
     """The tilewise backend defaults to bucket lengths (few GEMM shapes to autotune); checked on
     the CPU by faking the backend choice, since the shapes are decided before any kernel runs."""
     seen = []
-    real = tr.sst2.EncodedSplit.batches
+    real = dataset.EncodedSplit.batches
 
     def spy(self, *a, **kw):
         seen.append(kw.get("buckets"))
         return real(self, *a, **kw)
 
-    monkeypatch.setattr(tr.sst2.EncodedSplit, "batches", spy)
-    monkeypatch.setattr(tr, "resolve_device_backend", lambda cfg: (torch.device("cpu"), "tilewise", []))
-    m = tr.train(tiny_config(tmp_path, epochs=1, max_len=40))
+    monkeypatch.setattr(dataset.EncodedSplit, "batches", spy)
+    monkeypatch.setattr(loop, "resolve_device_backend", lambda cfg: (torch.device("cpu"), "tilewise", []))
+    m = loop.train(tiny_config(tmp_path, epochs=1, max_len=40))
     assert seen and all(b == (16, 32, 40) for b in seen)
     assert any("bucket lengths (16, 32, 40)" in n for n in m["notes"])
 
@@ -218,16 +219,16 @@ def test_cli_trains_with_glove_cache(tmp_path):
     """GloVe init from a cached extract (the package itself is not needed then)."""
     import numpy as np
 
-    from tilewise.data import glove, sst2
+    from tilewise.sst2 import glove
 
     cfg = tiny_config(tmp_path, epochs=1, embedding_init="glove", embed_dim=50)
-    data = sst2.load_sst2(cfg.data_dir)
-    vocab = sst2.Vocab.build(data["train"].tokens)
+    data = dataset.load_sst2(cfg.data_dir)
+    vocab = dataset.Vocab.build(data["train"].tokens)
     found = np.array([t in POS for t in vocab.itos])
     vecs = np.where(found[:, None], 1.0, 0.0).astype(np.float32) * np.ones((len(vocab), 50), np.float32)
     glove.save(glove.GloveVectors(vocab.itos, vecs, found), tmp_path / "g.npz")
     cfg.glove_cache = str(tmp_path / "g.npz")
-    m = tr.train(cfg)
+    m = loop.train(cfg)
     assert any("GloVe" in n and f"{100 * found[2:].mean():.1f}%" in n for n in m["notes"])
 
 
@@ -235,26 +236,26 @@ def test_cli_trains_with_glove_cache(tmp_path):
 
 
 def test_lr_factor_and_group_lrs():
-    assert tr.lr_factor("constant", 5, 10) == 1.0
-    assert tr.lr_factor("cosine", 0, 10) == 1.0
-    assert tr.lr_factor("cosine", 5, 10) == pytest.approx(0.5)
-    assert tr.lr_factor("cosine", 10, 10) == pytest.approx(0.0, abs=1e-12)
-    assert tr.lr_factor("linear", 3, 4) == pytest.approx(0.25)
-    assert tr.lr_factor("linear", 99, 4) == 0.0 and tr.lr_factor("linear", 0, 0) == 1.0
+    assert loop.lr_factor("constant", 5, 10) == 1.0
+    assert loop.lr_factor("cosine", 0, 10) == 1.0
+    assert loop.lr_factor("cosine", 5, 10) == pytest.approx(0.5)
+    assert loop.lr_factor("cosine", 10, 10) == pytest.approx(0.0, abs=1e-12)
+    assert loop.lr_factor("linear", 3, 4) == pytest.approx(0.25)
+    assert loop.lr_factor("linear", 99, 4) == 0.0 and loop.lr_factor("linear", 0, 0) == 1.0
     with pytest.raises(ValueError, match="lr_schedule"):
-        tr.lr_factor("step", 0, 1)
-    cfg = tr.TrainConfig(lr=2e-3, embedding_lr=1e-2, lr_schedule="linear", freeze_embeddings_epochs=1)
-    assert tr.group_lrs(cfg, 0, 0, 10) == (0.0, 2e-3)
-    emb, rest = tr.group_lrs(cfg, 1, 5, 10)
+        loop.lr_factor("step", 0, 1)
+    cfg = config.TrainConfig(lr=2e-3, embedding_lr=1e-2, lr_schedule="linear", freeze_embeddings_epochs=1)
+    assert loop.group_lrs(cfg, 0, 0, 10) == (0.0, 2e-3)
+    emb, rest = loop.group_lrs(cfg, 1, 5, 10)
     assert emb == pytest.approx(5e-3) and rest == pytest.approx(1e-3)
-    assert tr.group_lrs(tr.TrainConfig(lr=1e-3), 0, 3, 10) == (1e-3, 1e-3)
+    assert loop.group_lrs(config.TrainConfig(lr=1e-3), 0, 3, 10) == (1e-3, 1e-3)
 
 
 def test_training_option_errors(tmp_path):
     for kw, msg in ((dict(lr_schedule="step"), "--lr-schedule"), (dict(freeze_embeddings_epochs=-1), "freeze"),
                     (dict(embed_dropout=1.0), "--embed-dropout")):
         with pytest.raises(ValueError, match=msg):
-            tr.train(tiny_config(tmp_path, **kw))
+            loop.train(tiny_config(tmp_path, **kw))
     with pytest.raises(ValueError, match="embed_dropout"):
         SentimentClassifier(10, 4, 4, embed_dropout=-0.1)
 
@@ -262,8 +263,8 @@ def test_training_option_errors(tmp_path):
 def test_schedule_freeze_and_best_epoch(tmp_path):
     """Linear decay ends at ~0; a frozen first epoch leaves the table bit-identical; the best epoch
     is the one with the highest dev accuracy; no plot when asked."""
-    m = tr.train(tiny_config(tmp_path, epochs=2, lr_schedule="linear", freeze_embeddings_epochs=1, plot=False,
-                             embed_dropout=0.2))
+    m = loop.train(tiny_config(tmp_path, epochs=2, lr_schedule="linear", freeze_embeddings_epochs=1, plot=False,
+                               embed_dropout=0.2))
     ep = m["epochs"]
     steps = ep[0]["steps"] + ep[1]["steps"]
     assert ep[0]["lr_end"][0] == 0.0  # frozen embedding
@@ -273,10 +274,10 @@ def test_schedule_freeze_and_best_epoch(tmp_path):
     assert not (tmp_path / "run" / "loss_curve.png").exists()
 
     # Freezing: after one frozen epoch the table equals its initial value exactly.
-    tr.train(tiny_config(tmp_path, epochs=1, freeze_embeddings_epochs=1, output_dir=str(tmp_path / "f"),
-                         plot=False))
+    loop.train(tiny_config(tmp_path, epochs=1, freeze_embeddings_epochs=1, output_dir=str(tmp_path / "f"),
+                           plot=False))
     frozen = torch.load(tmp_path / "f" / "checkpoint.pt", weights_only=False)["model"]["embedding.weight"]
-    tr.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "moved"), plot=False))
+    loop.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "moved"), plot=False))
     moved = torch.load(tmp_path / "moved" / "checkpoint.pt", weights_only=False)["model"]["embedding.weight"]
     assert not torch.equal(frozen, moved)  # the unfrozen run moves it
     torch.manual_seed(0)
@@ -287,8 +288,8 @@ def test_schedule_freeze_and_best_epoch(tmp_path):
 def _full_and_resumed(tmp_path, monkeypatch, kw):
     """(an uninterrupted run, the same run killed at the end of epoch 2 before its checkpoint and
     resumed from epoch 1's) with the options kw."""
-    full = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
-    real = tr.evaluate
+    full = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "full"), **kw))
+    real = loop.evaluate
     calls = []
 
     def dies_in_epoch_2(*a, **k):
@@ -297,12 +298,12 @@ def _full_and_resumed(tmp_path, monkeypatch, kw):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(tr, "evaluate", dies_in_epoch_2)
+    monkeypatch.setattr(loop, "evaluate", dies_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
-        tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
-    monkeypatch.setattr(tr, "evaluate", real)
+        loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), **kw))
+    monkeypatch.setattr(loop, "evaluate", real)
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)["epoch"] == 1
-    return full, tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
+    return full, loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "part"), resume=True, **kw))
 
 
 def test_resume_with_schedule_continues_exactly(tmp_path, monkeypatch):
@@ -322,7 +323,7 @@ def test_resume_with_word_dropout_and_ema_continues_exactly(tmp_path, monkeypatc
     full, resumed = _full_and_resumed(tmp_path, monkeypatch, kw)
     assert resumed["step_losses"] == full["step_losses"]
     assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
-    plain = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "plain"), epochs=3, plot=False))
+    plain = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "plain"), epochs=3, plot=False))
     assert plain["step_losses"] != full["step_losses"]  # the options change the run
 
 
@@ -330,21 +331,21 @@ def test_ema_is_what_is_evaluated_and_saved(tmp_path, monkeypatch):
     """With --ema the dev accuracy is that of the averaged weights, the trained weights come back
     after each evaluation, and the checkpoint loads with the averaged ones (predict/evaluate)."""
     seen = []
-    real = tr.evaluate
+    real = loop.evaluate
 
     def spy(model, *a, **k):
         seen.append([p.detach().clone() for p in model.parameters()])
         return real(model, *a, **k)
 
-    monkeypatch.setattr(tr, "evaluate", spy)
-    tr.train(tiny_config(tmp_path, epochs=2, ema=0.95, plot=False))
+    monkeypatch.setattr(loop, "evaluate", spy)
+    loop.train(tiny_config(tmp_path, epochs=2, ema=0.95, plot=False))
     ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
     shadow, trained = ck["ema"]["shadow"], list(ck["model"].values())
     assert all(torch.equal(a, b) for a, b in zip(seen[-1], shadow))
     assert not all(torch.equal(a, b) for a, b in zip(shadow, trained))
-    model, _, _ = tr.load_checkpoint(tmp_path / "run", device="cpu", backend="torch")
+    model, _, _ = checkpoint.load_checkpoint(tmp_path / "run", device="cpu", backend="torch")
     assert all(torch.equal(p.detach(), a) for p, a in zip(model.parameters(), shadow))
-    ema = tr._EMA(torch.nn.Linear(3, 2), 0.5)
+    ema = loop.EMA(torch.nn.Linear(3, 2), 0.5)
     w0 = ema.shadow[0].clone()
     with torch.no_grad():
         ema.params[0].add_(1.0)
@@ -353,25 +354,25 @@ def test_ema_is_what_is_evaluated_and_saved(tmp_path, monkeypatch):
 
 
 def test_graph_auto_is_off_on_the_cpu(tmp_path):
-    m = tr.train(tiny_config(tmp_path, epochs=1, graph=None))
+    m = loop.train(tiny_config(tmp_path, epochs=1, graph=None))
     assert m["config"]["graph"] is False and m["epochs"][0]["steps"] > 0
 
 
 def test_cli_training_options():
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
-    cfg = tr.config_from_args(p.parse_args(["--lr-schedule", "cosine", "--freeze-embeddings-epochs", "2",
-                                            "--embed-dropout", "0.25", "--no-plot", "--weight-decay", "0",
-                                            "--word-dropout", "0.3", "--ema", "0.999"]))
+    commands.add_arguments(p)
+    cfg = commands.config_from_args(p.parse_args(["--lr-schedule", "cosine", "--freeze-embeddings-epochs", "2",
+                                                  "--embed-dropout", "0.25", "--no-plot", "--weight-decay", "0",
+                                                  "--word-dropout", "0.3", "--ema", "0.999"]))
     assert (cfg.lr_schedule, cfg.freeze_embeddings_epochs, cfg.embed_dropout, cfg.plot, cfg.weight_decay,
             cfg.word_dropout, cfg.ema) == ("cosine", 2, 0.25, False, 0.0, 0.3, 0.999)
-    d = tr.config_from_args(p.parse_args([]))
+    d = commands.config_from_args(p.parse_args([]))
     assert (d.lr_schedule, d.freeze_embeddings_epochs, d.embed_dropout, d.plot, d.word_dropout, d.ema) == \
         ("constant", 0, 0.0, True, 0.0, 0.0)
     # graphs: the CLI asks for the automatic choice (on a GPU, off on the CPU and under torchrun)
     assert d.graph is None
-    assert tr.config_from_args(p.parse_args(["--graph"])).graph is True
-    assert tr.config_from_args(p.parse_args(["--no-graph"])).graph is False
+    assert commands.config_from_args(p.parse_args(["--graph"])).graph is True
+    assert commands.config_from_args(p.parse_args(["--no-graph"])).graph is False
     with pytest.raises(SystemExit):
         p.parse_args(["--lr-schedule", "step"])
 
@@ -447,7 +448,7 @@ def test_convergence_50_steps_gpu():
 @gpu
 @pytest.mark.parametrize("backend", ["torch", "tilewise"])
 def test_train_gpu_with_graph(tmp_path, backend):
-    m = tr.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3))
+    m = loop.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3))
     ep = m["epochs"]
     assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"] and ep[-1]["dev_accuracy"] > 0.8
 
@@ -456,8 +457,8 @@ def test_train_gpu_with_graph(tmp_path, backend):
 @pytest.mark.parametrize("backend", ["torch", "tilewise"])
 def test_train_gpu_graph_with_word_dropout_and_ema(tmp_path, backend):
     """Word dropout on the device's batches and the weight average beside graphed steps."""
-    m = tr.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3, word_dropout=0.2,
-                             ema=0.9, plot=False))
+    m = loop.train(tiny_config(tmp_path, device="cuda", backend=backend, graph=True, epochs=3, word_dropout=0.2,
+                               ema=0.9, plot=False))
     ep = m["epochs"]
     assert ep[-1]["train_loss"] < 0.7 * ep[0]["train_loss"] and ep[-1]["dev_accuracy"] > 0.8
 
@@ -465,7 +466,7 @@ def test_train_gpu_graph_with_word_dropout_and_ema(tmp_path, backend):
 @gpu
 def test_train_gpu_graphs_by_default(tmp_path):
     """graph=None (the CLI's default) replays CUDA graphs on a GPU."""
-    m = tr.train(tiny_config(tmp_path, device="cuda", backend="tilewise", graph=None, epochs=2, plot=False))
+    m = loop.train(tiny_config(tmp_path, device="cuda", backend="tilewise", graph=None, epochs=2, plot=False))
     assert m["config"]["graph"] is True and any("CUDA graph" in n for n in m["notes"])
     assert m["epochs"][-1]["dev_accuracy"] > 0.8
 
@@ -473,8 +474,8 @@ def test_train_gpu_graphs_by_default(tmp_path):
 @gpu
 def test_train_gpu_graph_matches_eager_without_dropout(tmp_path):
     kw = dict(device="cuda", backend="tilewise", dropout=0.0, epochs=2, buckets=(24,))
-    eager = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
-    graph = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
+    eager = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
+    graph = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
     torch.testing.assert_close(torch.tensor(graph["step_losses"]), torch.tensor(eager["step_losses"]),
                                rtol=1e-3, atol=1e-4)
 
@@ -486,8 +487,8 @@ def test_train_gpu_graph_schedule_matches_eager(tmp_path, backend):
     change between replays: its losses must follow the eager run's (same seed, no dropout)."""
     kw = dict(device="cuda", backend=backend, dropout=0.0, epochs=2, buckets=(24,), lr_schedule="cosine",
               freeze_embeddings_epochs=1, plot=False)
-    eager = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
-    graph = tr.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
+    eager = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "e"), **kw))
+    graph = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "g"), graph=True, **kw))
     torch.testing.assert_close(torch.tensor(graph["step_losses"]), torch.tensor(eager["step_losses"]),
                                rtol=1e-3, atol=1e-4)
     assert (sum((e["lr_end"] for e in graph["epochs"]), [])
@@ -496,103 +497,66 @@ def test_train_gpu_graph_schedule_matches_eager(tmp_path, backend):
 
 
 def test_step_throughput_cpu():
-    out = tr.step_throughput("torch", "eager", device="cpu", steps=2, vocab_size=50, hidden=8,
-                             batch_size=4, seq_len=5)
+    out = step_bench.step_throughput("torch", "eager", device="cpu", steps=2, vocab_size=50, hidden=8,
+                                     batch_size=4, seq_len=5)
     assert out["ms_per_step"] > 0 and out["examples_per_second"] > 0
     with pytest.raises(ValueError, match="mode"):
-        tr.step_throughput("torch", "fast", device="cpu")
+        step_bench.step_throughput("torch", "fast", device="cpu")
 
 
 @gpu
 @pytest.mark.parametrize("backend", ["torch", "tilewise"])
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_step_throughput_gpu(backend, mode):
-    out = tr.step_throughput(backend, mode, steps=20, count_kernels=True)
+    out = step_bench.step_throughput(backend, mode, steps=20, count_kernels=True)
     assert out["examples_per_second"] > 0 and out["kernels_per_step"] > 0
 
 
 def test_predict_and_evaluate_checkpoint(tmp_path, capsys):
-    m = tr.train(tiny_config(tmp_path, epochs=4))
+    m = loop.train(tiny_config(tmp_path, epochs=4))
     out = tmp_path / "run"
-    res = tr.predict(out, ["great fun movie", "dull and boring", ""], device="cpu")
+    res = commands.predict(out, ["great fun movie", "dull and boring", ""], device="cpu")
     assert [r[0] for r in res[:2]] == ["positive", "negative"]
     assert all(0.5 <= p <= 1.0 for _, p in res)
-    ev = tr.evaluate_checkpoint(out / "checkpoint.pt", str(tmp_path / "sst2"), "dev", device="cpu")
+    ev = commands.evaluate_checkpoint(out / "checkpoint.pt", str(tmp_path / "sst2"), "dev", device="cpu")
     assert ev["accuracy"] == pytest.approx(m["epochs"][-1]["dev_accuracy"])
     p = argparse.ArgumentParser()
-    tr.add_predict_arguments(p)
-    assert tr.main_predict(p.parse_args([str(out), "great", "--device", "cpu"])) == 0
+    commands.add_predict_arguments(p)
+    assert commands.main_predict(p.parse_args([str(out), "great", "--device", "cpu"])) == 0
     assert capsys.readouterr().out.startswith("positive\t")
     p = argparse.ArgumentParser()
-    tr.add_evaluate_arguments(p)
-    assert tr.main_evaluate(p.parse_args([str(tmp_path / "none"), "--device", "cpu"])) == 2
+    commands.add_evaluate_arguments(p)
+    assert commands.main_evaluate(p.parse_args([str(tmp_path / "none"), "--device", "cpu"])) == 2
 
 
 @gpu
 def test_resume_eager_checkpoint_into_graph_gpu(tmp_path):
     kw = dict(device="cuda", backend="tilewise", output_dir=str(tmp_path / "r"))
-    tr.train(tiny_config(tmp_path, epochs=1, **kw))
-    m = tr.train(tiny_config(tmp_path, epochs=3, resume=True, graph=True, **kw))
+    loop.train(tiny_config(tmp_path, epochs=1, **kw))
+    m = loop.train(tiny_config(tmp_path, epochs=3, resume=True, graph=True, **kw))
     assert len(m["epochs"]) == 3 and m["epochs"][-1]["train_loss"] < m["epochs"][0]["train_loss"]
 
 
-def _sweep_script():
-    """research/sst2_sweep.py as a module (it is a script, not part of the package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "research" / "sst2_sweep.py"
-    spec = importlib.util.spec_from_file_location("sst2_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    return sweep
-
-
-def test_sweep_script_smoke(tmp_path):
-    """research/sst2_sweep.py on test-written data: stages 1 and 4 (seeds) on the CPU,
-    a JSON table with each run's best dev accuracy, its epoch, and the command that reproduces it."""
-    sweep = _sweep_script()
-    data = write_tiny_sst2(tmp_path / "sst2")
-    out = tmp_path / "sweep.json"
-    assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--epochs", "2", "--stages", "14",
-                       "--max-steps", "4", "--out", str(out), "--work-dir", str(tmp_path / "w")]) == 0
-    table = json.loads(out.read_text())
-    runs = table["runs"]
-    assert len(runs) == 9 and "chosen on dev" in table["note"]
-    for r in runs:
-        assert 0 <= r["best_dev_accuracy"] <= 1 and r["best_epoch"] in (1, 2)
-        assert r["best_dev_accuracy"] == max(r["dev_accuracy_per_epoch"])
-        assert r["command"].startswith("tilewise train --data-dir")
-    assert {r["setting"]["seed"] for r in runs} == {0, 1, 2}
-    best = max((r for r in runs if r["setting"]["seed"] == 0), key=lambda r: r["best_dev_accuracy"])
-    assert table["best"]["command"] == best["command"]
-    # The command's options parse back into the same TrainConfig fields.
+def test_train_args_reproduce_a_config():
+    """commands.train_args gives the `tilewise train` options of a setting (what a sweep prints to
+    reproduce a run); parsed back, they give the same TrainConfig, for every field an option sets."""
+    cfg = config.TrainConfig(
+        data_dir="d i r", download=True, epochs=3, batch_size=8, lr=0.005, embedding_lr=0.05, weight_decay=0.0,
+        hidden=1024, embedding_init="random", glove_cache="g.npz", dropout=0.2, embed_dropout=0.1,
+        word_dropout=0.3, ema=0.999, lr_schedule="cosine", freeze_embeddings_epochs=1, min_count=2, max_len=40,
+        buckets=(8, 16, 40), backend="torch", device="cpu", graph=True, seed=7, output_dir="o", resume=True,
+        max_steps=5, progress=False, plot=False)
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("embed_dim", "log_every")}
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
-    cfg = tr.config_from_args(p.parse_args(best["command"].split()[2:]))
-    for k, v in best["setting"].items():
-        assert getattr(cfg, k) == v, k
-
-
-def test_sweep_script_grid_ranks_by_seed_mean(tmp_path):
-    """sst2_sweep.py --grid: every combination for every seed, ranked by the mean of the last
-    epoch's dev accuracy over the seeds (no epoch chosen on dev), written as a JSON list."""
-    sweep = _sweep_script()
-    data = write_tiny_sst2(tmp_path / "sst2")
-    out = tmp_path / "grid.json"
-    assert sweep.main(["--data-dir", str(data), "--embedding-init", "random", "--max-steps", "3", "--out", str(out),
-                       "--work-dir", str(tmp_path / "w"), "--seeds", "0,1",
-                       "--grid", '{"hidden": [8, 16], "epochs": [1, 2]}']) == 0
-    table = json.loads((tmp_path / "grid-grid.json").read_text())
-    assert len(table) == 4
-    assert [t["mean_final"] for t in table] == sorted((t["mean_final"] for t in table), reverse=True)
-    for t in table:
-        assert len(t["final_per_seed"]) == 2
-        assert abs(t["mean_final"] - sum(t["final_per_seed"]) / 2) < 1e-12
-    runs = json.loads(out.read_text())["runs"]
-    assert len(runs) == 8 and {r["setting"]["seed"] for r in runs} == {0, 1}
-    with pytest.raises(SystemExit, match="--grid"):
-        sweep.main(["--data-dir", str(data), "--grid", '{"hidden": 8}'])
+    commands.add_arguments(p)
+    assert commands.config_from_args(p.parse_args(commands.train_args(fields))) == cfg
+    # In the order given; the defaults of None, False flags and graph=None leave their options out.
+    assert commands.train_args({"lr": 0.005, "hidden": 1024, "graph": False}) == \
+        ["--lr", "0.005", "--hidden", "1024", "--no-graph"]
+    assert commands.train_args({"embedding_lr": None, "resume": False, "plot": True, "graph": None}) == []
+    assert commands.train_args({"progress": False}) == ["--no-progress"]
+    with pytest.raises(ValueError, match="embed_dim"):
+        commands.train_args({"embed_dim": 50})
 
 
 def test_torchrun_data_parallel_on_cpu(tmp_path):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.data import glove, sst2
-from tilewise.data.sst2 import EncodedSplit, MissingDataError, Vocab
+from tilewise.sst2 import dataset, glove
+from tilewise.sst2.dataset import EncodedSplit, MissingDataError, Vocab
 
 TRAIN = [("a great movie ", 1), ("a bad movie ", 0), ("great great fun ", 1), ("bad , dull and long ", 0),
          ("not great ", 0), ("fun and warm ", 1), ("dull ", 0)]
@@ -23,14 +23,14 @@ def write_sst2(d, train=TRAIN, dev=DEV, test=True):
 
 @pytest.fixture
 def no_env(monkeypatch, tmp_path):
-    monkeypatch.delenv(sst2.ENV_DATA_DIR, raising=False)
+    monkeypatch.delenv(dataset.ENV_DATA_DIR, raising=False)
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
 
 
 def test_read_tsv_and_splits(tmp_path, no_env):
     d = write_sst2(tmp_path / "sst2")
-    data = sst2.load_sst2(d, splits=("train", "dev", "test"))
+    data = dataset.load_sst2(d, splits=("train", "dev", "test"))
     assert len(data["train"]) == len(TRAIN)
     assert data["train"].tokens[3] == ["bad", ",", "dull", "and", "long"]
     assert data["train"].labels == [l for _, l in TRAIN]
@@ -41,32 +41,32 @@ def test_bad_rows_are_named(tmp_path):
     p = tmp_path / "x.tsv"
     p.write_text("sentence\tlabel\ngood\t1\nbad\t7\n")
     with pytest.raises(ValueError, match=r"x.tsv:3: label 7"):
-        sst2.read_tsv(p)
+        dataset.read_tsv(p)
     p.write_text("sentence\tlabel\ngood\tyes\n")
     with pytest.raises(ValueError, match="not an integer"):
-        sst2.read_tsv(p)
+        dataset.read_tsv(p)
     p.write_text("text\tlabel\n")
     with pytest.raises(ValueError, match="no 'sentence' column"):
-        sst2.read_tsv(p)
+        dataset.read_tsv(p)
 
 
 def test_missing_data_names_both_ways(tmp_path, no_env):
     with pytest.raises(MissingDataError) as e:
-        sst2.load_sst2(tmp_path / "nowhere")
+        dataset.load_sst2(tmp_path / "nowhere")
     msg = str(e.value)
     assert "--data-dir" in msg and "datasets" in msg and "nowhere" in msg
     with pytest.raises(MissingDataError, match="datasets"):
-        sst2.load_sst2()  # nothing in env, ./.data or the cache
+        dataset.load_sst2()  # nothing in env, ./.data or the cache
 
 
 def test_data_dir_lookup_order(tmp_path, no_env, monkeypatch):
     local = write_sst2(tmp_path / ".data" / "sst2")
-    assert sst2.find_data_dir().resolve() == local.resolve()
+    assert dataset.find_data_dir().resolve() == local.resolve()
     envd = write_sst2(tmp_path / "env")
-    monkeypatch.setenv(sst2.ENV_DATA_DIR, str(envd))
-    assert sst2.find_data_dir() == envd
+    monkeypatch.setenv(dataset.ENV_DATA_DIR, str(envd))
+    assert dataset.find_data_dir() == envd
     explicit = write_sst2(tmp_path / "explicit")
-    assert sst2.find_data_dir(explicit) == explicit
+    assert dataset.find_data_dir(explicit) == explicit
 
 
 def test_fetch_without_datasets_says_how(tmp_path, no_env, monkeypatch):
@@ -81,7 +81,7 @@ def test_fetch_without_datasets_says_how(tmp_path, no_env, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(MissingDataError, match="pip install datasets"):
-        sst2.fetch_sst2(tmp_path / "dl")
+        dataset.fetch_sst2(tmp_path / "dl")
 
 
 def test_fetch_writes_tsvs_through_datasets(tmp_path, no_env, monkeypatch):
@@ -93,8 +93,8 @@ def test_fetch_writes_tsvs_through_datasets(tmp_path, no_env, monkeypatch):
             "test": [{"sentence": "meh", "label": -1, "idx": 5}]}
     fake = types.SimpleNamespace(load_dataset=lambda *a, **k: rows)
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    d = sst2.fetch_sst2(tmp_path / "dl")
-    data = sst2.load_sst2(d, splits=("train", "dev", "test"))
+    d = dataset.fetch_sst2(tmp_path / "dl")
+    data = dataset.load_sst2(d, splits=("train", "dev", "test"))
     assert data["train"].tokens == [["good", "fun"]] and data["dev"].labels == [0]
     assert (d / "test.tsv").read_text().splitlines()[1] == "5\tmeh"
 
@@ -111,7 +111,7 @@ def test_fetch_without_network_says_how_else(tmp_path, no_env, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     with pytest.raises(MissingDataError, match="--data-dir") as e:
-        sst2.fetch_sst2(tmp_path / "dl")
+        dataset.fetch_sst2(tmp_path / "dl")
     assert calls == ["nyu-mll/glue", "glue"] and "ConnectionError" in str(e.value)
     assert not (tmp_path / "dl" / "train.tsv").exists()
 
@@ -136,7 +136,7 @@ def test_vocab_save_load(tmp_path):
 
 
 def test_batches_pad_to_longest_and_keep_lengths(tmp_path, no_env):
-    data = sst2.load_sst2(write_sst2(tmp_path / "s"))
+    data = dataset.load_sst2(write_sst2(tmp_path / "s"))
     v = Vocab.build(data["train"].tokens)
     enc = EncodedSplit(data["train"], v)
     bs = list(enc.batches(3))
@@ -150,7 +150,7 @@ def test_batches_pad_to_longest_and_keep_lengths(tmp_path, no_env):
 
 
 def test_batches_shuffle_is_seeded_and_complete(tmp_path, no_env):
-    data = sst2.load_sst2(write_sst2(tmp_path / "s"))
+    data = dataset.load_sst2(write_sst2(tmp_path / "s"))
     enc = EncodedSplit(data["train"], Vocab.build(data["train"].tokens))
 
     def labels(seed):
@@ -164,7 +164,7 @@ def test_batches_shuffle_is_seeded_and_complete(tmp_path, no_env):
 def test_batches_shards_split_one_shuffled_order(tmp_path, no_env):
     """shard=(rank, world): each data-parallel process gets every world-th batch of the same
     shuffled order; together the shards are the unsharded batches, in that order."""
-    data = sst2.load_sst2(write_sst2(tmp_path / "s"))
+    data = dataset.load_sst2(write_sst2(tmp_path / "s"))
     enc = EncodedSplit(data["train"], Vocab.build(data["train"].tokens))
 
     def ids(shard):
@@ -178,7 +178,7 @@ def test_batches_shards_split_one_shuffled_order(tmp_path, no_env):
 
 
 def test_buckets_and_max_len(tmp_path, no_env):
-    data = sst2.load_sst2(write_sst2(tmp_path / "s"))
+    data = dataset.load_sst2(write_sst2(tmp_path / "s"))
     v = Vocab.build(data["train"].tokens)
     enc = EncodedSplit(data["train"], v, max_len=4)
     assert max(enc.lengths.tolist()) == 4
@@ -270,7 +270,7 @@ def test_drop_words_keeps_order_and_one_token(p):
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     ids = torch.randint(1, 1000, (B, T), generator=g)
     ids[torch.arange(T)[None, :] >= lengths[:, None]] = 0
-    out, new = sst2.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
+    out, new = dataset.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
     assert out.shape == ids.shape and bool((new >= 1).all()) and bool((new <= lengths).all())
     for b in range(B):
         kept = out[b, :new[b]].tolist()
@@ -282,10 +282,10 @@ def test_drop_words_keeps_order_and_one_token(p):
         assert torch.equal(out, ids) and torch.equal(new, lengths)
     if p == 0.9:
         assert new.float().mean() < 0.5 * lengths.float().mean()
-    again, _ = sst2.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
+    again, _ = dataset.drop_words(ids, lengths, p, generator=torch.Generator().manual_seed(1))
     assert torch.equal(again, out)
     with pytest.raises(ValueError, match="p must be"):
-        sst2.drop_words(ids, lengths, 1.0)
+        dataset.drop_words(ids, lengths, 1.0)
 
 
 def test_batches_with_word_dropout(tmp_path, no_env):
@@ -293,9 +293,9 @@ def test_batches_with_word_dropout(tmp_path, no_env):
     d.mkdir()
     (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"w{i} x y z a b c\t{i % 2}\n" for i in range(40)))
     (d / "dev.tsv").write_text("sentence\tlabel\nw1 x\t1\n")
-    data = sst2.load_sst2(d)
-    vocab = sst2.Vocab.build(data["train"].tokens)
-    enc = sst2.EncodedSplit(data["train"], vocab)
+    data = dataset.load_sst2(d)
+    vocab = dataset.Vocab.build(data["train"].tokens)
+    enc = dataset.EncodedSplit(data["train"], vocab)
     plain = list(enc.batches(8))
     dropped = list(enc.batches(8, word_dropout=0.5, dropout_generator=torch.Generator().manual_seed(0)))
     assert [b.ids.shape for b in plain] == [b.ids.shape for b in dropped]

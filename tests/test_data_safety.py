@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilewise.data import glove, sst2
+from tilewise.sst2 import dataset, glove
 
 TOKENS = ["<pad>", "<unk>", "great", "zzz", "the", "bad"]
 
@@ -146,7 +146,7 @@ def _write(d, **files):
 def test_unlabelled_train_or_dev_is_refused(tmp_path, split):
     d = _write(tmp_path / "d", **{split: "sentence\ngood fun\nbad\n"})
     with pytest.raises(ValueError, match=rf"{split}\.tsv: .*no 'label' column"):
-        sst2.load_sst2(d)
+        dataset.load_sst2(d)
 
 
 @pytest.mark.parametrize("split,text", [("train", "sentence\tlabel\n"), ("dev", "sentence\tlabel\n\n"),
@@ -154,33 +154,33 @@ def test_unlabelled_train_or_dev_is_refused(tmp_path, split):
 def test_split_without_examples_is_refused(tmp_path, split, text):
     d = _write(tmp_path / "d", **{split: text})
     with pytest.raises(ValueError, match=rf"{split}\.tsv: no examples"):
-        sst2.load_sst2(d, splits=("train", "dev", "test") if split == "test" else ("train", "dev"))
+        dataset.load_sst2(d, splits=("train", "dev", "test") if split == "test" else ("train", "dev"))
 
 
 def test_row_missing_its_label_names_the_line(tmp_path):
     d = _write(tmp_path / "d", train="sentence\tlabel\ngood\t1\nno label here\n")
     with pytest.raises(ValueError, match=r"train\.tsv:3: no label"):
-        sst2.load_sst2(d)
+        dataset.load_sst2(d)
 
 
 def test_unlabelled_test_split_still_loads(tmp_path):
     d = _write(tmp_path / "d", test="index\tsentence\n0\tfun movie\n")
-    data = sst2.load_sst2(d, splits=("train", "dev", "test"))
+    data = dataset.load_sst2(d, splits=("train", "dev", "test"))
     assert data["test"].labels == [-1] and data["test"].tokens == [["fun", "movie"]]
 
 
 def test_train_stops_before_training_on_unlabelled_dev(tmp_path):
-    from tilewise import train as tr
+    from tilewise.sst2 import config, loop
 
     d = _write(tmp_path / "d", train="sentence\tlabel\n" + "good fun\t1\nbad dull\t0\n" * 8,
                dev="sentence\ngood\nbad\n")
-    cfg = tr.TrainConfig(data_dir=str(d), epochs=1, batch_size=4, hidden=4, embedding_init="random",
-                         backend="torch", device="cpu", output_dir=str(tmp_path / "run"), progress=False)
+    cfg = config.TrainConfig(data_dir=str(d), epochs=1, batch_size=4, hidden=4, embedding_init="random",
+                             backend="torch", device="cpu", output_dir=str(tmp_path / "run"), progress=False)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         with pytest.raises(ValueError, match=r"dev\.tsv: .*no 'label' column"):
-            tr.train(cfg)
+            loop.train(cfg)
     finally:
         torch.set_num_threads(n)
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
@@ -193,18 +193,18 @@ def test_long_field_is_read(tmp_path):
     long = " ".join(["word"] * 40_000)  # 200k characters, over the csv module's 131,072 cap
     p = tmp_path / "train.tsv"
     p.write_text(f"sentence\tlabel\nshort\t0\n{long}\t1\n", encoding="utf-8")
-    s = sst2.read_tsv(p)
+    s = dataset.read_tsv(p)
     assert s.labels == [0, 1] and len(s.tokens[1]) == 40_000
 
 
 def test_non_utf8_bytes_name_file_and_line(tmp_path):
     d = _write(tmp_path / "d", train=b"sentence\tlabel\ngood\t1\ncaf\xe9 bad\t0\n")
     with pytest.raises(ValueError, match=r"train\.tsv:3: not UTF-8"):
-        sst2.load_sst2(d)
+        dataset.load_sst2(d)
 
 
 def test_line_endings_and_bom_read_as_before(tmp_path):
     p = tmp_path / "x.tsv"
     p.write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\ngood \xc3\xa9t\xc3\xa9\t1\r\n\r\nbad\t0\rdull\t0")
-    s = sst2.read_tsv(p)
+    s = dataset.read_tsv(p)
     assert s.tokens == [["good", "été"], ["bad"], ["dull"]] and s.labels == [1, 0, 0]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilewise import train as tr
+from tilewise.sst2 import checkpoint, commands, loop
 
 from test_classifier import tiny_config, write_tiny_sst2
 
@@ -54,8 +54,8 @@ def _plant(path: Path, marker: Path, form: str, extra: dict | None = None) -> No
 
 def _predict_cli(path, capsys) -> tuple[int, str]:
     p = argparse.ArgumentParser()
-    tr.add_predict_arguments(p)
-    rc = tr.main_predict(p.parse_args([str(path), "great", "--device", "cpu", "--backend", "torch"]))
+    commands.add_predict_arguments(p)
+    rc = commands.main_predict(p.parse_args([str(path), "great", "--device", "cpu", "--backend", "torch"]))
     return rc, capsys.readouterr().err
 
 
@@ -68,32 +68,32 @@ def test_load_checkpoint_refuses_a_pickle_that_runs_code(tmp_path, capsys, form)
     ck = tmp_path / "evil" / "checkpoint.pt"
     _plant(ck, marker, form)
     with pytest.raises(ValueError, match="not a tilewise checkpoint") as e:
-        tr.load_checkpoint(ck, device="cpu", backend="torch")
+        checkpoint.load_checkpoint(ck, device="cpu", backend="torch")
     assert str(ck) in str(e.value) and "loads safely" in str(e.value)
     assert not marker.exists()
     with pytest.raises(ValueError, match="not a tilewise checkpoint"):
-        tr.predict(ck.parent, ["great"], device="cpu", backend="torch")
+        commands.predict(ck.parent, ["great"], device="cpu", backend="torch")
     rc, err = _predict_cli(ck, capsys)
     assert rc == 2 and str(ck) in err.replace("\n", "") and "Traceback" not in err
     assert not marker.exists()
 
 
 def test_resume_refuses_a_pickle_that_runs_code(tmp_path, capsys):
-    tr.train(tiny_config(tmp_path, epochs=1, plot=False))
+    loop.train(tiny_config(tmp_path, epochs=1, plot=False))
     ck = tmp_path / "run" / "checkpoint.pt"
     good = torch.load(ck, weights_only=True)
     marker = tmp_path / "marker"
     _plant(ck, marker, "torch.save", extra={k: v for k, v in good.items() if k != "model"})
     with pytest.raises(ValueError, match="not a tilewise checkpoint") as e:
-        tr.train(tiny_config(tmp_path, epochs=2, resume=True, plot=False))
+        loop.train(tiny_config(tmp_path, epochs=2, resume=True, plot=False))
     assert str(ck) in str(e.value)
     assert not marker.exists()
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
+    commands.add_arguments(p)
     args = p.parse_args(["--data-dir", str(tmp_path / "sst2"), "--epochs", "2", "--batch-size", "16", "--hidden", "16",
                          "--embedding-init", "random", "--backend", "torch", "--device", "cpu", "--no-progress",
                          "--no-plot", "--output-dir", str(tmp_path / "run"), "--resume"])
-    assert tr.main(args) == 2
+    assert commands.main(args) == 2
     err = capsys.readouterr().err
     assert str(ck) in err.replace("\n", "") and "Traceback" not in err
     assert not marker.exists()
@@ -124,23 +124,23 @@ def test_not_a_checkpoint_is_a_clear_error(tmp_path, capsys, kind):
     ck = tmp_path / "d" / "checkpoint.pt"
     _not_a_checkpoint(ck, kind)
     with pytest.raises(ValueError, match="not a tilewise checkpoint") as e:
-        tr.load_checkpoint(ck, device="cpu", backend="torch")
+        checkpoint.load_checkpoint(ck, device="cpu", backend="torch")
     assert str(ck) in str(e.value)
     rc, err = _predict_cli(ck.parent, capsys)
     assert rc == 2 and str(ck) in err.replace("\n", "") and "Traceback" not in err
     p = argparse.ArgumentParser()
-    tr.add_evaluate_arguments(p)
-    assert tr.main_evaluate(p.parse_args([str(ck), "--device", "cpu", "--backend", "torch"])) == 2
+    commands.add_evaluate_arguments(p)
+    assert commands.main_evaluate(p.parse_args([str(ck), "--device", "cpu", "--backend", "torch"])) == 2
     assert "Traceback" not in capsys.readouterr().err
 
 
 def test_checkpoints_hold_plain_data_only(tmp_path):
     """What train saves, with every option that adds state, loads with weights_only."""
-    tr.train(tiny_config(tmp_path, epochs=2, ema=0.9, word_dropout=0.1, lr_schedule="cosine",
-                         freeze_embeddings_epochs=1, buckets=(8, 16), plot=False))
+    loop.train(tiny_config(tmp_path, epochs=2, ema=0.9, word_dropout=0.1, lr_schedule="cosine",
+                           freeze_embeddings_epochs=1, buckets=(8, 16), plot=False))
     ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert ck["epoch"] == 2 and ck["ema"] is not None and ck["config"]["buckets"] == [8, 16]  # JSON: a list
-    tr.load_checkpoint(tmp_path / "run", device="cpu", backend="torch")
+    checkpoint.load_checkpoint(tmp_path / "run", device="cpu", backend="torch")
 
 
 # --------------------------------------------------------------------------- 3: atomic writes
@@ -165,14 +165,14 @@ def test_interrupted_save_keeps_the_last_checkpoint(tmp_path, monkeypatch):
             f.write(half)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tr.torch, "save", torn_save)
+    monkeypatch.setattr(torch, "save", torn_save)
     with pytest.raises(KeyboardInterrupt):
-        tr.train(tiny_config(tmp_path, epochs=3, plot=False))
-    monkeypatch.setattr(tr.torch, "save", real_save)
+        loop.train(tiny_config(tmp_path, epochs=3, plot=False))
+    monkeypatch.setattr(torch, "save", real_save)
     out = tmp_path / "run"
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
-    m = tr.train(tiny_config(tmp_path, epochs=2, resume=True, plot=True))
+    m = loop.train(tiny_config(tmp_path, epochs=2, resume=True, plot=True))
     assert len(m["epochs"]) == 2
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2
     assert (out / "loss_curve.png").stat().st_size > 1000
@@ -194,14 +194,14 @@ def _start_training(data: Path, out: Path, env: dict) -> subprocess.Popen:
 def _check_after_kill(tmp_path: Path, out: Path, what: str) -> bool:
     """The checkpoint is absent or loads, and --resume continues from it; True if it was there."""
     names = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    assert names <= {"checkpoint.pt", tr.LOCK_NAME} | {n for n in names if n.endswith(".tmp")}, (what, names)
+    assert names <= {"checkpoint.pt", checkpoint.LOCK_NAME} | {n for n in names if n.endswith(".tmp")}, (what, names)
     ck = out / "checkpoint.pt"
     if not ck.exists():
         return False
-    tr.load_checkpoint(ck, device="cpu", backend="torch")  # raises if torn
+    checkpoint.load_checkpoint(ck, device="cpu", backend="torch")  # raises if torn
     epoch = torch.load(ck, weights_only=True)["epoch"]
-    m = tr.train(tiny_config(tmp_path, epochs=epoch + 1, max_steps=1, hidden=_HIDDEN, output_dir=str(out),
-                             resume=True, plot=False))
+    m = loop.train(tiny_config(tmp_path, epochs=epoch + 1, max_steps=1, hidden=_HIDDEN, output_dir=str(out),
+                               resume=True, plot=False))
     assert len(m["epochs"]) == epoch + 1, what
     assert torch.load(ck, weights_only=True)["epoch"] == epoch + 1, what
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")], what  # the resumed run removed leftovers
@@ -250,7 +250,7 @@ def test_kills_during_training_leave_a_loadable_checkpoint(tmp_path):
 
 def _cli_args(tmp_path, out: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    tr.add_arguments(p)
+    commands.add_arguments(p)
     return p.parse_args(["--data-dir", str(write_tiny_sst2(tmp_path / "sst2")), "--epochs", "1", "--batch-size", "16",
                          "--hidden", "16", "--embedding-init", "random", "--backend", "torch", "--device", "cpu",
                          "--no-progress", "--no-plot", "--output-dir", str(out), *extra])
@@ -258,13 +258,13 @@ def _cli_args(tmp_path, out: Path, *extra: str) -> argparse.Namespace:
 
 def _count_steps(monkeypatch) -> list:
     steps = []
-    real = tr._eager_step
+    real = loop.eager_step
 
     def spy(*a, **k):
         steps.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(tr, "_eager_step", spy)
+    monkeypatch.setattr(loop, "eager_step", spy)
     return steps
 
 
@@ -275,16 +275,16 @@ def test_a_second_run_into_a_held_directory_fails_at_once(tmp_path, monkeypatch,
     with open(out / "train.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         t0 = time.monotonic()
-        with pytest.raises(tr.OutputDirError, match="in use by another training run") as e:
-            tr.train(tiny_config(tmp_path, epochs=1, plot=False))
+        with pytest.raises(checkpoint.OutputDirError, match="in use by another training run") as e:
+            loop.train(tiny_config(tmp_path, epochs=1, plot=False))
         assert str(out) in str(e.value) and time.monotonic() - t0 < 5
-        assert tr.main(_cli_args(tmp_path, out)) == 2
+        assert commands.main(_cli_args(tmp_path, out)) == 2
         err = capsys.readouterr().err
         assert str(out) in err.replace("\n", "") and "in use" in err and "Traceback" not in err
     assert not steps and not (out / "checkpoint.pt").exists()
     # Released: a run goes through, and it holds the lock for the whole run (here: during evaluation).
     seen = []
-    real_eval = tr.evaluate
+    real_eval = loop.evaluate
 
     def try_lock(*a, **k):
         with open(out / "train.lock", "a") as f:
@@ -295,8 +295,8 @@ def test_a_second_run_into_a_held_directory_fails_at_once(tmp_path, monkeypatch,
                 seen.append("held")
         return real_eval(*a, **k)
 
-    monkeypatch.setattr(tr, "evaluate", try_lock)
-    tr.train(tiny_config(tmp_path, epochs=2, plot=False))
+    monkeypatch.setattr(loop, "evaluate", try_lock)
+    loop.train(tiny_config(tmp_path, epochs=2, plot=False))
     assert seen == ["held", "held"] and steps
     with open(out / "train.lock", "a") as f:  # and released after it
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -321,10 +321,10 @@ def test_unwritable_output_dir_fails_before_training(tmp_path, monkeypatch, caps
         monkeypatch.setattr(os, "open", ro_open)
     steps = _count_steps(monkeypatch)
     try:
-        with pytest.raises(tr.OutputDirError, match="not writable") as e:
-            tr.train(tiny_config(tmp_path, epochs=1, plot=False))
+        with pytest.raises(checkpoint.OutputDirError, match="not writable") as e:
+            loop.train(tiny_config(tmp_path, epochs=1, plot=False))
         assert str(out) in str(e.value)
-        assert tr.main(_cli_args(tmp_path, out)) == 2
+        assert commands.main(_cli_args(tmp_path, out)) == 2
         err = capsys.readouterr().err
         assert str(out) in err.replace("\n", "") and "not writable" in err and "Traceback" not in err
         assert not steps
@@ -340,18 +340,18 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, monkeypatch, schedule)
     """A resumed run trains with the lr, embedding lr and weight decay it is given (the checkpoint's
     optimizer state carries the old ones), and metrics.json records what ran."""
     ran = []
-    real = tr._eager_step
+    real = loop.eager_step
 
     def spy(model, opt, *a, **k):
         ran.append([(float(g["lr"]), g["weight_decay"]) for g in opt.param_groups])
         return real(model, opt, *a, **k)
 
-    monkeypatch.setattr(tr, "_eager_step", spy)
+    monkeypatch.setattr(loop, "eager_step", spy)
     kw = dict(lr_schedule=schedule, plot=False, max_steps=4)
-    tr.train(tiny_config(tmp_path, epochs=1, lr=1e-2, weight_decay=0.01, **kw))
+    loop.train(tiny_config(tmp_path, epochs=1, lr=1e-2, weight_decay=0.01, **kw))
     assert len(ran) == 4 and all([wd for _, wd in r] == [0.01, 0.01] for r in ran)
     ran.clear()
-    m = tr.train(tiny_config(tmp_path, epochs=2, lr=1e-3, embedding_lr=5e-3, weight_decay=0.1, resume=True, **kw))
+    m = loop.train(tiny_config(tmp_path, epochs=2, lr=1e-3, embedding_lr=5e-3, weight_decay=0.1, resume=True, **kw))
     assert len(ran) == 4 and all([wd for _, wd in r] == [0.1, 0.1] for r in ran)
     if schedule == "constant":
         assert all(r == [(5e-3, 0.1), (1e-3, 0.1)] for r in ran)
@@ -359,7 +359,7 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, monkeypatch, schedule)
     else:  # the new lrs, decayed over the 8 steps of the 2 epochs
         cfg = tiny_config(tmp_path, epochs=2, lr=1e-3, embedding_lr=5e-3, **kw)
         for s, r in enumerate(ran):
-            assert [lr for lr, _ in r] == pytest.approx(list(tr.group_lrs(cfg, 1, 4 + s, 8)))
+            assert [lr for lr, _ in r] == pytest.approx(list(loop.group_lrs(cfg, 1, 4 + s, 8)))
     assert m["epochs"][1]["weight_decay"] == [0.1, 0.1]
     assert any("lr 0.01 -> 0.001" in n and "weight_decay 0.01 -> 0.1" in n for n in m["notes"])
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -1,10 +1,10 @@
-"""The train_step bench suite and the step helpers of tilewise.train it is built on."""
+"""The train_step bench suite and the step helpers of tilewise.sst2.step_bench it is built on."""
 
 import pytest
 import torch
 
-import tilewise.train as tr
 from tilewise.bench import harness, suites
+from tilewise.sst2 import graph_step, step_bench
 from tilewise.bench.suites import train_step as ts
 
 gpu = pytest.mark.gpu
@@ -34,14 +34,14 @@ def test_suite_is_discovered_with_its_paths():
     assert variants == ["torch_eager", "torch_compile", "torch_graph", "tilewise_eager", "tilewise_graph"]
     # ours name the baseline's time, so the baseline is timed before them
     assert variants.index(ts.BASELINE) < variants.index("tilewise_eager")
-    assert all(m in tr.STEP_MODES for _, _, m in ts.PATHS)
+    assert all(m in step_bench.STEP_MODES for _, _, m in ts.PATHS)
     assert ts.SHAPE == "B=64 T=64 E=50 H=256 V=14819"
 
 
 @pytest.mark.parametrize("pad_id", [0, 3])
 def test_synthetic_batches(pad_id):
     n, B, T, V, C = 5, 6, 11, 20, 3
-    bs = tr.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=7)
+    bs = step_bench.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=7)
     assert len(bs) == n
     pos = torch.arange(T)[None, :]
     seen_lengths = set()
@@ -58,14 +58,14 @@ def test_synthetic_batches(pad_id):
     assert len(seen_lengths) > 3                       # lengths vary
     tokens = torch.cat([b.ids[pos.expand(B, T) < b.lengths[:, None]] for b in bs])
     assert tokens.max() == V - 1 or tokens.max() == V - 2 and pad_id == V - 1
-    again = tr.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=7)
+    again = step_bench.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=7)
     assert all(torch.equal(a.ids, b.ids) and torch.equal(a.lengths, b.lengths) for a, b in zip(bs, again))
-    other = tr.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=8)
+    other = step_bench.synthetic_batches(n, B, T, V, C, pad_id=pad_id, min_len=2, seed=8)
     assert not torch.equal(bs[0].ids, other[0].ids)
 
 
 def test_synthetic_batches_full_length_and_validation():
-    (b,) = tr.synthetic_batches(1, 3, 4, 10, min_len=4)
+    (b,) = step_bench.synthetic_batches(1, 3, 4, 10, min_len=4)
     assert (b.lengths == 4).all() and (b.ids != 0).all()
     for kw, word in ((dict(n_batches=0), "n_batches"), (dict(vocab_size=1), "vocab_size"),
                      (dict(pad_id=10), "pad_id"), (dict(min_len=0), "min_len"),
@@ -73,7 +73,7 @@ def test_synthetic_batches_full_length_and_validation():
         args = dict(n_batches=1, batch_size=3, seq_len=4, vocab_size=10)
         args.update(kw)
         with pytest.raises(ValueError, match=word):
-            tr.synthetic_batches(**args)
+            step_bench.synthetic_batches(**args)
 
 
 def test_cost_numbers():
@@ -99,25 +99,26 @@ def test_tolerance_and_summarize():
 
 
 def test_step_model_same_init_across_backends_and_modes():
-    a, _ = tr.step_model("torch", "eager", vocab_size=30, embed_dim=5, hidden=8, device="cpu")
-    b, ob = tr.step_model("tilewise", "graph", vocab_size=30, embed_dim=5, hidden=8, device="cpu")
+    a, _ = step_bench.step_model("torch", "eager", vocab_size=30, embed_dim=5, hidden=8, device="cpu")
+    b, ob = step_bench.step_model("tilewise", "graph", vocab_size=30, embed_dim=5, hidden=8, device="cpu")
     for (n, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(pa, pb), n
     assert ob.param_groups[0]["capturable"] and a.training
     with pytest.raises(ValueError, match="mode"):
-        tr.step_model("torch", "jit", device="cpu")
+        step_bench.step_model("torch", "jit", device="cpu")
     with pytest.raises(ValueError, match="mode"):
-        tr.build_step(a, ob, "jit", batch_size=4, seq_len=7, device="cpu")
+        step_bench.build_step(a, ob, "jit", batch_size=4, seq_len=7, device="cpu")
 
 
 def test_eager_step_trains_and_helpers_on_cpu():
-    model, opt = tr.step_model("torch", "eager", vocab_size=30, embed_dim=5, hidden=8, dropout=0.0, device="cpu")
-    step = tr.build_step(model, opt, "eager", batch_size=4, seq_len=7, device="cpu")
-    (b,) = tr.synthetic_batches(1, 4, 7, 30)
+    model, opt = step_bench.step_model("torch", "eager", vocab_size=30, embed_dim=5, hidden=8, dropout=0.0,
+                                       device="cpu")
+    step = step_bench.build_step(model, opt, "eager", batch_size=4, seq_len=7, device="cpu")
+    (b,) = step_bench.synthetic_batches(1, 4, 7, 30)
     losses = [step(b).item() for _ in range(30)]
     assert losses[-1] < 0.95 * losses[0]               # it does update the weights
-    assert step.graphed is None and tr.graph_kernel_nodes(step) is None
-    assert tr.count_step_kernels(step, b, "cpu") == {"kernels": 0, "memcpy": 0, "memset": 0}
+    assert step.graphed is None and graph_step.graph_kernel_nodes(step) is None
+    assert step_bench.count_step_kernels(step, b, "cpu") == {"kernels": 0, "memcpy": 0, "memset": 0}
 
 
 def test_run_paths_on_cpu_adds_checked_rows():
@@ -144,7 +145,7 @@ def test_run_paths_baseline_named_by_ours(monkeypatch):
 
 
 def test_run_paths_check_catches_a_wrong_step(monkeypatch):
-    real = tr.build_step
+    real = step_bench.build_step
 
     def wrong(model, opt, mode, **kw):
         step = real(model, opt, mode, **kw)
@@ -155,7 +156,7 @@ def test_run_paths_check_catches_a_wrong_step(monkeypatch):
             return bad
         return step
 
-    monkeypatch.setattr(tr, "build_step", wrong)
+    monkeypatch.setattr(step_bench, "build_step", wrong)
     r, con = _runner()
     paths = (("torch_eager", "torch", "eager"), ("tilewise_eager", "tilewise", "eager"))
     with pytest.raises(harness.CheckError, match="tilewise_eager"):
@@ -164,7 +165,7 @@ def test_run_paths_check_catches_a_wrong_step(monkeypatch):
 
 
 def test_run_paths_check_catches_nan(monkeypatch):
-    real = tr.build_step
+    real = step_bench.build_step
 
     def nan_step(model, opt, mode, **kw):
         step = real(model, opt, mode, **kw)
@@ -174,7 +175,7 @@ def test_run_paths_check_catches_nan(monkeypatch):
         bad.graphed = None
         return bad
 
-    monkeypatch.setattr(tr, "build_step", nan_step)
+    monkeypatch.setattr(step_bench, "build_step", nan_step)
     r, _ = _runner()
     with pytest.raises(harness.CheckError):
         ts.run_paths(r, "cpu", (("torch_eager", "torch", "eager"),), steps=1, repeats=1, warmup=0, **TINY)
@@ -194,11 +195,11 @@ def test_run_without_gpu_skips():
 def _graph_vs_eager(backend, steps=6):
     """Losses of the graphed step against the eager step of the same backend, same init, same batches."""
     sizes = dict(vocab_size=ts.V, embed_dim=ts.E, hidden=ts.H, num_classes=ts.C, dropout=0.0, device="cuda")
-    batches = tr.synthetic_batches(steps, ts.B, ts.T, ts.V, device="cuda", seed=3)
+    batches = step_bench.synthetic_batches(steps, ts.B, ts.T, ts.V, device="cuda", seed=3)
     out = {}
     for mode in ("eager", "graph"):
-        model, opt = tr.step_model(backend, mode, **sizes)
-        step = tr.build_step(model, opt, mode, batch_size=ts.B, seq_len=ts.T, device="cuda", keep_graph=True)
+        model, opt = step_bench.step_model(backend, mode, **sizes)
+        step = step_bench.build_step(model, opt, mode, batch_size=ts.B, seq_len=ts.T, device="cuda", keep_graph=True)
         losses = torch.full((steps,), float("nan"), device="cuda")
         for i, b in enumerate(batches):
             losses[i] = step(b)
@@ -218,9 +219,9 @@ def test_torch_step_graph_capture_gpu():
         # weight by 2 x lr under Adam without anything being wrong
         assert not pg.isnan().any(), n
         assert ((pg - pe).norm() / pe.norm()).item() < 1e-4, n
-    (b,) = tr.synthetic_batches(1, ts.B, ts.T, ts.V, device="cuda")
-    k = tr.count_step_kernels(step, b)
-    nodes = tr.graph_kernel_nodes(step)
+    (b,) = step_bench.synthetic_batches(1, ts.B, ts.T, ts.V, device="cuda")
+    k = step_bench.count_step_kernels(step, b)
+    nodes = graph_step.graph_kernel_nodes(step)
     assert k["kernels"] > 10 or (nodes is not None and nodes > 10), (k, nodes)
 
 
@@ -242,12 +243,12 @@ def test_tilewise_step_graph_capture_gpu():
 
 @gpu
 def test_eager_kernel_counts_gpu():
-    (b,) = tr.synthetic_batches(1, ts.B, ts.T, ts.V, device="cuda")
+    (b,) = step_bench.synthetic_batches(1, ts.B, ts.T, ts.V, device="cuda")
     for backend in ("torch", "tilewise"):
-        model, opt = tr.step_model(backend, "eager", vocab_size=ts.V, dropout=0.0, device="cuda")
-        step = tr.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device="cuda")
+        model, opt = step_bench.step_model(backend, "eager", vocab_size=ts.V, dropout=0.0, device="cuda")
+        step = step_bench.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device="cuda")
         step(b)
-        k = tr.count_step_kernels(step, b)
+        k = step_bench.count_step_kernels(step, b)
         assert 5 < k["kernels"] < 300, (backend, k)
 
 
@@ -271,9 +272,9 @@ def test_tilewise_eager_step_has_no_host_sync_gpu():
     from tilewise.nn import functional as twf
 
     twf.reset()
-    batches = tr.synthetic_batches(3, ts.B, ts.T, ts.V, device="cuda")
-    model, opt = tr.step_model("tilewise", "eager", vocab_size=ts.V, dropout=0.0, device="cuda")
-    step = tr.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device="cuda")
+    batches = step_bench.synthetic_batches(3, ts.B, ts.T, ts.V, device="cuda")
+    model, opt = step_bench.step_model("tilewise", "eager", vocab_size=ts.V, dropout=0.0, device="cuda")
+    step = step_bench.build_step(model, opt, "eager", batch_size=ts.B, seq_len=ts.T, device="cuda")
     step(batches[0])
     torch.cuda.synchronize()
     if "cross_entropy_capturable" not in twf.report()["cross_entropy"]:

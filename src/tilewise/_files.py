@@ -1,12 +1,24 @@
 """Writing files so that a reader or a killed writer sees the old file or the new one, never part of
-one. A leaf module: it imports nothing from the package."""
+one, and locking a file or directory between processes. A leaf module: it imports nothing from the
+package."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows has no flock
+    fcntl = None
+
+
+class LockUnavailable(OSError):
+    """``path`` opened, but it cannot be flocked (a filesystem or platform without flock)."""
 
 
 def _new_file_mode() -> int:
@@ -42,3 +54,42 @@ def write_atomic(path: str | os.PathLike, data) -> Path:
         finally:
             os.close(dfd)
     return path
+
+
+
+def _flock(fd: int, *, wait: bool, required: bool) -> bool:
+    """Whether ``fd`` now holds an exclusive flock (see ``exclusive_lock``)."""
+    try:
+        if fcntl is None:
+            raise LockUnavailable(errno.ENOLCK, "flock is not available on this platform")
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if required:
+            raise (e if isinstance(e, LockUnavailable) else LockUnavailable(e.errno, e.strerror)) from e
+        return False
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, *, wait: bool = True, create: bool = False,
+                   required: bool = True) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` for the block: a directory or file opened read-only, or
+    with ``create`` a lock file opened (made if missing) for writing. The kernel drops the lock when
+    the process dies, however it dies, so no stale lock outlives its holder.
+
+    Opening ``path`` raises its OSError. ``wait=False``: BlockingIOError at once when another
+    process holds the lock. Where flock fails otherwise (or there is none): LockUnavailable, or
+    with ``required=False`` the block runs unlocked."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT if create else os.O_RDONLY, 0o644)
+    try:
+        locked = _flock(fd, wait=wait, required=required)
+        try:
+            yield
+        finally:
+            if locked:  # before the close: a forked child sharing the descriptor would keep the lock
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

