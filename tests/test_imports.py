@@ -20,7 +20,6 @@ LONG_FILES_BEING_SPLIT = {
     "src/tilewise/ops/gemm/api.py",
     "src/tilewise/ops/attention/api.py",
     "src/tilewise/ops/spmv/api.py",
-    "src/tilewise/ops/rowwise/cluster.cu",
 }
 
 

@@ -1,22 +1,17 @@
-// Long rows (softmax, log-softmax, their backward, cross-entropy with its gradient) on sm_90
-// thread-block clusters: a row is split over the CL CTAs of one cluster, each CTA holds its slice
-// in registers (CH 16-byte chunks a thread, kept packed), the row statistics are reduced in the
-// block and then across the cluster through distributed shared memory, and the output is written
-// from the registers. One read of the input and one write of the output: the bytes floor, where a
-// single CTA (at most 64K 32-bit registers) cannot hold a 128k-element row and a two-pass kernel
-// must read it twice.
-//
-// Layout: rows of unit stride, row starts and N a multiple of 16 bytes (the launcher checks).
-// Columns of the CTA of cluster rank r: [r * L, min(N, (r + 1) * L)) with L = ceil(N / CL)
-// rounded up to whole 16-byte vectors; chunk c of thread t holds the vector at c * NT + t
-// (coalesced per chunk). Rows are walked by cluster id with a cluster-uniform stride, so the
-// kernel is right whether the launch grid counts clusters or blocks.
-//
-// Cluster protocol per row: thread 0 writes the CTA's partials to shared memory; arrive/wait
-// (release/acquire) makes them visible; every warp reads the CL partials (lane i from rank i)
-// and combines them with shuffles; arrive (done reading the others' shared memory) ... compute
-// and store ... wait: no CTA reuses or releases its partials while another may still read them.
-//
+// Long rows (softmax, log-softmax, their backward, cross-entropy with its gradient) on sm_90 thread-block clusters:
+// a row is split over the CL CTAs of one cluster, each CTA holds its slice in registers (CH 16-byte chunks a thread,
+// kept packed), the row statistics are reduced in the block and then across the cluster through distributed shared
+// memory, and the output is written from the registers. One read of the input and one write of the output: the bytes
+// floor, where a single CTA (at most 64K 32-bit registers) cannot hold a 128k-element row and a two-pass kernel must
+// read it twice.
+// Layout: rows of unit stride, row starts and N a multiple of 16 bytes (the launcher checks). Columns of the CTA of
+// cluster rank r: [r * L, min(N, (r + 1) * L)) with L = ceil(N / CL) rounded up to whole 16-byte vectors; chunk c of
+// thread t holds the vector at c * NT + t (coalesced per chunk). Rows are walked by cluster id with a
+// cluster-uniform stride, so the kernel is right whether the launch grid counts clusters or blocks.
+// Cluster protocol per row: thread 0 writes the CTA's partials to shared memory; arrive/wait (release/acquire) makes
+// them visible; every warp reads the CL partials (lane i from rank i) and combines them with shuffles; arrive (done
+// reading the others' shared memory) ... compute and store ... wait: no CTA reuses or releases its partials while
+// another may still read them.
 // tilewise-instantiate: rc_softmax_fwd<__nv_bfloat16,2,256,8> rc_softmax_fwd<__nv_bfloat16,4,256,8> rc_softmax_fwd<__nv_bfloat16,8,256,8> rc_softmax_fwd<__nv_bfloat16,8,1024,4> rc_softmax_fwd<__nv_bfloat16,8,512,4>
 // tilewise-instantiate: rc_softmax_fwd<__half,2,256,8> rc_softmax_fwd<__half,4,256,8> rc_softmax_fwd<__half,8,256,8> rc_softmax_fwd<__half,8,1024,4>
 // tilewise-instantiate: rc_softmax_fwd<float,2,512,8> rc_softmax_fwd<float,4,512,8> rc_softmax_fwd<float,8,512,8> rc_softmax_fwd<float,8,1024,8> rc_softmax_fwd<float,8,1024,4>
@@ -118,7 +113,6 @@ struct Slice {
   }
 };
 
-
 // The largest of this thread's elements of the row, read through at(c) (-inf for none).
 template <typename T, int CL, int NT, int CH, class At>
 __device__ __forceinline__ float thread_max(const At& at, const Slice<T, CL, NT>& sl) {
@@ -144,14 +138,13 @@ __device__ __forceinline__ void combine(float pm, float ps, float& Mx, float& Ms
   S = warp_sum(pm == -INFINITY ? 0.f : ps * exp2f(fmaf(pm, kLog2e, -Ms)));
 }
 
-// One row of (log-)softmax over this thread's CH vectors, read through at(c) (registers in v5,
-// shared memory in v6): block then cluster reductions, then the thread's outputs written to yr.
-// The caller ends the row with cluster_wait() (nobody may reuse `part` while a peer reads it).
-// X1: one exp an element instead of two (softmax only): the sum pass stores exp(x - block max)
-// back over x, packed in T, and the output multiplies it by one per-thread factor; for 2-byte T
-// that rounds e to T before the multiply (within the output's own rounding). The exp unit (16 a
-// clock an SM) otherwise does 2 x 5.4e8 exps at 4096 x 131072, half the time the bytes take
-// (docs/tuning/rowwise.md, "One exp an element").
+// One row of (log-)softmax over this thread's CH vectors, read through at(c) (registers in v5, shared memory in v6):
+// block then cluster reductions, then the thread's outputs written to yr. The caller ends the row with
+// cluster_wait() (nobody may reuse `part` while a peer reads it).
+// X1: one exp an element instead of two (softmax only): the sum pass stores exp(x - block max) back over x, packed
+// in T, and the output multiplies it by one per-thread factor; for 2-byte T that rounds e to T before the multiply
+// (within the output's own rounding). The exp unit (16 a clock an SM) otherwise does 2 x 5.4e8 exps at 4096 x
+// 131072, half the time the bytes take (docs/tuning/rowwise.md, "One exp an element").
 template <typename T, int CL, int NT, int CH, bool X1, class At>
 __device__ __forceinline__ void softmax_row(const At& at, const Slice<T, CL, NT>& sl, T* yr, int log,
                                             float* red_a, float* red_b, float* part) {
