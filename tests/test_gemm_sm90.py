@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import sm90 as gs
 from tilewise.runtime import cuda as rt
 
@@ -23,7 +24,7 @@ def test_wgmma_header_is_generated():
 
 def test_configs_are_instantiated():
     names = set(rt.name_expressions_for(gs.SRC))
-    for cfg in list(gs.CONFIGS.values()) + list(gs.EXTRA_CONFIGS.values()) + [gs.KMAJOR_CONFIG]:
+    for cfg in list(gc.SM90_CONFIGS.values()) + list(gc.SM90_EXTRA_CONFIGS.values()) + [gc.SM90_KMAJOR_CONFIG]:
         for dt in (torch.bfloat16, torch.float16):
             assert cfg.name(dt) in names, cfg.name(dt)
         assert cfg.shmem <= rt.SM90_SHARED_OPT_IN - 1024, cfg  # + the barriers' static block
@@ -33,36 +34,36 @@ def test_configs_are_instantiated():
 
 def test_every_config_has_a_tail_kernel_outside_the_library_module():
     names, lib = set(gs._instantiated()), set(gs._library_names())
-    for c in gs.CONFIGS.values():
+    for c in gc.SM90_CONFIGS.values():
         for dt in (torch.bfloat16, torch.float16):
             tail = gs._tail_name(c, dt)
             assert tail in names and tail not in lib, (c, tail)
             assert tail.endswith(",1>") and tail != c.name(dt)
-    for c in list(gs.EXTRA_CONFIGS.values()) + [gs.KMAJOR_CONFIG]:
+    for c in list(gc.SM90_EXTRA_CONFIGS.values()) + [gc.SM90_KMAJOR_CONFIG]:
         assert gs._tail_name(c, torch.bfloat16) is None  # the launch keeps sk = 1 for them
 
 
 def test_library_module_leaves_out_the_experiment_configs():
     lib = set(gs._library_names())
     for dt in (torch.bfloat16, torch.float16):
-        assert all(c.name(dt) in lib for c in gs.CONFIGS.values())
-        assert gs.KMAJOR_CONFIG.name(torch.bfloat16) in lib
-        assert not any(c.name(dt) in lib for c in gs.EXTRA_CONFIGS.values())
-    assert lib | {c.name(d) for c in gs.EXTRA_CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
-        | {gs._tail_name(c, d) for c in gs.CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
+        assert all(c.name(dt) in lib for c in gc.SM90_CONFIGS.values())
+        assert gc.SM90_KMAJOR_CONFIG.name(torch.bfloat16) in lib
+        assert not any(c.name(dt) in lib for c in gc.SM90_EXTRA_CONFIGS.values())
+    assert lib | {c.name(d) for c in gc.SM90_EXTRA_CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
+        | {gs._tail_name(c, d) for c in gc.SM90_CONFIGS.values() for d in (torch.bfloat16, torch.float16)} \
         == set(gs._instantiated())
 
 
 def test_config_with_warpgroups_along_n():
-    c = gs.EXTRA_CONFIGS["64x128w2_c2x1"]
+    c = gc.SM90_EXTRA_CONFIGS["64x128w2_c2x1"]
     assert (c.consumers, c.threads, c.epi_n) == (2, 384, 64)
     assert c.name(torch.bfloat16) == "gemm_sm90<__nv_bfloat16,64,128,2,1,8,1,2>"
-    assert gs.CONFIGS["128x256_c2x1"].name(torch.float16) == "gemm_sm90<__half,128,256,2,1,4,1>"
-    assert (gs.CONFIGS["128x256_c2x1"].consumers, gs.CONFIGS["128x256_c2x1"].epi_n) == (2, 128)
+    assert gc.SM90_CONFIGS["128x256_c2x1"].name(torch.float16) == "gemm_sm90<__half,128,256,2,1,4,1>"
+    assert (gc.SM90_CONFIGS["128x256_c2x1"].consumers, gc.SM90_CONFIGS["128x256_c2x1"].epi_n) == (2, 128)
 
 
 def test_config_of_the_transposed_tile():
-    c = gs.EXTRA_CONFIGS["72x128t_c2x1"]
+    c = gc.SM90_EXTRA_CONFIGS["72x128t_c2x1"]
     # one consumer warpgroup a 64-column B chunk, each staging its 72 x 64 share of C
     assert (c.consumers, c.threads) == (2, 384)
     assert c.name(torch.float16) == "gemm_sm90<__half,72,128,2,1,8,1,1,1>"
@@ -95,51 +96,52 @@ def test_arch_marker():
     (5000, 5000, 5000, "128x256_c2x1"),  # a near tie with 128 x 128, which measured 0.60x against 0.78x
     (65536, 128, 4096, "128x128_c2x1")])  # half of a 128 x 256 tile would be empty
 def test_config_rule_takes_the_least_wave_time(M, N, K, want):
-    assert gs.config_for(M, N, K, 132) == want
+    assert gc.sm90_config_for(M, N, K, 132) == want
 
 
 def test_cluster_tiles():
     # 5000^2 in 128 x 256 tiles: 40 x 20 tiles, paired along M by 2 x 1 clusters
-    assert gs.CONFIGS["128x256_c2x1"].cluster_tiles(5000, 5000) == 400
-    assert gs.CONFIGS["192x96_c1x2"].cluster_tiles(1536, 1536) == 8 * 8  # 8 x 16 tiles, paired along N
-    assert gs.CONFIGS["128x128_c1x1"].cluster_tiles(129, 1) == 2
+    assert gc.SM90_CONFIGS["128x256_c2x1"].cluster_tiles(5000, 5000) == 400
+    assert gc.SM90_CONFIGS["192x96_c1x2"].cluster_tiles(1536, 1536) == 8 * 8  # 8 x 16 tiles, paired along N
+    assert gc.SM90_CONFIGS["128x128_c1x1"].cluster_tiles(129, 1) == 2
 
 
 def test_split_k_rule_and_route():
     """Split-K only for long K over at most half a wave of tiles, as many ranges as the resident
     clusters take with at least 32 K blocks each; gemm()'s route sends such products to 128 x 128."""
-    assert gs.split_k(32, 66, 256) == 2     # 1024 x 1024 x 16384 in 128 x 128 c2x1
-    assert gs.split_k(18, 66, 128) == 3     # 768 x 768 x 8192
-    assert gs.split_k(32, 66, 16) == 1      # 1000^3: every split measured slower
-    assert gs.split_k(40, 66, 512) == 1     # more than half a wave already
-    assert gs.split_k(1, 66, 128) == 4      # one tile: capped by 32 blocks a range
-    assert gs.split_k(1, 66, 4096) == 66    # ... and by the resident clusters
-    assert gs.route_for(1024, 1024, 16384) == "128x128_c2x1"
-    assert gs.route_for(768, 768, 8192) == "128x128_c2x1"
-    assert gs.route_for(1024, 1024, 8128) != "128x128_c2x1"   # 127 blocks
-    assert gs.route_for(2048, 2048, 16384) != "128x128_c2x1"  # a whole wave of tiles: no split
-    assert gs.route_for(1000, 1000, 1000) == "64x128_c2x1"
+    assert gc.sm90_split_k(32, 66, 256) == 2     # 1024 x 1024 x 16384 in 128 x 128 c2x1
+    assert gc.sm90_split_k(18, 66, 128) == 3     # 768 x 768 x 8192
+    assert gc.sm90_split_k(32, 66, 16) == 1      # 1000^3: every split measured slower
+    assert gc.sm90_split_k(40, 66, 512) == 1     # more than half a wave already
+    assert gc.sm90_split_k(1, 66, 128) == 4      # one tile: capped by 32 blocks a range
+    assert gc.sm90_split_k(1, 66, 4096) == 66    # ... and by the resident clusters
+    assert gc.sm90_route_for(1024, 1024, 16384) == "128x128_c2x1"
+    assert gc.sm90_route_for(768, 768, 8192) == "128x128_c2x1"
+    assert gc.sm90_route_for(1024, 1024, 8128) != "128x128_c2x1"   # 127 blocks
+    assert gc.sm90_route_for(2048, 2048, 16384) != "128x128_c2x1"  # a whole wave of tiles: no split
+    assert gc.sm90_route_for(1000, 1000, 1000) == "64x128_c2x1"
 
 
 def test_tail_split_rule():
-    assert gs.tail_splits(400, 66, 79) == 6   # 5000^3 in 128 x 256: four tiles in the seventh wave
-    assert gs.tail_splits(256, 66, 64) == 1   # 4096^3: the last wave 58 of 66, nothing to gain
-    assert gs.tail_splits(64, 66, 16) == 1    # one partial wave: no whole wave to follow
-    assert gs.tail_splits(396, 66, 79) == 1   # whole waves
-    assert gs.tail_splits(400, 66, 79, swap=True) == 1
-    assert gs.tail_splits(400, 66, 4) == 1    # short K: the partials' round trip costs more than it saves
+    assert gc.sm90_tail_splits(400, 66, 79) == 6   # 5000^3 in 128 x 256: four tiles in the seventh wave
+    assert gc.sm90_tail_splits(256, 66, 64) == 1   # 4096^3: the last wave 58 of 66, nothing to gain
+    assert gc.sm90_tail_splits(64, 66, 16) == 1    # one partial wave: no whole wave to follow
+    assert gc.sm90_tail_splits(396, 66, 79) == 1   # whole waves
+    assert gc.sm90_tail_splits(400, 66, 79, swap=True) == 1
+    assert gc.sm90_tail_splits(400, 66, 4) == 1    # short K: the partials' round trip costs more than it saves
     for nct, clusters, kt in [(400, 66, 79), (133, 66, 200), (70, 33, 1000)]:
-        s = gs.tail_splits(nct, clusters, kt)
+        s = gc.sm90_tail_splits(nct, clusters, kt)
         assert s == 1 or (nct % clusters) * s <= clusters  # one unit a resident cluster at most
 
 
 def test_wave_time_model():
     # waves x area / rate: 2560^2 in 128 x 256 is 200 tiles, two waves on 132 SMs
-    assert gs.tile_time("128x256_c2x1", 2560, 2560, 132) == 2 * 128 * 256
-    assert gs.tile_time("128x192_c2x1", 2560, 2560, 132) == pytest.approx(3 * 128 * 192 / 0.96)
+    assert gc.sm90_tile_time("128x256_c2x1", 2560, 2560, 132) == 2 * 128 * 256
+    assert gc.sm90_tile_time("128x192_c2x1", 2560, 2560, 132) == pytest.approx(3 * 128 * 192 / 0.96)
     # a partial tile costs a whole one: N = 129 needs two 128-wide columns of tiles
-    assert gs.tile_time("128x128_c2x1", 128 * 132, 129, 132) == 2 * gs.tile_time("128x128_c2x1", 128 * 132, 128, 132)
-    assert set(gs.TILE_RATE) == set(gs.CONFIGS)
+    t = gc.sm90_tile_time
+    assert t("128x128_c2x1", 128 * 132, 129, 132) == 2 * t("128x128_c2x1", 128 * 132, 128, 132)
+    assert set(gc.SM90_TILE_RATE) == set(gc.SM90_CONFIGS)
 
 
 def test_out_problem_names_what_is_wrong():
@@ -169,7 +171,7 @@ gpu = pytest.mark.gpu
 needs_sm90 = pytest.mark.skipif(not (HAS_CUDA and gs.available()), reason="needs an sm_90 GPU and cuda-bindings")
 
 
-def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None):
+def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None, **kw):
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
     if b_kmajor:
@@ -178,7 +180,7 @@ def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None):
         b = torch.randn(K, N, device="cuda", dtype=dtype, generator=g)
     if out is None:
         out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
-    c = gs.gemm_sm90(a, b, out=out, config=config)
+    c = gs.gemm_sm90(a, b, out=out, config=config, **kw)
     torch.cuda.synchronize()
     ref = a.double() @ b.double()
     err = ((c.double() - ref).norm() / ref.norm()).item()
@@ -191,7 +193,7 @@ def _check(M, N, K, dtype, config, b_kmajor=False, seed=0, out=None):
 @gpu
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config", sorted(gs.CONFIGS) + sorted(gs.EXTRA_CONFIGS))
+@pytest.mark.parametrize("config", sorted(gc.SM90_CONFIGS) + sorted(gc.SM90_EXTRA_CONFIGS))
 @pytest.mark.parametrize("M,N,K", [(333, 520, 136), (1000, 1000, 1000), (129, 72, 64), (1, 8, 8), (515, 1208, 1000)])
 @pytest.mark.quick(rotate=("M", "N", "K"), per=2)
 def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
@@ -200,7 +202,7 @@ def test_gemm_sm90_odd_sizes(M, N, K, dtype, config):
 
 @gpu
 @needs_sm90
-@pytest.mark.parametrize("config", sorted(gs.CONFIGS) + sorted(gs.EXTRA_CONFIGS))
+@pytest.mark.parametrize("config", sorted(gc.SM90_CONFIGS) + sorted(gc.SM90_EXTRA_CONFIGS))
 def test_gemm_sm90_several_tiles_a_cta(config):
     # more cluster tiles than resident clusters: the persistent loop and the ring's phases wrap
     _check(2304, 2056, 520, torch.bfloat16, config, seed=3)
@@ -219,18 +221,17 @@ def _clusters_for_a_tail(M, N, cfg):
 @gpu
 @needs_sm90
 @pytest.mark.parametrize("splits", [2, 3, 16])
-@pytest.mark.parametrize("config", sorted(gs.CONFIGS))  # each has a tail kernel per dtype
+@pytest.mark.parametrize("config", sorted(gc.SM90_CONFIGS))  # each has a tail kernel per dtype
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.quick(rotate="splits")
-def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits, dtype):
+def test_gemm_sm90_stream_k_tail(config, splits, dtype):
     """The stream-K tail, forced, with few clusters so that whole waves and a partial one run:
     right answers on odd sizes into NaN-poisoned outputs (every tail tile's epilogue ran), the
     same bits on a second run (the last unit adds the partials in range order whoever it is),
     a K of one block (no split possible), and a replayed CUDA graph (the workspace from its pool)."""
-    cfg = gs.CONFIGS.get(config) or gs.EXTRA_CONFIGS[config]
+    cfg = gc.SM90_CONFIGS.get(config) or gc.SM90_EXTRA_CONFIGS[config]
     M, N, K = 1000, 1032, 1000
     clusters = _clusters_for_a_tail(M, N, cfg)
-    monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
     g = torch.Generator(device="cuda").manual_seed(11)
     a = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
     b = torch.randn(K, N, device="cuda", dtype=dtype, generator=g)
@@ -238,28 +239,27 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits, dtype):
     runs = []
     for _ in range(2):
         c = gs.gemm_sm90(a, b, out=poison(torch.empty(M, N, device="cuda", dtype=dtype)), config=config,
-                         clusters=clusters)
+                         clusters=clusters, tail_splits=splits)
         torch.cuda.synchronize()
         assert c.isfinite().all(), "a tail tile was not written"
         assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
         runs.append(c)
     assert torch.equal(runs[0], runs[1]), "the tail's sum depends on the order the units arrived in"
-    monkeypatch.setattr(gs, "TAIL_SPLITS", 1)
-    plain = gs.gemm_sm90(a, b, config=config, clusters=clusters)
+    plain = gs.gemm_sm90(a, b, config=config, clusters=clusters, tail_splits=1)
     assert ((plain.double() - ref).norm() / ref.norm()).item() < 1e-2
-    monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
-    short = gs.gemm_sm90(a[:, :64].contiguous(), b[:64].contiguous(), config=config, clusters=clusters)
+    short = gs.gemm_sm90(a[:, :64].contiguous(), b[:64].contiguous(), config=config, clusters=clusters,
+                         tail_splits=splits)
     ref64 = a[:, :64].double() @ b[:64].double()
     assert ((short.double() - ref64).norm() / ref64.norm()).item() < 1e-2
     if splits != 3:
         return
     out = torch.empty(M, N, device="cuda", dtype=dtype)
-    gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
+    gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters, tail_splits=splits)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s), torch.cuda.graph(graph):
-        gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters)
+        gs.gemm_sm90(a, b, out=out, config=config, clusters=clusters, tail_splits=splits)
     for i in range(2):
         poison(out)
         a.copy_(torch.randn(M, K, device="cuda", dtype=dtype, generator=g))
@@ -274,16 +274,15 @@ def test_gemm_sm90_stream_k_tail(monkeypatch, config, splits, dtype):
 @pytest.mark.parametrize("splits", [2, 5, 40])
 @pytest.mark.parametrize("config", ["128x256_c2x1", "128x192_c1x2", "128x128_c2x1", "128x128_c1x1", "64x128_c2x1"])
 @pytest.mark.quick(rotate="splits")
-def test_gemm_sm90_split_k_one_wave(monkeypatch, config, splits):
+def test_gemm_sm90_split_k_one_wave(config, splits):
     """Split-K through the tail kernel: fewer cluster tiles than resident clusters, every tile cut
     into K ranges (cluster_tiles x splits clusters launched, capped at the resident count): right
     answers on odd sizes into NaN-poisoned outputs, the same bits twice, K shorter than the splits
     (ranges of one block, or empty ones capped away), and N-major / odd M edges."""
-    cfg = gs.CONFIGS[config]
-    monkeypatch.setattr(gs, "TAIL_SPLITS", splits)
+    cfg = gc.SM90_CONFIGS[config]
     for M, N, K in ((333, 520, 1000), (200, 136, 4008), (130, 264, 192)):
         assert cfg.cluster_tiles(M, N) < 66
-        runs = [_check(M, N, K, torch.float16, config, seed=17) for _ in range(2)]
+        runs = [_check(M, N, K, torch.float16, config, seed=17, tail_splits=splits) for _ in range(2)]
         assert torch.equal(runs[0], runs[1]), (M, N, K, "the split sum depends on the arrival order")
 
 
@@ -295,7 +294,7 @@ def test_gemm_sm90_dependent_launch_keeps_stream_order(config):
     waits in the kernel for it. A chain where every product reads the one before it (and a PyTorch
     kernel rewrites an operand in between), eager and graph-replayed, must match the same chain in
     float64; a call that read its input too early would carry stale or NaN-poisoned values."""
-    assert gs.PDL
+    assert gc.DEFAULT_POLICY.pdl  # gemm()'s default launch
     M, K = 520, 264
     g = torch.Generator(device="cuda").manual_seed(23)
     w = (torch.randn(K, K, device="cuda", generator=g) / K ** 0.5).half()
@@ -339,14 +338,13 @@ def test_gemm_sm90_dependent_launch_keeps_stream_order(config):
 @gpu
 @needs_sm90
 @pytest.mark.parametrize("M,N,K", [(333, 520, 1000), (200, 136, 16384)])
-def test_gemm_sm90_plain_launch(monkeypatch, M, N, K):
-    """PDL off (TILEWISE_PDL=0 / gs.PDL = False): cuLaunchKernel, the kernel's griddepcontrol
+def test_gemm_sm90_plain_launch(M, N, K):
+    """PDL off (pdl=False; gemm()'s GemmPolicy(pdl=False)): cuLaunchKernel, the kernel's griddepcontrol
     instructions then no-ops; right answers on odd sizes, split-K (long K) included, the same bits
     as the PDL launch."""
     outs = []
     for pdl in (False, True):
-        monkeypatch.setattr(gs, "PDL", pdl)
-        outs.append(_check(M, N, K, torch.bfloat16, None, seed=29))
+        outs.append(_check(M, N, K, torch.bfloat16, None, seed=29, pdl=pdl))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -359,8 +357,8 @@ def test_gemm_routes_5000_with_a_tail():
 
     M = N = 5000
     K = 4096
-    assert gs.route_for(M, N, K) == "128x256_c2x1"
-    assert gs.tail_splits(400, 66, K // 64) > 1
+    assert gc.sm90_route_for(M, N, K) == "128x256_c2x1"
+    assert gc.sm90_tail_splits(400, 66, K // 64) > 1
     g = torch.Generator(device="cuda").manual_seed(2)
     a = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
     b = torch.randn(K, N, device="cuda", dtype=torch.float16, generator=g)
@@ -443,23 +441,23 @@ def test_gemm_sm90_rejects_bad_layouts():
                                     (1000, "64x128_c2x1"), (936, "64x128_c2x1"), (960, None), (1024, None),
                                     (1100, None), (8192, "128x256_c2x1"), (256, None), (40, None)])
 def test_route_rule(n, want):
-    assert gs.route_for(n, n, n, 132) == want
+    assert gc.sm90_route_for(n, n, n, 132) == want
 
 
 def test_route_rule_large_problems_need_both_sides_and_k():
-    assert gs.route_for(4096, 4096, 1024, 132) == "128x256_c2x1"
-    assert gs.route_for(4096, 4096, 1016, 132) is None  # short K: not measured, Triton keeps it
-    assert gs.route_for(8192, 2040, 4096, 132) is None  # a side under 2048
-    assert gs.route_for(2048, 8192, 2048, 132) == "128x256_c2x1"
+    assert gc.sm90_route_for(4096, 4096, 1024, 132) == "128x256_c2x1"
+    assert gc.sm90_route_for(4096, 4096, 1016, 132) is None  # short K: not measured, Triton keeps it
+    assert gc.sm90_route_for(8192, 2040, 4096, 132) is None  # a side under 2048
+    assert gc.sm90_route_for(2048, 8192, 2048, 132) == "128x256_c2x1"
 
 
 def test_route_rule_reads_b_row_stride():
     # the 64 x 128 route is for B rows that are not whole 128-byte lines, whatever N is
-    assert gs.route_for(1000, 1000, 1000, 132, ldb=1024) is None
-    assert gs.route_for(1024, 1024, 1024, 132, ldb=1000) == "64x128_c2x1"
-    assert gs.route_for(1000, 1000, 4000, 132) == "64x128_c2x1"
+    assert gc.sm90_route_for(1000, 1000, 1000, 132, ldb=1024) is None
+    assert gc.sm90_route_for(1024, 1024, 1024, 132, ldb=1000) == "64x128_c2x1"
+    assert gc.sm90_route_for(1000, 1000, 4000, 132) == "64x128_c2x1"
     # the 192 x 96 rule still sees its own candidates (64 x 128 fills 2056 x 1024's waves better)
-    assert gs.route_for(2056, 1024, 2056, 132) == "192x96_c1x2"
+    assert gc.sm90_route_for(2056, 1024, 2056, 132) == "192x96_c1x2"
 
 
 @gpu
@@ -467,15 +465,16 @@ def test_route_rule_reads_b_row_stride():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
     from tilewise.ops.gemm import api as gt
+    from tilewise.ops.gemm import route as gr
 
-    gt._PLANS.clear()
+    gr.PLANS.clear()
     calls = []
     real = gs._launch
-    names = {cfg: name for name, cfg in gs.CONFIGS.items()}
+    names = {cfg: name for name, cfg in gc.SM90_CONFIGS.items()}
 
-    def spy(a, b, out, cfg, *rest):  # every launch, checked (gemm_sm90) or planned, comes here
+    def spy(a, b, out, cfg, *rest, **kw):  # every launch, checked (gemm_sm90) or planned, comes here
         calls.append(names.get(cfg, cfg))
-        return real(a, b, out, cfg, *rest)
+        return real(a, b, out, cfg, *rest, **kw)
 
     monkeypatch.setattr(gs, "_launch", spy)
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -505,28 +504,28 @@ def test_gemm_routes_to_sm90_where_it_wins(monkeypatch, dtype):
     with pytest.raises(ValueError):  # a scale on 16-bit inputs is refused, never dropped on the way
         gt.gemm(a, b, scale_b=torch.ones(1, device="cuda"))
     assert calls == []
-    gt._PLANS.clear()
+    gr.PLANS.clear()
 
 
 # --------------------------------------------------------------------------- tf32, row-major B
 
 
 def test_tf32_tile_rule():
-    assert gs.tf32_bm_for(4096, 4096) == 256 and gs.tf32_bm_for(8192, 8192) == 256
-    assert gs.tf32_bm_for(1024, 1024) == 64  # 128 tiles of 64 rows: a wave, not half of one
-    assert gs.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (1011) against 4 of 256 (1024)
+    assert gc.tf32_bm_for(4096, 4096) == 256 and gc.tf32_bm_for(8192, 8192) == 256
+    assert gc.tf32_bm_for(1024, 1024) == 64  # 128 tiles of 64 rows: a wave, not half of one
+    assert gc.tf32_bm_for(3000, 5000) == 192  # 5 waves of 192 rows (1011) against 4 of 256 (1024)
     # the best BM of each shape in the sweep logs/gemm-tf32-sweep2-6be142a
     sweep = {(512, 512): 64, (1024, 1024): 64, (1536, 1536): 192, (2048, 2048): 256, (3000, 3000): 192,
              (5000, 5000): 256, (6144, 6144): 256, (8192, 1024): 256, (256, 4096): 64, (4096, 256): 64}
-    assert {mn: gs.tf32_bm_for(*mn) for mn in sweep} == sweep
+    assert {mn: gc.tf32_bm_for(*mn) for mn in sweep} == sweep
     # CTA pairs where they led in that sweep, not where they trailed
-    assert [gs.tf32_cluster_for(n, n, gs.tf32_bm_for(n, n)) for n in (3000, 5000, 8192)] == [2, 2, 2]
-    assert [gs.tf32_cluster_for(m, n, gs.tf32_bm_for(m, n)) for m, n in ((2048, 2048), (1536, 1536), (1024, 8192),
+    assert [gc.tf32_cluster_for(n, n, gc.tf32_bm_for(n, n)) for n in (3000, 5000, 8192)] == [2, 2, 2]
+    assert [gc.tf32_cluster_for(m, n, gc.tf32_bm_for(m, n)) for m, n in ((2048, 2048), (1536, 1536), (1024, 8192),
                                                                         (8192, 1024), (512, 512))] == [1] * 5
-    assert gs.tf32_cluster_for(4096, 4096, 64) == 1  # no pair kernel for BM = 64
+    assert gc.tf32_cluster_for(4096, 4096, 64) == 1  # no pair kernel for BM = 64
     for M, N in [(1, 4), (777, 333), (20000, 128)]:
-        assert gs.tf32_bm_for(M, N) in gs.TF32_CONFIGS
-    for bm, st in gs.TF32_CONFIGS.items():
+        assert gc.tf32_bm_for(M, N) in gc.TF32_CONFIGS
+    for bm, st in gc.TF32_CONFIGS.items():
         assert gs._tf32_shmem(bm) <= rt.SM90_SHARED_OPT_IN - 1024
         assert f"gemm_sm90_tf32<{bm},{st}>" in rt.name_expressions_for(gs.SRC_TF32)
 

@@ -5,6 +5,10 @@ import torch
 
 from tilewise.bench.harness import rel_error
 from tilewise.ops.gemm import api as gt
+from tilewise.ops.gemm import configs as gc
+from tilewise.ops.gemm import route as gr
+from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import triton_kernels as tk
 
 from conftest import HAS_CUDA, poison
 
@@ -28,13 +32,13 @@ def _operands(M, N, K, dtype, b_layout, seed=0):
 def _fresh_plans():
     """gemm()'s call plans are per process: a test that patches the routing must not leave (or
     find) plans made under another routing."""
-    gt._PLANS.clear()
+    gr.PLANS.clear()
     yield
-    gt._PLANS.clear()
+    gr.PLANS.clear()
 
 
 def _run(variant, a, b, **kw):
-    if variant in ("v3_tma_persistent", "v3_tma_split") and not gt.tma_applies(a, b, kw.get("out_dtype")):
+    if variant in ("v3_tma_persistent", "v3_tma_split") and not tk.tma_applies(a, b, kw.get("out_dtype")):
         pytest.skip("layout not TMA-compatible")
     if variant == "v3_tma_split" and (a.dtype not in (torch.float16, torch.bfloat16)
                                       or (kw.get("out_dtype") or a.dtype).itemsize != 2):
@@ -66,16 +70,15 @@ def test_split_k_odd_sizes(splits, dtype, activation):
 
 
 def test_split_k_heuristic_and_auto_route(monkeypatch):
-    assert gt.split_k_for(256, 50, 4096) > 1      # a linear layer's weight gradient (H x E from tokens)
-    assert gt.split_k_for(4096, 4096, 4096) == 1  # big outputs fill the GPU without it
-    assert gt.split_k_for(256, 50, 512) == 1      # short K: not worth a second kernel
+    assert gc.split_k_for(256, 50, 4096) > 1      # a linear layer's weight gradient (H x E from tokens)
+    assert gc.split_k_for(4096, 4096, 4096) == 1  # big outputs fill the GPU without it
+    assert gc.split_k_for(256, 50, 512) == 1      # short K: not worth a second kernel
     calls = []
     real = gt.gemm_splitk
-    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
     monkeypatch.setattr(gt, "gemm_splitk", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(gt, "split_k_for", lambda M, N, K: 4)
+    monkeypatch.setattr(gc, "split_k_for", lambda M, N, K: 4)
     a, b, _ = _operands(9, 7, 1030, torch.float32, "rowmajor")
-    out = gt.gemm(a, b)
+    out = gt.gemm(a, b, policy=gc.GemmPolicy(plans=False))  # routing is what this test watches
     assert calls and rel_error(out, gt.reference(a, b).float()) < TOL[torch.float32]
 
 
@@ -94,12 +97,12 @@ def test_plain_gemm_odd_sizes(variant, dtype, b_layout):
 
 
 def test_persistent_with_a_fixed_tile(monkeypatch):
-    """_run_pointer(fixed=...): the persistent kernel with one given tile and no autotuner (the
+    """run_pointer(fixed=...): the persistent kernel with one given tile and no autotuner (the
     small-problem path of gemm() on the GPU), here with more tiles than programs."""
-    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 3)
+    monkeypatch.setattr(tk, "num_sms", lambda device_index: 3)
     a, b, bias = _operands(45, 38, 29, torch.float32, "kmajor", seed=11)
     out = poison(torch.empty(45, 38, device=DEV, dtype=torch.float32))
-    gt._run_pointer("persistent", a, b, out, bias, "relu", None, None, "ieee", None, fixed=(16, 16, 16, 1, 4))
+    tk.run_pointer("persistent", a, b, out, bias, "relu", None, None, "ieee", None, fixed=gc.Tile(16, 16, 16, 1, 4))
     assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
 
 
@@ -110,7 +113,7 @@ def test_tma_split_tile_both_halves(shape, b_layout, dtype, monkeypatch):
     """v3_tma_split: a (BLOCK_M, BLOCK_N + BLOCK_N2) tile as two products; N = 72 / 112 end inside
     the second half of a tile, N = 40 inside the first (the second half all outside); bias, GELU
     and the pre-activation aux through both halves' descriptors; fewer programs than tiles."""
-    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 2)
+    monkeypatch.setattr(tk, "num_sms", lambda device_index: 2)
     M, N, K = shape
     a, b, bias = _operands(M, N, K, dtype, b_layout, seed=M + N)
     out = poison(torch.empty(M, N, device=DEV, dtype=dtype))
@@ -124,23 +127,23 @@ def test_tma_tile_rule_and_auto_route(monkeypatch):
     """tma_tile_for on 132 SMs: 64 x 128 at 768-1000, 128 x 192 at 1536^2 and 3072^2, the
     autotuner's tiles at 1280, 2048, 2304, 4096, 8192; gemm() routes 16-bit outputs to the fixed
     64 x 128 launch and to v3_tma_split (fp32 outputs to the autotuned v3), with right answers."""
-    assert [gt.tma_tile_for(n, n, 132) for n in (768, 1000, 1536, 3072)] == ["64x128", "64x128", "128x192", "128x192"]
-    assert all(gt.tma_tile_for(n, n, 132) in ("128x128", "128x256") for n in (1280, 2048, 2304, 4096, 8192))
-    assert gt.tma_tile_for(0, 8, 132) in gt._TMA_TILES  # no division by zero on empty outputs
-    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
+    assert [gc.tma_tile_for(n, n, 132) for n in (768, 1000, 1536, 3072)] == ["64x128", "64x128", "128x192", "128x192"]
+    assert all(gc.tma_tile_for(n, n, 132) in ("128x128", "128x256") for n in (1280, 2048, 2304, 4096, 8192))
+    assert gc.tma_tile_for(0, 8, 132) in gc.TMA_TILES  # no division by zero on empty outputs
+    unplanned = gc.GemmPolicy(plans=False)  # routing is what this test watches
     taken = []
     for name in ("v3_tma_persistent", "v3_tma_split"):
         real = gt.VARIANTS[name]
         monkeypatch.setitem(gt.VARIANTS, name, lambda *a, _n=name, _r=real, **k: taken.append(_n) or _r(*a, **k))
     real_fixed = gt._TMA_FIXED_64x128
     monkeypatch.setattr(gt, "_TMA_FIXED_64x128", lambda *a, **k: taken.append("fixed") or real_fixed(*a, **k))
-    monkeypatch.setattr(gt, "_small_applies", lambda *a, **k: False)
+    monkeypatch.setattr(gc, "SMALL_MAX_TILES", 0)  # not the small-problem tile (on a GPU)
     a, b, bias = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
     for tile in ("128x192", "64x128", "128x128"):
-        monkeypatch.setattr(gt, "tma_tile_for", lambda M, N, sms, _t=tile: _t)
-        out = gt.gemm(a, b, bias=bias, activation="relu")
+        monkeypatch.setattr(gc, "tma_tile_for", lambda M, N, sms, _t=tile: _t)
+        out = gt.gemm(a, b, bias=bias, activation="relu", policy=unplanned)
         assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.bfloat16]
-    gt.gemm(a, b, out_dtype=torch.float32)
+    gt.gemm(a, b, out_dtype=torch.float32, policy=unplanned)
     assert taken == ["v3_tma_split", "fixed", "v3_tma_persistent", "v3_tma_persistent"]
 
 
@@ -152,7 +155,7 @@ def test_streamk_splits_tiles_across_programs(shape, b_layout, sms, monkeypatch)
     several tiles with heads and tails in different programs, odd sizes, TMA loads where rows are
     16-byte aligned (K = 1000, 200, 72 in fp32) and pointer loads where not (K = 45); the same bits
     on a second run (partials added in program order whoever arrives last), counters back at zero."""
-    monkeypatch.setattr(gt, "_num_sms", lambda device_index: sms)
+    monkeypatch.setattr(tk, "num_sms", lambda device_index: sms)
     M, N, K = shape
     a, b, bias = _operands(M, N, K, torch.float32, b_layout, seed=M + K)
     out = poison(torch.empty(M, N, device=DEV, dtype=torch.float32))
@@ -160,12 +163,12 @@ def test_streamk_splits_tiles_across_programs(shape, b_layout, sms, monkeypatch)
     assert rel_error(out, gt.reference(a, b, bias, "relu").float()) < TOL[torch.float32]
     again = gt.VARIANTS["v4_streamk"](a, b, bias=bias, activation="relu")
     assert torch.equal(again, out)
-    assert all(int(c.count_nonzero()) == 0 for c in gt._STREAMK_COUNTS.values())
+    assert all(int(c.count_nonzero()) == 0 for c in tk._STREAMK_COUNTS.values())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_streamk_16bit_with_aux_and_gelu(dtype, monkeypatch):
-    monkeypatch.setattr(gt, "_num_sms", lambda device_index: 5)
+    monkeypatch.setattr(tk, "num_sms", lambda device_index: 5)
     a, b, bias = _operands(37, 48, 136, dtype, "kmajor", seed=5)
     out = poison(torch.empty(37, 48, device=DEV, dtype=dtype))
     aux = poison(torch.empty(37, 48, device=DEV, dtype=torch.float32))
@@ -290,7 +293,7 @@ def test_padded_route_for_unaligned_rows(shape, b_layout):
     the TMA kernel: the padding must not change the sum, and the result lands in a plain (M, N)."""
     M, N, K = shape
     a, b, bias = _operands(M, N, K, torch.float16, b_layout, seed=M * N + K)
-    plan = gt._pad_plan(a, b, None, None)
+    plan = _pad_plan(a, b)
     assert plan is not None and any(plan)
     out = poison(torch.empty(M, N, device=DEV, dtype=torch.float16))
     gt._run_padded(a, b, bias, "relu", None, None, None, "tf32", out)
@@ -302,16 +305,20 @@ def test_padded_route_for_unaligned_rows(shape, b_layout):
     assert rel_error(res, a.double() @ b.double()) < 2e-3
 
 
+def _pad_plan(a, b):
+    return gc.pad_plan(gc.Operand.of(a), gc.Operand.of(b), None, None)
+
+
 def test_padded_route_model_and_plan():
     a = torch.empty(64, 2999, dtype=torch.bfloat16)
-    assert gt._pad_plan(a, torch.empty(2999, 3000, dtype=torch.bfloat16), None, None) == (True, True, False)
-    assert gt._pad_plan(torch.empty(64, 3000, dtype=torch.bfloat16), torch.empty(3000, 2999, dtype=torch.bfloat16),
-                        None, None) == (False, True, True)
-    assert gt._pad_plan(a, torch.empty(8, 2999, dtype=torch.bfloat16).t(), None, None) == (True, True, False)
-    assert gt._pad_plan(a[:, ::2], torch.empty(1500, 64, dtype=torch.bfloat16), None, None) is None
+    assert _pad_plan(a, torch.empty(2999, 3000, dtype=torch.bfloat16)) == (True, True, False)
+    assert _pad_plan(torch.empty(64, 3000, dtype=torch.bfloat16), torch.empty(3000, 2999, dtype=torch.bfloat16)) \
+        == (False, True, True)
+    assert _pad_plan(a, torch.empty(8, 2999, dtype=torch.bfloat16).t()) == (True, True, False)
+    assert _pad_plan(a[:, ::2], torch.empty(1500, 64, dtype=torch.bfloat16)) is None
     # Large cubes pay (copies ~ n^2, product ~ n^3), small ones do not (copy launches dominate).
-    assert gt._padded_time_ratio(2999, 2999, 2999, 2, 2, (True, True, True)) < 0.5
-    assert gt._padded_time_ratio(100, 100, 100, 2, 2, (True, True, True)) > 1.0
+    assert gc.padded_time_ratio(2999, 2999, 2999, 2, 2, (True, True, True)) < 0.5
+    assert gc.padded_time_ratio(100, 100, 100, 2, 2, (True, True, True)) > 1.0
 
 
 def test_output_sharing_memory_with_an_input_is_refused():
@@ -425,7 +432,7 @@ def test_gpu_auto_pads_unaligned_rows(shape, b_layout, dtype, monkeypatch):
     monkeypatch.setattr(gt, "_run_padded", lambda *args: calls.append(1) or real(*args))
     out = gt.gemm(a, b, bias=bias, activation="gelu", **kw)
     # The route follows the time model (for fp32 the copies cost twice the bytes); 2999^3 pays.
-    pays = gt._padding_plan(a, b, None, None, None) is not None
+    pays = gr.route_of(a, b, bias=bias, activation="gelu", **kw).kind == "padded"
     assert bool(calls) == pays
     assert pays or shape != (2999, 2999, 2999)
     s = 0.125 if kw else 1.0
@@ -477,7 +484,7 @@ def test_autotune_config_pruning_and_tma_hook():
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     def pruned(dtype, M, N):
-        return gt._prune(gt._CONFIGS, {"a_ptr": torch.empty(1, dtype=dtype), "M": M, "N": N})
+        return tk._prune(tk._CONFIGS, {"a_ptr": torch.empty(1, dtype=dtype), "M": M, "N": N})
 
     for dtype, bk in ((torch.bfloat16, 64), (torch.float16, 64), (torch.float8_e4m3fn, 128), (torch.float32, 32)):
         big = pruned(dtype, 8192, 8192)
@@ -488,8 +495,8 @@ def test_autotune_config_pruning_and_tma_hook():
     # Descriptors get the chosen config's block shapes (B transposed when K-major).
     a = torch.empty(64, 64, dtype=torch.bfloat16)
     nargs = {n: TensorDescriptor.from_tensor(a, [16, 16]) for n in ("a_desc", "b_desc", "c_desc", "aux_desc")}
-    cfg = gt._tma_configs()[0]
-    gt._tma_pre_hook({**nargs, **cfg.kwargs, "B_KMAJOR": True})
+    cfg = tk._tma_configs()[0]
+    tk._tma_pre_hook({**nargs, **cfg.kwargs, "B_KMAJOR": True})
     bm, bn, bk = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"]
     assert nargs["a_desc"].block_shape == [bm, bk] and nargs["b_desc"].block_shape == [bn, bk]
     assert nargs["c_desc"].block_shape == [bm, bn]
@@ -501,7 +508,7 @@ def test_tma_pruning_drops_configs_past_shared_memory():
     def pruned(dtype):
         t = torch.empty(64, 64, dtype=dtype)
         d = TensorDescriptor.from_tensor(t, [16, 16])
-        return gt._prune(gt._CONFIGS, {"a_desc": d, "c_desc": d, "M": 8192, "N": 8192})
+        return tk._prune(tk._CONFIGS, {"a_desc": d, "c_desc": d, "M": 8192, "N": 8192})
 
     fp32 = pruned(torch.float32)
     assert fp32 and all((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != (128, 256) for c in fp32)
@@ -513,7 +520,8 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tilewise.ops.gemm import api as gt
+from tilewise.ops.gemm import configs as gc
+from tilewise.ops.gemm import triton_kernels as tk
 
 
 def build(fn, sig, constexprs, aligned, num_warps, num_stages):
@@ -536,31 +544,32 @@ sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16"
        "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
        "stride_ak": "constexpr", "stride_bk": "i32", "stride_bn": "constexpr", "stride_cm": "i32",
        "stride_cn": "constexpr"}
-ptr = build(gt._gemm_kernel, sig, {**meta, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1},
+ptr = build(tk._gemm_kernel, sig, {**meta, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1},
             ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 3)
 tsig = {"a_desc": "tensordesc<fp8e4nv[128, 128]>", "b_desc": "tensordesc<fp8e4nv[256, 128]>",
         "c_desc": "tensordesc<bf16[128, 256]>", "aux_desc": "tensordesc<bf16[128, 256]>", "bias_ptr": "*bf16",
         "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NUM_SMS": "i32",
         "dtype_tag": "i32"}
-tma = build(gt._gemm_tma_persistent_kernel, tsig, {**meta, "BLOCK_K": 128, "HAS_SCALES": True, "B_KMAJOR": True},
+tma = build(tk._gemm_tma_persistent_kernel, tsig, {**meta, "BLOCK_K": 128, "HAS_SCALES": True, "B_KMAJOR": True},
             ["M", "N", "K"], 8, 3)
 ssig = {**{k: v for k, v in sig.items() if k not in meta}, "a_desc": "tensordesc<bf16[128, 64]>",
         "b_desc": "tensordesc<bf16[128, 64]>", "ws_ptr": "*fp32", "count_ptr": "*i32", "ITERS_PER_PROG": "i32"}
 ssig = {k: ssig[k] for k in ["a_ptr", "b_ptr", "a_desc", "b_desc", "c_ptr", "bias_ptr", "aux_ptr", "scale_a_ptr",
                              "scale_b_ptr", "ws_ptr", "count_ptr", "M", "N", "K", "stride_am", "stride_ak",
                              "stride_bk", "stride_bn", "stride_cm", "stride_cn", "ITERS_PER_PROG"]}
-sk = build(gt._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
+sk = build(tk._gemm_streamk_kernel, ssig, {**meta, "BLOCK_N": 128, "stride_ak": 1, "stride_bn": 1, "stride_cn": 1,
                                            "USE_TMA": True, "B_KMAJOR": True},
            ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"], 8, 4)
-bm, bn, bn2, bk, st, w = gt._SPLIT_TILE
+t = gc.SPLIT_TILE
+bm, bn, bn2, bk, st, w = t.bm, t.bn, t.bn2, t.bk, t.stages, t.warps
 spsig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16[{bk}, {bn}]>",
          "b2_desc": f"tensordesc<bf16[{bk}, {bn2}]>", "c_desc": f"tensordesc<bf16[{bm}, {bn}]>",
          "c2_desc": f"tensordesc<bf16[{bm}, {bn2}]>", "aux_desc": f"tensordesc<bf16[{bm}, {bn}]>",
          "aux2_desc": f"tensordesc<bf16[{bm}, {bn2}]>", "bias_ptr": "*bf16", "scale_a_ptr": "*fp32",
          "scale_b_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NUM_SMS": "i32"}
-split = build(gt._gemm_tma_split_kernel, spsig, {**meta, "BLOCK_N": bn, "BLOCK_N2": bn2, "BLOCK_K": bk,
+split = build(tk._gemm_tma_split_kernel, spsig, {**meta, "BLOCK_N": bn, "BLOCK_N2": bn2, "BLOCK_K": bk,
                                                  "B_KMAJOR": False}, ["M", "N", "K"], w, st)
-print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "split": split, "limit": gt._SMEM_LIMIT}))
+print(json.dumps({"ptr": ptr, "tma": tma, "streamk": sk, "split": split, "limit": gc.SMEM_LIMIT}))
 """)
 
 
@@ -598,8 +607,8 @@ def test_gpu_fixed_64x128_tile(shape, b_layout, dtype):
     pre = a.double() @ b.double() + bias.double()
     assert rel_error(out, torch.nn.functional.gelu(pre)) <= TOL[dtype]
     assert rel_error(aux, pre) <= TOL[dtype]
-    if gt._num_sms(a.get_device()) == 132:
-        assert gt.tma_tile_for(M, N, 132) == "64x128"
+    if tk.num_sms(a.get_device()) == 132:
+        assert gc.tma_tile_for(M, N, 132) == "64x128"
     assert rel_error(gt.gemm(a, b), a.double() @ b.double()) <= TOL[dtype]
 
 
@@ -621,7 +630,8 @@ def test_gpu_tma_split(shape, b_layout, dtype):
     assert rel_error(out, torch.relu(pre)) <= TOL[dtype]
     assert rel_error(aux, pre) <= TOL[dtype]
     if M == N == K:
-        assert (gt.tma_tile_for(M, N, gt._num_sms(a.get_device())) == "128x192") == (gt._num_sms(a.get_device()) == 132)
+        sms = tk.num_sms(a.get_device())
+        assert (gc.tma_tile_for(M, N, sms) == "128x192") == (sms == 132)
         assert rel_error(gt.gemm(a, b), a.double() @ b.double()) <= TOL[dtype]
 
 
@@ -639,7 +649,7 @@ def test_gpu_small_problem_path(dtype, shape):
     w = torch.randn(N, K, device="cuda", generator=g).to(dtype)
     bias = torch.randn(N, device="cuda", generator=g)
     b = w.t()  # K-major B, no copy
-    assert gt._small_applies(a, b, bias, "relu", None, None, None, None, None)
+    assert gr.route_of(a, b, bias=bias, activation="relu").kind == "small"
     out = poison(torch.empty(M, N, device="cuda", dtype=dtype))
     gt.gemm(a, b, bias=bias, activation="relu", out=out)
     ref = torch.relu(a.double() @ b.double() + bias.double())
@@ -647,27 +657,27 @@ def test_gpu_small_problem_path(dtype, shape):
     c = gt.gemm(a, b)
     assert rel_error(c, a.double() @ b.double()) <= TOL[dtype]
     odd = torch.randn(M, K + 1, device="cuda", generator=g).to(dtype)[:, :K]  # rows of K + 1: not 16-byte
-    assert not gt._small_applies(odd, b, None, None, None, None, None, None, None)
+    assert gr.route_of(odd, b).kind != "small"
     assert rel_error(gt.gemm(odd, b), odd.double() @ b.double()) <= TOL[dtype]
     big = torch.randn(768, 768, device="cuda", dtype=dtype)
-    assert not gt._small_applies(big, big, None, None, None, None, None, None, None)
+    assert gr.route_of(big, big).kind != "small"
 
 
 def test_auto_routes_large_16bit_outputs_to_v1(monkeypatch):
     """gemm(variant=None): TMA-able operands go to v3_tma_persistent, except 16-bit outputs of at
-    least _V1_FROM_MN elements (v1_tiled measured ahead at 8192^3); fp32 stays on v3."""
-    monkeypatch.setattr(gt, "_PLANS_ON", False)  # routing is what this test watches
+    least V1_FROM_MN elements (v1_tiled measured ahead at 8192^3); fp32 stays on v3."""
+    unplanned = gc.GemmPolicy(plans=False)  # routing is what this test watches
     taken = []
     for name in ("v1_tiled", "v3_tma_persistent"):
         real = gt.VARIANTS[name]
         monkeypatch.setitem(gt.VARIANTS, name, lambda *a, _n=name, _r=real, **k: taken.append(_n) or _r(*a, **k))
     a16, b16, _ = _operands(40, 48, 32, torch.bfloat16, "rowmajor")
     a32, b32, _ = _operands(40, 48, 32, torch.float32, "rowmajor")
-    monkeypatch.setattr(gt, "_small_applies", lambda *a, **k: False)
-    gt.gemm(a16, b16)
-    monkeypatch.setattr(gt, "_V1_FROM_MN", 40 * 48)
-    out = gt.gemm(a16, b16)
-    gt.gemm(a32, b32)
+    monkeypatch.setattr(gc, "SMALL_MAX_TILES", 0)  # not the small-problem tile (on a GPU)
+    gt.gemm(a16, b16, policy=unplanned)
+    monkeypatch.setattr(gc, "V1_FROM_MN", 40 * 48)
+    out = gt.gemm(a16, b16, policy=unplanned)
+    gt.gemm(a32, b32, policy=unplanned)
     assert taken == ["v3_tma_persistent", "v1_tiled", "v3_tma_persistent"]
     assert rel_error(out, gt.reference(a16, b16).float()) < TOL[torch.bfloat16]
 
@@ -676,12 +686,12 @@ def test_auto_routes_large_16bit_outputs_to_v1(monkeypatch):
 
 
 def test_plan_key_separates_what_the_route_depends_on():
-    """_plan_key: shapes, strides, dtypes, 16-byte alignment, bias and out layouts, flags; equal
+    """plan_key: shapes, strides, dtypes, 16-byte alignment, bias and out layouts, flags; equal
     for two calls that differ only in the tensors' (aligned) addresses."""
     buf = torch.empty(4 * 64 * 64 + 8, dtype=torch.bfloat16)
     a = buf[:64 * 64].view(64, 64)
     b = buf[64 * 64:2 * 64 * 64].view(64, 64)
-    key = lambda *args, **kw: gt._plan_key(*args, **kw)  # noqa: E731
+    key = lambda *args, **kw: gr.plan_key(*args, **kw)  # noqa: E731
     base = key(a, b, None, None, None, "tf32", None)
     assert base == key(b, a, None, None, None, "tf32", None)  # other addresses, same layout
     shifted = buf[1:64 * 64 + 1].view(64, 64)  # 2 bytes off an aligned base
@@ -695,10 +705,8 @@ def test_plan_key_separates_what_the_route_depends_on():
     out = buf[2 * 64 * 64:3 * 64 * 64].view(64, 64)
     assert key(a, b, None, None, None, "tf32", out) != base
     assert key(a, b, None, None, None, "tf32", out) == key(a, b, None, None, None, "tf32", out.clone())
-    with pytest.raises((AttributeError, TypeError)):
-        key([[1.0]], b, None, None, None, "tf32", None)  # not a tensor: the checked path
-    with pytest.raises(TypeError):
-        key(a, b, None, ["relu"], None, "tf32", None)  # unhashable: the checked path
+    assert key([[1.0]], b, None, None, None, "tf32", None) is None  # not a tensor: the checked path
+    assert key(a, b, None, ["relu"], None, "tf32", None) is None  # unhashable: the checked path
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -712,7 +720,7 @@ def test_descriptor_maker_matches_from_tensor(transposed):
     b = torch.randn(96, 40, dtype=torch.float16)
     if transposed:  # B = w.t() of a (40, 96) weight: the descriptor covers w, the base is b
         b = torch.randn(40, 96, dtype=torch.float16).t()
-    make = gt._desc_maker(TensorDescriptor.from_tensor(b.t() if transposed else b, [32, 16]))
+    make = gr._desc_maker(TensorDescriptor.from_tensor(b.t() if transposed else b, [32, 16]))
     other = torch.randn(40, 96, dtype=torch.float16).t() if transposed else torch.randn(96, 40, dtype=torch.float16)
     d = make(other)
     ref = TensorDescriptor.from_tensor(other.t() if transposed else other, [32, 16])
@@ -723,13 +731,13 @@ def test_descriptor_maker_matches_from_tensor(transposed):
                 getattr(ref, f.name), (list, tuple, torch.Size)) else getattr(d, f.name) == getattr(ref, f.name)
     assert d.base.data_ptr() == ref.base.data_ptr()
     with pytest.raises(AssertionError):  # 18-byte rows: refused where the prototype is built, once
-        gt._desc_maker(TensorDescriptor.from_tensor(torch.empty(8, 9, dtype=torch.float16), [8, 8]))
+        gr._desc_maker(TensorDescriptor.from_tensor(torch.empty(8, 9, dtype=torch.float16), [8, 8]))
     import gc
     import weakref
 
     first = torch.randn(96, 40, dtype=torch.float16)
     alive = weakref.ref(first)
-    make = gt._desc_maker(TensorDescriptor.from_tensor(first, [32, 16]))
+    make = gr._desc_maker(TensorDescriptor.from_tensor(first, [32, 16]))
     del first
     gc.collect()
     assert alive() is None  # the maker keeps no reference to the prototype's tensor
@@ -740,16 +748,16 @@ def test_descriptor_maker_without_the_fast_path(monkeypatch):
     through its constructor: the same fields."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    monkeypatch.setitem(gt._TD_FAST, TensorDescriptor, False)
+    monkeypatch.setitem(gr._TD_FAST, TensorDescriptor, False)
     a = torch.randn(64, 48, dtype=torch.bfloat16)
-    d = gt._desc_maker(TensorDescriptor.from_tensor(a, [16, 16]))(a.clone())
+    d = gr._desc_maker(TensorDescriptor.from_tensor(a, [16, 16]))(a.clone())
     ref = TensorDescriptor.from_tensor(a, [16, 16])
     assert type(d) is TensorDescriptor
     assert list(d.shape) == list(ref.shape) and list(d.strides) == list(ref.strides)
     assert list(d.block_shape) == [16, 16]
 
 
-@pytest.mark.parametrize("route", ["small", "v1", "tma", "tma_64x128", "split"])
+@pytest.mark.parametrize("route", ["small", "v1", "tma", "tma_64x128", "tma_split"])
 @pytest.mark.parametrize("b_layout", ["rowmajor", "kmajor"])
 def test_plan_rebuilds_the_launch_its_variant_builds(route, b_layout, monkeypatch):
     """Without a GPU: a plan's bound launches for new tensors get the arguments the route's own
@@ -757,7 +765,7 @@ def test_plan_rebuilds_the_launch_its_variant_builds(route, b_layout, monkeypatc
     positions, descriptors with the same shape, strides, block and address, the same constants."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    monkeypatch.setattr(gt, "_INTERPRET", False)  # the GPU routes' configs; nothing is launched
+    monkeypatch.setattr(tk, "INTERPRET", False)  # the GPU routes' configs; nothing is launched
     launched, bound_calls = [], []
 
     class FakeBound:
@@ -765,13 +773,13 @@ def test_plan_rebuilds_the_launch_its_variant_builds(route, b_layout, monkeypatc
             bound_calls.append(args)
 
     def fake_bind(fn, grid, *args, run_pre_hook=True, **kw):
-        if fn is gt._tma:  # what the autotuner's pre-hook would leave: the chosen config's blocks
+        if fn is tk._tma:  # what the autotuner's pre-hook would leave: the chosen config's blocks
             args[0].block_shape, args[2].block_shape = [128, 64], [128, 128]
             args[1].block_shape = [128, 64] if b_layout == "kmajor" else [64, 128]
         launched.append((fn, args, kw))
         return FakeBound()
 
-    monkeypatch.setattr(gt, "_bind", fake_bind)
+    monkeypatch.setattr(gr, "_bind", fake_bind)
     M, N, K = 200, 320, 96
     dtype = torch.bfloat16
 
@@ -780,7 +788,7 @@ def test_plan_rebuilds_the_launch_its_variant_builds(route, b_layout, monkeypatc
         return a, b, bias.to(dtype), torch.empty(M, N, dtype=dtype)
 
     a, b, bias, out = operands(1)
-    plan = gt._make_plan(route, a, b, bias, "relu", None, "tf32", out)
+    plan = gr.make_plan(route, a, b, bias, "relu", "tf32", out)
     plan(a, b, bias, out)  # first call: the builder's launch, bound
     assert len(launched) == 1 and not bound_calls
     a2, b2, bias2, out2 = operands(2)
@@ -831,18 +839,14 @@ def test_gpu_plans_match_the_checked_path(case, with_out):
     bit-identical results to the checked path (plans off) on fresh inputs each call, into
     outputs that start as NaN, for every route the plans cover."""
     M, N, K, dtype, layout, act, kind = case
-    if kind == "sm90" and not gt._sm90.available():
+    if kind == "sm90" and not gs.available():
         pytest.skip("the gemm_sm90 route needs an sm_90 GPU and cuda-bindings")
     for i in range(4):  # plan made; descriptors bound; the bound launch, twice
         a, b, bias = _operands(M, N, K, dtype, "kmajor" if layout == "kmajor" else "rowmajor", seed=10 * i + M)
         if layout == "a_transposed":
             a = a.t().contiguous().t()  # (M, K) with unit stride along M
         bias = bias.to(dtype) if act else None
-        gt._PLANS_ON = False
-        try:
-            ref = gt.gemm(a, b, bias=bias, activation=act)
-        finally:
-            gt._PLANS_ON = True
+        ref = gt.gemm(a, b, bias=bias, activation=act, policy=gc.GemmPolicy(plans=False))
         if with_out:
             out = poison(torch.empty(M, N, device="cuda", dtype=ref.dtype))
             got = gt.gemm(a, b, bias=bias, activation=act, out=out)
@@ -854,10 +858,10 @@ def test_gpu_plans_match_the_checked_path(case, with_out):
         exact = a.double() @ b.double() + (bias.double() if act else 0)
         exact = {None: exact, "relu": torch.relu(exact), "gelu": torch.nn.functional.gelu(exact)}[act]
         assert rel_error(got, exact) <= TOL[dtype]
-    assert len(gt._PLANS) == 1
-    plan = next(iter(gt._PLANS.values()))
+    assert len(gr.PLANS) == 1
+    plan = next(iter(gr.PLANS.values()))
     if kind == "sm90":
-        assert isinstance(plan, gt._Sm90Plan) and plan.config == "64x128_c2x1"
+        assert isinstance(plan, gr._Sm90Plan) and plan.config == "64x128_c2x1"
     else:
         assert plan.kind == kind and plan.bound is not None
 
@@ -884,7 +888,7 @@ def test_gpu_plans_refuse_overlap_and_follow_alignment():
     odd = big[1:1 + 1000 * 1000].view(1000, 1000)  # 2 bytes off: no TMA
     for t in (shifted, odd, x, odd):
         assert rel_error(gt.gemm(t, y), t.double() @ y.double()) <= TOL[torch.bfloat16]
-    assert len(gt._PLANS) >= 3
+    assert len(gr.PLANS) >= 3
 
 
 @pytest.mark.gpu
@@ -924,16 +928,16 @@ def test_gpu_tf32_row_major_b_is_transposed_first():
     a = torch.randn(M, K, device="cuda", generator=g)
     b = torch.randn(K, N, device="cuda", generator=g)
     bias = torch.randn(N, device="cuda", generator=g)
-    assert gt._tf32_wants_kmajor(a, b, "tf32", None, None, None)
-    assert not gt._tf32_wants_kmajor(a, b, "ieee", None, None, None)
-    assert not gt._tf32_wants_kmajor(a, b[:64, :64].contiguous(), "tf32", None, None, None)
+    assert gr.route_of(a, b, bias=bias).transpose_b
+    assert not gr.route_of(a, b, bias=bias, precision="ieee").transpose_b
+    assert not gr.route_of(a[:, :64], b[:64, :64].contiguous(), bias=bias[:64]).transpose_b
     got = gt.gemm(a, b, bias=bias, out=poison(torch.empty(M, N, device="cuda")))
     assert torch.equal(got, gt.gemm(a, b.t().contiguous().t(), bias=bias))
     assert rel_error(got, a.double() @ b.double() + bias.double()) <= TOL[torch.float32]
     plain = gt.gemm(a, b, out=poison(torch.empty(M, N, device="cuda")))
-    if gt._sm90.available(a.get_device()):
-        assert gt._tf32_rowmajor_b(a, b, None, None, None, None, None, "tf32", None, None)
-        assert torch.equal(plain, gt._sm90.gemm_tf32(a, b))
+    if gs.available(a.get_device()):
+        assert gr.route_of(a, b).kind == "tf32_sm90"
+        assert torch.equal(plain, gs.gemm_tf32(a, b))
     assert rel_error(plain, a.double() @ b.double()) <= TOL[torch.float32]
     buf = torch.randn(K * N + M * N, device="cuda", generator=g)
     b2 = buf[:K * N].view(K, N)

@@ -212,7 +212,7 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
     from tilewise.ops.attention import api as at
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_bwd as agb
-    from tilewise.ops.gemm import api as gt
+    from tilewise.ops.gemm import configs as gc
 
     out = {}
     assert set(at._TABLES) == set(_ATTENTION_KINDS), "attention._TABLES changed: update _ATTENTION_KINDS"
@@ -231,12 +231,12 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
         out[f"{g}CONFIGS[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
     for D, (bn, stages) in agb.DQ_CONFIGS.items():
         out[f"{g}DQ_CONFIGS[{D}]"] = [(g + "attn_bwd_dq_ws_kernel", {"BLOCK_N": bn, "STAGES": stages})]
-    g = "tilewise.ops.gemm.api."
-    for c in gt._CONFIGS:
-        need = {**c.kwargs, "num_stages": c.num_stages, "num_warps": c.num_warps}
-        label = ",".join(f"{k}={v}" for k, v in need.items())
-        out[f"{g}_CONFIGS[{label}]"] = [(g + k, need) for k in
-                                         ("_gemm_kernel", "_gemm_persistent_kernel", "_gemm_tma_persistent_kernel")]
+    k = "tilewise.ops.gemm.triton_kernels."
+    for t in gc.AUTOTUNE:
+        need = {**t.meta(), "num_stages": t.stages, "num_warps": t.warps}
+        label = ",".join(f"{n}={v}" for n, v in need.items())
+        out[f"tilewise.ops.gemm.configs.AUTOTUNE[{label}]"] = [
+            (k + name, need) for name in ("_gemm_kernel", "_gemm_persistent_kernel", "_gemm_tma_persistent_kernel")]
     return out
 
 

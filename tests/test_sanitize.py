@@ -12,6 +12,7 @@ import torch
 from tilewise.ops.pointwise import elementwise as ew
 from tilewise.ops.embedding import api as em
 from tilewise.ops.pointwise import fusion as fu
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import sm90 as gs
 from tilewise.ops.gemm import sgemm as mm
 from tilewise.ops.pointwise import reduce as rd
@@ -112,7 +113,7 @@ def test_sanitize_gemm_sm90():
         a = torch.randn(133, 72, device="cuda").to(dtype)
         b = torch.randn(72, 200, device="cuda").to(dtype)
         want = a.double() @ b.double()
-        for config in sorted(gs.CONFIGS) + sorted(gs.EXTRA_CONFIGS):
+        for config in sorted(gc.SM90_CONFIGS) + sorted(gc.SM90_EXTRA_CONFIGS):
             out = poison(torch.empty(133, 200, device="cuda", dtype=dtype))
             gs.gemm_sm90(a, b, out=out, config=config)
             assert float((out.double() - want).norm() / want.norm()) < 1e-2, config

@@ -297,12 +297,13 @@ def test_gpu_bound_launch_honours_hooks_and_the_switch():
 
     from tilewise.bench.harness import rel_error
     from tilewise.ops.gemm import api as gt
+    from tilewise.ops.gemm import route as gr
 
     a = torch.randn(300, 136, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(136, 200, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         ref = gt.gemm(a, b)
-    plan = gt._PLANS[gt._plan_key(a, b, None, None, None, "tf32", None)]
+    plan = gr.PLANS[gr.plan_key(a, b, None, None, None, "tf32", None)]
     assert plan.bound is not None
     seen = []
 
@@ -336,6 +337,7 @@ def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
     """Bound's raw-launcher path (Triton 3.6: descriptors encoded once per address) against
     kernel.run, on two operand sets taken in turn (the encoded maps must follow the address)."""
     from tilewise.ops.gemm import api as gt
+    from tilewise.ops.gemm import route as gr
 
     M, N, K = shape
     sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
@@ -343,13 +345,13 @@ def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
     results = {}
     for direct in (False, True):
         monkeypatch.setattr(tl_launch, "_DIRECT_ON", direct)
-        gt._PLANS.clear()
+        gr.PLANS.clear()
         got = []
         for i in range(6):
             a, b = sets[i % 2]
             out = poison(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
             got.append(gt.gemm(a, b, out=out))
-        plan = gt._PLANS[gt._plan_key(a, b, None, None, None, "tf32", out)]
+        plan = gr.PLANS[gr.plan_key(a, b, None, None, None, "tf32", out)]
         if direct and tl_launch._DIRECT and tl_launch._DIRECT[0] is not None:
             assert plan.bound.raw is not None
         if not direct:
@@ -360,7 +362,7 @@ def test_gpu_direct_launcher_matches_kernel_run(shape, monkeypatch):
     for i, (a, b) in enumerate(sets):
         exact = a.double() @ b.double()
         assert (results[True][i].double() - exact).norm() / exact.norm() < 1e-2
-    gt._PLANS.clear()
+    gr.PLANS.clear()
 
 
 def test_signature_of_gluon_tensor_descriptors():

@@ -213,7 +213,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tilewise.bench.suites import wave
-from tilewise.ops.gemm import api as gt
+from tilewise.ops.gemm import configs as gc
+from tilewise.ops.gemm import triton_kernels as tk
 
 c = wave.PINNED
 bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
@@ -226,12 +227,12 @@ sig = {"a_desc": f"tensordesc<bf16[{bm}, {bk}]>", "b_desc": f"tensordesc<bf16[{b
        "NUM_SMS": "i32", "dtype_tag": "i32", **{k: "constexpr" for k in meta}}
 names = list(sig)
 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("M", "N", "K")}
-k = triton.compile(ASTSource(fn=gt._gemm_tma_persistent_kernel, signature=sig, constexprs=meta, attrs=attrs),
+k = triton.compile(ASTSource(fn=tk._gemm_tma_persistent_kernel, signature=sig, constexprs=meta, attrs=attrs),
                    target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": c["num_warps"], "num_stages": c["num_stages"]})
 ptx = k.asm["ptx"]
 print(json.dumps({"smem": k.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
-                  "tma": "cp.async.bulk.tensor" in ptx, "limit": gt._SMEM_LIMIT}))
+                  "tma": "cp.async.bulk.tensor" in ptx, "limit": gc.SMEM_LIMIT}))
 """
 
 

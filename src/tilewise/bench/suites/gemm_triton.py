@@ -20,6 +20,7 @@ import torch
 
 from ...ops.gemm import sm90 as sm
 from ...ops.gemm import api as op
+from ...ops.gemm import triton_kernels as tk
 from ..harness import CheckError, check, time_ms, time_ms_graphs
 
 # A version that fails to compile or launch (say a Triton release that rejects a TMA layout) is
@@ -68,7 +69,7 @@ def _versions(a, b):
     16-bit inputs only (it refuses fp8 and fp32 with an error, by design)."""
     two_byte = a.dtype in (torch.float16, torch.bfloat16)
     return {n: fn for n, fn in op.VARIANTS.items()
-            if (n != "v3_tma_persistent" or op.tma_applies(a, b)) and (n != "v3_tma_split" or two_byte)}
+            if (n != "v3_tma_persistent" or tk.tma_applies(a, b)) and (n != "v3_tma_split" or two_byte)}
 
 
 def _squares(r, dtype, n, g, variants=None):

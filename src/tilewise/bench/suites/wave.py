@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 
 from ...ops.gemm import api as op
+from ...ops.gemm import triton_kernels as tk
+from ...ops.gemm.configs import IN_DTYPES
 from ..harness import CheckError, check, time_ms_graph
 
 SIZES = [1408, 1416, 1536, 1664, 1792, 1920, 2040, 2048, 2056, 2176, 2304, 2312]
@@ -189,7 +191,7 @@ def plot(points: list[dict], path, title: str = "bf16 square GEMM: wave quantiza
 def run_pinned(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict = PINNED) -> torch.Tensor:
     """``out = a @ b`` through gemm_triton's TMA persistent kernel with one fixed config (no autotuning).
 
-    a (M, K), b (K, N), out (M, N): same 16-bit dtype, row-major, TMA-eligible (op.tma_applies).
+    a (M, K), b (K, N), out (M, N): same 16-bit dtype, row-major, TMA-eligible (triton_kernels.tma_applies).
     Under TRITON_INTERPRET the config's tile runs in the interpreter (CPU tests, small tiles).
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -198,7 +200,7 @@ def run_pinned(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict
         raise ValueError(f"run_pinned: a, b, out must share one 16-bit dtype; got {a.dtype}, {b.dtype}, {out.dtype}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or tuple(out.shape) != (a.shape[0], b.shape[1]):
         raise ValueError(f"run_pinned: shapes a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}")
-    if not (op.tma_applies(a, b, out.dtype) and b.stride(1) == 1 and out.is_contiguous()):
+    if not (tk.tma_applies(a, b, out.dtype) and b.stride(1) == 1 and out.is_contiguous()):
         raise ValueError("run_pinned: a, b, out must be row-major with 16-byte aligned rows (TMA)")
     M, K = a.shape
     N = b.shape[1]
@@ -206,14 +208,14 @@ def run_pinned(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
-    sms = op._num_sms(a.get_device())
+    sms = tk.num_sms(a.get_device())
     grid = (min(sms, tiles(M, N, bm, bn)),)
     # Unused pointer arguments (bias, scales) get `out`: their constexpr flags are off.
-    op._gemm_tma_persistent_kernel[grid](
-        a_desc, b_desc, c_desc, c_desc, out, out, out, M, N, K, sms, 100 + op._IN_DTYPES.index(a.dtype),
+    tk._gemm_tma_persistent_kernel[grid](
+        a_desc, b_desc, c_desc, c_desc, out, out, out, M, N, K, sms, 100 + IN_DTYPES.index(a.dtype),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"], B_KMAJOR=False, HAS_BIAS=False,
         HAS_SCALES=False, STORE_AUX=False, ACTIVATION=0, PRECISION="tf32",
-        UPCAST=op._INTERPRET and a.dtype == torch.bfloat16,
+        UPCAST=tk.INTERPRET and a.dtype == torch.bfloat16,
         num_stages=config["num_stages"], num_warps=config["num_warps"])
     return out
 
@@ -221,7 +223,7 @@ def run_pinned(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config: dict
 def chosen_tile(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int] | None:
     """(BLOCK_M, BLOCK_N, BLOCK_K) the autotuner of the kernel ``gemm(a, b)`` runs picked for the
     last call, or None when that cannot be read (interpreter, a Triton without ``best_config``)."""
-    tuner = op._tma if op.tma_applies(a, b) else op._tiled
+    tuner = tk._tma if tk.tma_applies(a, b) else tk._tiled
     cfg = getattr(tuner, "best_config", None)
     if cfg is None or not hasattr(cfg, "kwargs"):
         return None

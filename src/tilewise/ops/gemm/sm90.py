@@ -2,23 +2,27 @@
 
 A is (M, K) with unit-stride rows, B is (K, N) with unit-stride rows (``kTransB = 1``) or the
 transpose of an (N, K) matrix with unit-stride rows (a weight's ``w.T``); fp16 or bf16, fp32
-accumulate, C in the input dtype. The kernel (``gemm_sm90.cu``) is what Triton 3.6 cannot express
-on sm_90: a thread-block cluster whose CTAs share each A (or B) block through TMA multicast, so a
-tile's bytes from L2 fall by the cluster's width. Tiles BM x BN (BM = 64 per consumer warpgroup),
-clusters CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
+accumulate, C in the input dtype. The kernel (``sm90.cu``) is what Triton cannot express on sm_90:
+a thread-block cluster whose CTAs share each A (or B) block through TMA multicast, so a tile's bytes
+from L2 fall by the cluster's width. Tiles BM x BN (BM = 64 per consumer warpgroup), clusters
+CM x CN, persistent over cluster tiles; see the .cu for the pipeline.
 
-    gemm_sm90(a, b, out=None, config=None) -> C (M, N)
+    gemm_sm90(a, b, out=None, config=None, ...) -> C (M, N)
 
-``config`` names an entry of ``CONFIGS``; None takes ``config_for(M, N, K)``, the wave-time model.
-Needs compute capability 9.0 (sm_90a instructions), cuda-bindings (TMA descriptors, launch), and
-16-byte aligned rows (M, N, K >= 1; K and N multiples of 8). ``applies(a, b)``
-says whether a call would be taken. Cost: ``gemm_triton.cost``.
+``config`` names an entry of ``configs.SM90_CONFIGS`` (or ``SM90_EXTRA_CONFIGS``); None takes
+``configs.sm90_config_for(M, N, K)``, the wave-time model. Needs compute capability 9.0 (sm_90a
+instructions), cuda-bindings (TMA descriptors, launch), and 16-byte aligned rows (M, N, K >= 1; K
+and N multiples of 8). ``applies(a, b)`` says whether a call would be taken. Cost: ``api.cost``.
 
     gemm_tf32(a, b, out=None, bm=None, cluster=None) -> C (M, N), fp32
 
-tf32 for fp32 A and a row-major B with no transposing copy of B (``gemm_sm90_tf32.cu``: wgmma on C's
+tf32 for fp32 A and a row-major B with no transposing copy of B (``sm90_tf32.cu``: wgmma on C's
 transposed tile, B's block read into registers as the A operand); BM x 128 tiles, CTA pairs sharing
-A's blocks where C is large (``tf32_bm_for``, ``tf32_cluster_for``); ``tf32_applies(a, b, out)``.
+A's blocks where C is large (``configs.tf32_bm_for``, ``configs.tf32_cluster_for``);
+``tf32_applies(a, b, out)``.
+
+The tile tables and rules (instantiations, the wave model, the stream-K tail and split-K rules)
+are in ``configs``; this module compiles, loads and launches.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import math
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,102 +38,19 @@ import torch
 
 from ...runtime import cuda as rt
 from .._memory import may_overlap
+from .configs import (SM90_CONFIGS, SM90_CTYPES, SM90_EXTRA_CONFIGS, SM90_KMAJOR_CONFIG, TF32_CONFIGS, TF32_PAIRS,
+                      Operand, Sm90Config, cdiv, sm90_config_for, sm90_split_k, sm90_tail_splits, sm90_takes,
+                      sm90_out_rows_ok, tf32_bm_for, tf32_cluster_for, tf32_out_rows_ok, tf32_takes)
 
 SRC = Path(__file__).with_suffix(".cu")
-_DTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
-
-
-@dataclass(frozen=True)
-class Config:
-    """A kernel instantiation: tile BM x BN, cluster CM x CN (CM along M shares B, CN along N
-    shares A), STAGES ring slots, trans_b: 1 for a B with unit-stride rows (K, N), 0 for B = w.T;
-    wn: consumer warpgroups along N (each BN / wn columns of its 64 rows); swap: 1 computes C's
-    transposed tile (wgmma's M along N, one consumer warpgroup a 64-column B chunk, its N the tile's
-    BM rows, any multiple of 8: cuBLAS's 128 x 72 fp16 kernel at 1000^3 is this shape)."""
-
-    bm: int
-    bn: int
-    cm: int
-    cn: int
-    stages: int
-    trans_b: int = 1
-    wn: int = 1
-    swap: int = 0
-    tail: int = 0  # the stream-K tail's instantiation (TAIL = 1: see tail_splits)
-
-    @property
-    def consumers(self) -> int:
-        return self.bn // 64 if self.swap else self.bm // 64 * self.wn
-
-    @property
-    def cluster(self) -> int:
-        return self.cm * self.cn
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)
-
-    @property
-    def shmem(self) -> int:
-        # the ring, the consumers' C staging buffers (64 rows x up to 128 columns each; with swap
-        # BM rows x 64 columns), plus 1 KiB so the kernel can align the ring to 1024 bytes (128-byte
-        # swizzle)
-        staging = self.bm * 64 if self.swap else 64 * self.epi_n
-        return self.stages * (self.bm + self.bn) * 64 * 2 + self.consumers * staging * 2 + 1024
-
-    def tiles(self, M: int, N: int) -> int:
-        """BM x BN tiles of an (M, N) output."""
-        return _cdiv(M, self.bm) * _cdiv(N, self.bn)
-
-    def cluster_tiles(self, M: int, N: int) -> int:
-        """Cluster tiles of an (M, N) output: what the persistent kernel's clusters share out."""
-        return _cdiv(_cdiv(M, self.bm), self.cm) * _cdiv(_cdiv(N, self.bn), self.cn)
-
-    @property
-    def epi_n(self) -> int:
-        """C columns a consumer warpgroup stages at a time."""
-        bnw = self.bn // self.wn
-        return bnw if bnw <= 128 else bnw // 2
-
-    def name(self, dtype: torch.dtype) -> str:
-        if self.tail:
-            wn = f",{self.wn},{self.swap},1"
-        else:
-            wn = f",{self.wn},1" if self.swap else (f",{self.wn}" if self.wn != 1 else "")
-        return (f"gemm_sm90<{_DTYPES[dtype]},{self.bm},{self.bn},{self.cm},{self.cn},{self.stages},"
-                f"{self.trans_b}{wn}>")
+# NVRTC options of the module; an experiment passes its own per call (compile_options) to compare -D
+# variants.
+DEFAULT_COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
 
 @functools.cache
 def _instantiated() -> frozenset[str]:
     return frozenset(rt.name_expressions_for(SRC))
-
-
-CONFIGS = {
-    # one consumer warpgroup (256 threads); ahead of 128 x 64 in the dict so the fill rule's tie
-    # goes to it (1000^3: 8.7 against 9.5 us; docs/tuning/gemm.md, "sm90 config order")
-    "64x128_c2x1": Config(64, 128, 2, 1, 8),
-    "128x64_c1x2": Config(128, 64, 1, 2, 8),
-    "128x128_c2x1": Config(128, 128, 2, 1, 6),
-    "128x128_c1x1": Config(128, 128, 1, 1, 6),
-    "128x192_c2x1": Config(128, 192, 2, 1, 5),
-    "128x192_c1x2": Config(128, 192, 1, 2, 5),
-    "128x256_c2x1": Config(128, 256, 2, 1, 4),
-    "192x96_c1x2": Config(192, 96, 1, 2, 5),
-}
-# Instantiated configs outside the tile rule, for experiments (docs/notes-matmul.md; their
-# measurements: docs/tuning/gemm.md, "sm90 experiment configs").
-EXTRA_CONFIGS: dict[str, Config] = {
-    # the 64 x 128 tile with two consumer warpgroups on its 64-column halves: correct, slower than
-    # one warpgroup at 1000^3 (9.48 against 8.73 us bf16)
-    "64x128w2_c2x1": Config(64, 128, 2, 1, 8, wn=2),
-    # C's transposed tile, 72 rows x 128 columns (two consumer warpgroups on the column halves),
-    # B shared by 2 x 1 clusters: 1000^2 in 14 x 8 tiles, 112 CTAs. Correct (GPU tests), slower than
-    # 64 x 128 at 1000^3: 8.87 against 8.45 us fp16.
-    "72x128t_c2x1": Config(72, 128, 2, 1, 8, swap=1),
-}
-# B given as w.T (K-major): only this tile is instantiated for it.
-KMAJOR_CONFIG = Config(128, 128, 2, 1, 6, trans_b=0)
 
 
 def available(device_index: int | None = None) -> bool:
@@ -152,11 +71,8 @@ def _available(idx: int) -> bool:
         return False
     return True
 
-
 def _rows_ok(t: torch.Tensor, unit_dim: int) -> bool:
-    other = 1 - unit_dim
-    return (t.stride(unit_dim) == 1 and (t.stride(other) * t.element_size()) % 16 == 0
-            and t.data_ptr() % 16 == 0 and t.stride(other) >= t.shape[unit_dim])
+    return Operand.of(t).rows_ok(unit_dim)
 
 
 def b_layout(b: torch.Tensor) -> int | None:
@@ -170,11 +86,8 @@ def b_layout(b: torch.Tensor) -> int | None:
 
 def applies(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether gemm_sm90 takes these operands (dtype, device, layout); sizes are not judged."""
-    return (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.dtype in _DTYPES
-            and b.dtype == a.dtype and a.device == b.device and a.shape[1] == b.shape[0]
-            and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and b.shape[1] % 8 == 0 and _rows_ok(a, 1)
-            and b_layout(b) is not None
-            and available(a.get_device()))
+    return (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.device == b.device
+            and sm90_takes(Operand.of(a), Operand.of(b)) and available(a.get_device()))
 
 
 def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: int, N: int) -> str | None:
@@ -184,88 +97,9 @@ def out_problem(out: torch.Tensor, dtype: torch.dtype, device: torch.device, M: 
     if tuple(out.shape) != (M, N) or out.dtype != dtype or out.device != device:
         return (f"out must be ({M}, {N}) {dtype} on {device}, got {tuple(out.shape)} {out.dtype} on "
                 f"{out.device}")
-    if out.stride(1) != 1 or out.stride(0) % 8 or out.data_ptr() % 16 or out.stride(0) < N:
+    if not sm90_out_rows_ok(Operand.of(out), N):
         return (f"out needs unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment "
                 f"(strides {out.stride()}, address % 16 = {out.data_ptr() % 16})")
-    return None
-
-
-# A tile's throughput relative to 128 x 256 once the K loop runs (the tensor cores' share it keeps
-# busy): 128 x 192 and 128 x 128 from large squares (6144^3-8192^3), where every tile fills its
-# waves alike (128 x 128's 0.9 keeps it off 5000^3, where its misaligned rows cost most); the
-# one-warpgroup tiles from no-load clock stamps (64 x 128: 557 cycles a K block against 256 at
-# peak); 192 x 96 set so that it keeps the one-wave 1536^2 and loses 2560^2 (docs/tuning/gemm.md,
-# "sm90 tile rule").
-TILE_RATE = {"64x128_c2x1": 0.5, "128x64_c1x2": 0.5, "128x128_c2x1": 0.9, "128x128_c1x1": 0.87,
-             "128x192_c2x1": 0.96, "128x192_c1x2": 0.93, "128x256_c2x1": 1.0, "192x96_c1x2": 0.8}
-
-
-def tile_time(name: str, M: int, N: int, sms: int = 132) -> float:
-    """The wave model's time of an (M, N) output in ``name``'s tiles, in units of a 1 x 1 output
-    cell at 128 x 256's rate: waves (tiles over SMs, rounded up: a persistent CTA's last tile
-    takes as long as a full one) x the tile's area / its rate. K scales every tile alike."""
-    cfg = CONFIGS[name]
-    return _wave_time(cfg.tiles(M, N), sms, cfg.bm * cfg.bn, TILE_RATE.get(name, 0.5))
-
-
-def _wave_time(tiles: int, sms: int, area: int, rate: float) -> float:
-    """Waves of ``tiles`` over ``sms`` (rounded up) x a tile's ``area`` / its ``rate``."""
-    return _cdiv(tiles, sms) * area / rate
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def config_for(M: int, N: int, K: int, sms: int = 132, names=None) -> str:
-    """The tile and cluster for an (M, N, K) problem: the config (of ``names``, default all of
-    ``CONFIGS``) with the least ``tile_time`` (waves x tile area / the tile's measured rate), ties
-    to the earlier entry. Against every large tile at 2304^2-8192^2 and five rectangles it picks
-    the fastest tile or one within 3.5 % of it (docs/tuning/gemm.md, "sm90 tile rule")."""
-    best, best_t = None, float("inf")
-    for name in CONFIGS if names is None else names:
-        t = tile_time(name, M, N, sms)
-        if t < best_t:
-            best, best_t = name, t
-    return best
-
-
-# gemm() sends problems at least this large (M, N >= 2048, K >= 1024) to gemm_sm90 (below the
-# three narrower rules of route_for): level with Triton's gemm() at 2048^3 and 0-12 % ahead of it
-# at larger shapes, never behind by more than 1 % (docs/tuning/gemm.md, "sm90 route rule").
-ROUTE_MIN_MN, ROUTE_MIN_K = 2048, 1024
-
-
-def route_for(M: int, N: int, K: int, sms: int = 132, ldb: int | None = None) -> str | None:
-    """The config gemm() sends an (M, N, K) problem to gemm_sm90 with, or None to keep it on the
-    Triton kernels; ``ldb``: B's row stride in elements (default N). Each rule is where gemm_sm90
-    measured ahead of Triton's gemm() against cuBLAS, graph-replayed
-    (docs/tuning/gemm.md, "sm90 route rule"):
-
-    - 64 x 128 tiles filling 90-100 % of a wave when B's rows are not whole 128-byte lines (1000^3
-      0.80-0.88x against 0.76-0.80x; with whole lines, 960^3 / 1024^3, Triton is ahead);
-    - 192 x 96 tiles filling one wave (1536^2: 0.85x cuBLAS against Triton's 0.72-0.74x; Triton's
-      power-of-two tiles leave 27 % of the SMs idle there);
-    - 128 x 192 tiles in two to three waves (3072^2: 0.88-0.94x against 0.79-0.85x);
-    - long K (at least SPLIT_K_MIN_BLOCKS blocks of 64) over an output of at most half a wave of
-      128 x 128 cluster tiles: that tile, split in K (1024 x 1024 x 16384: 0.975x against Triton's
-      0.66x);
-    - every problem with M, N >= ROUTE_MIN_MN and K >= ROUTE_MIN_K, in config_for's tile (4096^3
-      ~1.0x against gemm()'s ~0.97x)."""
-    ldb = N if ldb is None else ldb
-    c128 = CONFIGS["128x128_c2x1"]
-    if split_k(c128.cluster_tiles(M, N), sms // c128.cluster, -(-K // 64)) > 1:
-        return "128x128_c2x1"
-    if (2 * ldb) % 128 and 0.9 * sms <= CONFIGS["64x128_c2x1"].tiles(M, N) <= sms:
-        return "64x128_c2x1"
-    name = config_for(M, N, K, sms, [n for n in CONFIGS if n != "64x128_c2x1"])
-    if min(M, N) >= ROUTE_MIN_MN and K >= ROUTE_MIN_K:
-        return name
-    tiles = CONFIGS[name].tiles(M, N)
-    if name == "192x96_c1x2" and 0.9 * sms <= tiles <= sms:
-        return name
-    if name.startswith("128x192") and 2 * sms < tiles <= 3 * sms:
-        return name
     return None
 
 
@@ -325,24 +159,20 @@ class _Loaded:
     clusters: int  # clusters resident at once
 
 
-# NVRTC options of the module; experiments may set it (before the first call) to compare -D variants.
-COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
-
-
 @functools.cache
 def _library_names() -> tuple[str, ...]:
-    """The .cu's instantiations less EXTRA_CONFIGS' and the stream-K tail's (what gemm() and the
+    """The .cu's instantiations less SM90_EXTRA_CONFIGS' and the stream-K tail's (what gemm() and the
     tile rule pick for every shape): one module; an experiment's config and a tail kernel compile
     as a module of their own when first needed, so the library's first call does not compile
     kernels most shapes never run."""
-    extra = {c.name(d) for c in EXTRA_CONFIGS.values() for d in _DTYPES}
-    tails = {dataclasses.replace(c, tail=1).name(d) for c in CONFIGS.values() for d in _DTYPES}
+    extra = {c.name(d) for c in SM90_EXTRA_CONFIGS.values() for d in SM90_CTYPES}
+    tails = {dataclasses.replace(c, tail=1).name(d) for c in SM90_CONFIGS.values() for d in SM90_CTYPES}
     return tuple(sorted(set(rt.name_expressions_for(SRC)) - extra - tails))
 
 
 @functools.cache
 def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int,
-            options: tuple[str, ...] = COMPILE_OPTIONS) -> _Loaded:
+            options: tuple[str, ...] = DEFAULT_COMPILE_OPTIONS) -> _Loaded:
     lib = _library_names()
     mod = rt.load(SRC, lib if name in lib else (name,), options=options, device_index=device_index)
     k = mod.kernel(name, [])
@@ -357,20 +187,21 @@ def _loaded(name: str, device_index: int, cluster: int, threads: int, shmem: int
     return _Loaded(func, max(1, int(clusters)))
 
 
-def _bulk_store(cfg: Config) -> bool:
+def _bulk_store(cfg: Sm90Config, options: tuple[str, ...] = DEFAULT_COMPILE_OPTIONS) -> bool:
     """Whether the kernel writes C with TMA stores (and needs C's tensor map): with two or more
     consumer warpgroups, unless an experiment's -DTW_TMA_STORE=0 / 1 says otherwise (the .cu's rule);
     never for C's transposed tile (swap), which stages and stores per thread."""
     if cfg.swap:
         return False
-    for opt in COMPILE_OPTIONS:
+    for opt in options:
         if opt.startswith("-DTW_TMA_STORE"):
             return opt != "-DTW_TMA_STORE=0"
     return cfg.consumers > 1
 
 
+
 @functools.cache
-def _tail_name(cfg: Config, dtype: torch.dtype) -> str | None:
+def _tail_name(cfg: Sm90Config, dtype: torch.dtype) -> str | None:
     """The stream-K tail kernel of ``cfg`` (its TAIL = 1 instantiation), None where there is none."""
     name = dataclasses.replace(cfg, tail=1).name(dtype)
     return name if name in _instantiated() else None
@@ -378,48 +209,6 @@ def _tail_name(cfg: Config, dtype: torch.dtype) -> str | None:
 
 _ARG_TYPES = (None, None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
-
-# The stream-K tail's splits: None takes ``tail_splits``' rule, 1 turns the tail off, k > 1 forces
-# k where the kernel can take it (experiments).
-TAIL_SPLITS: int | None = None
-# A partial's round trip (written by one unit, read back by the last) in K blocks of the tile's own
-# MMA time: BM x BN x 4 bytes at ~100 GB/s an SM (L2) against BM x BN x 64 x 2 FLOPs at ~6 TFLOP/s
-# an SM, about 2 whatever the tile.
-_PARTIAL_BLOCKS = 2.0
-
-
-def tail_splits(cluster_tiles: int, clusters: int, kt: int, swap: bool = False) -> int:
-    """How many K ranges the stream-K tail cuts each tile of the last, partial wave into (1: no
-    tail split). A wave of ``clusters`` resident clusters runs ``cluster_tiles`` tiles of ``kt`` K
-    blocks; when the last wave holds r < clusters / 2 tiles, the others idle through a whole tile's
-    time (5000^3 in 128 x 256 tiles: 400 cluster tiles on 66 clusters, the seventh wave 4 tiles).
-    Cut in s ranges, the tail takes about kt / s + (s + 1) x _PARTIAL_BLOCKS blocks (the last unit
-    reads all s partials): s near sqrt(kt / 2), at most clusters / r units a tile, taken when it
-    saves a fifth of the tail."""
-    if swap or cluster_tiles < clusters or clusters < 2:
-        return 1
-    r = cluster_tiles % clusters
-    if r == 0:
-        return 1
-    s = min(clusters // r, kt, max(1, round(math.sqrt(kt / _PARTIAL_BLOCKS))))
-    if s < 2 or kt / s + (s + 1) * _PARTIAL_BLOCKS >= 0.8 * kt:
-        return 1
-    return s
-
-
-# Split-K pays only for long K: a partial's round trip through L2 and the counters' fill cost
-# 3-5 us a call, while a tile's K block costs ~0.3-0.4 us (docs/tuning/gemm.md, "sm90 split-K").
-SPLIT_K_MIN_BLOCKS = 128
-
-
-def split_k(cluster_tiles: int, clusters: int, kt: int) -> int:
-    """How many K ranges each tile is cut into when ``cluster_tiles`` tiles of ``kt`` K blocks
-    fill at most half a wave of ``clusters`` (split-K through the tail kernel; 1: none): as many
-    as the resident clusters take, at least 32 K blocks a range, for kt >= SPLIT_K_MIN_BLOCKS
-    (1024 x 1024 x 16384: 0.64x cuBLAS unsplit, 0.975x in 2; docs/tuning/gemm.md, "sm90 split-K")."""
-    if kt < SPLIT_K_MIN_BLOCKS or 2 * cluster_tiles > clusters:
-        return 1
-    return max(1, min(clusters // cluster_tiles, kt // 32))
 
 
 def _check_operands(fn: str, a, b, dtypes: tuple, dtype_words: str) -> tuple[int, int, int]:
@@ -442,13 +231,16 @@ def _check_operands(fn: str, a, b, dtypes: tuple, dtype_words: str) -> tuple[int
 
 
 def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-              config: str | Config | None = None, clusters: int | None = None) -> torch.Tensor:
+              config: str | Sm90Config | None = None, clusters: int | None = None, tail_splits: int | None = None,
+              pdl: bool = True, compile_options: tuple[str, ...] = DEFAULT_COMPILE_OPTIONS) -> torch.Tensor:
     """C (M, N) = A (M, K) @ B (K, N) in A's dtype (fp16 / bf16), fp32 accumulation; see the module
     docstring for layouts; N a multiple of 8. ``out``: an (M, N) tensor of A's dtype with
-    unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. ``clusters``: how
-    many clusters to launch (default: as many as are
-    resident at once, from the occupancy API; for experiments)."""
-    M, N, K = _check_operands("gemm_sm90", a, b, tuple(_DTYPES), "both be float16 or bfloat16")
+    unit-stride rows, a row stride that is a multiple of 8 and 16-byte alignment. For experiments:
+    ``clusters``, how many clusters to launch (default: as many as are resident at once, from the
+    occupancy API); ``tail_splits``, the stream-K tail's K ranges (None: ``configs.sm90_tail_splits``
+    and ``sm90_split_k``; 1: no tail split; k > 1: k where the kernel can take it);
+    ``compile_options``, NVRTC's options (-D variants). ``pdl``: programmatic dependent launch."""
+    M, N, K = _check_operands("gemm_sm90", a, b, tuple(SM90_CTYPES), "both be float16 or bfloat16")
     if N % 8:
         raise ValueError(f"gemm_sm90: N = {N} must be a multiple of 8 (C is written in 16-byte chunks)")
     if not available(a.get_device()):
@@ -461,13 +253,14 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         raise ValueError("gemm_sm90: b needs unit-stride rows (K, N) or unit-stride columns (w.T), with "
                          f"16-byte aligned start and stride (strides {b.stride()})")
     if config is None:
-        cfg = CONFIGS[config_for(M, N, K, rt.sm_count(a.get_device()))] if trans_b else KMAJOR_CONFIG
-    elif isinstance(config, Config):
+        cfg = SM90_CONFIGS[sm90_config_for(M, N, K, rt.sm_count(a.get_device()))] if trans_b else SM90_KMAJOR_CONFIG
+    elif isinstance(config, Sm90Config):
         cfg = config
     else:
-        cfg = CONFIGS.get(config) or EXTRA_CONFIGS.get(config)
+        cfg = SM90_CONFIGS.get(config) or SM90_EXTRA_CONFIGS.get(config)
         if cfg is None:
-            raise ValueError(f"gemm_sm90: unknown config {config!r}; one of {sorted(CONFIGS) + sorted(EXTRA_CONFIGS)}")
+            raise ValueError(f"gemm_sm90: unknown config {config!r}; one of "
+                             f"{sorted(SM90_CONFIGS) + sorted(SM90_EXTRA_CONFIGS)}")
     if cfg.trans_b != trans_b:
         cfg = dataclasses.replace(cfg, trans_b=trans_b)
     name = cfg.name(a.dtype)
@@ -479,15 +272,14 @@ def gemm_sm90(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = No
         problem = out_problem(out, a.dtype, a.device, M, N)
         if problem is not None:
             raise ValueError(f"gemm_sm90: {problem}")
-    return _launch(a, b, out, cfg, clusters)
+    return _launch(a, b, out, cfg, clusters, tail_splits=tail_splits, pdl=pdl, compile_options=compile_options)
 
 
 # Launch with programmatic dependent launch (the kernel's griddepcontrol instructions): the next
 # kernel's CTAs are placed and set up while this one drains: back to back 1000^3 fp16 8.32 -> 7.71
 # us, 0.14-0.17 us slower after a kernel that does not trigger early
-# (docs/tuning/gemm.md, "sm90 programmatic dependent launch"). TILEWISE_PDL=0 (or False here)
-# launches plainly.
-PDL = os.environ.get("TILEWISE_PDL", "1") != "0"
+# (docs/tuning/gemm.md, "sm90 programmatic dependent launch"); pdl=False (gemm()'s
+# GemmPolicy(pdl=False)) launches plainly.
 
 
 @functools.lru_cache(maxsize=256)
@@ -508,7 +300,9 @@ def _pdl_config(grid: int, threads: int, shmem: int, stream: int):
     return c
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, clusters: int | None = None):
+def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Sm90Config, clusters: int | None = None, *,
+            tail_splits: int | None = None, pdl: bool = True,
+            compile_options: tuple[str, ...] = DEFAULT_COMPILE_OPTIONS):
     """gemm_sm90's launch without its checks, for operands they accepted (gemm()'s plans call it
     for a layout whose key the checked call has seen: dtype, shapes, strides, 16-byte alignment,
     device); ``cfg`` with B's layout already in trans_b. Returns out."""
@@ -516,14 +310,14 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     N = b.shape[1]
     trans_b = cfg.trans_b
     dev = a.get_device()
-    ld = _loaded(cfg.name(a.dtype), dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
+    ld = _loaded(cfg.name(a.dtype), dev, cfg.cluster, cfg.threads, cfg.shmem, compile_options)
     map_a = tensor_map(a, 64, cfg.bm // cfg.cn, 128)
     if trans_b:
         bch = 64 if cfg.bn % 64 == 0 else 32
         map_b = tensor_map(b, bch, 64 // cfg.cm, 2 * bch)
     else:
         map_b = tensor_map(b.t(), 64, cfg.bn // cfg.cm, 128)
-    if _bulk_store(cfg):  # the epilogue's TMA stores: boxes of 64 rows x cw columns
+    if _bulk_store(cfg, compile_options):  # the epilogue's TMA stores: boxes of 64 rows x cw columns
         cw = 64 if cfg.epi_n % 64 == 0 else 32
         map_c = tensor_map(out, cw, 64, 2 * cw)
     else:  # not read by the kernel
@@ -539,16 +333,16 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     tail = cluster_tiles % cap if cluster_tiles > cap else cluster_tiles
     if tail_name is None or tail == 0:
         sk = 1
-    elif TAIL_SPLITS is None:
-        sk = tail_splits(cluster_tiles, cap, kt) if cluster_tiles > cap else split_k(cluster_tiles, cap, kt)
+    elif tail_splits is None:
+        sk = sm90_tail_splits(cluster_tiles, cap, kt) if cluster_tiles > cap else sm90_split_k(cluster_tiles, cap, kt)
     else:  # forced: at most one unit a resident cluster, one K block a unit
-        sk = max(1, min(TAIL_SPLITS, kt, cap // tail))
+        sk = max(1, min(tail_splits, kt, cap // tail))
     if sk > 1 and cluster_tiles <= cap:
         resident = cluster_tiles * sk
     grid = resident * cfg.cluster
     ws_ptr = flags_ptr = 0
     if sk > 1:
-        ld = _loaded(tail_name, dev, cfg.cluster, cfg.threads, cfg.shmem, COMPILE_OPTIONS)
+        ld = _loaded(tail_name, dev, cfg.cluster, cfg.threads, cfg.shmem, compile_options)
         # per call from the caching allocator (stream-ordered, and a graph capture's own pool):
         # concurrent calls on other streams never share a workspace; the counters start at zero
         ws = torch.empty(tail * sk * cfg.cluster * cfg.bm * cfg.bn, dtype=torch.float32, device=a.device)
@@ -557,7 +351,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Config, cl
     d = _driver()
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = ((map_a, map_b, map_c, out.data_ptr(), M, N, K, out.stride(0), ws_ptr, flags_ptr, sk), _ARG_TYPES)
-    if PDL:
+    if pdl:
         _cu_launch(d.cuLaunchKernelEx, (_pdl_config(grid, cfg.threads, cfg.shmem, stream), ld.func, args, 0), dev)
     else:
         _cu_launch(d.cuLaunchKernel, (ld.func, grid, 1, 1, cfg.threads, 1, 1, cfg.shmem, d.CUstream(stream), args, 0),
@@ -578,36 +372,11 @@ def _cu_launch(fn, launch: tuple, dev: int) -> None:
         torch.cuda.synchronize(dev)
 
 
+
 # --------------------------------------------------------------------------- tf32, row-major B
 
 SRC_TF32 = SRC.with_name("sm90_tf32.cu")
-# BM (C rows a tile; the tile is BM x 128) -> ring stages (4 x 48 KiB, 5 x 40, 6 x 32, 8 x 24 in 227 KiB).
-TF32_CONFIGS = {256: 4, 192: 5, 128: 6, 64: 8}
-# BMs with a CTA-pair kernel (cluster = 2: pairs along N share A's blocks by TMA multicast).
-TF32_PAIRS = (256, 192, 128)
-# A tile's rate relative to BM = 256 in the wave model below, fitted so that the model picks the
-# best BM measured over a 15-shape sweep (all 15 for 256 / 192 / 128; 14 of 15 with 64, which
-# fills the GPU where BM = 128 leaves half of it idle and trails everywhere else)
-# (docs/tuning/gemm.md, "tf32 tile rule").
-TF32_RATE = {256: 1.0, 192: 0.95, 128: 0.85, 64: 0.6}
-# CTA pairs against the same BM alone: ahead where both sides of C are large (3000^2 +14 % at
-# BM 192, 8192^2 +2 % at BM 256), behind below (1536^2 -3 %) (docs/tuning/gemm.md, "tf32 CTA pairs").
-TF32_PAIRS_FROM = 2560
 _TF32_ARGS = (None, None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong)
-
-
-def tf32_bm_for(M: int, N: int, sms: int = 132) -> int:
-    """BM for an (M, N) output: the fewest waves of BM x 128 tiles (a persistent CTA's last tile
-    takes as long as a full one) times the tile's rows over its rate; ties to the larger tile."""
-    def t(bm):
-        return _wave_time(_cdiv(M, bm) * _cdiv(N, 128), sms, bm, TF32_RATE[bm])
-    return min(TF32_CONFIGS, key=lambda bm: (t(bm), -bm))
-
-
-def tf32_cluster_for(M: int, N: int, bm: int) -> int:
-    """2 (CTA pairs sharing A's blocks) where both sides of C are at least TF32_PAIRS_FROM and BM
-    has a pair kernel, else 1."""
-    return 2 if bm in TF32_PAIRS and min(M, N) >= TF32_PAIRS_FROM else 1
 
 
 def tf32_applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
@@ -616,9 +385,8 @@ def tf32_applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
     (TMA), M, N, K >= 1; an ``out`` of fp32 (M, N) with unit-stride rows. Sizes are not judged."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
-    ok = (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.dtype == torch.float32
-          and b.dtype == torch.float32 and a.device == b.device and a.shape[1] == b.shape[0]
-          and min(a.shape[0], a.shape[1], b.shape[1]) >= 1 and _rows_ok(a, 1) and _rows_ok(b, 1))
+    ok = (a.is_cuda and b.is_cuda and a.dim() == 2 and b.dim() == 2 and a.device == b.device
+          and tf32_takes(Operand.of(a), Operand.of(b)))
     if ok and out is not None:
         ok = (isinstance(out, torch.Tensor) and _tf32_out_problem(out, a.device, a.shape[0], b.shape[1]) is None)
     return ok and available(a.get_device())
@@ -627,7 +395,7 @@ def tf32_applies(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = No
 def _tf32_out_problem(out: torch.Tensor, device: torch.device, M: int, N: int) -> str | None:
     if tuple(out.shape) != (M, N) or out.dtype != torch.float32 or out.device != device:
         return f"out must be ({M}, {N}) float32 on {device}, got {tuple(out.shape)} {out.dtype} on {out.device}"
-    if out.stride(1) != 1 or out.stride(0) < max(N, 1):
+    if not tf32_out_rows_ok(Operand.of(out), N):
         return f"out needs unit-stride rows (strides {out.stride()})"
     return None
 
@@ -704,7 +472,7 @@ def _tf32_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bm:
         out = torch.empty((M, N), dtype=torch.float32, device=a.device)
     func, resident = _tf32_func(bm, cluster, dev)
     ma, mb = tensor_map(a, 32, bm // cluster, 128), tensor_map(b, 32, 32, 128)
-    ctas = _cdiv(M, bm) * _cdiv(_cdiv(N, 128), cluster) * cluster  # one a tile, in whole clusters
+    ctas = cdiv(M, bm) * cdiv(cdiv(N, 128), cluster) * cluster  # one a tile, in whole clusters
     grid = min(ctas, resident)
     d = _driver()
     args = ((ma, mb, out.data_ptr(), M, N, K, out.stride(0)), _TF32_ARGS)
