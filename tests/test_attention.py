@@ -7,10 +7,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops.attention import api as A
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention.reference import _expand_kv
 
 from conftest import HAS_CUDA, poison
 
 TINY = dict(fwd=(16, 16, 4, 1), dkdv=(16, 16, 4, 1), dq=(16, 16, 4, 1))  # several tiles in the interpreter
+
+
+def _tuned(fn, deterministic=True, **changes):
+    """``fn`` (flash_attention or a VARIANTS entry) under the call's default policy with ``changes``,
+    e.g. ``tiles=TINY``."""
+    def call(q, k, v, *, causal=False, mask=None, bias=None, **kw):
+        base = A.default_policy(q, k, causal=causal, mask=mask, bias=bias, deterministic=deterministic)
+        if not deterministic:
+            kw["deterministic"] = False
+        return fn(q, k, v, causal=causal, mask=mask, bias=bias, policy=base.replace(**changes), **kw)
+    return call
 
 
 def _sdpa_math(q, k, v, *, causal=False, mask=None, bias=None, scale=None):
@@ -195,8 +208,7 @@ def test_triton_interpreter_fwd_bwd(shape, extra):
             m[0, 0, 5] = False  # one row with no key at all
         kw["mask"] = m
         kw["bias"] = torch.randn(1, H, Sq, Sk, generator=g)
-    with A.override_configs(**TINY):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=TINY), q, k, v, **kw)
     ref = _run_fwd_bwd(A.reference, q, k, v, **kw)
     _compare(ours, ref, 1e-5)
     if "mask" in extra and Sq > 5:
@@ -233,40 +245,34 @@ def test_triton_interpreter_more(case):
     elif case == "batch_shared_bias_head_fastest":  # the switch off: the grid head-fastest
         q, k, v = _inputs(2, 2, 1, 29, 50, 32, dtype=torch.float32, seed=7)
         kw["bias"] = torch.randn(2, 29, 50)
-        old = dict(A._BIAS_FWD)
-        A._BIAS_FWD.update(batch_fastest=False)
-        try:
-            with A.override_configs(**cfg):
-                ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
-        finally:
-            A._BIAS_FWD.update(old)
+        ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=cfg, bias_batch_fastest=False), q, k, v, **kw)
         _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
         return
     else:  # the H200 tile sizes, one tile each
         q, k, v = _inputs(1, 1, 1, 33, 33, 64, dtype=torch.float32, seed=5)
         kw["causal"] = True
         cfg = {}
-    with A.override_configs(**cfg):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=cfg), q, k, v, **kw)
     _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
 
 
 def test_triton_interpreter_lse_only_gradient_and_compile():
     q, k, v = _inputs(1, 1, 1, 17, 17, 32, dtype=torch.float32, seed=9, grad=True)
-    with A.override_configs(**TINY):
-        _, lse = A.flash_attention(q, k, v, return_lse=True)
-        lse.sum().backward()
-        grads = [t.grad.clone() for t in (q, k, v)]
-        q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-        A.reference(q2, k2, v2, return_lse=True)[1].sum().backward()
-        for a, b in zip(grads, (q2.grad, k2.grad)):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-        assert v2.grad is None and (grads[2] == 0).all()  # the LSE does not depend on v
-        # The fake implementation and autograd registration trace under torch.compile.
-        f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, causal=True) * 2, backend="aot_eager",
-                          fullgraph=True)
-        out = f(q, k, v)
-        out.sum().backward()
+    _, lse = A.flash_attention(q, k, v, return_lse=True, policy=A.default_policy(q, k).replace(tiles=TINY))
+    lse.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    A.reference(q2, k2, v2, return_lse=True)[1].sum().backward()
+    for a, b in zip(grads, (q2.grad, k2.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert v2.grad is None and (grads[2] == 0).all()  # the LSE does not depend on v
+    # The fake implementation and autograd registration trace under torch.compile, the policy
+    # (built outside) going to the custom ops as its key.
+    policy = A.default_policy(q, k, causal=True).replace(tiles=TINY)
+    f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, causal=True, policy=policy) * 2,
+                      backend="aot_eager", fullgraph=True)
+    out = f(q, k, v)
+    out.sum().backward()
     torch.testing.assert_close(out, 2 * A.reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
 
 
@@ -285,16 +291,17 @@ def test_triton_interpreter_eager_skips_the_custom_ops(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("eager flash_attention went through a custom op")
 
-    def call(a, b, c, d):
-        return A.flash_attention(a, b, c, bias=d, causal=True, return_lse=True)
+    policy = A.default_policy(q, k, causal=True, bias=bias).replace(tiles=TINY)
 
-    with A.override_configs(**TINY):
-        with monkeypatch.context() as m:
-            m.setattr(A, "_fwd_op", refuse)
-            m.setattr(A, "_bwd_op", refuse)
-            eager = grads(call)
-        torch._dynamo.reset()
-        compiled = grads(torch.compile(call, backend="aot_eager", fullgraph=True))
+    def call(a, b, c, d):
+        return A.flash_attention(a, b, c, bias=d, causal=True, return_lse=True, policy=policy)
+
+    with monkeypatch.context() as m:
+        m.setattr(A, "_fwd_op", refuse)
+        m.setattr(A, "_bwd_op", refuse)
+        eager = grads(call)
+    torch._dynamo.reset()
+    compiled = grads(torch.compile(call, backend="aot_eager", fullgraph=True))
     for e, c in zip(eager, compiled):
         torch.testing.assert_close(e, c, rtol=1e-5, atol=1e-5)
 
@@ -323,8 +330,8 @@ def test_triton_interpreter_any_finite_scale(scale, dtype):
         if dtype != torch.float32:
             q, k, v = (t.to(dtype) for t in (q, k, v))
             kw = {n: (x.to(dtype) if n == "bias" else x) for n, x in kw.items()}
-        with A.override_configs(**TINY, fwd_tma_bias=(16, 16, 4, 1)):
-            ours = _run_fwd_bwd(A.flash_attention, q, k, v, scale=scale, **kw)
+        ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=dict(TINY, fwd_tma_bias=(16, 16, 4, 1))), q, k, v,
+                            scale=scale, **kw)
         ref = _run_fwd_bwd(A.reference, q.double(), k.double(), v.double(), scale=scale,
                            **{n: (x.double() if n == "bias" else x) for n, x in kw.items()})
         for name, r in ref.items():
@@ -348,11 +355,9 @@ def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
     calls = []
     real = A._fwd_bias_pair
     monkeypatch.setattr(A, "_fwd_bias_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 64)  # opt-in (measured slower at S = 4096)
     q, k, v, kw = _bias_case(*PAIR_CASES[case])
     cfg = {} if case == "b2_one_tile" else dict(TINY, fwd_bias_pair=(16, 16, 4, 1))
-    with A.override_configs(**cfg):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=cfg, bias_pair=True), q, k, v, **kw)  # opt-in
     _compare(ours, _run_fwd_bwd(A.reference, q, k, v, **kw), 1e-5)
     assert len(calls) == (0 if case == "odd_batch_falls_back" else 1)
 
@@ -361,8 +366,7 @@ def test_triton_interpreter_bias_pair_forward(case, monkeypatch):
 def test_triton_interpreter_v4_tma_forward(causal):
     q, k, v = (t.half() for t in _inputs(2, 2, 1, 33, 40, 32, dtype=torch.float32, seed=12))
     assert A._tma_applies(q, k, v, None, None)
-    with A.override_configs(**TINY):
-        out, lse = A.v4_flash2_tma(q, k, v, causal=causal, return_lse=True)
+    out, lse = _tuned(A.v4_flash2_tma, tiles=TINY)(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
     assert out.dtype == torch.float16 and not torch.isnan(out).any()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
@@ -389,8 +393,8 @@ def test_triton_interpreter_v4_tma_bias_forward(case, monkeypatch):
     calls = []
     real = A._fwd_tma
     monkeypatch.setattr(A, "_fwd_tma", lambda *a, **kw: calls.append(a[7] is not None) or real(*a, **kw))
-    with A.override_configs(**TINY, fwd_tma_bias=(16, 16, 4, 1)):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, tiles=dict(TINY, fwd_tma_bias=(16, 16, 4, 1))), q, k, v,
+                        causal=causal, bias=bias)
     assert calls == [True]
     ref = _run_fwd_bwd(A.reference, q.double(), k.double(), v.double(), causal=causal, bias=bias.double())
     for name in ("out", "lse", "dq", "dk", "dv", "dbias"):
@@ -404,8 +408,8 @@ def test_triton_interpreter_v4_tma_bias_rows_all_minus_inf():
     q, k, v = (t.half() for t in _inputs(1, 2, 2, 20, 32, 32, dtype=torch.float32, seed=3))
     bias = torch.randn(1, 2, 20, 32).half()
     bias[0, 1, 5] = float("-inf")
-    with A.override_configs(fwd_tma_bias=(16, 16, 4, 1)):
-        out, lse = A.flash_attention(q, k, v, bias=bias, return_lse=True)
+    policy = A.default_policy(q, k, bias=bias).replace(tiles={"fwd_tma_bias": (16, 16, 4, 1)})
+    out, lse = A.flash_attention(q, k, v, bias=bias, return_lse=True, policy=policy)
     ref, ref_lse = A.reference(q.double(), k.double(), v.double(), bias=bias.double(), return_lse=True)
     assert torch.equal(out[0, 1, 5], torch.zeros_like(out[0, 1, 5])) and torch.isneginf(lse[0, 1, 5]).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 3e-3
@@ -449,6 +453,161 @@ def test_empty_and_zero_keys():
     assert A.flash_attention(q, k, v).shape == (0, 2, 4, 32)
 
 
+# ---------------------------------------------------------------- the policy (CPU)
+
+# What the code before AttentionPolicy chose (its _ws_plan, _ws_bwd_rule, _ORDERED_RULES and
+# attention_gluon.PERSISTENT_RULES, read off that code), on the grid of test_choose_policy_keeps_the_rules.
+# v5 forward, no mask: (D, Sq, causal, bias).
+_WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, True, False),
+                  (128, 1000, False, False), (128, 1000, False, True), (128, 1000, True, False),
+                  (128, 1024, False, False), (128, 1024, False, True), (128, 1024, True, False),
+                  (128, 2048, False, False), (128, 2048, False, True), (128, 2048, True, False),
+                  (128, 4096, False, False), (128, 4096, False, True), (128, 4096, True, False)}
+# v5's config where the rules have one, whether or not v5 runs: (D, causal, bias).
+_WS_THREE_BEFORE = {(64, False, False), (64, False, True), (64, True, False)}
+# v6 backward, deterministic, no mask or bias: (D, Sq, Sk, causal).
+_WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (128, 1000, 1000, False),
+                  (128, 1024, 4096, False), (128, 2048, 2048, False), (128, 2048, 2048, True),
+                  (128, 4096, 1024, False), (128, 4096, 4096, False), (128, 4096, 4096, True)}
+
+
+def test_choose_policy_keeps_the_rules():
+    """choose_policy decides as the module-level switches' rules did, on a grid of head dims,
+    lengths, causal, bias (with and without its gradient), mask and deterministic; every other
+    field keeps its default (v4 opt-in, bias by TMA, batch-fastest, no pair kernel, pointer dQ
+    atomics, no ping-pong, the tables' tiles)."""
+    import itertools
+
+    lengths = ((1000, 1000), (1024, 4096), (2048, 2048), (4096, 1024), (4096, 4096))
+    for D, (Sq, Sk), causal, bias, bias_grad, mask, det in itertools.product(
+            (32, 64, 96, 128, 256), lengths, (False, True), (False, True), (False, True), (False, True),
+            (False, True)):
+        if bias_grad and not bias:
+            continue
+        p = C.choose_policy(D, Sq, Sk, causal=causal, has_bias=bias, has_mask=mask, bias_grad=bias_grad,
+                            deterministic=det)
+        case = (D, Sq, Sk, causal, bias, bias_grad, mask, det)
+        ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
+        assert p.forward == ("ws" if ws else "pointer"), case
+        assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
+        assert p.ws_persistent == ((D, causal) == (128, False)), case
+        if not det:
+            want = "atomic" if D <= 128 else "two_kernel"
+        else:
+            want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
+        assert p.backward == want, case
+        assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
+                                      backward=p.backward), case
+
+
+def test_policy_is_validated_and_round_trips_through_its_key():
+    p = A.AttentionPolicy(forward="tma", ws_config=[128, 2, 160, None, 3], ws_persistent=True, ws_pingpong=True,
+                          bias_tma=False, bias_pair=True, bias_batch_fastest=False, backward="ordered",
+                          ws_bwd_dq=False, ws_bwd_config=(64, 2, 240), ws_bwd_dq_config=(64, 3, 240), ordered_mode=2,
+                          dq_tma=True, tiles={"dq": (16, 16, 4, 1), "fwd": [32, 32, 4, 2]})
+    assert p.ws_config == (128, 2, 160, None, 3) and p.tiles[0] == ("dq", (16, 16, 4, 1))
+    assert C.policy_from_key(p.key) == p and hash(C.policy_from_key(p.key)) == hash(p)
+    assert p.tile("fwd", 64) == (32, 32, 4, 2) and p.tile("dq_bias", 64) == (16, 16, 4, 1)  # a bias kind: its plain one
+    assert p.tile("dkdv", 64, 2) == C.DKDV_2BYTE[64] and p.tile("dkdv", 64, 4) == C.DKDV[64]
+    assert p.replace(forward="ws").forward == "ws" and p.forward == "tma"
+    for bad in (dict(forward="v9"), dict(backward="fast"), dict(ordered_mode=3), dict(tiles={"fwd2": (1, 1, 1, 1)})):
+        with pytest.raises(ValueError, match="AttentionPolicy"):
+            A.AttentionPolicy(**bad)
+    q, k, v = _inputs(1, 1, 1, 3, 3, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="'policy' must be an AttentionPolicy"):
+        A.flash_attention(q, k, v, policy="ws")
+    with pytest.raises(ValueError, match="not deterministic"):
+        A.flash_attention(q, k, v, policy=A.AttentionPolicy(backward="atomic"))
+
+
+def _recording_launch(monkeypatch, run=True):
+    """Every launch's (thread name, kernel, BLOCK_M, BLOCK_N), in order; ``run``: launch it too."""
+    import threading
+
+    seen = []
+    launch = A._launch
+
+    def recording(fn, grid, *args, **meta):
+        seen.append((threading.current_thread().name, fn, meta.get("BLOCK_M"), meta.get("BLOCK_N")))
+        if run:
+            launch(fn, grid, *args, **meta)
+    monkeypatch.setattr(A, "_launch", recording)
+    return seen
+
+
+def test_backward_runs_under_its_forwards_policy(monkeypatch):
+    """The autograd Function hands the forward's policy to the backward: another call between
+    them, with another policy, changes nothing, and no ``with`` block needs to hold the backward."""
+    from tilewise.ops.attention import triton_kernels as K
+
+    seen = _recording_launch(monkeypatch)
+    q, k, v = _inputs(1, 2, 1, 33, 40, 32, dtype=torch.float32, seed=41, grad=True)
+    small = A.AttentionPolicy(tiles=dict(fwd=(16, 16, 4, 1), dkdv=(16, 16, 4, 1), dq=(16, 16, 4, 1)))
+    other = A.AttentionPolicy(tiles=dict(fwd=(32, 32, 4, 1), atomic=(32, 32, 4, 1)), backward="atomic")
+    out = A.flash_attention(q, k, v, causal=True, policy=small)
+    A.flash_attention(q, k, v, causal=True, policy=other, deterministic=False).sum().backward()
+    del seen[:]
+    q.grad = k.grad = v.grad = None
+    out.sum().backward()
+    assert [(f, m, n) for _, f, m, n in seen] == [(K._attn_bwd_preprocess_kernel, 64, None),
+                                                  (K._attn_bwd_dkdv_kernel, 16, 16), (K._attn_bwd_dq_kernel, 16, 16)]
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    A.reference(q2, k2, v2, causal=True).sum().backward()
+    for a, b in zip((q.grad, k.grad, v.grad), (q2.grad, k2.grad, v2.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_concurrent_calls_with_different_policies_do_not_interfere(monkeypatch):
+    """Two threads run flash_attention forward and backward at the same time, each with its own
+    explicit policy (tiles, backward path): every kernel a thread launches has its own policy's
+    tile and path. (The launches are recorded, not run: the point is what each call chose.)"""
+    import threading
+    import time
+
+    from tilewise.ops.attention import triton_kernels as K
+
+    seen = _recording_launch(monkeypatch, run=False)
+    both_in = threading.Barrier(2, timeout=60)
+    record = A._launch
+
+    def launch(fn, grid, *args, **meta):
+        first = all(t != threading.current_thread().name for t, *_ in seen)
+        record(fn, grid, *args, **meta)
+        if first:
+            both_in.wait()  # both threads inside a forward at once
+        time.sleep(0.002)  # and switching between launches from there on
+
+    monkeypatch.setattr(A, "_launch", launch)
+    policies = {"two_kernel": (True, A.AttentionPolicy(tiles=dict(fwd=(16, 16, 4, 1), dkdv=(16, 16, 4, 1),
+                                                                   dq=(16, 16, 4, 1)))),
+                "atomic": (False, A.AttentionPolicy(tiles=dict(fwd=(32, 32, 4, 1), atomic=(32, 16, 4, 1)),
+                                                    backward="atomic"))}
+    errors = []
+
+    def work(name):
+        try:
+            det, policy = policies[name]
+            q, k, v = _inputs(1, 2, 1, 40, 40, 32, dtype=torch.float32, seed=len(name), grad=True)
+            for _ in range(3):
+                A.flash_attention(q, k, v, policy=policy, deterministic=det).sum().backward()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,), name=n) for n in policies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    want = {"two_kernel": [(K._attn_fwd_kernel, 16, 16), (K._attn_bwd_preprocess_kernel, 64, None),
+                           (K._attn_bwd_dkdv_kernel, 16, 16), (K._attn_bwd_dq_kernel, 16, 16)] * 3,
+            "atomic": [(K._attn_fwd_kernel, 32, 32), (K._attn_bwd_preprocess_kernel, 64, None),
+                       (K._attn_bwd_atomic_kernel, 32, 16)] * 3}
+    for name, launches in want.items():
+        assert [(f, m, n) for t, f, m, n in seen if t == name] == launches, name
+    assert {t for t, *_ in seen[:2]} == set(policies)  # the two calls did overlap
+
+
 # ---------------------------------------------------------------- GPU
 
 GPU_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
@@ -462,7 +621,7 @@ def _sdpa_lowp(q, k, v, *, causal=False, mask=None, bias=None, scale=None, retur
     """SDPA's math backend in q's dtype, and a log-sum-exp from a matmul in q's dtype: the error
     that PyTorch itself makes at this precision."""
     out = _sdpa_math(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale)
-    s = (q @ A._expand_kv(k, q.shape[1]).transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
+    s = (q @ _expand_kv(k, q.shape[1]).transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
     return out, torch.logsumexp(s, -1)
@@ -543,7 +702,6 @@ def test_gpu_tile_table_routes(route, monkeypatch):
     """Forward and backward (bias gradient too) on a route to one tile-table entry (see
     _TABLE_ROUTES), odd lengths, against the fp32 reference; the ledger records the tile that ran."""
     _, dtype, D, bias_kind, det, dq_by_tma, pair = route
-    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 256 if pair else 0)
     B, H, Sq, Sk = 2, 2, 100, 80
     q, k, v = _inputs(B, H, H, Sq, Sk, D, dtype=dtype, device="cuda", seed=D)
     g = torch.Generator(device="cuda").manual_seed(D + 1)
@@ -552,9 +710,9 @@ def test_gpu_tile_table_routes(route, monkeypatch):
         shape = (1, H, Sq, Sk) if bias_kind == "shared-fp32" else (B, H, Sq, Sk)
         bias = torch.randn(shape, device="cuda", generator=g)
         bias = bias.to(dtype) if bias_kind == "same" else bias
-    fn = functools.partial(A.flash_attention, deterministic=det)
-    with A.use_ws(False), A.use_ws_bwd(False), A.ordered_dq(False), A.dq_tma(dq_by_tma):
-        ours = _run_fwd_bwd(fn, q, k, v, causal=True, bias=bias)
+    # the Triton kernels: v3's forward (or a bias forward) and v3's or the atomic backward
+    changes = dict(forward="pointer", bias_pair=pair, dq_tma=dq_by_tma, **({"backward": "two_kernel"} if det else {}))
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, deterministic=det, **changes), q, k, v, causal=True, bias=bias)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=True,
                        bias=bias.float() if bias is not None else None)
     tol = 5e-3 if dtype == torch.float32 else 2e-2
@@ -610,12 +768,14 @@ def test_gpu_mask_bias_and_bias_grad(bias_shape, causal, poisoned_outputs):
 def test_gpu_bias_pair_forward_and_grads(shape, causal, poisoned_outputs, monkeypatch):
     """The two-batch-elements-a-program forward (a bias shared by the batch, no mask, B even):
     output, LSE and every gradient against the fp32 reference, bf16, odd lengths, GQA."""
-    monkeypatch.setitem(A._BIAS_FWD, "pair_max_d", 64)
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq)
     bias = torch.randn(1, H, Sq, Sk, device="cuda", generator=torch.Generator(device="cuda").manual_seed(Sk))
-    assert A._BIAS_FWD["pair_max_d"] >= D
-    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    calls = []
+    real = A._fwd_bias_pair
+    monkeypatch.setattr(A, "_fwd_bias_pair", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, bias_pair=True), q, k, v, causal=causal, bias=bias)
+    assert calls == [1]
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
     for name in ("out", "dq", "dk", "dv", "dbias"):
         e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
@@ -635,14 +795,13 @@ def test_gpu_v4_tma_bias_forward_and_grads(case, causal, poisoned_outputs, monke
     and output, LSE and every gradient match the fp32 reference; odd Sq, GQA, shared, per-batch
     and 2-D biases, D 64 and 128."""
     (B, H, Hkv, Sq, Sk, D), bias_shape = case
-    monkeypatch.setitem(A._WS, "on", False)  # this test watches v4's route
     calls = []
     real = A._fwd_tma
     monkeypatch.setattr(A, "_fwd_tma", lambda *a, **kw: calls.append(a[7] is not None) or real(*a, **kw))
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk)
     g = torch.Generator(device="cuda").manual_seed(Sk)
     bias = torch.randn(bias_shape, device="cuda", generator=g).bfloat16()
-    ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    ours = _run_fwd_bwd(_tuned(A.flash_attention, forward="pointer"), q, k, v, causal=causal, bias=bias)  # not v5
     assert calls == [True]
     _check_bias_run(ours, q, k, v, bias, causal)
 
@@ -732,8 +891,8 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
           "atomic": K._attn_bwd_atomic_kernel, "fwd_bias_pair": K._attn_fwd_bias_pair_kernel,
           "fwd_tma": K._attn_fwd_tma_kernel, "fwd_tma_bias": K._attn_fwd_tma_kernel}[kind]
     table = "atomic_tma" if dq_tma else {"fwd_tma": "fwd"}.get(kind, kind)
-    bm, bn, w, s = A._config(table + ("_bias" if bias_grad else ""), D, 2)
-    consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=A._block_d(D), CAUSAL=causal, HAS_BIAS=bias,
+    bm, bn, w, s = C.tile(table + ("_bias" if bias_grad else ""), D, 2)
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=C.block_d(D), CAUSAL=causal, HAS_BIAS=bias,
                   HAS_MASK=mask, HAS_FLAGS=mask, PREC=None)
     consts = {n: c for n, c in consts.items() if n in fn.arg_names}
     if kind.startswith("fwd_tma"):  # tensor descriptors over the (rows, D) views and the bias rows
@@ -756,7 +915,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
     if kind == "atomic":  # the fp32 accumulator: pointer, or a (B * H, Sq, D) TMA descriptor
-        ptr["DQ"] = f"tensordesc<fp32[1,{bm},{A._block_d(D)}]>" if dq_tma else "*fp32"
+        ptr["DQ"] = f"tensordesc<fp32[1,{bm},{C.block_d(D)}]>" if dq_tma else "*fp32"
     sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
            for n in fn.arg_names}
     div = [n for n in fn.arg_names if n not in consts
@@ -880,20 +1039,19 @@ def test_triton_interpreter_atomic_backward(name, monkeypatch):
     kw = _atomic_kwargs(shape, extra)
     ref = _run_fwd_bwd(A.reference, q.double(), k.double(), v.double(), causal=kw["causal"], mask=kw.get("mask"),
                        bias=kw["bias"].double() if "bias" in kw else None)
-    with A.override_configs(**TINY_ATOMIC):
-        det = _run_fwd_bwd(A.flash_attention, q, k, v, **kw)
-        # The atomic path must not fall back to the two-kernel backward.
-        calls = {"atomic": 0}
-        atomic_kernel = K._attn_bwd_atomic_kernel
+    det = _run_fwd_bwd(_tuned(A.flash_attention, tiles=TINY_ATOMIC), q, k, v, **kw)
+    # The atomic path must not fall back to the two-kernel backward.
+    calls = {"atomic": 0}
+    atomic_kernel = K._attn_bwd_atomic_kernel
 
-        class Counting:
-            def __getitem__(self, grid):
-                calls["atomic"] += 1
-                return atomic_kernel[grid]
-        monkeypatch.setattr(K, "_attn_bwd_atomic_kernel", Counting())
-        monkeypatch.setattr(K, "_attn_bwd_dq_kernel", None)
-        monkeypatch.setattr(K, "_attn_bwd_dkdv_kernel", None)
-        ours = _run_fwd_bwd(A.v3_flash2_atomic, q, k, v, **kw)
+    class Counting:
+        def __getitem__(self, grid):
+            calls["atomic"] += 1
+            return atomic_kernel[grid]
+    monkeypatch.setattr(K, "_attn_bwd_atomic_kernel", Counting())
+    monkeypatch.setattr(K, "_attn_bwd_dq_kernel", None)
+    monkeypatch.setattr(K, "_attn_bwd_dkdv_kernel", None)
+    ours = _run_fwd_bwd(_tuned(A.v3_flash2_atomic, tiles=TINY_ATOMIC), q, k, v, **kw)
     assert calls["atomic"] == 1
     for name_, r in ref.items():
         o = ours[name_]
@@ -915,10 +1073,10 @@ def test_triton_interpreter_atomic_default_tiles_and_compile():
     ours = _run_fwd_bwd(A.v3_flash2_atomic, q, k, v, causal=True)
     _compare(ours, _run_fwd_bwd(A.reference, q, k, v, causal=True), 1e-5)
     q, k, v = (t.detach().requires_grad_(True) for t in _inputs(1, 1, 1, 17, 17, 32, dtype=torch.float32, seed=9))
-    with A.override_configs(**TINY_ATOMIC):
-        f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, causal=True, deterministic=False) * 2,
-                          backend="aot_eager", fullgraph=True)
-        f(q, k, v).sum().backward()
+    policy = A.default_policy(q, k, causal=True, deterministic=False).replace(tiles=TINY_ATOMIC)
+    f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, causal=True, deterministic=False, policy=policy) * 2,
+                      backend="aot_eager", fullgraph=True)
+    f(q, k, v).sum().backward()
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     (2 * A.reference(q2, k2, v2, causal=True)).sum().backward()
     for a, b in zip((q.grad, k.grad, v.grad), (q2.grad, k2.grad, v2.grad)):
@@ -942,14 +1100,13 @@ ATOMIC_GPU_SHAPES = [s for s in GPU_SHAPES if s[-1] <= 128] + [(2, 8, 2, 1031, 2
 @pytest.mark.quick(rotate="shape")
 def test_gpu_atomic_backward(shape, dtype, causal, dq_path, poisoned_outputs):
     B, H, Hkv, Sq, Sk, D = shape
-    tma = dq_path == "tma" and D in A._ATOMIC_TMA_CONFIGS
+    tma = dq_path == "tma" and D in C.ATOMIC_TMA
     if dq_path == "tma" and not tma:
         pytest.skip(f"D={D} always uses pointer atomics")
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 1)
-    with A.dq_tma(tma):
-        ours = _run_fwd_bwd(A.v3_flash2_atomic, q, k, v, causal=causal)
+    ours = _run_fwd_bwd(_tuned(A.v3_flash2_atomic, dq_tma=tma), q, k, v, causal=causal)
     if tma:  # the TMA reduce-add built and ran (no silent fallback to pointer atomics)
-        assert A._DQ_TMA["works"] is True
+        assert A._DQ_TMA_BUILDS["ok"] is True
     det = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
@@ -1019,22 +1176,20 @@ def _check_grads(ours, ref, low, other, other_name, dtype, again=None):
 def test_ordered_dq_is_gpu_only_and_maskless():
     """The interpreter runs programs one at a time (a causal key tile would wait forever on a later
     one) and a mask's skipped tiles would break the count: the ordered backward never applies
-    there, even when forced."""
+    there, even when the policy asks for it; the default policy never asks (no rule)."""
     q = torch.zeros(1, 1, 4, 8)
-    with A.ordered_dq(True):
-        assert not A._ordered_plan(q, 8, None, False)
-        assert not A._ordered_plan(q, 8, torch.ones(1, 1, 4, 4, dtype=torch.bool), False)
+    assert not A._ordered_applies(q, None)
+    assert not A._ordered_applies(q, torch.ones(1, 1, 4, 4, dtype=torch.bool))
+    assert not any(C.choose_policy(D, 4096, 4096, bias_grad=g).backward == "ordered"
+                   for D in (32, 64, 96, 128) for g in (False, True))
 
 
 @pytest.mark.gpu
 def test_gpu_ordered_dq_plan():
-    """Forced on, the ordered backward applies to CUDA inputs without a mask, never with one."""
+    """The ordered backward applies to CUDA inputs without a mask, never with one."""
     q = torch.zeros(1, 1, 4, 8, device="cuda")
-    with A.ordered_dq(True):
-        assert A._ordered_plan(q, 8, None, False) and A._ordered_plan(q, 8, None, True)
-        assert not A._ordered_plan(q, 8, torch.ones(1, 1, 4, 4, dtype=torch.bool, device="cuda"), False)
-    with A.ordered_dq(False):
-        assert not A._ordered_plan(q, 8, None, False)
+    assert A._ordered_applies(q, None)
+    assert not A._ordered_applies(q, torch.ones(1, 1, 4, 4, dtype=torch.bool, device="cuda"))
 
 
 ORDERED_GPU_SHAPES = ATOMIC_GPU_SHAPES + [(1, 2, 2, 4096, 4096, 128), (2, 2, 1, 2000, 1500, 64)]
@@ -1050,16 +1205,14 @@ def test_gpu_ordered_backward(shape, dtype, causal, mode, poisoned_outputs, monk
     """deterministic=True through the fused kernel with ordered dQ adds (counted per thread or
     per warp): against the fp32 reference, against the two-kernel backward, and bitwise equal
     over two runs."""
-    monkeypatch.setitem(A._ORDERED_DQ, "mode", mode)
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 2)
     launched = _record_launches(monkeypatch)
-    with A.ordered_dq(False), A.use_ws_bwd(False):
-        two = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    two = _run_fwd_bwd(_tuned(A.flash_attention, backward="two_kernel"), q, k, v, causal=causal)
     assert _backward_kernel_counts(launched) == {"fused": 0, "two_kernel": 2}
-    with A.ordered_dq(True):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-        again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    ordered = _tuned(A.flash_attention, backward="ordered", ordered_mode=mode)
+    ours = _run_fwd_bwd(ordered, q, k, v, causal=causal)
+    again = _run_fwd_bwd(ordered, q, k, v, causal=causal)
     assert _backward_kernel_counts(launched) == {"fused": 2, "two_kernel": 2}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
     low = _run_fwd_bwd(_sdpa_lowp, q, k, v, causal=causal)
@@ -1078,9 +1231,9 @@ def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
     q, k, v = _inputs(B, H, 2, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=40 + D)
     bias = torch.randn(bias_shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(41))
     launched = _record_launches(monkeypatch)
-    with A.ordered_dq(True):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
-        again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal, bias=bias)
+    ordered = _tuned(A.flash_attention, backward="ordered")
+    ours = _run_fwd_bwd(ordered, q, k, v, causal=causal, bias=bias)
+    again = _run_fwd_bwd(ordered, q, k, v, causal=causal, bias=bias)
     assert _backward_kernel_counts(launched) == {"fused": 2, "two_kernel": 0}
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal, bias=bias)
     for name in ("out", "dq", "dk", "dv", "dbias"):
@@ -1117,12 +1270,11 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch)
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk + D + 3)
     assert A._ws_bwd_applies(q, k, v, q, None, None)
-    with A.use_ws_bwd(False):
-        triton_ = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    triton_ = _run_fwd_bwd(_tuned(A.flash_attention, backward="two_kernel"), q, k, v, causal=causal)
     launched = _record_launches(monkeypatch)
-    with A.use_ws_bwd(True, dq=ws_dq):
-        ours = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
-        again = _run_fwd_bwd(A.flash_attention, q, k, v, causal=causal)
+    v6 = _tuned(A.flash_attention, backward="ws", ws_bwd_dq=ws_dq)
+    ours = _run_fwd_bwd(v6, q, k, v, causal=causal)
+    again = _run_fwd_bwd(v6, q, k, v, causal=causal)
     assert launched.count(gb.attn_bwd_dkdv_ws_kernel) == 2
     assert launched.count(gb.attn_bwd_dq_ws_kernel) == (2 if ws_dq else 0)
     ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
@@ -1189,14 +1341,15 @@ def _gluon_sm90_report(cases: str) -> dict:
 
 
 _WS_COMPILE_SM90 = r"""
+from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
 
 cases = [(D, bias, causal, 2, False) for D, bias, causal in itertools.product((64, 128), (False, True), (False, True))]
 cases += [(64, bias, causal, 3, False) for bias, causal in itertools.product((False, True), (False, True))]
 cases += [(128, True, True, 2, True), (64, False, True, 3, True)]  # ping-pong (opt-in)
 for D, bias, causal, ncons, pingpong in cases:
-    bn, stages = ag.CONFIGS[(D, bias)]
-    regs = ag.CONSUMER_REGS if ncons == 2 else 160
+    bn, stages = C.WS_FWD_TILES[(D, bias)]
+    regs = C.WS_FWD_CONSUMER_REGS if ncons == 2 else 160
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
@@ -1207,12 +1360,13 @@ for D, bias, causal, ncons, pingpong in cases:
               "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong}
     out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
 for D, causal in itertools.product((64, 128), (False, True)):  # the persistent grid (opt-in)
-    bn, stages = ag.CONFIGS[(D, False)]
+    bn, stages = C.WS_FWD_TILES[(D, False)]
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "BH": "i32",
            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
            "NUM_CONS": "constexpr"}
-    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": ag.CONSUMER_REGS, "NUM_CONS": 2}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
+              "NUM_CONS": 2}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
@@ -1238,23 +1392,26 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
 
 
 _WS_BWD_COMPILE_SM90 = r"""
+from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_bwd as gb
 
 for D, causal in itertools.product((64, 128), (False, True)):
-    bm, stages = gb.CONFIGS[D]
+    bm, stages = C.WS_BWD_DKDV_TILES[D]
     sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
            "NUM_CONS": "constexpr"}
-    consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gb.CONSUMER_REGS, "NUM_CONS": 2}
+    consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
+              "NUM_CONS": 2}
     out[f"D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
-    bn, stages = gb.DQ_CONFIGS[D]
+    bn, stages = C.WS_BWD_DQ_TILES[D]
     sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
            "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "BLOCK_N": "constexpr",
            "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
-    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": gb.CONSUMER_REGS, "NUM_CONS": 2}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
+              "NUM_CONS": 2}
     out[f"dq-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
 """
 
@@ -1284,7 +1441,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
 
 
 def test_gluon_descriptors_built_once_per_backward():
-    """``attention_gluon._desc``: the shared-memory layout is built once per (block, dtype); within
+    """``gluon_fwd._desc``: the shared-memory layout is built once per (block, dtype); within
     one ``memo`` the same tensor and block give the same descriptor, another block or another
     tensor (address, shape, strides) a new one with its own fields."""
     from tilewise.ops.attention import gluon_fwd as ag
@@ -1305,33 +1462,34 @@ def test_gluon_descriptors_built_once_per_backward():
 
 def test_v6_ws_bwd_rules_and_cpu_never():
     """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 4096
-    both ways), forced on or
-    off by ``use_ws_bwd``; never on CPU tensors."""
+    both ways); never on CPU tensors, even when the policy asks."""
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
-    assert A._WS_BWD["on"] is None
-    assert A._ws_bwd_rule(128, False, 1, 1) and A._ws_bwd_rule(128, True, 2048, 4096)
-    assert not A._ws_bwd_rule(128, True, 1024, 1024)
-    assert A._ws_bwd_rule(64, True, 4096, 4096) and A._ws_bwd_rule(64, False, 8192, 4096)
-    assert not A._ws_bwd_rule(64, False, 2048, 8192) and not A._ws_bwd_rule(64, True, 8192, 1024)
-    assert not A._ws_bwd_rule(96, False, 8192, 8192)
-    with A.use_ws_bwd(True):
-        assert not A._ws_bwd_plan(q, k, v, q, None, None, False)  # CPU tensors
-    assert A._WS_BWD["on"] is None
+
+    def bwd(D, causal, Sq, Sk):
+        return C.choose_policy(D, Sq, Sk, causal=causal).backward
+
+    assert bwd(128, False, 1, 1) == "ws" and bwd(128, True, 2048, 4096) == "ws"
+    assert bwd(128, True, 1024, 1024) == "two_kernel"
+    assert bwd(64, True, 4096, 4096) == "ws" and bwd(64, False, 8192, 4096) == "ws"
+    assert bwd(64, False, 2048, 8192) == "two_kernel" and bwd(64, True, 8192, 1024) == "two_kernel"
+    assert bwd(96, False, 8192, 8192) == "two_kernel"
+    assert not A._ws_bwd_applies(q, k, v, q, None, None)  # CPU tensors
 
 
 def test_v5_ws_applies_only_where_it_can_run():
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
     assert not A._ws_applies(q, k, v, None, None, None)  # CPU tensors
-    assert A._ws_plan(128, False, False, 1) == (True, None)
-    assert A._ws_plan(64, False, False, 1024) == (False, A._WS_THREE)  # short sequences: v3
-    assert A._ws_plan(64, False, False, 4096) == (True, A._WS_THREE)
-    assert A._ws_plan(64, False, True, 2048)[0] is False and A._ws_plan(64, False, True, 4096)[0] is True
-    assert A._ws_plan(128, True, True, 8192)[0] is False  # causal + bias: not measured, v4
-    assert A._ws_plan(96, False, False, 8192) == (False, None)
-    with A.use_ws(True):
-        assert A._ws_plan(64, False, False, 16) == (True, A._WS_THREE)
-    with A.use_ws(False):
-        assert A._ws_plan(128, False, True, 4096)[0] is False
+
+    def fwd(D, causal, bias, Sq):
+        p = C.choose_policy(D, Sq, Sq, causal=causal, has_bias=bias)
+        return p.forward, p.ws_config
+
+    assert fwd(128, False, False, 1) == ("ws", None)
+    assert fwd(64, False, False, 1024) == ("pointer", C.WS_THREE)  # short sequences: v3
+    assert fwd(64, False, False, 4096) == ("ws", C.WS_THREE)
+    assert fwd(64, False, True, 2048)[0] == "pointer" and fwd(64, False, True, 4096)[0] == "ws"
+    assert fwd(128, True, True, 8192)[0] == "pointer"  # causal + bias: not measured, v4
+    assert fwd(96, False, False, 8192) == ("pointer", None)
 
 
 WS_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
@@ -1361,11 +1519,11 @@ def test_gpu_v5_ws_forward_and_grads(shape, dtype, causal, poisoned_outputs, mon
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + 3 * Sk + D)
     _ws_or_skip(q)
-    monkeypatch.setitem(ag.PERSISTENT, "on", False)  # v5's own grid (the persistent one: its own test)
     calls = []
     real = ag.fwd
     monkeypatch.setattr(ag, "fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    ours = _run_fwd_bwd(A.v5_flash2_ws, q, k, v, causal=causal)
+    # v5's own grid (the persistent one: its own test)
+    ours = _run_fwd_bwd(_tuned(A.v5_flash2_ws, ws_persistent=False), q, k, v, causal=causal)
     assert calls == [1]
     _check_low_precision(ours, q, k, v, causal)
 
@@ -1410,19 +1568,18 @@ def test_gpu_v5_ws_falls_back_where_it_does_not_apply(monkeypatch):
     q96, k96, v96 = _inputs(1, 2, 2, 100, 100, 96, dtype=torch.bfloat16, device="cuda", seed=6)
     odd_bias = torch.randn(100, 101, device="cuda").bfloat16()[:, :100]  # rows of 101: not dense
     kk = torch.randn(1, 2, 100, 64, device="cuda").bfloat16()
-    with A.use_ws(True):
-        for args, kw in (((q, k, v), dict(mask=mask)), ((q96, k96, v96), {}),
-                         ((q.float(), k.float(), v.float()), {}), ((q, kk, kk), dict(bias=odd_bias))):
-            out = A.flash_attention(*args, **kw)
-            ref = A.reference(*(t.float() for t in args), **{n: (t.float() if t.dtype != torch.bool else t)
-                                                             for n, t in kw.items()})
-            assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+    for args, kw in (((q, k, v), dict(mask=mask)), ((q96, k96, v96), {}),
+                     ((q.float(), k.float(), v.float()), {}), ((q, kk, kk), dict(bias=odd_bias))):
+        out = _tuned(A.flash_attention, forward="ws")(*args, **kw)
+        ref = A.reference(*(t.float() for t in args), **{n: (t.float() if t.dtype != torch.bool else t)
+                                                         for n, t in kw.items()})
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
     assert calls == []
 
 
-def _check_v5_forward(q, k, v, causal, bias):
-    """v5's output and LSE against the fp32 reference (bf16 tolerances)."""
-    out, lse = A.v5_flash2_ws(q, k, v, causal=causal, bias=bias, return_lse=True)
+def _check_v5_forward(q, k, v, causal, bias, **changes):
+    """v5's output and LSE against the fp32 reference (bf16 tolerances); ``changes`` to the policy."""
+    out, lse = _tuned(A.v5_flash2_ws, **changes)(q, k, v, causal=causal, bias=bias, return_lse=True)
     ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=causal,
                                bias=bias.float() if bias is not None else None, return_lse=True)
     assert not torch.isnan(out).any()
@@ -1438,14 +1595,12 @@ def _check_v5_forward(q, k, v, causal, bias):
 @pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, monkeypatch):
     """v5 with three consumer warpgroups (192 query rows a CTA): odd sizes, causal, bias, GQA."""
-    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 7)
     _ws_or_skip(q)
-    monkeypatch.setitem(ag.OVERRIDE, (D, with_bias), (128, 2, 160, None, 3))
     bias = (torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias else None)
-    _check_v5_forward(q, k, v, causal, bias)
+    _check_v5_forward(q, k, v, causal, bias, ws_config=(128, 2, 160, None, 3))
 
 
 @pytest.mark.gpu
@@ -1455,7 +1610,7 @@ def test_gpu_v5_ws_three_consumers(shape, causal, with_bias, poisoned_outputs, m
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
-    """v5 on a persistent grid (``attention_gluon.PERSISTENT``, forced here; the default at D = 128
+    """v5 on a persistent grid (``AttentionPolicy.ws_persistent``, forced here; the default at D = 128
     without causal): odd sizes, GQA, one row, more work items than SMs (the ring and the Q buffers
     carry over between items)."""
     from tilewise.ops.attention import gluon_fwd as ag
@@ -1463,10 +1618,9 @@ def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 13)
     _ws_or_skip(q)
-    monkeypatch.setitem(ag.PERSISTENT, "on", True)
-    monkeypatch.setitem(ag.OVERRIDE, (D, False), (128, 2, ag.CONSUMER_REGS, None, 2))  # two consumers at D = 64 too
     launched = _record_launches(monkeypatch)
-    _check_v5_forward(q, k, v, causal, None)
+    # two consumers at D = 64 too
+    _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2))
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
 
@@ -1480,8 +1634,6 @@ def test_gpu_default_routes(monkeypatch):
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import triton_kernels as K
-
-    import functools
 
     q, k, v = _inputs(1, 2, 2, 1000, 1000, 128, dtype=torch.bfloat16, device="cuda", seed=50)
     _ws_or_skip(q)
@@ -1515,13 +1667,11 @@ def test_gpu_default_routes(monkeypatch):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.quick(rotate="shape")
 def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypatch):
-    """v5 with the consumers taking turns issuing their products (``attention_gluon.PINGPONG``,
+    """v5 with the consumers taking turns issuing their products (``AttentionPolicy.ws_pingpong``,
     opt-in): two consumers at D = 128, three at D = 64 from Sq = 4096 (the rules' config)."""
-    from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 11)
     _ws_or_skip(q)
-    monkeypatch.setitem(ag.PINGPONG, "on", True)
     bias = torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias and Sk % 8 == 0 else None
-    _check_v5_forward(q, k, v, causal, bias)
+    _check_v5_forward(q, k, v, causal, bias, ws_pingpong=True)

@@ -187,7 +187,7 @@ def declared_builds() -> dict[str, set[str]]:
 
 
 _AK = "tilewise.ops.attention.triton_kernels."
-# attention._TABLES kinds -> the kernels that take that table's tile, with the constexprs that say
+# attention's configs.TABLES kinds -> the kernels that take that table's tile, with the constexprs that say
 # the kind (the forward table serves the pointer and the TMA kernel alike).
 _ATTENTION_KINDS = {
     "fwd": [(_AK + "_attn_fwd_kernel", {"HAS_BIAS": False}), (_AK + "_attn_fwd_tma_kernel", {"HAS_BIAS": False})],
@@ -209,28 +209,26 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
     that would show it ran. Attention's tables are keyed by head dim (matched through HEAD_DIM); the
     Gluon kernels take the head dim from their descriptors, so their entries match on the tile and
     stages alone; the GEMM autotuner's configs match on the tile, group, stages and warps."""
-    from tilewise.ops.attention import api as at
-    from tilewise.ops.attention import gluon_fwd as ag
-    from tilewise.ops.attention import gluon_bwd as agb
+    from tilewise.ops.attention import configs as ac
     from tilewise.ops.gemm import configs as gc
 
     out = {}
-    assert set(at._TABLES) == set(_ATTENTION_KINDS), "attention._TABLES changed: update _ATTENTION_KINDS"
-    for tname, tables in (("_TABLES", at._TABLES), ("_TABLES_2BYTE", at._TABLES_2BYTE)):
+    assert set(ac.TABLES) == set(_ATTENTION_KINDS), "attention's configs.TABLES changed: update _ATTENTION_KINDS"
+    c = "tilewise.ops.attention.configs."
+    for tname, tables in (("TABLES", ac.TABLES), ("TABLES_2BYTE", ac.TABLES_2BYTE)):
         for kind, table in tables.items():
             for key, (bm, bn, warps, stages) in table.items():
                 need = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "@D": key}
-                out[f"tilewise.ops.attention.api.{tname}[{kind}][{key}]"] = [
-                    (k, {**c, **need}) for k, c in _ATTENTION_KINDS[kind]]
+                out[f"{c}{tname}[{kind}][{key}]"] = [(k, {**cx, **need}) for k, cx in _ATTENTION_KINDS[kind]]
     g = "tilewise.ops.attention.gluon_fwd."
-    for (D, bias), (bn, stages) in ag.CONFIGS.items():
-        out[f"{g}CONFIGS[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel",
-                                           {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
+    for (D, bias), (bn, stages) in ac.WS_FWD_TILES.items():
+        out[f"{c}WS_FWD_TILES[{D},{bias}]"] = [(g + "attn_fwd_ws_kernel",
+                                                {"HAS_BIAS": bias, "BLOCK_N": bn, "STAGES": stages})]
     g = "tilewise.ops.attention.gluon_bwd."
-    for D, (bm, stages) in agb.CONFIGS.items():
-        out[f"{g}CONFIGS[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
-    for D, (bn, stages) in agb.DQ_CONFIGS.items():
-        out[f"{g}DQ_CONFIGS[{D}]"] = [(g + "attn_bwd_dq_ws_kernel", {"BLOCK_N": bn, "STAGES": stages})]
+    for D, (bm, stages) in ac.WS_BWD_DKDV_TILES.items():
+        out[f"{c}WS_BWD_DKDV_TILES[{D}]"] = [(g + "attn_bwd_dkdv_ws_kernel", {"BLOCK_M": bm, "STAGES": stages})]
+    for D, (bn, stages) in ac.WS_BWD_DQ_TILES.items():
+        out[f"{c}WS_BWD_DQ_TILES[{D}]"] = [(g + "attn_bwd_dq_ws_kernel", {"BLOCK_N": bn, "STAGES": stages})]
     k = "tilewise.ops.gemm.triton_kernels."
     for t in gc.AUTOTUNE:
         need = {**t.meta(), "num_stages": t.stages, "num_warps": t.warps}
@@ -241,7 +239,7 @@ def config_entries() -> dict[str, list[tuple[str, dict]]]:
 
 
 def _head_dim_key(d: int) -> int:
-    """attention._config's table key for head dim d."""
+    """attention's configs.table_key for head dim d."""
     return min(max(16, 1 << (d - 1).bit_length(), 32), 256)
 
 

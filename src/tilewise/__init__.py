@@ -27,7 +27,7 @@ _PUBLIC = {
     "ops.gemm.api": ["gemm", "linear"],
     "ops.rowwise.softmax": ["softmax", "log_softmax", "softmax_backward"],
     "ops.rowwise.cross_entropy": ["cross_entropy"],
-    "ops.attention.api": ["flash_attention"],
+    "ops.attention.api": ["flash_attention", "AttentionPolicy"],
     "ops.embedding.api": ["embedding"],
     "nn.classifier": ["SentimentClassifier"],
 }

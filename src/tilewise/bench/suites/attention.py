@@ -4,8 +4,8 @@ compiled FlexAttention: forward, forward + backward, causal and not, with and wi
 Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attention_bias_*`` with a
 (1, H, S, S) additive bias, whose gradient is taken in the backward rows):
     sdpa_flash, sdpa_cudnn, sdpa_efficient, flex_attention (torch.compile'd): the baselines;
-    flash_attention (ours as a caller gets it: the forward by ``attention._WS_RULES`` (v5 or v3 /
-    v4), the backward by ``_WS_BWD_RULES`` (v6 or v3's two kernels); the issue's targets are read
+    flash_attention (ours as a caller gets it: the forward by ``configs.WS_FWD_RULES`` (v5 or v3 /
+    v4), the backward by ``configs.WS_BWD_RULES`` (v6 or v3's two kernels); the issue's targets are read
     from this row); v3_flash2 (the Triton forward: v3, or v4's TMA kernel with a bias; v3's
     backward; its baseline is sdpa_flash, or the fastest SDPA backend that accepts the bias),
     v5_flash2_ws (the warp-specialized Gluon forward, sm_90, D 64 / 128; v3's backward),
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ops.attention import api as op
+from ...ops.attention import configs as op_configs
 from ..harness import CheckError, check, time_ms
 
 # Backward candidates (full run, S = 4096, no bias): one kernel's tile changed at a time.
@@ -80,28 +81,40 @@ def _flex():
     return fn
 
 
-def _variant(fn, ws_bwd=None):
+def _variant(fn, **changes):
     """One of ``attention.VARIANTS`` (or ``flash_attention``) as the (q, k, v, causal, bias) callable
-    the rows time. ``ws_bwd``: the backward the row times (read when it runs, so ``_check_version``
-    and ``_time`` hold it over the whole call): False v3's kernels, True v6's, None
-    ``flash_attention``'s default (``attention.use_ws_bwd``)."""
+    the rows time, under the call's default policy with ``changes`` (e.g. the backward the row
+    times: "two_kernel" v3's kernels, "ws" v6's; none: ``flash_attention``'s default). The policy
+    is built once per input layout, outside the timed calls."""
+    policies = {}
+
     def f(q, k, v, causal, bias):
-        return fn(q, k, v, causal=causal, bias=bias)
-    f.ws_bwd = ws_bwd
+        key = (q.shape, k.shape, causal, None if bias is None else (bias.shape, bias.requires_grad))
+        policy = policies.get(key)
+        if policy is None:
+            policy = policies[key] = op.default_policy(q, k, causal=causal, bias=bias).replace(**changes)
+        return fn(q, k, v, causal=causal, bias=bias, policy=policy)
+    f.fn, f.changes = fn, changes
     return f
 
 
-_ours = _variant(op.v3_flash2, False)  # the Triton forward (v4's TMA kernel for a bias, where it applies)
-_ours_ws = _variant(op.v5_flash2_ws, False)  # v5, the warp-specialized Gluon forward, where it applies
-_ours_v6 = _variant(op.v5_flash2_ws, True)  # v5's forward, v6's backward (where they apply)
+_V3_BWD = dict(backward="two_kernel")
+_ours = _variant(op.v3_flash2, **_V3_BWD)  # the Triton forward (v4's TMA kernel for a bias, where it applies)
+_ours_ws = _variant(op.v5_flash2_ws, **_V3_BWD)  # v5, the warp-specialized Gluon forward, where it applies
+_ours_v6 = _variant(op.v5_flash2_ws, backward="ws")  # v5's forward, v6's backward (where they apply)
 _ours_default = _variant(op.flash_attention)  # what a caller gets: v5 / v3 and v6 / v3 by the rules
 _ours_atomic = _variant(op.v3_flash2_atomic)  # the default forward, the atomic backward
-_ours_tma = _variant(op.v4_flash2_tma, False)
+_ours_tma = _variant(op.v4_flash2_tma, **_V3_BWD)
+
+
+def _swept(fn, tiles: dict, **changes):
+    """``fn`` (a ``_variant``) with the tiles of ``tiles`` (kernel kind -> tile) and ``changes``."""
+    return _variant(fn.fn, **{**fn.changes, **changes}, tiles=tiles)
 
 
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
     """fp32 reference on heads 0-1 (attention is independent per (b, h)); batch 0 only, except with a
-    bias, whose gradient sums over the batch. The backward is ``fn``'s (``_variant``)."""
+    bias, whose gradient sums over the batch. The backward is ``fn``'s (its policy's)."""
     sl = (slice(None), slice(0, 2)) if bias is not None else (slice(0, 1), slice(0, 2))
     qs, ks, vs = (t[sl].detach().float().requires_grad_(backward) for t in (q, k, v))
     bs = bias[:, :2].detach().float().requires_grad_(backward) if bias is not None else None
@@ -110,9 +123,8 @@ def _check_version(name, fn, q, k, v, bias, causal, go, backward):
     bi = bias.detach().requires_grad_(backward) if bias is not None else None
     ins = [qi, ki, vi] + ([bi] if bias is not None else [])
     ref_ins = [qs, ks, vs] + ([bs] if bias is not None else [])
-    with op.use_ws_bwd(getattr(fn, "ws_bwd", None)):
-        out = fn(qi, ki, vi, causal, bi)
-        grads = torch.autograd.grad(out, ins, go) if backward else ()
+    out = fn(qi, ki, vi, causal, bi)
+    grads = torch.autograd.grad(out, ins, go) if backward else ()
     check(f"{name} out", out[sl].float(), ref.detach(), dtype=q.dtype, tol=2e-2)
     if backward:
         ref_grads = torch.autograd.grad(ref, ref_ins, go[sl].float())
@@ -128,8 +140,7 @@ def _time(fn, q, k, v, bias, causal, go, backward):
     for t in ins:
         t.requires_grad_(True)
     try:
-        with op.use_ws_bwd(getattr(fn, "ws_bwd", None)):  # read when the backward runs: over the timing
-            return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
+        return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
     finally:
         for t in ins:
             t.requires_grad_(False)
@@ -226,9 +237,9 @@ def run(r) -> None:
                                              for vf in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))):
                         name = vname + "[" + ",".join(map(str, cfg)) + "]"
                         try:
-                            with op.override_configs(fwd=cfg):
-                                _check_version(name, fn, q, k, v, None, causal, go, False)
-                                ms = _time(fn, q, k, v, None, causal, go, False)
+                            swept = _swept(fn, {"fwd": cfg})
+                            _check_version(name, swept, q, k, v, None, causal, go, False)
+                            ms = _time(swept, q, k, v, None, causal, go, False)
                         except CheckError:
                             raise
                         except Exception as e:  # e.g. out of shared memory for this tile
@@ -239,9 +250,9 @@ def run(r) -> None:
                     for kind, cfg in _BWD_SWEEP:
                         name = f"v3_flash2[{kind}=" + ",".join(map(str, cfg)) + "]"
                         try:
-                            with op.override_configs(**{kind: cfg}):
-                                _check_version(name, _ours, q, k, v, None, causal, go, True)
-                                ms = _time(_ours, q, k, v, None, causal, go, True)
+                            swept = _swept(_ours, {kind: cfg})
+                            _check_version(name, swept, q, k, v, None, causal, go, True)
+                            ms = _time(swept, q, k, v, None, causal, go, True)
                         except CheckError:
                             raise
                         except Exception as e:  # e.g. out of shared memory for this tile
@@ -249,13 +260,13 @@ def run(r) -> None:
                             continue
                         r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
                     for kind, cfg in _ATOMIC_SWEEP:
-                        if kind == "atomic_tma" and D not in op._ATOMIC_TMA_CONFIGS:
+                        if kind == "atomic_tma" and D not in op_configs.ATOMIC_TMA:
                             continue
                         name = f"v3_flash2_atomic[{kind}=" + ",".join(map(str, cfg)) + "]"
                         try:
-                            with op.override_configs(**{kind: cfg}), op.dq_tma(kind == "atomic_tma"):
-                                _check_version(name, _ours_atomic, q, k, v, None, causal, go, True)
-                                ms = _time(_ours_atomic, q, k, v, None, causal, go, True)
+                            swept = _swept(_ours_atomic, {kind: cfg}, dq_tma=kind == "atomic_tma")
+                            _check_version(name, swept, q, k, v, None, causal, go, True)
+                            ms = _time(swept, q, k, v, None, causal, go, True)
                         except CheckError:
                             raise
                         except Exception as e:  # e.g. out of shared memory for this tile

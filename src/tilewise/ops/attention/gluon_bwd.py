@@ -29,12 +29,13 @@ keep the Triton kernels).
 
 Speed (H200, the backward alone at B * S = 16384, H = 16, bf16): 1.38-1.61x v3's two kernels at
 D = 128 (S 1024-16384) and 1.05-1.24x at D = 64 from S = 4096 (0.85x at S = 1024), so it is
-``flash_attention``'s backward where ``attention._WS_BWD_RULES`` say (docs/tuning/attention.md,
+``flash_attention``'s backward where ``configs.WS_BWD_RULES`` say (docs/tuning/attention.md,
 "v6 backward").
 """
 
 from __future__ import annotations
 
+from . import configs
 
 LOG2E = 1.4426950408889634
 KEYS = 64  # keys (dK / dV) or query rows (dQ) per consumer warpgroup (wgmma M)
@@ -338,34 +339,18 @@ if _GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-# D -> (BLOCK_M, STAGES); shared memory: K, V 2 x 64 x D + STAGES x (Q, dO) BLOCK_M x D, 2 bytes each
-# (D = 128: 64 KB + 2 x 32 KB = 128 KB). BLOCK_M 64 with 2 stages ran 1.08-1.28x BLOCK_M 32 with 3
-# at D = 128 (despite ~300 spill instructions against 0-39) and 1.07-1.67x at D = 64; 3 or 4 stages
-# equal or slower; BLOCK_M 128 at D = 64 spills ~1,000 and ran 0.7x (docs/tuning/attention.md,
-# "v6 tiles").
-CONFIGS = {64: (64, 2), 128: (64, 2)}
-CONSUMER_REGS = 240
-OVERRIDE: dict = {}  # D -> (BLOCK_M, STAGES, consumer registers): experiments
-# dQ kernel: D -> (BLOCK_N, STAGES); shared memory Q, dO 2 x 64 x D + STAGES x (K, V) BLOCK_N x D
-# (D = 128: 64 KB + 3 x 32 KB = 160 KB). BLOCK_N 128 or 2 / 4 stages ran within 1-2% (same section).
-DQ_CONFIGS = {64: (64, 3), 128: (64, 3)}
-DQ_OVERRIDE: dict = {}  # D -> (BLOCK_N, STAGES, consumer registers): experiments
-
-
-def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None):
+def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None):
     """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
     Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
-    caller checks the layouts (``attention._ws_bwd_applies``). ``launch``: the project's Triton
+    caller checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
-    backward (the descriptors both kernels use are built once)."""
+    backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
+    consumer registers), default ``configs.ws_bwd_dkdv_config``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bm, stages = CONFIGS[D]
-    regs = CONSUMER_REGS
-    if D in OVERRIDE:
-        bm, stages, regs = OVERRIDE[D]
+    bm, stages, regs = configs.ws_bwd_dkdv_config(D, config)
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
@@ -375,16 +360,14 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None)
     return dk, dv
 
 
-def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None):
-    """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``."""
+def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None):
+    """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``. ``config``:
+    (BLOCK_N, STAGES, consumer registers), default ``configs.ws_bwd_dq_config``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages = DQ_CONFIGS[D]
-    regs = CONSUMER_REGS
-    if D in DQ_OVERRIDE:
-        bn, stages, regs = DQ_OVERRIDE[D]
+    bn, stages, regs = configs.ws_bwd_dq_config(D, config)
     qd, dod = _desc(q.view(-1, D), (KEYS, D), memo), _desc(do.view(-1, D), (KEYS, D), memo)
     kd, vd = _desc(k.view(-1, D), (bn, D), memo), _desc(v.view(-1, D), (bn, D), memo)
     grid = (-(-Sq // (2 * KEYS)), B * H)

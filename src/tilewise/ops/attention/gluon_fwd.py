@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from ...runtime import cuda as rt
+from . import configs
 
 try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers check ``available``)
     from triton.experimental import gluon
@@ -425,33 +426,6 @@ if _GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-# (D, has bias) -> (BLOCK_N, STAGES): shared memory per CTA stays under the 227 KB a block may have
-# (D = 128 with bias: Q 32 KB + K, V 2 x 64 KB + bias 2 x 2 x 16 KB = 224 KB).
-CONFIGS = {(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2), (128, True): (128, 2)}
-CONSUMER_REGS = 232
-# (D, has bias) -> (BLOCK_N, STAGES, consumer registers, maxnreg, consumers): experiments' overrides.
-OVERRIDE: dict = {}
-# Ping-pong (FA3's schedule): the consumers take turns issuing their wgmma products (round robin
-# through one mbarrier each), so one's softmax runs while another's products do. Correct on the
-# H200 and slower or equal on every case measured (D = 128 S = 4096 0.889 -> 0.875x cuDNN): off
-# (docs/tuning/attention.md, "v5 ping-pong").
-PINGPONG = {"on": False}
-# The persistent grid (``attn_fwd_ws_persistent_kernel``; no bias, two consumers): one CTA an SM, so
-# one work item's epilogue overlaps the next one's Q load and ring fill (v5's own grid runs 2048 CTAs
-# at one an SM, each paying its Q load, ring fill and epilogue with the tensor pipe idle; cuDNN's
-# forward is persistent). ``PERSISTENT["on"]``: None = where ``PERSISTENT_RULES`` (head dim, causal)
-# say, True / False forced / off. Against v5's grid: D = 128 without causal 1.04-1.08x; causal
-# 0.95-0.97x (the static round robin leaves SMs idle at the end even with the longest tiles first);
-# D = 64 0.99-1.07x, within noise: left on v5's grid (docs/tuning/attention.md, "v5 persistent grid").
-PERSISTENT = {"on": None}
-PERSISTENT_RULES = {(128, False)}
-
-
-def _persistent(D, causal) -> bool:
-    on = PERSISTENT["on"]
-    return (D, bool(causal)) in PERSISTENT_RULES if on is None else bool(on)
-
-
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
@@ -488,18 +462,17 @@ def run(kernel, grid, args, meta, launch=None):
         launch(kernel, grid, *args, **meta)
 
 
-def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None):
+def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
+        persistent=False, pingpong=False):
     """The forward into ``out`` (contiguous, q's shape) and ``lse`` (B, H, Sq) fp32. The caller
-    checks the layouts (``attention._ws_applies``). ``launch``: the project's Triton launcher
+    checks the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
     (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
-    consumer registers, maxnreg or None, consumers: 2 or 3) instead of CONFIGS' (experiments)."""
+    consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
+    ``persistent``: the persistent grid where it applies (no bias, two consumers, no maxnreg, no
+    ping-pong); ``pingpong``: the consumers take turns issuing their products."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages = CONFIGS[(D, bias is not None)]
-    regs, maxnreg, ncons = CONSUMER_REGS, None, 2
-    config = OVERRIDE.get((D, bias is not None)) or config  # an experiment's override wins
-    if config is not None:
-        bn, stages, regs, maxnreg, ncons = config
+    bn, stages, regs, maxnreg, ncons = configs.ws_fwd_config(D, bias is not None, config)
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     qd, kd, vd = _desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D))
     rows_b = rows_h = 0
@@ -511,7 +484,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
-    if bias is None and ncons == 2 and maxnreg is None and not PINGPONG["on"] and _persistent(D, causal):
+    if bias is None and ncons == 2 and maxnreg is None and not pingpong and persistent:
         total = -(-Sq // (ROWS * 2)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
@@ -521,7 +494,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
-                CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=PINGPONG["on"], num_warps=4)
+                CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=bool(pingpong), num_warps=4)
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     run(attn_fwd_ws_kernel, grid, args, meta, launch)

@@ -1,4 +1,4 @@
-"""Triton kernels of FlashAttention-2 (see ``attention.py`` for the versions, shapes and launchers).
+"""Triton kernels of FlashAttention-2 (see ``api.py`` for the versions, shapes and launchers).
 
 Conventions shared by every kernel here:
 - scores run in the log2 domain: ``s2 = (scale * q.k + bias) * log2(e)``, so ``exp2`` replaces

@@ -1,0 +1,271 @@
+"""attention's tuning and routing: the tile tables, the Gluon kernels' tables, the routing rules, the
+per-call ``AttentionPolicy`` and ``choose_policy``, the heuristic that picks the default one.
+
+Every table is read-only and every rule says in a line why it is what it is, and names the section of
+docs/tuning/attention.md ("tuning: <section>") that holds the measurements behind it. Behaviour changes
+per call, through a policy passed to ``flash_attention``: nothing here is edited at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Optional
+
+class Tile(NamedTuple):
+    """A Triton kernel's launch tile."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _tiles(table: dict) -> Mapping[int, Tile]:
+    return MappingProxyType({key: Tile(*t) for key, t in table.items()})
+
+
+def block_d(D: int) -> int:
+    """The head dim padded to a power of two (at least 16): the kernels' BLOCK_D."""
+    return max(16, 1 << (D - 1).bit_length())
+
+
+def table_key(D: int) -> int:
+    """The tile tables' key for head dim D: its padded size, 32 to 256."""
+    return min(max(block_d(D), 32), 256)
+
+
+# ---------------------------------------------------------------------------- Triton tile tables
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by padded head dim, for sm_90.
+
+# The largest spill-free tiles; 8 warps so each warpgroup's wgmma has M = 64 (tuning: "Forward tiles").
+FWD = _tiles({32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)})
+# With a bias, D = 64 runs faster as 64 x 64 in one warpgroup; D = 128 keeps 128 x 64
+# (tuning: "Bias forward tiles").
+FWD_BIAS = _tiles({**FWD, 64: (64, 64, 4, 3)})
+# v4's TMA kernel with a bias: 128 x 64 x 8 x 3 led at D = 64 and 128 (tuning: "Bias forward by TMA").
+FWD_TMA_BIAS = _tiles({32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)})
+# The opt-in bias-pair forward: two accumulators' registers bound the tile (tuning: "Bias pair kernel").
+FWD_BIAS_PAIR = _tiles({32: (64, 64, 4, 3), 64: (128, 64, 8, 3), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)})
+# dK/dV: a key tile and two fp32 accumulators stay in registers while query tiles stream; the
+# spill-free tiles (tuning: "Deterministic backward tiles").
+DKDV = _tiles({32: (64, 128, 8, 3), 64: (32, 128, 8, 3), 128: (32, 128, 8, 2), 256: (32, 32, 4, 1)})
+# 2-byte inputs at D = 64: a 64-key tile in one warpgroup with 4 stages ran faster
+# (tuning: "Deterministic backward tiles").
+DKDV_2BYTE = _tiles({64: (32, 64, 4, 4)})
+# dQ: a query tile stays, key tiles stream (tuning: "Deterministic backward tiles").
+DQ = _tiles({32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2), 256: (64, 32, 8, 2)})
+# dQ that also stores dS for the bias gradient: the extra store spills 128 x 64 at D = 128
+# (tuning: "Deterministic backward tiles").
+DQ_BIAS = _tiles({**DQ, 128: (128, 32, 8, 2)})
+# The atomic backward (head dims <= ATOMIC_MAX_D): 64 x 128 spills a few cold registers at D = 128 yet
+# ran fastest, ptxas' spill count is not the cost (tuning: "Atomic backward tiles").
+ATOMIC = _tiles({32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2)})
+# 2-byte inputs at D = 128 fit 3 stages, which ran faster than two (tuning: "Atomic backward tiles").
+ATOMIC_2BYTE = _tiles({128: (64, 128, 8, 3)})
+# + the dS store: spill-free 64 x 64 at D = 64; at D = 128 nothing tried is spill-free, the
+# fewest-spill wgmma tile (tuning: "Atomic backward tiles").
+ATOMIC_BIAS = _tiles({**ATOMIC, 64: (64, 64, 8, 2), 128: (32, 64, 8, 2)})
+# dQ by TMA reduce-add (opt-in): no per-element addresses, so two stages fit at D = 128
+# (tuning: "dQ by TMA reduce-add").
+ATOMIC_TMA = _tiles({128: (16, 128, 8, 2)})
+ATOMIC_TMA_BIAS = _tiles({128: (16, 128, 8, 2)})
+
+# Each kernel kind's table, and the kinds whose 2-byte inputs have entries of their own.
+TABLES: Mapping[str, Mapping[int, Tile]] = MappingProxyType({
+    "fwd": FWD, "fwd_bias": FWD_BIAS, "fwd_tma_bias": FWD_TMA_BIAS, "fwd_bias_pair": FWD_BIAS_PAIR,
+    "dkdv": DKDV, "dq": DQ, "dq_bias": DQ_BIAS, "atomic": ATOMIC, "atomic_bias": ATOMIC_BIAS,
+    "atomic_tma": ATOMIC_TMA, "atomic_tma_bias": ATOMIC_TMA_BIAS})
+TABLES_2BYTE: Mapping[str, Mapping[int, Tile]] = MappingProxyType({"atomic": ATOMIC_2BYTE, "dkdv": DKDV_2BYTE})
+
+
+def tile(kind: str, D: int, itemsize: int = 4, overrides: Mapping[str, tuple] | None = None) -> Tile:
+    """The tile of one kernel kind at head dim D for inputs of ``itemsize`` bytes: an override of the
+    kind first (a '_bias' kind takes its plain kind's, so tests' tiny tiles cover both), then the
+    2-byte table, then the table."""
+    if overrides:
+        if kind in overrides:
+            return overrides[kind]
+        if kind.endswith("_bias") and kind[:-5] in overrides:
+            return overrides[kind[:-5]]
+    key = table_key(D)
+    if itemsize == 2 and key in TABLES_2BYTE.get(kind, {}):
+        return TABLES_2BYTE[kind][key]
+    return TABLES[kind][key]
+
+
+# ---------------------------------------------------------------------------- Gluon tables
+
+# v5: (D, has bias) -> (BLOCK_N, STAGES); Q, the K / V ring and the bias stages stay under a block's
+# 227 KB of shared memory (tuning: "v5 forward routes").
+WS_FWD_TILES = MappingProxyType({(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2),
+                                 (128, True): (128, 2)})
+# Each of two consumer warpgroups' registers (setmaxnreg), the loader warp keeping 24: the budget v5 was
+# built and measured with (docs/notes-attention.md, "Eighth session"; tuning: "v5 forward routes").
+WS_FWD_CONSUMER_REGS = 232
+# v5 with three consumers (192 query rows a CTA), D = 64's winner: BLOCK_N, STAGES, consumer registers,
+# maxnreg, consumers (tuning: "v5 forward routes").
+WS_THREE = (128, 2, 160, None, 3)
+# v6 dK/dV: D -> (BLOCK_M, STAGES); 64 x 2 stages ran fastest despite its spills (tuning: "v6 tiles").
+WS_BWD_DKDV_TILES = MappingProxyType({64: (64, 2), 128: (64, 2)})
+# v6 dQ: D -> (BLOCK_N, STAGES); BLOCK_N 128 or other stage counts ran within noise (tuning: "v6 tiles").
+WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 3)})
+# v6's consumer warpgroups' registers (tuning: "v6 tiles").
+WS_BWD_CONSUMER_REGS = 240
+
+
+def ws_fwd_config(D: int, has_bias: bool, chosen: Optional[tuple] = None) -> tuple:
+    """v5's (BLOCK_N, STAGES, consumer registers, maxnreg or None, consumers): ``chosen``, else two
+    consumers with WS_FWD_TILES' tile."""
+    return tuple(chosen) if chosen is not None else (*WS_FWD_TILES[(D, has_bias)], WS_FWD_CONSUMER_REGS, None, 2)
+
+
+def ws_bwd_dkdv_config(D: int, chosen: Optional[tuple] = None) -> tuple:
+    """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers)."""
+    return tuple(chosen) if chosen is not None else (*WS_BWD_DKDV_TILES[D], WS_BWD_CONSUMER_REGS)
+
+
+def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
+    """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers)."""
+    return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
+
+
+# ---------------------------------------------------------------------------- routing rules
+
+# v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
+# at every length; D = 64 with three consumers from Sq = 4096 (shorter runs keep v3's resident CTAs);
+# causal with a bias is not measured (tuning: "v5 forward routes").
+WS_FWD_RULES = MappingProxyType({
+    (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
+    (64, False, False): (4096, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
+# v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
+# (tuning: "v5 persistent grid").
+WS_PERSISTENT_RULES = frozenset({(128, False)})
+# v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (short causal
+# calls are host-bound) (tuning: "v6 backward routes").
+WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096})
+# The ordered deterministic fused backward, (head dim, bias gradient): slower than the two kernels
+# everywhere measured, so opt-in only (tuning: "Ordered dQ").
+ORDERED_RULES: frozenset = frozenset()
+# The bias-pair forward up to this head dim: 0, halving the bias reads did not pay (tuning: "Bias pair kernel").
+BIAS_PAIR_MAX_D = 0
+# The fused atomic backward spills even at 16 x 32 tiles above this head dim (tuning: "Atomic backward tiles").
+ATOMIC_MAX_D = 128
+
+
+# ---------------------------------------------------------------------------- the policy
+
+FORWARDS = ("pointer", "tma", "ws")
+BACKWARDS = ("two_kernel", "ws", "atomic", "ordered")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPolicy:
+    """What one ``flash_attention`` call runs, forward and backward (the backward uses the forward's).
+
+    A path that does not apply to the inputs (hardware, dtype, layout, mask) falls back: the forward
+    to v3's pointer kernels (with the bias forwards below), the backward to v3's two kernels. Build
+    policies outside ``torch.compile``d code (``choose_policy`` / ``replace``) and pass them in.
+
+    forward:       "pointer" (v3), "tma" (v4: Q/K/V by TMA, no mask or bias), "ws" (v5: the
+                   warp-specialized Gluon kernel, sm_90).
+    ws_config:     v5's (BLOCK_N, STAGES, consumer registers, maxnreg or None, consumers 2 / 3);
+                   None: two consumers with ``WS_FWD_TILES``' tile.
+    ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias, two consumers).
+    ws_pingpong:   v5's consumers take turns issuing their products.
+    bias_tma:      a bias forward through v4's TMA kernel where the bias has dense rows.
+    bias_pair:     a bias shared by the batch, B even, no mask: two batch elements a program.
+    bias_batch_fastest: a bias shared by the batch: programs run batch-fastest (one bias tile in L2).
+    backward:      "two_kernel" (v3: dK/dV and dQ kernels, deterministic), "ws" (v6: those kernels in
+                   Gluon, deterministic), "atomic" (one fused kernel, dQ by fp32 atomics: needs
+                   ``deterministic=False``), "ordered" (the fused kernel, dQ added in a fixed order;
+                   GPU only, no mask). The fused kernel runs at head dims <= 128 only.
+    ws_bwd_dq:     v6 also computes dQ (False: v3's dQ kernel after v6's dK / dV).
+    ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers); None: the tables.
+    ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
+    dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
+    tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.
+    """
+
+    # v4 without a bias is opt-in: its TMA loads ran slower than v3's pointer loads (tuning: "v4: TMA forward").
+    forward: str = "pointer"
+    ws_config: Optional[tuple] = None
+    ws_persistent: bool = False
+    # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
+    ws_pingpong: bool = False
+    # On: the TMA kernel prefetches the bias tile, the pointer kernel cannot (tuning: "Bias forward by TMA").
+    bias_tma: bool = True
+    bias_pair: bool = False
+    # On: the batch's programs share each bias tile through L2 (tuning: "Bias forward: batch-fastest grid").
+    bias_batch_fastest: bool = True
+    backward: str = "two_kernel"
+    ws_bwd_dq: bool = True
+    ws_bwd_config: Optional[tuple] = None
+    ws_bwd_dq_config: Optional[tuple] = None
+    ordered_mode: int = 1
+    # Off: its best tile ran slower than pointer atomics (tuning: "dQ by TMA reduce-add").
+    dq_tma: bool = False
+    tiles: tuple = ()
+    # The fields as one string: how the torch.library custom ops (which take no objects) receive it.
+    key: str = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.forward not in FORWARDS:
+            raise ValueError(f"AttentionPolicy: forward must be one of {FORWARDS}, got {self.forward!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"AttentionPolicy: backward must be one of {BACKWARDS}, got {self.backward!r}")
+        if self.ordered_mode not in (1, 2):
+            raise ValueError(f"AttentionPolicy: ordered_mode must be 1 or 2, got {self.ordered_mode!r}")
+        tiles = dict(self.tiles)
+        unknown = sorted(set(tiles) - set(TABLES))
+        if unknown:
+            raise ValueError(f"AttentionPolicy: tiles for unknown kernel kinds {unknown}; known: {sorted(TABLES)}")
+        put = functools.partial(object.__setattr__, self)
+        put("tiles", tuple(sorted((kind, Tile(*map(int, t))) for kind, t in tiles.items())))
+        for name in ("ws_config", "ws_bwd_config", "ws_bwd_dq_config"):
+            if getattr(self, name) is not None:
+                put(name, tuple(getattr(self, name)))
+        put("key", json.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}))
+
+    def replace(self, **changes) -> AttentionPolicy:
+        """This policy with ``changes`` (a new object; policies are immutable)."""
+        return dataclasses.replace(self, **changes)
+
+    def tile(self, kind: str, D: int, itemsize: int = 4) -> Tile:
+        return tile(kind, D, itemsize, dict(self.tiles) if self.tiles else None)
+
+
+@functools.lru_cache(maxsize=256)
+def policy_from_key(key: str) -> AttentionPolicy:
+    """The policy whose ``key`` this is (a pure function of the string)."""
+    return AttentionPolicy(**json.loads(key))
+
+
+@functools.lru_cache(maxsize=64)
+def _policy(forward, ws_config, ws_persistent, backward, bias_pair) -> AttentionPolicy:
+    # One object per decision: choose_policy runs on every call, a policy's construction is not free.
+    return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, backward=backward,
+                           bias_pair=bias_pair)
+
+
+def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
+                  has_mask: bool = False, bias_grad: bool = False, deterministic: bool = True) -> AttentionPolicy:
+    """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
+    opt-in), the backward by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by
+    ``WS_BWD_RULES`` (v6) and ``ORDERED_RULES``, else v3's two kernels."""
+    causal = bool(causal)
+    rule = WS_FWD_RULES.get((head_dim, causal, bool(has_bias)))
+    forward = "ws" if rule is not None and not has_mask and seq_q >= rule[0] else "pointer"
+    least = WS_BWD_RULES.get((head_dim, causal))
+    if not deterministic:
+        backward = "atomic" if head_dim <= ATOMIC_MAX_D else "two_kernel"
+    elif not has_mask and not has_bias and least is not None and min(seq_q, seq_k) >= least:
+        backward = "ws"
+    elif not has_mask and head_dim <= ATOMIC_MAX_D and (head_dim, bool(bias_grad)) in ORDERED_RULES:
+        backward = "ordered"
+    else:
+        backward = "two_kernel"
+    return _policy(forward, rule[1] if rule is not None else None, (head_dim, causal) in WS_PERSISTENT_RULES,
+                   backward, head_dim <= BIAS_PAIR_MAX_D)
