@@ -10,7 +10,7 @@ minus the kernels' sum: launch latency between graph nodes).
 
 Run on the GPU (< 20 s): PYTHONPATH=src python3 research/embedding_profile.py
 """
-import contextlib
+import functools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import median_event_ms  # noqa: E402
 from tilewise.bench.suites.embedding import _capture  # noqa: E402
 from tilewise.ops.embedding import api as op  # noqa: E402
+from tilewise.ops.embedding import configs as cf  # noqa: E402
 
 
 def median_ms(fn, reps=200):
@@ -36,13 +37,12 @@ def main():
     w = torch.randn(V, E, device="cuda", generator=g)
     gout = torch.randn(B, T, E, device="cuda", generator=g)
     ref = op.reference_backward(ids, gout, V)
-    fns = {"torch.embedding": (lambda i, ww: torch.nn.functional.embedding(i, ww), None),
-           **{k: (f, None) for k, f in op.VARIANTS.items()},
-           **{f"v4{c}": (op.v4_block_scan, c) for c in op.BLOCK_SCAN_EXTRA}}
+    fns = {"torch.embedding": lambda i, ww: torch.nn.functional.embedding(i, ww),
+           **op.VARIANTS,
+           **{f"v4{c}": functools.partial(op.v4_block_scan, config=c) for c in cf.BLOCK_SCAN_EXTRA}}
     totals = {}
-    for name, (fn, cfg) in fns.items():
-        with op.block_scan_config(cfg) if cfg else contextlib.nullcontext():
-            graph, out, gw = _capture(fn, ids, w, gout, True)
+    for name, fn in fns.items():
+        graph, out, gw = _capture(fn, ids, w, gout, True)
         gw.fill_(float("nan"))
         graph.replay()
         err = ((gw.double() - ref).norm() / ref.norm()).item()

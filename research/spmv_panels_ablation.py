@@ -13,6 +13,8 @@ from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops.spmv import api as op
+from tilewise.ops.spmv import configs as cf
+from tilewise.ops.spmv import kernels as kn
 from tilewise.runtime import cuda as rt
 from tilewise.runtime.device import measure_copy_gbps
 
@@ -48,17 +50,17 @@ def main():
         nt, cl, u, mode = (int(v) for v in n[n.index("<") + 1:-1].split(","))
         kernels.setdefault((nt, cl), []).append((u, mode, n))
     for (nt, cl), ks in sorted(kernels.items()):
-        fit = op._clusters_fit(torch.cuda.current_device(), cl)
+        fit = kn.clusters_fit(torch.cuda.current_device(), cl)
         per_sm = 2 if nt == 512 else 1
         for n_p in (fit * per_sm, fit * per_sm * 3 // 4):
             rows = -(-M // n_p)
-            if rows * 4 * per_sm > op.PANEL_MAX_ROWS * 4:
+            if rows * 4 * per_sm > cf.PANEL_MAX_ROWS * 4:
                 print(f"NT {nt} CL {cl} P {n_p}: {rows} rows do not fit")
                 continue
             Pn = op.Panels.from_csr(A, rows=rows, cluster=cl, rounds=False)  # the layout these kernels read
             for u, mode, n in sorted(ks):
                 k = mod.kernel(n, params)
-                k.set_max_dynamic_shared(op.PANEL_MAX_ROWS * 4)
+                k.set_max_dynamic_shared(cf.PANEL_MAX_ROWS * 4)
                 run = lambda: k(Pn.panels * cl, nt, Pn.key, Pn.val, Pn.chunk_col0, Pn.panel_chunk, x, y, M, rows,  # noqa: E731
                                 shmem=rows * 4)
                 y.fill_(float("nan"))
@@ -66,7 +68,7 @@ def main():
                 err = float((y.double() - ref).norm() / ref.norm())
                 t = bench(run)
                 lib = ""
-                if mode == 0 and (nt, cl, u) in op.PANEL_CONFIGS:
+                if mode == 0 and (nt, cl, u) in cf.PANEL_CONFIGS:
                     tl = bench(lambda: op.panels(Pn, x, y, config=(nt, cl, u)))
                     lib = f"  library kernel {tl * 1e3:.1f} us"
                 print(f"NT {nt:4d} CL {cl} U {u:2d} P {Pn.panels:3d} rows {rows:5d} {MODES[mode]:22s} {t * 1e3:7.1f} us "

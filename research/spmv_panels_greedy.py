@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from spmv_panels_sector import compare, uniform
 
-from tilewise.ops.spmv import api as op
-from tilewise.ops.spmv.api import PANEL_COLS, PANEL_ROUND, Panels
+from tilewise.ops.spmv import formats as fm
+from tilewise.ops.spmv.configs import PANEL_COLS, PANEL_ROUND
+from tilewise.ops.spmv.formats import Panels
 
 
 def greedy_panel(args):
@@ -95,7 +96,7 @@ def build_greedy(A, rows: int, cluster: int) -> Panels:
     chunk_panel = torch.repeat_interleave(torch.arange(P, device=dev), per_panel, output_size=n_chunks)
     rounds_part = (key, val, chunk_col0, chunk_panel, per_panel)
     moved = ~kept
-    tail = op._panel_chunks(panel[moved], c[moved], rl[moved], v[moved], P, NB, 1)
+    tail = fm._panel_chunks(panel[moved], c[moved], rl[moved], v[moved], P, NB, 1)
     parts = [rounds_part, tail]
     chunk_key = torch.cat([q[3] * 2 + i for i, q in enumerate(parts)])
     corder = torch.sort(chunk_key, stable=True)[1]

@@ -10,6 +10,7 @@ import torch
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops.spmv import api as op
+from tilewise.ops.spmv import kernels as kn
 
 args = sys.argv[1:] or ["1024", "2", "8"]
 cfg = tuple(int(v) for v in args[:3])
@@ -17,7 +18,7 @@ rounds = "plain" not in args
 A = suite.make_matrix("uniform", seed=0)
 M, N = A.shape
 x = torch.randn(N, device="cuda")
-fit = op._clusters_fit(torch.cuda.current_device(), cfg[1])
+fit = kn.clusters_fit(torch.cuda.current_device(), cfg[1])
 Pn = op.Panels.from_csr(A, rows=-(-M // fit), cluster=cfg[1], rounds=rounds)
 y = torch.empty(M, device="cuda")
 for _ in range(3):

@@ -21,7 +21,9 @@ from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops.spmv import api as op
-from tilewise.ops.spmv.api import PANEL_COLS, Panels, panel_shape
+from tilewise.ops.spmv import formats as fm
+from tilewise.ops.spmv.configs import PANEL_COLS
+from tilewise.ops.spmv.formats import Panels, device_panel_shape
 
 SECTOR = 8  # fp32 columns a 32-byte sector
 
@@ -59,7 +61,7 @@ def aligned_slots(seg: torch.Tensor, c: torch.Tensor, n_seg: int):
 
 
 def panel_chunks_aligned(panel, c, rl, v, P: int, NB: int, round_chunks: int):
-    """op._panel_chunks with sector-aligned chunks (same returns)."""
+    """fm._panel_chunks with sector-aligned chunks (same returns)."""
     dev = panel.device
     seg = panel * NB + c // PANEL_COLS
     local, seg_chunks = aligned_slots(seg, c, P * NB)
@@ -84,14 +86,14 @@ def panel_chunks_aligned(panel, c, rl, v, P: int, NB: int, round_chunks: int):
 def build(A, aligned: bool) -> Panels:
     """Panels.from_csr's build (rounds of PANEL_ROUND chunks, default panel shape), with the rounds
     part laid out by ``panel_chunks_aligned`` when ``aligned``."""
-    orig = op._panel_chunks
+    orig = fm._panel_chunks
     if aligned:
-        op._panel_chunks = lambda panel, c, rl, v, P, NB, rc: (panel_chunks_aligned if rc > 1 else orig)(
+        fm._panel_chunks = lambda panel, c, rl, v, P, NB, rc: (panel_chunks_aligned if rc > 1 else orig)(
             panel, c, rl, v, P, NB, rc)
     try:
         return Panels.from_csr(A)
     finally:
-        op._panel_chunks = orig
+        fm._panel_chunks = orig
 
 
 def compare(A, layouts: dict, rounds: int = 5):
@@ -132,7 +134,7 @@ def uniform():
     print(torch.cuda.get_device_name(), flush=True)
     A = suite.make_matrix("uniform")
     M, N = A.shape
-    rows, cl = panel_shape(M)
+    rows, cl = device_panel_shape(M)
     print(f"uniform {M} x {N}, nnz {A.nnz}, panels of {rows} rows x {cl} CTAs; floor "
           f"{op.cost(M, N, A.nnz).bytes / 1e6:.1f} MB", flush=True)
     return A, rows, cl

@@ -898,6 +898,7 @@ def bench(fn):
 def gpu():
     from tilewise.bench.suites import spmv as suite
     from tilewise.ops.spmv import api as op
+    from tilewise.ops.spmv import configs as cf
     from tilewise.runtime import cuda as rt
     from tilewise.runtime.device import measure_copy_gbps
 
@@ -968,7 +969,7 @@ def gpu():
             if cl != P.cluster or rc != P.round_chunks:
                 continue
             k = mod.kernel(f"panels_kv8<{nt},{cl},{u},{rc}>", kv8_params)
-            k.set_max_dynamic_shared(op.PANEL_MAX_ROWS * 4)
+            k.set_max_dynamic_shared(cf.PANEL_MAX_ROWS * 4)
             ys_ = torch.full((M,), float("nan"), device="cuda")
             k(P.panels * cl, nt, kv, P.chunk_col0, P.panel_chunk, P.panel_tail, xs_, ys_, M, P.rows, 1.0, 0.0,
               shmem=min(P.rows, M) * 4)

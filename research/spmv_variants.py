@@ -24,6 +24,8 @@ from triton.testing import do_bench
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops.spmv import api as op
+from tilewise.ops.spmv import configs as cf
+from tilewise.ops.spmv import kernels as kn
 from tilewise.runtime.device import measure_copy_gbps
 
 T0 = time.time()
@@ -38,28 +40,28 @@ def variants(A):
     out = [("csr_scalar", None, op.csr_scalar)]
     for s in (2, 4, 8, 16, 32):
         out.append((f"csr_vector/sub={s}", None, lambda F, x, y, s=s: op.csr_vector(F, x, y, sub=s)))
-    default_split = op.split_len(A.stats.mean)
-    for ll in sorted({default_split, op.LONG_LEN}):
+    default_split = cf.split_len(A.stats.mean)
+    for ll in sorted({default_split, cf.LONG_LEN}):
         out.append((f"csr_split/long={ll}", None, lambda F, x, y, ll=ll: op.csr_split(F, x, y, long_len=ll)))
     out.append(("csr_stream", None, op.csr_stream))
-    for nt, ipt in op.MERGE_CONFIGS:
+    for nt, ipt in cf.MERGE_CONFIGS:
         out.append((f"csr_merge/{nt}x{ipt}", None, lambda F, x, y, nt=nt, ipt=ipt: op.csr_merge(F, x, y, nt=nt, ipt=ipt)))
     out.append(("ell", op.ELL.from_csr, op.ell))
-    for c in op.JDS_CONFIGS:
+    for c in cf.JDS_CONFIGS:
         out.append((f"jds/{c[0]}x{c[1]}", op.JDS.from_csr, lambda F, x, y, c=c: op.jds(F, x, y, config=c)))
     M = A.shape[0]
     dev = torch.cuda.current_device()
-    for cl in sorted(op.PANEL_DEFAULT):
-        fit = op._clusters_fit(dev, cl)
+    for cl in sorted(cf.PANEL_DEFAULT):
+        fit = kn.clusters_fit(dev, cl)
         for n_p in sorted({fit, max(1, fit * 3 // 4)}, reverse=True):
             rows = -(-M // n_p)
-            if rows > op.PANEL_MAX_ROWS:
+            if rows > cf.PANEL_MAX_ROWS:
                 continue
-            for c in [c for c in op.PANEL_CONFIGS if c[1] == cl]:
-                for rounds in (0,) + op.PANEL_ROUNDS:
+            for c in [c for c in cf.PANEL_CONFIGS if c[1] == cl]:
+                for rounds in (0,) + cf.PANEL_ROUNDS:
                     out.append((f"panels/{c[0]}x{c[1]}x{c[2]}/P={-(-M // rows)}{f'/rounds{rounds}' if rounds else ''}",
                                 lambda A_, rows=rows, cl=cl, r=rounds: op.Panels.from_csr(
-                                    A_, rows=rows, cluster=cl, rounds=bool(r), round_chunks=r or op.PANEL_ROUND),
+                                    A_, rows=rows, cluster=cl, rounds=bool(r), round_chunks=r or cf.PANEL_ROUND),
                                 lambda F, x, y, c=c: op.panels(F, x, y, config=c)))
     out.append(("auto", None, lambda F, x, y: op.spmv(F, x, y)))
     return out
@@ -76,7 +78,7 @@ def main(kinds, only=None):
     copy = measure_copy_gbps(1 << 30)
     dev = torch.cuda.current_device()
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s (same run); clusters of the panels kernel "
-          f"resident at once: " + ", ".join(f"{cl}: {op._clusters_fit(dev, cl)}" for cl in sorted(op.PANEL_DEFAULT)))
+          f"resident at once: " + ", ".join(f"{cl}: {kn.clusters_fit(dev, cl)}" for cl in sorted(cf.PANEL_DEFAULT)))
     for kind in kinds:
         t = time.time()
         if kind.startswith("uniform:"):
@@ -96,11 +98,11 @@ def main(kinds, only=None):
         At = A.to_torch()
         assert rel_err(At @ x, ref) < 1e-4, "torch.sparse disagrees with the reference"
         base = bench(lambda: At @ x)
-        pick = op.choose(st)
+        pick = cf.choose(st)
         print(f"\n{kind}: {M} x {N}, nnz {A.nnz}, rows mean {st.mean:.1f} max {st.max} std {st.std:.1f} "
               f"empty {st.empty_rows}; choose() -> {pick}  [built in {time.time() - t:.1f} s, {time.time() - T0:.0f} s]")
         print(f"  {'torch.sparse (cuSPARSE)':28s} {base:8.4f} ms  {1.0:6.3f}x  {gbs(base):6.0f} GB/s {pct(base):5.1f} %")
-        tiles = sorted({nt * ipt for nt, ipt in op.MERGE_CONFIGS}) if not only or any(
+        tiles = sorted({nt * ipt for nt, ipt in cf.MERGE_CONFIGS}) if not only or any(
             o.startswith("csr_merge") or "csr_merge".startswith(o) for o in only) else []
         plans = {tl: op.merge_plan(A, tl) for tl in tiles}
         print("  merge plans: " + ", ".join(f"tile {tl}: {p.build_ms:.2f} ms, {p.n_tiles} tiles, {p.n_seg} straddling rows"
@@ -135,7 +137,7 @@ def main(kinds, only=None):
         if merge:
             print(f"  best csr_merge: {merge[0][1]} {base / merge[0][0]:.3f}x")
         summary.append((kind, base, pick, times.get("auto"), ranked[0] if ranked else None, merge[0] if merge else None,
-                        times.get("csr_split/long=" + str(op.split_len(st.mean)))))
+                        times.get("csr_split/long=" + str(cf.split_len(st.mean)))))
         del A, At, x, y, ref, plans
         torch.cuda.empty_cache()
 

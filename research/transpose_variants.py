@@ -2,7 +2,7 @@
 1.0x-torch.compile targets? One run over the real kernel (transpose.cu's transpose_v4_vec) with its
 template and launch parameters, 16384 x 16384 fp32 and bf16, each output checked bit-exact first.
 
-Knobs (see V4Config in tilewise/ops/transpose/api.py):
+Knobs (see V4Config in tilewise/ops/transpose/configs.py):
   D, T. V4_DEFAULT (the first bench run's configuration) and V4_TRIED (the prediction that lost).
   A. cache hints x launch order on the default tile: ld.cs/st.cs (evict-first) against plain, and
      tile-row-major / groups of 4..32 tile rows / tile-column-major. Hypothesis: evict-first stores
@@ -26,6 +26,7 @@ import torch
 from triton.testing import do_bench
 
 from tilewise.ops.transpose import api as tp
+from tilewise.ops.transpose import configs as cf
 from tilewise.runtime import cuda as rt
 
 SIZE = 16384
@@ -157,9 +158,9 @@ def bench(fn):
 
 def configs_for(dtype):
     v = 16 // torch.empty((), dtype=dtype).element_size()
-    base = tp.V4Config(tm=64, tw=64, threads=256, minb=1, gl=32 // v, ldcs=True, stcs=False, group=0)
+    base = cf.V4Config(tm=64, tw=64, threads=256, minb=1, gl=32 // v, ldcs=True, stcs=False, group=0)
     # D / F: the library's default and the first measured configuration.
-    runs = [("D", tp.V4_DEFAULT[dtype]), ("T", tp.V4_TRIED[dtype])]
+    runs = [("D", cf.V4_DEFAULT[dtype]), ("T", cf.V4_TRIED[dtype])]
     # A: hints x order on the first run's tile.
     for ldcs, stcs in ((True, True), (True, False), (False, False), (False, True)):
         for group in (0, 4, 8, 16, 32, SIZE):  # SIZE >= tiles_m: tile-column-major
@@ -170,7 +171,7 @@ def configs_for(dtype):
     for tm, tw, nt in shapes:
         for gl in (32 // v, 64 // v):
             for minb in sorted({1, max(1, 65536 // (nt * 48)), max(1, 65536 // (nt * 64))}):
-                c = tp.V4Config(tm=tm, tw=tw, threads=nt, minb=minb, gl=gl, ldcs=True, stcs=False, group=0)
+                c = cf.V4Config(tm=tm, tw=tw, threads=nt, minb=minb, gl=gl, ldcs=True, stcs=False, group=0)
                 try:
                     c.check(dtype)
                 except ValueError:
@@ -182,7 +183,7 @@ def configs_for(dtype):
     for tm, tw, nt in shapes:
         for gl in (32 // v, 64 // v):
             for minb in sorted({1, max(1, 65536 // (nt * 48))}):
-                c = tp.V4Config(tm=tm, tw=tw, threads=nt, minb=minb, gl=gl, ldcs=False, stcs=True, group=SIZE)
+                c = cf.V4Config(tm=tm, tw=tw, threads=nt, minb=minb, gl=gl, ldcs=False, stcs=True, group=SIZE)
                 try:
                     c.check(dtype)
                 except ValueError:
@@ -291,7 +292,7 @@ def main():
         if "P" in STAGES:
             run_pipe(dtype, x, out, ref, gbs, copy_ms, comp_ms, wrong)
         results.sort(key=lambda t: t[0])
-        print(f"{dtype}: default {tp.V4_DEFAULT[dtype]}")
+        print(f"{dtype}: default {cf.V4_DEFAULT[dtype]}")
         for ms, c in results[:3]:
             print(f"  best: {gbs(ms):.0f} GB/s, {100 * copy_ms / ms:.1f}% of copy, {comp_ms / ms:.3f}x torch.compile: "
                   f"V4_DEFAULT[{dtype}] = {c}")

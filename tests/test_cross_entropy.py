@@ -148,9 +148,9 @@ def test_fake_impl_shapes():
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16)
         t = torch.empty(4, dtype=torch.long)
-        loss, g = torch.ops.tilewise.cross_entropy_fwd(x, t, "none", -100, 0.0, True, "v2_fused")
+        loss, g = torch.ops.tilewise.cross_entropy_fwd(x, t, "none", -100, 0.0, True, "v2_fused", [])
         assert loss.shape == (4,) and g.shape == (4, 8) and g.dtype == torch.bfloat16
-        loss, g = torch.ops.tilewise.cross_entropy_fwd(x, t, "mean", -100, 0.0, False, "v3_online")
+        loss, g = torch.ops.tilewise.cross_entropy_fwd(x, t, "mean", -100, 0.0, False, "v3_online", [])
         assert loss.shape == () and g.numel() == 0
 
 

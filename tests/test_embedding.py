@@ -1,12 +1,12 @@
 """embedding: references and input checks on the CPU; every variant on the GPU (`pytest -m gpu`)."""
 
-import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import poison
 from tilewise.ops.embedding import api as em
+from tilewise.ops.embedding import configs as cf
 
 
 def test_reference_matches_torch():
@@ -177,7 +177,7 @@ def test_forward_backward_gpu(variant, dtype, shape, V, E, id_dtype):
     assert _rel(gw, ref) <= DTYPE_TOL[dtype] * 4
     # The kernel itself, writing into a NaN-filled buffer: every element must be written.
     buf = poison(torch.empty(V, E, device="cuda", dtype=dtype))
-    kind = {"v1_naive": 0, "v2_fused_sort": 1, "v3_scan": em.SCAN, "v4_block_scan": em.BLOCK_SCAN}[variant]
+    kind = {"v1_naive": 0, "v2_fused_sort": 1, "v3_scan": cf.SCAN, "v4_block_scan": cf.BLOCK_SCAN}[variant]
     em._backward(ids.contiguous(), gout, V, None, kind, out=buf)
     assert not torch.isnan(buf).any()
     assert torch.equal(buf, gw)  # same order of adds: the same bits
@@ -362,18 +362,43 @@ def test_launch_plumbing_with_recorded_kernels(monkeypatch):
     assert [c[0] for c in calls] == ["fwd", "sort", "seg", "sort", "seg"]
 
 
+def test_block_scan_config_travels_to_the_backward(monkeypatch):
+    """v4_block_scan's ``config=`` is a per-call choice: the backward of that call launches that
+    configuration's kernel, a call without it the default's (kernels replaced by recorders)."""
+    launches = []
+
+    class Rec:
+        def __init__(self, cfg=None):
+            self.cfg = cfg
+
+        def __call__(self, grid, block, *args, shmem=0):
+            launches.append((self.cfg, grid, block, shmem))
+
+    monkeypatch.setattr(em, "_plan", lambda *a: (Rec(), 1, Rec(), Rec(), 1))
+    monkeypatch.setattr(em, "_check", lambda ids, w, p: ids.contiguous())
+    monkeypatch.setattr(em, "_block_scan_kernel", lambda dtype, id_dtype, dev, cfg: Rec(cfg))
+    V, E = 300, 5
+    w = torch.randn(V, E, requires_grad=True)
+    ids = torch.randint(0, V, (7, 9))
+    em.v4_block_scan(ids, w, config=(8, 8, 64)).sum().backward()
+    em.embedding(ids, w).sum().backward()
+    scans = [c for c in launches if c[0] is not None]
+    assert scans == [((8, 8, 64), 5, 256, (8 * 64 * E + 63) * 4),
+                     (cf.BLOCK_SCAN_DEFAULT, 10, 128, (4 * 32 * E + 63) * 4)]
+
+
 def test_scan_applies_limits():
-    assert em.scan_applies(4096, 14819, 50)
-    assert not em.scan_applies(0, 10, 50)
-    assert not em.scan_applies(em.SCAN_MAX_IDS + 1, 10, 50)
-    assert not em.scan_applies(4096, (1 << 28) // 4096 + 1, 50)
-    assert not em.scan_applies(64, 10, 257)
-    assert [em._scan_chunks(e) for e in (1, 32, 33, 64, 65, 128, 129, 256)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert cf.scan_applies(4096, 14819, 50)
+    assert not cf.scan_applies(0, 10, 50)
+    assert not cf.scan_applies(cf.SCAN_MAX_IDS + 1, 10, 50)
+    assert not cf.scan_applies(4096, (1 << 28) // 4096 + 1, 50)
+    assert not cf.scan_applies(64, 10, 257)
+    assert [cf.scan_chunks(e) for e in (1, 32, 33, 64, 65, 128, 129, 256)] == [1, 1, 2, 2, 4, 4, 8, 8]
 
 
 @gpu
 @pytest.mark.parametrize("kind,cfg", [("scan", None), ("block_scan", None)]
-                         + [("block_scan", c) for c in em.BLOCK_SCAN_EXTRA])
+                         + [("block_scan", c) for c in cf.BLOCK_SCAN_EXTRA])
 @pytest.mark.parametrize("E", [1, 50, 100, 256])
 def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind, cfg):
     """v3_scan: a frequent id (a long position list), padding, out-of-range ids and a table whose
@@ -393,15 +418,13 @@ def test_scan_backward_frequent_ids_padding_and_bad_ids_gpu(E, kind, cfg):
     ref_fix[0] -= gout[6, 2].double()
     ref_fix[0] = 0.0              # padding_idx
     buf = poison(torch.empty(V, E, device="cuda"))
-    k = em.SCAN if kind == "scan" else em.BLOCK_SCAN
-    ctx = em.block_scan_config(cfg) if cfg else contextlib.nullcontext()
-    with ctx:
-        em._backward(ids, gout, V, 0, k, out=buf)
-        assert not torch.isnan(buf).any()
-        assert _rel(buf, ref_fix.float()) <= 1e-5
-        again = poison(torch.empty(V, E, device="cuda"))
-        em._backward(ids, gout, V, 0, k, out=again)
-        assert torch.equal(buf, again)  # deterministic
+    k = cf.SCAN if kind == "scan" else cf.BLOCK_SCAN
+    em._backward(ids, gout, V, 0, k, out=buf, config=cfg)
+    assert not torch.isnan(buf).any()
+    assert _rel(buf, ref_fix.float()) <= 1e-5
+    again = poison(torch.empty(V, E, device="cuda"))
+    em._backward(ids, gout, V, 0, k, out=again, config=cfg)
+    assert torch.equal(buf, again)  # deterministic
 
 
 @gpu
@@ -420,7 +443,7 @@ def test_scan_backward_every_build_gpu(E, id_dtype, dtype):
     gout = torch.randn(9, 37, E, device="cuda", generator=g).to(dtype)
     ref = em.reference_backward(ids, gout, V, padding_idx=3)
     buf = poison(torch.empty(V, E, device="cuda", dtype=dtype))
-    em._backward(ids, gout, V, 3, em.SCAN, out=buf)
+    em._backward(ids, gout, V, 3, cf.SCAN, out=buf)
     assert not torch.isnan(buf).any()
     assert _rel(buf, ref) <= DTYPE_TOL[dtype] * 4
 
@@ -439,11 +462,15 @@ def test_module_names_are_instantiated_in_the_cu():
 
 
 def test_block_scan_limits():
-    assert em.block_scan_applies(4096, 14819, 50)
-    assert em.block_scan_shmem(4096, 50) == (4 * 32 * 50 + 4096) * 4
-    assert em.block_scan_shmem(4096, 50, (8, 8, 64)) == (8 * 64 * 50 + 4096) * 4
+    assert cf.block_scan_applies(4096, 14819, 50)
+    assert cf.block_scan_shmem(4096, 50) == (4 * 32 * 50 + 4096) * 4
+    assert cf.block_scan_shmem(4096, 50, (8, 8, 64)) == (8 * 64 * 50 + 4096) * 4
     with pytest.raises(ValueError, match="not built"):
-        with em.block_scan_config((2, 2, 2)):
-            pass
-    assert not em.block_scan_applies(60000, 10, 50)   # shared memory
-    assert not em.block_scan_applies(0, 10, 50)
+        cf.block_scan_config((2, 2, 2))
+    assert cf.block_scan_config(None) == cf.BLOCK_SCAN_DEFAULT and cf.block_scan_config([4, 8, 64]) == (4, 8, 64)
+    with pytest.raises(ValueError, match="not built"):
+        em.v4_block_scan(torch.zeros(2, dtype=torch.long), torch.zeros(3, 4), config=(2, 2, 2))
+    with pytest.raises(ValueError, match="takes none"):
+        em.embedding(torch.zeros(2, dtype=torch.long), torch.zeros(3, 4), variant="v3_scan", config=(4, 8, 64))
+    assert not cf.block_scan_applies(60000, 10, 50)   # shared memory
+    assert not cf.block_scan_applies(0, 10, 50)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops.rowwise import cross_entropy as ce
 from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import configs as cf
 from tilewise.ops.rowwise import softmax as sm
 
 from conftest import poison
@@ -27,18 +28,18 @@ def _rel(out, ref):
 
 def test_pick_takes_the_smallest_config_that_holds_the_row():
     bf = torch.bfloat16
-    assert rc.pick(bf, 16392) == (2, 256, 8)          # 2 x 256 x 8 x 8 = 32768
-    assert rc.pick(bf, 32768) == (2, 256, 8)
-    assert rc.pick(bf, 32776) == (4, 256, 8)
-    assert rc.pick(bf, 131072) == (8, 256, 8)
-    assert rc.pick(bf, 131080) == (8, 1024, 4)
-    assert rc.max_row(bf) == 262144
-    assert rc.pick(torch.float32, 131072) == (8, 512, 8)
-    assert rc.max_row(torch.float32, "bwd") == 131072
+    assert cf.pick(bf, 16392) == (2, 256, 8)          # 2 x 256 x 8 x 8 = 32768
+    assert cf.pick(bf, 32768) == (2, 256, 8)
+    assert cf.pick(bf, 32776) == (4, 256, 8)
+    assert cf.pick(bf, 131072) == (8, 256, 8)
+    assert cf.pick(bf, 131080) == (8, 1024, 4)
+    assert cf.max_row(bf) == 262144
+    assert cf.pick(torch.float32, 131072) == (8, 512, 8)
+    assert cf.max_row(torch.float32, "bwd") == 131072
     with pytest.raises(ValueError, match="exceed"):
-        rc.pick(bf, 262152)
-    for (kind, size), cfgs in rc.CONFIGS.items():
-        caps = [rc.capacity(torch.float32 if size == 4 else bf, c) for c in cfgs]
+        cf.pick(bf, 262152)
+    for (kind, size), cfgs in cf.CONFIGS.items():
+        caps = [cf.capacity(torch.float32 if size == 4 else bf, c) for c in cfgs]
         assert caps == sorted(caps) and len(set(caps)) == len(caps), (kind, size)
 
 
@@ -48,16 +49,16 @@ def test_every_config_is_instantiated_in_the_cu():
     src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
-    for (kind, size), cfgs in rc.CONFIGS.items():
+    for (kind, size), cfgs in cf.CONFIGS.items():
         for ty in (("__nv_bfloat16", "__half") if size == 2 else ("float",)):
-            extra = rc.EXTRA_BF16[kind] if ty == "__nv_bfloat16" else rc.EXTRA_FP32[kind] if ty == "float" else ()
+            extra = cf.EXTRA_BF16[kind] if ty == "__nv_bfloat16" else cf.EXTRA_FP32[kind] if ty == "float" else ()
             for cl, nt, ch in tuple(cfgs) + tuple(extra):
                 assert f"{rc._NAMES[kind]}<{ty},{cl},{nt},{ch}>" in listed
-            if kind in rc.PIPE_KINDS:
+            if kind in cf.PIPE_KINDS:
                 for cfg in cfgs:
                     name = f"{rc._NAMES[kind + '_pipe']}<{ty},{','.join(map(str, cfg))}>"
-                    assert (name in listed) == (cfg in rc.pipe_configs(kind, size)), name
-                    assert (rc.pipe_shmem(cfg) <= rc.SHMEM_LIMIT) == (name in listed), name
+                    assert (name in listed) == (cfg in cf.pipe_configs(kind, size)), name
+                    assert (cf.pipe_shmem(cfg) <= cf.SHMEM_LIMIT) == (name in listed), name
 
 
 def test_unsupported_reason_on_cpu():
@@ -97,11 +98,11 @@ def _check_forward(fwd, x, log, dtype):
 @pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_softmax_forward_backward(shape, dtype, log):
     M, N = shape
-    if N > rc.max_row(dtype, "fwd"):
+    if N > cf.max_row(dtype, "fwd"):
         pytest.skip("row longer than the configurations hold")
     x = _x(M, N, dtype, seed=M + N)
     y = _check_forward(rc.softmax_fwd, x, log, dtype)
-    if N > rc.max_row(dtype, "bwd"):
+    if N > cf.max_row(dtype, "bwd"):
         return
     yb = y if not log else torch.where(torch.isfinite(y), y, torch.full_like(y, -1e4))
     dy = torch.randn(x.shape, device="cuda").to(dtype)
@@ -137,12 +138,12 @@ def _every_built_config():
     """(kind, dtype, config, pipe) for each v5 / v6 kernel the module builds (TMA and one-exp
     builds have tests of their own)."""
     out = []
-    for (kind, size), cfgs in rc.CONFIGS.items():
+    for (kind, size), cfgs in cf.CONFIGS.items():
         for dtype in ((torch.bfloat16, torch.float16) if size == 2 else (torch.float32,)):
-            extra = rc.EXTRA_BF16 if dtype == torch.bfloat16 else rc.EXTRA_FP32 if size == 4 else {}
+            extra = cf.EXTRA_BF16 if dtype == torch.bfloat16 else cf.EXTRA_FP32 if size == 4 else {}
             for cfg in tuple(cfgs) + tuple(extra.get(kind, ())):
                 out.append((kind, dtype, cfg, False))
-                if kind in rc.PIPE_KINDS and cfg in rc.pipe_configs(kind, size):
+                if kind in cf.PIPE_KINDS and cfg in cf.pipe_configs(kind, size):
                     out.append((kind, dtype, cfg, True))
     return out
 
@@ -208,7 +209,7 @@ def test_gpu_softmax_default_and_autograd():
 @pytest.mark.quick(rotate="shape", per=2)
 def test_gpu_cross_entropy_against_torch(shape, dtype, reduction):
     N, C = shape
-    if C > rc.max_row(dtype, "ce"):
+    if C > cf.max_row(dtype, "ce"):
         pytest.skip("C larger than the configurations hold")
     g = torch.Generator(device="cuda").manual_seed(N + C)
     x = (torch.randn(N, C, generator=g, device="cuda") * 2).to(dtype)
@@ -290,8 +291,8 @@ def test_gpu_pipelined_forward_and_cross_entropy(shape, dtype):
 
 
 def test_pipe_limits_on_cpu():
-    assert rc.pipe_shmem((8, 256, 8)) == 65536
-    assert rc.pipe_shmem((8, 1024, 8)) > rc.SHMEM_LIMIT   # fp32 rows past 131072: v5 only
+    assert cf.pipe_shmem((8, 256, 8)) == 65536
+    assert cf.pipe_shmem((8, 1024, 8)) > cf.SHMEM_LIMIT   # fp32 rows past 131072: v5 only
 
 
 def test_one_exp_names_are_instantiated():
@@ -300,7 +301,7 @@ def test_one_exp_names_are_instantiated():
     src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
-    for (kind, size), cfgs in rc.ONE_EXP_CONFIGS.items():
+    for (kind, size), cfgs in cf.ONE_EXP_CONFIGS.items():
         ty = "__nv_bfloat16" if size == 2 else "float"
         for cl, nt, ch in cfgs:
             assert f"{rc._NAMES[kind]}<{ty},{cl},{nt},{ch},true>" in listed
@@ -310,8 +311,8 @@ def test_one_exp_names_are_instantiated():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_gpu_one_exp_softmax_and_cross_entropy(dtype):
     """X1 (one exp an element): the same results within the dtype's tolerance, masked rows too."""
-    cfg = rc.ONE_EXP_CONFIGS[("fwd", dtype.itemsize)][0]
-    M, N = 37, rc.capacity(dtype, cfg) - 8 * (16 // dtype.itemsize)
+    cfg = cf.ONE_EXP_CONFIGS[("fwd", dtype.itemsize)][0]
+    M, N = 37, cf.capacity(dtype, cfg) - 8 * (16 // dtype.itemsize)
     x = _x(M, N, dtype, seed=11)
     for log in (False, True):
         _check_forward(lambda a, b, lg: rc.softmax_fwd(a, b, lg, config=cfg, one_exp=True), x, log, dtype)
@@ -357,17 +358,17 @@ def test_tma_configs_are_instantiated_and_fit_shared_memory():
     src = (pathlib.Path(rc.__file__).parent / "cluster.cu").read_text()
     listed = {n for line in src.splitlines() if "tilewise-instantiate:" in line
               for n in line.split(":", 1)[1].split()}
-    for (kind, size), cfgs in rc.TMA_CONFIGS.items():
-        assert rc.TMA_DEFAULT[(kind, size)] in cfgs
+    for (kind, size), cfgs in cf.TMA_CONFIGS.items():
+        assert cf.TMA_DEFAULT[(kind, size)] in cfgs
         for cl, nt, ch, st, mb in cfgs:
             assert f"{rc._NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st},{mb}>" in listed
-            assert rc.tma_shmem((cl, nt, ch, st, mb)) <= rc.SHMEM_LIMIT
-    assert rc.tma_shmem((8, 256, 8, 3, 2)) == 3 * 32768
+            assert cf.tma_shmem((cl, nt, ch, st, mb)) <= cf.SHMEM_LIMIT
+    assert cf.tma_shmem((8, 256, 8, 3, 2)) == 3 * 32768
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [(torch.bfloat16, c) for c in rc.TMA_CONFIGS[("fwd", 2)]]
-                         + [(torch.float16, rc.TMA_DEFAULT[("fwd", 2)])], ids=str)
+@pytest.mark.parametrize("config", [(torch.bfloat16, c) for c in cf.TMA_CONFIGS[("fwd", 2)]]
+                         + [(torch.float16, cf.TMA_DEFAULT[("fwd", 2)])], ids=str)
 @pytest.mark.parametrize("shape", [(1, 8), (37, 1000), (300, 4104), (97, 131072), (5, 130008)], ids=str)
 def test_gpu_tma_forward(config, shape):
     """v7: rows of any multiple of 8 up to the config's capacity (slices of unequal length, empty
@@ -404,17 +405,51 @@ def test_gpu_tma_forward_strided_rows_and_bad_input():
                            torch.empty(2, 131080, device="cuda", dtype=torch.bfloat16), False)
 
 
-def test_tma_default_from_the_environment():
+def test_policy_is_checked_frozen_and_packs_for_the_custom_ops():
+    """The per-call Policy replaces the import-time TILEWISE_SOFTMAX_TMA_CONFIG: a configuration
+    that is not built is refused when the policy is made; the policy survives the custom ops'
+    list-of-ints round trip; the environment is not read."""
+    import dataclasses
+    import os
     import subprocess
     import sys
 
-    code = "from tilewise.ops.rowwise import cluster as rc; print(rc.TMA_DEFAULT[('fwd', 2)])"
-    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,1,4"})
-    assert ok.returncode == 0 and ok.stdout.strip() == "(8, 256, 8, 1, 4)", ok.stderr[-500:]
-    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,9,9"})
-    assert bad.returncode != 0 and "TILEWISE_SOFTMAX_TMA_CONFIG" in bad.stderr
+    assert cf.DEFAULT_POLICY.tma_fwd == cf.TMA_DEFAULT[("fwd", 2)] == (8, 128, 16, 1, 5)
+    p = cf.Policy(tma_fwd=[8, 256, 8, 1, 4], bwd_reverse=False)
+    assert p.tma_fwd == (8, 256, 8, 1, 4) and cf.Policy.unpack(p.pack()) == p
+    assert cf.Policy.unpack([]) is cf.DEFAULT_POLICY and cf.Policy.unpack(cf.DEFAULT_POLICY.pack()) == cf.DEFAULT_POLICY
+    with pytest.raises(ValueError, match="not built"):
+        cf.Policy(tma_fwd=(8, 256, 8, 9, 9))
+    with pytest.raises(ValueError, match="not built"):
+        cf.Policy(tma_ce=(8, 512, 4, 1, 3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cuda_cluster = False
+    code = ("from tilewise.ops.rowwise import cluster, configs as cf, softmax; "
+            "print(cf.TMA_DEFAULT[('fwd', 2)], cf.DEFAULT_POLICY.tma_fwd)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TILEWISE_SOFTMAX_TMA_CONFIG": "8,256,8,1,4"})
+    assert out.returncode == 0 and out.stdout.split() == ["(8,", "128,", "16,", "1,", "5)"] * 2, out.stderr[-500:]
+
+
+def test_default_variant_rule():
+    """configs.default_variant, the rule softmax and cross-entropy share, asks about the CUDA C
+    kernels only past MAX_FUSED and only as far as the policy lets it."""
+    asked = []
+
+    def ok(name, answer):
+        return lambda: asked.append(name) or answer
+
+    rule = cf.default_variant
+    assert rule(cf.MAX_FUSED, cf.DEFAULT_POLICY, ok("cuda", True), ok("tma", True)) == "v2_fused" and not asked
+    assert rule(cf.MAX_FUSED + 8, cf.DEFAULT_POLICY, ok("cuda", True), ok("tma", True)) == "v7_cluster_tma"
+    assert rule(cf.MAX_FUSED + 8, cf.DEFAULT_POLICY, ok("cuda", True), ok("tma", False)) == "v5_cluster_cuda"
+    assert rule(cf.MAX_FUSED + 8, cf.DEFAULT_POLICY, ok("cuda", False), ok("tma", True)) == "v3_online"
+    asked.clear()
+    off = cf.DEFAULT_POLICY.replace(cuda_cluster=False)
+    assert rule(cf.MAX_FUSED + 8, off, ok("cuda", True), ok("tma", True)) == "v3_online" and not asked
+    triton = cf.DEFAULT_POLICY.replace(triton_cluster=True)
+    assert rule(cf.MAX_CLUSTER, triton, ok("cuda", True), ok("tma", True)) == "v4_cluster"
+    assert rule(cf.MAX_CLUSTER + 8, triton, ok("cuda", True), ok("tma", False)) == "v5_cluster_cuda"
 
 
 @pytest.mark.gpu
@@ -451,7 +486,7 @@ def test_gpu_tma_cross_entropy_against_torch(shape, dtype):
     if dtype == torch.bfloat16:  # each built config (fp16 has the default only), with its gradient
         b = xs.double().requires_grad_()
         F.cross_entropy(b, t, reduction="sum").backward()
-        for cfg in rc.TMA_CONFIGS[("ce", 2)]:
+        for cfg in cf.TMA_CONFIGS[("ce", 2)]:
             loss, dx = poison(torch.empty(M, device="cuda")), poison(torch.empty_like(xs))
             rc.cross_entropy_tma(xs, t, loss, dx, -100, 0.0, 1.0, config=cfg)
             assert _rel(loss, ref) <= TOL[dtype], cfg

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tilewise.ops.rowwise import cluster as rc
+from tilewise.ops.rowwise import configs as cf
 from tilewise.ops.rowwise import softmax as sm
 
 from conftest import HAS_CUDA, poison
@@ -67,7 +68,7 @@ def test_cost():
 
 def test_fused_config_fits_registers():
     for N in (1, 2, 3, 1000, 4096, 16384):
-        rows, block, warps = sm._fused_config(N)
+        rows, block, warps = cf.fused_config(N)
         assert block >= N and block & (block - 1) == 0 and rows & (rows - 1) == 0
         assert rows * block // (32 * warps) <= 32  # fp32 values per thread for one tensor
 
@@ -116,23 +117,48 @@ def test_interpreter_forward_backward(variant, dtype, N):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter runs on CPU tensors")
+def test_interpreter_policy_travels_with_the_call_to_its_backward(monkeypatch):
+    """``softmax(x, policy=...)``: the forward and the autograd backward of that call run with its
+    policy (v3's pass 2 directions here), a call without one with DEFAULT_POLICY; nothing is kept."""
+    seen = []
+    real = sm._launch
+
+    def spy(kernel, grid, *args, **kw):
+        if "REVERSE" in kw:
+            seen.append(("fwd" if kernel is sm._softmax_fwd_kernel else "bwd", kw["REVERSE"]))
+        return real(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(sm, "_launch", spy)
+    x = _inputs(3, 37, torch.float32).requires_grad_()
+    dy = torch.randn(3, 37)
+    flipped = cf.DEFAULT_POLICY.replace(fwd_reverse=True, bwd_reverse=False)
+    for policy, want in ((flipped, [("fwd", True), ("bwd", False)]), (None, [("fwd", False), ("bwd", True)])):
+        seen.clear()
+        x.grad = None
+        y = sm.softmax(x, variant="v3_online", policy=policy)
+        y.backward(dy)
+        assert seen == want, policy
+        torch.testing.assert_close(y.detach(), sm.reference(x.detach()), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.grad, sm.reference_backward(y.detach(), dy), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter runs on CPU tensors")
 @pytest.mark.parametrize("fwd_rev,bwd_rev", [(True, False), (False, True)])
-def test_interpreter_online_pass2_either_direction(monkeypatch, fwd_rev, bwd_rev):
-    """v3_online's second pass forwards and backwards (the _FWD_REVERSE / _BWD_REVERSE switches),
+def test_interpreter_online_pass2_either_direction(fwd_rev, bwd_rev):
+    """v3_online's second pass forwards and backwards (the policy's fwd_reverse / bwd_reverse),
     rows of 1, 16, 37 and 48 elements: one, several and a partial last chunk of 16."""
-    monkeypatch.setattr(sm, "_FWD_REVERSE", fwd_rev)
-    monkeypatch.setattr(sm, "_BWD_REVERSE", bwd_rev)
+    policy = cf.DEFAULT_POLICY.replace(fwd_reverse=fwd_rev, bwd_reverse=bwd_rev)
     for N in (1, 16, 37, 48):
         x = _inputs(3, N, torch.float32, seed=N)
         x[1, : N // 2] = float("-inf")  # a partly masked row; the max arrives in a later chunk
         x[2] = float("-inf")  # all masked: zeros, not NaN
         for log in (False, True):
             y = poison(torch.empty_like(x))
-            (sm.LOG_VARIANTS if log else sm.VARIANTS)["v3_online"](x, y)
+            (sm.LOG_VARIANTS if log else sm.VARIANTS)["v3_online"](x, y, policy=policy)
             ref = sm.reference(x, log)
             torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
             dy = torch.randn(x.shape)
-            dx = sm.BACKWARD_VARIANTS["v3_online"](ref, dy, log)
+            dx = sm.BACKWARD_VARIANTS["v3_online"](ref, dy, log, policy=policy)
             assert not torch.isnan(dx).any()
             torch.testing.assert_close(dx, sm.reference_backward(ref, dy, log), rtol=1e-4, atol=1e-5)
 
@@ -158,9 +184,9 @@ def test_fake_impl_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16)
-        y = torch.ops.tilewise.softmax_fwd(x, False, "")
+        y = torch.ops.tilewise.softmax_fwd(x, False, "", [])
         assert y.shape == (4, 8) and y.dtype == torch.bfloat16
-        assert torch.ops.tilewise.softmax_bwd(y, y, True, "").shape == (4, 8)
+        assert torch.ops.tilewise.softmax_bwd(y, y, True, "", []).shape == (4, 8)
 
 
 # ---------------------------------------------------------------- GPU
@@ -346,13 +372,14 @@ def test_kernels_compile_for_sm90_without_spills():
             for name, sig, streams in (("_softmax_fwd_kernel", _FWD_SIG, 1),
                                        ("_softmax_bwd_kernel", _BWD_SIG, 2)):
                 if case == "online":  # the launch config of a 131072-long row (_online_config)
-                    rows, block, warps, one = 1, sm._ONLINE_CHUNK_BYTES // (streams * size), \
-                        sm._ONLINE_WARPS, False
+                    rows, block, warps, one = 1, cf.ONLINE_CHUNK_BYTES // (streams * size), \
+                        cf.ONLINE_WARPS, False
                 else:
-                    (rows, block, warps), one = sm._fused_config(int(case[5:])), True
+                    (rows, block, warps), one = cf.fused_config(int(case[5:])), True
                 sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in sig.items()}
                 for log in ((False, True) if case == "online" else (False,)):
-                    rev = not one and (sm._FWD_REVERSE if streams == 1 else sm._BWD_REVERSE)
+                    pol = cf.DEFAULT_POLICY
+                    rev = not one and (pol.fwd_reverse if streams == 1 else pol.bwd_reverse)
                     jobs.append(["tilewise.ops.rowwise.softmax", name, sig,
                                  {"ROWS": rows, "BLOCK": block, "LOG": log, "ONE_PASS": one,
                                   "REVERSE": rev}, warps])
@@ -365,7 +392,7 @@ def test_kernels_compile_for_sm90_without_spills():
                              block // sm.CLUSTER_SLICE])
     jobs.append(["tilewise.ops.rowwise.softmax", "_row_max_kernel",
                  {"X": "*bf16", "MX": "*fp32", "N": "i32", "stride_xm": "i32", "BLOCK": "constexpr"},
-                 {"BLOCK": sm._UNFUSED_BLOCK}, 4])
+                 {"BLOCK": cf.UNFUSED_BLOCK}, 4])
     jobs += _cross_entropy_jobs() + _recompute_jobs()
     for (name, regs, spills), job in zip(compile_sm90(jobs), jobs):
         print(name, job[3], job[4], "warps:", regs, "registers,", spills, "B spilled")
@@ -379,12 +406,12 @@ def _cross_entropy_jobs():
     for case in ("online_bf16", "online_fp32", "fused2", "fused16384"):
         p = "*fp32" if case.endswith("fp32") else "*bf16"
         if case.startswith("online"):
-            rows, warps, one = 1, ce._ONLINE_WARPS, False
-            block = ce._ONLINE_CHUNK_BYTES // (4 if p == "*fp32" else 2)
+            rows, warps, one = 1, cf.ONLINE_WARPS, False
+            block = cf.ONLINE_CHUNK_BYTES // (4 if p == "*fp32" else 2)
         else:
             C = int(case[5:])
             block = max(16, 1 << (C - 1).bit_length())
-            rows = max(1, ce._FUSED_TILE // block)
+            rows = max(1, cf.FUSED_TILE // block)
             warps = 4 if rows * block <= 1024 else 8 if rows * block <= 4096 else 16
             one = True
         sig = {"X": p, "T": "*i64", "LOSS": "*fp32", "DX": p, "M": "i32", "N": "i32",
@@ -404,7 +431,7 @@ def _cross_entropy_jobs():
     for p in ("*bf16", "*fp32"):
         jobs.append(["tilewise.ops.rowwise.cross_entropy", "_scale_unless_one_kernel",
                      {"G": p, "DLOSS": p, "total": "i64", "BLOCK": "constexpr", "ITERS": "constexpr"},
-                     {"BLOCK": ce._SCALE_BLOCK, "ITERS": 4}, 4])
+                     {"BLOCK": cf.SCALE_BLOCK, "ITERS": 4}, 4])
     return jobs
 
 

@@ -5,6 +5,8 @@ import torch
 
 from tilewise.bench.suites import spmv as suite
 from tilewise.ops.spmv import api as sp
+from tilewise.ops.spmv import configs as cf
+from tilewise.ops.spmv import formats as fm
 
 from conftest import poison
 
@@ -123,10 +125,10 @@ def test_split_plan_covers_long_rows():
     col = torch.cat([torch.arange(int(k)) for k in lengths])
     A = sp.CSR.from_arrays(rp, col, torch.ones(n), (5, 5000))
     rows, starts = A.split_plan(4096)
-    assert rows.tolist() == [1] * math.ceil(5000 / sp.CHUNK) + [3] * math.ceil(4097 / sp.CHUNK)
+    assert rows.tolist() == [1] * math.ceil(5000 / cf.CHUNK) + [3] * math.ceil(4097 / cf.CHUNK)
     cover = torch.zeros(n, dtype=torch.long)
     for r, s in zip(rows.tolist(), starts.tolist()):
-        e = min(s + sp.CHUNK, int(rp[r + 1]))
+        e = min(s + cf.CHUNK, int(rp[r + 1]))
         cover[s:e] += 1
     long_mask = torch.zeros(n, dtype=torch.bool)
     long_mask[int(rp[1]):int(rp[2])] = True
@@ -137,17 +139,17 @@ def test_split_plan_covers_long_rows():
 @pytest.mark.parametrize("kind", ["banded5", "short", "uniform", "powerlaw"])
 def test_stream_plan_partitions_rows(kind):
     A = suite.make_matrix(kind, small=True, device="cpu")
-    plan = sp.stream_plan(A).long()
+    plan = fm.stream_plan(A).long()
     M = A.shape[0]
     assert int(plan[0]) == 0 and int(plan[-1]) == M and bool((plan[1:] > plan[:-1]).all())
     rp = A.row_ptr.long()
     nnz = rp[plan[1:]] - rp[plan[:-1]]
     rows = plan[1:] - plan[:-1]
     if kind != "powerlaw":  # short rows: every block fits the shared buffer (2048) and 256 threads
-        assert int(nnz.max()) <= 2048 and int(rows.max()) <= sp.STREAM_ROWS
+        assert int(nnz.max()) <= 2048 and int(rows.max()) <= cf.STREAM_ROWS
     else:  # the long rows' blocks overflow and take the kernel's global-memory path
         assert int(nnz.max()) > 2048
-    assert sp.stream_plan(A) is sp.stream_plan(A)  # cached
+    assert fm.stream_plan(A) is fm.stream_plan(A)  # cached
 
 
 @pytest.mark.parametrize("rp,col,N,match", [
@@ -187,29 +189,29 @@ def test_choose_and_sub_width():
         "wide": (S(256, 16_293_276, 63645.6, 95807, 20202.7, 0), "csr_merge"),
     }
     for kind, (st, want) in suite_stats.items():
-        assert sp.choose(st) == want, kind
-    no_convert = {k: sp.choose(st, convert=False) for k, (st, _) in suite_stats.items()}
+        assert cf.choose(st) == want, kind
+    no_convert = {k: cf.choose(st, convert=False) for k, (st, _) in suite_stats.items()}
     assert no_convert == {"uniform": "csr_vector", "powerlaw": "csr_merge", "banded5": "csr_stream",
                           "banded27": "csr_vector", "short": "csr_stream", "wide": "csr_merge"}
     # thresholds: merge past 128 x SUB or std > mean; jds from mean >= 0.9 max; ell up to 16 and 2x padding
-    assert sp.split_len(5.0) == 256 and sp.split_len(32.0) == 1024 and sp.split_len(1e5) == sp.LONG_LEN
-    assert sp.choose(S(10, 50, 5.0, 257, 4.0, 0)) == "csr_merge"
-    assert sp.choose(S(10, 50, 5.0, 256, 4.0, 0)) == "csr_stream"
-    assert sp.choose(S(10, 50, 5.0, 256, 5.1, 0)) == "csr_merge"
-    assert sp.choose(S(10, 50, 5.0, 256, 5.1, 0), convert=False) == "csr_merge"
-    assert sp.choose(S(10, 95, 9.5, 10, 0.5, 0)) == "jds"
-    assert sp.choose(S(10, 85, 8.5, 10, 1.0, 0)) == "ell"
-    assert sp.choose(S(10, 85, 8.5, 18, 3.0, 0)) == "csr_stream"
-    assert sp.choose(S(10, 120, 12.0, 25, 3.0, 0)) == "csr_stream"
-    assert sp.choose(S(10, 200, 20.0, 40, 5.0, 0)) == "csr_vector"
-    assert sp.choose(S(0, 0, 0.0, 0, 0.0, 0)) == "csr_vector"
+    assert cf.split_len(5.0) == 256 and cf.split_len(32.0) == 1024 and cf.split_len(1e5) == cf.LONG_LEN
+    assert cf.choose(S(10, 50, 5.0, 257, 4.0, 0)) == "csr_merge"
+    assert cf.choose(S(10, 50, 5.0, 256, 4.0, 0)) == "csr_stream"
+    assert cf.choose(S(10, 50, 5.0, 256, 5.1, 0)) == "csr_merge"
+    assert cf.choose(S(10, 50, 5.0, 256, 5.1, 0), convert=False) == "csr_merge"
+    assert cf.choose(S(10, 95, 9.5, 10, 0.5, 0)) == "jds"
+    assert cf.choose(S(10, 85, 8.5, 10, 1.0, 0)) == "ell"
+    assert cf.choose(S(10, 85, 8.5, 18, 3.0, 0)) == "csr_stream"
+    assert cf.choose(S(10, 120, 12.0, 25, 3.0, 0)) == "csr_stream"
+    assert cf.choose(S(10, 200, 20.0, 40, 5.0, 0)) == "csr_vector"
+    assert cf.choose(S(0, 0, 0.0, 0, 0.0, 0)) == "csr_vector"
     # panels: spread columns over a wide x, panels in one wave; not without conversion
-    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6)) == "panels"
-    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6), convert=False) == "csr_stream"
-    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.2)) == "jds"
-    assert sp.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 100_000, 0.6)) == "jds"
-    assert sp.choose(S(8_000_000, 32_000_000, 4.0, 4, 0.0, 0, 8_000_000, 0.6)) == "jds"
-    assert [sp.sub_width(m) for m in (1, 2, 3, 5, 7, 12, 27, 32, 500)] == [2, 2, 2, 2, 2, 4, 8, 8, 32]
+    assert cf.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6)) == "panels"
+    assert cf.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.6), convert=False) == "csr_stream"
+    assert cf.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 2_000_000, 0.2)) == "jds"
+    assert cf.choose(S(2_000_000, 8_000_000, 4.0, 4, 0.0, 0, 100_000, 0.6)) == "jds"
+    assert cf.choose(S(8_000_000, 32_000_000, 4.0, 4, 0.0, 0, 8_000_000, 0.6)) == "jds"
+    assert [cf.sub_width(m) for m in (1, 2, 3, 5, 7, 12, 27, 32, 500)] == [2, 2, 2, 2, 2, 4, 8, 8, 32]
 
 
 def test_spmv_input_errors_on_cpu():
@@ -225,11 +227,11 @@ def test_spmv_input_errors_on_cpu():
 @pytest.mark.parametrize("kind", suite.KINDS)
 def test_suite_matrices_small_are_valid(kind):
     A = suite.make_matrix(kind, small=True, device="cpu")
-    sp._validate_csr(A.row_ptr, A.col, A.val, A.shape)  # sorted, in range
+    fm._validate_csr(A.row_ptr, A.col, A.val, A.shape)  # sorted, in range
     assert A.nnz > 0
     if kind in ("powerlaw", "wide"):
-        assert A.stats.max > sp.LONG_LEN  # exercises csr_split's chunks
-        assert sp.choose(A.stats) == "csr_merge"
+        assert A.stats.max > cf.LONG_LEN  # exercises csr_split's chunks
+        assert cf.choose(A.stats) == "csr_merge"
     if kind == "banded5":
         assert A.stats.max == 5
 
@@ -283,7 +285,7 @@ def _panels_cases():
 def test_panels_layout_and_model(name, rows, cluster, rounds):
     A = _panels_cases()[name]
     M, N = A.shape
-    rc = rounds if rounds is not True and rounds else sp.PANEL_ROUND
+    rc = rounds if rounds is not True and rounds else cf.PANEL_ROUND
     Pn = sp.Panels.from_csr(A, rows=rows, cluster=cluster, rounds=bool(rounds), round_chunks=rc)
     assert Pn.panels == -(-M // rows) and Pn.nnz == A.nnz and Pn.key.numel() % 32 == 0
     key = Pn.key.long() & 0xFFFFFFFF
@@ -302,7 +304,7 @@ def test_panels_layout_and_model(name, rows, cluster, rounds):
     assert bool((cols_g[1:] >= cols_g[:-1])[part[1:] == part[:-1]].all())
     if not rounds:
         assert bool((Pn.panel_tail == Pn.panel_chunk[:-1]).all())
-    assert bool((Pn.chunk_col0 % sp.PANEL_COLS == 0).all())
+    assert bool((Pn.chunk_col0 % cf.PANEL_COLS == 0).all())
     x = torch.randn(N)
     want = sp.reference(A.row_ptr, A.col, A.val, x)  # float64; duplicates summed like the kernel does
     torch.testing.assert_close(_panels_model(Pn, x), want)
@@ -327,7 +329,7 @@ def test_panels_errors_and_shape_rule():
     with pytest.raises(ValueError, match="rows must be in"):
         sp.Panels.from_csr(A, rows=0, cluster=1)
     with pytest.raises(ValueError, match="rows must be in"):
-        sp.Panels.from_csr(A, rows=sp.PANEL_MAX_ROWS + 1, cluster=1)
+        sp.Panels.from_csr(A, rows=cf.PANEL_MAX_ROWS + 1, cluster=1)
     with pytest.raises(ValueError, match="cluster must be one of"):
         sp.Panels.from_csr(A, rows=2, cluster=5)
     Pn = sp.Panels.from_csr(A, rows=2, cluster=2)
@@ -337,21 +339,21 @@ def test_panels_errors_and_shape_rule():
         sp.panels(A, torch.ones(3))
     # H200: 30 clusters of 4, 39 of 3, 66 of 2, 132 of 1 resident at once (measured)
     fit = {4: 30, 3: 39, 2: 66, 1: 132}.get
-    assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (30304, 2)   # every SM busy, fewest panels
-    assert sp.panel_shape(5_000_000, clusters_fit=fit, sms=132) == (37879, 1)   # 2 CTAs a panel would need 75758 rows
-    assert sp.panel_shape(10**8, clusters_fit=fit, sms=132) == (sp.PANEL_MAX_ROWS, 1)
-    assert sp.panel_shape(10, clusters_fit=fit, sms=132) == (1, 2)
+    assert cf.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (30304, 2)   # every SM busy, fewest panels
+    assert cf.panel_shape(5_000_000, clusters_fit=fit, sms=132) == (37879, 1)   # 2 CTAs a panel would need 75758 rows
+    assert cf.panel_shape(10**8, clusters_fit=fit, sms=132) == (cf.PANEL_MAX_ROWS, 1)
+    assert cf.panel_shape(10, clusters_fit=fit, sms=132) == (1, 2)
     fit = {4: 33, 3: 44, 2: 66, 1: 132}.get   # GPCs that hold whole clusters of every size
-    assert sp.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (45455, 3)
-    for cfg in sp.PANEL_DEFAULT.values():
-        assert cfg in sp.PANEL_CONFIGS
+    assert cf.panel_shape(2_000_000, clusters_fit=fit, sms=132) == (45455, 3)
+    for cfg in cf.PANEL_DEFAULT.values():
+        assert cfg in cf.PANEL_CONFIGS
     # every config is built for every round size; rounds are whole chunks a warp
     from pathlib import Path
     cu = (Path(sp.__file__).parent / "spmv.cu").read_text()
-    for nt, cl, u in sp.PANEL_CONFIGS:
-        for rc in sp.PANEL_ROUNDS:
+    for nt, cl, u in cf.PANEL_CONFIGS:
+        for rc in cf.PANEL_ROUNDS:
             assert f"spmv_panels<{nt},{cl},{u},{rc}>" in cu and rc % (nt // 32) == 0
-    assert sp.PANEL_ROUND in sp.PANEL_ROUNDS
+    assert cf.PANEL_ROUND in cf.PANEL_ROUNDS
     with pytest.raises(ValueError, match="round_chunks must be one of"):
         sp.Panels.from_csr(A, rows=2, cluster=2, round_chunks=96)
 
@@ -402,7 +404,7 @@ MERGE_MATRICES = {
 def test_merge_coords_match_a_step_by_step_walk(name, tile):
     A = _csr_from_lengths(MERGE_MATRICES[name])
     states = _walk_path(A.row_ptr)
-    rows, nzs = sp.merge_coords(A.row_ptr, tile)
+    rows, nzs = fm.merge_coords(A.row_ptr, tile)
     total = len(states) - 1
     want = [states[min(t * tile, total)] for t in range(-(-total // tile) + 1)]
     assert list(zip(rows.tolist(), nzs.tolist())) == want
@@ -410,7 +412,7 @@ def test_merge_coords_match_a_step_by_step_walk(name, tile):
     rp = A.row_ptr.tolist()
     M = A.shape[0]
     carry_rows = [(b, r) for b, (r, z) in enumerate(want[1:]) if r < M and z > rp[r]]
-    seg_row, b0, b1 = sp.merge_segments(A.row_ptr, rows, nzs)
+    seg_row, b0, b1 = fm.merge_segments(A.row_ptr, rows, nzs)
     got = [(b, r) for r, s, e in zip(seg_row.tolist(), b0.tolist(), b1.tolist()) for b in range(s, e)]
     assert got == carry_rows
     assert len(set(seg_row.tolist())) == seg_row.numel()  # one segment per straddling row
@@ -418,7 +420,7 @@ def test_merge_coords_match_a_step_by_step_walk(name, tile):
 
 def test_merge_coords_rejects_bad_tile():
     with pytest.raises(ValueError, match="tile must be positive"):
-        sp.merge_coords(torch.tensor([0, 1]), 0)
+        fm.merge_coords(torch.tensor([0, 1]), 0)
 
 
 def _kernel_scan(elems):
@@ -458,7 +460,7 @@ def _merge_model(A, x, nt, ipt, alpha=1.0, beta=0.0, y0=None):
     """y computed the way spmv_csr_merge + spmv_csr_merge_fixup compute it, from merge_plan: each
     tile staged, each thread's start searched in the tile's row ends, IPT steps walked, a segmented
     scan over the threads, then each straddling row's carries added. float64."""
-    P = sp.merge_plan(A, nt * ipt)
+    P = fm.merge_plan(A, nt * ipt)
     rp = A.row_ptr.tolist()
     prod_all = (A.val.double() * x.double()[A.col.long()]).tolist()
     M = A.shape[0]
@@ -533,8 +535,8 @@ def test_merge_model_matches_reference(name, nt, ipt):
 def test_merge_model_on_small_powerlaw_with_default_tile():
     A = suite.make_matrix("powerlaw", small=True, device="cpu")
     x = torch.randn(A.shape[1], generator=torch.Generator().manual_seed(0))
-    nt, ipt = sp.MERGE_DEFAULT
-    P = sp.merge_plan(A, nt * ipt)
+    nt, ipt = cf.MERGE_DEFAULT
+    P = fm.merge_plan(A, nt * ipt)
     assert P.n_seg > 0 and int((P.seg_b1 - P.seg_b0).max()) > 1  # the 5000 rows span several tiles
     got = _merge_model(A, x, nt, ipt)
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
@@ -543,20 +545,20 @@ def test_merge_model_on_small_powerlaw_with_default_tile():
 
 def test_merge_plan_cached_and_costed():
     A = _csr_from_lengths(MERGE_MATRICES["one_huge_row"])
-    P = sp.merge_plan(A, 12)
-    assert sp.merge_plan(A, 12) is P and sp.merge_plan(A, 13) is not P
+    P = fm.merge_plan(A, 12)
+    assert fm.merge_plan(A, 12) is P and fm.merge_plan(A, 13) is not P
     assert P.build_ms >= 0 and P.n_tiles == -(-(A.shape[0] + A.nnz) // 12)
     for t in (P.plan_row, P.plan_nz, P.seg_row, P.seg_b0, P.seg_b1):
         assert t.dtype == torch.int32 and t.is_contiguous()
     E = _csr_from_lengths(MERGE_MATRICES["all_empty"])
-    assert sp.merge_plan(E, 4).n_seg == 0
+    assert fm.merge_plan(E, 4).n_seg == 0
 
 
 def test_csr_merge_rejects_unknown_config():
     A = sp.CSR.from_dense(torch.eye(4))
     with pytest.raises(ValueError, match=r"\(nt, ipt\) must be one of"):
         sp.csr_merge(A, torch.ones(4), nt=64, ipt=7)
-    assert set(sp.MERGE_CONFIGS) >= {sp.MERGE_DEFAULT}
+    assert set(cf.MERGE_CONFIGS) >= {cf.MERGE_DEFAULT}
 
 
 # --------------------------------------------------------------------------- GPU
@@ -572,7 +574,7 @@ def _run(name, F, x, y, alpha=1.0, beta=0.0, **kw):
 def _all_formats(A):
     out = [(n, kw, A) for n, kw in CSR_VARIANTS]
     J = sp.JDS.from_csr(A)
-    out += [("jds", {"config": c}, J) for c in sp.JDS_CONFIGS]
+    out += [("jds", {"config": c}, J) for c in cf.JDS_CONFIGS]
     try:
         out.append(("ell", {}, sp.ELL.from_csr(A)))
     except ValueError:
@@ -581,7 +583,7 @@ def _all_formats(A):
     out.append(("panels", {}, sp.Panels.from_csr(A, rounds=True)))
     out.append(("panels", {}, sp.Panels.from_csr(A, rounds=True, round_chunks=128)))
     out += [("panels", {"config": c}, sp.Panels.from_csr(A, rows=max(1, A.shape[0] // 5), cluster=c[1]))
-            for c in sp.PANEL_CONFIGS]
+            for c in cf.PANEL_CONFIGS]
     return out
 
 
@@ -628,17 +630,17 @@ def test_panels_many_blocks_and_panels():
     M, N, per_row = 70_001, 200_003, 9
     g = torch.Generator(device="cuda").manual_seed(5)
     col = torch.randint(1, N, (M, per_row), device="cuda", generator=g)
-    col = col + (col % sp.PANEL_COLS == 0).long()   # keep block starts out of the pattern
+    col = col + (col % cf.PANEL_COLS == 0).long()   # keep block starts out of the pattern
     col = col.clamp_max(N - 1).sort(1).values
     row_ptr = torch.arange(0, M * per_row + 1, per_row, device="cuda")
     A = sp.CSR.from_arrays(row_ptr, col.view(-1), torch.randn(M * per_row, device="cuda", generator=g), (M, N))
     x = torch.randn(N, device="cuda", generator=g)
-    x[torch.arange(0, N, sp.PANEL_COLS, device="cuda")] = float("inf")
+    x[torch.arange(0, N, cf.PANEL_COLS, device="cuda")] = float("inf")
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
     assert bool(torch.isfinite(ref).all())
-    for cl, rounds in [(cl, r) for cl in sorted(sp.PANEL_DEFAULT) for r in (False, 64, 128)]:
+    for cl, rounds in [(cl, r) for cl in sorted(cf.PANEL_DEFAULT) for r in (False, 64, 128)]:
         Pn = sp.Panels.from_csr(A, cluster=cl, rows=-(-M // 3), rounds=bool(rounds), round_chunks=rounds or 64)
-        for cfg in [c for c in sp.PANEL_CONFIGS if c[1] == cl]:
+        for cfg in [c for c in cf.PANEL_CONFIGS if c[1] == cl]:
             y = poison(torch.empty(M, device="cuda"))
             sp.panels(Pn, x, y, config=cfg)
             torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4, msg=str(cfg))
@@ -647,7 +649,7 @@ def test_panels_many_blocks_and_panels():
             sp.panels(Pn, x, y, 0.5, 2.0, config=cfg)
             torch.testing.assert_close(y.double(), 0.5 * ref + 2.0 * y0.double(), rtol=1e-4, atol=1e-4)
     Pd = sp.Panels.from_csr(A)
-    rows, cl = sp.panel_shape(M)
+    rows, cl = fm.device_panel_shape(M)
     assert ((Pd.rows, Pd.cluster) == (rows, cl)
             and Pd.panels * cl <= torch.cuda.get_device_properties(0).multi_processor_count)
     torch.testing.assert_close(sp.spmv(Pd, x).double(), ref, rtol=1e-4, atol=1e-4)
@@ -674,9 +676,9 @@ def _rounds_input(seed, P, rows, per_panel, blocks):
     g = torch.Generator().manual_seed(seed)
     n = torch.randint(0, per_panel + 1, (P,), generator=g)
     panel = torch.repeat_interleave(torch.arange(P), n)
-    c = torch.randint(0, blocks * sp.PANEL_COLS, (panel.numel(),), generator=g)
-    c = c // sp.PANEL_COLS * sp.PANEL_COLS + c % 5   # few distinct columns: runs of one block
-    order = torch.argsort(panel * (blocks * sp.PANEL_COLS) + c, stable=True)
+    c = torch.randint(0, blocks * cf.PANEL_COLS, (panel.numel(),), generator=g)
+    c = c // cf.PANEL_COLS * cf.PANEL_COLS + c % 5   # few distinct columns: runs of one block
+    order = torch.argsort(panel * (blocks * cf.PANEL_COLS) + c, stable=True)
     panel, c = panel[order], c[order]
     rl = torch.randint(0, rows, (panel.numel(),), generator=g)
     return panel, c, rl, torch.randn(panel.numel(), generator=g)
@@ -691,8 +693,8 @@ def test_gpu_packed_rounds_walk_equals_the_serial_one(seed, P, rows, per_panel, 
     rows repeated within 32 entries, column-block changes inside a step, rounds of one to three
     chunks so that a step often crosses into the next round."""
     panel, c, rl, v = _rounds_input(seed, P, rows, per_panel, blocks)
-    host, host_moved = sp._packed_rounds(panel, c, rl, v, P, rows, rc)
-    dev, dev_moved = sp._packed_rounds(panel.cuda(), c.cuda(), rl.cuda(), v.cuda(), P, rows, rc)
+    host, host_moved = fm._packed_rounds(panel, c, rl, v, P, rows, rc)
+    dev, dev_moved = fm._packed_rounds(panel.cuda(), c.cuda(), rl.cuda(), v.cuda(), P, rows, rc)
     assert torch.equal(dev_moved.cpu(), host_moved)
     for a, b in zip(dev, host):
         assert torch.equal(a.cpu(), b)
@@ -763,22 +765,22 @@ def test_auto_converts_once_and_keeps_the_copy():
     """A banded CSR: auto picks jds, builds the JDS on the first call and reuses it; convert=False
     runs a CSR kernel; both agree with the reference."""
     A = suite.make_matrix("banded5", small=True, device="cuda")
-    assert sp.choose(A.stats) == "jds"
+    assert cf.choose(A.stats) == "jds"
     x = torch.randn(A.shape[1], device="cuda")
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
     y1 = sp.spmv(A, x)
-    F = sp.converted(A, sp.JDS)
-    assert isinstance(F, sp.JDS) and sp.converted(A, sp.JDS) is F
+    F = fm.converted(A, sp.JDS)
+    assert isinstance(F, sp.JDS) and fm.converted(A, sp.JDS) is F
     y2 = sp.spmv(A, x)
-    assert sp.converted(A, sp.JDS) is F
+    assert fm.converted(A, sp.JDS) is F
     y3 = sp.spmv(A, x, convert=False)
     for y in (y1, y2, y3):
         assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
     S = suite.make_matrix("short", small=True, device="cuda")
-    if sp.choose(S.stats) == "ell":
+    if cf.choose(S.stats) == "ell":
         xs = torch.randn(S.shape[1], device="cuda")
         ys = sp.spmv(S, xs)
-        assert isinstance(sp.converted(S, sp.ELL), sp.ELL)
+        assert isinstance(fm.converted(S, sp.ELL), sp.ELL)
         refs = sp.reference(S.row_ptr, S.col, S.val, xs)
         assert float((ys.double() - refs).norm() / refs.norm()) < 1e-5
 
@@ -829,7 +831,7 @@ def test_csr_merge_against_float64(case):
     want = sp.reference(A.row_ptr, A.col, A.val, x, y0, alpha=1.5, beta=-0.25)
     want0 = sp.reference(A.row_ptr, A.col, A.val, x)
     tol, tol0 = _bound(A, x, 1.5, -0.25, y0), _bound(A, x)
-    for nt, ipt in sp.MERGE_CONFIGS:
+    for nt, ipt in cf.MERGE_CONFIGS:
         y = y0.clone()
         sp.csr_merge(A, x, y, 1.5, -0.25, nt=nt, ipt=ipt)
         err = (y.double() - want).abs()
@@ -846,12 +848,12 @@ def test_csr_merge_against_float64(case):
 @pytest.mark.gpu
 def test_csr_merge_is_the_auto_pick_for_powerlaw():
     A = suite.make_matrix("powerlaw", small=True)
-    assert sp.choose(A.stats) == "csr_merge"
+    assert cf.choose(A.stats) == "csr_merge"
     x = torch.randn(A.shape[1], device="cuda")
     ref = sp.reference(A.row_ptr, A.col, A.val, x)
     y = sp.spmv(A, x)
     assert bool(((y.double() - ref).abs() <= _bound(A, x)).all())
-    assert sp.merge_plan(A) is sp.merge_plan(A)
+    assert fm.merge_plan(A) is fm.merge_plan(A)
 
 
 @pytest.mark.gpu
@@ -868,7 +870,7 @@ def test_sanitizer_csr_merge_small():
         x = torch.randn(N, device="cuda")
         y0 = torch.randn(A.shape[0], device="cuda")
         want = sp.reference(A.row_ptr, A.col, A.val, x, y0, alpha=2.0, beta=0.5)
-        for nt, ipt in sp.MERGE_CONFIGS:
+        for nt, ipt in cf.MERGE_CONFIGS:
             y = y0.clone()
             sp.csr_merge(A, x, y, 2.0, 0.5, nt=nt, ipt=ipt)
             assert bool(((y.double() - want).abs() <= _bound(A, x, 2.0, 0.5, y0)).all()), (k, nt, ipt)

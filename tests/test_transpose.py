@@ -4,16 +4,17 @@ import pytest
 import torch
 
 from tilewise.ops.transpose import api as tp
+from tilewise.ops.transpose import configs as cf
 
 from conftest import poison
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # v4 configurations the GPU tests run besides the default: the first run's, and shapes the sweep
 # in research/transpose_variants.py tries (other tiles, block sizes, orders, hints).
-V4_EXTRA = {d: [tp.V4_TRIED[d], tp.V4Config(tm=128, tw=32, group=3, ldcs=False),
-                tp.V4Config(tm=32, tw=64, threads=128, gl=32 // (16 // torch.empty((), dtype=d).element_size()),
+V4_EXTRA = {d: [cf.V4_TRIED[d], cf.V4Config(tm=128, tw=32, group=3, ldcs=False),
+                cf.V4Config(tm=32, tw=64, threads=128, gl=32 // (16 // torch.empty((), dtype=d).element_size()),
                             group=10**6, minb=8),
-                tp.V4Config(tm=64, tw=64, threads=128, gl=64 // (16 // torch.empty((), dtype=d).element_size()),
+                cf.V4Config(tm=64, tw=64, threads=128, gl=64 // (16 // torch.empty((), dtype=d).element_size()),
                             stcs=True)]
             for d in (torch.float32, torch.float16, torch.bfloat16)}
 SHAPES = [(1, 1), (1, 33), (31, 1), (31, 33), (33, 31), (64, 128), (1000, 4097), (4097, 1000),
@@ -43,18 +44,18 @@ def test_input_errors_on_cpu():
 
 
 def test_v4_tile_per_dtype():
-    assert tp.v4_tile(torch.float32) == (64, 64)
-    assert tp.v4_tile(torch.bfloat16) == (128, 128) and tp.v4_tile(torch.float16) == (128, 128)
-    assert tp.v4_tile(torch.float32, tp.V4Config(tm=128, tw=32)) == (128, 32)
-    assert tp.v4_tile(torch.bfloat16, tp.V4Config(tm=32, tw=32, gl=4)) == (32, 64)
+    assert cf.v4_tile(torch.float32) == (64, 64)
+    assert cf.v4_tile(torch.bfloat16) == (128, 128) and cf.v4_tile(torch.float16) == (128, 128)
+    assert cf.v4_tile(torch.float32, cf.V4Config(tm=128, tw=32)) == (128, 32)
+    assert cf.v4_tile(torch.bfloat16, cf.V4Config(tm=32, tw=32, gl=4)) == (32, 64)
 
 
 @pytest.mark.parametrize("cfg,dtype", [
-    (tp.V4Config(tm=48), torch.float32),                 # tile rows not 32/64/128
-    (tp.V4Config(gl=16, tm=32), torch.float32),          # 16 lanes x 4 rows > 32 rows
-    (tp.V4Config(gl=2), torch.float32),                  # fewer than 32 rows per store instruction
-    (tp.V4Config(tm=32, tw=32, threads=256, gl=4), torch.bfloat16),  # 4 store pieces for 8 warps
-    (tp.V4Config(group=-1), torch.float32),
+    (cf.V4Config(tm=48), torch.float32),                 # tile rows not 32/64/128
+    (cf.V4Config(gl=16, tm=32), torch.float32),          # 16 lanes x 4 rows > 32 rows
+    (cf.V4Config(gl=2), torch.float32),                  # fewer than 32 rows per store instruction
+    (cf.V4Config(tm=32, tw=32, threads=256, gl=4), torch.bfloat16),  # 4 store pieces for 8 warps
+    (cf.V4Config(group=-1), torch.float32),
 ])
 def test_v4_config_check_rejects(cfg, dtype):
     with pytest.raises(ValueError, match="does not fit"):
@@ -67,8 +68,8 @@ def test_v4_built_configs_are_instantiated_in_the_cu():
     from tilewise.runtime import cuda as rt
 
     listed = set(rt.name_expressions_for(rt.OPS_DIR / "transpose" / "transpose.cu"))
-    for dtype, cfgs in tp.V4_BUILT.items():
-        assert replace(tp.V4_DEFAULT[dtype], group=0) in cfgs
+    for dtype, cfgs in cf.V4_BUILT.items():
+        assert replace(cf.V4_DEFAULT[dtype], group=0) in cfgs
         for cfg in cfgs:
             cfg.check(dtype)
             for vec in (True, False):
@@ -133,8 +134,8 @@ def _model_v4(M, N, E, cfg):
     return x, out
 
 
-_MODEL_CFGS = [tp.V4Config(), tp.V4Config(group=0), tp.V4Config(tm=128, tw=32, group=3),
-               tp.V4Config(tm=32, tw=64, threads=128, group=100), tp.V4Config(tm=64, tw=32, threads=128, gl=16)]
+_MODEL_CFGS = [cf.V4Config(), cf.V4Config(group=0), cf.V4Config(tm=128, tw=32, group=3),
+               cf.V4Config(tm=32, tw=64, threads=128, group=100), cf.V4Config(tm=64, tw=32, threads=128, gl=16)]
 
 
 @pytest.mark.parametrize("cfg", _MODEL_CFGS, ids=lambda c: f"{c.tm}x{c.tw}w-{c.threads}t-gl{c.gl}-g{c.group}")
@@ -149,8 +150,8 @@ def test_v4_index_model_covers_output(M, N, E, cfg):
 
 
 def test_v4_default_models():
-    for dtype in tp.V4_DEFAULT:
-        for cfg in (tp.V4_DEFAULT[dtype], tp.V4_TRIED[dtype]):
+    for dtype in cf.V4_DEFAULT:
+        for cfg in (cf.V4_DEFAULT[dtype], cf.V4_TRIED[dtype]):
             cfg.check(dtype)
             x, out = _model_v4(70, 200, 4 // torch.empty((), dtype=dtype).element_size(), cfg)
             assert torch.equal(out, x.t())

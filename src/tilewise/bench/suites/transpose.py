@@ -10,6 +10,7 @@ import torch
 
 from ...cost import Cost
 from ...ops.transpose import api as op
+from ...ops.transpose import configs as cf
 from ..harness import check, time_ms
 
 
@@ -48,7 +49,7 @@ def run(r) -> None:
             runs = dict(op.VARIANTS)
             # V4_TRIED (plain stores, launch groups of 8 tile rows) beside the default, in the same
             # run: the pair says whether the default still wins (docs/tuning/transpose.md, "V4_TRIED").
-            runs["v4_vec/tried"] = lambda x_, o_: op.v4_vec(x_, o_, config=op.V4_TRIED[dtype])
+            runs["v4_vec/tried"] = lambda x_, o_: op.v4_vec(x_, o_, config=cf.V4_TRIED[dtype])
             for name, fn in runs.items():
                 out.fill_(float("nan"))
                 fn(x, out)

@@ -40,11 +40,13 @@ Forward and backward are both one pass over their bytes; at the classifier's siz
 
 An id outside ``[0, V)`` is not read: the forward writes NaN in its row of ``out`` and the backward
 ignores it (checking ids on the host would need a device-to-host copy every call).
+
+The limits, the block-scan configurations and the rule that picks the backward's path are in
+``configs``; the block-scan configuration is chosen per call (``config=``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from pathlib import Path
 
@@ -52,16 +54,15 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .configs import BLOCK_SCAN, BLOCK_SCAN_DEFAULT, BLOCK_SCAN_EXTRA, ONE_BLOCK_SORT, SCAN, SCAN_ROWS_PER_BLOCK, \
+    SCAN_THREADS, SHMEM_OPT_IN, SORT_MAX_IDS, TORCH_SORT, backward_path, block_scan_config, block_scan_shmem, \
+    scan_chunks
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ID_DTYPES = (torch.int64, torch.int32)
 _SRC = Path(__file__).with_name("embedding.cu")
 _THREADS = 256
 _SORT_THREADS = 1024
-SORT_MAX_IDS = 8192  # 8192 x 8-byte keys = 64 KiB of shared memory for the one-block sort
-# The one block also writes the V + 1 segment starts; past this many rows that is slower than
-# torch.sort + torch.searchsorted on the whole GPU, so larger tables take v1's path.
-ROW_START_MAX = 65536
 
 
 def _ict(dtype: torch.dtype) -> str:
@@ -163,57 +164,6 @@ def _seg_kernel(dtype, dev) -> rt.Kernel:
     return k
 
 
-SCAN = 2               # _backward's kind for v3_scan (0: v1's torch.sort, 1: v2's one-block sort)
-SCAN_MAX_IDS = 12288   # ids as int32 in shared memory: 48 KiB, no opt-in needed
-SCAN_MAX_WORK = 1 << 28  # rows x ids compared: ~2^28 ballots' worth is a few tens of us
-_SCAN_THREADS = 1024
-_SCAN_ROWS_PER_BLOCK = (_SCAN_THREADS // 32) * 4  # 4 rows a warp (RPW in embedding.cu)
-
-
-def scan_applies(n: int, V: int, E: int) -> bool:
-    """Whether v3_scan's one-kernel backward takes n ids into a (V, E) table."""
-    return 0 < n <= SCAN_MAX_IDS and V * n <= SCAN_MAX_WORK and 0 < E <= 256 and V < 2**31
-
-
-BLOCK_SCAN = 3         # _backward's kind for v4_block_scan
-# v4_block_scan's (warps NW, ids loaded at once a thread LU, table rows a block RB): the default
-# (the fastest of these five at the classifier's shape) is built for every dtype; the others for
-# fp32 tables and int64 ids only, for the profile sweep through ``block_scan_config``
-# (docs/tuning/embedding.md, "BLOCK_SCAN_DEFAULT").
-BLOCK_SCAN_DEFAULT = (4, 8, 32)
-BLOCK_SCAN_EXTRA = ((4, 32, 32), (4, 8, 64), (8, 8, 64), (8, 16, 32))
-_block_scan_override: tuple | None = None
-_SHMEM_OPT_IN = rt.SM90_SHARED_OPT_IN
-
-
-@contextlib.contextmanager
-def block_scan_config(config: tuple[int, int, int]):
-    """Run v4_block_scan's backward with ``config`` (one of BLOCK_SCAN_DEFAULT, BLOCK_SCAN_EXTRA;
-    the extra ones for fp32 tables with int64 ids) inside the block."""
-    global _block_scan_override
-    config = tuple(config)
-    if config != BLOCK_SCAN_DEFAULT and config not in BLOCK_SCAN_EXTRA:
-        raise ValueError(f"embedding: block-scan config {config} is not built; "
-                         f"choose from {(BLOCK_SCAN_DEFAULT, *BLOCK_SCAN_EXTRA)}")
-    old, _block_scan_override = _block_scan_override, config
-    try:
-        yield
-    finally:
-        _block_scan_override = old
-
-
-def block_scan_shmem(n: int, E: int, config: tuple | None = None) -> int:
-    """v4_block_scan's dynamic shared memory: the warps' partial rows and the ids' local rows."""
-    nw, _, rb = config or _block_scan_override or BLOCK_SCAN_DEFAULT
-    return (nw * rb * E + n) * 4
-
-
-def block_scan_applies(n: int, V: int, E: int) -> bool:
-    """Whether v4_block_scan takes n ids into a (V, E) table: its shared memory fits a block and
-    the blocks' scans (V / 32 blocks x n ids) stay small."""
-    return 0 < n and 0 < E and block_scan_shmem(n, E) <= _SHMEM_OPT_IN and V * n <= 32 * SCAN_MAX_WORK and V < 2**31
-
-
 def _block_scan_kernel(dtype, id_dtype, dev, config: tuple) -> rt.Kernel:
     key = ("block_scan", dtype, id_dtype, dev, config)
     k = _kernels.get(key)
@@ -228,13 +178,9 @@ def _block_scan_kernel(dtype, id_dtype, dev, config: tuple) -> rt.Kernel:
         mod = _module(dev) if config == BLOCK_SCAN_DEFAULT else _module(dev, True)
         k = mod.kernel(
             f"embedding_bwd_block_scan_v4<{rt.ctype(dtype)},{_ict(id_dtype)},{nw},{lu},{rb}>", p)
-        k.set_max_dynamic_shared(_SHMEM_OPT_IN)
+        k.set_max_dynamic_shared(SHMEM_OPT_IN)
         _kernels[key] = k
     return k
-
-
-def _scan_chunks(E: int) -> int:
-    return 1 if E <= 32 else 2 if E <= 64 else 4 if E <= 128 else 8
 
 
 def _scan_kernel(dtype, id_dtype, ec: int, dev) -> rt.Kernel:
@@ -339,10 +285,12 @@ def _workspace(n: int, V: int, device: torch.device, dev: int) -> tuple[torch.Te
 
 
 def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: int | None,
-              kind: int, out: torch.Tensor | None = None, plan: tuple | None = None) -> torch.Tensor:
-    """grad_weight (V, E). ``kind``: 0 v1 (torch.sort), 1 v2 (one-block sort), SCAN v3, BLOCK_SCAN
-    v4; each falls back to the next simpler kind past its limits. ``out``: an optional contiguous
-    (V, E) buffer to write into (tests pass a NaN-filled one, to show that every element is written)."""
+              kind: int, out: torch.Tensor | None = None, plan: tuple | None = None,
+              config: tuple | None = None) -> torch.Tensor:
+    """grad_weight (V, E). ``kind``: TORCH_SORT v1, ONE_BLOCK_SORT v2, SCAN v3, BLOCK_SCAN v4 (at
+    the block-scan ``config``, default BLOCK_SCAN_DEFAULT); each falls back to the next simpler
+    kind past its limits (``configs.backward_path``). ``out``: an optional contiguous (V, E) buffer
+    to write into (tests pass a NaN-filled one, to show that every element is written)."""
     E = grad_out.shape[-1]
     n = ids.numel()
     grad_out = grad_out.reshape(n, E)
@@ -363,17 +311,17 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
     _, _, sk, gk, wave = plan or _plan(grad_out.dtype, ids.dtype, dev)
     flat = ids.reshape(-1)
     pad = -1 if padding_idx is None else padding_idx % V
-    if kind == BLOCK_SCAN and block_scan_applies(n, V, E):
-        cfg = _block_scan_override or BLOCK_SCAN_DEFAULT
+    cfg = config or BLOCK_SCAN_DEFAULT
+    path = backward_path(kind, n, V, E, cfg)
+    if path == BLOCK_SCAN:
         k = _block_scan_kernel(grad_out.dtype, ids.dtype, dev, cfg)
         k(-(-V // cfg[2]), cfg[0] * 32, flat, grad_out, grad_w, n, V, E, pad, shmem=block_scan_shmem(n, E, cfg))
         return grad_w
-    if kind >= SCAN and scan_applies(n, V, E):
-        ec = _scan_chunks(E)
-        k = _scan_kernel(grad_out.dtype, ids.dtype, ec, dev)
-        k(-(-V // _SCAN_ROWS_PER_BLOCK), _SCAN_THREADS, flat, grad_out, grad_w, n, V, E, pad, shmem=n * 4)
+    if path == SCAN:
+        k = _scan_kernel(grad_out.dtype, ids.dtype, scan_chunks(E), dev)
+        k(-(-V // SCAN_ROWS_PER_BLOCK), SCAN_THREADS, flat, grad_out, grad_w, n, V, E, pad, shmem=n * 4)
         return grad_w
-    if kind and 0 < n <= SORT_MAX_IDS and V < ROW_START_MAX:
+    if path == ONE_BLOCK_SORT:
         sorted_pos, row_start = _workspace(n, V, grad_out.device, dev)
         n_pow2 = 1 << max(0, (n - 1).bit_length())
         sk(1, _SORT_THREADS, flat, sorted_pos, row_start, n, V, n_pow2, shmem=n_pow2 * 8)
@@ -390,41 +338,46 @@ def _backward(ids: torch.Tensor, grad_out: torch.Tensor, V: int, padding_idx: in
 # --------------------------------------------------------------------------- autograd + custom op
 
 
+# ``config``: the block-scan configuration as a list (what a custom op's schema can carry); the
+# forward op takes it only to hand it to the backward.
 @torch.library.custom_op("tilewise::embedding_forward", mutates_args=())
-def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, kind: int) -> torch.Tensor:
+def _embedding_op(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int, kind: int,
+                  config: list[int]) -> torch.Tensor:
     return _forward(ids, weight)
 
 
 @_embedding_op.register_fake
-def _(ids, weight, padding_idx, kind):
+def _(ids, weight, padding_idx, kind, config):
     return weight.new_empty(*ids.shape, weight.shape[1])
 
 
 @torch.library.custom_op("tilewise::embedding_backward", mutates_args=())
 def _embedding_bwd_op(ids: torch.Tensor, grad_out: torch.Tensor, num_rows: int, padding_idx: int,
-                      kind: int) -> torch.Tensor:
-    return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, kind)
+                      kind: int, config: list[int]) -> torch.Tensor:
+    return _backward(ids, grad_out, num_rows, None if padding_idx < 0 else padding_idx, kind,
+                     config=tuple(config))
 
 
 @_embedding_bwd_op.register_fake
-def _(ids, grad_out, num_rows, padding_idx, kind):
+def _(ids, grad_out, num_rows, padding_idx, kind, config):
     return grad_out.new_empty(num_rows, grad_out.shape[-1])
 
 
 def _setup(ctx, inputs, output):
-    ids, weight, padding_idx, kind = inputs
+    ids, weight, padding_idx, kind, config = inputs
     ctx.save_for_backward(ids)
     ctx.num_rows = weight.shape[0]
     ctx.padding_idx = padding_idx
     ctx.kind = kind
+    ctx.config = config
 
 
 def _bwd(ctx, grad):
     (ids,) = ctx.saved_tensors
     if not ctx.needs_input_grad[1]:
-        return None, None, None, None
-    gw = _embedding_bwd_op(ids, grad.contiguous(), ctx.num_rows, ctx.padding_idx, ctx.kind)
-    return None, gw, None, None
+        return None, None, None, None, None
+    gw = _embedding_bwd_op(ids, grad.contiguous(), ctx.num_rows, ctx.padding_idx, ctx.kind, ctx.config)
+    return None, gw, None, None, None
 
 
 _embedding_op.register_autograd(_bwd, setup_context=_setup)
@@ -435,47 +388,52 @@ class _EmbeddingFunction(torch.autograd.Function):
     the custom op's dispatch, and at the classifier's sizes host time is the whole cost."""
 
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx, kind):
+    def forward(ctx, ids, weight, padding_idx, kind, config):
         # ids are kept as an attribute, not through save_for_backward: they are an input that does
         # not require grad, and the saved-tensor bookkeeping (version counters, unpacking) is host
         # time on every step. The ids must then not be modified in place before backward (as for
         # any input the caller passes to a training step). They live as long as the autograd graph
         # (retain_graph=True keeps working), as saved tensors would.
         plan = _plan(weight.dtype, ids.dtype, weight.get_device())
-        ctx.ids, ctx.num_rows, ctx.padding_idx, ctx.kind, ctx.plan = (
-            ids, weight.shape[0], padding_idx, kind, plan)
+        ctx.ids, ctx.num_rows, ctx.padding_idx, ctx.kind, ctx.config, ctx.plan = (
+            ids, weight.shape[0], padding_idx, kind, config, plan)
         return _forward(ids, weight, plan)
 
     @staticmethod
     def backward(ctx, grad):
         if not ctx.needs_input_grad[1]:
-            return None, None, None, None
+            return None, None, None, None, None
         pad = None if ctx.padding_idx < 0 else ctx.padding_idx
-        return None, _backward(ctx.ids, grad, ctx.num_rows, pad, ctx.kind, plan=ctx.plan), None, None
+        gw = _backward(ctx.ids, grad, ctx.num_rows, pad, ctx.kind, plan=ctx.plan, config=ctx.config)
+        return None, gw, None, None, None
 
 
-def _run(ids, weight, padding_idx, kind):
+def _run(ids, weight, padding_idx, kind, config=BLOCK_SCAN_DEFAULT):
     ids = _check(ids, weight, padding_idx)
     pad = -1 if padding_idx is None else padding_idx % weight.shape[0]
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (it has a fake impl)
-        return _embedding_op(ids, weight, pad, kind)
-    return _EmbeddingFunction.apply(ids, weight, pad, kind)
+        return _embedding_op(ids, weight, pad, kind, list(config))
+    return _EmbeddingFunction.apply(ids, weight, pad, kind, config)
 
 
 def v1_naive(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
-    return _run(ids, weight, padding_idx, 0)
+    return _run(ids, weight, padding_idx, TORCH_SORT)
 
 
 def v2_fused_sort(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
-    return _run(ids, weight, padding_idx, 1)
+    return _run(ids, weight, padding_idx, ONE_BLOCK_SORT)
 
 
 def v3_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
     return _run(ids, weight, padding_idx, SCAN)
 
 
-def v4_block_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
-    return _run(ids, weight, padding_idx, BLOCK_SCAN)
+def v4_block_scan(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,
+                  config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """``config``: the backward's block-scan (warps, ids loaded at once a thread, table rows a block),
+    BLOCK_SCAN_DEFAULT (None) or one of BLOCK_SCAN_EXTRA (fp32 tables with int64 ids only); it
+    travels with the autograd graph to this call's backward."""
+    return _run(ids, weight, padding_idx, BLOCK_SCAN, block_scan_config(config))
 
 
 VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_scan,
@@ -483,7 +441,7 @@ VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,
-              variant: str | None = None) -> torch.Tensor:
+              variant: str | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Rows of ``weight`` picked by ``ids``, differentiable in ``weight`` (deterministically).
 
     ids:         CUDA tensor of any shape S, int64 or int32; values in [0, num_rows) (others give
@@ -494,9 +452,16 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
                  in shared memory and rows x ids <= 2^33; past that v3_scan, up to 12288 ids,
                  rows x ids <= 2^28 and dim <= 256; past that v2's one-block sort, up to 8192 ids
                  and 65535 rows; past that v1's torch.sort), or a key of ``VARIANTS``.
+    config:      v4_block_scan's block-scan configuration (``v4_block_scan``); default None, the
+                 measured BLOCK_SCAN_DEFAULT.
     Returns (*S, dim) in weight's dtype. The backward writes grad_weight (num_rows, dim) in
     weight's dtype, accumulated in float32 in position order.
     """
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"embedding: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
-    return VARIANTS[variant or "v4_block_scan"](ids, weight, padding_idx)
+    variant = variant or "v4_block_scan"
+    if config is None:
+        return VARIANTS[variant](ids, weight, padding_idx)
+    if variant != "v4_block_scan":
+        raise ValueError(f"embedding: 'config' is v4_block_scan's block-scan configuration; {variant} takes none")
+    return VARIANTS[variant](ids, weight, padding_idx, config=config)

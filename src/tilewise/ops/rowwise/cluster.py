@@ -1,4 +1,4 @@
-"""Launchers of ``rowwise_cluster.cu``: softmax / log-softmax forward and backward and
+"""Launchers of ``cluster.cu``: softmax / log-softmax forward and backward and
 cross-entropy (loss and gradient in one pass) for rows too long for one CTA's registers.
 
 A row is split over a thread-block cluster (sm_90) of ``cl`` CTAs of ``nt`` threads, each thread
@@ -9,7 +9,8 @@ cross-entropy with gradient 2 passes over the row), where the two-pass Triton ke
 re-read the row and reach 62-66 % of it at 131072 columns on the H200.
 
 A configuration ``(cl, nt, ch)`` holds rows of up to ``cl * nt * ch * (16 / itemsize)`` elements.
-``pick(dtype, N, kind)`` takes the smallest listed configuration that holds the row. The layout
+``configs.pick(dtype, N, kind)`` takes the smallest listed configuration that holds the row (the
+tables, with the TMA and one-exp ones, are in ``configs``). The layout
 must allow 16-byte vectors: unit stride along the row, N, the row stride and the base pointer
 multiples of 16 bytes (``unsupported_reason`` says what is missing).
 
@@ -20,83 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from pathlib import Path
 
 import torch
 
 from ...runtime import cuda as rt
+from .configs import CONFIGS, EXTRA_BF16, EXTRA_FP32, ONE_EXP_CONFIGS, PIPE_KINDS, SHMEM_LIMIT, TMA_CONFIGS, \
+    TMA_DEFAULT, capacity, max_row, one_exp_default, pick, pipe_configs, pipe_shmem, tma_shmem
 
 _SRC = Path(__file__).with_name("cluster.cu")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# (cl, nt, ch) per dtype and kernel, smallest capacity first (each is instantiated in the .cu).
-# 2-byte types: 256 threads x 8 chunks, the fastest split of a 131072-element row on the H200 (more
-# resident CTAs an SM, more rows in flight) (docs/tuning/rowwise.md, "Cluster configs").
-_TWO_BYTE = ((2, 256, 8), (4, 256, 8), (8, 256, 8), (8, 1024, 4))  # the last: rows past 131072
-CONFIGS = {
-    ("fwd", 2): _TWO_BYTE, ("bwd", 2): _TWO_BYTE, ("ce", 2): _TWO_BYTE,
-    ("fwd", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8), (8, 1024, 8)),
-    ("bwd", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8)),
-    ("ce", 4): ((2, 512, 8), (4, 512, 8), (8, 512, 8), (8, 1024, 8)),
-}
-# Also built, for research/rowwise_cluster_configs.py (bf16 only): other splits of a 131072-element row.
-EXTRA_BF16 = {"fwd": ((8, 512, 4),), "bwd": ((8, 512, 4),), "ce": ((8, 512, 4),)}
-EXTRA_FP32 = {"fwd": ((8, 1024, 4),), "bwd": ((8, 1024, 4),), "ce": ((8, 1024, 4),)}
 _NAMES = {"fwd": "rc_softmax_fwd", "bwd": "rc_softmax_bwd", "ce": "rc_cross_entropy",
           "fwd_pipe": "rc_softmax_fwd_pipe", "ce_pipe": "rc_cross_entropy_pipe",
           "fwd_tma": "rc_softmax_fwd_tma", "ce_tma": "rc_cross_entropy_tma"}
-# The pipelined kernels (v6) take the same configurations as their v5 kind.
-PIPE_KINDS = ("fwd", "ce")
-# One exp an element (X1 in the .cu), softmax forward and cross-entropy: built for these (dtype
-# itemsize, config) pairs only, and the default (one_exp=None) wherever the picked config is one of
-# them: the exp unit is otherwise a bound (bf16 softmax forward 73.8 % of copy, not 69.7 %)
-# (docs/tuning/rowwise.md, "One exp an element").
-ONE_EXP_CONFIGS = {("fwd", 2): ((8, 256, 8),), ("fwd", 4): ((8, 512, 8),),
-                   ("ce", 2): ((8, 256, 8),), ("ce", 4): ((8, 512, 8),)}
-
-
-# TMA-pipelined forward (v7): (cl, nt, ch, stages, min blocks an SM for __launch_bounds__), 2-byte
-# types (bf16, fp16): the default and the alternatives it beat. Resident CTAs pay, stages ahead do
-# not: the default, 128 threads x 16 chunks, 1 stage, 5 blocks an SM, runs at 86.6 % of copy on the
-# H200 (docs/tuning/rowwise.md, "TMA configs").
-TMA_CONFIGS = {("fwd", 2): ((8, 256, 8, 2, 3), (8, 256, 8, 1, 4), (8, 256, 8, 2, 4), (8, 512, 4, 1, 3),
-                            (8, 512, 4, 2, 3), (8, 128, 16, 1, 5)),
-               # cross-entropy with its gradient on the same pipeline (rc_cross_entropy_tma)
-               # (docs/tuning/rowwise.md, "Cross-entropy on the TMA pipeline")
-               ("ce", 2): ((8, 128, 16, 1, 5), (8, 256, 8, 1, 4))}
-TMA_DEFAULT = {("fwd", 2): (8, 128, 16, 1, 5), ("ce", 2): (8, 128, 16, 1, 5)}
-# TILEWISE_SOFTMAX_TMA_CONFIG="cl,nt,ch,stages,minb" picks another built configuration as the default.
-_env_cfg = os.environ.get("TILEWISE_SOFTMAX_TMA_CONFIG")
-if _env_cfg:
-    try:
-        _cfg = tuple(int(v) for v in _env_cfg.split(","))
-    except ValueError:
-        _cfg = ()
-    if _cfg not in TMA_CONFIGS[("fwd", 2)]:
-        raise ValueError(f"TILEWISE_SOFTMAX_TMA_CONFIG={_env_cfg!r}: expected one of {TMA_CONFIGS[('fwd', 2)]}")
-    TMA_DEFAULT = {**TMA_DEFAULT, ("fwd", 2): _cfg}
 _TMA_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
-
-
-def capacity(dtype: torch.dtype, config: tuple[int, int, int]) -> int:
-    cl, nt, ch = config
-    return cl * nt * ch * (16 // dtype.itemsize)
-
-
-def max_row(dtype: torch.dtype, kind: str = "fwd") -> int:
-    """Longest row the listed configurations hold (262144 for 2-byte types; fp32 backward 131072)."""
-    return capacity(dtype, CONFIGS[(kind, dtype.itemsize)][-1])
-
-
-def pick(dtype: torch.dtype, N: int, kind: str = "fwd") -> tuple[int, int, int]:
-    for cfg in CONFIGS[(kind, dtype.itemsize)]:
-        if capacity(dtype, cfg) >= N:
-            return cfg
-    raise ValueError(f"rowwise_cluster: rows of {N} {dtype} elements exceed {max_row(dtype, kind)}")
-
-
-SHMEM_LIMIT = rt.SM90_SHARED_OPT_IN
 
 
 def pipe_unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
@@ -140,12 +79,6 @@ def unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
             return (f"needs unit-stride rows whose length ({N}), stride and start are multiples of "
                     f"16 bytes ({v} elements)")
     return None
-
-
-def pipe_configs(kind: str, itemsize: int) -> tuple:
-    """The configs the pipelined (v6) kernel of ``kind`` is built for: CONFIGS' whose two row slices
-    fit a block's shared memory (fp32 (8, 1024, 8) needs 256 KiB: not built)."""
-    return tuple(c for c in CONFIGS[(kind, itemsize)] if pipe_shmem(c) <= SHMEM_LIMIT)
 
 
 @functools.cache
@@ -196,12 +129,6 @@ def _strided_params(kind: str, dtype: torch.dtype) -> tuple:
                  for p in _params(kind, dtype))
 
 
-def pipe_shmem(config: tuple[int, int, int]) -> int:
-    """Dynamic shared memory of a pipelined (v6) block: two row slices of 16-byte vectors."""
-    cl, nt, ch = config
-    return 2 * ch * nt * 16
-
-
 @functools.cache
 def _kernel(kind: str, dtype: torch.dtype, config: tuple[int, int, int], device_index: int,
             one_exp: bool = False) -> rt.Kernel:
@@ -234,12 +161,6 @@ def _resident_clusters(kind: str, dtype: torch.dtype, config: tuple[int, int, in
     """Resident clusters of the pipelined (v6) kernel: its persistent grid."""
     cl, nt, _ = config
     return _resident(_kernel(kind, dtype, config, device_index), cl, nt, pipe_shmem(config), device_index)
-
-
-def tma_shmem(config: tuple[int, ...]) -> int:
-    """Dynamic shared memory of a TMA-pipelined (v7) block: ``stages`` row slices."""
-    cl, nt, ch, st = config[:4]
-    return st * ch * nt * 16
 
 
 @functools.cache
@@ -319,8 +240,7 @@ def _launch(kind, t0, config, M, args, pipe=False, one_exp=None):
     cl, nt, _ = cfg
     dev = _device_index(t0)
     if one_exp is None:  # the default: one exp wherever it is built
-        one_exp = (not pipe and t0.dtype != torch.float16
-                   and cfg in ONE_EXP_CONFIGS.get((kind, t0.dtype.itemsize), ()))
+        one_exp = one_exp_default(kind, t0.dtype, cfg, pipe)
     if one_exp:
         built = ONE_EXP_CONFIGS.get((kind, t0.dtype.itemsize), ())
         if pipe or t0.dtype == torch.float16 or cfg not in built:

@@ -9,7 +9,7 @@ Versions:
     v3_online: any C (a 128k vocabulary): pass 1 keeps a running max, sum of exp and sum of
                logits (with smoothing); pass 2 re-reads the row (from L2, with a persistent
                grid that keeps few rows in flight) and writes the gradient. bound: as v2 when the re-read hits L2.
-    v5_cluster_cuda: v4's design in CUDA C thread-block clusters (rowwise_cluster.cu; Triton 3.6
+    v5_cluster_cuda: v4's design in CUDA C thread-block clusters (cluster.cu; Triton 3.6
                cannot build v4): a row split over 2-8 CTAs in registers, max / sum of exp / sum
                of x reduced across the cluster in distributed shared memory, the loss and the
                gradient written in the same pass: one read, one write. C up to 262144 (fp32 131072
@@ -21,7 +21,7 @@ Versions:
                current row is reduced, exchanged and written: loads in flight through the cluster
                barriers. C up to 131072. bound: as v5. Measured slower than v5
                (docs/tuning/rowwise.md, "Pipelined v6").
-    v7_cluster_tma: softmax's v7 pipeline (rowwise_cluster.cu, rc_cross_entropy_tma): each CTA's
+    v7_cluster_tma: softmax's v7 pipeline (cluster.cu, rc_cross_entropy_tma): each CTA's
                slice of a row arrives by one bulk copy (TMA) into shared memory, the next row's
                copy starts right after the row's single cluster barrier; every warp's (max, sum of
                exp, sum of x) exchanged through distributed shared memory; one exp an element.
@@ -30,7 +30,7 @@ Versions:
     v4_cluster: v2 for C up to 131072: each row split over a cluster of up to 8 CTAs (Triton
                num_ctas, sm_90), 16384 classes each in registers, reductions across the cluster
                in distributed shared memory: one read, one write. Experimental, not the default
-               until measured (PREFER_CLUSTER); raises NotImplementedError for C > 16384 where
+               until measured (Policy.triton_cluster); raises NotImplementedError for C > 16384 where
                this Triton cannot build multi-CTA kernels (softmax.cluster_unsupported_reason;
                docs/tuning/rowwise.md, "Triton multi-CTA v4_cluster").
 
@@ -56,23 +56,14 @@ import triton
 import triton.language as tl
 
 from ...cost import Cost
-from ...runtime import cuda as rt
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
+from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
+    default_variant as _default_variant, fused_config, online_config, scale_programs, triton_cluster_config
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
 _REDUCTIONS = ("mean", "sum", "none")
-MAX_FUSED = 16384
-CLUSTER_SLICE = 16384      # classes of a row each CTA of a v4_cluster cluster holds
-MAX_CLUSTER = 8 * CLUSTER_SLICE
-PREFER_CLUSTER = False  # v4_cluster (Triton multi-CTA) does not build on Triton 3.6: never the default
-PREFER_CUDA_CLUSTER = True  # v7 / v5 (CUDA C clusters) past MAX_FUSED where the layout allows them
-
-_FUSED_TILE = 2048
-_ONLINE_CHUNK_BYTES = 32768
-_ONLINE_WARPS = 16
-_L2_BUDGET = 24 << 20
 
 
 def reference(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
@@ -172,25 +163,25 @@ def _ce_kernel(X, T, LOSS, DX, M, N, stride_xm, stride_dxm, ignore_index, smooth
                              mask=mk, eviction_policy="evict_first")
 
 
-def default_variant(logits: torch.Tensor) -> str:
-    """The version ``variant=None`` runs for these logits."""
+def default_variant(logits: torch.Tensor, policy: Policy | None = None) -> str:
+    """The version ``variant=None`` runs for these logits under ``policy`` (default DEFAULT_POLICY;
+    the rule: ``configs.default_variant``)."""
+    policy = policy or DEFAULT_POLICY
     C = logits.shape[-1] if logits.dim() == 2 else 0
-    return ("v2_fused" if C <= MAX_FUSED else
-            "v4_cluster" if PREFER_CLUSTER and C <= MAX_CLUSTER else
-            ("v7_cluster_tma" if _tma_ok(logits) else "v5_cluster_cuda") if _cuda_cluster_ok(logits) else "v3_online")
+    return _default_variant(C, policy, lambda: _cuda_cluster_ok(logits), lambda: _tma_ok(logits, policy))
 
 
-def _tma_ok(logits) -> bool:
+def _tma_ok(logits, policy: Policy) -> bool:
     """v7_cluster_tma takes these logits (2-byte, C <= 131072, 16-byte rows; see _cuda_cluster_ok)."""
     from . import cluster as rc
 
-    return rc.tma_unsupported_reason(logits, kind="ce") is None
+    return rc.tma_unsupported_reason(logits, kind="ce", config=policy.tma_ce) is None
 
 
 def _cuda_cluster_ok(logits) -> bool:
     """v5_cluster_cuda takes these logits (and a gradient laid out like them, the contiguous one
     the forward allocates): sm_90+, rows of whole 16-byte vectors, C <= its largest config."""
-    if not PREFER_CUDA_CLUSTER or _interpreting() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+    if _interpreting() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         return False
     from . import cluster as rc
 
@@ -245,7 +236,7 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
     return n_valid
 
 
-def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant, policy):
     """v5_cluster_cuda / v6_cluster_pipe (N > 0), with no idle GPU for the target
     check: one small kernel checks and counts the targets on the device (bad ones become
     ignore_index, so the loss kernel never reads outside a row) and copies the count of bad ones
@@ -263,15 +254,16 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     tma = variant == "v7_cluster_tma"
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
     ts = (x, *((grad,) if compute_grad else ()))
-    why = (rc.pipe_unsupported_reason(*ts, kind="ce") if pipe else rc.tma_unsupported_reason(*ts, kind="ce")
-           if tma else rc.unsupported_reason(*ts, kind="ce"))
+    why = (rc.pipe_unsupported_reason(*ts, kind="ce") if pipe
+           else rc.tma_unsupported_reason(*ts, kind="ce", config=policy.tma_ce) if tma
+           else rc.unsupported_reason(*ts, kind="ce"))
     if why:
         raise ValueError(f"cross_entropy.{variant}: {why}; use v3_online (variant=None)")
     t_safe = torch.empty(N, device=dev, dtype=torch.int64)
     inv_n = torch.empty(1, device=dev, dtype=torch.float32)
     bad = torch.empty(1, device=dev, dtype=torch.int64)
     _tl_launch(_ce_targets_kernel, (1,), t, t_safe, bad, inv_n, N, C, ignore_index, MEAN=reduction == "mean",
-                             BLOCK=_CAPTURABLE_BLOCK, ADD=False)
+                             BLOCK=CAPTURABLE_BLOCK, ADD=False)
     bad_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
     bad_host.copy_(bad, non_blocking=True)
     counted = torch.cuda.Event()
@@ -279,7 +271,8 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
     if tma:
         rc.cross_entropy_tma(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index,
-                             float(label_smoothing), 1.0, scale_dev=inv_n if reduction == "mean" else None)
+                             float(label_smoothing), 1.0, config=policy.tma_ce,
+                             scale_dev=inv_n if reduction == "mean" else None)
     else:
         rc.cross_entropy(x, t_safe, loss_rows, grad if compute_grad else None, ignore_index, float(label_smoothing),
                          1.0, pipe=pipe, scale_dev=inv_n if reduction == "mean" else None)
@@ -295,10 +288,12 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     return loss, grad
 
 
-def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant,
+            policy: Policy = DEFAULT_POLICY):
     N, C = logits.shape
     if variant in ("v5_cluster_cuda", "v6_cluster_pipe", "v7_cluster_tma") and N:
-        return _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
+        return _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant,
+                               policy)
     n_valid = _count_valid(target, C, ignore_index)
     dev = logits.device
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
@@ -316,10 +311,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             if C > MAX_FUSED:
                 raise ValueError(f"cross_entropy.v2_fused: C = {C} does not fit in registers (at most "
                                  f"{MAX_FUSED}); use v3_online or variant=None")
-            block = max(16, 1 << (C - 1).bit_length())
-            rows = max(1, _FUSED_TILE // block)
-            tile = rows * block
-            warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
+            rows, block, warps = fused_config(C)
             grid = (_cdiv(N, rows),)
             _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
                              float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
@@ -328,26 +320,16 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
             if C > MAX_CLUSTER:
                 raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
                                  f"{CLUSTER_SLICE}); use v3_online or variant=None")
-            block = max(16, 1 << (C - 1).bit_length())
-            ctas = max(1, block // CLUSTER_SLICE) if x.is_cuda else 1
+            block, warps, ctas = triton_cluster_config(C, x.is_cuda)
             _require_cluster(x, ctas, "cross_entropy")
             _tl_launch(_ce_kernel, (N,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                             float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
-                             HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=16 if block >= 16384 else 8,
-                             num_ctas=ctas)
+                       float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
+                       HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps, num_ctas=ctas)
         else:
-            if x.is_cuda:
-                sms = rt.sm_count(x.get_device())
-                block = min(_ONLINE_CHUNK_BYTES // x.element_size(), max(16, 1 << (C - 1).bit_length()))
-            else:
-                sms, block = 4, 16
-            row_bytes = C * x.element_size()
-            per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
-            progs = max(1, min(N, sms * per_sm))
+            block, warps, progs = online_config(x, C * x.element_size(), N)
             _tl_launch(_ce_kernel, (progs,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                                 float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
-                                 HAS_GRAD=compute_grad, SMOOTH=smooth,
-                                 num_warps=max(4, min(_ONLINE_WARPS, block // 512)))
+                       float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
+                       HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
     if reduction == "none":
         loss = loss_rows.to(logits.dtype)
     elif reduction == "sum":
@@ -357,14 +339,17 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
     return loss, grad
 
 
+# ``policy``: ``Policy.pack()``, what a custom op's schema can carry; empty for DEFAULT_POLICY.
 @torch.library.custom_op("tilewise::cross_entropy_fwd", mutates_args=())
 def _ce_op(logits: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int,
-           label_smoothing: float, compute_grad: bool, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant)
+           label_smoothing: float, compute_grad: bool, variant: str,
+           policy: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant,
+                   Policy.unpack(policy))
 
 
 @_ce_op.register_fake
-def _(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant):
+def _(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant, policy):
     N, C = logits.shape
     shape = (N,) if reduction == "none" else ()
     g = (N, C) if compute_grad else (0,)
@@ -399,7 +384,7 @@ def _grad(ctx, dloss, _dgrad):
             raise RuntimeError("cross_entropy: backward ran a second time (retain_graph=True); the "
                                "gradient written by the forward was handed out by the first backward")
         g = ctx.holder.pop()
-    nones = (None,) * 6
+    nones = (None,) * 7
     if dloss is None:  # grads are not materialized: the loss did not reach the output
         return (None,) + nones
     if ctx.reduction == "none":
@@ -413,19 +398,10 @@ def _grad(ctx, dloss, _dgrad):
     g = g if g.is_contiguous() else g.contiguous()
     if g.numel():
         d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
-        progs = _scale_programs(g)
-        _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=_SCALE_BLOCK,
-                                           ITERS=_cdiv(_cdiv(g.numel(), _SCALE_BLOCK), progs))
+        progs = scale_programs(g)
+        _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=SCALE_BLOCK,
+                   ITERS=_cdiv(_cdiv(g.numel(), SCALE_BLOCK), progs))
     return (g,) + nones  # ours alone now: scaled in place, no second copy
-
-
-_SCALE_BLOCK = 4096
-
-
-def _scale_programs(g: torch.Tensor) -> int:
-    if not g.is_cuda:
-        return max(1, min(4, _cdiv(g.numel(), _SCALE_BLOCK)))
-    return max(1, min(4 * rt.sm_count(g.get_device()), _cdiv(g.numel(), _SCALE_BLOCK)))
 
 
 @triton.jit
@@ -447,9 +423,9 @@ _ce_op.register_autograd(_grad, setup_context=_setup)
 
 
 def _variant(name):
-    def fn(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0):
+    def fn(logits, target, reduction="mean", ignore_index=-100, label_smoothing=0.0, *, policy=None):
         return cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index,
-                             label_smoothing=label_smoothing, variant=name)
+                             label_smoothing=label_smoothing, variant=name, policy=policy)
     fn.__name__ = name
     return fn
 
@@ -465,7 +441,7 @@ VARIANTS = {"v1_torch": _torch, **{v: _variant(v) for v in _KERNEL_VARIANTS}}
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",
                   ignore_index: int = -100, label_smoothing: float = 0.0,
-                  variant: str | None = None) -> torch.Tensor:
+                  variant: str | None = None, policy: Policy | None = None) -> torch.Tensor:
     """Cross-entropy of logits against class indices, differentiable in ``logits``.
 
     logits:          CUDA tensor (N, C), float32 / float16 / bfloat16, unit stride along C
@@ -478,20 +454,24 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
     label_smoothing: e in [0, 1] (default 0): the target distribution is (1-e) one-hot + e/C.
     variant:         None (v2_fused for C <= MAX_FUSED = 16384, else v7_cluster_tma for 2-byte
                      logits of C <= 131072 and v5_cluster_cuda otherwise where their layout and GPU
-                     conditions hold, else v3_online) or a name of _KERNEL_VARIANTS.
+                     conditions hold, else v3_online; ``configs.default_variant``) or a name of
+                     _KERNEL_VARIANTS.
+    policy:          a ``configs.Policy`` for this call (None: DEFAULT_POLICY, the measured
+                     defaults): what variant=None prefers and v7's configuration.
     Returns the loss in logits' dtype: shape () or (N,) for 'none'. When logits require grad,
     the gradient (N, C, logits' dtype) is written during this call and held for backward: the
     only extra memory of any size.
     """
     if variant is None:
-        variant = default_variant(logits) if isinstance(logits, torch.Tensor) else "v2_fused"
+        variant = default_variant(logits, policy) if isinstance(logits, torch.Tensor) else "v2_fused"
     elif variant not in _KERNEL_VARIANTS:
         raise ValueError(f"cross_entropy: unknown variant {variant!r}; choose from "
                          f"{list(_KERNEL_VARIANTS)} (v1_torch is F.cross_entropy)")
     _check(logits, target, reduction, ignore_index, label_smoothing)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
+    packed = [] if policy is None or policy == DEFAULT_POLICY else policy.pack()
     loss, _ = _ce_op(logits, target, reduction, int(ignore_index), float(label_smoothing),
-                     compute_grad, variant)
+                     compute_grad, variant, packed)
     return loss
 
 
@@ -505,7 +485,6 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
 # configuration) unchanged. Kernels per forward + backward: targets, _ce_kernel, reduction, scale.
 
 _BAD_TARGETS: dict[str, torch.Tensor] = {}
-_CAPTURABLE_BLOCK = 1024
 
 
 def _bad_counter(device: torch.device) -> torch.Tensor:
@@ -580,11 +559,9 @@ def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
     loss_rows = torch.empty(max(N, 1), device=dev, dtype=torch.float32)
     grad = torch.empty((N, C) if compute_grad else (0,), device=dev, dtype=logits.dtype)
     _tl_launch(_ce_targets_kernel, (1,), t, t_safe, _bad_counter(dev), inv_n, N, C, ignore_index,
-                             MEAN=reduction == "mean", BLOCK=_CAPTURABLE_BLOCK)
+                             MEAN=reduction == "mean", BLOCK=CAPTURABLE_BLOCK)
     if N:
-        block = max(16, 1 << (C - 1).bit_length())
-        rows = max(1, _FUSED_TILE // block)
-        warps = 4 if rows * block <= 1024 else 8 if rows * block <= 4096 else 16
+        rows, block, warps = fused_config(C)
         dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
         sdx = grad.stride(0) if compute_grad else 0
         # grad_scale 1: 1/n_valid is only known on the device; the backward applies it.
@@ -592,7 +569,7 @@ def _launch_capturable(logits, target, reduction, ignore_index, label_smoothing,
                                             float(label_smoothing), 1.0, ROWS=rows, BLOCK=block, ONE_PASS=True,
                                             HAS_GRAD=compute_grad, SMOOTH=label_smoothing > 0, num_warps=warps)
     loss = torch.empty((), device=dev, dtype=logits.dtype)
-    _tl_launch(_ce_reduce_kernel, (1,), loss_rows, inv_n, loss, N, BLOCK=_CAPTURABLE_BLOCK)
+    _tl_launch(_ce_reduce_kernel, (1,), loss_rows, inv_n, loss, N, BLOCK=CAPTURABLE_BLOCK)
     return loss, grad, inv_n
 
 

@@ -14,23 +14,23 @@ Versions (forward; the backward follows the same pattern):
                 re-reads x and writes y. Both passes issue the next chunk's load before this
                 chunk's math (software prefetch: 32 KB an SM in flight). A persistent grid keeps
                 few enough rows in flight that pass 2's re-read should hit L2; the backward's
-                pass 2 walks the row backwards (_BWD_REVERSE) so the freshest chunks come first.
+                pass 2 walks the row backwards (Policy.bwd_reverse) so the freshest chunks come first.
                 bound: copy bandwidth on the floor's bytes when pass 2 hits L2, on 3/2 x them
                 (backward 5/3) when it does not.
     v4_cluster: v2 for rows up to 131072: the row is split over a cluster of up to 8 CTAs
                 (Triton num_ctas, sm_90), each holding 16384 elements in registers; the row max,
                 sum and dot are reduced across the cluster in distributed shared memory. One
                 read, one write, like v2. Experimental: Triton's multi-CTA layouts are little
-                used outside matmul; not the default until measured (PREFER_CLUSTER). Triton 3.6
+                used outside matmul; not the default until measured (Policy.triton_cluster). Triton 3.6
                 cannot build it (TritonGPUPlanCTAPass fails on the reductions): where the probe
                 cluster_unsupported_reason() says so, rows > 16384 raise NotImplementedError.
                 bound: copy bandwidth on the floor's bytes.
-    v5_cluster_cuda: v4's design in CUDA C (rowwise_cluster.cu), which the Triton here cannot
+    v5_cluster_cuda: v4's design in CUDA C (cluster.cu), which the Triton here cannot
                 build: a cluster of 2-8 CTAs a row, each thread holding its 16-byte vectors of
                 the row packed in registers, block then cluster reductions through distributed
                 shared memory, output written from registers. Rows up to 262144 (fp32 backward
                 131072) whose length, stride and start are multiples of 16 bytes; the default
-                past MAX_FUSED where that holds (PREFER_CUDA_CLUSTER).
+                past MAX_FUSED where that holds (Policy.cuda_cluster).
                 bound: copy bandwidth on the floor's bytes.
     v6_cluster_pipe: v5 in a persistent grid of clusters (as many as run at once), each thread
                 copying its vectors of the next row into shared memory with cp.async (two row
@@ -66,32 +66,12 @@ import triton
 import triton.language as tl
 
 from ...cost import Cost
-from ...runtime import cuda as rt
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
+from .configs import CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, UNFUSED_BLOCK, Policy, default_variant as \
+    _default_variant, fused_config, online_config, triton_cluster_config
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
-CLUSTER_SLICE = 16384  # elements of a row each CTA of a v4_cluster cluster holds
-MAX_CLUSTER = 8 * CLUSTER_SLICE  # 131072: 8 CTAs, the portable cluster size
-# v4_cluster (one read) does not build on Triton 3.6 (multi-CTA reductions): the default for rows past
-# MAX_FUSED stays v3_online until the GPU tests pass for v4_cluster and the bench shows it faster
-# (docs/tuning/rowwise.md, "Triton multi-CTA v4_cluster").
-PREFER_CLUSTER = False
-# v5_cluster_cuda (rowwise_cluster.cu: CUDA C thread-block clusters, one read and one write) is the
-# default past MAX_FUSED where the layout allows 16-byte vectors and the GPU is sm_90+.
-PREFER_CUDA_CLUSTER = True
 _NEG_INF = float("-inf")
-
-# Launch parameters, picked for the H200 (reasoning in docs/notes-softmax.md; the lead tunes).
-_FUSED_TILE = 2048          # elements per program for short rows (several rows per program)
-_ONLINE_CHUNK_BYTES = 32768  # bytes of one row chunk per loop iteration in v3 (16 warps x 32 B/thread)
-_ONLINE_WARPS = 16
-_L2_BUDGET = 24 << 20       # bytes of rows in flight that pass 2 should find in L2 (of 60 MiB)
-# v3_online's pass 2 direction: backwards re-reads the chunks pass 1 read last first (a spread
-# of reuse distances, some always short) instead of every chunk one row-time later.
-_FWD_REVERSE = False  # forward: 132 x 256 KB of x in flight at 131072 bf16, should fit in L2
-_BWD_REVERSE = True   # backward: y and dy, 67 MB in flight: forward order missed every time
-_UNFUSED_BLOCK = 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,12 +342,6 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _sms(t: torch.Tensor) -> int:
-    if t.is_cuda:
-        return rt.sm_count(t.get_device())
-    return 4  # the interpreter: a few programs, each looping, exercise the persistent loop
-
-
 def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
@@ -389,58 +363,27 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _fused_config(N: int) -> tuple[int, int, int]:
-    """(ROWS, BLOCK, num_warps) for a row held whole in registers."""
-    block = max(16, _pow2(N))
-    rows = max(1, _FUSED_TILE // block)
-    tile = rows * block
-    # 16 fp32 values a thread up to 4096-element tiles (two 16-byte bf16 loads in flight each),
-    # then 16 warps so a 16k row is 32 values a thread (two live tensors in backward: 64 regs).
-    warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
-    return rows, block, warps
-
-
-def _online_config(x: torch.Tensor, row_bytes: int, n_rows: int,
-                   streams: int = 1) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, programs) for the two-pass kernels. A loop iteration loads
-    _ONLINE_CHUNK_BYTES over ``streams`` tensors (forward 1: 16384 bf16 elements, 32 a thread;
-    backward 2: 8192 a tensor, so the prefetched next chunk fits in registers too); short rows
-    take one power-of-two chunk (a 4096-long row is not padded to 16384 lanes)."""
-    N = max(1, row_bytes // (streams * x.element_size()))
-    block = min(_ONLINE_CHUNK_BYTES // (streams * x.element_size()), max(16, _pow2(N)))
-    warps = max(4, min(_ONLINE_WARPS, block // 512))
-    sms = _sms(x)
-    if not x.is_cuda:
-        block, warps = 16, 4  # keep interpreter tests small while exercising several chunks
-    per_sm = max(1, min(4, _L2_BUDGET // max(1, sms * row_bytes)))
-    return block, warps, max(1, min(n_rows, sms * per_sm))
-
-
-def _fwd_fused(x2, y2, log):
+def _fwd_fused(x2, y2, log, policy):
     M, N = x2.shape
     if N > MAX_FUSED:
         raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
-    rows, block, warps = _fused_config(N)
+    rows, block, warps = fused_config(N)
     grid = (_cdiv(M, rows),)
     _launch(_softmax_fwd_kernel, grid, x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=rows, BLOCK=block,
                               LOG=log, ONE_PASS=True, num_warps=warps)
 
 
-def _fwd_online(x2, y2, log):
+def _fwd_online(x2, y2, log, policy):
     M, N = x2.shape
-    block, warps, progs = _online_config(x2, N * x2.element_size(), M)
+    block, warps, progs = online_config(x2, N * x2.element_size(), M)
     _launch(_softmax_fwd_kernel, (progs,), x2, y2, M, N, x2.stride(0), y2.stride(0), ROWS=1, BLOCK=block,
-                                  LOG=log, ONE_PASS=False, REVERSE=_FWD_REVERSE, num_warps=warps)
+            LOG=log, ONE_PASS=False, REVERSE=policy.fwd_reverse, num_warps=warps)
 
 
-def _fwd_unfused(x2, y2, log):
+def _fwd_unfused(x2, y2, log, policy):
     M, N = x2.shape
-    B = _UNFUSED_BLOCK if x2.is_cuda else 16
+    B = UNFUSED_BLOCK if x2.is_cuda else 16
     mx = torch.empty(M, device=x2.device, dtype=torch.float32)
     s = torch.empty(M, device=x2.device, dtype=torch.float32)
     e = torch.empty(M, N, device=x2.device, dtype=torch.float32)
@@ -451,28 +394,27 @@ def _fwd_unfused(x2, y2, log):
                                               LOG=log, BLOCK=B)
 
 
-def _bwd_fused(y2, g2, dx2, log):
+def _bwd_fused(y2, g2, dx2, log, policy):
     M, N = y2.shape
     if N > MAX_FUSED:
         raise ValueError(f"softmax.v2_fused: rows of {N} elements do not fit in registers "
                          f"(at most {MAX_FUSED}); use v3_online or variant=None")
-    rows, block, warps = _fused_config(N)
+    rows, block, warps = fused_config(N)
     _launch(_softmax_bwd_kernel, (_cdiv(M, rows),), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0),
                                                  dx2.stride(0), ROWS=rows, BLOCK=block, LOG=log,
                                                  ONE_PASS=True, num_warps=warps)
 
 
-def _bwd_online(y2, g2, dx2, log):
+def _bwd_online(y2, g2, dx2, log, policy):
     M, N = y2.shape
-    block, warps, progs = _online_config(y2, 2 * N * y2.element_size(), M, streams=2)
+    block, warps, progs = online_config(y2, 2 * N * y2.element_size(), M, streams=2)
     _launch(_softmax_bwd_kernel, (progs,), y2, g2, dx2, M, N, y2.stride(0), g2.stride(0), dx2.stride(0),
-                                  ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, REVERSE=_BWD_REVERSE,
-                                  num_warps=warps)
+            ROWS=1, BLOCK=block, LOG=log, ONE_PASS=False, REVERSE=policy.bwd_reverse, num_warps=warps)
 
 
-def _bwd_unfused(y2, g2, dx2, log):
+def _bwd_unfused(y2, g2, dx2, log, policy):
     M, N = y2.shape
-    B = _UNFUSED_BLOCK if y2.is_cuda else 16
+    B = UNFUSED_BLOCK if y2.is_cuda else 16
     y2, g2 = y2.contiguous(), g2.contiguous()
     d = torch.empty(M, device=y2.device, dtype=torch.float32)
     _launch(_row_sum_kernel, (M,), g2, y2, d, N, LOG=log, BLOCK=B)
@@ -480,18 +422,13 @@ def _bwd_unfused(y2, g2, dx2, log):
 
 
 def _cluster_config(x2) -> tuple[int, int, int]:
-    """(BLOCK, num_warps, num_ctas) for v4_cluster: the row split over a cluster of CTAs, each
-    holding CLUSTER_SLICE elements in registers; Triton reduces across the cluster through
-    distributed shared memory (sm_90). 8 CTAs is the portable cluster limit."""
+    """(BLOCK, num_warps, num_ctas) for v4_cluster (``configs.triton_cluster_config``); Triton
+    reduces across the cluster through distributed shared memory (sm_90)."""
     N = x2.shape[1]
     if N > MAX_CLUSTER:
         raise ValueError(f"softmax.v4_cluster: rows of {N} elements exceed {MAX_CLUSTER} "
                          f"(8 CTAs x {CLUSTER_SLICE}); use v3_online")
-    block = max(16, _pow2(N))
-    if not x2.is_cuda:
-        return block, 4, 1  # the interpreter has no clusters
-    ctas = max(1, block // CLUSTER_SLICE)
-    return block, 16 if block >= 16384 else 8, ctas
+    return triton_cluster_config(N, x2.is_cuda)
 
 
 _CLUSTER_REASON: dict = {}
@@ -539,7 +476,7 @@ def _require_cluster(t: torch.Tensor, ctas: int, op: str = "softmax") -> None:
             raise NotImplementedError(f"{op}.v4_cluster: {why}; use v3_online (variant=None)")
 
 
-def _fwd_cluster(x2, y2, log):
+def _fwd_cluster(x2, y2, log, policy):
     M, N = x2.shape
     block, warps, ctas = _cluster_config(x2)
     _require_cluster(x2, ctas)
@@ -547,7 +484,7 @@ def _fwd_cluster(x2, y2, log):
                               LOG=log, ONE_PASS=True, num_warps=warps, num_ctas=ctas)
 
 
-def _bwd_cluster(y2, g2, dx2, log):
+def _bwd_cluster(y2, g2, dx2, log, policy):
     M, N = y2.shape
     block, warps, ctas = _cluster_config(y2)
     _require_cluster(y2, ctas, "softmax_backward")
@@ -565,21 +502,21 @@ def _require_cuda_cluster(kind: str, *ts: torch.Tensor) -> None:
         raise ValueError(f"{op}.v5_cluster_cuda: {why}; use v3_online (variant=None picks it)")
 
 
-def _fwd_cluster_cuda(x2, y2, log):
+def _fwd_cluster_cuda(x2, y2, log, policy):
     from . import cluster as rc
 
     _require_cuda_cluster("fwd", x2, y2)
     rc.softmax_fwd(x2, y2, log)
 
 
-def _bwd_cluster_cuda(y2, g2, dx2, log):
+def _bwd_cluster_cuda(y2, g2, dx2, log, policy):
     from . import cluster as rc
 
     _require_cuda_cluster("bwd", y2, g2, dx2)
     rc.softmax_bwd(y2, g2, dx2, log)
 
 
-def _fwd_cluster_pipe(x2, y2, log):
+def _fwd_cluster_pipe(x2, y2, log, policy):
     from . import cluster as rc
 
     why = rc.pipe_unsupported_reason(x2, y2, kind="fwd")
@@ -588,20 +525,22 @@ def _fwd_cluster_pipe(x2, y2, log):
     rc.softmax_fwd(x2, y2, log, pipe=True)
 
 
-def _fwd_cluster_tma(x2, y2, log):
+def _fwd_cluster_tma(x2, y2, log, policy):
     from . import cluster as rc
 
-    rc.softmax_fwd_tma(x2, y2, log)  # checks the layout itself (ValueError saying what is missing)
+    # checks the layout itself (ValueError saying what is missing)
+    rc.softmax_fwd_tma(x2, y2, log, config=policy.tma_fwd)
 
 
-def _tma_ok(*ts: torch.Tensor) -> bool:
+def _tma_ok(policy: Policy, *ts: torch.Tensor) -> bool:
     from . import cluster as rc
 
-    return rc.tma_unsupported_reason(*ts, kind="fwd") is None
+    return rc.tma_unsupported_reason(*ts, kind="fwd", config=policy.tma_fwd) is None
 
 
 def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
-    if not PREFER_CUDA_CLUSTER or _interpreting():
+    """Whether the CUDA C cluster kernels (v5) take these tensors here (never in the interpreter)."""
+    if _interpreting():
         return False
     from . import cluster as rc
 
@@ -618,58 +557,54 @@ _BWD = {"v1_unfused": _bwd_unfused, "v2_fused": _bwd_fused, "v3_online": _bwd_on
         "v7_cluster_tma": _bwd_cluster_cuda}
 
 
-def _pick(variant: str | None, N: int) -> str:
-    """The named variant, or for None the default by row length (v5_cluster_cuda is then taken
-    in _forward / _backward where the layout allows it, see _cuda_cluster_ok)."""
-    if variant is None:
-        if N <= MAX_FUSED:
-            return "v2_fused"
-        return "v4_cluster" if PREFER_CLUSTER and N <= MAX_CLUSTER else "v3_online"
+def _named(variant: str) -> str:
     if variant not in _FWD:
         raise ValueError(f"softmax: unknown variant {variant!r}; choose from {sorted(_FWD)}")
     return variant
 
 
-def default_variant(x: torch.Tensor, kind: str = "fwd") -> str:
-    """The version ``variant=None`` runs for x (kind "fwd") or for y and dy like x ("bwd")."""
-    N = x.shape[-1]
-    v = _pick(None, N)
-    if v == "v3_online" and x.numel() and _cuda_cluster_ok(kind, _rows(x)):
-        v = "v7_cluster_tma" if kind == "fwd" and _tma_ok(_rows(x)) else "v5_cluster_cuda"
-    return v
+def default_variant(x: torch.Tensor, kind: str = "fwd", policy: Policy | None = None) -> str:
+    """The version ``variant=None`` runs for x (kind "fwd") or for y and dy like x ("bwd") under
+    ``policy`` (default DEFAULT_POLICY; the rule: ``configs.default_variant``)."""
+    policy = policy or DEFAULT_POLICY
+    return _default_variant(x.shape[-1], policy, lambda: bool(x.numel()) and _cuda_cluster_ok(kind, _rows(x)),
+                            lambda: kind == "fwd" and _tma_ok(policy, _rows(x)))
 
 
-def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor | None = None):
+def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor | None = None,
+             policy: Policy = DEFAULT_POLICY):
     _check(x)
     N = x.shape[-1]
-    v = _pick(variant, N)
+    if variant is not None:
+        _named(variant)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
         raise ValueError(f"softmax: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     if x.numel() == 0:
         return y
     x2, y2 = _rows(x), y.view(-1, N)
-    if variant is None and v == "v3_online" and _cuda_cluster_ok("fwd", x2, y2):
-        v = "v7_cluster_tma" if _tma_ok(x2, y2) else "v5_cluster_cuda"
-    _FWD[v](x2, y2, log)
+    if variant is None:
+        variant = _default_variant(N, policy, lambda: _cuda_cluster_ok("fwd", x2, y2), lambda: _tma_ok(policy, x2, y2))
+    _FWD[variant](x2, y2, log, policy)
     return y
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None):
+def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY):
     _check(y, "y", "softmax_backward")
     _check(dy, "dy", "softmax_backward")
     if dy.shape != y.shape or dy.dtype != y.dtype:
         raise ValueError(f"softmax_backward: dy {tuple(dy.shape)} {dy.dtype} must match y "
                          f"{tuple(y.shape)} {y.dtype}")
     N = y.shape[-1]
-    v = _pick(variant, N)
+    if variant is not None:
+        _named(variant)
     dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     if y.numel() == 0:
         return dx
     y2, g2, dx2 = _rows(y), _rows(dy), dx.view(-1, N)
-    if variant is None and v == "v3_online" and _cuda_cluster_ok("bwd", y2, g2, dx2):
-        v = "v5_cluster_cuda"
-    _BWD[v](y2, g2, dx2, log)
+    if variant is None:  # the backward has no TMA kernel: v5's serves every cluster variant
+        variant = _default_variant(N, policy, lambda: _cuda_cluster_ok("bwd", y2, g2, dx2), lambda: False)
+    _BWD[variant](y2, g2, dx2, log, policy)
     return dx
 
 
@@ -677,35 +612,36 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None)
 # autograd ops (torch.compile traces through these via the fake implementations)
 
 
+# ``policy``: ``Policy.pack()``, what a custom op's schema can carry; empty for DEFAULT_POLICY.
 @torch.library.custom_op("tilewise::softmax_fwd", mutates_args=())
-def _softmax_op(x: torch.Tensor, log: bool, variant: str) -> torch.Tensor:
-    return _forward(x, log, variant or None)
+def _softmax_op(x: torch.Tensor, log: bool, variant: str, policy: list[int]) -> torch.Tensor:
+    return _forward(x, log, variant or None, policy=Policy.unpack(policy))
 
 
 @_softmax_op.register_fake
-def _(x, log, variant):
+def _(x, log, variant, policy):
     return torch.empty(x.shape, device=x.device, dtype=x.dtype)
 
 
 @torch.library.custom_op("tilewise::softmax_bwd", mutates_args=())
-def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str) -> torch.Tensor:
-    return _backward(y, dy.contiguous(), log, variant or None)
+def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str, policy: list[int]) -> torch.Tensor:
+    return _backward(y, dy.contiguous(), log, variant or None, Policy.unpack(policy))
 
 
 @_softmax_bwd_op.register_fake
-def _(y, dy, log, variant):
+def _(y, dy, log, variant, policy):
     return torch.empty(y.shape, device=y.device, dtype=y.dtype)
 
 
 def _setup(ctx, inputs, output):
-    _, log, variant = inputs
-    ctx.log, ctx.variant = log, variant
+    _, log, variant, policy = inputs
+    ctx.log, ctx.variant, ctx.policy = log, variant, policy
     ctx.save_for_backward(output)
 
 
 def _grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return _softmax_bwd_op(y, dy, ctx.log, ctx.variant), None, None
+    return _softmax_bwd_op(y, dy, ctx.log, ctx.variant, ctx.policy), None, None, None
 
 
 _softmax_op.register_autograd(_grad, setup_context=_setup)
@@ -716,40 +652,54 @@ _softmax_op.register_autograd(_grad, setup_context=_setup)
 
 
 def _variant_fn(name: str, log: bool):
-    def fn(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return _forward(x, log, name, out)
+    def fn(x: torch.Tensor, out: torch.Tensor | None = None, *, policy: Policy | None = None) -> torch.Tensor:
+        return _forward(x, log, name, out, policy or DEFAULT_POLICY)
+    fn.__name__ = name
+    return fn
+
+
+def _backward_fn(name: str):
+    def fn(y: torch.Tensor, dy: torch.Tensor, log: bool = False, *, policy: Policy | None = None) -> torch.Tensor:
+        return _backward(y, dy, log, name, policy or DEFAULT_POLICY)
     fn.__name__ = name
     return fn
 
 
 VARIANTS = {v: _variant_fn(v, False) for v in _FWD}
 LOG_VARIANTS = {v: _variant_fn(v, True) for v in _FWD}
-BACKWARD_VARIANTS = {v: (lambda y, dy, log=False, _v=v: _backward(y, dy, log, _v)) for v in _BWD}
+BACKWARD_VARIANTS = {v: _backward_fn(v) for v in _BWD}
 
 
-def softmax(x: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
+def _packed(policy: Policy | None) -> list[int]:
+    return [] if policy is None or policy == DEFAULT_POLICY else policy.pack()
+
+
+def softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | None = None) -> torch.Tensor:
     """Softmax along the last dim, differentiable.
 
     x:       CUDA tensor, any shape with at least one dim, float32 / float16 / bfloat16; rows must
              be contiguous along the last dim (other layouts are copied first).
     variant: None (v2_fused when the row has at most MAX_FUSED = 16384 elements, else
-             v5_cluster_cuda where its layout and GPU conditions hold, else v3_online) or a key
-             of VARIANTS.
+             v7_cluster_tma (2-byte rows up to 131072) or v5_cluster_cuda where their layout and
+             GPU conditions hold, else v3_online; ``configs.default_variant``) or a key of VARIANTS.
+    policy:  a ``configs.Policy`` for this call and its backward (None: DEFAULT_POLICY, the
+             measured defaults): what variant=None prefers, v3's pass 2 directions, v7's config.
     Returns y, same shape and dtype as x; fp32 arithmetic. A row of only -inf gives zeros.
     """
     _check(x)
-    return _softmax_op(x, False, "" if variant is None else _pick(variant, x.shape[-1]))
+    return _softmax_op(x, False, "" if variant is None else _named(variant), _packed(policy))
 
 
-def log_softmax(x: torch.Tensor, *, variant: str | None = None) -> torch.Tensor:
+def log_softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | None = None) -> torch.Tensor:
     """Log-softmax along the last dim, differentiable; arguments as for ``softmax``.
     A row of only -inf gives -inf."""
     _check(x)
-    return _softmax_op(x, True, "" if variant is None else _pick(variant, x.shape[-1]))
+    return _softmax_op(x, True, "" if variant is None else _named(variant), _packed(policy))
 
 
-def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False,
-                     variant: str | None = None) -> torch.Tensor:
+def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False, variant: str | None = None,
+                     policy: Policy | None = None) -> torch.Tensor:
     """dx for y = softmax(x) (log=False) or y = log_softmax(x) (log=True) and incoming gradient
-    dy: both CUDA tensors of y's shape and dtype. Returns dx, same shape and dtype."""
-    return _backward(y, dy, log, variant)
+    dy: both CUDA tensors of y's shape and dtype; ``variant`` and ``policy`` as for ``softmax``.
+    Returns dx, same shape and dtype."""
+    return _backward(y, dy, log, variant, policy or DEFAULT_POLICY)
