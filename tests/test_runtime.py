@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 import torch
@@ -141,6 +143,67 @@ def test_cache_dir_follows_env_then_xdg(monkeypatch, tmp_path):
     assert rt.cache_dir() == tmp_path / "tilewise"
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "x"))
     assert rt.cache_dir() == tmp_path / "x"
+
+
+# --------------------------------------------------------------------------- threads and cache trust (issue 29)
+
+_THREADS_CHILD = textwrap.dedent("""
+    import sys, threading
+    from tilewise.runtime import cuda as rt
+    src = open(sys.argv[1]).read()
+    barrier, cubins, errors = threading.Barrier(8), [], []
+
+    def work():
+        barrier.wait()  # all eight reach the first cuda.core import together
+        try:
+            cubins.append(rt.compile_source(src, name="scale.cu", name_expressions=["scale<float>"],
+                                            arch="sm_90").cubin)
+        except Exception as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(errors or "ok", len(cubins), len(set(cubins)))
+""")
+
+
+def test_threads_compiling_at_once_on_a_fresh_cache_all_succeed(tmp_path):
+    # A fresh process: the race was in cuda.core's first import, which the test process has done.
+    src = tmp_path / "scale.cu"
+    src.write_text(TEMPLATE_SRC)
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-c", _THREADS_CHILD, str(src)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["ok", "8", "1"], p.stdout  # eight cubins, all the same bytes
+    assert [f.suffix for f in sorted((tmp_path / "cache").iterdir())] == [".cubin", ".json"]  # no temporaries
+
+
+def test_concurrent_first_calls_import_cuda_core_once(monkeypatch):
+    imports = []
+
+    def slow_import():
+        imports.append(1)
+        time.sleep(0.05)  # wide open for a second thread to start its own import
+        return object()
+
+    monkeypatch.setattr(rt, "_cuda_core_module", None)
+    monkeypatch.setattr(rt, "_import_cuda_core", slow_import)
+    barrier = threading.Barrier(8)
+    got = []
+
+    def call():
+        barrier.wait()
+        got.append(rt._cuda_core())
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(imports) == 1 and len(got) == 8 and len({id(m) for m in got}) == 1
 
 
 def test_parse_ptxas_log_reads_registers_smem_and_spills():

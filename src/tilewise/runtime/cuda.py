@@ -25,6 +25,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -51,7 +52,7 @@ class KernelLaunchError(RuntimeError):
     """A launch failed, or (with TILEWISE_DEBUG_SYNC=1) the kernel faulted while running."""
 
 
-def _cuda_core():
+def _import_cuda_core():
     try:
         import cuda.core as cc
 
@@ -61,6 +62,24 @@ def _cuda_core():
         import cuda.core.experimental as cc
 
         return cc
+
+
+_cuda_core_lock = threading.Lock()
+_cuda_core_module = None
+
+
+def _cuda_core():
+    """cuda.core's namespace, imported once under a lock. Threads that compiled at once in a fresh
+    process saw a half-initialized ``cuda.core`` (no ``Program`` yet), took it for 0.x and failed
+    importing ``cuda.core.experimental``, which 1.x does not have."""
+    global _cuda_core_module
+    cc = _cuda_core_module
+    if cc is None:
+        with _cuda_core_lock:
+            if _cuda_core_module is None:
+                _cuda_core_module = _import_cuda_core()
+            cc = _cuda_core_module
+    return cc
 
 
 # --------------------------------------------------------------------------- debug switch
