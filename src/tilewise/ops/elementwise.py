@@ -130,7 +130,7 @@ def broadcast_shape(*shapes: tuple[int, ...], names: tuple[str, ...] | None = No
             if k < 0 or s[k] == 1:
                 continue
             if size != 1 and s[k] != size:
-                desc = ", ".join(f"{n} {tuple(s)}" for n, s in _bzip(names, shapes))
+                desc = ", ".join(f"'{n}' {tuple(s)}" for n, s in _bzip(names, shapes))
                 raise ValueError(f"shapes cannot broadcast: {desc} (dim {d - nd} is {size} vs {s[k]})")
             size = s[k]
         out.append(size)
@@ -284,6 +284,9 @@ def check_inputs(what: str, inputs: dict[str, torch.Tensor], *, cuda: bool = Tru
             raise ValueError(f"{what}: '{name}' has dtype {t.dtype}; a floating-point tensor is needed "
                              f"(float32, float16 or bfloat16)")
     for name, t in inputs.items():
+        if t.device.type not in ("cpu", "cuda"):  # a meta tensor has no values to compute with
+            raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise takes CUDA tensors (the kernels) "
+                             f"or CPU tensors (the PyTorch reference)")
         if cuda and not t.is_cuda:
             raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
                              f"(the autograd functions run the PyTorch reference on CPU tensors)")
@@ -924,11 +927,11 @@ def _unary(op):
     return f
 
 
-def _as_tensor_like(v, like):
+def _as_tensor_like(v, like, what: str, name: str):
     if isinstance(v, torch.Tensor):
         return v
     if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ValueError(f"expected a tensor or a Python number, got {type(v).__name__}")
+        raise ValueError(f"{what}: '{name}' must be a tensor or a Python number, got {type(v).__name__}")
     return torch.full((), float(v), dtype=like.dtype, device=like.device)
 
 
@@ -942,8 +945,8 @@ def _binary(op):
             raise ValueError(f"{op}: 'a' or 'b' must be a torch.Tensor, got {type(a).__name__} and "
                              f"{type(b).__name__}")
         if not isinstance(a, torch.Tensor):
-            a = _as_tensor_like(a, b)
-        b = _as_tensor_like(b, a)
+            a = _as_tensor_like(a, b, op, "a")
+        b = _as_tensor_like(b, a, op, "b")
         if compiling():
             return torch.ops.tilewise.zip(op, a, b)
         return ZipFunction.apply(op, a, b)
