@@ -115,11 +115,11 @@ def test_rejects_bad_inputs():
     q, k, v = _inputs(1, 2, 2, 5, 6, 8, dtype=torch.float32)
     with pytest.raises(ValueError, match="'q' must be 4-D"):
         A.flash_attention(q[0], k, v)
-    with pytest.raises(ValueError, match="'k' has dtype torch.float16 but q has"):
+    with pytest.raises(ValueError, match="'k' has dtype torch.float16 but 'q' has"):
         A.flash_attention(q, k.half(), v.half())
     with pytest.raises(ValueError, match="must have one shape"):
         A.flash_attention(q, k, v[:, :, :5])
-    with pytest.raises(ValueError, match="multiple of k's 3 heads"):
+    with pytest.raises(ValueError, match="multiple of the 3 heads of 'k'"):
         A.flash_attention(q[:, :1].expand(1, 4, 5, 8), k[:, :1].expand(1, 3, 6, 8), v[:, :1].expand(1, 3, 6, 8))
     with pytest.raises(ValueError, match="'mask' must be a bool tensor"):
         A.flash_attention(q, k, v, mask=torch.ones(5, 6))

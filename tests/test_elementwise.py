@@ -301,7 +301,7 @@ def test_collapse_merges_contiguous_dims():
 def test_broadcast_shape_and_errors():
     assert lay.broadcast_shape((3, 1, 5), (4, 1)) == (3, 4, 5)
     assert lay.broadcast_shape((), (2,)) == (2,)
-    with pytest.raises(ValueError, match=r"cannot broadcast: a \(3, 4\), b \(5,\)"):
+    with pytest.raises(ValueError, match=r"cannot broadcast: 'a' \(3, 4\), 'b' \(5,\)"):
         lay.broadcast_shape((3, 4), (5,), names=("a", "b"))
 
 
@@ -737,3 +737,16 @@ def test_torch_compile_runs_the_custom_ops_on_gpu():
     want = torch.autograd.grad(torch.relu(x2 + b2), (x2, b2), gy)
     torch.testing.assert_close(gx, want[0])
     torch.testing.assert_close(gb, want[1], rtol=1e-4, atol=1e-4)
+
+
+def test_meta_tensors_are_refused_naming_the_argument_and_device():
+    # Issue 29: relu on a meta tensor used to hand back a meta "result" through the reference.
+    meta = torch.randn(4, 6, device="meta")
+    with pytest.raises(ValueError, match="'x' is on meta"):
+        ew.relu(meta)
+    with pytest.raises(ValueError, match="'b' is on meta"):
+        ew.add(torch.randn(4, 6), meta)
+    with pytest.raises(ValueError, match=r"'b' must be a tensor or a Python number, got list"):
+        ew.add(torch.randn(4, 6), [1.0])
+    with pytest.raises(ValueError, match=r"cannot broadcast: 'a' \(3, 4\), 'b' \(5,\)"):
+        ew.add(torch.randn(3, 4), torch.randn(5))

@@ -4,6 +4,8 @@ the one flock between processes (the bench CSV's directory, a training run's out
 import errno
 import fcntl
 import os
+import threading
+import time
 
 import pytest
 
@@ -71,3 +73,47 @@ def test_exclusive_lock_without_flock(tmp_path, monkeypatch):
     with _files.exclusive_lock(tmp_path, required=False):
         ran.append(1)
     assert ran == [1]
+
+
+def test_write_atomic_reads_the_umask_without_changing_it(tmp_path, monkeypatch):
+    def no_umask(mask):
+        raise AssertionError("os.umask called: another thread would see the changed value")
+
+    if _files._proc_umask() is None:
+        pytest.skip("this system shows no umask in /proc")
+    monkeypatch.setattr(_files.os, "umask", no_umask)
+    p = _files.write_atomic(tmp_path / "f", b"x")
+    assert p.stat().st_mode & 0o777 == 0o666 & ~_files._proc_umask()
+
+
+def test_threads_reading_the_umask_by_setting_it_leave_it_as_it_was(monkeypatch):
+    # Where /proc does not show the umask: set-and-restore from eight threads at once, each call slowed
+    # down so that unguarded calls interleave (one thread's restore undone by another's set).
+    real = os.umask
+    before = real(0o022)
+    monkeypatch.setattr(_files, "_proc_umask", lambda: None, raising=False)
+
+    def slow_umask(mask):
+        old = real(mask)
+        time.sleep(0.002)
+        return old
+
+    monkeypatch.setattr(_files.os, "umask", slow_umask)
+    barrier = threading.Barrier(8)
+    modes = []
+
+    def work():
+        barrier.wait()
+        for _ in range(5):
+            modes.append(_files._new_file_mode())
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = real(before)
+    finally:
+        real(before)
+    assert after == 0o022 and set(modes) == {0o644}

@@ -373,7 +373,7 @@ def test_bad_input_is_rejected_with_the_reason():
         gt.gemm(a[None], a.t())
     with pytest.raises(ValueError, match="unknown variant"):
         gt.gemm(a, a.t(), variant="v0")
-    with pytest.raises(ValueError, match="x has K=5"):
+    with pytest.raises(ValueError, match="'x' has K=5"):
         gt.linear(a, torch.randn(3, 4, device=DEV))
     with pytest.raises(ValueError, match="TMA needs"):
         gt.gemm(a, a.t(), variant="v3_tma_persistent")  # rows of 5 fp32 are not 16-byte multiples
@@ -943,3 +943,20 @@ def test_gpu_tf32_row_major_b_is_transposed_first():
     b2 = buf[:K * N].view(K, N)
     with pytest.raises(ValueError):
         gt.gemm(a, b2, out=buf[K * N - 8:K * N - 8 + M * N].view(M, N))
+
+
+def test_non_tensors_are_type_errors_naming_the_argument():
+    # Issue 29: lists reached the routing before the checks and failed with an AttributeError.
+    with pytest.raises(TypeError, match="'a' must be a torch.Tensor, got list"):
+        gt.gemm([[1.0]], [[1.0]])
+    a = torch.randn(4, 5, device=DEV)
+    with pytest.raises(TypeError, match="'b' must be a torch.Tensor, got NoneType"):
+        gt.gemm(a, None)
+    with pytest.raises(TypeError, match="'out' must be a torch.Tensor or None"):
+        gt.gemm(a, a.t(), out=[0.0])
+    with pytest.raises(TypeError, match="'out_dtype' must be a torch.dtype"):
+        gt.gemm(a, a.t(), out_dtype="float32")
+    with pytest.raises(TypeError, match="linear: 'w' must be a torch.Tensor"):
+        gt.linear(a, [[1.0]])
+    with pytest.raises(ValueError, match="linear: 'x' has dtype torch.int64"):  # not gemm's 'a'
+        gt.linear(a.long(), a)

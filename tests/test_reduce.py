@@ -72,8 +72,15 @@ def test_input_errors_name_the_argument():
         rd.masked_mean(x, torch.tensor([1, 2, 3, 4]))
     with pytest.raises(ValueError, match="'lengths' must be an int32 or int64"):
         rd.masked_mean(x[None], torch.tensor([1.0]))
-    with pytest.raises(ValueError, match=r"'lengths' has shape \(2,\); expected \(1,\)"):
+    with pytest.raises(ValueError, match=r"'lengths' has shape \(2,\); 'x' of shape \(1, 4, 5\) needs \(1,\)"):
         rd.masked_mean(x[None], torch.tensor([1, 2]))
+    # Issue 29: the CPU path read x.is_cuda before checking x, and ran the reference on meta lengths.
+    with pytest.raises(ValueError, match="'x' must be a torch.Tensor, got list"):
+        rd.masked_mean([[[1.0]]], torch.tensor([1]))
+    with pytest.raises(ValueError, match="'lengths' is on meta"):
+        rd.masked_mean(x[None], torch.tensor([1], device="meta"))
+    with pytest.raises(ValueError, match="'keepdim' must be a bool"):
+        rd.reduce(x, 0, keepdim="yes")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 import torch
@@ -141,6 +143,118 @@ def test_cache_dir_follows_env_then_xdg(monkeypatch, tmp_path):
     assert rt.cache_dir() == tmp_path / "tilewise"
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "x"))
     assert rt.cache_dir() == tmp_path / "x"
+
+
+# --------------------------------------------------------------------------- threads and cache trust (issue 29)
+
+_THREADS_CHILD = textwrap.dedent("""
+    import sys, threading
+    from tilewise.runtime import cuda as rt
+    src = open(sys.argv[1]).read()
+    barrier, cubins, errors = threading.Barrier(8), [], []
+
+    def work():
+        barrier.wait()  # all eight reach the first cuda.core import together
+        try:
+            cubins.append(rt.compile_source(src, name="scale.cu", name_expressions=["scale<float>"],
+                                            arch="sm_90").cubin)
+        except Exception as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(errors or "ok", len(cubins), len(set(cubins)))
+""")
+
+
+def test_threads_compiling_at_once_on_a_fresh_cache_all_succeed(tmp_path):
+    # A fresh process: the race was in cuda.core's first import, which the test process has done.
+    src = tmp_path / "scale.cu"
+    src.write_text(TEMPLATE_SRC)
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-c", _THREADS_CHILD, str(src)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["ok", "8", "1"], p.stdout  # eight cubins, all the same bytes
+    assert [f.suffix for f in sorted((tmp_path / "cache").iterdir())] == [".cubin", ".json"]  # no temporaries
+
+
+def test_concurrent_first_calls_import_cuda_core_once(monkeypatch):
+    imports = []
+
+    def slow_import():
+        imports.append(1)
+        time.sleep(0.05)  # wide open for a second thread to start its own import
+        return object()
+
+    monkeypatch.setattr(rt, "_cuda_core_module", None)
+    monkeypatch.setattr(rt, "_import_cuda_core", slow_import)
+    barrier = threading.Barrier(8)
+    got = []
+
+    def call():
+        barrier.wait()
+        got.append(rt._cuda_core())
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(imports) == 1 and len(got) == 8 and len({id(m) for m in got}) == 1
+
+
+def test_a_new_cache_dir_is_private(fresh_cache):
+    rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    assert fresh_cache.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_group_writable_cache_dir_is_refused_even_with_a_valid_entry(fresh_cache):
+    m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    os.chmod(fresh_cache, 0o775)  # anyone in the group could now plant a cubin and its JSON
+    with pytest.raises(rt.CacheDirError, match="writable by group or others") as ei:
+        rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    assert str(fresh_cache) in str(ei.value) and "TILEWISE_CACHE_DIR" in str(ei.value)
+    # Without the cache nothing is read from there, so the compile goes through.
+    again = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90",
+                              use_cache=False)
+    assert again.from_cache is False and again.cubin == m.cubin
+
+
+def test_a_cache_dir_of_another_user_is_refused(fresh_cache, monkeypatch):
+    fresh_cache.mkdir(mode=0o700)
+    me = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: me + 1)  # as if the directory's owner were someone else
+    with pytest.raises(rt.CacheDirError, match=f"owned by uid {me}") as ei:
+        rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+    assert str(fresh_cache) in str(ei.value) and "TILEWISE_CACHE_DIR" in str(ei.value)
+
+
+def test_a_fused_kernel_source_is_written_to_the_private_cache_only(fresh_cache):
+    from tilewise.ops.pointwise import elementwise as ew
+    from tilewise.ops.pointwise import fusion
+
+    f = fusion.fuse(lambda x: ew.relu(x))
+    fresh_cache.mkdir(mode=0o700)
+    os.chmod(fresh_cache, 0o777)
+    with pytest.raises(rt.CacheDirError):
+        f._source_file(1, torch.float32)  # the .cu it writes there is compiled and run
+    os.chmod(fresh_cache, 0o700)
+    path, _ = f._source_file(1, torch.float32)
+    assert path.parent.parent == fresh_cache
+
+
+def test_a_cache_that_cannot_be_written_costs_a_recompile_only(fresh_cache, monkeypatch):
+    def read_only(path, data):
+        raise PermissionError(13, "Read-only file system", str(path))
+
+    monkeypatch.setattr(rt, "write_atomic", read_only)  # (chmod cannot stop root, who runs CI here)
+    for _ in range(2):
+        m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=["scale<float>"], arch="sm_90")
+        assert m.from_cache is False and m.cubin[:4] == b"\x7fELF"
+    assert list(fresh_cache.iterdir()) == []
 
 
 def test_parse_ptxas_log_reads_registers_smem_and_spills():

@@ -224,6 +224,49 @@ def test_spmv_input_errors_on_cpu():
         sp.ell(A, torch.ones(4))
 
 
+def test_a_csr_built_directly_is_checked_and_converted_like_from_arrays():
+    # Issue 29: CSR(...) skipped the checks and failed later ("'NoneType' object has no attribute
+    # 'rows'"); a val of two dims crashed the process in torch's sparse code.
+    rp, col, val = torch.tensor([0, 2, 3]), torch.tensor([0, 2, 1]), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    A = sp.CSR(rp, col, val, (2, 3))
+    B = sp.CSR.from_arrays(rp, col, val, (2, 3))
+    assert A.row_ptr.dtype == A.col.dtype == torch.int32 and A.val.dtype == torch.float32
+    assert A.stats == B.stats and torch.equal(A.to_dense(), B.to_dense())
+    with pytest.raises(ValueError, match=r"column index 2 at position 1 is outside \[0, 2\)"):
+        sp.CSR(rp, col, val, (2, 2))
+    with pytest.raises(ValueError, match="'row_ptr' has 3 entries; 'shape' \\(3, 3\\) needs M \\+ 1 = 4"):
+        sp.CSR(rp, col, val, (3, 3))
+    with pytest.raises(TypeError, match="'shape' must be \\(M, N\\), two ints, got None"):
+        sp.CSR(rp, col, val, None)
+    with pytest.raises(ValueError, match="'col' must be a torch.Tensor, got list"):
+        sp.CSR(rp, [0, 2, 1], val, (2, 3))
+    for build in (sp.CSR, sp.CSR.from_arrays):
+        with pytest.raises(ValueError, match=r"'val' must be 1-D, got shape \(1, 3\)"):
+            build(rp, col, val[None], (2, 3))
+        with pytest.raises(ValueError, match="'row_ptr' is on meta"):
+            build(rp.to("meta"), col, val, (2, 3))
+
+
+def test_complex_values_are_a_type_error_not_a_lost_imaginary_part():
+    rp, col = torch.tensor([0, 1]), torch.tensor([0])
+    with pytest.raises(TypeError, match="'val' is torch.complex64"):
+        sp.CSR.from_arrays(rp, col, torch.tensor([1 + 2j], dtype=torch.complex64), (1, 1))
+    with pytest.raises(TypeError, match="'D' is torch.complex64"):
+        sp.CSR.from_dense(torch.ones(2, 2, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="spmv: 'A' is torch.complex64"):
+        sp.spmv(torch.ones(2, 2, dtype=torch.complex64), torch.ones(2))
+
+
+def test_formats_are_built_from_a_csr_only():
+    for fmt in (sp.ELL, sp.JDS, sp.Panels):
+        with pytest.raises(ValueError, match=f"{fmt.__name__}.from_csr: 'A' must be a CSR"):
+            fmt.from_csr(torch.eye(3))
+    with pytest.raises(ValueError, match="'A' is on cpu; give rows and cluster"):
+        sp.Panels.from_csr(sp.CSR.from_dense(torch.eye(3)))
+    with pytest.raises(ValueError, match="cannot make a CSR matrix of 'A', a list"):
+        sp.spmv([[1.0]], torch.ones(1))
+
+
 @pytest.mark.parametrize("kind", suite.KINDS)
 def test_suite_matrices_small_are_valid(kind):
     A = suite.make_matrix(kind, small=True, device="cpu")

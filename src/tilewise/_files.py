@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -21,10 +22,36 @@ class LockUnavailable(OSError):
     """``path`` opened, but it cannot be flocked (a filesystem or platform without flock)."""
 
 
+_umask_lock = threading.Lock()
+
+
+def _proc_umask() -> int | None:
+    """The umask as Linux shows it in /proc (4.7+), read without changing it; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _umask() -> int:
+    """The process umask. Where /proc does not show it, it can only be read by setting it, so that
+    happens under a lock: two threads interleaving umask(0) / umask(old) could leave it at 0 (every
+    later file world-writable)."""
+    umask = _proc_umask()
+    if umask is not None:
+        return umask
+    with _umask_lock:
+        umask = os.umask(0o077)  # the narrowest value while it is briefly changed
+        os.umask(umask)
+    return umask
+
+
 def _new_file_mode() -> int:
-    umask = os.umask(0)  # the umask can only be read by setting it
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~_umask()
 
 
 def write_atomic(path: str | os.PathLike, data) -> Path:

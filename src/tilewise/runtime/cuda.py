@@ -8,7 +8,8 @@
   report (registers, shared memory, spills) is kept with the cubin.
 * Disk cache: one cubin + one JSON per (source and included headers, options, arch, NVRTC
   version, name expressions), under ``$TILEWISE_CACHE_DIR`` or ``$XDG_CACHE_HOME/tilewise``
-  (``~/.cache/tilewise``), so a second process loads without compiling.
+  (``~/.cache/tilewise``), so a second process loads without compiling. The directory must be
+  this user's alone (``private_cache_dir``): a cached cubin is code that runs.
 * ``Kernel``: a loaded kernel with a declared parameter list (``Tensor``/``Scalar``); a call
   checks every tensor (CUDA, dtype, contiguity) and raises ``ValueError`` naming the argument,
   then launches on PyTorch's current stream, so launches order with PyTorch's work and can be
@@ -24,12 +25,14 @@ import io
 import json
 import os
 import re
-import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from .._files import write_atomic
 
 OPS_DIR = Path(__file__).resolve().parent.parent / "ops"
 INCLUDE_DIRS = (OPS_DIR, OPS_DIR / "include")
@@ -51,7 +54,7 @@ class KernelLaunchError(RuntimeError):
     """A launch failed, or (with TILEWISE_DEBUG_SYNC=1) the kernel faulted while running."""
 
 
-def _cuda_core():
+def _import_cuda_core():
     try:
         import cuda.core as cc
 
@@ -61,6 +64,24 @@ def _cuda_core():
         import cuda.core.experimental as cc
 
         return cc
+
+
+_cuda_core_lock = threading.Lock()
+_cuda_core_module = None
+
+
+def _cuda_core():
+    """cuda.core's namespace, imported once under a lock. Threads that compiled at once in a fresh
+    process saw a half-initialized ``cuda.core`` (no ``Program`` yet), took it for 0.x and failed
+    importing ``cuda.core.experimental``, which 1.x does not have."""
+    global _cuda_core_module
+    cc = _cuda_core_module
+    if cc is None:
+        with _cuda_core_lock:
+            if _cuda_core_module is None:
+                _cuda_core_module = _import_cuda_core()
+            cc = _cuda_core_module
+    return cc
 
 
 # --------------------------------------------------------------------------- debug switch
@@ -132,10 +153,42 @@ def cuda_include_dir() -> str | None:
 
 
 def cache_dir() -> Path:
+    """Where the kernel cache lives (not created here; ``private_cache_dir`` creates and checks it)."""
     if os.environ.get(ENV_CACHE_DIR):
         return Path(os.environ[ENV_CACHE_DIR])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tilewise"
+
+
+class CacheDirError(RuntimeError):
+    """The kernel cache directory is not private to this user (see ``private_cache_dir``)."""
+
+
+def private_cache_dir() -> Path:
+    """``cache_dir()``, created with mode 0700 when missing, once it is known that only this user can
+    write there.
+
+    A cubin in the cache is code this process loads and runs, and a planted one whose hash matches
+    its JSON would load like our own; so a directory that another user owns, or that group or others
+    may write to, is refused: ``CacheDirError`` names it and ``TILEWISE_CACHE_DIR`` (we raise rather
+    than skip the cache with a warning, so a shared cache never silently costs every compile). Only
+    the directory itself is checked, not its parents. A directory that cannot be created is returned
+    as is: reads then miss and writes fail, which costs a recompile and nothing else.
+    """
+    d = cache_dir()
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = d.stat()
+    except OSError:
+        return d
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        problem, fix = f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})", ""
+    elif st.st_mode & 0o022:
+        problem, fix = f"is writable by group or others (mode {st.st_mode & 0o777:o})", f"chmod 700 {d}, or "
+    else:
+        return d
+    raise CacheDirError(f"kernel cache directory {d} {problem}; a cached kernel is code this process runs: "
+                        f"{fix}set {ENV_CACHE_DIR} to a private directory")
 
 
 # --------------------------------------------------------------------------- resource report
@@ -265,19 +318,6 @@ def _program_options(name: str, arch: str, options: Sequence[str]):
                              define_macro=defines or None, ptxas_options=extra_ptxas, **kw)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 _ARCH_MARK = re.compile(r"^//\s*tilewise-arch:\s*(sm_\d+a)\s*$", re.M)
 
 
@@ -305,13 +345,14 @@ def compile_source(source: str, *, name: str = "kernel.cu", name_expressions: It
     ``name`` appears in error messages (pass the file's path). ``name_expressions`` lists the
     template instantiations (or plain kernel names) to keep, e.g. ``["add<float>", "add<__half>"]``.
     ``options``: ``-std=c++17``, ``-DNAME=VALUE``, ``-Xptxas=FLAG``.
-    Raises ``CompileError`` with the NVRTC log when the source does not compile.
+    Raises ``CompileError`` with the NVRTC log when the source does not compile, and (``use_cache``)
+    ``CacheDirError`` when the cache directory is not private (``private_cache_dir``).
     """
     arch = source_arch(source, arch or current_arch(), name)
     name_expressions = tuple(name_expressions)
     options = tuple(options)
     key = _cache_key(source, name, options, arch, name_expressions)
-    cdir = cache_dir()
+    cdir = private_cache_dir() if use_cache else cache_dir()
     cubin_path, meta_path = cdir / f"{key}.cubin", cdir / f"{key}.json"
     if use_cache and cubin_path.is_file() and meta_path.is_file():
         try:
@@ -344,8 +385,11 @@ def compile_source(source: str, *, name: str = "kernel.cu", name_expressions: It
             meta = dict(symbol_mapping=symbol_mapping, log=log, name=name, arch=arch,
                         nvrtc="%d.%d" % nvrtc_version(), cubin_sha256=hashlib.sha256(cubin).hexdigest(),
                         resources=[asdict(r) for r in resources])
-            _write_atomic(cubin_path, cubin)
-            _write_atomic(meta_path, json.dumps(meta).encode())
+            # Each file is renamed into place whole, so processes or threads writing one entry at
+            # once never leave a torn file (no lock needed: they write the same bytes for one key);
+            # a reader between the two renames sees a hash mismatch and recompiles.
+            write_atomic(cubin_path, cubin)
+            write_atomic(meta_path, json.dumps(meta).encode())
         except OSError:
             pass  # a read-only cache costs a recompile, nothing else
     return CompiledModule(name=name, arch=arch, cubin=cubin, symbol_mapping=symbol_mapping, log=log,

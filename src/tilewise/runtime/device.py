@@ -15,7 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cuda import _write_atomic, cache_dir
+from .._files import write_atomic
+from .cuda import cache_dir
 
 CEILING_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 _CEILINGS_FORMAT = 1
@@ -180,14 +181,14 @@ def ceilings(remeasure: bool = False, progress=None) -> Ceilings:
                  peak_tflops={d: results[d] for d in CEILING_DTYPES},
                  measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     try:
-        _write_atomic(path, json.dumps(asdict(c), indent=1).encode())
+        write_atomic(path, json.dumps(asdict(c), indent=1).encode())
     except OSError:
         pass
     return c
 
 
 def save_ceilings(c: Ceilings, path: str | os.PathLike) -> None:
-    _write_atomic(Path(path), json.dumps(asdict(c), indent=1).encode())
+    write_atomic(Path(path), json.dumps(asdict(c), indent=1).encode())
 
 
 def load_ceilings(path: str | os.PathLike) -> Ceilings:

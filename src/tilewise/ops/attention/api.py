@@ -126,20 +126,21 @@ def _check(q, k, v, mask, bias, scale):
         if t.dtype not in _DTYPES:
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32")
         if t.device != q.device:
-            raise ValueError(f"flash_attention: '{name}' is on {t.device} but q is on {q.device}")
+            raise ValueError(f"flash_attention: '{name}' is on {t.device} but 'q' is on {q.device}")
         if t.dtype != q.dtype:
-            raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but q has {q.dtype}")
-    if q.device.type != "cuda" and not _interpreting():
+            raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
+    if q.device.type != "cuda" and not (_interpreting() and q.device.type == "cpu"):  # meta has no data
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
                          f"(use attention.reference for CPU tensors)")
     B, H, Sq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"flash_attention: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have one shape")
     if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"flash_attention: 'k' has shape {tuple(k.shape)}; expected (B={B}, Hkv, Sk, D={D})")
+        raise ValueError(f"flash_attention: 'k' has shape {tuple(k.shape)}; 'q' {tuple(q.shape)} needs "
+                         f"(B={B}, Hkv, Sk, D={D})")
     Hkv = k.shape[1]
     if Hkv == 0 or H % Hkv:
-        raise ValueError(f"flash_attention: q's {H} heads must be a multiple of k's {Hkv} heads (GQA)")
+        raise ValueError(f"flash_attention: the {H} heads of 'q' must be a multiple of the {Hkv} heads of 'k' (GQA)")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"flash_attention: head dim D={D} must be in [1, {MAX_HEAD_DIM}]")
     full = (B, H, Sq, k.shape[2])
@@ -158,7 +159,7 @@ def _check(q, k, v, mask, bias, scale):
 
 def _check_broadcast(name, t, full, device):
     if t.device != device:
-        raise ValueError(f"flash_attention: '{name}' is on {t.device} but q is on {device}")
+        raise ValueError(f"flash_attention: '{name}' is on {t.device} but 'q' is on {device}")
     ok = t.dim() <= 4 and all(a in (1, b) for a, b in zip(t.shape[::-1], full[::-1]))
     if not ok:
         raise ValueError(f"flash_attention: '{name}' of shape {tuple(t.shape)} does not broadcast to "

@@ -65,11 +65,24 @@ def cost(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, out_dtype:
 # --------------------------------------------------------------------------- checks
 
 
+def _check_kinds(a, b, bias, out_dtype, out, aux) -> None:
+    """The arguments' kinds, before routing reads them (a list reached the routers as an
+    AttributeError); one isinstance each, so a planned call stays cheap. _check does the rest."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("bias", bias), ("out", out), ("aux", aux)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm: '{name}' must be a torch.Tensor or None, got {type(t).__name__}")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"gemm: 'out_dtype' must be a torch.dtype or None, got {out_dtype!r}")
+
+
 def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
     """The arguments' errors, each naming what is wrong; returns the output (out, or a new (M, N))."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"gemm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"gemm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"gemm: '{name}' must be 2-D, got shape {tuple(t.shape)} "
                              f"(for batches use tilewise.matmul or flatten leading dimensions)")
@@ -86,10 +99,10 @@ def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
     if a.device != b.device:
         raise ValueError(f"gemm: 'a' is on {a.device} but 'b' is on {b.device}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"gemm: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+        raise ValueError(f"gemm: inner dimensions differ: 'a' is {tuple(a.shape)}, 'b' is {tuple(b.shape)}")
     M, K = a.shape
     N = b.shape[1]
-    if activation not in tk.ACTIVATIONS:
+    if not isinstance(activation, (str, type(None))) or activation not in tk.ACTIVATIONS:
         raise ValueError(f"gemm: activation {activation!r} is not one of None, 'relu', 'gelu'")
     if precision not in _PRECISIONS:
         raise ValueError(f"gemm: precision {precision!r} is not one of {_PRECISIONS}")
@@ -212,6 +225,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     calls with the same layout and policy run without routing or re-checking (route.py; the
     overlap of a given out with the inputs is still checked each call).
     """
+    _check_kinds(a, b, bias, out_dtype, out, aux)
     if variant is not None:
         if variant not in VARIANTS:
             raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
@@ -382,6 +396,34 @@ class _EagerLinear(torch.autograd.Function):
         return _linear_bwd(ctx, gy, gpre)
 
 
+def _check_linear(x, w, b, activation) -> None:
+    """linear's arguments by their own names (gemm's checks would call x and w.t() 'a' and 'b')."""
+    for name, t in (("x", x), ("w", w), ("b", b)):
+        if name == "b" and t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _OUT_DTYPES and not (name == "b" and t.is_floating_point()):
+            raise ValueError(f"linear: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32 "
+                             f"(fp8 is not differentiable here: use gemm() with scales)")
+        if t.device != x.device:
+            raise ValueError(f"linear: '{name}' is on {t.device} but 'x' is on {x.device}")
+    if not x.is_cuda and not tk.INTERPRET:
+        raise ValueError(f"linear: 'x' is on {x.device}; Triton kernels need CUDA tensors")
+    if w.dtype != x.dtype:
+        raise ValueError(f"linear: 'w' has dtype {w.dtype} but 'x' has {x.dtype}")
+    if x.dim() < 1 or w.dim() != 2:
+        raise ValueError(f"linear: 'x' must be (..., K) and 'w' (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: 'x' has K={x.shape[-1]} but 'w' is {tuple(w.shape)} (N, K)")
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise ValueError(f"linear: 'b' has shape {tuple(b.shape)}; 'w' {tuple(w.shape)} needs ({w.shape[0]},)")
+    if b is not None and not b.is_contiguous():
+        raise ValueError(f"linear: 'b' is not contiguous (strides {tuple(b.stride())}); pass b.contiguous()")
+    if not isinstance(activation, (str, type(None))) or activation not in tk.ACTIVATIONS:
+        raise ValueError(f"linear: activation {activation!r} is not one of None, 'relu', 'gelu'")
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, activation: str | None = None,
            *, variant: str | None = None) -> torch.Tensor:
     """``act(x @ w.T + b)`` with bias and activation fused into the GEMM's store; differentiable.
@@ -391,16 +433,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, acti
     ``gemm`` as well; GELU stores its pre-activation in the forward for the backward.
     Returns (..., N) of x's dtype.
     """
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise ValueError("linear: x and w must be torch.Tensors")
-    if x.dim() < 1 or w.dim() != 2:
-        raise ValueError(f"linear: x must be (..., K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.shape[-1] != w.shape[1]:
-        raise ValueError(f"linear: x has K={x.shape[-1]} but w is {tuple(w.shape)} (N, K)")
-    if x.dtype == torch.float8_e4m3fn:
-        raise ValueError("linear: fp8 inputs are not differentiable here; use gemm() with scales")
-    if activation not in tk.ACTIVATIONS:
-        raise ValueError(f"linear: activation {activation!r} is not one of None, 'relu', 'gelu'")
+    _check_linear(x, w, b, activation)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if variant is not None:  # a named version: plain call, no autograd (for benchmarks and tests)

@@ -92,8 +92,8 @@ def _check(a, b, out):
                              f"got shape {tuple(t.shape)}")
     a3, b3 = _as3d(a), _as3d(b)
     if a3.shape[2] != b3.shape[1]:
-        raise ValueError(f"matmul: inner dimensions differ: a is {tuple(a.shape)} (K={a3.shape[2]}), "
-                         f"b is {tuple(b.shape)} (K={b3.shape[1]})")
+        raise ValueError(f"matmul: inner dimensions differ: 'a' is {tuple(a.shape)} (K={a3.shape[2]}), "
+                         f"'b' is {tuple(b.shape)} (K={b3.shape[1]})")
     ba, bb = a3.shape[0], b3.shape[0]
     if ba != bb and ba != 1 and bb != 1:
         raise ValueError(f"matmul: batch sizes {ba} (a) and {bb} (b) cannot broadcast (one must be 1 or equal)")

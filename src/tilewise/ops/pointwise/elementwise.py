@@ -601,11 +601,11 @@ def _unary(op):
     return f
 
 
-def _as_tensor_like(v, like):
+def _as_tensor_like(v, like, what: str, name: str):
     if isinstance(v, torch.Tensor):
         return v
     if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ValueError(f"expected a tensor or a Python number, got {type(v).__name__}")
+        raise ValueError(f"{what}: '{name}' must be a tensor or a Python number, got {type(v).__name__}")
     return torch.full((), float(v), dtype=like.dtype, device=like.device)
 
 
@@ -617,8 +617,8 @@ def _binary(op):
             raise ValueError(f"{op}: 'a' or 'b' must be a torch.Tensor, got {type(a).__name__} and "
                              f"{type(b).__name__}")
         if not isinstance(a, torch.Tensor):
-            a = _as_tensor_like(a, b)
-        b = _as_tensor_like(b, a)
+            a = _as_tensor_like(a, b, op, "a")
+        b = _as_tensor_like(b, a, op, "b")
         if compiling():
             return torch.ops.tilewise.zip(op, a, b)
         return ZipFunction.apply(op, a, b)

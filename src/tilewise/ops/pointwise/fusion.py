@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..._files import write_atomic
 from ...cost import Cost
 from ...runtime import cuda as rt
 from .configs import FUSE_DEFAULT, TRIG_MODES, FuseConfig
@@ -514,12 +515,10 @@ class FusedFunction:
         got = self._modules.get(key)
         if got is None:
             fs = self.source(arity, dtype)
-            path = rt.cache_dir() / "fused" / (hashlib.sha256(fs.src.encode()).hexdigest()[:24] + ".cu")
+            # The private cache: the .cu written here is compiled and run.
+            path = rt.private_cache_dir() / "fused" / (hashlib.sha256(fs.src.encode()).hexdigest()[:24] + ".cu")
             if not path.is_file() or path.read_text() != fs.src:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{id(self)}.tmp")
-                tmp.write_text(fs.src)
-                tmp.replace(path)
+                write_atomic(path, fs.src.encode())
             got = self._modules[key] = (path, fs)
         return got
 

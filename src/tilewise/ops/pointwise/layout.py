@@ -47,7 +47,7 @@ def broadcast_shape(*shapes: tuple[int, ...], names: tuple[str, ...] | None = No
             if k < 0 or s[k] == 1:
                 continue
             if size != 1 and s[k] != size:
-                desc = ", ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
+                desc = ", ".join(f"'{n}' {tuple(s)}" for n, s in zip(names, shapes))
                 raise ValueError(f"shapes cannot broadcast: {desc} (dim {d - nd} is {size} vs {s[k]})")
             size = s[k]
         out.append(size)
@@ -213,6 +213,9 @@ def check_inputs(what: str, inputs: dict[str, torch.Tensor], *, cuda: bool = Tru
             raise ValueError(f"{what}: '{name}' has dtype {t.dtype}; a floating-point tensor is needed "
                              f"(float32, float16 or bfloat16)")
     for name, t in inputs.items():
+        if t.device.type not in ("cpu", "cuda"):  # a meta tensor has no values to compute with
+            raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise takes CUDA tensors (the kernels) "
+                             f"or CPU tensors (the PyTorch reference)")
         if cuda and not t.is_cuda:
             raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
                              f"(the autograd functions run the PyTorch reference on CPU tensors)")

@@ -103,7 +103,7 @@ def _block(t: torch.Tensor) -> int:
 def _check(x: torch.Tensor, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"sigmoid3: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if not x.is_cuda and not (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"):
         raise ValueError(f"sigmoid3: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
                          f"(use recompute.reference for CPU tensors)")
     if x.dtype not in DTYPES:
@@ -199,6 +199,8 @@ def sigmoid3(x: torch.Tensor, *, recompute: bool = True) -> torch.Tensor:
     Returns y, same shape and dtype as x (fp32 arithmetic inside).
     """
     _check(x)
+    if not isinstance(recompute, bool):  # "no" would read as True
+        raise ValueError(f"sigmoid3: 'recompute' must be a bool, got {recompute!r}")
     return _fwd_op(x, not recompute)[0]
 
 

@@ -110,8 +110,10 @@ def _kernel(version, functor, dtype, dev):
 
 def _prepare(what, x, dim, op, keepdim, out, cuda=True):
     """Checks; then the row walk (length R, stride rs), the other dims with x's strides, and out."""
-    if op not in OPS:
-        raise ValueError(f"{what}: unknown op {op!r}; choose from {list(OPS)}")
+    if not isinstance(op, str) or op not in OPS:
+        raise ValueError(f"{what}: unknown op {op!r} (argument 'op'); choose from {list(OPS)}")
+    if not isinstance(keepdim, bool):  # "no" would keep the dim
+        raise ValueError(f"{what}: 'keepdim' must be a bool, got {keepdim!r}")
     check_inputs(what, {"x": x}, cuda=cuda)
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise ValueError(f"{what}: 'dim' must be an int, got {type(dim).__name__}")
@@ -454,14 +456,15 @@ def lengths_itemsize(lengths: torch.Tensor | None) -> int:
     return 8 if lengths is None else lengths.element_size()
 
 
-def _check_masked(what, x, lengths):
-    check_inputs(what, {"x": x})
+def _check_masked(what, x, lengths, cuda=True):
+    check_inputs(what, {"x": x}, cuda=cuda)
     if x.dim() != 3:
         raise ValueError(f"{what}: 'x' must be (B, T, E), got shape {tuple(x.shape)}")
     if not isinstance(lengths, torch.Tensor) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{what}: 'lengths' must be an int32 or int64 tensor of shape (B,)")
     if tuple(lengths.shape) != (x.shape[0],):
-        raise ValueError(f"{what}: 'lengths' has shape {tuple(lengths.shape)}; expected ({x.shape[0]},)")
+        raise ValueError(f"{what}: 'lengths' has shape {tuple(lengths.shape)}; 'x' of shape {tuple(x.shape)} "
+                         f"needs ({x.shape[0]},)")
     if lengths.device != x.device:
         raise ValueError(f"{what}: 'lengths' is on {lengths.device} but 'x' is on {x.device}")
 
@@ -541,11 +544,8 @@ def masked_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """
     if compiling():
         return torch.ops.tilewise.masked_mean(x, lengths)
-    if x.is_cuda:
-        _check_masked("masked_mean", x, lengths)
-    else:
-        check_inputs("masked_mean", {"x": x}, cuda=False)
-        _check_masked_cpu(x, lengths)
+    # The CPU path checks as much (a non-tensor or meta x used to fail on x.is_cuda or in the reference).
+    _check_masked("masked_mean", x, lengths, cuda=isinstance(x, torch.Tensor) and x.is_cuda)
     return MaskedMeanFunction.apply(x, lengths)
 
 
@@ -587,15 +587,6 @@ def _mm_op_backward(ctx, g):
 
 
 masked_mean_op.register_autograd(_mm_op_backward, setup_context=_mm_setup)
-
-
-def _check_masked_cpu(x, lengths):
-    if x.dim() != 3:
-        raise ValueError(f"masked_mean: 'x' must be (B, T, E), got shape {tuple(x.shape)}")
-    if not isinstance(lengths, torch.Tensor) or lengths.dtype not in (torch.int32, torch.int64):
-        raise ValueError("masked_mean: 'lengths' must be an int32 or int64 tensor of shape (B,)")
-    if tuple(lengths.shape) != (x.shape[0],):
-        raise ValueError(f"masked_mean: 'lengths' has shape {tuple(lengths.shape)}; expected ({x.shape[0]},)")
 
 
 # --------------------------------------------------------------------------- autograd reductions

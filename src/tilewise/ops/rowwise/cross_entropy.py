@@ -48,6 +48,7 @@ Gradient:                        softmax(x_i)_j - (1 - e) [j == t_i] - e / C, ti
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import torch
@@ -196,7 +197,7 @@ def _check(logits, target, reduction, ignore_index, label_smoothing):
     for name, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if not logits.is_cuda and not _interpreting():
+    if not logits.is_cuda and not (_interpreting() and logits.device.type == "cpu"):  # meta has no data
         raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
                          f"tensors (use cross_entropy.reference for CPU tensors)")
     if logits.dtype not in _DTYPES:
@@ -208,12 +209,17 @@ def _check(logits, target, reduction, ignore_index, label_smoothing):
         raise ValueError(f"cross_entropy: 'target' must hold integer class indices (int64/int32/...), "
                          f"got {target.dtype}")
     if target.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: 'target' must have shape ({logits.shape[0]},), "
-                         f"got {tuple(target.shape)}")
+        raise ValueError(f"cross_entropy: 'target' must have shape ({logits.shape[0]},), one class per row of "
+                         f"'logits' {tuple(logits.shape)}; got {tuple(target.shape)}")
     if target.device != logits.device:
         raise ValueError(f"cross_entropy: 'target' is on {target.device}, logits on {logits.device}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    # int() and float() below would take 1.5 and "0.1" silently, and a string fails the comparison
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise ValueError(f"cross_entropy: ignore_index must be an int, got {ignore_index!r}")
+    if not isinstance(label_smoothing, numbers.Real) or isinstance(label_smoothing, bool):
+        raise ValueError(f"cross_entropy: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if logits.shape[1] == 0 and logits.shape[0] > 0:
@@ -231,8 +237,8 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
     n_bad, n_valid = torch.stack([bad.sum(), keep.sum()]).tolist()
     if n_bad:
         first = t[bad][0].item()
-        raise ValueError(f"cross_entropy: {n_bad} target(s) out of range [0, {C}) and not "
-                         f"ignore_index={ignore_index}, e.g. {first}")
+        raise ValueError(f"cross_entropy: {n_bad} target(s) out of range [0, {C}) ('logits' has C = {C} "
+                         f"classes) and not ignore_index={ignore_index}, e.g. {first}")
     return n_valid
 
 

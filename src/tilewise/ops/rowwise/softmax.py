@@ -345,7 +345,7 @@ def _interpreting() -> bool:
 def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and not _interpreting():
+    if not x.is_cuda and not (_interpreting() and x.device.type == "cpu"):  # a meta tensor has no data
         raise ValueError(f"{op}: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
                          f"(use softmax.reference for CPU tensors)")
     if x.dtype not in _DTYPES:
@@ -592,9 +592,9 @@ def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor 
 def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY):
     _check(y, "y", "softmax_backward")
     _check(dy, "dy", "softmax_backward")
-    if dy.shape != y.shape or dy.dtype != y.dtype:
-        raise ValueError(f"softmax_backward: dy {tuple(dy.shape)} {dy.dtype} must match y "
-                         f"{tuple(y.shape)} {y.dtype}")
+    if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
+        raise ValueError(f"softmax_backward: 'dy' {tuple(dy.shape)} {dy.dtype} on {dy.device} must match y: "
+                         f"'y' is {tuple(y.shape)} {y.dtype} on {y.device}")
     N = y.shape[-1]
     if variant is not None:
         _named(variant)
@@ -702,4 +702,6 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False, va
     """dx for y = softmax(x) (log=False) or y = log_softmax(x) (log=True) and incoming gradient
     dy: both CUDA tensors of y's shape and dtype; ``variant`` and ``policy`` as for ``softmax``.
     Returns dx, same shape and dtype."""
+    if not isinstance(log, bool):  # a string such as "no" would pick the log backward
+        raise ValueError(f"softmax_backward: 'log' must be a bool, got {log!r}")
     return _backward(y, dy, log, variant, policy or DEFAULT_POLICY)

@@ -50,7 +50,7 @@ import torch
 from ...cost import Cost
 from .configs import JDS_CONFIGS, JDS_DEFAULT, MERGE_CONFIGS, MERGE_DEFAULT, PANEL_CONFIGS, PANEL_DEFAULT, SUBS, \
     choose, split_len, sub_width
-from .formats import CSR, ELL, INT32_MAX, JDS, Panels, RowStats, as_csr, converted, merge_plan, stream_plan
+from .formats import CSR, ELL, INT32_MAX, JDS, Panels, RowStats, _need, as_csr, converted, merge_plan, stream_plan
 from .kernels import THREADS, blocks, kernel, panel_kernel
 
 __all__ = ["CSR", "ELL", "JDS", "Panels", "RowStats", "VARIANTS", "FORMAT_OF", "spmv", "reference", "cost",
@@ -90,7 +90,8 @@ def _check(A, x, y, beta):
     M, N = A.shape
     dev = A.val.device
     if dev.type != "cuda":
-        raise ValueError(f"spmv: the matrix is on {dev}; tilewise kernels need it on CUDA (use reference on CPU)")
+        raise ValueError(f"spmv: 'A' (the matrix) is on {dev}; tilewise kernels need it on CUDA (use reference "
+                         f"on CPU)")
     if x.device != dev:
         raise ValueError(f"spmv: 'x' is on {x.device} but the matrix is on {dev}")
     if x.dtype != torch.float32:
@@ -99,7 +100,7 @@ def _check(A, x, y, beta):
         raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix is {M} x {N}, so x must be ({N},)")
     if y is None:
         if beta != 0.0:
-            raise ValueError("spmv: beta != 0 needs a 'y' to read")
+            raise ValueError(f"spmv: 'beta' = {beta} needs a 'y' to read (beta != 0)")
         return torch.empty(M, dtype=torch.float32, device=dev)
     if not isinstance(y, torch.Tensor):
         raise ValueError(f"spmv: 'y' must be a torch.Tensor, got {type(y).__name__}")
@@ -107,11 +108,6 @@ def _check(A, x, y, beta):
         raise ValueError(
             f"spmv: 'y' must be float32 of shape ({M},) on {dev}; got {y.dtype} {tuple(y.shape)} on {y.device}")
     return y
-
-
-def _need(A, cls, name):
-    if not isinstance(A, cls):
-        raise ValueError(f"spmv.{name}: 'A' must be a {cls.__name__} (build one with {cls.__name__}.from_...)")
 
 
 def csr_scalar(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):

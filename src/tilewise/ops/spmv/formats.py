@@ -7,6 +7,7 @@ with the matrix. The layouts are described in ``api``'s docstring.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -84,6 +85,15 @@ class CSR:
     build_ms: float = 0.0
     _plans: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self):
+        # The from_* builders pass the stats of arrays they checked. A CSR built directly goes
+        # through from_arrays' conversion and checks here, so a bad matrix fails now, naming the
+        # argument, not later in a kernel ("'NoneType' object has no attribute 'rows'").
+        if self.stats is None:
+            self.row_ptr, self.col, self.val, self.shape = _csr_arrays(self.row_ptr, self.col, self.val,
+                                                                       self.shape, validate=True)
+            self.stats = RowStats.of(self.row_lengths(), self.row_ptr, self.col, self.shape[1])
+
     @property
     def nnz(self) -> int:
         return self.col.numel()
@@ -97,20 +107,10 @@ class CSR:
 
     @classmethod
     def from_arrays(cls, row_ptr, col, val, shape, *, validate: bool = True) -> "CSR":
-        """From the three arrays (any integer / float dtypes: converted to int32 / float32)."""
-        def build():
-            rp, c, v = _as_index(row_ptr, "row_ptr"), _as_index(col, "col"), val
-            if not isinstance(v, torch.Tensor):
-                raise ValueError(f"CSR: 'val' must be a torch.Tensor, got {type(v).__name__}")
-            v = v.to(torch.float32).contiguous()
-            if validate:
-                _validate_csr(rp, c, v, shape)
-            return rp, c, v
-
-        (rp, c, v), ms = _timed(build)
-        out = cls(rp, c, v, (int(shape[0]), int(shape[1])), build_ms=ms)
-        out.stats = RowStats.of(out.row_lengths(), out.row_ptr, out.col, out.shape[1])
-        return out
+        """From the three arrays (any integer / real dtypes: converted to int32 / float32; complex values
+        raise TypeError rather than lose their imaginary part)."""
+        (rp, c, v, shape), ms = _timed(lambda: _csr_arrays(row_ptr, col, val, shape, validate))
+        return cls(rp, c, v, shape, RowStats.of(rp[1:] - rp[:-1], rp, c, shape[1]), ms)
 
     @classmethod
     def from_torch(cls, A: torch.Tensor, *, validate: bool = True) -> "CSR":
@@ -138,9 +138,9 @@ class CSR:
 
     @classmethod
     def from_dense(cls, D: torch.Tensor) -> "CSR":
-        """From a dense 2-D tensor (zeros dropped), on D's device."""
-        if not isinstance(D, torch.Tensor) or D.dim() != 2:
-            raise ValueError("CSR.from_dense: 'D' must be a 2-D torch.Tensor")
+        """From a dense 2-D tensor of real values (zeros dropped), on D's device."""
+        _check_dense(D, "CSR.from_dense", "D")
+
         def build():
             nz = D != 0
             counts = nz.sum(1)
@@ -150,9 +150,7 @@ class CSR:
             return rp.int(), c.int(), D[r, c].float().contiguous()
 
         (rp, c, v), ms = _timed(build)
-        out = cls(rp, c, v, (D.shape[0], D.shape[1]), build_ms=ms)
-        out.stats = RowStats.of(out.row_lengths(), out.row_ptr, out.col, out.shape[1])
-        return out
+        return cls(rp, c, v, (D.shape[0], D.shape[1]), RowStats.of(rp[1:] - rp[:-1], rp, c, D.shape[1]), ms)
 
     def to_torch(self) -> torch.Tensor:
         """The same matrix as a torch sparse CSR tensor (int32 indices): cuSPARSE's input."""
@@ -177,9 +175,60 @@ class CSR:
         return plan
 
 
+def _on_data_device(t: torch.Tensor, what: str, name: str) -> None:
+    if t.device.type not in ("cpu", "cuda"):  # a meta tensor has no values to check or convert
+        raise ValueError(f"{what}: '{name}' is on {t.device}; a matrix is built on the CPU or a CUDA device")
+
+
+def _check_dense(D, what: str, name: str) -> None:
+    if not isinstance(D, torch.Tensor) or D.dim() != 2:
+        got = tuple(D.shape) if isinstance(D, torch.Tensor) else type(D).__name__
+        raise ValueError(f"{what}: '{name}' must be a 2-D torch.Tensor, got {got}")
+    if D.is_complex():
+        raise TypeError(f"{what}: '{name}' is {D.dtype}; SpMV takes real values (float32 would drop the "
+                        f"imaginary part)")
+    _on_data_device(D, what, name)
+
+
+def _csr_shape(shape) -> tuple[int, int]:
+    try:
+        M, N = (operator.index(s) for s in shape)
+    except (TypeError, ValueError):  # not a sequence, not of two items, or not of ints
+        raise TypeError(f"CSR: 'shape' must be (M, N), two ints, got {shape!r}") from None
+    if M < 0 or N < 0:
+        raise ValueError(f"CSR: 'shape' must be (M, N) with M, N >= 0, got {tuple(shape)}")
+    return M, N
+
+
+def _csr_arrays(row_ptr, col, val, shape, validate: bool):
+    """from_arrays' conversion (int32 indices, float32 values) and checks; also what a CSR built
+    directly goes through. Returns (row_ptr, col, val, shape)."""
+    rp, c = _as_index(row_ptr, "row_ptr"), _as_index(col, "col")
+    if not isinstance(val, torch.Tensor):
+        raise ValueError(f"CSR: 'val' must be a torch.Tensor, got {type(val).__name__}")
+    if val.is_complex():
+        raise TypeError(f"CSR: 'val' is {val.dtype}; SpMV takes real values (float32 would drop the imaginary part)")
+    if val.dim() != 1:
+        raise ValueError(f"CSR: 'val' must be 1-D, got shape {tuple(val.shape)}")
+    _on_data_device(val, "CSR", "val")
+    shape = _csr_shape(shape)
+    v = val.to(torch.float32).contiguous()
+    if validate:
+        _validate_csr(rp, c, v, shape)
+    return rp, c, v, shape
+
+
+def _need(A, cls, name):
+    if not isinstance(A, cls):
+        where = name if "." in name else f"spmv.{name}"
+        raise ValueError(f"{where}: 'A' must be a {cls.__name__} (build one with {cls.__name__}.from_...), "
+                         f"got {type(A).__name__}")
+
+
 def _as_index(t, name: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"CSR: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    _on_data_device(t, "CSR", name)
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ValueError(f"CSR: '{name}' must hold integers, got {t.dtype}")
     if t.dim() != 1:
@@ -286,20 +335,19 @@ def merge_plan(A: "CSR", tile: int = MERGE_DEFAULT[0] * MERGE_DEFAULT[1]) -> Mer
 
 def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> None:
     """Everything a kernel relies on, checked on the device; raises ValueError naming what is wrong."""
-    if len(shape) != 2 or int(shape[0]) < 0 or int(shape[1]) < 0:
-        raise ValueError(f"CSR: shape must be (M, N) with M, N >= 0, got {tuple(shape)}")
-    M, N = int(shape[0]), int(shape[1])
+    M, N = _csr_shape(shape)
     if M > INT32_MAX - 1 or N > INT32_MAX:
-        raise ValueError(f"CSR: shape {tuple(shape)} is past int32 indexing")
+        raise ValueError(f"CSR: 'shape' {tuple(shape)} is past int32 indexing")
     if not (rp.device == col.device == val.device):
-        raise ValueError(f"CSR: row_ptr, col, val on different devices ({rp.device}, {col.device}, {val.device})")
+        raise ValueError(f"CSR: 'row_ptr', 'col', 'val' on different devices ({rp.device}, {col.device}, "
+                         f"{val.device})")
     if rp.numel() != M + 1:
-        raise ValueError(f"CSR: row_ptr has {rp.numel()} entries; expected M + 1 = {M + 1}")
+        raise ValueError(f"CSR: 'row_ptr' has {rp.numel()} entries; 'shape' {tuple(shape)} needs M + 1 = {M + 1}")
     if col.numel() != val.numel():
-        raise ValueError(f"CSR: col has {col.numel()} entries but val has {val.numel()}")
+        raise ValueError(f"CSR: 'col' has {col.numel()} entries but 'val' has {val.numel()}")
     nnz = col.numel()
     if int(rp[0]) != 0 or int(rp[-1]) != nnz:
-        raise ValueError(f"CSR: row_ptr must start at 0 and end at nnz = {nnz}; "
+        raise ValueError(f"CSR: 'row_ptr' must start at 0 and end at nnz = {nnz} (the length of 'col'); "
                          f"got {int(rp[0])} .. {int(rp[-1])}")
     if M and bool((rp[1:] < rp[:-1]).any()):
         i = int(torch.nonzero(rp[1:] < rp[:-1])[0])
@@ -308,7 +356,8 @@ def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape)
         bad = (col < 0) | (col >= N)
         if bool(bad.any()):
             i = int(torch.nonzero(bad)[0])
-            raise ValueError(f"CSR: column index {int(col[i])} at position {i} is outside [0, {N})")
+            raise ValueError(f"CSR: column index {int(col[i])} at position {i} is outside [0, {N}): 'col' does "
+                             f"not fit 'shape' {tuple(shape)}")
         down = col[1:] < col[:-1]
         if bool(down.any()):
             starts = torch.zeros(nnz, dtype=torch.bool, device=col.device)
@@ -317,7 +366,7 @@ def _validate_csr(rp: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape)
             down &= ~starts[1:]
             if bool(down.any()):
                 i = int(torch.nonzero(down)[0]) + 1
-                raise ValueError(f"CSR: column indices are not sorted within a row (position {i}); "
+                raise ValueError(f"CSR: the column indices of 'col' are not sorted within a row (position {i}); "
                                  f"sort them (torch: A.to_sparse_coo().coalesce().to_sparse_csr(); "
                                  f"SciPy: A.sort_indices())")
 
@@ -341,6 +390,7 @@ class ELL:
     @classmethod
     def from_csr(cls, A: CSR, max_fill: float = 3.0) -> "ELL":
         """Refuses (ValueError) when K * M > max_fill * nnz: the padding would dominate the bytes."""
+        _need(A, CSR, "ELL.from_csr")
         M = A.shape[0]
         K = A.stats.max
         if K * M > max(max_fill * A.nnz, 1024):
@@ -381,6 +431,7 @@ class JDS:
 
     @classmethod
     def from_csr(cls, A: CSR) -> "JDS":
+        _need(A, CSR, "JDS.from_csr")
         M, K = A.shape[0], A.stats.max
 
         def build():
@@ -459,8 +510,11 @@ class Panels:
         4 random columns a row, 66 panels x 2 CTAs: 181 / 105 / 49 us with rounds of 64 chunks,
         226 / 125 / 54 without, 198 / 116 / 51 with rounds of 128 (docs/tuning/spmv.md, "Panels
         rounds")."""
+        _need(A, CSR, "Panels.from_csr")
         M, N = A.shape
         if rows is None or cluster is None:
+            if not A.val.is_cuda:  # panel_shape asks the GPU how many clusters fit
+                raise ValueError(f"Panels.from_csr: 'A' is on {A.device}; give rows and cluster, or a CUDA matrix")
             r0, c0 = device_panel_shape(M, A.val.get_device())
             rows = r0 if rows is None else rows
             cluster = c0 if cluster is None else cluster
@@ -618,6 +672,7 @@ def as_csr(A, device=None) -> CSR:
         if A.layout == torch.sparse_coo:
             return CSR.from_torch(A.coalesce().to_sparse_csr())
         if A.layout == torch.strided:
+            _check_dense(A, "spmv", "A")  # here, so that its errors name spmv's argument
             return CSR.from_dense(A)
     try:
         import scipy.sparse as sp
@@ -626,7 +681,7 @@ def as_csr(A, device=None) -> CSR:
             return CSR.from_scipy(A, device=device or "cuda")
     except ImportError:
         pass
-    raise ValueError(f"spmv: cannot make a CSR matrix from {type(A).__name__}")
+    raise ValueError(f"spmv: cannot make a CSR matrix of 'A', a {type(A).__name__}")
 
 
 def device_panel_shape(M: int, device_index: int | None = None) -> tuple[int, int]:
