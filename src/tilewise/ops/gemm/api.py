@@ -67,7 +67,7 @@ def cost(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, out_dtype:
 
 def _check_kinds(a, b, bias, out_dtype, out, aux) -> None:
     """The arguments' kinds, before routing reads them (a list reached the routers as an
-    AttributeError); one isinstance each, so a planned call stays cheap. _check does the rest."""
+    AttributeError). _check does the rest."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -225,8 +225,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     calls with the same layout and policy run without routing or re-checking (route.py; the
     overlap of a given out with the inputs is still checked each call).
     """
-    _check_kinds(a, b, bias, out_dtype, out, aux)
     if variant is not None:
+        _check_kinds(a, b, bias, out_dtype, out, aux)
         if variant not in VARIANTS:
             raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
         return VARIANTS[variant](a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux)
@@ -242,6 +242,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
                     return res
             elif a.dim() != 2 or b.dim() != 2 or a.numel() == 0 or b.numel() == 0:
                 key = None  # no plan for these: the checks' errors, or the variants' empty handling
+    # A plan exists only for a key built from tensors and a dtype that passed these checks once,
+    # so the planned path above skips them.
+    _check_kinds(a, b, bias, out_dtype, out, aux)
     r = _route(_rt.problem_of(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux))
     return _run(r, key, a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux, policy)
 
