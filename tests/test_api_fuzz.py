@@ -296,9 +296,12 @@ def _flash_ref(q, k, v, causal=False, scale=None):
     if not (q.dtype == k.dtype == v.dtype) or q.dim() != 4:
         raise ValueError("reference: 4-D tensors of one dtype")
     rep = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    out = F.scaled_dot_product_attention(q.double(), kk.double(), vv.double(), is_causal=causal, scale=scale)
-    return out.to(q.dtype)
+    kk, vv = k.repeat_interleave(rep, 1).double(), v.repeat_interleave(rep, 1).double()
+    # Written out, not CPU SDPA: PyTorch 2.11's CPU kernel dies of SIGFPE on an empty sequence.
+    s = q.double() @ kk.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if causal:  # top-left aligned, as SDPA's is_causal
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return (s.softmax(-1) @ vv).to(q.dtype)
 
 
 def _embedding_ref(ids, weight, padding_idx=None):

@@ -746,7 +746,8 @@ def test_gpu_v4_tma(shape, causal, poisoned_outputs):
 @pytest.mark.gpu
 def test_gpu_output_is_fully_written_and_matches_sdpa(poisoned_outputs):
     q, k, v = _inputs(2, 8, 8, 1031, 1031, 128, dtype=torch.bfloat16, device="cuda", seed=11)
-    out2, _ = A._fwd_impl(q, k, v, None, None, True, 128 ** -0.5)
+    policy = A._resolve("", q, k, None, None, True, False, False)  # the default a plain call takes
+    out2, _ = A._fwd_impl(q, k, v, None, None, True, 128 ** -0.5, policy)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     assert not torch.isnan(out2).any()
     e = ((out2.double() - ref.double()).norm() / ref.double().norm()).item()

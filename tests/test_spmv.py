@@ -778,7 +778,7 @@ def test_gpu_input_errors():
         sp.spmv(A, torch.ones(4, device="cuda", dtype=torch.float64))
     with pytest.raises(ValueError, match="'x' is on cpu"):
         sp.spmv(A, torch.ones(4))
-    with pytest.raises(ValueError, match="beta != 0 needs"):
+    with pytest.raises(ValueError, match="'beta' = 1.0 needs a 'y'"):
         sp.spmv(A, torch.ones(4, device="cuda"), beta=1.0)
     with pytest.raises(ValueError, match=r"'y' must be float32 of shape \(4,\)"):
         sp.spmv(A, torch.ones(4, device="cuda"), torch.ones(3, device="cuda"))

@@ -442,7 +442,8 @@ else:
 
 
 def num_sms(device_index: int) -> int:
-    if INTERPRET or not torch.cuda.is_available():
+    # (-1 is a CPU tensor's device: routing it is harmless, the checked path names the device)
+    if INTERPRET or not torch.cuda.is_available() or device_index < 0:
         return 4
     return rt.sm_count(device_index)
 
