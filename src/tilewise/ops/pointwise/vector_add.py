@@ -72,8 +72,10 @@ def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.
                          f"(use vector_add.reference for CPU tensors)")
     if a.dtype not in DTYPES:
         raise ValueError(f"vector_add: 'a' has dtype {a.dtype}; supported: float32, float16, bfloat16")
+    if b.dtype != a.dtype:  # (the kernel's own check would name only 'b')
+        raise ValueError(f"vector_add: 'b' has dtype {b.dtype} but 'a' has {a.dtype}")
     if a.shape != b.shape:
-        raise ValueError(f"vector_add: shapes differ: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+        raise ValueError(f"vector_add: 'a' has shape {tuple(a.shape)} but 'b' has {tuple(b.shape)}")
     if out is None:
         return torch.empty_like(a, memory_format=torch.contiguous_format)
     if not isinstance(out, torch.Tensor) or out.shape != a.shape:

@@ -97,7 +97,7 @@ def _check(A, x, y, beta):
     if x.dtype != torch.float32:
         raise ValueError(f"spmv: 'x' has dtype {x.dtype}; expected float32")
     if tuple(x.shape) != (N,):
-        raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix is {M} x {N}, so x must be ({N},)")
+        raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix 'A' is {M} x {N}, so x must be ({N},)")
     if y is None:
         if beta != 0.0:
             raise ValueError(f"spmv: 'beta' = {beta} needs a 'y' to read (beta != 0)")
