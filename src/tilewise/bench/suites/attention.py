@@ -29,11 +29,11 @@ the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 Mi
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
+from ... import settings
 from ...ops.attention import api as op
 from ...ops.attention import configs as op_configs
 from ..harness import CheckError, check, time_ms
@@ -168,7 +168,7 @@ def run(r) -> None:
         shapes = [(4096, 128)]
     else:
         shapes = [(S, D) for D in (64, 128) for S in (1024, 2048, 4096, 8192, 16384)]
-    env = os.environ.get("TILEWISE_BENCH_ATTENTION_SHAPES")  # e.g. "4096x64,8192x128" (S x D): part of the grid
+    env = settings.bench_attention_shapes()  # e.g. "4096x64,8192x128" (S x D): part of the grid
     if env:
         try:
             shapes = [tuple(int(v) for v in item.lower().split("x")) for item in env.split(",") if item.strip()]

@@ -66,12 +66,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from typing import Optional
 
 import torch
 
+from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from . import configs
@@ -113,9 +113,6 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
 # Input checks
 # ----------------------------------------------------------------------------------------------
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def _check(q, k, v, mask, bias, scale):
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -129,7 +126,7 @@ def _check(q, k, v, mask, bias, scale):
             raise ValueError(f"flash_attention: '{name}' is on {t.device} but 'q' is on {q.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
-    if q.device.type != "cuda" and not (_interpreting() and q.device.type == "cpu"):  # meta has no data
+    if q.device.type != "cuda" and not (settings.triton_interpret() and q.device.type == "cpu"):  # meta has no data
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
                          f"(use attention.reference for CPU tensors)")
     B, H, Sq, D = q.shape
@@ -237,7 +234,7 @@ def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
     TMA reads by rows (``_tma_bias_rows``)."""
     from . import gluon_fwd as ag
 
-    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not _interpreting()
+    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not settings.triton_interpret()
             and _tma_applies(q, k, v, mask, None) and (bias is None or _tma_bias_rows(q, k, bias, bias_strides))
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
@@ -252,7 +249,7 @@ def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
 def _ordered_applies(q, mask) -> bool:
     """The ordered fused backward is GPU only (the interpreter runs programs one after another, so a
     causal key tile would wait forever on a later one) and maskless (skipped tiles would break the count)."""
-    return mask is None and q.is_cuda and not _interpreting()
+    return mask is None and q.is_cuda and not settings.triton_interpret()
 
 
 # Whether this process's Triton builds the atomic kernel's TMA reduce-add of dQ: None until the first
@@ -264,7 +261,7 @@ def _dq_tma_applies(q, D) -> bool:
     """sm_90+ (the interpreter has no descriptor reduce), and a head dim with a TMA config that equals
     its tile width (the fp32 (B * H, Sq, D) dQ view then has 16-byte rows and the box never exceeds
     the tensor's last dim)."""
-    return (_DQ_TMA_BUILDS["ok"] is not False and not _interpreting() and q.is_cuda
+    return (_DQ_TMA_BUILDS["ok"] is not False and not settings.triton_interpret() and q.is_cuda
             and D in configs.ATOMIC_TMA and torch.cuda.get_device_capability(q.device)[0] >= 9)
 
 
@@ -289,7 +286,7 @@ def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
     """The bias forward through v4's TMA kernel: q/k/v as ``_tma_applies`` asks and a bias as
     ``_tma_bias_rows`` asks, on sm_90+."""
     return (_tma_applies(q, k, v, None, None) and _tma_bias_rows(q, k, bias, bias_strides)
-            and (_interpreting() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
+            and (settings.triton_interpret() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
 
 
 def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
