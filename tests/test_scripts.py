@@ -136,3 +136,22 @@ def test_ab_compare_flags_a_row_only_when_every_round_agrees(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_compare.py"), str(bad_csv), files[0]],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "bad.csv:2: not a bench row" in p.stderr
+
+
+def test_ab_compare_holds_rows_to_the_noise_of_their_ops_external_rows(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import ab_compare
+    finally:
+        sys.path.pop(0)
+    base = {("gemm", "v3", "s", "bf16"): 1.0, ("gemm", "cublas", "s", "bf16"): 1.0, ("copy", "v2", "n", "fp32"): 1.0,
+            ("copy", "torch.copy_", "n", "fp32"): 1.0, ("gemm", "v1", "s", "bf16"): 1.0}
+    new = {("gemm", "v3", "s", "bf16"): 1.05, ("gemm", "cublas", "s", "bf16"): 1.06, ("copy", "v2", "n", "fp32"): 1.05,
+           ("copy", "torch.copy_", "n", "fp32"): 1.01, ("gemm", "v1", "s", "bf16"): 1.08}
+    lines, bad = ab_compare.compare([(base, new)], 0.03)
+    text = "\n".join(lines)
+    assert "noise    gemm | v3" in text and "external rows moved up to 6.0%" in text  # cuBLAS moved 6 %
+    assert "SLOWER   gemm | v1" in text  # 8 %: past the noise too
+    assert "SLOWER   copy | v2" in text  # torch.copy_ moved 1 %: 5 % stands out
+    assert "SLOWER   gemm | cublas" in text  # external rows are reported as they are
+    assert bad == 3
