@@ -43,7 +43,8 @@ for D in (64, 128):
 
         # The Triton bias forwards (forward "pointer", not v5): bias_tma picks the TMA kernel or the pointer one.
         base = A.default_policy(q, k, bias=bias).replace(forward="pointer")
-        cands = {"cudnn": cudnn, "tma": ours(base.replace(bias_tma=True)), "pointer": ours(base.replace(bias_tma=False))}
+        cands = {"cudnn": cudnn, "tma": ours(base.replace(bias_tma=True)),
+                 "pointer": ours(base.replace(bias_tma=False))}
         if D == 64:
             cands["pointer 128x64x8x3"] = ours(base.replace(bias_tma=False, tiles={"fwd_bias": (128, 64, 8, 3)}))
         interleaved_rounds(f"D={D} B={B} S={S}", cands, lambda fn: fn(q, k, v, bias), ref, flops, bench)
