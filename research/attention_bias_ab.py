@@ -26,17 +26,9 @@ def bench(fn):
     return do_bench(fn, warmup=5, rep=60, return_mode="median")
 
 
-def pointer(cfg=None):
+def ours(policy):
     def run(q, k, v, bias):
-        old = A._BIAS_FWD["tma"]
-        A._BIAS_FWD["tma"] = False
-        try:
-            if cfg is None:
-                return A.flash_attention(q, k, v, bias=bias)
-            with A.override_configs(fwd_bias=cfg):
-                return A.flash_attention(q, k, v, bias=bias)
-        finally:
-            A._BIAS_FWD["tma"] = old
+        return A.flash_attention(q, k, v, bias=bias, policy=policy)
     return run
 
 
@@ -49,8 +41,10 @@ for D in (64, 128):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
-        cands = {"cudnn": cudnn, "tma": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias),
-                 "pointer": pointer()}
+        # The Triton bias forwards (forward "pointer", not v5): bias_tma picks the TMA kernel or the pointer one.
+        base = A.default_policy(q, k, bias=bias).replace(forward="pointer")
+        cands = {"cudnn": cudnn, "tma": ours(base.replace(bias_tma=True)),
+                 "pointer": ours(base.replace(bias_tma=False))}
         if D == 64:
-            cands["pointer 128x64x8x3"] = pointer((128, 64, 8, 3))
+            cands["pointer 128x64x8x3"] = ours(base.replace(bias_tma=False, tiles={"fwd_bias": (128, 64, 8, 3)}))
         interleaved_rounds(f"D={D} B={B} S={S}", cands, lambda fn: fn(q, k, v, bias), ref, flops, bench)

@@ -47,32 +47,28 @@ def main():
         for B, S in ((4, 4096), (2, 8192)):
             H = 16
             q, k, v, bias, ref, t_cudnn, flops = bias_attention_case(B, H, S, D, g, bench)
-            with A.use_tma():
-                t_plain = bench(lambda: A.flash_attention(q, k, v))
-            old = dict(A._BIAS_FWD)
-            try:
-                A._BIAS_FWD.update(tma=False)
-                t_add = bench(lambda: A.flash_attention(q, k, v, bias=bias))
-                print(f"D={D} B={B} S={S}: cuDNN {t_cudnn:.4f} ms; v4 without bias {t_plain:.4f}; v3 bias by add "
-                      f"{t_add:.4f} ms ({t_cudnn / t_add:.3f}x cuDNN)", flush=True)
-                A._BIAS_FWD.update(tma=True)
-                for tile in TILES[D]:
-                    try:
-                        with A.override_configs(fwd_tma_bias=tile):
-                            out = A.flash_attention(q, k, v, bias=bias)
-                            err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-                            t = bench(lambda: A.flash_attention(q, k, v, bias=bias))
-                    except Exception as e:  # a tile that does not fit shared memory
-                        print(f"  tma {tile} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                        continue
-                    print(f"  tma {tile} {t:.4f} ms {flops / t / 1e9:4.0f} TFLOP/s {t_cudnn / t:.3f}x cuDNN "
-                          f"{t_add / t:.3f}x add  rel err vs cuDNN {err:.1e}", flush=True)
-                    if err < 1e-2:  # scored over both lengths: the sum of t / (the add's t)
-                        scores = best.setdefault(D, {})
-                        scores[tile] = scores.get(tile, 0.0) + t / t_add
-            finally:
-                A._BIAS_FWD.clear()
-                A._BIAS_FWD.update(old)
+            # Forward "pointer" (not v5): bias_tma picks v4's TMA bias kernel or v3's add in the pointer kernel.
+            base = A.default_policy(q, k, bias=bias).replace(forward="pointer")
+            plain = A.default_policy(q, k).replace(forward="tma")
+            t_plain = bench(lambda: A.flash_attention(q, k, v, policy=plain))
+            add = base.replace(bias_tma=False)
+            t_add = bench(lambda: A.flash_attention(q, k, v, bias=bias, policy=add))
+            print(f"D={D} B={B} S={S}: cuDNN {t_cudnn:.4f} ms; v4 without bias {t_plain:.4f}; v3 bias by add "
+                  f"{t_add:.4f} ms ({t_cudnn / t_add:.3f}x cuDNN)", flush=True)
+            for tile in TILES[D]:
+                policy = base.replace(bias_tma=True, tiles={"fwd_tma_bias": tile})
+                try:
+                    out = A.flash_attention(q, k, v, bias=bias, policy=policy)
+                    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+                    t = bench(lambda: A.flash_attention(q, k, v, bias=bias, policy=policy))
+                except Exception as e:  # a tile that does not fit shared memory
+                    print(f"  tma {tile} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                print(f"  tma {tile} {t:.4f} ms {flops / t / 1e9:4.0f} TFLOP/s {t_cudnn / t:.3f}x cuDNN "
+                      f"{t_add / t:.3f}x add  rel err vs cuDNN {err:.1e}", flush=True)
+                if err < 1e-2:  # scored over both lengths: the sum of t / (the add's t)
+                    scores = best.setdefault(D, {})
+                    scores[tile] = scores.get(tile, 0.0) + t / t_add
     for D, times in best.items():
         print(f"BEST {D} " + ",".join(map(str, min(times, key=times.get))))
 

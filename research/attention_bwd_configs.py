@@ -33,7 +33,7 @@ ATOMIC = {  # D: [(dQ path, (BLOCK_M, BLOCK_N, num_warps, num_stages)), ...]; th
 
 
 # Deterministic backward (two kernels: dK/dV with a key tile kept, dQ with a query tile kept): tile
-# overrides to time beside its defaults (A._DKDV_CONFIGS, A._DQ_CONFIGS). At D = 64 the bench had
+# overrides to time beside its defaults (configs.DKDV, configs.DQ). At D = 64 the bench had
 # fwd+bwd at 1.17x flash with the defaults (logs/bench-attention-d64-s16k.log); these are the next
 # candidates, one kind changed at a time.
 DETERMINISTIC = {
@@ -79,36 +79,40 @@ def main():
             flash_grads = flash_bwd()
             cands = [("sdpa_flash", flash_bwd, None), ("sdpa_cudnn", None, sdpa(SDPBackend.CUDNN_ATTENTION)),
                      ("tilewise deterministic", None, lambda a, b, c: A.flash_attention(a, b, c, causal=causal))]
-            default = A._config("atomic_tma" if A._dq_tma_applies(q, D) else "atomic", D, q.dtype.itemsize)
+            # The tiles below are v3's two backward kernels' (not v6's): their candidates run that backward.
+            det_policy = A.default_policy(q, k, causal=causal).replace(backward="two_kernel")
+            atomic_policy = A.default_policy(q, k, causal=causal, deterministic=False)
+            default_tma = atomic_policy.dq_tma and A._dq_tma_applies(q, D)
+            default = atomic_policy.tile("atomic_tma" if default_tma else "atomic", D, q.dtype.itemsize)
             for path, cfg in ATOMIC.get(D, []):
-                star = "*" if cfg == default and (path == "tma") == A._dq_tma_applies(q, D) else ""
+                star = "*" if cfg == default and (path == "tma") == default_tma else ""
                 cands.append((f"atomic {path} {cfg}{star}", (path, cfg), None))
             for over in DETERMINISTIC.get(D, []):
                 cands.append(("det " + " ".join(f"{k}={v}" for k, v in over.items()), ("det", over), None))
             for name, spec, fwd in cands:
                 try:
                     if isinstance(spec, tuple) and spec[0] == "det":
-                        with A.override_configs(**spec[1]):
-                            bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal))
-                            grads = bwd()
-                            errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
-                                    + [rel(x, f) for x, f in zip(grads, flash_grads)])
-                            ms = do_bench(bwd, warmup=25, rep=100, return_mode="median") if max(errs) < 2e-2 else None
+                        policy = det_policy.replace(tiles=spec[1])
+                        bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal, policy=policy))
+                        grads = bwd()
+                        errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
+                                + [rel(x, f) for x, f in zip(grads, flash_grads)])
+                        ms = do_bench(bwd, warmup=25, rep=100, return_mode="median") if max(errs) < 2e-2 else None
                     elif isinstance(spec, tuple):
                         path, cfg = spec
                         kind = "atomic_tma" if path == "tma" else "atomic"
-                        with A.override_configs(**{kind: cfg}), A.dq_tma(path == "tma"):
-                            bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal,
-                                                                          deterministic=False))
-                            grads = bwd()
-                            ms = None
-                            if path == "tma" and A._DQ_TMA["works"] is not True:
-                                print(f"D={D} causal={causal} {name}: TMA reduce-add unavailable (fell back)")
-                                continue
-                            errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
-                                    + [rel(x, f) for x, f in zip(grads, flash_grads)])
-                            if max(errs) < 2e-2:
-                                ms = do_bench(bwd, warmup=25, rep=100, return_mode="median")
+                        policy = atomic_policy.replace(tiles={kind: cfg}, dq_tma=path == "tma")
+                        bwd = setup(lambda a, b, c: A.flash_attention(a, b, c, causal=causal, deterministic=False,
+                                                                      policy=policy))
+                        grads = bwd()
+                        ms = None
+                        if path == "tma" and A._DQ_TMA_BUILDS["ok"] is not True:
+                            print(f"D={D} causal={causal} {name}: TMA reduce-add unavailable (fell back)")
+                            continue
+                        errs = ([rel(x[sl], r) for x, r in zip(grads, ref)]
+                                + [rel(x, f) for x, f in zip(grads, flash_grads)])
+                        if max(errs) < 2e-2:
+                            ms = do_bench(bwd, warmup=25, rep=100, return_mode="median")
                     else:
                         bwd = spec if spec is not None else setup(fwd)
                         grads = bwd()

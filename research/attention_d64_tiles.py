@@ -40,10 +40,9 @@ def cudnn(q, k, v, bias):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
-def ours(kind, tile):
+def ours(policy):
     def run(q, k, v, bias):
-        with A.override_configs(**{kind: tile}), A.use_tma(kind == "fwd"):
-            return A.flash_attention(q, k, v, bias=bias)
+        return A.flash_attention(q, k, v, bias=bias, policy=policy)
     return run
 
 
@@ -54,5 +53,8 @@ for B, S in ((4, 4096), (2, 8192)):
     for label, b, ref, kind, tiles in (("bias", bias, ref_b, "fwd_tma_bias", BIAS_TILES),
                                        ("plain", None, ref_p, "fwd", PLAIN_TILES)):
         cands = {"cudnn": cudnn, "default path": lambda q, k, v, bias: A.flash_attention(q, k, v, bias=bias)}
-        cands.update({f"{kind} {t}": ours(kind, t) for t in tiles})
+        # The tiles' kernel: v4 (forward "tma") for the plain forward, the TMA bias kernel (forward "pointer",
+        # bias_tma on) with the bias; not v5.
+        base = A.default_policy(q, k, bias=b).replace(forward="tma" if kind == "fwd" else "pointer")
+        cands.update({f"{kind} {t}": ours(base.replace(tiles={kind: t})) for t in tiles})
         interleaved_rounds(f"{label} D=64 B={B} S={S}", cands, lambda fn: fn(q, k, v, b), ref, flops, bench)

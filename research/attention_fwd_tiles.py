@@ -40,14 +40,16 @@ for (B, S) in ((4, 4096), (2, 8192)):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             cands[name] = run
+        base = A.default_policy(q, k, causal=causal)
         for t in TILES:
-            def ours(t=t):
-                with A.override_configs(fwd=t):
-                    return A.flash_attention(q, k, v, causal=causal)
+            v3 = base.replace(forward="pointer", tiles={"fwd": t})
+            v4 = base.replace(forward="tma", tiles={"fwd": t})
 
-            def ours_tma(t=t):
-                with A.override_configs(fwd=t), A.use_tma():
-                    return A.flash_attention(q, k, v, causal=causal)
+            def ours(policy=v3):
+                return A.flash_attention(q, k, v, causal=causal, policy=policy)
+
+            def ours_tma(policy=v4):
+                return A.flash_attention(q, k, v, causal=causal, policy=policy)
             cands[f"v3 {t}"] = ours
             cands[f"v4 {t}"] = ours_tma
         interleaved_rounds(f"D={D} B={B} S={S} causal={causal}", cands, lambda fn: fn(), cands["cudnn"](), flops,

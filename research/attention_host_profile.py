@@ -12,7 +12,6 @@ import pstats
 
 import torch
 
-from attention_host_time import _both  # this folder is on sys.path when run as a script
 from tilewise.ops.attention import api as A
 
 
@@ -22,21 +21,23 @@ def main():
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
                for _ in range(3))
     go = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    for name, causal, ctx in (("v5+v6 plain", False, lambda: A.use_ws_bwd(True)),
-                              ("v5+v6 causal", True, lambda: A.use_ws_bwd(True)),
-                              ("v3+v3 causal", True, lambda: _both(A.use_ws(False), A.use_ws_bwd(False)))):
-        with ctx():
-            def step():
-                return torch.autograd.grad(A.flash_attention(q, k, v, causal=causal), (q, k, v), go)
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                step()
-            prof.disable()
-            torch.cuda.synchronize()
+    for name, causal, changes in (("v5+v6 plain", False, dict(backward="ws")),
+                                  ("v5+v6 causal", True, dict(backward="ws")),
+                                  ("v3+v3 causal", True, dict(forward="pointer", backward="two_kernel"))):
+        policy = A.default_policy(q, k, causal=causal).replace(**changes)  # built once, outside the profile
+
+        def step():
+            return torch.autograd.grad(A.flash_attention(q, k, v, causal=causal, policy=policy), (q, k, v), go)
+
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            step()
+        prof.disable()
+        torch.cuda.synchronize()
         for key in ("tottime", "cumulative"):
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats(key).print_stats(22)

@@ -1,3 +1,5 @@
+# Last run at fb49db6 (logs/attention-ordered-dq-fb49db6.log). Gone since: the racy "rmw/no-wait" case
+# (the kernel's ORDERED=3) has no switch any more (AttentionPolicy.ordered_mode takes 1 or 2), so it is skipped.
 """Where the deterministic fused backward's time goes: the backward alone (one forward, its
 autograd graph kept, the backward timed by do_bench with L2 flushed), bf16, B=4 H=16 S=4096,
 D 64 / 128, causal or not, for
@@ -38,24 +40,26 @@ def main():
                      "rmw/no-wait": (True, True, 3), "atomic": (False, False, 1)}
             res, ref = {}, None
             for name, (det, ordered, mode) in cases.items():
-                out = A.flash_attention(q, k, v, causal=causal, deterministic=det)
-                A._ORDERED_DQ["mode"] = mode
-                try:
-                    with A.ordered_dq(ordered):
-                        def bwd():
-                            return torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
-                        grads = bwd()
-                        if name == "two-kernel":
-                            ref = grads
-                        elif name.startswith("ordered"):
-                            again = bwd()
-                            assert all(torch.equal(a, b) for a, b in zip(grads, again)), f"{name}: not reproducible"
-                            for gn, a, r in zip("qkv", grads, ref):
-                                err = ((a.float() - r.float()).norm() / r.float().norm()).item()
-                                assert err < 1e-2, f"{name} d{gn}: {err:.3g} from the two-kernel backward"
-                        ms = triton.testing.do_bench(bwd, warmup=25, rep=150, return_mode="median")
-                finally:
-                    A._ORDERED_DQ["mode"] = 1
+                if mode not in (1, 2):  # AttentionPolicy takes ordered_mode 1 or 2 only
+                    print(f"{name}: skipped (no policy runs the kernel's ORDERED={mode})", flush=True)
+                    continue
+                backward = "ordered" if ordered else ("two_kernel" if det else "atomic")
+                policy = A.default_policy(q, k, causal=causal, deterministic=det).replace(backward=backward,
+                                                                                          ordered_mode=mode)
+                out = A.flash_attention(q, k, v, causal=causal, deterministic=det, policy=policy)
+
+                def bwd():
+                    return torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+                grads = bwd()
+                if name == "two-kernel":
+                    ref = grads
+                elif name.startswith("ordered"):
+                    again = bwd()
+                    assert all(torch.equal(a, b) for a, b in zip(grads, again)), f"{name}: not reproducible"
+                    for gn, a, r in zip("qkv", grads, ref):
+                        err = ((a.float() - r.float()).norm() / r.float().norm()).item()
+                        assert err < 1e-2, f"{name} d{gn}: {err:.3g} from the two-kernel backward"
+                ms = triton.testing.do_bench(bwd, warmup=25, rep=150, return_mode="median")
                 res[name] = ms
             line = " | ".join(f"{n} {ms * 1e3:7.1f} us {flops / ms / 1e9:5.1f} TF" for n, ms in res.items())
             print(f"backward D={D:3d} {'causal' if causal else 'plain ':6s}: {line}", flush=True)

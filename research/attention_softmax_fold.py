@@ -44,18 +44,22 @@ def bench(fn):
 def old_kernels():
     """The attention kernels of OLD_SRC (an older checkout's src/) under the current launchers: the
     kernel module is swapped for the call (the launchers import it at call time)."""
-    import tilewise.ops as ops
+    import tilewise.ops.attention as pkg
     from tilewise.ops.attention import triton_kernels as new
 
-    spec = importlib.util.spec_from_file_location(
-        "tw_old_attention_kernels", os.path.join(os.environ["OLD_SRC"], "tilewise", "ops", "attention_kernels.py"))
+    # Checkouts from before the family packages have ops/attention_kernels.py, later ones
+    # ops/attention/triton_kernels.py.
+    path = os.path.join(os.environ["OLD_SRC"], "tilewise", "ops", "attention", "triton_kernels.py")
+    if not os.path.exists(path):
+        path = os.path.join(os.environ["OLD_SRC"], "tilewise", "ops", "attention_kernels.py")
+    spec = importlib.util.spec_from_file_location("tw_old_attention_kernels", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ops.attention_kernels = mod
+    pkg.triton_kernels = mod
     try:
         yield
     finally:
-        ops.attention_kernels = new
+        pkg.triton_kernels = new
 
 
 def main():

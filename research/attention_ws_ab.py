@@ -69,10 +69,13 @@ def main():
                 flops = 4 * B * H * S * S * D // (2 if causal else 1)
                 cudnn = cudnn_fn(q, k, v, bias, causal)
 
+                base = A.default_policy(q, k, causal=causal, bias=bias)
+
                 def ours(ws):
+                    policy = base.replace(forward="ws" if ws else "pointer")
+
                     def fn():
-                        with A.use_ws(ws):
-                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
+                        return A.flash_attention(q, k, v, causal=causal, bias=bias, policy=policy)
                     return fn
 
                 fns = {"cudnn": cudnn, "triton (v3/v4)": ours(False), "v5 gluon ws": ours(True)}
@@ -85,7 +88,7 @@ def main():
 
 def bias_paths():
     """The bias forward's routes at S = 1024 / 2048 (B = 16 / 8): v4's TMA bias kernel (the
-    default where v5 is not), v3's pointer kernel (``_BIAS_FWD["tma"]`` off), v5, and cuDNN."""
+    default where v5 is not), v3's pointer kernel (policy ``bias_tma`` off), v5, and cuDNN."""
     g = torch.Generator(device="cuda").manual_seed(1)
     H, TOKENS = 16, 16384
     for D in (64, 128):
@@ -96,15 +99,13 @@ def bias_paths():
             flops = 4 * B * H * S * S * D
             cudnn = cudnn_fn(q, k, v, bias, False)
 
+            base = A.default_policy(q, k, bias=bias)
+
             def route(ws, tma):
+                policy = base.replace(forward="ws" if ws else "pointer", bias_tma=tma)
+
                 def fn():
-                    old = A._BIAS_FWD["tma"]
-                    A._BIAS_FWD["tma"] = tma
-                    try:
-                        with A.use_ws(ws):
-                            return A.flash_attention(q, k, v, bias=bias)
-                    finally:
-                        A._BIAS_FWD["tma"] = old
+                    return A.flash_attention(q, k, v, bias=bias, policy=policy)
                 return fn
 
             fns = {"cudnn": cudnn, "v4 tma bias": route(False, True), "v3 pointer bias": route(False, False),
@@ -119,9 +120,8 @@ def d64():
     """D = 64: the Triton forward against v5 with two consumer warpgroups (128 query rows a CTA) and
     with three (192 rows, 160 registers each), plain / causal / bias, S 1024 / 4096 / 8192. (At
     803d45c the rules' config took precedence over attention_gluon.OVERRIDE: all three v5 columns of
-    that run are the three-consumer config; the override wins since.)"""
-    from tilewise.ops.attention import gluon_fwd as ag
-
+    that run are the three-consumer config; the override wins since. Today the policy's ws_config:
+    None is two consumers with the table's tile.)"""
     g = torch.Generator(device="cuda").manual_seed(2)
     H, TOKENS, D = 16, 16384, 64
     warm_up()
@@ -131,16 +131,13 @@ def d64():
         for mode, causal, bias in modes(H, S, g):
             cudnn = cudnn_fn(q, k, v, bias, causal)
 
+            base = A.default_policy(q, k, causal=causal, bias=bias)
+
             def ours(ws, cfg=None):
+                policy = base.replace(forward="ws" if ws else "pointer", ws_config=cfg)
+
                 def fn():
-                    key = (D, bias is not None)
-                    if cfg is not None:
-                        ag.OVERRIDE[key] = cfg
-                    try:
-                        with A.use_ws(ws):
-                            return A.flash_attention(q, k, v, causal=causal, bias=bias)
-                    finally:
-                        ag.OVERRIDE.pop(key, None)
+                    return A.flash_attention(q, k, v, causal=causal, bias=bias, policy=policy)
                 return fn
 
             fns = {"cudnn": cudnn, "triton": ours(False), "v5 2x64": ours(True),
@@ -152,10 +149,8 @@ def d64():
 
 def pingpong():
     """v5 with and without the consumers taking turns issuing their products
-    (``attention_gluon.PINGPONG``), D 64 / 128, S 4096 / 8192, plain / causal / bias, against cuDNN.
+    (policy ``ws_pingpong``), D 64 / 128, S 4096 / 8192, plain / causal / bias, against cuDNN.
     Written after the eighth session's device budget was spent: not yet run."""
-    from tilewise.ops.attention import gluon_fwd as ag
-
     g = torch.Generator(device="cuda").manual_seed(3)
     H, TOKENS = 16, 16384
     warm_up()
@@ -166,15 +161,13 @@ def pingpong():
             for mode, causal, bias in modes(H, S, g):
                 cudnn = cudnn_fn(q, k, v, bias, causal)
 
+                base = A.default_policy(q, k, causal=causal, bias=bias)
+
                 def ws(pp):
+                    policy = base.replace(forward="ws", ws_pingpong=pp)
+
                     def fn():
-                        old = ag.PINGPONG["on"]
-                        ag.PINGPONG["on"] = pp
-                        try:
-                            with A.use_ws(True):
-                                return A.flash_attention(q, k, v, causal=causal, bias=bias)
-                        finally:
-                            ag.PINGPONG["on"] = old
+                        return A.flash_attention(q, k, v, causal=causal, bias=bias, policy=policy)
                     return fn
 
                 fns = {"cudnn": cudnn, "v5": ws(False), "v5 ping-pong": ws(True)}
@@ -184,13 +177,13 @@ def pingpong():
 
 
 def persistent():
-    """v5 on its grid of 2048-ish CTAs against v5 on a persistent grid (``attention_gluon.PERSISTENT``:
+    """v5 on its grid of 2048-ish CTAs against v5 on a persistent grid (policy ``ws_persistent``:
     one CTA an SM, work items round robin, the K / V ring running on across items), two consumers,
     D 128 / 64, S 1024 / 4096 / 8192, plain / causal, against cuDNN. Written after the ninth
     session's device budget was spent: not yet run. Prediction: D = 128 plain S = 4096 from 0.90x
     cuDNN to ~0.95x (the prologue and epilogue of 15.5 waves hidden), little change at S = 8192
     causal where v5 is already at 0.97x."""
-    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import configs as C
 
     g = torch.Generator(device="cuda").manual_seed(4)
     H, TOKENS = 16, 16384
@@ -202,20 +195,14 @@ def persistent():
             for causal in (False, True):
                 cudnn = cudnn_fn(q, k, v, None, causal)
 
+                base = A.default_policy(q, k, causal=causal)
+
                 def ws(pers):
+                    policy = base.replace(forward="ws", ws_persistent=pers,
+                                          ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2))
+
                     def fn():
-                        old = ag.PERSISTENT["on"], ag.OVERRIDE.get((D, False))
-                        ag.PERSISTENT["on"] = pers
-                        ag.OVERRIDE[(D, False)] = (128, 2, ag.CONSUMER_REGS, None, 2)
-                        try:
-                            with A.use_ws(True):
-                                return A.flash_attention(q, k, v, causal=causal)
-                        finally:
-                            ag.PERSISTENT["on"] = old[0]
-                            if old[1] is None:
-                                ag.OVERRIDE.pop((D, False), None)
-                            else:
-                                ag.OVERRIDE[(D, False)] = old[1]
+                        return A.flash_attention(q, k, v, causal=causal, policy=policy)
                     return fn
 
                 fns = {"cudnn": cudnn, "v5": ws(False), "v5 persistent": ws(True)}

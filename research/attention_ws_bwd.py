@@ -41,7 +41,9 @@ def case(S, D, causal, g, runs=None):
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
                for _ in range(3))
     go = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    out = A.flash_attention(q, k, v, causal=causal)
+    # The backward runs the forward's policy: each column's forward is made with the policy it times.
+    base = A.default_policy(q, k, causal=causal)
+    out = A.flash_attention(q, k, v, causal=causal, policy=base.replace(backward="two_kernel"))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out_cudnn = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
@@ -52,24 +54,18 @@ def case(S, D, causal, g, runs=None):
     res = {"triton": bench(bwd), "cudnn": bench(lambda: bwd(out_cudnn))}
     runs = runs or [("v6 dkdv", None, None, False), ("v6", None, None, True)]
     for name, cfg, dq_cfg, ws_dq in runs:
-        if cfg:
-            gb.OVERRIDE[D] = cfg
-        if dq_cfg:
-            gb.DQ_OVERRIDE[D] = dq_cfg
+        policy = base.replace(backward="ws", ws_bwd_dq=ws_dq, ws_bwd_config=cfg, ws_bwd_dq_config=dq_cfg)
         try:
-            with A.use_ws_bwd(True, dq=ws_dq):
-                got = bwd()
-                for n, a, r in zip(("dq", "dk", "dv"), got, ref):
-                    err = ((a.float() - r.float()).norm() / r.float().norm()).item()
-                    assert err < 1e-2, f"{name} D={D} S={S} causal={causal} {n}: {err:.3g} from the Triton kernel"
-                res[name] = bench(bwd)
+            out_ws = A.flash_attention(q, k, v, causal=causal, policy=policy)
+            got = bwd(out_ws)
+            for n, a, r in zip(("dq", "dk", "dv"), got, ref):
+                err = ((a.float() - r.float()).norm() / r.float().norm()).item()
+                assert err < 1e-2, f"{name} D={D} S={S} causal={causal} {n}: {err:.3g} from the Triton kernel"
+            res[name] = bench(lambda: bwd(out_ws))
         except AssertionError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. a tile out of shared memory: logged
             print(f"  {name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        finally:
-            gb.OVERRIDE.pop(D, None)
-            gb.DQ_OVERRIDE.pop(D, None)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     line = " | ".join(f"{n} {ms * 1e3:7.1f} us {flops / ms / 1e9:5.1f} TF" for n, ms in res.items())
     print(f"backward D={D:3d} S={S:5d} {'causal' if causal else 'plain ':6s}: {line}", flush=True)

@@ -1,3 +1,5 @@
+# Last run at 4e4d6f5 (logs/gemm-plans-run3-4e4d6f5.log). Gone since: the module switch _PLANS_ON; gemm() takes
+# GemmPolicy(plans=...) per call, tilewise.linear takes no policy, so its rows have no "plans off" column (nan).
 """gemm()'s call plans (ops/gemm/api.py, "call plans"): host time of a call with the plans off
 (every call checks, routes, builds checked descriptors and keys the launch) and on (the first call
 of a layout does that; later calls allocate, make descriptors and launch the compiled kernel),
@@ -22,6 +24,10 @@ import torch
 from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops.gemm import api as g
+from tilewise.ops.gemm import route as rt
+from tilewise.ops.gemm.configs import GemmPolicy
+
+PLANS_OFF, PLANS_ON = GemmPolicy(plans=False), GemmPolicy(plans=True)
 
 
 def eager_us(fn, reps=300):
@@ -32,21 +38,20 @@ def graph_us(fn):
     return time_ms_graph(fn, calls=50, repeats=20) * 1000
 
 
-def measure(fn, plans=None):
-    if plans is not None:
-        g._PLANS_ON = plans
-    try:
-        fn()
-        fn()
-        return host_us_per_call(fn, calls=500, repeats=7), eager_us(fn)
-    finally:
-        g._PLANS_ON = True
+def measure(fn):
+    fn()
+    fn()
+    return host_us_per_call(fn, calls=500, repeats=7), eager_us(fn)
 
 
-def row(label, torch_fn, ours_fn):
+def row(label, torch_fn, ours_for):
+    """``ours_for(policy)``: our call under that GemmPolicy (plans off / on); None where the call
+    takes no policy (tilewise.linear: plans on only)."""
     th, te = measure(torch_fn)
-    oh, oe = measure(ours_fn, plans=False)
-    ph, pe = measure(ours_fn, plans=True)
+    off = ours_for(PLANS_OFF)
+    oh, oe = measure(off) if off is not None else (float("nan"), float("nan"))
+    ours_fn = ours_for(PLANS_ON) or ours_for(None)
+    ph, pe = measure(ours_fn)
     tg, pg = graph_us(torch_fn), graph_us(ours_fn)
     print(f"{label:34s} torch: host {th:6.1f} eager {te:6.1f} graph {tg:7.2f} | plans off: host {oh:6.1f} "
           f"eager {oe:6.1f} | on: host {ph:6.1f} eager {pe:6.1f} graph {pg:7.2f} | eager x torch "
@@ -64,42 +69,41 @@ for n, dtype in ((512, torch.bfloat16), (1000, torch.bfloat16), (1000, torch.flo
     got = g.gemm(a, b)
     err = ((got.float() - ref).norm() / ref.norm()).item()
     tag = str(dtype).replace("torch.", "")
-    row(f"{n}^3 {tag} out=", lambda: torch.matmul(a, b, out=out), lambda: g.gemm(a, b, out=out))
-    row(f"{n}^3 {tag} new output", lambda: torch.matmul(a, b), lambda: g.gemm(a, b))
+    row(f"{n}^3 {tag} out=", lambda: torch.matmul(a, b, out=out), lambda p: lambda: g.gemm(a, b, out=out, policy=p))
+    row(f"{n}^3 {tag} new output", lambda: torch.matmul(a, b), lambda p: lambda: g.gemm(a, b, policy=p))
     print(f"    rel error {err:.2e}", flush=True)
 
 x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
 bias = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
 row("linear 4096x1024x1024 relu", lambda: torch.relu(torch.nn.functional.linear(x, w, bias)),
-    lambda: g.linear(x, w, bias, activation="relu"))
+    lambda p: None if p is not None else lambda: g.linear(x, w, bias, activation="relu"))
 torch_step, tw_step = linear_step_case()
 
 
 th, te = measure(torch_step)
-oh, oe = measure(tw_step, plans=False)
-ph, pe = measure(tw_step, plans=True)
-print(f"linear fwd+bwd 2048x512x512 torch: host {th:6.1f} eager {te:6.1f} | plans off host {oh:6.1f} eager "
-      f"{oe:6.1f} | on host {ph:6.1f} eager {pe:6.1f}", flush=True)
+ph, pe = measure(tw_step)  # (tilewise.linear takes no GemmPolicy: plans on, no "off" column)
+print(f"linear fwd+bwd 2048x512x512 torch: host {th:6.1f} eager {te:6.1f} | plans on host {ph:6.1f} eager "
+      f"{pe:6.1f}", flush=True)
 
 
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 for _ in range(3):
     g.gemm(a, b)
-key = g._plan_key(a, b, None, None, None, "tf32", None)
-plan = g._PLANS[key]
-ma, mb, mc = plan.makers
+key = rt.plan_key(a, b, None, None, None, "tf32", None)
+plan = rt.PLANS[key]
+_, tail, (ma, mb, mc) = plan.state  # (Bound, trailing arguments, descriptor makers)
 o = torch.empty(1000, 1000, device="cuda", dtype=torch.bfloat16)
 c = mc(o)
-args = (ma(a), mb(b), c, c, o, o, o) + plan.tail
+args = (ma(a), mb(b), c, c, o, o, o) + tuple(tail)
 raw = plan.bound.raw
 direct = per_call_us(lambda: plan.bound(*args))
 plan.bound.raw = None
 via_run = per_call_us(lambda: plan.bound(*args))
 plan.bound.raw = raw
 dev = a.device
-print(f"pieces of a planned 1000^3 call (us): key {per_call_us(lambda: g._plan_key(a, b, None, None, None, 'tf32', None)):.2f}, "
+print(f"pieces of a planned 1000^3 call (us): key {per_call_us(lambda: rt.plan_key(a, b, None, None, None, 'tf32', None)):.2f}, "
       f"torch.empty((M, N), dtype=, device=) {per_call_us(lambda: torch.empty((1000, 1000), dtype=torch.bfloat16, device=dev)):.2f}, "
       f"a.new_empty((M, N)) {per_call_us(lambda: a.new_empty((1000, 1000))):.2f}, "
       f"torch.empty(M, N, dtype=, device=) {per_call_us(lambda: torch.empty(1000, 1000, dtype=torch.bfloat16, device=dev)):.2f}, "

@@ -21,6 +21,7 @@ from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.runtime import cuda as rt
 
 CASES = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1"}
@@ -82,10 +83,15 @@ def main():
     warm_clocks()
     dtype = torch.bfloat16
     for n, name in CASES.items():
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         a, b, out, ref = square_operands(n, dtype)
         old = old_launcher(old_path, cfg, dtype)
-        fns = {"old": lambda: old(a, b, out), "new": lambda: gs.gemm_sm90(a, b, out=out, config=name)}
+        fns = {"old": lambda: old(a, b, out)}
+
+        def new(opts):
+            options = gs.DEFAULT_COMPILE_OPTIONS + opts
+            return lambda: gs.gemm_sm90(a, b, out=out, config=name, compile_options=options)
+
         runs = [("old", None)]
         if "--param" in sys.argv:
             oldx = old_launcher(old_path, cfg, dtype, extra_param=True)
@@ -97,9 +103,7 @@ def main():
             runs.append(("mid", None))
         graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
         for label, opts in runs + [("new", ()), ("new late+thread", ("-DTW_LATE_LOCAL", "-DTW_TMA_STORE=0"))]:
-            gs.COMPILE_OPTIONS = ("-std=c++17",) + (opts or ())
-            graphs[label] = checked_graph(fns[label if opts is None else "new"], out, ref, label)
-        gs.COMPILE_OPTIONS = ("-std=c++17",)
+            graphs[label] = checked_graph(fns[label] if opts is None else new(opts), out, ref, label)
         rounds_report(graphs, ROUNDS, f"bf16 {n}^3 {name:13s}", 16)
         del graphs
 

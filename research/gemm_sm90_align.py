@@ -13,6 +13,7 @@ from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 SIZES = [5000, 4992, 5120, 3000, 1000]
 
@@ -24,7 +25,7 @@ def view(rows, cols, ld, dtype, g):
 
 def run(n, dtype):
     g = torch.Generator(device="cuda").manual_seed(n)
-    cfg = gs.route_for(n, n, n) or gs.config_for(n, n, n)
+    cfg = gc.sm90_route_for(n, n, n) or gc.sm90_config_for(n, n, n)
     graphs = {}
     keep = []  # a graph replays on these addresses: they live until the rounds are done
     pad = -(-n // 64) * 64

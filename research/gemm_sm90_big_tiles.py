@@ -20,6 +20,7 @@ from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import api as gt
 
 SHAPES = [(2304,) * 3, (2560,) * 3, (3000,) * 3, (3072,) * 3, (3584,) * 3, (4096,) * 3, (5000,) * 3,
@@ -29,7 +30,7 @@ TILES = ["128x256_c2x1", "128x192_c2x1", "128x192_c1x2", "128x128_c2x1"]
 
 
 def waves(name, m, n, sms):
-    c = gs.CONFIGS[name]
+    c = gc.SM90_CONFIGS[name]
     tiles = -(-m // c.bm) * -(-n // c.bn)
     w = -(-tiles // sms)
     return f"{tiles} tiles {w} waves {tiles / (w * sms):.2f}"
@@ -37,7 +38,7 @@ def waves(name, m, n, sms):
 
 def run_case(m, n, k, dtype, sms):
     a, b, out, ref = operands(m, n, k, dtype, m + n + k)
-    rule = gs.config_for(m, n, k, sms)
+    rule = gc.sm90_config_for(m, n, k, sms)
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
               "gemm()": checked_graph(lambda: gt.gemm(a, b, out=out), out, ref, "gemm()")}
     for name in TILES + ([rule] if rule not in TILES else []):

@@ -28,6 +28,7 @@ from gemm_sm90_ab_old import old_launcher
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 # (at 021c38c the defaults were early copies everywhere and bulk stores with 2-3 consumer
 # warpgroups; the labels of that run's log name the choices, as here)
@@ -42,7 +43,7 @@ def main():
     warm_clocks()
     dtype = torch.bfloat16
     for n, name in CASES.items():
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         a, b, out, ref = square_operands(n, dtype)
         fns = {"old 0ddc4c3": old_launcher(old_path, cfg, dtype)}
         for k, opts in VARIANTS.items():

@@ -16,6 +16,7 @@ from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms, time_ms_graph
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import api as gt
 
 
@@ -31,8 +32,8 @@ def main(sizes):
             out = torch.empty(M, N, device="cuda", dtype=dtype)
             ref = a.float() @ b.float()
             rows = [("cublas", lambda: torch.matmul(a, b, out=out)), ("gemm()", lambda: gt.gemm(a, b, out=out))]
-            auto = gs.config_for(M, N, K)
-            for name in sorted(gs.CONFIGS):
+            auto = gc.sm90_config_for(M, N, K)
+            for name in sorted(gc.SM90_CONFIGS):
                 out.fill_(float("nan"))
                 try:
                     gs.gemm_sm90(a, b, out=out, config=name)

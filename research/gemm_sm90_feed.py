@@ -27,10 +27,11 @@ from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.runtime import cuda as rt
 
-BASE = gs.CONFIGS["64x128_c2x1"]
-W2 = gs.EXTRA_CONFIGS["64x128w2_c2x1"]
+BASE = gc.SM90_CONFIGS["64x128_c2x1"]
+W2 = gc.SM90_EXTRA_CONFIGS["64x128w2_c2x1"]
 # label -> (config, extra NVRTC options, B box of whole 64-row chunks)
 VARIANTS = {
     "s8": (BASE, (), False),

@@ -12,6 +12,7 @@ from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.runtime import cuda as rt
 
 
@@ -28,16 +29,16 @@ def main():
         print(f"{n}^3 cublas {tc * 1e3:.1f} us", flush=True)
         ref = a.float() @ b.float()
         for opts in (("-std=c++17",), ("-std=c++17", "-DTW_ARRIVE_CLUSTER_SCOPE")):
-            gs.COMPILE_OPTIONS = opts
-            for name, cfg in sorted(gs.CONFIGS.items()):
+            for name, cfg in sorted(gc.SM90_CONFIGS.items()):
                 if len(opts) > 1 and cfg.cluster == 1:
                     continue
                 ld = gs._loaded(cfg.name(torch.bfloat16), dev, cfg.cluster, cfg.threads, cfg.shmem, opts)
                 for cl in sorted({ld.clusters, sms // cfg.cluster}):
                     out.fill_(float("nan"))
-                    gs.gemm_sm90(a, b, out=out, config=name, clusters=cl)
+                    gs.gemm_sm90(a, b, out=out, config=name, clusters=cl, compile_options=opts)
                     err = ((out.float() - ref).norm() / ref.norm()).item()
-                    t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name, clusters=cl))
+                    t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name, clusters=cl,
+                                                           compile_options=opts))
                     print(f"{n}^3 {name:14s} {opts[-1]:26s} occupancy {ld.clusters:4d} clusters; launched {cl:4d}: "
                           f"{t * 1e3:8.1f} us {tc / t:.3f}x cublas  err {err:.1e}", flush=True)
 

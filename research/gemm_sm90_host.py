@@ -15,6 +15,7 @@ import torch
 from tilewise.bench.harness import host_us_per_call
 from tilewise.ops.gemm import sm90 as gs
 from tilewise.ops.gemm import api as gt
+from tilewise.ops.gemm.configs import GemmPolicy
 
 
 def main():
@@ -25,11 +26,11 @@ def main():
         out = torch.empty(m, n, device="cuda", dtype=torch.float16)
         row = {"torch.matmul": host_us_per_call(lambda: torch.matmul(a, b, out=out), calls=1000, repeats=7)}
         for pdl in (False, True):
-            gs.PDL = pdl
-            row[f"gemm_sm90 pdl={int(pdl)}"] = host_us_per_call(lambda: gs.gemm_sm90(a, b, out=out), calls=1000,
-                                                                repeats=7)
-            row[f"gemm() pdl={int(pdl)}"] = host_us_per_call(lambda: gt.gemm(a, b, out=out), calls=1000, repeats=7)
-        gs.PDL = True
+            policy = GemmPolicy(pdl=pdl)
+            row[f"gemm_sm90 pdl={int(pdl)}"] = host_us_per_call(lambda: gs.gemm_sm90(a, b, out=out, pdl=pdl),
+                                                                calls=1000, repeats=7)
+            row[f"gemm() pdl={int(pdl)}"] = host_us_per_call(lambda: gt.gemm(a, b, out=out, policy=policy), calls=1000,
+                                                             repeats=7)
         print(f"{m}x{n}x{k} fp16 host us/call: " + ", ".join(f"{k_} {v:.1f}" for k_, v in row.items()), flush=True)
 
 

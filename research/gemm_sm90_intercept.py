@@ -34,9 +34,9 @@ def main():
         tc = time_ms_graph(lambda: torch.matmul(a, b, out=out))
         print(f"K {K:5d} cublas {tc * 1e3:6.2f} us", flush=True)
         for opts in ((), ("-DTW_DIRECT_STORE",), ("-DTW_NO_STORE",)):
-            gs.COMPILE_OPTIONS = ("-std=c++17",) + opts
+            options = gs.DEFAULT_COMPILE_OPTIONS + opts
             for name in args.configs.split(","):
-                t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name))
+                t = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name, compile_options=options))
                 print(f"K {K:5d} {name:14s} {' '.join(opts) or 'default':15s} {t * 1e3:6.2f} us", flush=True)
     # the empty kernel's floor: a graph of one-element copies, for the launch cost of a graph node
     z = torch.zeros(1, device="cuda")

@@ -20,9 +20,9 @@ import torch
 from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 
-from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
-BASE = gs.CONFIGS["64x128_c2x1"]
+BASE = gc.SM90_CONFIGS["64x128_c2x1"]
 C4 = dataclasses.replace(BASE, cm=4)
 VARIANTS = {"c2x1": (BASE, (), False), "c4x1": (C4, (), False), "c4x1 chunk": (C4, ("-DTW_B_BY_CHUNK",), True)}
 SHAPES = [(1024, 896, 8192), (1024, 896, 1024), (1000, 896, 1000)]

@@ -11,7 +11,7 @@ import torch
 
 from tilewise.ops.gemm import sm90 as gs
 
-gs.COMPILE_OPTIONS = ("-std=c++17",) + tuple(os.environ.get("TW_OPTS", "").split())
+options = gs.DEFAULT_COMPILE_OPTIONS + tuple(os.environ.get("TW_OPTS", "").split())
 dtype = torch.float16 if "fp16" in sys.argv else torch.bfloat16
 
 n, name = int(sys.argv[1]), sys.argv[2]
@@ -24,6 +24,6 @@ for _ in range(3):
     if "cublas" in sys.argv:
         torch.matmul(a, b, out=out)
     else:
-        gs.gemm_sm90(a, b, out=out, config=name)
+        gs.gemm_sm90(a, b, out=out, config=name, compile_options=options)
 torch.cuda.synchronize()
 print(n, name, "done")

@@ -26,6 +26,7 @@ from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 SHAPES = [(1000, 1000, 1000, "64x128_c2x1"), (1000, 1000, 64, "64x128_c2x1"), (1536, 1536, 1536, "192x96_c1x2"),
           (3072, 3072, 3072, "128x192_c2x1"), (4096, 4096, 4096, "128x256_c2x1"), (5000, 5000, 5000, "128x256_c2x1")]
@@ -33,15 +34,14 @@ SHAPES = [(1000, 1000, 1000, "64x128_c2x1"), (1000, 1000, 64, "64x128_c2x1"), (1
 
 def shape(old_path, m, n, k, name, dtype):
     a, b, out, ref = operands(m, n, k, dtype, m + k)
-    cfg = gs.CONFIGS[name]
+    cfg = gc.SM90_CONFIGS[name]
     old = old_launcher(old_path, cfg, dtype, maps=3, tail_args=True)  # launched plainly, no tail
     x = torch.randn(1 << 16, device="cuda")
     y = torch.empty_like(x)
 
     def ours(pdl):
         def f():
-            gs.PDL = pdl
-            return gs.gemm_sm90(a, b, out=out, config=name)
+            return gs.gemm_sm90(a, b, out=out, config=name, pdl=pdl)
         return f
 
     for after in (False, True):
@@ -58,7 +58,6 @@ def shape(old_path, m, n, k, name, dtype):
         graphs["old"] = checked_graph(seq(lambda: old(a, b, out)), out, ref, "old")
         graphs["plain"] = checked_graph(seq(ours(False)), out, ref, "plain")
         graphs["pdl"] = checked_graph(seq(ours(True)), out, ref, "pdl")
-        gs.PDL = True
         rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k} {'after add' if after else 'back to back'}", 8)
     torch.cuda.empty_cache()
 

@@ -21,7 +21,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 CASES = [(1000, torch.float16, "64x128_c2x1"), (1000, torch.bfloat16, "64x128_c2x1"),
          (1536, torch.float16, "192x96_c1x2"), (3072, torch.bfloat16, "128x192_c2x1")]
@@ -31,7 +31,7 @@ def main():
     warm_clocks()
     src = _source()
     for n, dtype, name in CASES:
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         a, b, out, ref = square_operands(n, dtype)
         variants = {"default": (cfg, (), False), "prune end": (cfg, ("-DTW_PRUNE_END",), False)}
         compare(src, f"{str(dtype)[6:]:8s} {n}^3 {name:12s}", a, b, out, ref, variants, 10)
@@ -41,7 +41,7 @@ def main():
     out = torch.empty(2304, 2056, device="cuda", dtype=torch.bfloat16)
     ref = a.double() @ b.double()
     for name in ("64x128_c2x1", "192x96_c1x2", "128x256_c2x1"):
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         compare(src, f"bf16 2304x2056x520 {name:12s}", a, b, out, ref,
                 {"default": (cfg, (), False), "prune end": (cfg, ("-DTW_PRUNE_END",), False)}, 10)
 

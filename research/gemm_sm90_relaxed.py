@@ -22,7 +22,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 CASES = [(1000, torch.bfloat16, "64x128_c2x1"), (1000, torch.float16, "64x128_c2x1"),
          (1536, torch.bfloat16, "192x96_c1x2"), (3072, torch.bfloat16, "128x192_c2x1"),
@@ -37,7 +37,7 @@ def main():
     warm_clocks()
     src = _source()
     for n, dtype, name in CASES:
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         a, b, out, ref = square_operands(n, dtype)
         variants = {v: (cfg, opts, chunk) for v, (opts, chunk) in VARIANTS.items() if not (chunk and cfg.cm == 1)}
         compare(src, f"{str(dtype)[6:]:8s} {n}^3 {name:12s}", a, b, out, ref, variants, 14)

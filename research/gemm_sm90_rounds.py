@@ -80,10 +80,9 @@ def main():
             variants = VARIANTS if n not in BIG else [(BIG[n], "early"), (BIG[n], "early+tma"),
                                                           (BIG[n], "default"), (BIG[n], "tma")]
             for name, label in variants:
-                gs.COMPILE_OPTIONS = ("-std=c++17",) + OPTIONS[label]
-                graphs[f"{name} {label}"] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out,
-                                                          ref, (name, label))
-            gs.COMPILE_OPTIONS = ("-std=c++17",)
+                options = gs.DEFAULT_COMPILE_OPTIONS + OPTIONS[label]
+                graphs[f"{name} {label}"] = checked_graph(
+                    lambda: gs.gemm_sm90(a, b, out=out, config=name, compile_options=options), out, ref, (name, label))
             rounds_report(graphs, ROUNDS, f"{str(dtype)[6:]:8s} {n}^3", 24)
             del graphs
 

@@ -25,33 +25,35 @@ from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import api as gt
+from tilewise.ops.gemm import triton_kernels as tk
 
 SHAPES = [(2048, 2048, 2048), (2560, 2560, 2560), (3584, 3584, 3584), (4096, 4096, 4096),
           (4096, 4096, 1024), (2048, 8192, 2048), (6144, 6144, 6144), (8192, 8192, 8192)]
 
 
 TMA16 = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], 64, c.num_stages, c.num_warps)
-         for c in gt._CONFIGS if c.kwargs["BLOCK_K"] == 64]
+         for c in tk._CONFIGS if c.kwargs["BLOCK_K"] == 64]
 
 
 def tuned_pick(m, n, k):
     """The autotuner's configs for this M, N, K (v3_tma_persistent's cache), as text."""
     picks = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']} s{c.num_stages} w{c.num_warps}"
-             for key, c in gt._tma.cache.items() if tuple(key[:3]) == (m, n, k)]
+             for key, c in tk._tma.cache.items() if tuple(key[:3]) == (m, n, k)]
     return ", ".join(picks) or "(not the autotuned TMA path)"
 
 
 def run_case(m, n, k, dtype):
     a, b, out, ref = operands(m, n, k, dtype, m + n + k)
-    cfg = gs.config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cfg = gc.sm90_config_for(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
               "gemm()": checked_graph(lambda: gt.gemm(a, b, out=out), out, ref, "gemm()"),
               f"sm90 {cfg}": checked_graph(lambda: gs.gemm_sm90(a, b, out=out), out, ref, cfg)}
     print(f"{str(dtype)[6:]:8s} {m}x{n}x{k} gemm()'s autotuner: {tuned_pick(m, n, k)}", flush=True)
     if (m, n, k) == (4096, 4096, 4096):
         for fx in TMA16:
-            fn = (lambda fx=fx: gt._run_tma(a, b, out, None, None, None, None, "tf32", None, fixed=fx))
+            fn = (lambda fx=fx: tk.run_tma(a, b, out, None, None, None, None, "tf32", None, fixed=gc.Tile(*fx)))
             graphs["tma %dx%dx%d s%d w%d" % fx] = checked_graph(fn, out, ref, fx)
     rounds_report(graphs, 5, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 22)
 

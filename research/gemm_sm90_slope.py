@@ -13,10 +13,11 @@ from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 M = N = 1536
 KS = (64, 768, 1536, 3072, 6144)
-CASES = (("192x96_c1x2", gs.CONFIGS["192x96_c1x2"]), ("128x128_c1x1", gs.CONFIGS["128x128_c1x1"]))
+CASES = (("192x96_c1x2", gc.SM90_CONFIGS["192x96_c1x2"]), ("128x128_c1x1", gc.SM90_CONFIGS["128x128_c1x1"]))
 
 
 def main():
@@ -32,7 +33,7 @@ def main():
             ref = a.float() @ b.float()
             rows.setdefault(("cublas", lay), {})[K] = time_ms_graph(lambda: torch.matmul(a, b, out=out))
             for name, cfg in CASES:
-                c = gs.Config(cfg.bm, cfg.bn, cfg.cm, cfg.cn, cfg.stages, 1 if lay == "Nmaj" else 0)
+                c = gc.Sm90Config(cfg.bm, cfg.bn, cfg.cm, cfg.cn, cfg.stages, 1 if lay == "Nmaj" else 0)
                 out.fill_(float("nan"))
                 gs.gemm_sm90(a, b, out=out, config=c)
                 err = ((out.float() - ref).norm() / ref.norm()).item()

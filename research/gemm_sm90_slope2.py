@@ -16,6 +16,7 @@ from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 KS = (64, 1024, 4096, 16384)
 EARLY = ("-DTW_EARLY_LOCAL",)
@@ -29,7 +30,7 @@ VARIANTS = [  # (label, config, trans_b, options)
 ]
 # (A `dual` set timed even and odd K blocks into two accumulator sets through a -DTW_DUAL_ACC switch,
 # since removed: no change to the slope, logs/gemm-sm90-slope2-dual-*-9777292.log.)
-_names = frozenset(gs._instantiated() | {gs.Config(*c, t).name(d) for _, c, t, _ in VARIANTS
+_names = frozenset(gs._instantiated() | {gc.Sm90Config(*c, t).name(d) for _, c, t, _ in VARIANTS
                                          for d in (torch.bfloat16,)})
 gs._instantiated = lambda: _names
 
@@ -48,15 +49,15 @@ def main():
             rows.setdefault(f"cublas {lay}", {})[K] = time_ms_graph(lambda: torch.matmul(a, b, out=out))
         for label, c, t, opts in VARIANTS:
             b = bn if t else bk
-            cfg = gs.Config(*c, t)
-            gs.COMPILE_OPTIONS = ("-std=c++17",) + opts
+            cfg = gc.Sm90Config(*c, t)
+            options = gs.DEFAULT_COMPILE_OPTIONS + opts
             out.fill_(float("nan"))
-            gs.gemm_sm90(a, b, out=out, config=cfg)
+            gs.gemm_sm90(a, b, out=out, config=cfg, compile_options=options)
             ref = a.float() @ b.float()
             err = ((out.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2 and out.isfinite().all(), (label, K, err)
-            rows.setdefault(label, {})[K] = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=cfg))
-        gs.COMPILE_OPTIONS = ("-std=c++17",)
+            rows.setdefault(label, {})[K] = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out, config=cfg,
+                                                                               compile_options=options))
     k1, k2 = KS[-2], KS[-1]
     print(f"M = N = {mn}, bf16, graph-replayed us; slope = us a 64-deep K block between K = {k1} and {k2}; "
           f"intercept = the K -> 0 extrapolation", flush=True)

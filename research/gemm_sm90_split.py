@@ -26,7 +26,7 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 CASES = [("float16 1000^3", square_operands(1000, torch.float16), "64x128_c2x1"),
          ("bfloat16 1000^3", square_operands(1000, torch.bfloat16), "64x128_c2x1"),
@@ -40,7 +40,7 @@ def main():
     warm_clocks()
     src = _source()
     for label, (a, b, out, ref), name in CASES:
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         variants = {"one chain": (cfg, (), False), "split n64": (cfg, ("-DTW_SPLIT_N",), False)}
         compare(src, f"{label} {name:12s}", a, b, out, ref, variants, 10)
         del a, b, out, ref

@@ -23,6 +23,7 @@ from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import api as gt
 from tilewise.runtime import cuda as rt
 
@@ -45,20 +46,19 @@ def shape(m, n, k, dtype):
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
               "gemm()": checked_graph(lambda: gt.gemm(a, b, out=out), out, ref, "gemm()")}
     for name, splits in VARIANTS:
-        cfg = gs.CONFIGS[name]
+        cfg = gc.SM90_CONFIGS[name]
         cap = gs._loaded(cfg.name(dtype), a.get_device(), cfg.cluster, cfg.threads, cfg.shmem,
-                         gs.COMPILE_OPTIONS).clusters
+                         gs.DEFAULT_COMPILE_OPTIONS).clusters
         seen = set()
         for s in splits:
             e = effective(cfg, m, n, k, s, cap)
             if e is None or e in seen:
                 continue
             seen.add(e)
-            gs.TAIL_SPLITS = e
             label = f"{name.split('_')[0]}{'' if cfg.cluster == 1 else '_' + name.split('_')[1]} s{e}"
-            graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, label)
-    gs.TAIL_SPLITS = None
-    print(f"{m}x{n}x{k} route {gs.route_for(m, n, k)}", flush=True)
+            graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name, tail_splits=e), out, ref,
+                                          label)
+    print(f"{m}x{n}x{k} route {gc.sm90_route_for(m, n, k)}", flush=True)
     rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 18)
     torch.cuda.empty_cache()
 

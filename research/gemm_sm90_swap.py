@@ -19,10 +19,10 @@ from _timing import warm_clocks
 from gemm_sm90_feed import _source, compare, operands
 from gemm_sm90_rounds import square_operands
 
-from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
-ROUTED = gs.CONFIGS["64x128_c2x1"]
-SWAP = gs.EXTRA_CONFIGS["72x128t_c2x1"]
+ROUTED = gc.SM90_CONFIGS["64x128_c2x1"]
+SWAP = gc.SM90_EXTRA_CONFIGS["72x128t_c2x1"]
 VARIANTS = {"64x128 (routed)": (ROUTED, (), False), "72x128t": (SWAP, (), False),
             "72x128t chunk": (SWAP, ("-DTW_B_BY_CHUNK",), True)}
 

@@ -8,6 +8,7 @@ from _timing import warm_clocks
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.ops.gemm import api as gt
 
 SHAPES = [(n, n, n) for n in (768, 1000, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 3072, 3584, 4096, 6144, 8192)]
@@ -32,7 +33,8 @@ def main(dtypes):
             ts = time_ms_graph(lambda: gs.gemm_sm90(a, b, out=out))
             tc2 = time_ms_graph(lambda: torch.matmul(a, b, out=out))
             tc = min(tc, tc2)
-            print(f"{str(dtype)[6:]:8s} {M:5d}x{N:5d}x{K:5d} {gs.config_for(M, N, K):14s} cublas {tc * 1e3:8.1f} us  "
+            rule = gc.sm90_config_for(M, N, K)
+            print(f"{str(dtype)[6:]:8s} {M:5d}x{N:5d}x{K:5d} {rule:14s} cublas {tc * 1e3:8.1f} us  "
                   f"gemm() {tc / tg:6.3f}x  gemm_sm90 {tc / ts:6.3f}x  {'ok' if ok else 'WRONG'} {err:.1e}", flush=True)
             del a, b, out, ref
 

@@ -24,6 +24,7 @@ from gemm_sm90_feed import operands
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 NO_TAIL = {1000: "64x128_c2x1", 1536: "192x96_c1x2", 3072: "128x192_c2x1", 4096: "128x256_c2x1"}
 TAIL = [(5000, 5000, 5000), (5120, 5120, 5120), (5000, 5000, 4096)]
@@ -31,9 +32,8 @@ TAIL = [(5000, 5000, 5000), (5120, 5120, 5120), (5000, 5000, 4096)]
 
 def no_tail(old_path, n, name, dtype):
     a, b, out, ref = operands(n, n, n, dtype, n)
-    cfg = gs.CONFIGS[name]
+    cfg = gc.SM90_CONFIGS[name]
     old = old_launcher(old_path, cfg, dtype, maps=3)  # the kernel before the tail: three maps, eight arguments
-    gs.TAIL_SPLITS = None
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out)),
               "before": checked_graph(lambda: old(a, b, out), out, ref, "before"),
               "now": checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, "now")}
@@ -42,15 +42,15 @@ def no_tail(old_path, n, name, dtype):
 
 def tail(m, n, k, dtype):
     a, b, out, ref = operands(m, n, k, dtype, m + k)
-    name = gs.route_for(m, n, k)
+    name = gc.sm90_route_for(m, n, k)
     graphs = {"cublas": graph_of(lambda: torch.matmul(a, b, out=out))}
     for label, splits in (("off", 1), ("rule", None), ("3", 3), ("4", 4), ("8", 8), ("12", 12)):
-        gs.TAIL_SPLITS = splits
-        graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name), out, ref, label)
-    gs.TAIL_SPLITS = None
-    cfg = gs.CONFIGS[name]
+        graphs[label] = checked_graph(lambda: gs.gemm_sm90(a, b, out=out, config=name, tail_splits=splits), out, ref,
+                                      label)
+    cfg = gc.SM90_CONFIGS[name]
     nct = cfg.cluster_tiles(m, n)
-    print(f"{m}x{n}x{k} {name}: {nct} cluster tiles, rule's splits {gs.tail_splits(nct, 66, -(-k // 64))}", flush=True)
+    splits = gc.sm90_tail_splits(nct, 66, -(-k // 64))
+    print(f"{m}x{n}x{k} {name}: {nct} cluster tiles, rule's splits {splits}", flush=True)
     rounds_report(graphs, 7, f"{str(dtype)[6:]:8s} {m}x{n}x{k}", 6)
 
 

@@ -35,9 +35,10 @@ from gemm_sm90_feed import _source, operands
 from gemm_sm90_rounds import square_operands
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 from tilewise.runtime import cuda as rt
 
-CFG = gs.CONFIGS["64x128_c2x1"]
+CFG = gc.SM90_CONFIGS["64x128_c2x1"]
 TYPES = gs._ARG_TYPES + (ctypes.c_void_p,)  # the trace buffer after the stream-K tail's arguments
 
 
@@ -136,7 +137,7 @@ def main():
         # one tile a CTA (the switch's condition), 128 CTAs each, the routed 64 x 128 and two larger tiles
         for m, n, name in ((1024, 1024, "64x128_c2x1"), (2048, 1024, "128x128_c2x1"), (2048, 2048, "128x256_c2x1")):
             a, b, out, ref = operands(m, n, 3968, torch.bfloat16, 4)
-            cfg = gs.CONFIGS[name]
+            cfg = gc.SM90_CONFIGS[name]
             stamped(src, f"bf16 {m}x{n}x3968 {name}", cfg, a, b, out, ref, ())
             stamped(src, f"bf16 {m}x{n}x3968 {name} no loads", cfg, a, b, out, ref, ("-DTW_NO_LOAD",), check=False)
         return

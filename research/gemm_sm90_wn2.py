@@ -16,12 +16,13 @@ from _timing import warm_clocks
 from gemm_sm90_rounds import checked_graph, graph_of, rounds_report, square_operands
 
 from tilewise.ops.gemm import sm90 as gs
+from tilewise.ops.gemm import configs as gc
 
 NAMES = ("64x128_c2x1", "64x128w2_c2x1")
 
 
 def cfg(name):
-    return gs.CONFIGS.get(name) or gs.EXTRA_CONFIGS[name]
+    return gc.SM90_CONFIGS.get(name) or gc.SM90_EXTRA_CONFIGS[name]
 
 
 def main():

@@ -27,6 +27,8 @@ import triton
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import api as G
+from tilewise.ops.gemm import triton_kernels as tk
+from tilewise.ops.gemm.configs import Tile
 
 SIZES = [512, 768, 1000, 1536, 2048, 2304, 2999, 3072, 4096]
 STREAMK = [(128, 128, 64, 4, 8), (128, 128, 64, 3, 8), (128, 256, 64, 3, 8), (128, 64, 64, 4, 4)]
@@ -44,7 +46,7 @@ def tiled(a, b, out, cfg):
     M, K = a.shape
     N = b.shape[1]
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    G._gemm_kernel[grid](a, b, out, out, out, out, out, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+    tk._gemm_kernel[grid](a, b, out, out, out, out, out, M, N, K, a.stride(0), a.stride(1), b.stride(0),
                          b.stride(1), out.stride(0), out.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8,
                          **meta(a), num_warps=w, num_stages=st)
 
@@ -54,7 +56,7 @@ def persistent(a, b, out, cfg, sms):
     M, K = a.shape
     N = b.shape[1]
     grid = (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
-    G._gemm_persistent_kernel[grid](a, b, out, out, out, out, out, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+    tk._gemm_persistent_kernel[grid](a, b, out, out, out, out, out, M, N, K, a.stride(0), a.stride(1), b.stride(0),
                                     b.stride(1), out.stride(0), out.stride(1), sms, BLOCK_M=bm, BLOCK_N=bn,
                                     BLOCK_K=64, GROUP_M=8, **meta(a), num_warps=w, num_stages=st)
 
@@ -79,8 +81,8 @@ def main():
                 cands[f"splitk {s}"] = lambda s=s: G.gemm_splitk(a, b, out=out, splits=s)
             cands["v4_streamk"] = lambda: G.VARIANTS["v4_streamk"](a, b, out=out)
             for c in STREAMK:
-                cands[f"streamk {c}"] = lambda c=c: G._run_streamk(a, b, out, None, None, None, None, "tf32", None,
-                                                                    tile=c)
+                cands[f"streamk {c}"] = lambda c=c: tk.run_streamk(a, b, out, None, None, None, None, "tf32", None,
+                                                                    tile=Tile(*c))
             times = {}
             for name, fn in cands.items():
                 out.fill_(float("nan"))

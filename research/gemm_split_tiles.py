@@ -29,6 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import api as G
+from tilewise.ops.gemm import triton_kernels as tk
 
 
 @triton.jit
@@ -42,7 +43,7 @@ def _split_kernel(a1_d, a2_d, b1_d, b2_d, c11_d, c12_d, c21_d, c22_d, M, N, K, N
     num_pid_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = G._tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tk._tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc11 = tl.zeros((BM1, BN1), dtype=tl.float32)

@@ -14,9 +14,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from _timing import run_checked, square_gemm_case
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import api as G
+from tilewise.ops.gemm import triton_kernels as tk
 
 SIZES = [768, 1000, 1280, 1536, 2048]
-CONFIGS = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) for c in G._CONFIGS
+CONFIGS = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) for c in tk._CONFIGS
            if c.kwargs["BLOCK_K"] == 64]
 
 
@@ -28,10 +29,10 @@ def run(a, b, out, cfg, sms):
     b_d = TensorDescriptor.from_tensor(b, [64, bn])
     c_d = TensorDescriptor.from_tensor(out, [bm, bn])
     grid = (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
-    G._gemm_tma_persistent_kernel[grid](a_d, b_d, c_d, c_d, out, out, out, M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn,
-                                        BLOCK_K=64, GROUP_M=8, B_KMAJOR=False, HAS_BIAS=False, HAS_SCALES=False,
-                                        STORE_AUX=False, ACTIVATION=0, PRECISION="tf32", UPCAST=False,
-                                        num_stages=st, num_warps=w)
+    tk._gemm_tma_persistent_kernel[grid](a_d, b_d, c_d, c_d, out, out, out, M, N, K, sms, 0, BLOCK_M=bm, BLOCK_N=bn,
+                                         BLOCK_K=64, GROUP_M=8, B_KMAJOR=False, HAS_BIAS=False, HAS_SCALES=False,
+                                         STORE_AUX=False, ACTIVATION=0, PRECISION="tf32", UPCAST=False,
+                                         num_stages=st, num_warps=w)
 
 
 def main():

@@ -15,6 +15,7 @@ import torch
 from _timing import linear_step_case, median_event_ms, per_call_us
 from tilewise.bench.harness import host_us_per_call, time_ms_graph
 from tilewise.ops.gemm import api as g
+from tilewise.ops.gemm import triton_kernels as tk
 from tilewise.runtime import triton_launch as tl_launch
 
 
@@ -82,11 +83,11 @@ row("cross_entropy 4096x1000 tilewise", lambda: cross_entropy(xl, tl_), graph=Fa
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 o = torch.empty_like(a)
 g.gemm(a, a, out=o, variant="v1_tiled")
-args = g._pointer_args(a, a, o, None, None, None, None)
+args = tk._pointer_args(a, a, o, None, None, None, None)
 print(f"pieces: _sig over the args {per_call_us(lambda: tuple(map(tl_launch._sig, args))):.2f} us, "
       f"current_device {per_call_us(torch.cuda.current_device):.2f} us, hooks check {per_call_us(tl_launch._hooks_set):.2f} us, "
       f"_check {per_call_us(lambda: g._check(a, a, None, None, None, None, None, 'tf32', o)):.2f} us, "
-      f"TensorDescriptor.from_tensor {per_call_us(lambda: g._b_desc(a, 128, 64, False)):.2f} us")
+      f"TensorDescriptor.from_tensor {per_call_us(lambda: tk._b_desc(a, 128, 64, False)):.2f} us")
 torch.cuda.synchronize()
 
 g.gemm(a, a)

@@ -16,6 +16,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.gemm import api as G
+from tilewise.ops.gemm import triton_kernels as tk
 
 BM, BN, BK, ST, W = 128, 128, 64, 4, 8
 
@@ -29,11 +30,11 @@ def launch(a, b, out, ipp, counts):
     ws = torch.empty((2 * progs, BM * BN), device=a.device, dtype=torch.float32)
     a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
     b_desc = TensorDescriptor.from_tensor(b, [BK, BN])
-    G._gemm_streamk_kernel[(progs,)](a, b, a_desc, b_desc, out, out, out, out, out, ws, counts, M, N, K,
-                                     a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-                                     ipp, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=8, USE_TMA=True, B_KMAJOR=False,
-                                     HAS_BIAS=False, HAS_SCALES=False, STORE_AUX=False, ACTIVATION=0, PRECISION="tf32",
-                                     UPCAST=False, num_stages=ST, num_warps=W)
+    tk._gemm_streamk_kernel[(progs,)](a, b, a_desc, b_desc, out, out, out, out, out, ws, counts, M, N, K,
+                                      a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+                                      ipp, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=8, USE_TMA=True, B_KMAJOR=False,
+                                      HAS_BIAS=False, HAS_SCALES=False, STORE_AUX=False, ACTIVATION=0, PRECISION="tf32",
+                                      UPCAST=False, num_stages=ST, num_warps=W)
 
 
 def main():
