@@ -1,0 +1,24 @@
+"""Argument checks that the kernel launchers of several op families share, so that each op words
+the argument at fault the same way."""
+
+from __future__ import annotations
+
+import torch
+
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_kernel_inputs(what: str, inputs: dict) -> torch.Tensor:
+    """Each of ``inputs`` (argument name -> value) a tensor, then the first a CUDA tensor of a dtype
+    the kernels are built for; returns the first. ValueError naming the argument. The first picks the
+    kernel: how the others must match it is left to the caller (or to the kernel call's checks)."""
+    for name, t in inputs.items():  # what each argument is, before where it lives
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    name, first = next(iter(inputs.items()))
+    if first.get_device() < 0:
+        raise ValueError(f"{what}: '{name}' is on {first.device}; tilewise kernels need CUDA tensors "
+                         f"(use {what}.reference for CPU tensors)")
+    if first.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"{what}: '{name}' has dtype {first.dtype}; supported: float32, float16, bfloat16")
+    return first
