@@ -286,10 +286,80 @@ def test_band_arguments_are_checked():
             A.flash_attention(q, k, v, **bad)
 
 
+def _alibi_slopes(H):
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])  # the ALiBi paper's geometric slopes
+
+
+MOD_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords; "slopes" -> ALiBi slopes of H heads)
+    "softcap": ((2, 2, 1, 33, 40, 32), dict(softcap=2.0)),
+    "softcap_causal_mask_bias": ((1, 2, 2, 37, 37, 32), dict(softcap=5.0, causal=True)),
+    "alibi": ((1, 4, 2, 29, 45, 32), dict(alibi_slopes="slopes")),
+    "alibi_causal_bottom_right": ((2, 2, 1, 20, 47, 32), dict(alibi_slopes="slopes", causal=True,
+                                                               align="bottom_right")),
+    "alibi_per_batch_softcap_window": ((2, 2, 2, 40, 40, 64), dict(alibi_slopes="per_batch", softcap=3.0,
+                                                                   window=(9, 4))),
+}
+
+
+def _mod_kw(kw, B, H, device="cpu"):
+    out = dict(kw)
+    if kw.get("alibi_slopes") == "slopes":
+        out["alibi_slopes"] = _alibi_slopes(H).to(device)
+    elif kw.get("alibi_slopes") == "per_batch":
+        out["alibi_slopes"] = torch.stack([_alibi_slopes(H), 0.5 * _alibi_slopes(H)]).to(device)
+    return out
+
+
+def test_reference_score_mods_written_out():
+    """Softcap and ALiBi in the reference against the formula on the full score matrix."""
+    q, k, v = _inputs(2, 3, 3, 11, 14, 16, seed=4)
+    slopes = torch.stack([_alibi_slopes(3), 2 * _alibi_slopes(3)]).double()
+    s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
+    s = 4.0 * torch.tanh(s / 4.0)
+    rel = torch.arange(14)[None, :] - torch.arange(11)[:, None] - 3  # bottom-right: diag = 14 - 11
+    s = s - slopes[:, :, None, None] * rel.abs()
+    want = torch.softmax(s, -1) @ v
+    got = A.reference(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(A.reference_tiled(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right",
+                                                 block_n=4), want)
+
+
+@pytest.mark.parametrize("case", sorted(MOD_CASES))
+def test_triton_interpreter_score_mods_fwd_bwd(case):
+    """Softcap (its gradient goes through the tanh) and ALiBi slopes on the v3 kernels, with windows,
+    causal, a mask and a bias (whose gradient is taken after the softcap)."""
+    (B, H, Hkv, Sq, Sk, D), kw = MOD_CASES[case]
+    kw = _mod_kw(kw, B, H)
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq * 3 + Sk)
+    q = q * 3  # scores of a few units: the softcap bends them
+    extra = {}
+    if "mask_bias" in case:
+        g = torch.Generator().manual_seed(8)
+        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
+    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
+    _compare(ours, ref, 1e-5)
+
+
+def test_score_mod_arguments_are_checked():
+    q, k, v = _inputs(2, 3, 3, 8, 8, 32, dtype=torch.float32)
+    for bad, msg in [(dict(softcap=0.0), "'softcap' must be"), (dict(softcap=-1.0), "'softcap' must be"),
+                     (dict(softcap=float("inf")), "'softcap' must be"), (dict(softcap="x"), "'softcap' must be"),
+                     (dict(softcap=True), "'softcap' must be"),
+                     (dict(softcap=1.0, scale=-1.0), "need a scale > 0"),
+                     (dict(alibi_slopes=torch.ones(4)), r"shape \(3,\) or \(2, 3\)"),
+                     (dict(alibi_slopes=torch.ones(3, dtype=torch.int64)), "'alibi_slopes' must be"),
+                     (dict(alibi_slopes=[1.0, 1.0, 1.0]), "'alibi_slopes' must be")]:
+        with pytest.raises(ValueError, match=msg):
+            A.flash_attention(q, k, v, **bad)
+
+
 def test_triton_interpreter_band_under_compile():
-    """The band reaches the custom ops as a list of two ints (fake implementation, autograd)."""
+    """The band reaches the custom ops as a list of two ints, the softcap as a float and the ALiBi slopes
+    as a tensor (fake implementation, autograd)."""
     q, k, v = _inputs(1, 2, 1, 19, 30, 32, dtype=torch.float32, seed=12, grad=True)
-    kw = dict(causal=True, window=(5, None), align="bottom_right")
+    kw = dict(causal=True, window=(5, None), align="bottom_right", softcap=2.0, alibi_slopes=_alibi_slopes(2))
     policy = A.default_policy(q, k, causal=True).replace(tiles=TINY)
     f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, policy=policy, **kw) * 2,
                       backend="aot_eager", fullgraph=True)
@@ -823,6 +893,10 @@ GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bott
     "sliding_window_causal": ((1, 4, 2, 2049, 2049, 128), dict(causal=True, window=(256, None))),
     "window_both_sides": ((2, 2, 2, 1000, 1000, 64), dict(window=(100, 37))),
     "window_bottom_right_gqa_d96": ((1, 4, 1, 333, 777, 96), dict(window=(64, 0), causal=True, align="bottom_right")),
+    "softcap_causal": ((2, 4, 2, 1000, 1000, 128), dict(softcap=30.0, causal=True)),
+    "alibi_bottom_right_causal": ((1, 8, 8, 300, 700, 64), dict(alibi_slopes="slopes", causal=True,
+                                                                 align="bottom_right")),
+    "softcap_alibi_window": ((2, 2, 2, 513, 513, 128), dict(softcap=20.0, alibi_slopes="per_batch", window=(128, 0))),
 }
 
 
@@ -832,6 +906,7 @@ GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bott
 @pytest.mark.quick(rotate="dtype")
 def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
     (B, H, Hkv, Sq, Sk, D), kw = GPU_BAND_CASES[case]
+    kw = _mod_kw(kw, B, H, "cuda")
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk)
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
@@ -1014,6 +1089,9 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         consts["BATCH_FASTEST"] = bias
         if not bias:
             consts["Bd"] = None
+    for n in ("BAND", "SOFTCAP", "ALIBI"):  # the plain kernels: no band, no score mods
+        if n in fn.arg_names:
+            consts[n] = False
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -1025,13 +1103,13 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         if n in fn.arg_names:
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
-    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32")
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32", Slopes="*fp32")
     if kind.startswith("fwd_tma"):
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
     if kind == "atomic":  # the fp32 accumulator: pointer, or a (B * H, Sq, D) TMA descriptor
         ptr["DQ"] = f"tensordesc<fp32[1,{bm},{C.block_d(D)}]>" if dq_tma else "*fp32"
-    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
+    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale", "cap_t") else "i32")
            for n in fn.arg_names}
     div = [n for n in fn.arg_names if n not in consts
            and ((n in ptr and not ptr[n].startswith("tensordesc"))

@@ -41,8 +41,22 @@ def _logits_mask(b, h, sq, sk, causal, mask, device, band_=None):
     return keep
 
 
+def _mods(s, q, sk, softcap, alibi_slopes, align, ct, n0=0):
+    """Softcap on the scaled scores of keys [n0, n0 + s.shape[-1]), then ALiBi's -slope * |j - i - diag|
+    (``flash_attention``'s order)."""
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        B, H, sq = q.shape[:3]
+        diag = sk - sq if align == "bottom_right" else 0
+        rel = torch.arange(n0, n0 + s.shape[-1], device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]
+        slopes = alibi_slopes.to(ct).expand(B, H)[:, :, None, None]
+        s = s - slopes * (rel - diag).abs().to(ct)
+    return s
+
+
 def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False, window=None,
-              align="top_left"):
+              align="top_left", softcap=None, alibi_slopes=None):
     """v1_naive: the full score matrix in fp32 (B H Sq Sk x 4 bytes written, then read twice).
 
     Shapes as in ``flash_attention``; returns out in q's dtype (and LSE (B, H, Sq) fp32). Rows with
@@ -53,7 +67,7 @@ def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return
     scale = D ** -0.5 if scale is None else scale
     ct = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     kf, vf = _expand_kv(k, H).to(ct), _expand_kv(v, H).to(ct)
-    s = torch.matmul(q.to(ct), kf.transpose(-1, -2)) * scale
+    s = _mods(torch.matmul(q.to(ct), kf.transpose(-1, -2)) * scale, q, Sk, softcap, alibi_slopes, align, ct)
     if bias is not None:
         s = s + bias.to(ct)
     keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device, band(causal, window, align, Sq, Sk))
@@ -67,7 +81,7 @@ def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return
 
 
 def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False,
-                    block_n: int = 128, window=None, align="top_left"):
+                    block_n: int = 128, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """v2_online: the online softmax over key tiles of ``block_n`` (running max m, sum l, and an
     accumulator rescaled by exp(m_old - m_new) whenever the max grows). Same contract as
     ``reference``; only (B, H, Sq, block_n) scores exist at a time."""
@@ -87,6 +101,7 @@ def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, 
     for n0 in range(0, Sk, block_n):
         n1 = min(Sk, n0 + block_n)
         s = torch.matmul(qf, kf[:, :, n0:n1].transpose(-1, -2)) * scale
+        s = _mods(s, q, Sk, softcap, alibi_slopes, align, ct, n0)
         if bias is not None:
             s = s + bias[..., n0:n1].to(ct)
         if keep is not None:

@@ -9,7 +9,9 @@ Conventions shared by every kernel here:
 - causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i;
 - a band (BAND; sliding windows, bottom-right causal) keeps key j for query i where
   band_lo <= j - i <= band_hi: the forward and the two-kernel backward visit only the key
-  (query) tiles the band reaches and mask inside them.
+  (query) tiles the band reaches and mask inside them;
+- score mods (SOFTCAP, ALIBI; v3 forward and two-kernel backward): softcap on q.k, then ALiBi's
+  -slope * |j - i - diag|, then bias and masks (``_score_mods``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods
 from .triton_sync import _count_release, _count_release_warp, _wait_count, _wait_count_warp
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -54,13 +57,16 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr, band_lo=0, band_hi=0, BAND: tl.constexpr = False):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, band_lo=0, band_hi=0, BAND: tl.constexpr = False,
+              cap_t=1.0, slope_t=0.0, diag=0, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     t = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if SOFTCAP or ALIBI:
+        t, _ = _score_mods(t, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
     if HAS_BIAS or HAS_MASK:
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
     if HAS_BIAS:
@@ -97,7 +103,8 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-              band_lo=0, band_hi=0, BAND: tl.constexpr = False):
+              band_lo=0, band_hi=0, BAND: tl.constexpr = False, cap_t=1.0, slope_t=0.0, diag=0,
+              SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -106,43 +113,15 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _key_range(start_m, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    # Key tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal
-    # stops at the last key the last row of query tile start_m sees: tiles above the diagonal are
-    # never loaded.
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
-    return n_full, hi
-
-
-@triton.jit
-def _band_keys(m0, Sk, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Key tiles [lo, hi) hold every key a query in [m0, m0 + BLOCK_M) keeps; hi <= lo: none.
-    lo = (tl.maximum(m0 + band_lo, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(m0 + BLOCK_M + band_hi, Sk)
-    return lo, hi
-
-
-@triton.jit
-def _band_queries(n0, Sq, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Query tiles [lo, hi) hold every query that keeps a key in [n0, n0 + BLOCK_N).
-    lo = (tl.maximum(n0 - band_hi, 0) // BLOCK_M) * BLOCK_M
-    hi = tl.minimum(n0 + BLOCK_N - band_lo, Sq)
-    return lo, hi
 
 
 @triton.jit
@@ -160,7 +139,7 @@ def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
 
 @triton.jit
 def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
-                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi,
+                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, cap_t, Slopes, diag,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -171,7 +150,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False, BAND: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False, BAND: tl.constexpr = False,
+                     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -200,13 +180,17 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + off_b * H + off_h)
 
-    if BAND:  # only the key tiles the band reaches, each masked
+    if BAND or SOFTCAP or ALIBI:  # only the key tiles the band reaches (every tile without one), masked
         lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, True)
+                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, BAND,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
     else:
         n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
@@ -335,7 +319,7 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
-                          H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi,
+                          H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
@@ -346,7 +330,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                           HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                          BAND: tl.constexpr = False):
+                          BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """One key tile of one K/V head: dK and dV summed over its GROUP query heads and every query
     tile, in registers, then stored once (no atomics: deterministic)."""
     start_n = tl.program_id(0)
@@ -376,6 +360,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
         Bh = Bias + off_b * stride_bb + off_h * stride_bh
         Mh = Mask + off_b * stride_mb + off_h * stride_mh
         Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
+        slope_t = 0.0
+        if ALIBI:
+            slope_t = tl.load(Slopes + off_b * H + off_h)
         for start_m in range(lo, hi, BLOCK_M):
             live = 1
             if HAS_FLAGS:
@@ -388,7 +375,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                 lse = tl.load(Lse + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
                 lse = tl.where(lse == float("-inf"), 0.0, lse)
                 delta = tl.load(Delta + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0)
-                sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+                sT = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+                if SOFTCAP or ALIBI:
+                    sT, dcapT = _score_mods(sT, offs_n[:, None] - offs_m[None, :], cap_t, slope_t, diag, SOFTCAP,
+                                            ALIBI)
+                sT = sT * qk_scale
                 keep = (offs_n[:, None] < Sk) & (offs_m[None, :] < Sq)
                 if HAS_BIAS:
                     b = tl.load(Bh + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn, mask=keep, other=0.0)
@@ -406,6 +397,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                 dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
                 dsT = pT * (dpT - delta[None, :])
+                if SOFTCAP:  # through the tanh
+                    dsT = dsT * dcapT
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     dk *= sm_scale
     tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
@@ -416,7 +409,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
 
 @triton.jit
 def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
-                        H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi,
+                        H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -427,7 +420,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                        PREC: tl.constexpr, BAND: tl.constexpr = False):
+                        PREC: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                        ALIBI: tl.constexpr = False):
     """One query tile of one head: dQ over every key tile it sees; with BIAS_GRAD also dS, written
     to a (B, H, Sq, Sk) fp32 buffer that the launcher reduces to the bias's shape."""
     start_m = tl.program_id(0)
@@ -455,6 +449,9 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     Flags += off_b * stride_fb + off_h * stride_fh + start_m * stride_fm
     DBias += bh64 * Sq * Sk
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + bh64)
     lo = 0
     hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M) if CAUSAL else Sk
     if BAND:
@@ -468,7 +465,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
             nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=nd_mask, other=0.0)
             v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=nd_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            if SOFTCAP or ALIBI:
+                s, dcap = _score_mods(s, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
+            s = s * qk_scale
             inb = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
             keep = inb
             if HAS_BIAS:
@@ -488,6 +488,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
             ds = p * (dp - delta[:, None])
             if BIAS_GRAD:
                 tl.store(DBias + offs_m[:, None] * Sk + offs_n[None, :], ds.to(DBias.dtype.element_ty), mask=inb)
+            if SOFTCAP:  # (the bias is added after the softcap: its gradient is dS before this)
+                ds = ds * dcap
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     dq *= sm_scale
     tl.store(DQ + bh64 * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
