@@ -215,6 +215,164 @@ def test_triton_interpreter_fwd_bwd(shape, extra):
         assert (ours["out"][0, :, 5] == 0).all() and (ours["dq"][0, :, 5] == 0).all()
 
 
+BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), flash_attention keywords)
+    "bottom_right_causal_short_q": ((1, 2, 1, 33, 70, 32), dict(causal=True, align="bottom_right")),
+    "bottom_right_causal_long_q": ((1, 1, 1, 70, 33, 32), dict(causal=True, align="bottom_right")),
+    "window_both_sides": ((2, 2, 2, 50, 50, 32), dict(window=(5, 3))),
+    "causal_window": ((1, 2, 1, 64, 64, 32), dict(causal=True, window=(7, None))),
+    "causal_window_bottom_right_mask_bias": ((2, 2, 1, 20, 45, 32), dict(causal=True, window=(4, 0),
+                                                                         align="bottom_right")),
+    "diagonal_only": ((1, 1, 1, 37, 37, 32), dict(window=(0, 0))),
+    # one key each side: the last key a query tile keeps opens a new key tile (and the first query
+    # a key tile feeds opens a new query tile), so the tile ranges' edges are exact
+    "window_one_each_side": ((1, 1, 1, 40, 40, 32), dict(window=(1, 1))),
+    "window_right_only_gqa": ((1, 4, 2, 23, 31, 64), dict(window=(None, 2), align="bottom_right")),
+}
+
+
+def _band_keep(Sq, Sk, causal=False, window=None, align="top_left"):
+    """The (Sq, Sk) attend map written out, from flash_attention's docstring."""
+    i = torch.arange(Sq)[:, None] + (Sk - Sq if align == "bottom_right" else 0)  # query i's diagonal key
+    j = torch.arange(Sk)[None, :]
+    left, right = window if window is not None else (None, None)
+    keep = torch.ones(Sq, Sk, dtype=torch.bool)
+    if causal or right is not None:
+        keep &= j <= i + (0 if causal else right)
+    if left is not None:
+        keep &= j >= i - left
+    return keep
+
+
+@pytest.mark.parametrize("case", sorted(BAND_CASES))
+def test_reference_band_matches_sdpa_with_the_mask_written_out(case):
+    (B, H, Hkv, Sq, Sk, D), kw = BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, seed=Sq * Sk)
+    keep = _band_keep(Sq, Sk, **kw)
+    ours = A.reference(q, k, v, **kw)
+    ref = _sdpa_math(q, k, v, mask=keep)
+    rows = keep.any(-1)  # SDPA gives NaN on a row with no key; ours 0
+    torch.testing.assert_close(ours[:, :, rows], ref[:, :, rows])
+    assert (ours[:, :, ~rows] == 0).all()
+    if kw.get("causal") and "window" not in kw and Sq != Sk:  # PyTorch's own lower-right causal mask
+        from torch.nn.attention.bias import causal_lower_right
+        with sdpa_kernel(SDPBackend.MATH):
+            lr = F.scaled_dot_product_attention(q, _expand_kv(k, H), _expand_kv(v, H),
+                                                attn_mask=causal_lower_right(Sq, Sk))
+        torch.testing.assert_close(ours[:, :, rows], lr[:, :, rows])
+
+
+@pytest.mark.parametrize("case", sorted(BAND_CASES))
+def test_triton_interpreter_band_fwd_bwd(case):
+    """Windows and bottom-right causal on the v3 kernels: forward, dK / dV and dQ against the
+    reference, at sizes that cross several 16-wide tiles and leave partial ones."""
+    (B, H, Hkv, Sq, Sk, D), kw = BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq + Sk)
+    extra = {}
+    if "mask_bias" in case:
+        g = torch.Generator().manual_seed(5)
+        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
+    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
+    _compare(ours, ref, 1e-5)
+
+
+def test_band_arguments_are_checked():
+    q, k, v = _inputs(1, 1, 1, 8, 8, 32, dtype=torch.float32)
+    for bad, msg in [(dict(window=(1,)), "'window' must be"), (dict(window=(-1, 2)), "'window' must be"),
+                     (dict(window=(1.5, 2)), "'window' must be"), (dict(window=(True, 2)), "'window' must be"),
+                     (dict(causal=True, window=(2, 1)), "right edge must be None or 0"),
+                     (dict(align="lower_right"), "'align' must be one of")]:
+        with pytest.raises(ValueError, match=msg):
+            A.flash_attention(q, k, v, **bad)
+
+
+def _alibi_slopes(H):
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])  # the ALiBi paper's geometric slopes
+
+
+MOD_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords; "slopes" -> ALiBi slopes of H heads)
+    "softcap": ((2, 2, 1, 33, 40, 32), dict(softcap=2.0)),
+    "softcap_causal_mask_bias": ((1, 2, 2, 37, 37, 32), dict(softcap=5.0, causal=True)),
+    "alibi": ((1, 4, 2, 29, 45, 32), dict(alibi_slopes="slopes")),
+    "alibi_causal_bottom_right": ((2, 2, 1, 20, 47, 32), dict(alibi_slopes="slopes", causal=True,
+                                                               align="bottom_right")),
+    "alibi_per_batch_softcap_window": ((2, 2, 2, 40, 40, 64), dict(alibi_slopes="per_batch", softcap=3.0,
+                                                                   window=(9, 4))),
+}
+
+
+def _mod_kw(kw, B, H, device="cpu"):
+    out = dict(kw)
+    if kw.get("alibi_slopes") == "slopes":
+        out["alibi_slopes"] = _alibi_slopes(H).to(device)
+    elif kw.get("alibi_slopes") == "per_batch":
+        out["alibi_slopes"] = torch.stack([_alibi_slopes(H), 0.5 * _alibi_slopes(H)]).to(device)
+    return out
+
+
+def test_reference_score_mods_written_out():
+    """Softcap and ALiBi in the reference against the formula on the full score matrix."""
+    q, k, v = _inputs(2, 3, 3, 11, 14, 16, seed=4)
+    slopes = torch.stack([_alibi_slopes(3), 2 * _alibi_slopes(3)]).double()
+    s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
+    s = 4.0 * torch.tanh(s / 4.0)
+    rel = torch.arange(14)[None, :] - torch.arange(11)[:, None] - 3  # bottom-right: diag = 14 - 11
+    s = s - slopes[:, :, None, None] * rel.abs()
+    want = torch.softmax(s, -1) @ v
+    got = A.reference(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(A.reference_tiled(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right",
+                                                 block_n=4), want)
+
+
+@pytest.mark.parametrize("case", sorted(MOD_CASES))
+def test_triton_interpreter_score_mods_fwd_bwd(case):
+    """Softcap (its gradient goes through the tanh) and ALiBi slopes on the v3 kernels, with windows,
+    causal, a mask and a bias (whose gradient is taken after the softcap)."""
+    (B, H, Hkv, Sq, Sk, D), kw = MOD_CASES[case]
+    kw = _mod_kw(kw, B, H)
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq * 3 + Sk)
+    q = q * 3  # scores of a few units: the softcap bends them
+    extra = {}
+    if "mask_bias" in case:
+        g = torch.Generator().manual_seed(8)
+        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
+    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
+    _compare(ours, ref, 1e-5)
+
+
+def test_score_mod_arguments_are_checked():
+    q, k, v = _inputs(2, 3, 3, 8, 8, 32, dtype=torch.float32)
+    for bad, msg in [(dict(softcap=0.0), "'softcap' must be"), (dict(softcap=-1.0), "'softcap' must be"),
+                     (dict(softcap=float("inf")), "'softcap' must be"), (dict(softcap="x"), "'softcap' must be"),
+                     (dict(softcap=True), "'softcap' must be"),
+                     (dict(softcap=1.0, scale=-1.0), "need a scale > 0"),
+                     (dict(alibi_slopes=torch.ones(4)), r"shape \(3,\) or \(2, 3\)"),
+                     (dict(alibi_slopes=torch.ones(3, dtype=torch.int64)), "'alibi_slopes' must be"),
+                     (dict(alibi_slopes=[1.0, 1.0, 1.0]), "'alibi_slopes' must be")]:
+        with pytest.raises(ValueError, match=msg):
+            A.flash_attention(q, k, v, **bad)
+
+
+def test_triton_interpreter_band_under_compile():
+    """The band reaches the custom ops as a list of two ints, the softcap as a float and the ALiBi slopes
+    as a tensor (fake implementation, autograd)."""
+    q, k, v = _inputs(1, 2, 1, 19, 30, 32, dtype=torch.float32, seed=12, grad=True)
+    kw = dict(causal=True, window=(5, None), align="bottom_right", softcap=2.0, alibi_slopes=_alibi_slopes(2))
+    policy = A.default_policy(q, k, causal=True).replace(tiles=TINY)
+    f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, policy=policy, **kw) * 2,
+                      backend="aot_eager", fullgraph=True)
+    out = f(q, k, v)
+    out.sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ref = A.reference(q2, k2, v2, **kw)
+    (2 * ref).sum().backward()
+    torch.testing.assert_close(out, 2 * ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip((q.grad, k.grad, v.grad), (q2.grad, k2.grad, v2.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles",
                                   "batch_shared_bias", "batch_shared_bias_causal", "batch_shared_bias_head_fastest"])
 def test_triton_interpreter_more(case):
@@ -729,6 +887,37 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(A, "_empty_like_out", lambda q: poison(torch.empty(q.shape, dtype=q.dtype, device=q.device)))
 
 
+GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bottom-right causal at H200 tiles
+    "bottom_right_causal_kv_cache": ((2, 4, 2, 300, 1000, 128), dict(causal=True, align="bottom_right")),
+    "bottom_right_causal_long_q": ((1, 4, 4, 1000, 257, 64), dict(causal=True, align="bottom_right")),
+    "sliding_window_causal": ((1, 4, 2, 2049, 2049, 128), dict(causal=True, window=(256, None))),
+    "window_both_sides": ((2, 2, 2, 1000, 1000, 64), dict(window=(100, 37))),
+    "window_bottom_right_gqa_d96": ((1, 4, 1, 333, 777, 96), dict(window=(64, 0), causal=True, align="bottom_right")),
+    "softcap_causal": ((2, 4, 2, 1000, 1000, 128), dict(softcap=30.0, causal=True)),
+    "alibi_bottom_right_causal": ((1, 8, 8, 300, 700, 64), dict(alibi_slopes="slopes", causal=True,
+                                                                 align="bottom_right")),
+    "softcap_alibi_window": ((2, 2, 2, 513, 513, 128), dict(softcap=20.0, alibi_slopes="per_batch", window=(128, 0))),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_BAND_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick(rotate="dtype")
+def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
+    (B, H, Hkv, Sq, Sk, D), kw = GPU_BAND_CASES[case]
+    kw = _mod_kw(kw, B, H, "cuda")
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk)
+    ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    for name in ("out", "dq", "dk", "dv"):
+        o, r = ours[name], ref[name]
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 4097, 33, 64), (1, 2, 2, 31, 300, 256),
                                    (2, 2, 2, 1, 1, 32), (2, 3, 3, 33, 4097, 128)],
@@ -900,6 +1089,9 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         consts["BATCH_FASTEST"] = bias
         if not bias:
             consts["Bd"] = None
+    for n in ("BAND", "SOFTCAP", "ALIBI"):  # the plain kernels: no band, no score mods
+        if n in fn.arg_names:
+            consts[n] = False
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -911,13 +1103,13 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         if n in fn.arg_names:
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
-    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32")
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32", Slopes="*fp32")
     if kind.startswith("fwd_tma"):
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
     if kind == "atomic":  # the fp32 accumulator: pointer, or a (B * H, Sq, D) TMA descriptor
         ptr["DQ"] = f"tensordesc<fp32[1,{bm},{C.block_d(D)}]>" if dq_tma else "*fp32"
-    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
+    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale", "cap_t") else "i32")
            for n in fn.arg_names}
     div = [n for n in fn.arg_names if n not in consts
            and ((n in ptr and not ptr[n].startswith("tensordesc"))

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import settings
+from ...cost import Cost
 from ...ops.attention import api as op
 from ...ops.attention import configs as op_configs
 from ..harness import CheckError, check, time_ms
@@ -78,6 +79,7 @@ def _flex():
                                                device=q.device)
             bm = masks[key]
         return compiled(q, k, v, block_mask=bm)
+    fn._compiled = compiled  # the window rows pass their own block mask
     return fn
 
 
@@ -276,3 +278,53 @@ def run(r) -> None:
                 del bias
         del q, k, v, go
         torch.cuda.empty_cache()
+    _window_rows(r, flex)
+
+
+def _window_rows(r, flex) -> None:
+    """Sliding-window causal attention at S = 16384 (Mistral's window of 4096 and a short one of
+    1024): flash_attention with ``window`` against FlexAttention with the same mask as a block mask,
+    and the full causal forward as the yardstick (issue 30: window 1024 <= 0.15x of it)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, S, D, dtype = 1, 16, 16384, 128, torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, go = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    full = _variant(op.flash_attention)
+    for left in (1024,) if r.quick else (1024, 4096):
+        kept = sum(min(i + 1, left + 1) for i in range(S))  # (query, key) pairs each head computes
+        for opname, backward in (("attention_window_fwd", False), ("attention_window_fwd_bwd", True)):
+            shape = f"B={B},H={H},S={S},D={D},causal,window={left}"
+            cost = op.cost(B, H, S, S, D, dtype, backward=backward)
+            cost = Cost(cost.flops * kept / (S * S), cost.bytes)
+            window = (lambda a, b, c, causal, bias, _l=left: op.flash_attention(a, b, c, causal=True,
+                                                                                  window=(_l, None)))
+            mask = create_block_mask(lambda b, h, qi, ki, _l=left: (qi >= ki) & (qi - ki <= _l), None, None, S, S,
+                                     device="cuda")
+            flex_w = (lambda a, b, c, causal, bias, _m=mask: flex._compiled(a, b, c, block_mask=_m))
+            sl = (slice(0, 1), slice(0, 2))
+            qs, ks, vs = (t[sl].float() for t in (q, k, v))
+            ref = op.reference(qs, ks, vs, causal=True, window=(left, None))
+            times = {}
+            for name, fn in (("flex_attention", flex_w), ("flash_attention", window)):
+                r.status(f"{opname} {shape} {name}")
+                try:
+                    check(f"{name} out", fn(q, k, v, True, None)[sl].float(), ref, dtype=dtype, tol=2e-2)
+                    times[name] = _time(fn, q, k, v, None, True, go, backward)
+                except CheckError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - e.g. FlexAttention missing: logged, no row
+                    r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                    continue
+                base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+                r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
+                      baseline_ms=times.get(base) if base else None)
+            if "flash_attention" in times and left == 1024:
+                r.status(f"{opname} full causal")
+                ms = _time(full, q, k, v, None, True, go, backward)
+                r.add(opname, "flash_attention[full causal]", f"B={B},H={H},S={S},D={D},causal", dtype, ms,
+                      op.cost(B, H, S, S, D, dtype, causal=True, backward=backward))
+                r.log(f"  {opname}: window {left} / full causal = {times['flash_attention'] / ms:.3f} (target <= 0.15)")
+            del ref, qs, ks, vs
+    del q, k, v, go
+    torch.cuda.empty_cache()

@@ -6,13 +6,21 @@ Conventions shared by every kernel here:
 - masked scores are ``-inf``; a row whose running maximum is still ``-inf`` uses 0 in its place,
   so ``exp2(-inf - 0) = 0`` and no ``inf - inf`` NaN appears (rows with every key masked give 0);
 - batch and head offsets are int64 (a (B, H, S, S) bias passes 2^31 elements at S = 16384);
-- causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i.
+- causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i;
+- a band (BAND; sliding windows, bottom-right causal) keeps key j for query i where
+  band_lo <= j - i <= band_hi: the forward and the two-kernel backward visit only the key
+  (query) tiles the band reaches and mask inside them;
+- score mods (SOFTCAP, ALIBI; v3 forward and two-kernel backward): softcap on q.k, then ALiBi's
+  -slope * |j - i - diag|, then bias and masks (``_score_mods``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods
+from .triton_sync import _count_release, _count_release_warp, _wait_count, _wait_count_warp
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -49,13 +57,16 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, band_lo=0, band_hi=0, BAND: tl.constexpr = False,
+              cap_t=1.0, slope_t=0.0, diag=0, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     t = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if SOFTCAP or ALIBI:
+        t, _ = _score_mods(t, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
     if HAS_BIAS or HAS_MASK:
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
     if HAS_BIAS:
@@ -64,6 +75,9 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
         t = tl.where(mk != 0, t, float("-inf"))
+    if BAND:
+        rel = offs_n[None, :] - offs_m[:, None]
+        t = tl.where((rel >= band_lo) & (rel <= band_hi), t, float("-inf"))
     return _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
                        CAUSAL, BOUNDS, PREC)
 
@@ -88,7 +102,9 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+              band_lo=0, band_hi=0, BAND: tl.constexpr = False, cap_t=1.0, slope_t=0.0, diag=0,
+              SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -97,27 +113,15 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _key_range(start_m, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    # Key tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal
-    # stops at the last key the last row of query tile start_m sees: tiles above the diagonal are
-    # never loaded.
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
-    return n_full, hi
 
 
 @triton.jit
@@ -135,7 +139,7 @@ def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
 
 @triton.jit
 def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
-                     H, GROUP, Sq, Sk, qk_scale,
+                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, cap_t, Slopes, diag,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -146,7 +150,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False, BAND: tl.constexpr = False,
+                     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -175,16 +180,27 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + off_b * H + off_h)
 
-    n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
-                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
-                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
-                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
-                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+    if BAND or SOFTCAP or ALIBI:  # only the key tiles the band reaches (every tile without one), masked
+        lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, BAND,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+    else:
+        n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
     _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
@@ -303,7 +319,7 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
-                          H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                          H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
@@ -313,7 +329,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           stride_fb, stride_fh, stride_fm, stride_fn,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+                          HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+                          BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """One key tile of one K/V head: dK and dV summed over its GROUP query heads and every query
     tile, in registers, then stored once (no atomics: deterministic)."""
     start_n = tl.program_id(0)
@@ -332,6 +349,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Causal: queries before this tile's first key see none of it.
     lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    hi = Sq
+    if BAND:
+        lo, hi = _band_queries(start_n * BLOCK_N, Sq, band_lo, band_hi, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):
         off_h = off_hk * GROUP + g
         bh = off_b * H + off_h
@@ -340,7 +360,10 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
         Bh = Bias + off_b * stride_bb + off_h * stride_bh
         Mh = Mask + off_b * stride_mb + off_h * stride_mh
         Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
-        for start_m in range(lo, Sq, BLOCK_M):
+        slope_t = 0.0
+        if ALIBI:
+            slope_t = tl.load(Slopes + off_b * H + off_h)
+        for start_m in range(lo, hi, BLOCK_M):
             live = 1
             if HAS_FLAGS:
                 live = tl.load(Fh + (start_m // BLOCK_M) * stride_fm)
@@ -352,7 +375,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                 lse = tl.load(Lse + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
                 lse = tl.where(lse == float("-inf"), 0.0, lse)
                 delta = tl.load(Delta + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0)
-                sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+                sT = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+                if SOFTCAP or ALIBI:
+                    sT, dcapT = _score_mods(sT, offs_n[:, None] - offs_m[None, :], cap_t, slope_t, diag, SOFTCAP,
+                                            ALIBI)
+                sT = sT * qk_scale
                 keep = (offs_n[:, None] < Sk) & (offs_m[None, :] < Sq)
                 if HAS_BIAS:
                     b = tl.load(Bh + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn, mask=keep, other=0.0)
@@ -362,11 +389,16 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                     keep = keep & (mk != 0)
                 if CAUSAL:
                     keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                if BAND:
+                    rel = offs_n[:, None] - offs_m[None, :]
+                    keep = keep & (rel >= band_lo) & (rel <= band_hi)
                 sT = tl.where(keep, sT, float("-inf"))
                 pT = tl.math.exp2(sT - lse[None, :])
                 dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
                 dsT = pT * (dpT - delta[None, :])
+                if SOFTCAP:  # through the tanh
+                    dsT = dsT * dcapT
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     dk *= sm_scale
     tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
@@ -377,7 +409,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
 
 @triton.jit
 def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
-                        H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                        H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -388,7 +420,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                        ALIBI: tl.constexpr = False):
     """One query tile of one head: dQ over every key tile it sees; with BIAS_GRAD also dS, written
     to a (B, H, Sq, Sk) fp32 buffer that the launcher reduces to the bias's shape."""
     start_m = tl.program_id(0)
@@ -416,8 +449,14 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     Flags += off_b * stride_fb + off_h * stride_fh + start_m * stride_fm
     DBias += bh64 * Sq * Sk
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + bh64)
+    lo = 0
     hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M) if CAUSAL else Sk
-    for start_n in range(0, hi, BLOCK_N):
+    if BAND:
+        lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
         live = 1
         if HAS_FLAGS:
             live = tl.load(Flags + (start_n // BLOCK_N) * stride_fn)
@@ -426,7 +465,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
             nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=nd_mask, other=0.0)
             v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=nd_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            if SOFTCAP or ALIBI:
+                s, dcap = _score_mods(s, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
+            s = s * qk_scale
             inb = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
             keep = inb
             if HAS_BIAS:
@@ -437,12 +479,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                 keep = keep & (mk != 0)
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if BAND:
+                rel = offs_n[None, :] - offs_m[:, None]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
             s = tl.where(keep, s, float("-inf"))
             p = tl.math.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             if BIAS_GRAD:
                 tl.store(DBias + offs_m[:, None] * Sk + offs_n[None, :], ds.to(DBias.dtype.element_ty), mask=inb)
+            if SOFTCAP:  # (the bias is added after the softcap: its gradient is dS before this)
+                ds = ds * dcap
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     dq *= sm_scale
     tl.store(DQ + bh64 * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
@@ -510,46 +557,6 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
                                       BLOCK_N, CAUSAL, True, HAS_BIAS)
     _fwd_finish(acc, l_i, m_i, Out, Lse, off_b.to(tl.int64), off_h.to(tl.int64), H, Sq, offs_m,
                 tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
-
-
-@triton.jit
-def _wait_count(ptr, value):
-    """Spin until the int32 count at ``ptr`` reaches ``value``; each thread reads it with acquire
-    semantics, so its later loads see what the threads that counted stored before their release
-    (``_count_release``). One PTX loop in an asm block: a Triton ``while`` around an atomic, or a
-    CTA barrier, in the loop this runs in stops Triton's pipelining of that loop's loads."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; WAIT_COUNT: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
-        "@p bra WAIT_COUNT; }", "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _count_release(ptr):
-    """Each thread adds 1 to the count at ``ptr`` with release semantics, after its own stores."""
-    return tl.inline_asm_elementwise(
-        "red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0;", "=r,l,~{memory}", [ptr],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_count_warp(ptr, value):
-    """As ``_wait_count``, lane 0 of each warp reading the count, the warp's other lanes ordered
-    after it by the warp barrier."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 lane; mov.b32 $0, 0; mov.u32 lane, %laneid; setp.ne.u32 p, lane, 0; "
-        "@p bra WAIT_DONE; WAIT_WARP: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
-        "@p bra WAIT_WARP; WAIT_DONE: bar.warp.sync -1; }",
-        "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _count_release_warp(ptr):
-    """Lane 0 of each warp adds 1 to the count with release semantics, after the warp barrier
-    that orders the warp's stores before it."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 lane; bar.warp.sync -1; mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; "
-        "@p red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }",
-        "=r,l,~{memory}", [ptr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
