@@ -114,6 +114,18 @@ def _swept(fn, tiles: dict, **changes):
     return _variant(fn.fn, **{**fn.changes, **changes}, tiles=tiles)
 
 
+def _sweeps(D, backward):
+    """(row name, version) of the full run's tile sweeps at S = 4096: the forward's tiles of v3 and v4,
+    or the deterministic backward's and the atomic backward's."""
+    if not backward:
+        return [(f"{vname}[{','.join(map(str, cfg))}]", _swept(fn, {"fwd": cfg}))
+                for cfg in _FWD_SWEEP for vname, fn in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))]
+    out = [(f"v3_flash2[{kind}={','.join(map(str, cfg))}]", _swept(_ours, {kind: cfg})) for kind, cfg in _BWD_SWEEP]
+    return out + [(f"v3_flash2_atomic[{kind}={','.join(map(str, cfg))}]",
+                   _swept(_ours_atomic, {kind: cfg}, dq_tma=kind == "atomic_tma"))
+                  for kind, cfg in _ATOMIC_SWEEP if kind != "atomic_tma" or D in op_configs.ATOMIC_TMA]
+
+
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
     """fp32 reference on heads 0-1 (attention is independent per (b, h)); batch 0 only, except with a
     bias, whose gradient sums over the batch. The backward is ``fn``'s (its policy's)."""
@@ -234,47 +246,9 @@ def run(r) -> None:
                         _optional_row(r, "v6_flash2_ws_bwd", _ours_v6, q, k, v, None, causal, go, True, **row)
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
-                if not r.quick and not backward and not with_bias and S == 4096:
-                    for cfg, (vname, fn) in ((c, vf) for c in _FWD_SWEEP
-                                             for vf in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))):
-                        name = vname + "[" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(fn, {"fwd": cfg})
-                            _check_version(name, swept, q, k, v, None, causal, go, False)
-                            ms = _time(swept, q, k, v, None, causal, go, False)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                if not r.quick and backward and not with_bias and S == 4096:
-                    for kind, cfg in _BWD_SWEEP:
-                        name = f"v3_flash2[{kind}=" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(_ours, {kind: cfg})
-                            _check_version(name, swept, q, k, v, None, causal, go, True)
-                            ms = _time(swept, q, k, v, None, causal, go, True)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                    for kind, cfg in _ATOMIC_SWEEP:
-                        if kind == "atomic_tma" and D not in op_configs.ATOMIC_TMA:
-                            continue
-                        name = f"v3_flash2_atomic[{kind}=" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(_ours_atomic, {kind: cfg}, dq_tma=kind == "atomic_tma")
-                            _check_version(name, swept, q, k, v, None, causal, go, True)
-                            ms = _time(swept, q, k, v, None, causal, go, True)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if not r.quick and not with_bias and S == 4096:  # one kernel's tile changed at a time
+                    for name, swept in _sweeps(D, backward):
+                        _optional_row(r, name, swept, q, k, v, None, causal, go, backward, **row)
                 del bias
         del q, k, v, go
         torch.cuda.empty_cache()
