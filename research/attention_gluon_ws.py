@@ -1,7 +1,7 @@
 """A warp-specialized FlashAttention forward for Hopper in Gluon (Triton 3.6's lower-level language),
 against the project's Triton TMA forward and SDPA's cuDNN backend.
 
-Why: the Triton forward stays at ~0.8x cuDNN (notes-attention.md): one instruction stream per
+Why: the Triton forward stays at ~0.8x cuDNN (research/notes/attention.md): one instruction stream per
 warpgroup, so the softmax of a key tile and the tensor-core products serialize, and Triton 3.6
 does not warp-specialize on sm_90. Gluon does: here one loader warp issues the TMA loads of K and V
 into a ring of shared-memory stages, and two consumer warpgroups, each with its own 64 query rows

@@ -13,7 +13,7 @@ pipeliner's per-iteration barriers.
 Status: written and compiled for sm_90 on the CPU (HGMMA, setmaxnreg, no spills; run with
 --compile), not yet run on a GPU. Prediction before its first run: 4096^3 / 8192^3 at 0.95-1.05x
 cuBLAS (gemm() 0.96-1.10x), 3072^3 0.85-0.95x (gemm() 0.78-0.86x graph-replayed), 1536^3 no better
-than gemm()'s 0.72x (L2-bound, see notes-matmul.md).
+than gemm()'s 0.72x (L2-bound, see research/notes/matmul.md).
 Run on the GPU: PYTHONPATH=src python3 research/gemm_gluon_ws.py
 """
 

@@ -3,7 +3,7 @@ and gemm() (Triton) on the sizes where gemm() misses 0.85x cuBLAS graph-replayed
 3072) and on the squares (4096, 8192): every config, bf16 and fp16, correctness first (output
 poisoned with NaN, relative error against fp32), then graph-replayed and eager times, same run.
 
-Prediction before the first run (the L2 arithmetic of docs/notes-matmul.md: ~6 TB/s from L2 to
+Prediction before the first run (the L2 arithmetic of research/notes/matmul.md: ~6 TB/s from L2 to
 the SMs): 1536^3 with 192 x 96 tiles in 1 x 2 clusters (A multicast) reads ~75 MB from L2, like
 cuBLAS: 0.85-1.0x cuBLAS (gemm() 0.72x); 3072^3 with 128 x 192 in 2 x 1: 0.85-1.0x; 1000^3 with
 128 x 64 in 1 x 2 (33 MB): 0.8-1.0x; 4096 / 8192 with 128 x 256: 0.9-1.05x.

@@ -1,6 +1,6 @@
 """Which sizes should gemm() send to gemm_sm90? Square sizes 768 .. 8192 (and a few rectangles of
 linear layers), bf16 and fp16, graph-replayed: cuBLAS, gemm() as routed now (Triton), gemm_sm90 with
-its tile rule, same run. The table this prints is the routing rule's evidence (docs/notes-matmul.md).
+its tile rule, same run. The table this prints is the routing rule's evidence (research/notes/matmul.md).
 Run on the GPU: PYTHONPATH=src python3 research/gemm_sm90_sweep.py [bf16] [fp16]
 """
 import torch

@@ -5,7 +5,7 @@ chunk is padding (key 0xFFFF: no gather). Neighbouring chunks are gathered by di
 about the same time, so today a sector at a chunk edge is fetched twice.
 
 Why: the uniform matrix (2M x 2M, 32 random columns a row) sits at 69.2-70.4 % of the copy against
-the issue's 70 %. ncu (docs/notes-spmv.md, fourth pass) counted 21M x sectors from L2 against
+the issue's 70 %. ncu (research/notes/spmv.md, fourth pass) counted 21M x sectors from L2 against
 ~16.5M for one fetch a panel, beside 16M of the key / value stream; L2 at 68.5 % of peak, DRAM 54 %.
 Prediction, written before the run: ~2 padding entries a chunk (+5-7 % stream bytes), x sectors
 -15-20 %; the uniform matrix between 3 % slower (if DRAM-bound) and 8 % faster (if L2-bound): 168-186

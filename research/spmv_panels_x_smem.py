@@ -1,5 +1,5 @@
 """Panels on the uniform matrix (2M x 2M, 32 random columns a row), attacks on what is left
-(docs/notes-spmv.md, "Fourth pass, continued": 180.6-181.2 us = 69.8-70.0 % of copy; L2 throughput
+(research/notes/spmv.md, "Fourth pass, continued": 180.6-181.2 us = 69.8-70.0 % of copy; L2 throughput
 68.5 %; x costs ~21M L2 sectors beside the 16M of the key / value stream; 64 registers x 1024
 threads; the loop without any shared-memory accumulation takes 174 us).
 

@@ -178,7 +178,7 @@ def test_csr_accepts_row_starting_below_previous_row_and_trailing_empty_rows():
 
 def test_choose_and_sub_width():
     """The suite's six matrices (stats as measured on the H200) get the kernel that was fastest for
-    them in the table of docs/notes-spmv.md; the thresholds between them hold."""
+    them in the table of research/notes/spmv.md; the thresholds between them hold."""
     S = sp.RowStats
     suite_stats = {  # rows, nnz, mean, max, std, empty rows
         "uniform": (S(2_000_000, 64_000_000, 32.0, 32, 0.0, 0, 2_000_000, 0.94), "panels"),

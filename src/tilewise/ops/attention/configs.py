@@ -103,7 +103,7 @@ def tile(kind: str, D: int, itemsize: int = 4, overrides: Mapping[str, tuple] | 
 WS_FWD_TILES = MappingProxyType({(64, False): (128, 2), (128, False): (128, 2), (64, True): (128, 2),
                                  (128, True): (128, 2)})
 # Each of two consumer warpgroups' registers (setmaxnreg), the loader warp keeping 24: the budget v5 was
-# built and measured with (docs/notes-attention.md, "Eighth session"; tuning: "v5 forward routes").
+# built and measured with (research/notes/attention.md, "Eighth session"; tuning: "v5 forward routes").
 WS_FWD_CONSUMER_REGS = 232
 # v5 with three consumers (192 query rows a CTA), D = 64's winner: BLOCK_N, STAGES, consumer registers,
 # maxnreg, consumers (tuning: "v5 forward routes").

@@ -23,7 +23,7 @@ from ...runtime import cuda as rt
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)
 CLUSTER_SLICE = 16384  # elements of a row each CTA of a v4_cluster cluster holds
 MAX_CLUSTER = 8 * CLUSTER_SLICE  # 131072: 8 CTAs, the portable cluster size
-# Launch parameters picked for the H200 (reasoning in docs/notes-softmax.md).
+# Launch parameters picked for the H200 (reasoning in research/notes/softmax.md).
 FUSED_TILE = 2048          # elements per program for short rows (several rows per program)
 ONLINE_CHUNK_BYTES = 32768  # bytes of one row chunk per loop iteration in v3 (16 warps x 32 B/thread)
 ONLINE_WARPS = 16

@@ -169,7 +169,7 @@ def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
             inv = tl.where(s > 0, 1.0 / s, 0.0)
             lse = m + tl.log(s)
             # Pass 2, forwards or (REVERSE) backwards: backwards, the chunks pass 1 read last
-            # are re-read first, surely still in L2; see docs/notes-softmax.md.
+            # are re-read first, surely still in L2; see research/notes/softmax.md.
             nchunks = tl.cdiv(N, BLOCK)
             step = -BLOCK if REVERSE else BLOCK
             # (A scalar offset is carried, not a column tensor: that would pin 32 registers.)
