@@ -305,6 +305,22 @@ def _flash_ref(q, k, v, causal=False, scale=None):
     return (s.softmax(-1) @ vv).to(q.dtype)
 
 
+def _offsets(g, shape, dtype):
+    """Offsets of sequences packed into 12 rows (0 ... 12, rising) where the shape allows."""
+    if len(shape) == 1 and shape[0] >= 2:
+        return torch.linspace(0, 12, shape[0]).round().to(dtype)
+    return torch.randint(0, 12, shape, generator=g).to(dtype)
+
+
+def _varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None,
+                **kw):
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    parts = [_flash_ref(q[cq[b]:cq[b + 1]].transpose(0, 1)[None], k[ck[b]:ck[b + 1]].transpose(0, 1)[None],
+                        v[ck[b]:ck[b + 1]].transpose(0, 1)[None], causal, scale)[0].transpose(0, 1)
+             for b in range(len(cq) - 1)]
+    return torch.cat(parts)
+
+
 def _embedding_ref(ids, weight, padding_idx=None):
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError("reference: integer ids")
@@ -458,6 +474,14 @@ def public_ops() -> list[Op]:
                                 ("softcap 'x'", "x")],
                     "alibi_slopes": [("alibi_slopes of 3 heads", torch.ones(3)), ("alibi_slopes list", [1.0, 1.0]),
                                      ("alibi_slopes int", torch.ones(2, dtype=torch.int64))]}),
+        Op("flash_attention_varlen", tw.flash_attention_varlen,
+           {"q": T((12, 2, 16)), "k": T((12, 2, 16)), "v": T((12, 2, 16)),
+            "cu_seqlens_q": T((3,), torch.int32, _offsets, True), "cu_seqlens_k": T((3,), torch.int32, _offsets, True),
+            "max_seqlen_q": 6, "max_seqlen_k": 6},
+           _varlen_ref, tol=_GEMM_TOL, interpreter_loose=(torch.bfloat16,),
+           options={"max_seqlen_q": [("max_seqlen_q 2", 2), ("max_seqlen_q -1", -1), ("max_seqlen_q 'x'", "x")],
+                    "window": [("window (1,)", (1,))], "softcap": [("softcap 0", 0.0)],
+                    "alibi_slopes": [("alibi_slopes of 3 heads", torch.ones(3))]}),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
            lambda ids, weight, **kw: _embedding_ref(ids, weight), cuda_only=True,
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),

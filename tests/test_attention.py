@@ -1,4 +1,5 @@
 import functools
+import itertools
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops.attention import api as A
 from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import varlen as A_varlen
 from tilewise.ops.attention.reference import _expand_kv
 
 from conftest import HAS_CUDA, poison
@@ -1089,7 +1091,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         consts["BATCH_FASTEST"] = bias
         if not bias:
             consts["Bd"] = None
-    for n in ("BAND", "SOFTCAP", "ALIBI"):  # the plain kernels: no band, no score mods
+    for n in ("BAND", "SOFTCAP", "ALIBI", "VARLEN"):  # the plain kernels: no band, no score mods, dense
         if n in fn.arg_names:
             consts[n] = False
     if "BIAS_GRAD" in fn.arg_names:
@@ -1103,7 +1105,8 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         if n in fn.arg_names:
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
-    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32", Slopes="*fp32")
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32", Slopes="*fp32",
+               CuQ="*i32", CuK="*i32")
     if kind.startswith("fwd_tma"):
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
@@ -1868,3 +1871,101 @@ def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypa
     _ws_or_skip(q)
     bias = torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias and Sk % 8 == 0 else None
     _check_v5_forward(q, k, v, causal, bias, ws_pingpong=True)
+
+
+# ---------------------------------------------------------------- packed sequences (varlen)
+
+def _pack(lengths, H, D, dtype, device, seed):
+    """B sequences of the given lengths, packed (total, H, D), and their int32 offsets."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    total = sum(lengths)
+    t = torch.randn(total, H, D, generator=g, device=device, dtype=torch.float32).to(dtype)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    return t, cu
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, **kw):
+    """flash_attention's reference run on each sequence alone (B = 1, (1, H, S, D))."""
+    outs = []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks, vs = (t[a:e].transpose(0, 1)[None] for t, a, e in
+                      ((q, cq[b], cq[b + 1]), (k, ck[b], ck[b + 1]), (v, ck[b], ck[b + 1])))
+        extra = dict(kw)
+        if extra.get("alibi_slopes") is not None and extra["alibi_slopes"].dim() == 2:
+            extra["alibi_slopes"] = extra["alibi_slopes"][b]
+        outs.append(A.reference(qs, ks, vs, **extra)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+VARLEN_CASES = {  # name: (lengths_q, lengths_k, H, Hkv, D, keywords)
+    "ragged": ([5, 1, 40, 17], [5, 1, 40, 17], 2, 1, 32, {}),
+    "ragged_causal": ([5, 1, 40, 17, 33], [5, 1, 40, 17, 33], 2, 2, 32, dict(causal=True)),
+    "cross_lengths_with_empty": ([3, 0, 20], [9, 4, 0], 4, 2, 64, {}),
+    "causal_window_softcap_alibi": ([19, 36], [19, 36], 2, 1, 32, dict(causal=True, window=(6, None), softcap=3.0,
+                                                                       alibi_slopes="slopes")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARLEN_CASES))
+def test_triton_interpreter_varlen_fwd_bwd(case):
+    """Packed sequences against each sequence alone: output and dQ / dK / dV, lengths 0, 1 and
+    not tile multiples, GQA, q and k of different lengths."""
+    lq, lk, H, Hkv, D, kw = VARLEN_CASES[case]
+    kw = _mod_kw(kw, len(lq), H)
+    q, cu_q = _pack(lq, H, D, torch.float32, "cpu", 1)
+    k, cu_k = _pack(lk, Hkv, D, torch.float32, "cpu", 2)
+    v, _ = _pack(lk, Hkv, D, torch.float32, "cpu", 3)
+    go = torch.randn(q.shape, generator=torch.Generator().manual_seed(4))
+    policy = C.choose_policy(D, max(lq), max(lk)).replace(tiles=TINY)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = A_varlen.flash_attention_varlen(qi, ki, vi, cu_q, cu_k, max(lq), max(lk), policy=policy, **kw)
+    out.backward(go)
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref = _varlen_reference(qr, kr, vr, cu_q, cu_k, **kw)
+    ref.backward(go)
+    _compare({"out": out, "dq": qi.grad, "dk": ki.grad, "dv": vi.grad},
+             {"out": ref, "dq": qr.grad, "dk": kr.grad, "dv": vr.grad}, 1e-5)
+
+
+def test_varlen_checks_its_offsets():
+    q, cu = _pack([3, 5], 2, 16, torch.float32, "cpu", 0)
+    f = A_varlen.flash_attention_varlen
+    for bad_cu, msg in [(torch.tensor([0, 3, 7], dtype=torch.int32), "must rise from 0 to 8 .the rows of 'q'"),
+                        (torch.tensor([0, 5, 3, 8], dtype=torch.int32), "must rise from 0 to 8"),
+                        (cu.long(), "1-D int32"), (torch.tensor([0], dtype=torch.int32), "1-D int32")]:
+        with pytest.raises(ValueError, match=msg):
+            f(q, q, q, bad_cu, bad_cu, 5, 5)
+    with pytest.raises(ValueError, match="at most 'max_seqlen_q' = 4"):
+        f(q, q, q, cu, cu, 4, 5)
+    with pytest.raises(ValueError, match="'k' .* must have one"):
+        f(q, q[:, :1, :8], q[:, :1, :8], cu, cu, 5, 5)
+    with pytest.raises(ValueError, match="'q' must be a 3-D"):
+        f(q[None], q, q, cu, cu, 5, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["ragged_causal_gqa", "cross_lengths", "long_and_short_window"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick(rotate="dtype")
+def test_gpu_varlen_fwd_bwd(case, dtype):
+    """Packed sequences at the H200's tiles against each sequence alone in fp32."""
+    lq, lk, H, Hkv, D, kw = {
+        "ragged_causal_gqa": ([1, 1000, 333, 2049], [1, 1000, 333, 2049], 8, 2, 128, dict(causal=True)),
+        "cross_lengths": ([300, 0, 77], [1000, 5, 0], 4, 4, 64, {}),
+        "long_and_short_window": ([4097, 129], [4097, 129], 4, 1, 128, dict(causal=True, window=(256, None))),
+    }[case]
+    q, cu_q = _pack(lq, H, D, dtype, "cuda", 1)
+    k, cu_k = _pack(lk, Hkv, D, dtype, "cuda", 2)
+    v, _ = _pack(lk, Hkv, D, dtype, "cuda", 3)
+    go = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)).to(dtype)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = A_varlen.flash_attention_varlen(qi, ki, vi, cu_q, cu_k, max(lq), max(lk), **kw)
+    out.backward(go)
+    qr, kr, vr = (t.float().requires_grad_(True) for t in (q, k, v))
+    ref = _varlen_reference(qr, kr, vr, cu_q, cu_k, **kw)
+    ref.backward(go.float())
+    for name, o, r in (("out", out, ref), ("dq", qi.grad, qr.grad), ("dk", ki.grad, kr.grad), ("dv", vi.grad, vr.grad)):
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"

@@ -11,7 +11,10 @@ Conventions shared by every kernel here:
   band_lo <= j - i <= band_hi: the forward and the two-kernel backward visit only the key
   (query) tiles the band reaches and mask inside them;
 - score mods (SOFTCAP, ALIBI; v3 forward and two-kernel backward): softcap on q.k, then ALiBi's
-  -slope * |j - i - diag|, then bias and masks (``_score_mods``).
+  -slope * |j - i - diag|, then bias and masks (``_score_mods``);
+- VARLEN (v3 forward, two-kernel backward): packed sequences, (1, H, total, D) views; program b
+  takes sequence b's rows [CuQ[b], CuQ[b + 1]) and keys [CuK[b], CuK[b + 1]); LSE / Delta rows
+  are (H, total), dQ / dK / dV (1, H, total, D) contiguous.
 """
 
 from __future__ import annotations
@@ -19,36 +22,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods
+from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods, _varlen_seq
+from .triton_online import _fwd_finish, _fwd_update, _online_softmax
 from .triton_sync import _count_release, _count_release_warp, _wait_count, _wait_count_warp
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
-    """One key tile's online-softmax step on scores t in units of 1 / qk_scale (qk_scale > 0):
-    keys past Sk (BOUNDS) and above the diagonal (CAUSAL too) set to -inf, then the row max taken
-    on t with the scale riding in the exponent's FFMA, so no multiply per score; m_i (log2
-    domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with acc and l_i
-    rescaled to the new max, p = exp2(qk_scale * t - m_i).
-
-    Tried and dropped: rescaling acc and l only when some row's max grows by more than 2^8 (a
-    CTA-wide reduction and branch a tile): 8-20 % slower on every forward measured
-    (docs/tuning/attention.md, "Lazy rescaling")."""
-    if BOUNDS:
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        t = tl.where(keep, t, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(t, 1) * qk_scale)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(t * qk_scale - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    return p, acc, l_i, m_new
 
 
 @triton.jit
@@ -83,20 +62,6 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
 
 
 @triton.jit
-def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
-                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
-    # The online softmax step for one key tile. t holds the scores in units of 1 / qk_scale (q.k,
-    # plus bias * log2(e) / qk_scale): the log2-domain score is qk_scale * t (qk_scale > 0, the
-    # launcher sees to it), so the row max is taken on t and the scale rides in the exponent's
-    # FFMA instead of a multiply per score. m_i stays in the log2 domain. Then bounds and causal
-    # masking, running max and sum, the accumulator rescaled, and P V added.
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL, BOUNDS)
-    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, stride_mm, stride_mn,
               stride_fn, qk_scale,
@@ -125,21 +90,8 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
 
 
 @triton.jit
-def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
-                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
-    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
-    l_div = tl.where(empty, 1.0, l_i)
-    out = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
-    row_ok = offs_m < Sq
-    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
-    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-
-
-@triton.jit
 def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
-                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, cap_t, Slopes, diag,
+                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, cap_t, Slopes, diag, CuQ, CuK, TQ,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -151,7 +103,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
                      BATCH_FASTEST: tl.constexpr = False, BAND: tl.constexpr = False,
-                     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+                     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -166,6 +118,17 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
         off_b = (bh // H).to(tl.int64)
         off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
+    fin_b = off_b
+    if VARLEN:
+        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+        if start_m * BLOCK_M >= Sq:
+            return
+        Q += q0 * stride_qm
+        K += k0 * stride_kn
+        V += k0 * stride_vn
+        Out += q0 * stride_om
+        Lse += off_h * (TQ - Sq) + q0  # _fwd_finish adds off_h * Sq (fin_b = 0): row q0 of head off_h
+        fin_b = off_b * 0
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -201,7 +164,7 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
                                   CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+    _fwd_finish(acc, l_i, m_i, Out, Lse, fin_b, off_h, H, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
@@ -320,6 +283,7 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
 @triton.jit
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
+                          CuQ, CuK, TQ, TK,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
@@ -330,7 +294,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                           HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                          BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+                          BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                          VARLEN: tl.constexpr = False):
     """One key tile of one K/V head: dK and dV summed over its GROUP query heads and every query
     tile, in registers, then stored once (no atomics: deterministic)."""
     start_n = tl.program_id(0)
@@ -338,6 +303,17 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     HK = H // GROUP
     off_b = (bhk // HK).to(tl.int64)
     off_hk = (bhk % HK).to(tl.int64)
+    q0 = off_b * 0
+    drow = bhk.to(tl.int64) * Sk
+    if VARLEN:
+        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+        if start_n * BLOCK_N >= Sk:
+            return
+        Q += q0 * stride_qm
+        DO += q0 * stride_dm
+        K += k0 * stride_kn
+        V += k0 * stride_vn
+        drow = off_hk * TK + k0
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
@@ -355,6 +331,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     for g in range(0, GROUP):
         off_h = off_hk * GROUP + g
         bh = off_b * H + off_h
+        lrow = bh * Sq
+        if VARLEN:
+            lrow = off_h * TQ + q0
         Qh = Q + off_b * stride_qb + off_h * stride_qh
         DOh = DO + off_b * stride_db + off_h * stride_dh
         Bh = Bias + off_b * stride_bb + off_h * stride_bh
@@ -372,9 +351,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                 md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
                 q = tl.load(Qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=md_mask, other=0.0)
                 do = tl.load(DOh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=md_mask, other=0.0)
-                lse = tl.load(Lse + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+                lse = tl.load(Lse + lrow + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
                 lse = tl.where(lse == float("-inf"), 0.0, lse)
-                delta = tl.load(Delta + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+                delta = tl.load(Delta + lrow + offs_m, mask=offs_m < Sq, other=0.0)
                 sT = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
                 if SOFTCAP or ALIBI:
                     sT, dcapT = _score_mods(sT, offs_n[:, None] - offs_m[None, :], cap_t, slope_t, diag, SOFTCAP,
@@ -401,15 +380,16 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                     dsT = dsT * dcapT
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     dk *= sm_scale
-    tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=nd_mask)
-    tl.store(DV + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=nd_mask)
+    tl.store(DK + drow * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=nd_mask)
+    tl.store(DV + drow * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=nd_mask)
 
 
 @triton.jit
 def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                         H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
+                        CuQ, CuK, TQ,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -421,7 +401,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
                         PREC: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
-                        ALIBI: tl.constexpr = False):
+                        ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """One query tile of one head: dQ over every key tile it sees; with BIAS_GRAD also dS, written
     to a (B, H, Sq, Sk) fp32 buffer that the launcher reduces to the bias's shape."""
     start_m = tl.program_id(0)
@@ -431,6 +411,15 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     off_b = (bh // H).to(tl.int64)
     off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP
+    q0 = off_b * 0
+    if VARLEN:
+        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+        if start_m * BLOCK_M >= Sq:
+            return
+        Q += q0 * stride_qm
+        DO += q0 * stride_dm
+        K += k0 * stride_kn
+        V += k0 * stride_vn
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
@@ -439,9 +428,12 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     do = tl.load(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
                  mask=md_mask, other=0.0)
     bh64 = bh.to(tl.int64)
-    lse = tl.load(Lse + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+    lrow = bh64 * Sq
+    if VARLEN:
+        lrow = off_h * TQ + q0
+    lse = tl.load(Lse + lrow + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
     lse = tl.where(lse == float("-inf"), 0.0, lse)
-    delta = tl.load(Delta + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+    delta = tl.load(Delta + lrow + offs_m, mask=offs_m < Sq, other=0.0)
     K += off_b * stride_kb + off_hk * stride_kh
     V += off_b * stride_vb + off_hk * stride_vh
     Bias += off_b * stride_bb + off_h * stride_bh
@@ -492,7 +484,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                 ds = ds * dcap
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     dq *= sm_scale
-    tl.store(DQ + bh64 * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + lrow * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=md_mask)
 
 

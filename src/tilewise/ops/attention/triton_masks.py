@@ -51,3 +51,11 @@ def _score_mods(t, rel, cap_t, slope_t, diag, SOFTCAP: tl.constexpr, ALIBI: tl.c
     if ALIBI:
         t = t - slope_t * tl.abs(rel - diag).to(tl.float32)
     return t, dcap
+
+
+@triton.jit
+def _varlen_seq(CuQ, CuK, b):
+    # Sequence b of a packed batch: its first row and row count, its first key and key count.
+    q0 = tl.load(CuQ + b)
+    k0 = tl.load(CuK + b)
+    return q0.to(tl.int64), tl.load(CuQ + b + 1) - q0, k0.to(tl.int64), tl.load(CuK + b + 1) - k0
