@@ -253,6 +253,7 @@ def run(r) -> None:
         del q, k, v, go
         torch.cuda.empty_cache()
     _window_rows(r, flex)
+    _varlen_rows(r, flex)
 
 
 def _window_rows(r, flex) -> None:
@@ -301,4 +302,74 @@ def _window_rows(r, flex) -> None:
                 r.log(f"  {opname}: window {left} / full causal = {times['flash_attention'] / ms:.3f} (target <= 0.15)")
             del ref, qs, ks, vs
     del q, k, v, go
+    torch.cuda.empty_cache()
+
+
+# Eight causal documents packed into 16,296 tokens (longest 4096): a pretraining batch without padding.
+_DOCS = (4096, 3000, 2500, 2000, 1800, 1200, 1000, 700)
+
+
+def _varlen_rows(r, flex) -> None:
+    """Packed causal documents: flash_attention_varlen against FlexAttention with the document mask
+    as a block mask on the same packing, and against our dense path on the padded batch (a key
+    padding mask; issue 30: >= 1.0x both)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from ...ops.attention import varlen as opv
+
+    H, D, dtype = 16, 128, torch.bfloat16
+    lens, B, S = list(_DOCS), len(_DOCS), max(_DOCS)
+    total = sum(lens)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v, go = (torch.randn(total, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(B)], dtype=torch.int32, device="cuda")
+    doc = torch.repeat_interleave(torch.arange(B, device="cuda"), torch.tensor(lens, device="cuda"))
+    try:
+        bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total, total,
+                               device="cuda")
+    except Exception as e:  # noqa: BLE001 - no Flex rows then
+        r.log(f"  flex_attention: no document block mask ({type(e).__name__}: {str(e)[:120]})")
+        bm = None
+    q4, k4, v4, go4 = (t.transpose(0, 1)[None] for t in (q, k, v, go))
+    # the padded batch: (B, H, S, D), document b in rows [0, lens[b]), keys past it masked
+    pad = torch.zeros(B, S, H, D, device="cuda", dtype=dtype)
+    padded = [pad.clone() for _ in range(4)]
+    for t, src in zip(padded, (q, k, v, go)):
+        for b in range(B):
+            t[b, :lens[b]] = src[cu[b]:cu[b + 1]]
+    qp, kp, vp, gop = (t.transpose(1, 2) for t in padded)
+    keys = (torch.arange(S, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
+    cases = {"flash_attention_varlen": ((q, k, v, go), lambda a, b, c: opv.flash_attention_varlen(
+                 a, b, c, cu, cu, S, S, causal=True, check_seqlens=False)),
+             "flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm)
+                                if bm is not None else None),
+             "flash_attention[padded]": ((qp, kp, vp, gop), lambda a, b, c: op.flash_attention(
+                 a, b, c, causal=True, mask=keys))}
+    flops = sum(4.0 * H * n * n * D / 2 for n in lens)
+    ref0 = op.reference(q[:lens[0], :2].transpose(0, 1)[None].float(), k[:lens[0], :2].transpose(0, 1)[None].float(),
+                        v[:lens[0], :2].transpose(0, 1)[None].float(), causal=True)[0]  # document 0, heads 0-1
+    shape = f"docs={B},tokens={total},max={S},H={H},D={D},causal"
+    for opname, backward in (("attention_varlen_fwd", False), ("attention_varlen_fwd_bwd", True)):
+        cost = Cost(flops * (3.5 if backward else 1.0), 4 * total * H * D * dtype.itemsize * (2 if backward else 1))
+        times = {}
+        for name, ((a, b, c, gg), fn) in cases.items():
+            r.status(f"{opname} {name}")
+            try:
+                out = fn(a, b, c)
+                first = out[:lens[0], :2].transpose(0, 1) if out.dim() == 3 else out[0, :2, :lens[0]]
+                check(f"{name} out", first.float(), ref0, dtype=dtype, tol=2e-2)
+                if backward:
+                    ins = [t.detach().requires_grad_(True) for t in (a, b, c)]
+                    times[name] = time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
+                else:
+                    times[name] = time_ms(lambda: fn(a, b, c))
+            except CheckError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged, no row
+                r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+            r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
+                  baseline_ms=times.get(base) if base else None)
+    del q, k, v, go, padded, pad, qp, kp, vp, gop
     torch.cuda.empty_cache()
