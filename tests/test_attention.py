@@ -1928,6 +1928,27 @@ def test_triton_interpreter_varlen_fwd_bwd(case):
              {"out": ref, "dq": qr.grad, "dk": kr.grad, "dv": vr.grad}, 1e-5)
 
 
+def test_triton_interpreter_varlen_under_compile():
+    """The custom ops (fake implementations, autograd) trace in one graph; same answers as eager."""
+    lq = [7, 20, 1]
+    q, cu = _pack(lq, 2, 32, torch.float32, "cpu", 5)
+    k, _ = _pack(lq, 1, 32, torch.float32, "cpu", 6)
+    v, _ = _pack(lq, 1, 32, torch.float32, "cpu", 7)
+    policy = C.choose_policy(32, 20, 20, causal=True).replace(tiles=TINY)
+    f = torch.compile(lambda a, b, c: A_varlen.flash_attention_varlen(a, b, c, cu, cu, 20, 20, causal=True,
+                                                                      policy=policy) * 2,
+                      backend="aot_eager", fullgraph=True)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = f(qi, ki, vi)
+    out.sum().backward()
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref = 2 * _varlen_reference(qr, kr, vr, cu, cu, causal=True)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip((qi.grad, ki.grad, vi.grad), (qr.grad, kr.grad, vr.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_varlen_checks_its_offsets():
     q, cu = _pack([3, 5], 2, 16, torch.float32, "cpu", 0)
     f = A_varlen.flash_attention_varlen

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from . import configs
 from .api import _band_of, _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
 
@@ -119,7 +120,61 @@ def _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, s
     return unpack(dq4), unpack(dk4), unpack(dv4)
 
 
+def _policy(key: str, q, max_q, max_k, causal) -> AttentionPolicy:
+    # a custom op's policy: an explicit policy's key, or "" for choose_policy's (from the arguments alone)
+    return configs.policy_from_key(key) if key else choose_policy(q.shape[-1], max_q, max_k, causal=causal)
+
+
+@torch.library.custom_op("tilewise::flash_attention_varlen_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
+            max_k: int, causal: bool, scale: float, band: Optional[list[int]], softcap: float,
+            alibi: Optional[torch.Tensor], policy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
+                _policy(policy, q, max_q, max_k, causal))
+
+
+@_fwd_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("tilewise::flash_attention_varlen_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool,
+            scale: float, band: Optional[list[int]], softcap: float, alibi: Optional[torch.Tensor],
+            policy: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
+                _policy(policy, q, max_q, max_k, causal))
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy):
+    c = torch.contiguous_format
+    return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
+            torch.empty_like(v, memory_format=c))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k, alibi)
+    ctx.args = (max_q, max_k, causal, scale, band, softcap, policy)
+
+
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
+    max_q, max_k, causal, scale, band, softcap, policy = ctx.args
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
+                         policy)
+    return (dq, dk, dv) + (None,) * 10
+
+
+_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
 class _Varlen(torch.autograd.Function):
+    """What the custom ops do, for eager calls (without the dispatcher's host time)."""
+
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy):
         out, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy)
@@ -154,16 +209,19 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     causal, scale, window, softcap, alibi_slopes (of shape (H,) or (B, H)): as ``flash_attention``,
                    within each sequence, top-left aligned (query i of a sequence sees its keys j <= i).
     check_seqlens: True (default) checks the offsets against the totals and max lengths: one
-                   copy of 2 (B + 1) ints to the host (a synchronization). False skips it; offsets
-                   out of order then give wrong rows.
+                   copy of 2 (B + 1) ints to the host (a synchronization). False skips it, and so
+                   does torch.compile; offsets out of order then give wrong rows.
     policy:        its tiles (``AttentionPolicy.tiles``) apply; default ``choose_policy`` for D and
                    the max lengths. The v3 forward and two-kernel backward run (deterministic).
 
     Returns out (total_q, H, D) in q's dtype (rows of a sequence with no key: 0); with ``return_lse``
     also the log-sum-exp (H, total_q) float32 (-inf for such rows; not differentiable).
-    Differentiable in q, k and v (eager autograd; not a torch.compile custom op yet).
+    Differentiable in q, k and v. Under ``torch.compile`` it is the custom op
+    ``torch.ops.tilewise.flash_attention_varlen_fwd`` (the LSE's gradient is not propagated).
     """
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_seqlens)
+    # (traced code cannot read the offsets: torch.compile skips their check)
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+           check_seqlens and not torch.compiler.is_compiling())
     if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
         raise ValueError(f"flash_attention_varlen: 'q' is on {q.device}; tilewise kernels need CUDA tensors")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -176,9 +234,14 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         band = (-(max_seqlen_q + max_seqlen_k), 0)
     if band is not None:
         band, causal = tuple(band), False
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernels index them densely
+    if torch.compiler.is_compiling():  # the policy travels as its key; "" = chosen inside the ops
+        out, lse = _fwd_op(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                           list(band) if band is not None else None, float(softcap or 0.0), alibi,
+                           policy.key if policy is not None else "")
+        return (out, lse) if return_lse else out
     if policy is None:
         policy = choose_policy(q.shape[-1], max_seqlen_q, max_seqlen_k, causal=causal)
-    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernels index them densely
     out, lse = _Varlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, band,
                              float(softcap or 0.0), alibi, policy)
     return (out, lse) if return_lse else out
