@@ -254,6 +254,7 @@ def run(r) -> None:
         torch.cuda.empty_cache()
     _window_rows(r, flex)
     _varlen_rows(r, flex)
+    _host_rows(r)
 
 
 def _window_rows(r, flex) -> None:
@@ -373,3 +374,57 @@ def _varlen_rows(r, flex) -> None:
                   baseline_ms=times.get(base) if base else None)
     del q, k, v, go, padded, pad, qp, kp, vp, gop
     torch.cuda.empty_cache()
+
+
+def host_ms(fn, calls: int = 100) -> float:
+    """The host's time to issue one ``fn()``, in ms: ``calls`` calls issued while the GPU is kept busy
+    by a spin kernel (torch.cuda._sleep), so no call waits for the device and the wall time per call
+    is the CPU's alone. The median of five such batches."""
+    import statistics
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(5):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: longer than the issue loop
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def _host_rows(r) -> None:
+    """Host time of an eager forward + backward (autograd, every launch) at a small shape where the
+    GPU work is a few microseconds (issue 30: <= 40 us beyond the GPU time), beside SDPA's cuDNN
+    backend; the row's time is the host's per call, its baseline SDPA's host time."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H, S, D, dtype = 1, 16, 256, 128, torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, go = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    ins = [t.requires_grad_(True) for t in (q, k, v)]
+
+    def ours():
+        return torch.autograd.grad(op.flash_attention(*ins, causal=True), ins, go)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(F.scaled_dot_product_attention(*ins, is_causal=True), ins, go)
+
+    shape = f"B={B},H={H},S={S},D={D},causal,host"
+    times = {}
+    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours)):
+        r.status(f"attention_host_fwd_bwd {name}")
+        try:
+            times[name] = host_ms(fn)
+        except Exception as e:  # noqa: BLE001 - logged, no row
+            r.log(f"  {name} host time failed: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        base = "sdpa_cudnn" if name != "sdpa_cudnn" and "sdpa_cudnn" in times else ""
+        r.add("attention_host_fwd_bwd", name, shape, dtype, times[name], None, baseline=base,
+              baseline_ms=times.get(base) if base else None)
+        r.log(f"  attention_host_fwd_bwd {name}: {times[name] * 1e3:.1f} us of host time a call "
+              f"(GPU time: {time_ms(fn) * 1e3:.1f} us)")
