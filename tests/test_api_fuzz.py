@@ -321,6 +321,15 @@ def _varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seql
     return torch.cat(parts)
 
 
+def _rms_norm_ref(x, weight, eps, mode):
+    if x.shape[-1:] != weight.shape or not (x.is_floating_point() and weight.is_floating_point()):
+        raise ValueError("reference: (..., N) and (N,) float tensors")
+    h = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)
+    if mode == "gemma":
+        return (h * (1.0 + weight.double())).to(x.dtype)
+    return (weight.double() * h.to(x.dtype).double()).to(torch.promote_types(weight.dtype, x.dtype))
+
+
 def _embedding_ref(ids, weight, padding_idx=None):
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError("reference: integer ids")
@@ -482,6 +491,11 @@ def public_ops() -> list[Op]:
            options={"max_seqlen_q": [("max_seqlen_q 2", 2), ("max_seqlen_q -1", -1), ("max_seqlen_q 'x'", "x")],
                     "window": [("window (1,)", (1,))], "softcap": [("softcap 0", 0.0)],
                     "alibi_slopes": [("alibi_slopes of 3 heads", torch.ones(3))]}),
+        Op("rms_norm", tw.rms_norm, {"x": T((4, 3, 10)), "weight": T((10,))},
+           lambda x, weight, eps=1e-6, mode="llama": _rms_norm_ref(x, weight, eps, mode),
+           tol={torch.float32: (1e-2, 1e-2)},  # a 16-bit x: the fp32 result carries the row's 16-bit rounding
+           options={"eps": [("eps -1", -1.0), ("eps NaN", math.nan), ("eps 'x'", "x")],
+                    "mode": [("mode 'rms'", "rms"), ("mode None", None)]}),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
            lambda ids, weight, **kw: _embedding_ref(ids, weight), cuda_only=True,
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),

@@ -30,6 +30,7 @@ _PUBLIC = {
     "ops.attention.api": ["flash_attention", "AttentionPolicy"],
     "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],
+    "ops.norm.api": ["rms_norm"],
     "nn.classifier": ["SentimentClassifier"],
 }
 _LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}
