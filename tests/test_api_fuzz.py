@@ -330,6 +330,16 @@ def _rms_norm_ref(x, weight, eps, mode):
     return (weight.double() * h.to(x.dtype).double()).to(torch.promote_types(weight.dtype, x.dtype))
 
 
+def _rope_ref(q, k, cos, sin):
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3 or q.shape[-1] % 2:
+        raise ValueError("reference: (B, H, S, D) q and k, (B or 1, S, D) cos and sin, D even")
+    def rot(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), -1)
+    c, s = cos.double()[:, None], sin.double()[:, None]
+    return ((q.double() * c + rot(q.double()) * s).to(q.dtype), (k.double() * c + rot(k.double()) * s).to(k.dtype))
+
+
 def _embedding_ref(ids, weight, padding_idx=None):
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError("reference: integer ids")
@@ -496,6 +506,8 @@ def public_ops() -> list[Op]:
            tol={torch.float32: (1e-2, 1e-2)},  # a 16-bit x: the fp32 result carries the row's 16-bit rounding
            options={"eps": [("eps -1", -1.0), ("eps NaN", math.nan), ("eps 'x'", "x")],
                     "mode": [("mode 'rms'", "rms"), ("mode None", None)]}),
+        Op("apply_rotary", tw.apply_rotary, {"q": T((2, 4, 5, 8)), "k": T((2, 2, 5, 8)), "cos": T((1, 5, 8)),
+                                              "sin": T((1, 5, 8))}, _rope_ref),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
            lambda ids, weight, **kw: _embedding_ref(ids, weight), cuda_only=True,
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),
@@ -623,8 +635,20 @@ def judge(case: Case, device: torch.device) -> str | None:
         want = op.ref(**cpu_args)
     except Exception as e:
         return f"returned a result where the reference raises {type(e).__name__}: {e}"
+    if isinstance(want, tuple) and all(isinstance(w, torch.Tensor) for w in want):  # several outputs
+        if not isinstance(got, tuple) or len(got) != len(want):
+            return f"returned {type(got).__name__}, not {len(want)} tensors"
+        for i, (g, w) in enumerate(zip(got, want)):
+            why = _compare(op, g, w, device)
+            if why is not None:
+                return f"output {i}: {why}"
+        return None
     if not isinstance(want, torch.Tensor):
         return None if got == want else f"returned {got!r}, the reference {want!r}"
+    return _compare(op, got, want, device)
+
+
+def _compare(op: Op, got, want: torch.Tensor, device: torch.device) -> str | None:
     if not isinstance(got, torch.Tensor):
         return f"returned {type(got).__name__}, not a tensor"
     got = got.detach().cpu()

@@ -31,6 +31,7 @@ _PUBLIC = {
     "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],
     "ops.norm.api": ["rms_norm"],
+    "ops.rope.api": ["apply_rotary"],
     "nn.classifier": ["SentimentClassifier"],
 }
 _LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}
