@@ -330,6 +330,10 @@ def _rms_norm_ref(x, weight, eps, mode):
     return (weight.double() * h.to(x.dtype).double()).to(torch.promote_types(weight.dtype, x.dtype))
 
 
+def _raise(e):
+    raise e
+
+
 def _rope_ref(q, k, cos, sin):
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3 or q.shape[-1] % 2:
         raise ValueError("reference: (B, H, S, D) q and k, (B or 1, S, D) cos and sin, D even")
@@ -508,6 +512,9 @@ def public_ops() -> list[Op]:
                     "mode": [("mode 'rms'", "rms"), ("mode None", None)]}),
         Op("apply_rotary", tw.apply_rotary, {"q": T((2, 4, 5, 8)), "k": T((2, 2, 5, 8)), "cos": T((1, 5, 8)),
                                               "sin": T((1, 5, 8))}, _rope_ref),
+        Op("swiglu", tw.swiglu, {"gate": T((4, 10)), "up": T((4, 10))},
+           lambda gate, up: (F.silu(gate.double()) * up.double()).to(gate.dtype) if gate.dtype == up.dtype
+           else _raise(TypeError("reference: one dtype"))),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
            lambda ids, weight, **kw: _embedding_ref(ids, weight), cuda_only=True,
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),

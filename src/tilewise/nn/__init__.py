@@ -2,6 +2,6 @@
 ``tilewise.nn.functional.report()``)."""
 
 from .classifier import BACKENDS, SentimentClassifier
-from .layers import RMSNorm
+from .layers import RMSNorm, SwiGLU
 
-__all__ = ["BACKENDS", "RMSNorm", "SentimentClassifier"]
+__all__ = ["BACKENDS", "RMSNorm", "SentimentClassifier", "SwiGLU"]

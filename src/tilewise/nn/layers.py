@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.norm.api import MODES, rms_norm
+from ..ops.pointwise.swiglu import swiglu
 
 
 class RMSNorm(torch.nn.Module):
@@ -27,3 +28,19 @@ class RMSNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, mode={self.mode!r}"
+
+
+class SwiGLU(torch.nn.Module):
+    """``LlamaMLP`` (Mistral's, Qwen2's): ``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the
+    activation in one tilewise kernel (``swiglu``); the projections are torch's Linear (cuBLAS).
+    Same parameter names as transformers', so a state dict loads as is."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
