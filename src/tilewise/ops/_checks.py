@@ -22,3 +22,25 @@ def check_kernel_inputs(what: str, inputs: dict) -> torch.Tensor:
     if first.dtype not in KERNEL_DTYPES:
         raise ValueError(f"{what}: '{name}' has dtype {first.dtype}; supported: float32, float16, bfloat16")
     return first
+
+
+def check_triton_inputs(what: str, inputs: dict, reference: str) -> torch.Tensor:
+    """For ops whose kernels are Triton's: each of ``inputs`` a tensor of a kernel dtype, the first on
+    CUDA (or on the CPU under Triton's interpreter, for tests), the others on its device; returns the
+    first. ValueError naming the argument; ``reference`` names the CPU alternative in the message."""
+    from .. import settings
+
+    for name, t in inputs.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in inputs.items():
+        if t.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"{what}: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
+    name, first = next(iter(inputs.items()))
+    if first.device.type != "cuda" and not (first.device.type == "cpu" and settings.triton_interpret()):
+        raise ValueError(f"{what}: '{name}' is on {first.device}; tilewise kernels need CUDA tensors "
+                         f"(use {reference} for CPU tensors)")
+    for other, t in inputs.items():
+        if t.device != first.device:
+            raise ValueError(f"{what}: '{other}' is on {t.device} but '{name}' is on {first.device}")
+    return first

@@ -1,21 +1,13 @@
-"""RMSNorm (Llama's, bf16) beside HF's eager formula, torch.compile of it and Liger-Kernel's (when
-its wheel is carried), forward and forward + backward, at (tokens, hidden) far larger than L2."""
+"""RMSNorm (Llama's, bf16) beside HF's eager formula, torch.compile of it (full runs) and Liger-Kernel's
+(when its wheel is carried), forward and forward + backward, at (tokens, hidden) far larger than L2."""
 
 from __future__ import annotations
 
 import torch
 
 from ...ops.norm import api as op
-from ..harness import check, time_ms
-
-
-def _liger(hidden: int, eps: float):
-    """Liger-Kernel's RMSNorm in Llama mode, or None where it is not installed."""
-    try:
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    except ImportError:
-        return None
-    return LigerRMSNorm(hidden, eps=eps, offset=0.0, casting_mode="llama").cuda()
+from ..harness import check
+from ._llama_ops import candidates, liger, time_rows
 
 
 def run(r) -> None:
@@ -23,38 +15,26 @@ def run(r) -> None:
     dtype, eps = torch.bfloat16, 1e-6
     g = torch.Generator(device="cuda").manual_seed(0)
     compiled = torch.compile(op.reference, dynamic=False)
+    liger_cls = liger("transformers.rms_norm", "LigerRMSNorm", r)
     for M, N in shapes:
         shape = f"{M}x{N}"
         x = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)
         w = (torch.rand(N, device="cuda", generator=g) + 0.5).to(dtype)
         dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)
         ref = op.reference(x.float(), w.float(), eps).to(dtype)
-        liger = _liger(N, eps)
-        if liger is not None:
-            liger.weight.data.copy_(w)
-        cands = {"torch_eager": lambda a, b: op.reference(a, b, eps), "torch.compile": lambda a, b: compiled(a, b, eps),
-                 "tilewise": lambda a, b: op.rms_norm(a, b, eps)}
-        if r.quick:  # torch.compile's compile time would push gpu-check past 9 minutes
-            del cands["torch.compile"]
-        if liger is not None:
-            cands["liger"] = lambda a, b: liger(a)
-        else:
-            r.log("  liger: not installed (carry its wheel in .whl/): no row")
+        lig = None
+        if liger_cls is not None:
+            m = liger_cls(N, eps=eps, offset=0.0, casting_mode="llama").cuda()
+            m.weight.data.copy_(w)
+            lig = lambda a, b: m(a)  # noqa: E731 - its own weight, a copy of w
+        cands = candidates(r, lambda a, b: op.reference(a, b, eps), lambda a, b: compiled(a, b, eps),
+                           lambda a, b: op.rms_norm(a, b, eps), lig)
+
+        def check_out(name, y):
+            check(f"rmsnorm {name}", y.float(), ref.float(), dtype=dtype, tol=2e-2)
+
         for opname, backward in (("rmsnorm_fwd", False), ("rmsnorm_fwd_bwd", True)):
-            cost = op.cost(M, N, dtype, backward=backward)
-            times = {}
-            for name, fn in cands.items():
-                r.status(f"{opname} {shape} {name}")
-                check(f"rmsnorm {name}", fn(x, w).float(), ref.float(), dtype=dtype, tol=2e-2)
-                if backward:
-                    xi = x.detach().requires_grad_(True)
-                    wi = liger.weight if name == "liger" else w.detach().requires_grad_(True)
-                    ms = time_ms(lambda: torch.autograd.grad(fn(xi, wi), (xi, wi), dy))
-                else:
-                    ms = time_ms(lambda: fn(x, w))
-                times[name] = ms
-                base = next((b for b in ("torch.compile", "torch_eager") if b != name and b in times), "")
-                r.add(opname, name, shape, dtype, ms, cost, baseline=base,
-                      baseline_ms=times.get(base) if base else None)
+            time_rows(r, opname, shape, dtype, op.cost(M, N, dtype, backward=backward), cands, (x, w), check_out,
+                      backward, diff=(0, 1), grad_outputs=dy)
         del x, w, dy, ref
         torch.cuda.empty_cache()

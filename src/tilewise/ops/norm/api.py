@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from ... import settings
 from ...cost import Cost
 from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
+from .._checks import check_triton_inputs
+from .._custom import eager_twin
 from .configs import MAX_N, PROGRAMS_PER_SM, launch_for
 
 MODES = ("llama", "gemma")
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, mode: str = "llama") -> torch.Tensor:
@@ -43,16 +43,7 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.bfloat16, backward: bool = F
 
 
 def _check(x, weight, eps, mode):
-    for name, t in (("x", x), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"rms_norm: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"rms_norm: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and settings.triton_interpret()):
-        raise ValueError(f"rms_norm: 'x' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use norm.api.reference for CPU tensors)")
-    if weight.device != x.device:
-        raise ValueError(f"rms_norm: 'weight' is on {weight.device} but 'x' is on {x.device}")
+    check_triton_inputs("rms_norm", {"x": x, "weight": weight}, "norm.api.reference")
     if x.dim() < 1 or weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: 'weight' has shape {tuple(weight.shape)}; 'x' of shape {tuple(x.shape)} "
                          f"needs ({x.shape[-1] if x.dim() else '?'},)")
@@ -155,20 +146,7 @@ def _grad(ctx, dy, _drstd):
 _fwd_op.register_autograd(_grad, setup_context=_setup)
 
 
-class _Eager(torch.autograd.Function):
-    """The custom ops' work for eager calls, without the dispatcher's host time."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, mode):
-        y, rstd = _forward(x, weight, eps, mode)
-        _setup(ctx, (x, weight, eps, mode), (y, rstd))
-        ctx.eager = True
-        ctx.mark_non_differentiable(rstd)
-        return y, rstd
-
-    @staticmethod
-    def backward(ctx, dy, drstd):
-        return _grad(ctx, dy, drstd)
+_Eager = eager_twin("_Eager", _forward, _setup, _grad, nondifferentiable=(1,))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, mode: str = "llama") -> torch.Tensor:

@@ -10,6 +10,14 @@ import triton.language as tl
 
 
 @triton.jit
+def _row_block(rb, M, cmask, ROWS: tl.constexpr):
+    # rows [rb * ROWS, (rb + 1) * ROWS): their indices, which exist, int64 row numbers, the tile's mask
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    return rows, rmask, rows.to(tl.int64)[:, None], rmask[:, None] & cmask[None, :]
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset,
                          BLOCK: tl.constexpr, ROWS: tl.constexpr, CAST_FIRST: tl.constexpr):
     pid = tl.program_id(0)
@@ -17,10 +25,7 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset,
     cmask = cols < N
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
     for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        rmask = rows < M
-        r64 = rows.to(tl.int64)[:, None]
-        m = rmask[:, None] & cmask[None, :]
+        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
         x = tl.load(X + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(x * x, 1) / N + eps)
         xh = x * rstd[:, None]
@@ -41,10 +46,7 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, stride_dy, stride_x, stri
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
     dw = tl.zeros([BLOCK], tl.float32)
     for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        rmask = rows < M
-        r64 = rows.to(tl.int64)[:, None]
-        m = rmask[:, None] & cmask[None, :]
+        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
         x = tl.load(X + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
         dy = tl.load(DY + r64 * stride_dy + cols[None, :], mask=m, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)

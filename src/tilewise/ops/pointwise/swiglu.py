@@ -13,13 +13,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
+from .._checks import check_triton_inputs
+from .._custom import eager_twin
 from .configs import SWIGLU_BLOCK, SWIGLU_WARPS
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 @triton.jit
 def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
@@ -48,14 +46,7 @@ def cost(n: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False) ->
 
 
 def _check(gate, up):
-    for name, t in (("gate", gate), ("up", up)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"swiglu: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"swiglu: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
-    if gate.device.type != "cuda" and not (gate.device.type == "cpu" and settings.triton_interpret()):
-        raise ValueError(f"swiglu: 'gate' is on {gate.device}; tilewise kernels need CUDA tensors "
-                         f"(use swiglu.reference for CPU tensors)")
+    check_triton_inputs("swiglu", {"gate": gate, "up": up}, "swiglu.reference")
     if up.device != gate.device or up.dtype != gate.dtype or up.shape != gate.shape:
         raise ValueError(f"swiglu: 'up' is {tuple(up.shape)} {up.dtype} on {up.device}; 'gate' is "
                          f"{tuple(gate.shape)} {gate.dtype} on {gate.device}: they must match")
@@ -112,18 +103,7 @@ def _grad(ctx, dy):
 _fwd_op.register_autograd(_grad, setup_context=_setup)
 
 
-class _Eager(torch.autograd.Function):
-    """The custom ops' work for eager calls, without the dispatcher's host time."""
-
-    @staticmethod
-    def forward(ctx, gate, up):
-        _setup(ctx, (gate, up), None)
-        ctx.eager = True
-        return _run(gate, up)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _grad(ctx, dy)
+_Eager = eager_twin("_Eager", _run, _setup, _grad)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
+from .._checks import check_triton_inputs
+from .._custom import eager_twin
 from .configs import heads_per_step
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 def _rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
@@ -40,16 +38,7 @@ def cost(B: int, Hq: int, Hk: int, S: int, D: int, dtype: torch.dtype = torch.bf
 
 
 def _check(q, k, cos, sin):
-    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"apply_rotary: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"apply_rotary: '{name}' has dtype {t.dtype}; supported: float32, float16, bfloat16")
-        if t.device != q.device:
-            raise ValueError(f"apply_rotary: '{name}' is on {t.device} but 'q' is on {q.device}")
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and settings.triton_interpret()):
-        raise ValueError(f"apply_rotary: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
-                         f"(use rope.api.reference for CPU tensors)")
+    check_triton_inputs("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, "rope.api.reference")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"apply_rotary: 'q' {tuple(q.shape)} and 'k' {tuple(k.shape)} must be (B, heads, S, D)")
     B, _, S, D = q.shape
@@ -122,19 +111,7 @@ def _grad(ctx, dq, dk):
 _op.register_autograd(_grad, setup_context=_setup)
 
 
-class _Eager(torch.autograd.Function):
-    """The custom op's work for eager calls, without the dispatcher's host time."""
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, backward):
-        qo, ko = _rotate(q, k, cos, sin, False)
-        _setup(ctx, (q, k, cos, sin, backward), (qo, ko))
-        ctx.eager = True
-        return qo, ko
-
-    @staticmethod
-    def backward(ctx, dq, dk):
-        return _grad(ctx, dq, dk)
+_Eager = eager_twin("_Eager", lambda q, k, cos, sin, _backward: _rotate(q, k, cos, sin, False), _setup, _grad)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
