@@ -1063,7 +1063,8 @@ def test_gpu_torch_compile_in_a_model(deterministic):
 
 # ---------------------------------------------------------------- sm_90 compile report (CPU)
 
-def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, ordered=False):
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, ordered=False,
+                  mods=()):
     """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
     as constants, pointers and strides divisible by 16); return (registers, spill instructions,
     HGMMA count) from the SASS and the number of cp.async (or, for TMA kernels, TMA) copies in the
@@ -1093,7 +1094,7 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
             consts["Bd"] = None
     for n in ("BAND", "SOFTCAP", "ALIBI", "VARLEN"):  # the plain kernels: no band, no score mods, dense
         if n in fn.arg_names:
-            consts[n] = False
+            consts[n] = n in mods
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -1148,7 +1149,14 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "fwd_bias_D64": ("fwd_bias", dict(D=64, causal=False, bias=True)),
               "fwd_tma_D64": ("fwd_tma", dict(D=64, causal=False)),
               "fwd_tma_bias_D64": ("fwd_tma_bias", dict(D=64, causal=False, bias=True)),
-              "fwd_tma_bias_causal": ("fwd_tma_bias", dict(causal=True, bias=True))}
+              "fwd_tma_bias_causal": ("fwd_tma_bias", dict(causal=True, bias=True)),
+              # windows, score mods and packed sequences (v3's kernels, D = 128)
+              "fwd_band_mods": ("fwd", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "dkdv_band_mods": ("dkdv", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "dq_band_mods": ("dq", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "fwd_varlen_causal": ("fwd", dict(causal=True, mods=("VARLEN",))),
+              "dkdv_varlen_causal": ("dkdv", dict(causal=True, mods=("VARLEN",))),
+              "dq_varlen_causal": ("dq", dict(causal=True, mods=("VARLEN",)))}
 
 
 @pytest.fixture(scope="module")
