@@ -167,7 +167,7 @@ def _check_band(causal, window, align):
                          f"its right edge must be None or 0")
 
 
-def _check_mods(q, softcap, alibi_slopes, scale):
+def _check_mods(B, H, device, softcap, alibi_slopes, scale):
     """The score mods' arguments checked; the slopes as a (B, H) float32 tensor (or None)."""
     if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
                                     and math.isfinite(softcap) and softcap > 0):
@@ -176,14 +176,13 @@ def _check_mods(q, softcap, alibi_slopes, scale):
         raise ValueError(f"flash_attention: 'softcap' and 'alibi_slopes' need a scale > 0, got {scale!r}")
     if alibi_slopes is None:
         return None
-    B, H = q.shape[:2]
     if (not isinstance(alibi_slopes, torch.Tensor) or not alibi_slopes.is_floating_point()
             or tuple(alibi_slopes.shape) not in ((H,), (B, H))):
         got = tuple(alibi_slopes.shape) if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
         raise ValueError(f"flash_attention: 'alibi_slopes' must be a float tensor of shape ({H},) or ({B}, {H}), "
                          f"got {got!r}")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"flash_attention: 'alibi_slopes' is on {alibi_slopes.device} but 'q' is on {q.device}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"flash_attention: 'alibi_slopes' is on {alibi_slopes.device} but 'q' is on {device}")
     return alibi_slopes.detach().float().expand(B, H).contiguous()
 
 
@@ -391,7 +390,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
         q, k, v, out, lse,
         bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,
         flags if flags is not None else dummy,
-        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, *(band or (-(Sq + Sk), Sq + Sk)),
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, *(band or (0, 0)),
         *_mod_args(softcap, alibi, diag, scale, dummy), dummy, dummy, 0,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *bias_strides, *_bcast_strides(mask8, full),
@@ -539,8 +538,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         flags = _block_flags(mask, full, bm, bn) if mask is not None else None
         _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
             q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
-            H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, 0,
-            *common,
+            H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, *common,
             *(flags.stride() if flags is not None else (0, 0, 0, 0)),
             BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
             HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec, BAND=band is not None,
@@ -723,11 +721,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     causal = bool(causal)
     _check_band(causal, window, align)
-    alibi = _check_mods(q, softcap, alibi_slopes, scale)
+    alibi = _check_mods(q.shape[0], q.shape[1], q.device, softcap, alibi_slopes, scale)
     Sq, Sk = q.shape[2], k.shape[2]
     band = _band_of(causal, window, align, Sq, Sk)
-    if band is None and causal and (softcap or alibi is not None):
-        band = (-(Sq + Sk), 0)  # the score mods' kernels take causal as a band
     if band is not None:
         band, causal = list(band), False  # the band holds the causal edge
     softcap, diag = float(softcap or 0.0), (Sk - Sq if align == "bottom_right" else 0)

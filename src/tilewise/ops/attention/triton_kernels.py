@@ -14,7 +14,7 @@ Conventions shared by every kernel here:
   -slope * |j - i - diag|, then bias and masks (``_score_mods``);
 - VARLEN (v3 forward, two-kernel backward): packed sequences, (1, H, total, D) views; program b
   takes sequence b's rows [CuQ[b], CuQ[b + 1]) and keys [CuK[b], CuK[b + 1]); LSE / Delta rows
-  are (H, total), dQ / dK / dV (1, H, total, D) contiguous.
+  are (H, total), dQ / dK / dV packed (total, heads, D) like q / k / v.
 """
 
 from __future__ import annotations
@@ -118,17 +118,11 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
         off_b = (bh // H).to(tl.int64)
         off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
-    fin_b = off_b
-    if VARLEN:
-        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+    if VARLEN:  # (the batch strides are 0: sequence off_b's rows start at q0)
+        q0, _, Sq, Sk, Q, Out, K, V = _varlen_seq(CuQ, CuK, off_b, Q, Out, K, V, stride_qm, stride_om, stride_kn,
+                                                  stride_vn)
         if start_m * BLOCK_M >= Sq:
             return
-        Q += q0 * stride_qm
-        K += k0 * stride_kn
-        V += k0 * stride_vn
-        Out += q0 * stride_om
-        Lse += off_h * (TQ - Sq) + q0  # _fwd_finish adds off_h * Sq (fin_b = 0): row q0 of head off_h
-        fin_b = off_b * 0
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -147,24 +141,30 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     if ALIBI:
         slope_t = tl.load(Slopes + off_b * H + off_h)
 
-    if BAND or SOFTCAP or ALIBI:  # only the key tiles the band reaches (every tile without one), masked
+    if BAND:  # only the key tiles the band reaches, each masked
         lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, BAND,
+                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, True,
                                   cap_t, slope_t, diag, SOFTCAP, ALIBI)
     else:
         n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                  CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
+                                  CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, 0, 0, False,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                  CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-    _fwd_finish(acc, l_i, m_i, Out, Lse, fin_b, off_h, H, Sq, offs_m, offs_d,
+                                  CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, 0, 0, False,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+    if VARLEN:
+        Lrow = Lse + off_h * TQ + q0  # this (batch, head)'s LSE row
+    else:
+        Lrow = Lse + (off_b * H + off_h) * Sq
+    _fwd_finish(acc, l_i, m_i, Out, Lrow, off_b, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
@@ -246,9 +246,9 @@ def _attn_fwd_bias_pair_kernel(Q, K, V, Out, Lse, Bias,
     acc0, l0, m0, acc1, l1, m1 = _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, n_full, hi,
                                                 offs_m, offs_d, Sq, Sk, stride_kn, stride_kd, stride_vn, stride_vd,
                                                 stride_bm, stride_bn, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, PREC)
-    _fwd_finish(acc0, l0, m0, Out, Lse, off_b0, off_h, H, Sq, offs_m, offs_d,
+    _fwd_finish(acc0, l0, m0, Out, Lse + (off_b0 * H + off_h) * Sq, off_b0, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
-    _fwd_finish(acc1, l1, m1, Out, Lse, off_b0 + 1, off_h, H, Sq, offs_m, offs_d,
+    _fwd_finish(acc1, l1, m1, Out, Lse + ((off_b0 + 1) * H + off_h) * Sq, off_b0 + 1, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
@@ -283,7 +283,7 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
 @triton.jit
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
-                          CuQ, CuK, TQ, TK,
+                          CuQ, CuK, TQ,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
@@ -304,16 +304,16 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     off_b = (bhk // HK).to(tl.int64)
     off_hk = (bhk % HK).to(tl.int64)
     q0 = off_b * 0
-    drow = bhk.to(tl.int64) * Sk
+    # dK / dV: (B, Hkv, Sk, D) contiguous, or (total_k, Hkv, D) packed with VARLEN
+    dbase = bhk.to(tl.int64) * Sk * HEAD_DIM
+    drows = HEAD_DIM
     if VARLEN:
-        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+        q0, k0, Sq, Sk, Q, DO, K, V = _varlen_seq(CuQ, CuK, off_b, Q, DO, K, V, stride_qm, stride_dm, stride_kn,
+                                                  stride_vn)
         if start_n * BLOCK_N >= Sk:
             return
-        Q += q0 * stride_qm
-        DO += q0 * stride_dm
-        K += k0 * stride_kn
-        V += k0 * stride_vn
-        drow = off_hk * TK + k0
+        dbase = (k0 * HK + off_hk) * HEAD_DIM
+        drows = HK * HEAD_DIM
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
@@ -380,10 +380,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                     dsT = dsT * dcapT
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     dk *= sm_scale
-    tl.store(DK + drow * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :], dk.to(DK.dtype.element_ty),
-             mask=nd_mask)
-    tl.store(DV + drow * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty),
-             mask=nd_mask)
+    tl.store(DK + dbase + offs_n[:, None] * drows + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=nd_mask)
+    tl.store(DV + dbase + offs_n[:, None] * drows + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=nd_mask)
 
 
 @triton.jit
@@ -413,13 +411,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     off_hk = off_h // GROUP
     q0 = off_b * 0
     if VARLEN:
-        q0, Sq, k0, Sk = _varlen_seq(CuQ, CuK, off_b)
+        q0, _, Sq, Sk, Q, DO, K, V = _varlen_seq(CuQ, CuK, off_b, Q, DO, K, V, stride_qm, stride_dm, stride_kn,
+                                                 stride_vn)
         if start_m * BLOCK_M >= Sq:
             return
-        Q += q0 * stride_qm
-        DO += q0 * stride_dm
-        K += k0 * stride_kn
-        V += k0 * stride_vn
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
@@ -429,8 +424,13 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                  mask=md_mask, other=0.0)
     bh64 = bh.to(tl.int64)
     lrow = bh64 * Sq
+    # dQ: (B, H, Sq, D) contiguous, or (total_q, H, D) packed with VARLEN
+    dbase = lrow * HEAD_DIM
+    drows = HEAD_DIM
     if VARLEN:
         lrow = off_h * TQ + q0
+        dbase = (q0 * H + off_h) * HEAD_DIM
+        drows = H * HEAD_DIM
     lse = tl.load(Lse + lrow + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
     lse = tl.where(lse == float("-inf"), 0.0, lse)
     delta = tl.load(Delta + lrow + offs_m, mask=offs_m < Sq, other=0.0)
@@ -484,8 +484,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                 ds = ds * dcap
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     dq *= sm_scale
-    tl.store(DQ + lrow * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-             mask=md_mask)
+    tl.store(DQ + dbase + offs_m[:, None] * drows + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=md_mask)
 
 
 @triton.jit
@@ -547,8 +546,9 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
     for start_n in range(n_full, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
                                       BLOCK_N, CAUSAL, True, HAS_BIAS)
-    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b.to(tl.int64), off_h.to(tl.int64), H, Sq, offs_m,
-                tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
+    _fwd_finish(acc, l_i, m_i, Out, Lse + (off_b.to(tl.int64) * H + off_h.to(tl.int64)) * Sq, off_b.to(tl.int64),
+                off_h.to(tl.int64), Sq, offs_m, tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od,
+                HEAD_DIM)
 
 
 @triton.jit

@@ -54,8 +54,13 @@ def _score_mods(t, rel, cap_t, slope_t, diag, SOFTCAP: tl.constexpr, ALIBI: tl.c
 
 
 @triton.jit
-def _varlen_seq(CuQ, CuK, b):
-    # Sequence b of a packed batch: its first row and row count, its first key and key count.
+def _varlen_seq(CuQ, CuK, b, Q, R, K, V, stride_qm, stride_rm, stride_kn, stride_vn):
+    # Sequence b of a packed batch: its first row q0 and key k0, its row and key counts, and Q, R (the
+    # output or dO: rows like Q's), K, V moved to its first row / key.
     q0 = tl.load(CuQ + b)
     k0 = tl.load(CuK + b)
-    return q0.to(tl.int64), tl.load(CuQ + b + 1) - q0, k0.to(tl.int64), tl.load(CuK + b + 1) - k0
+    Sq = tl.load(CuQ + b + 1) - q0
+    Sk = tl.load(CuK + b + 1) - k0
+    q0 = q0.to(tl.int64)
+    k0 = k0.to(tl.int64)
+    return q0, k0, Sq, Sk, Q + q0 * stride_qm, R + q0 * stride_rm, K + k0 * stride_kn, V + k0 * stride_vn

@@ -50,13 +50,14 @@ def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride
 
 
 @triton.jit
-def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+def _fwd_finish(acc, l_i, m_i, Out, Lrow, off_b, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
+    # Lrow: the LSE of query 0 of this (batch, head); its rows follow with unit stride
     empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
     l_div = tl.where(empty, 1.0, l_i)
     out = acc / l_div[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
     row_ok = offs_m < Sq
-    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
+    tl.store(Lrow + offs_m, lse, mask=row_ok)
     tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))

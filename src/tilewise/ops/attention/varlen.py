@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ... import settings
 from . import configs
 from .api import _band_of, _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
@@ -71,7 +72,7 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((H, TQ), dtype=torch.float32, device=q.device)
     if TQ == 0 or max_q == 0:
-        return out, lse.fill_(float("-inf"))
+        return out.zero_(), lse.fill_(float("-inf"))
     bm, bn, warps, stages = policy.tile("fwd", D)
     dummy = q
     _launch(K_._attn_fwd_kernel, (-(-max_q // bm), nseq * H),
@@ -91,12 +92,12 @@ def _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, s
     TQ, H, D = q.shape
     TK, Hkv, _ = k.shape
     nseq = cu_q.numel() - 1
-    dq4 = torch.zeros((1, H, TQ, D), dtype=q.dtype, device=q.device)
-    dk4 = torch.zeros((1, Hkv, TK, D), dtype=k.dtype, device=q.device)
-    dv4 = torch.zeros((1, Hkv, TK, D), dtype=v.dtype, device=q.device)
-    unpack = (lambda t: t[0].transpose(0, 1).contiguous())  # (1, H, total, D) -> (total, H, D)
+    # packed like q, k, v: the kernels store every row of a sequence (a sequence with no key: dQ = 0)
+    dq = torch.empty((TQ, H, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((TK, Hkv, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((TK, Hkv, D), dtype=v.dtype, device=q.device)
     if TQ == 0 or TK == 0 or max_q == 0 or max_k == 0:
-        return unpack(dq4), unpack(dk4), unpack(dv4)
+        return dq.zero_(), dk.zero_(), dv.zero_()
     bd, prec, dummy = block_d(D), ("ieee" if q.dtype == torch.float32 else None), q
     delta = torch.empty((H, TQ), dtype=torch.float32, device=q.device)
     _launch(K_._attn_bwd_preprocess_kernel, (-(-TQ // 64), H),
@@ -108,16 +109,16 @@ def _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, s
                  SOFTCAP=bool(softcap), ALIBI=alibi is not None, VARLEN=True)
     bm, bn, warps, stages = policy.tile("dkdv", D, q.dtype.itemsize)
     _launch(K_._attn_bwd_dkdv_kernel, (-(-max_k // bn), nseq * Hkv),
-        q, k, v, do, lse, delta, dk4, dv4, dummy, dummy, dummy,
-        H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, TK, *common,
+        q, k, v, do, lse, delta, dk, dv, dummy, dummy, dummy,
+        H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, *common,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, **flags, num_warps=warps, num_stages=stages)
     bm, bn, warps, stages = policy.tile("dq", D)
     _launch(K_._attn_bwd_dq_kernel, (-(-max_q // bm), nseq * H),
-        q, k, v, do, lse, delta, dq4, dummy, dummy, dummy, dummy,
+        q, k, v, do, lse, delta, dq, dummy, dummy, dummy, dummy,
         H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, *common,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, BIAS_GRAD=False, **flags, num_warps=warps,
         num_stages=stages)
-    return unpack(dq4), unpack(dk4), unpack(dv4)
+    return dq, dk, dv
 
 
 def _policy(key: str, q, max_q, max_k, causal) -> AttentionPolicy:
@@ -222,16 +223,14 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     # (traced code cannot read the offsets: torch.compile skips their check)
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
            check_seqlens and not torch.compiler.is_compiling())
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and settings.triton_interpret()):
         raise ValueError(f"flash_attention_varlen: 'q' is on {q.device}; tilewise kernels need CUDA tensors")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     causal = bool(causal)
     _check_band(causal, window, "top_left")
     nseq = cu_seqlens_q.numel() - 1
-    alibi = _check_mods(q.new_empty((nseq, q.shape[1], 0, 0)), softcap, alibi_slopes, scale)
+    alibi = _check_mods(nseq, q.shape[1], q.device, softcap, alibi_slopes, scale)
     band = _band_of(causal, window, "top_left", max_seqlen_q, max_seqlen_k)
-    if band is None and causal and (softcap or alibi is not None):
-        band = (-(max_seqlen_q + max_seqlen_k), 0)
     if band is not None:
         band, causal = tuple(band), False
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernels index them densely
@@ -245,9 +244,3 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     out, lse = _Varlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, band,
                              float(softcap or 0.0), alibi, policy)
     return (out, lse) if return_lse else out
-
-
-def _interpreting() -> bool:
-    from ... import settings
-
-    return settings.triton_interpret()

@@ -17,7 +17,7 @@ import torch
 from ...cost import Cost
 from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_triton_inputs
+from .._checks import check_kernel_inputs
 from .._custom import eager_twin
 from .configs import MAX_N, PROGRAMS_PER_SM, launch_for
 
@@ -43,7 +43,8 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.bfloat16, backward: bool = F
 
 
 def _check(x, weight, eps, mode):
-    check_triton_inputs("rms_norm", {"x": x, "weight": weight}, "norm.api.reference")
+    check_kernel_inputs("rms_norm", {"x": x, "weight": weight}, every=True, interpreter=True,
+                        reference="norm.api.reference")
     if x.dim() < 1 or weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: 'weight' has shape {tuple(weight.shape)}; 'x' of shape {tuple(x.shape)} "
                          f"needs ({x.shape[-1] if x.dim() else '?'},)")

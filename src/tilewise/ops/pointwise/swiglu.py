@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_triton_inputs
+from .._checks import check_kernel_inputs
 from .._custom import eager_twin
 from .configs import SWIGLU_BLOCK, SWIGLU_WARPS
 
@@ -46,7 +46,7 @@ def cost(n: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False) ->
 
 
 def _check(gate, up):
-    check_triton_inputs("swiglu", {"gate": gate, "up": up}, "swiglu.reference")
+    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True)
     if up.device != gate.device or up.dtype != gate.dtype or up.shape != gate.shape:
         raise ValueError(f"swiglu: 'up' is {tuple(up.shape)} {up.dtype} on {up.device}; 'gate' is "
                          f"{tuple(gate.shape)} {gate.dtype} on {gate.device}: they must match")

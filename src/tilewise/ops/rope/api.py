@@ -16,7 +16,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_triton_inputs
+from .._checks import check_kernel_inputs
 from .._custom import eager_twin
 from .configs import heads_per_step
 
@@ -38,7 +38,8 @@ def cost(B: int, Hq: int, Hk: int, S: int, D: int, dtype: torch.dtype = torch.bf
 
 
 def _check(q, k, cos, sin):
-    check_triton_inputs("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, "rope.api.reference")
+    check_kernel_inputs("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, every=True, interpreter=True,
+                        reference="rope.api.reference")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"apply_rotary: 'q' {tuple(q.shape)} and 'k' {tuple(k.shape)} must be (B, heads, S, D)")
     B, _, S, D = q.shape
