@@ -1,4 +1,5 @@
 import functools
+import itertools
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tilewise.bench.harness import peak_extra_bytes
 from tilewise.ops.attention import api as A
 from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import varlen as A_varlen
 from tilewise.ops.attention.reference import _expand_kv
 
 from conftest import HAS_CUDA, poison
@@ -213,6 +215,164 @@ def test_triton_interpreter_fwd_bwd(shape, extra):
     _compare(ours, ref, 1e-5)
     if "mask" in extra and Sq > 5:
         assert (ours["out"][0, :, 5] == 0).all() and (ours["dq"][0, :, 5] == 0).all()
+
+
+BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), flash_attention keywords)
+    "bottom_right_causal_short_q": ((1, 2, 1, 33, 70, 32), dict(causal=True, align="bottom_right")),
+    "bottom_right_causal_long_q": ((1, 1, 1, 70, 33, 32), dict(causal=True, align="bottom_right")),
+    "window_both_sides": ((2, 2, 2, 50, 50, 32), dict(window=(5, 3))),
+    "causal_window": ((1, 2, 1, 64, 64, 32), dict(causal=True, window=(7, None))),
+    "causal_window_bottom_right_mask_bias": ((2, 2, 1, 20, 45, 32), dict(causal=True, window=(4, 0),
+                                                                         align="bottom_right")),
+    "diagonal_only": ((1, 1, 1, 37, 37, 32), dict(window=(0, 0))),
+    # one key each side: the last key a query tile keeps opens a new key tile (and the first query
+    # a key tile feeds opens a new query tile), so the tile ranges' edges are exact
+    "window_one_each_side": ((1, 1, 1, 40, 40, 32), dict(window=(1, 1))),
+    "window_right_only_gqa": ((1, 4, 2, 23, 31, 64), dict(window=(None, 2), align="bottom_right")),
+}
+
+
+def _band_keep(Sq, Sk, causal=False, window=None, align="top_left"):
+    """The (Sq, Sk) attend map written out, from flash_attention's docstring."""
+    i = torch.arange(Sq)[:, None] + (Sk - Sq if align == "bottom_right" else 0)  # query i's diagonal key
+    j = torch.arange(Sk)[None, :]
+    left, right = window if window is not None else (None, None)
+    keep = torch.ones(Sq, Sk, dtype=torch.bool)
+    if causal or right is not None:
+        keep &= j <= i + (0 if causal else right)
+    if left is not None:
+        keep &= j >= i - left
+    return keep
+
+
+@pytest.mark.parametrize("case", sorted(BAND_CASES))
+def test_reference_band_matches_sdpa_with_the_mask_written_out(case):
+    (B, H, Hkv, Sq, Sk, D), kw = BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, seed=Sq * Sk)
+    keep = _band_keep(Sq, Sk, **kw)
+    ours = A.reference(q, k, v, **kw)
+    ref = _sdpa_math(q, k, v, mask=keep)
+    rows = keep.any(-1)  # SDPA gives NaN on a row with no key; ours 0
+    torch.testing.assert_close(ours[:, :, rows], ref[:, :, rows])
+    assert (ours[:, :, ~rows] == 0).all()
+    if kw.get("causal") and "window" not in kw and Sq != Sk:  # PyTorch's own lower-right causal mask
+        from torch.nn.attention.bias import causal_lower_right
+        with sdpa_kernel(SDPBackend.MATH):
+            lr = F.scaled_dot_product_attention(q, _expand_kv(k, H), _expand_kv(v, H),
+                                                attn_mask=causal_lower_right(Sq, Sk))
+        torch.testing.assert_close(ours[:, :, rows], lr[:, :, rows])
+
+
+@pytest.mark.parametrize("case", sorted(BAND_CASES))
+def test_triton_interpreter_band_fwd_bwd(case):
+    """Windows and bottom-right causal on the v3 kernels: forward, dK / dV and dQ against the
+    reference, at sizes that cross several 16-wide tiles and leave partial ones."""
+    (B, H, Hkv, Sq, Sk, D), kw = BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq + Sk)
+    extra = {}
+    if "mask_bias" in case:
+        g = torch.Generator().manual_seed(5)
+        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
+    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
+    _compare(ours, ref, 1e-5)
+
+
+def test_band_arguments_are_checked():
+    q, k, v = _inputs(1, 1, 1, 8, 8, 32, dtype=torch.float32)
+    for bad, msg in [(dict(window=(1,)), "'window' must be"), (dict(window=(-1, 2)), "'window' must be"),
+                     (dict(window=(1.5, 2)), "'window' must be"), (dict(window=(True, 2)), "'window' must be"),
+                     (dict(causal=True, window=(2, 1)), "right edge must be None or 0"),
+                     (dict(align="lower_right"), "'align' must be one of")]:
+        with pytest.raises(ValueError, match=msg):
+            A.flash_attention(q, k, v, **bad)
+
+
+def _alibi_slopes(H):
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])  # the ALiBi paper's geometric slopes
+
+
+MOD_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords; "slopes" -> ALiBi slopes of H heads)
+    "softcap": ((2, 2, 1, 33, 40, 32), dict(softcap=2.0)),
+    "softcap_causal_mask_bias": ((1, 2, 2, 37, 37, 32), dict(softcap=5.0, causal=True)),
+    "alibi": ((1, 4, 2, 29, 45, 32), dict(alibi_slopes="slopes")),
+    "alibi_causal_bottom_right": ((2, 2, 1, 20, 47, 32), dict(alibi_slopes="slopes", causal=True,
+                                                               align="bottom_right")),
+    "alibi_per_batch_softcap_window": ((2, 2, 2, 40, 40, 64), dict(alibi_slopes="per_batch", softcap=3.0,
+                                                                   window=(9, 4))),
+}
+
+
+def _mod_kw(kw, B, H, device="cpu"):
+    out = dict(kw)
+    if kw.get("alibi_slopes") == "slopes":
+        out["alibi_slopes"] = _alibi_slopes(H).to(device)
+    elif kw.get("alibi_slopes") == "per_batch":
+        out["alibi_slopes"] = torch.stack([_alibi_slopes(H), 0.5 * _alibi_slopes(H)]).to(device)
+    return out
+
+
+def test_reference_score_mods_written_out():
+    """Softcap and ALiBi in the reference against the formula on the full score matrix."""
+    q, k, v = _inputs(2, 3, 3, 11, 14, 16, seed=4)
+    slopes = torch.stack([_alibi_slopes(3), 2 * _alibi_slopes(3)]).double()
+    s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
+    s = 4.0 * torch.tanh(s / 4.0)
+    rel = torch.arange(14)[None, :] - torch.arange(11)[:, None] - 3  # bottom-right: diag = 14 - 11
+    s = s - slopes[:, :, None, None] * rel.abs()
+    want = torch.softmax(s, -1) @ v
+    got = A.reference(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(A.reference_tiled(q, k, v, softcap=4.0, alibi_slopes=slopes, align="bottom_right",
+                                                 block_n=4), want)
+
+
+@pytest.mark.parametrize("case", sorted(MOD_CASES))
+def test_triton_interpreter_score_mods_fwd_bwd(case):
+    """Softcap (its gradient goes through the tanh) and ALiBi slopes on the v3 kernels, with windows,
+    causal, a mask and a bias (whose gradient is taken after the softcap)."""
+    (B, H, Hkv, Sq, Sk, D), kw = MOD_CASES[case]
+    kw = _mod_kw(kw, B, H)
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq * 3 + Sk)
+    q = q * 3  # scores of a few units: the softcap bends them
+    extra = {}
+    if "mask_bias" in case:
+        g = torch.Generator().manual_seed(8)
+        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
+    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
+    _compare(ours, ref, 1e-5)
+
+
+def test_score_mod_arguments_are_checked():
+    q, k, v = _inputs(2, 3, 3, 8, 8, 32, dtype=torch.float32)
+    for bad, msg in [(dict(softcap=0.0), "'softcap' must be"), (dict(softcap=-1.0), "'softcap' must be"),
+                     (dict(softcap=float("inf")), "'softcap' must be"), (dict(softcap="x"), "'softcap' must be"),
+                     (dict(softcap=True), "'softcap' must be"),
+                     (dict(softcap=1.0, scale=-1.0), "need a scale > 0"),
+                     (dict(alibi_slopes=torch.ones(4)), r"shape \(3,\) or \(2, 3\)"),
+                     (dict(alibi_slopes=torch.ones(3, dtype=torch.int64)), "'alibi_slopes' must be"),
+                     (dict(alibi_slopes=[1.0, 1.0, 1.0]), "'alibi_slopes' must be")]:
+        with pytest.raises(ValueError, match=msg):
+            A.flash_attention(q, k, v, **bad)
+
+
+def test_triton_interpreter_band_under_compile():
+    """The band reaches the custom ops as a list of two ints, the softcap as a float and the ALiBi slopes
+    as a tensor (fake implementation, autograd)."""
+    q, k, v = _inputs(1, 2, 1, 19, 30, 32, dtype=torch.float32, seed=12, grad=True)
+    kw = dict(causal=True, window=(5, None), align="bottom_right", softcap=2.0, alibi_slopes=_alibi_slopes(2))
+    policy = A.default_policy(q, k, causal=True).replace(tiles=TINY)
+    f = torch.compile(lambda a, b, c: A.flash_attention(a, b, c, policy=policy, **kw) * 2,
+                      backend="aot_eager", fullgraph=True)
+    out = f(q, k, v)
+    out.sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ref = A.reference(q2, k2, v2, **kw)
+    (2 * ref).sum().backward()
+    torch.testing.assert_close(out, 2 * ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip((q.grad, k.grad, v.grad), (q2.grad, k2.grad, v2.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["D96_gqa", "D20_scale", "padding_mask_bias_2d", "noncontig", "default_tiles",
@@ -729,6 +889,37 @@ def poisoned_outputs(monkeypatch):
     monkeypatch.setattr(A, "_empty_like_out", lambda q: poison(torch.empty(q.shape, dtype=q.dtype, device=q.device)))
 
 
+GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bottom-right causal at H200 tiles
+    "bottom_right_causal_kv_cache": ((2, 4, 2, 300, 1000, 128), dict(causal=True, align="bottom_right")),
+    "bottom_right_causal_long_q": ((1, 4, 4, 1000, 257, 64), dict(causal=True, align="bottom_right")),
+    "sliding_window_causal": ((1, 4, 2, 2049, 2049, 128), dict(causal=True, window=(256, None))),
+    "window_both_sides": ((2, 2, 2, 1000, 1000, 64), dict(window=(100, 37))),
+    "window_bottom_right_gqa_d96": ((1, 4, 1, 333, 777, 96), dict(window=(64, 0), causal=True, align="bottom_right")),
+    "softcap_causal": ((2, 4, 2, 1000, 1000, 128), dict(softcap=30.0, causal=True)),
+    "alibi_bottom_right_causal": ((1, 8, 8, 300, 700, 64), dict(alibi_slopes="slopes", causal=True,
+                                                                 align="bottom_right")),
+    "softcap_alibi_window": ((2, 2, 2, 513, 513, 128), dict(softcap=20.0, alibi_slopes="per_batch", window=(128, 0))),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_BAND_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick(rotate="dtype")
+def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
+    (B, H, Hkv, Sq, Sk, D), kw = GPU_BAND_CASES[case]
+    kw = _mod_kw(kw, B, H, "cuda")
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk)
+    ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    for name in ("out", "dq", "dk", "dv"):
+        o, r = ours[name], ref[name]
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 4097, 33, 64), (1, 2, 2, 31, 300, 256),
                                    (2, 2, 2, 1, 1, 32), (2, 3, 3, 33, 4097, 128)],
@@ -872,7 +1063,8 @@ def test_gpu_torch_compile_in_a_model(deterministic):
 
 # ---------------------------------------------------------------- sm_90 compile report (CPU)
 
-def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, ordered=False):
+def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=False, dq_tma=False, ordered=False,
+                  mods=()):
     """Compile one kernel for sm_90 as the JIT does for contiguous bf16 inputs (unit inner strides
     as constants, pointers and strides divisible by 16); return (registers, spill instructions,
     HGMMA count) from the SASS and the number of cp.async (or, for TMA kernels, TMA) copies in the
@@ -900,6 +1092,9 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         consts["BATCH_FASTEST"] = bias
         if not bias:
             consts["Bd"] = None
+    for n in ("BAND", "SOFTCAP", "ALIBI", "VARLEN"):  # the plain kernels: no band, no score mods, dense
+        if n in fn.arg_names:
+            consts[n] = n in mods
     if "BIAS_GRAD" in fn.arg_names:
         consts["BIAS_GRAD"] = bias_grad
     if "DQ_TMA" in fn.arg_names:
@@ -911,13 +1106,14 @@ def _compile_sm90(kind, D, *, causal=True, bias=False, mask=False, bias_grad=Fal
         if n in fn.arg_names:
             consts[n] = 1
     ptr = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "Bias")}
-    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32")
+    ptr.update(Lse="*fp32", Delta="*fp32", Mask="*u8", Flags="*u8", DBias="*fp32", Sem="*i32", Slopes="*fp32",
+               CuQ="*i32", CuK="*i32")
     if kind.startswith("fwd_tma"):
         ptr.update(Qd=f"tensordesc<bf16[{bm},{D}]>", Kd=f"tensordesc<bf16[{bn},{D}]>",
                    Vd=f"tensordesc<bf16[{bn},{D}]>", Bd=f"tensordesc<bf16[{bm},{bn}]>")
     if kind == "atomic":  # the fp32 accumulator: pointer, or a (B * H, Sq, D) TMA descriptor
         ptr["DQ"] = f"tensordesc<fp32[1,{bm},{C.block_d(D)}]>" if dq_tma else "*fp32"
-    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale") else "i32")
+    sig = {n: "constexpr" if n in consts else ptr.get(n, "fp32" if n in ("qk_scale", "sm_scale", "cap_t") else "i32")
            for n in fn.arg_names}
     div = [n for n in fn.arg_names if n not in consts
            and ((n in ptr and not ptr[n].startswith("tensordesc"))
@@ -953,7 +1149,14 @@ SM90_CASES = {"fwd": ("fwd", dict(causal=False)), "dkdv": ("dkdv", dict(causal=F
               "fwd_bias_D64": ("fwd_bias", dict(D=64, causal=False, bias=True)),
               "fwd_tma_D64": ("fwd_tma", dict(D=64, causal=False)),
               "fwd_tma_bias_D64": ("fwd_tma_bias", dict(D=64, causal=False, bias=True)),
-              "fwd_tma_bias_causal": ("fwd_tma_bias", dict(causal=True, bias=True))}
+              "fwd_tma_bias_causal": ("fwd_tma_bias", dict(causal=True, bias=True)),
+              # windows, score mods and packed sequences (v3's kernels, D = 128)
+              "fwd_band_mods": ("fwd", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "dkdv_band_mods": ("dkdv", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "dq_band_mods": ("dq", dict(causal=False, mods=("BAND", "SOFTCAP", "ALIBI"))),
+              "fwd_varlen_causal": ("fwd", dict(causal=True, mods=("VARLEN",))),
+              "dkdv_varlen_causal": ("dkdv", dict(causal=True, mods=("VARLEN",))),
+              "dq_varlen_causal": ("dq", dict(causal=True, mods=("VARLEN",)))}
 
 
 @pytest.fixture(scope="module")
@@ -1676,3 +1879,122 @@ def test_gpu_v5_ws_pingpong(shape, causal, with_bias, poisoned_outputs, monkeypa
     _ws_or_skip(q)
     bias = torch.randn(1, H, Sq, Sk, device="cuda").bfloat16() if with_bias and Sk % 8 == 0 else None
     _check_v5_forward(q, k, v, causal, bias, ws_pingpong=True)
+
+
+# ---------------------------------------------------------------- packed sequences (varlen)
+
+def _pack(lengths, H, D, dtype, device, seed):
+    """B sequences of the given lengths, packed (total, H, D), and their int32 offsets."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    total = sum(lengths)
+    t = torch.randn(total, H, D, generator=g, device=device, dtype=torch.float32).to(dtype)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    return t, cu
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, **kw):
+    """flash_attention's reference run on each sequence alone (B = 1, (1, H, S, D))."""
+    outs = []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks, vs = (t[a:e].transpose(0, 1)[None] for t, a, e in
+                      ((q, cq[b], cq[b + 1]), (k, ck[b], ck[b + 1]), (v, ck[b], ck[b + 1])))
+        extra = dict(kw)
+        if extra.get("alibi_slopes") is not None and extra["alibi_slopes"].dim() == 2:
+            extra["alibi_slopes"] = extra["alibi_slopes"][b]
+        outs.append(A.reference(qs, ks, vs, **extra)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+VARLEN_CASES = {  # name: (lengths_q, lengths_k, H, Hkv, D, keywords)
+    "ragged": ([5, 1, 40, 17], [5, 1, 40, 17], 2, 1, 32, {}),
+    "ragged_causal": ([5, 1, 40, 17, 33], [5, 1, 40, 17, 33], 2, 2, 32, dict(causal=True)),
+    "cross_lengths_with_empty": ([3, 0, 20], [9, 4, 0], 4, 2, 64, {}),
+    "causal_window_softcap_alibi": ([19, 36], [19, 36], 2, 1, 32, dict(causal=True, window=(6, None), softcap=3.0,
+                                                                       alibi_slopes="slopes")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARLEN_CASES))
+def test_triton_interpreter_varlen_fwd_bwd(case):
+    """Packed sequences against each sequence alone: output and dQ / dK / dV, lengths 0, 1 and
+    not tile multiples, GQA, q and k of different lengths."""
+    lq, lk, H, Hkv, D, kw = VARLEN_CASES[case]
+    kw = _mod_kw(kw, len(lq), H)
+    q, cu_q = _pack(lq, H, D, torch.float32, "cpu", 1)
+    k, cu_k = _pack(lk, Hkv, D, torch.float32, "cpu", 2)
+    v, _ = _pack(lk, Hkv, D, torch.float32, "cpu", 3)
+    go = torch.randn(q.shape, generator=torch.Generator().manual_seed(4))
+    policy = C.choose_policy(D, max(lq), max(lk)).replace(tiles=TINY)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = A_varlen.flash_attention_varlen(qi, ki, vi, cu_q, cu_k, max(lq), max(lk), policy=policy, **kw)
+    out.backward(go)
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref = _varlen_reference(qr, kr, vr, cu_q, cu_k, **kw)
+    ref.backward(go)
+    _compare({"out": out, "dq": qi.grad, "dk": ki.grad, "dv": vi.grad},
+             {"out": ref, "dq": qr.grad, "dk": kr.grad, "dv": vr.grad}, 1e-5)
+
+
+def test_triton_interpreter_varlen_under_compile():
+    """The custom ops (fake implementations, autograd) trace in one graph; same answers as eager."""
+    lq = [7, 20, 1]
+    q, cu = _pack(lq, 2, 32, torch.float32, "cpu", 5)
+    k, _ = _pack(lq, 1, 32, torch.float32, "cpu", 6)
+    v, _ = _pack(lq, 1, 32, torch.float32, "cpu", 7)
+    policy = C.choose_policy(32, 20, 20, causal=True).replace(tiles=TINY)
+    f = torch.compile(lambda a, b, c: A_varlen.flash_attention_varlen(a, b, c, cu, cu, 20, 20, causal=True,
+                                                                      policy=policy) * 2,
+                      backend="aot_eager", fullgraph=True)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = f(qi, ki, vi)
+    out.sum().backward()
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref = 2 * _varlen_reference(qr, kr, vr, cu, cu, causal=True)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip((qi.grad, ki.grad, vi.grad), (qr.grad, kr.grad, vr.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_varlen_checks_its_offsets():
+    q, cu = _pack([3, 5], 2, 16, torch.float32, "cpu", 0)
+    f = A_varlen.flash_attention_varlen
+    for bad_cu, msg in [(torch.tensor([0, 3, 7], dtype=torch.int32), "must rise from 0 to 8 .the rows of 'q'"),
+                        (torch.tensor([0, 5, 3, 8], dtype=torch.int32), "must rise from 0 to 8"),
+                        (cu.long(), "1-D int32"), (torch.tensor([0], dtype=torch.int32), "1-D int32")]:
+        with pytest.raises(ValueError, match=msg):
+            f(q, q, q, bad_cu, bad_cu, 5, 5)
+    with pytest.raises(ValueError, match="at most 'max_seqlen_q' = 4"):
+        f(q, q, q, cu, cu, 4, 5)
+    with pytest.raises(ValueError, match="'k' .* must have one"):
+        f(q, q[:, :1, :8], q[:, :1, :8], cu, cu, 5, 5)
+    with pytest.raises(ValueError, match="'q' must be a 3-D"):
+        f(q[None], q, q, cu, cu, 5, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["ragged_causal_gqa", "cross_lengths", "long_and_short_window"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick(rotate="dtype")
+def test_gpu_varlen_fwd_bwd(case, dtype):
+    """Packed sequences at the H200's tiles against each sequence alone in fp32."""
+    lq, lk, H, Hkv, D, kw = {
+        "ragged_causal_gqa": ([1, 1000, 333, 2049], [1, 1000, 333, 2049], 8, 2, 128, dict(causal=True)),
+        "cross_lengths": ([300, 0, 77], [1000, 5, 0], 4, 4, 64, {}),
+        "long_and_short_window": ([4097, 129], [4097, 129], 4, 1, 128, dict(causal=True, window=(256, None))),
+    }[case]
+    q, cu_q = _pack(lq, H, D, dtype, "cuda", 1)
+    k, cu_k = _pack(lk, Hkv, D, dtype, "cuda", 2)
+    v, _ = _pack(lk, Hkv, D, dtype, "cuda", 3)
+    go = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)).to(dtype)
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = A_varlen.flash_attention_varlen(qi, ki, vi, cu_q, cu_k, max(lq), max(lk), **kw)
+    out.backward(go)
+    qr, kr, vr = (t.float().requires_grad_(True) for t in (q, k, v))
+    ref = _varlen_reference(qr, kr, vr, cu_q, cu_k, **kw)
+    ref.backward(go.float())
+    for name, o, r in (("out", out, ref), ("dq", qi.grad, qr.grad), ("dk", ki.grad, kr.grad), ("dv", vi.grad, vr.grad)):
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"

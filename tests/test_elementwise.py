@@ -320,6 +320,9 @@ def test_reference_matches_torch_and_cost():
     x = torch.randn(5, 7)
     y = torch.rand(5, 7) + 0.5
     torch.testing.assert_close(ew.reference("gelu", x), torch.nn.functional.gelu(x), rtol=0, atol=0)
+    # +inf gives +inf, as the kernels do (PyTorch's float32 CPU gelu gives NaN there)
+    assert ew.reference("gelu", torch.tensor([math.inf, 1.0])).tolist() == [math.inf, torch.nn.functional.gelu(
+        torch.tensor(1.0)).item()]
     torch.testing.assert_close(ew.reference("max", x, y), torch.maximum(x, y), rtol=0, atol=0)
     torch.testing.assert_close(ew.reference("relu_backward", y, x), torch.where(x > 0, y, 0.0), rtol=0, atol=0)
     c = ew.cost("add", 1 << 28, (1 << 28, 1 << 28))

@@ -55,3 +55,27 @@ def test_history_rule_catches_what_it_should(tmp_path):
                  "y = 0xFFFFFFFF  # 1048576 rows, the first pass does not wait\n")
     hits = [m.group(0) for _, t in _comments(f) for m in _HISTORY.finditer(t)]
     assert hits == ["gemm-sm90-configs-154a553.log", "2a40fd4", "session 11"]
+
+
+_ENV_READ = re.compile(r"\bos\.(environ|getenv|putenv)\b|\bfrom os import [^\n]*\b(environ|getenv)\b")
+
+
+def env_reads(root: Path) -> list[str]:
+    """Places under ``root`` that read the environment, outside ``settings.py``."""
+    return [f"{p.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}"
+            for p in sorted(root.rglob("*.py")) if p.name != "settings.py" and "__pycache__" not in p.parts
+            for text in [p.read_text()] for m in _ENV_READ.finditer(text)]
+
+
+def test_the_environment_is_read_in_settings_alone():
+    """Every variable tilewise reads is in one table (settings.py), not found by grepping modules."""
+    found = env_reads(ROOT / "src" / "tilewise")
+    assert not found, "read the environment through tilewise.settings:\n  " + "\n  ".join(found)
+
+
+def test_env_rule_catches_what_it_should(tmp_path):
+    (tmp_path / "a.py").write_text("import os\nx = os.environ.get('A')\n")
+    (tmp_path / "b.py").write_text("from os import getenv\n")
+    (tmp_path / "settings.py").write_text("import os\nos.environ\n")
+    (tmp_path / "c.py").write_text("import os\nos.path.join('a')\n")
+    assert env_reads(tmp_path) == ["a.py:2", "b.py:1"]

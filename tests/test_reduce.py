@@ -27,6 +27,18 @@ def test_reference_and_cost():
     assert rd.cost((3, 0), 1).bytes == 0
 
 
+def test_masked_mean_reference_never_reads_the_padding():
+    """NaN or inf past a row's length does not reach its mean (the kernels never load the padding)."""
+    x = torch.randn(3, 6, 4)
+    lengths = torch.tensor([2, 0, 6])
+    spoiled = x.clone()
+    spoiled[0, 2:] = math.nan
+    spoiled[1, :] = math.inf
+    got = rd.masked_mean_reference(spoiled, lengths)
+    torch.testing.assert_close(got, rd.masked_mean_reference(x, lengths), rtol=0, atol=0)
+    assert torch.isfinite(got).all() and (got[1] == 0).all()
+
+
 def test_masked_mean_reference_against_a_loop():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 7, 5, generator=g)

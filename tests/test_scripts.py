@@ -155,3 +155,25 @@ def test_ab_compare_holds_rows_to_the_noise_of_their_ops_external_rows(tmp_path)
     assert "SLOWER   copy | v2" in text  # torch.copy_ moved 1 %: 5 % stands out
     assert "SLOWER   gemm | cublas" in text  # external rows are reported as they are
     assert bad == 3
+
+
+def test_sass_compare_sees_a_changed_kernel_and_not_a_moved_one(tmp_path):
+    """scripts/sass_compare.py: the same tree twice is "same" for every kernel; an edit that changes
+    the code of one kernel makes that kernel, and only it, "DIFFERS" (exit status 1)."""
+    import shutil
+
+    src = ROOT / "src"
+    other = tmp_path / "src"
+    shutil.copytree(src, other, ignore=shutil.ignore_patterns("__pycache__"))
+    cmd = [sys.executable, str(ROOT / "scripts" / "sass_compare.py"), str(src), str(other), "transpose/transpose.cu"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("same") >= 9 and "DIFFERS" not in p.stdout
+    cu = other / "tilewise" / "ops" / "transpose" / "transpose.cu"
+    text = cu.read_text()
+    assert text.count("dst[n * M + m] = src[m * N + n];") == 1  # v1_naive's store
+    cu.write_text(text.replace("dst[n * M + m] = src[m * N + n];", "dst[n * M + m] = src[m * N + n] + src[m * N + n];"))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1
+    differs = [line for line in p.stdout.splitlines() if line.startswith("DIFFERS")]
+    assert differs and all("transpose_v1_naive" in line for line in differs), p.stdout

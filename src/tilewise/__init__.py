@@ -21,6 +21,7 @@ _PUBLIC = {
     "ops.pointwise.elementwise": ["relu", "gelu", "sigmoid", "tanh", "exp", "log", "sin", "cos", "neg",
                                   "add", "sub", "mul", "div", "maximum", "pow"],
     "ops.pointwise.recompute": ["sigmoid3"],
+    "ops.pointwise.swiglu": ["swiglu"],
     "ops.transpose.api": ["transpose"],
     "ops.spmv.api": ["spmv", "CSR", "ELL", "JDS", "Panels"],
     "ops.gemm.sgemm": ["matmul"],
@@ -28,7 +29,10 @@ _PUBLIC = {
     "ops.rowwise.softmax": ["softmax", "log_softmax", "softmax_backward"],
     "ops.rowwise.cross_entropy": ["cross_entropy"],
     "ops.attention.api": ["flash_attention", "AttentionPolicy"],
+    "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],
+    "ops.norm.api": ["rms_norm"],
+    "ops.rope.api": ["apply_rotary"],
     "nn.classifier": ["SentimentClassifier"],
 }
 _LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}

@@ -28,6 +28,18 @@ def _no_gpu_reason() -> str | None:
     return None
 
 
+def _gpu_info(con: Console, without: str):
+    """The GPU's ``device_info()``; None when there is none, after saying why and, in ``without``,
+    what the command does not do then (a missing GPU is not an error: the exit status stays 0)."""
+    reason = _no_gpu_reason()
+    if reason:
+        con.print(f"No GPU: {reason}. {without}")
+        return None
+    from .runtime import device as dev
+
+    return dev.device_info()
+
+
 # --------------------------------------------------------------------------- info
 
 
@@ -40,14 +52,12 @@ def cmd_info(args) -> int:
     except Exception as e:
         nv = f"unavailable ({e})"
     con.print(f"tilewise: NVRTC {nv}; kernel cache {rt.cache_dir()}")
-    reason = _no_gpu_reason()
-    if reason:
-        con.print(f"No GPU: {reason}. Device properties and measured ceilings need a CUDA GPU; "
-                  "kernels can still be compiled for one with `tilewise check --arch sm_90`.")
+    info = _gpu_info(con, "Device properties and measured ceilings need a CUDA GPU; kernels can still be "
+                          "compiled for one with `tilewise check --arch sm_90`.")
+    if info is None:
         return 0
     from .runtime import device as dev
 
-    info = dev.device_info()
     with con.status("measuring ceilings (copy bandwidth, cuBLAS GEMM per dtype)...") as st:
         c = dev.ceilings(remeasure=args.remeasure, progress=lambda s: st.update(f"measuring {s}..."))
 
@@ -90,10 +100,9 @@ def cmd_bench(args) -> int:
         for n in suites.SUITES:
             con.print(n)
         return 0
-    reason = _no_gpu_reason()
-    if reason:
-        con.print(f"No GPU: {reason}. Timings need a CUDA GPU, so nothing was measured. "
-                  "The CPU test suite (`pytest`) checks the references and compiles every kernel.")
+    info = _gpu_info(con, "Timings need a CUDA GPU, so nothing was measured. The CPU test suite (`pytest`) "
+                          "checks the references and compiles every kernel.")
+    if info is None:
         return 0
 
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -101,7 +110,6 @@ def cmd_bench(args) -> int:
     from .bench import harness, report
     from .runtime import device as dev
 
-    info = dev.device_info()
     with con.status("ceilings..."):
         ceil = dev.ceilings()
     runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con,

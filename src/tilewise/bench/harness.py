@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .. import settings
 from .._files import exclusive_lock, write_atomic
 from ..cost import Cost
 
@@ -198,8 +199,8 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
 
 
 def git_sha() -> str:
-    if os.environ.get("TILEWISE_GIT_SHA"):
-        return os.environ["TILEWISE_GIT_SHA"]
+    if settings.git_sha():
+        return settings.git_sha()
     try:
         here = Path(__file__).resolve().parent
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=here, capture_output=True,

@@ -2,5 +2,6 @@
 ``tilewise.nn.functional.report()``)."""
 
 from .classifier import BACKENDS, SentimentClassifier
+from .layers import RMSNorm, SwiGLU
 
-__all__ = ["BACKENDS", "SentimentClassifier"]
+__all__ = ["BACKENDS", "RMSNorm", "SentimentClassifier", "SwiGLU"]

@@ -32,14 +32,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .. import settings
 from .._files import write_atomic
 
 OPS_DIR = Path(__file__).resolve().parent.parent / "ops"
 INCLUDE_DIRS = (OPS_DIR, OPS_DIR / "include")
 
-ENV_CACHE_DIR = "TILEWISE_CACHE_DIR"
-ENV_DEBUG_SYNC = "TILEWISE_DEBUG_SYNC"
-ENV_CUDA_INCLUDE = "TILEWISE_CUDA_INCLUDE"
+ENV_CACHE_DIR = settings.CACHE_DIR
+ENV_DEBUG_SYNC = settings.DEBUG_SYNC
+ENV_CUDA_INCLUDE = settings.CUDA_INCLUDE
 
 # Bump when the cached file format or the default options change.
 _CACHE_FORMAT = 1
@@ -86,7 +87,7 @@ def _cuda_core():
 
 # --------------------------------------------------------------------------- debug switch
 
-_debug_sync = os.environ.get(ENV_DEBUG_SYNC, "0").lower() not in ("", "0", "false", "no")
+_debug_sync = settings.debug_sync()  # the process's initial value; set_debug_sync changes it
 
 
 def set_debug_sync(on: bool) -> None:
@@ -125,12 +126,7 @@ def current_arch() -> str:
 @functools.cache
 def cuda_include_dir() -> str | None:
     """A directory holding cuda_fp16.h / cuda_bf16.h for NVRTC, or None to use bundled headers."""
-    candidates: list[str] = []
-    if os.environ.get(ENV_CUDA_INCLUDE):
-        candidates.append(os.environ[ENV_CUDA_INCLUDE])
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append(os.path.join(os.environ[var], "include"))
+    candidates = settings.cuda_include_candidates()
     try:
         from cuda.pathfinder import find_nvidia_header_directory
 
@@ -154,10 +150,7 @@ def cuda_include_dir() -> str | None:
 
 def cache_dir() -> Path:
     """Where the kernel cache lives (not created here; ``private_cache_dir`` creates and checks it)."""
-    if os.environ.get(ENV_CACHE_DIR):
-        return Path(os.environ[ENV_CACHE_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise"
+    return settings.cache_dir()
 
 
 class CacheDirError(RuntimeError):

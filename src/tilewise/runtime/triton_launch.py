@@ -33,14 +33,16 @@ gemm() call 82 -> 13 us of host time (docs/tuning/gemm.md, "Call plans and the d
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 
-_ENABLED = os.environ.get("TILEWISE_FAST_LAUNCH", "1") not in ("0", "")
-_DIRECT_ON = os.environ.get("TILEWISE_DIRECT_LAUNCH", "1") not in ("0", "")  # Bound's raw-launcher path
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .. import settings
+
+# Read once for the process: the launch path is hot (set_enabled changes the first)
+_ENABLED = settings.fast_launch()
+_DIRECT_ON = settings.direct_launch()  # Bound's raw-launcher path
+_INTERPRET = settings.triton_interpret()
 _MAX_ENTRIES = 4096  # per kernel; cleared when full (shapes of a training run are few)
 
 _TensorDescriptor = None

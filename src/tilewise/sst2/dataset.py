@@ -25,9 +25,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ..runtime.cuda import cache_dir  # the kernel cache's directory: one tilewise cache
+from .. import settings
+from ..settings import cache_dir  # the kernel cache's directory: one tilewise cache
 
-ENV_DATA_DIR = "TILEWISE_SST2_DIR"
+ENV_DATA_DIR = settings.SST2_DIR
 SPLITS = ("train", "dev", "test")
 PAD, UNK = "<pad>", "<unk>"
 
@@ -48,8 +49,8 @@ def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
     out: list[Path] = []
     if data_dir is not None:
         out.append(Path(data_dir))
-    if os.environ.get(ENV_DATA_DIR):
-        out.append(Path(os.environ[ENV_DATA_DIR]))
+    if settings.sst2_dir() is not None:
+        out.append(settings.sst2_dir())
     out += [Path(".data") / "sst2", default_cache_dir()]
     return out
 

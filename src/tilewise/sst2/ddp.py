@@ -4,11 +4,11 @@ gradients are averaged in the backward, and rank 0 alone prints, evaluates and w
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
 
+from .. import settings
 from .config import TrainConfig
 
 
@@ -22,7 +22,7 @@ class Dist:
 
 def world_size() -> int:
     """How many processes torchrun started (1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return settings.distributed()[0]
 
 
 def init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, Dist | None, list[str]]:
@@ -35,7 +35,7 @@ def init_distributed(cfg: TrainConfig) -> tuple[TrainConfig, Dist | None, list[s
         return cfg, None, []
     import torch.distributed as dist
 
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    _, rank, local = settings.distributed()
     on_gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
     notes = [f"data-parallel: rank {rank} of {world} ({'NCCL' if on_gpu else 'gloo'}), batch {cfg.batch_size} "
              f"per process, {cfg.batch_size * world} a step in all"]

@@ -29,11 +29,12 @@ the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 Mi
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
+from ... import settings
+from ...cost import Cost
 from ...ops.attention import api as op
 from ...ops.attention import configs as op_configs
 from ..harness import CheckError, check, time_ms
@@ -78,6 +79,7 @@ def _flex():
                                                device=q.device)
             bm = masks[key]
         return compiled(q, k, v, block_mask=bm)
+    fn._compiled = compiled  # the window rows pass their own block mask
     return fn
 
 
@@ -110,6 +112,18 @@ _ours_tma = _variant(op.v4_flash2_tma, **_V3_BWD)
 def _swept(fn, tiles: dict, **changes):
     """``fn`` (a ``_variant``) with the tiles of ``tiles`` (kernel kind -> tile) and ``changes``."""
     return _variant(fn.fn, **{**fn.changes, **changes}, tiles=tiles)
+
+
+def _sweeps(D, backward):
+    """(row name, version) of the full run's tile sweeps at S = 4096: the forward's tiles of v3 and v4,
+    or the deterministic backward's and the atomic backward's."""
+    if not backward:
+        return [(f"{vname}[{','.join(map(str, cfg))}]", _swept(fn, {"fwd": cfg}))
+                for cfg in _FWD_SWEEP for vname, fn in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))]
+    out = [(f"v3_flash2[{kind}={','.join(map(str, cfg))}]", _swept(_ours, {kind: cfg})) for kind, cfg in _BWD_SWEEP]
+    return out + [(f"v3_flash2_atomic[{kind}={','.join(map(str, cfg))}]",
+                   _swept(_ours_atomic, {kind: cfg}, dq_tma=kind == "atomic_tma"))
+                  for kind, cfg in _ATOMIC_SWEEP if kind != "atomic_tma" or D in op_configs.ATOMIC_TMA]
 
 
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
@@ -168,7 +182,7 @@ def run(r) -> None:
         shapes = [(4096, 128)]
     else:
         shapes = [(S, D) for D in (64, 128) for S in (1024, 2048, 4096, 8192, 16384)]
-    env = os.environ.get("TILEWISE_BENCH_ATTENTION_SHAPES")  # e.g. "4096x64,8192x128" (S x D): part of the grid
+    env = settings.bench_attention_shapes()  # e.g. "4096x64,8192x128" (S x D): part of the grid
     if env:
         try:
             shapes = [tuple(int(v) for v in item.lower().split("x")) for item in env.split(",") if item.strip()]
@@ -232,47 +246,185 @@ def run(r) -> None:
                         _optional_row(r, "v6_flash2_ws_bwd", _ours_v6, q, k, v, None, causal, go, True, **row)
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
-                if not r.quick and not backward and not with_bias and S == 4096:
-                    for cfg, (vname, fn) in ((c, vf) for c in _FWD_SWEEP
-                                             for vf in (("v3_flash2", _ours), ("v4_flash2_tma", _ours_tma))):
-                        name = vname + "[" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(fn, {"fwd": cfg})
-                            _check_version(name, swept, q, k, v, None, causal, go, False)
-                            ms = _time(swept, q, k, v, None, causal, go, False)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                if not r.quick and backward and not with_bias and S == 4096:
-                    for kind, cfg in _BWD_SWEEP:
-                        name = f"v3_flash2[{kind}=" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(_ours, {kind: cfg})
-                            _check_version(name, swept, q, k, v, None, causal, go, True)
-                            ms = _time(swept, q, k, v, None, causal, go, True)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                    for kind, cfg in _ATOMIC_SWEEP:
-                        if kind == "atomic_tma" and D not in op_configs.ATOMIC_TMA:
-                            continue
-                        name = f"v3_flash2_atomic[{kind}=" + ",".join(map(str, cfg)) + "]"
-                        try:
-                            swept = _swept(_ours_atomic, {kind: cfg}, dq_tma=kind == "atomic_tma")
-                            _check_version(name, swept, q, k, v, None, causal, go, True)
-                            ms = _time(swept, q, k, v, None, causal, go, True)
-                        except CheckError:
-                            raise
-                        except Exception as e:  # e.g. out of shared memory for this tile
-                            r.log(f"  {name} failed: {type(e).__name__}: {str(e)[:120]}")
-                            continue
-                        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
+                if not r.quick and not with_bias and S == 4096:  # one kernel's tile changed at a time
+                    for name, swept in _sweeps(D, backward):
+                        _optional_row(r, name, swept, q, k, v, None, causal, go, backward, **row)
                 del bias
         del q, k, v, go
         torch.cuda.empty_cache()
+    _window_rows(r, flex)
+    _varlen_rows(r, flex)
+    _host_rows(r)
+
+
+def _window_rows(r, flex) -> None:
+    """Sliding-window causal attention at S = 16384 (Mistral's window of 4096 and a short one of
+    1024): flash_attention with ``window`` against FlexAttention with the same mask as a block mask,
+    and the full causal forward as the yardstick (issue 30: window 1024 <= 0.15x of it)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, S, D, dtype = 1, 16, 16384, 128, torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, go = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    full = _variant(op.flash_attention)
+    for left in (1024,) if r.quick else (1024, 4096):
+        kept = sum(min(i + 1, left + 1) for i in range(S))  # (query, key) pairs each head computes
+        for opname, backward in (("attention_window_fwd", False), ("attention_window_fwd_bwd", True)):
+            shape = f"B={B},H={H},S={S},D={D},causal,window={left}"
+            cost = op.cost(B, H, S, S, D, dtype, backward=backward)
+            cost = Cost(cost.flops * kept / (S * S), cost.bytes)
+            window = (lambda a, b, c, causal, bias, _l=left: op.flash_attention(a, b, c, causal=True,
+                                                                                  window=(_l, None)))
+            mask = create_block_mask(lambda b, h, qi, ki, _l=left: (qi >= ki) & (qi - ki <= _l), None, None, S, S,
+                                     device="cuda")
+            flex_w = (lambda a, b, c, causal, bias, _m=mask: flex._compiled(a, b, c, block_mask=_m))
+            sl = (slice(0, 1), slice(0, 2))
+            qs, ks, vs = (t[sl].float() for t in (q, k, v))
+            ref = op.reference(qs, ks, vs, causal=True, window=(left, None))
+            times = {}
+            for name, fn in (("flex_attention", flex_w), ("flash_attention", window)):
+                r.status(f"{opname} {shape} {name}")
+                try:
+                    check(f"{name} out", fn(q, k, v, True, None)[sl].float(), ref, dtype=dtype, tol=2e-2)
+                    times[name] = _time(fn, q, k, v, None, True, go, backward)
+                except CheckError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - e.g. FlexAttention missing: logged, no row
+                    r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                    continue
+                base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+                r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
+                      baseline_ms=times.get(base) if base else None)
+            if "flash_attention" in times and left == 1024:
+                r.status(f"{opname} full causal")
+                ms = _time(full, q, k, v, None, True, go, backward)
+                r.add(opname, "flash_attention[full causal]", f"B={B},H={H},S={S},D={D},causal", dtype, ms,
+                      op.cost(B, H, S, S, D, dtype, causal=True, backward=backward))
+                r.log(f"  {opname}: window {left} / full causal = {times['flash_attention'] / ms:.3f} (target <= 0.15)")
+            del ref, qs, ks, vs
+    del q, k, v, go
+    torch.cuda.empty_cache()
+
+
+# Eight causal documents packed into 16,296 tokens (longest 4096): a pretraining batch without padding.
+_DOCS = (4096, 3000, 2500, 2000, 1800, 1200, 1000, 700)
+
+
+def _varlen_rows(r, flex) -> None:
+    """Packed causal documents: flash_attention_varlen against FlexAttention with the document mask
+    as a block mask on the same packing, and against our dense path on the padded batch (a key
+    padding mask; issue 30: >= 1.0x both)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from ...ops.attention import varlen as opv
+
+    H, D, dtype = 16, 128, torch.bfloat16
+    lens, B, S = list(_DOCS), len(_DOCS), max(_DOCS)
+    total = sum(lens)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v, go = (torch.randn(total, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(B)], dtype=torch.int32, device="cuda")
+    doc = torch.repeat_interleave(torch.arange(B, device="cuda"), torch.tensor(lens, device="cuda"))
+    try:
+        bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total, total,
+                               device="cuda")
+    except Exception as e:  # noqa: BLE001 - no Flex rows then
+        r.log(f"  flex_attention: no document block mask ({type(e).__name__}: {str(e)[:120]})")
+        bm = None
+    q4, k4, v4, go4 = (t.transpose(0, 1)[None] for t in (q, k, v, go))
+    # the padded batch: (B, H, S, D), document b in rows [0, lens[b]), keys past it masked
+    pad = torch.zeros(B, S, H, D, device="cuda", dtype=dtype)
+    padded = [pad.clone() for _ in range(4)]
+    for t, src in zip(padded, (q, k, v, go)):
+        for b in range(B):
+            t[b, :lens[b]] = src[cu[b]:cu[b + 1]]
+    qp, kp, vp, gop = (t.transpose(1, 2) for t in padded)
+    keys = (torch.arange(S, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
+    cases = {"flash_attention_varlen": ((q, k, v, go), lambda a, b, c: opv.flash_attention_varlen(
+                 a, b, c, cu, cu, S, S, causal=True, check_seqlens=False)),
+             "flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm)
+                                if bm is not None else None),
+             "flash_attention[padded]": ((qp, kp, vp, gop), lambda a, b, c: op.flash_attention(
+                 a, b, c, causal=True, mask=keys))}
+    flops = sum(4.0 * H * n * n * D / 2 for n in lens)
+    ref0 = op.reference(q[:lens[0], :2].transpose(0, 1)[None].float(), k[:lens[0], :2].transpose(0, 1)[None].float(),
+                        v[:lens[0], :2].transpose(0, 1)[None].float(), causal=True)[0]  # document 0, heads 0-1
+    shape = f"docs={B},tokens={total},max={S},H={H},D={D},causal"
+    for opname, backward in (("attention_varlen_fwd", False), ("attention_varlen_fwd_bwd", True)):
+        cost = Cost(flops * (3.5 if backward else 1.0), 4 * total * H * D * dtype.itemsize * (2 if backward else 1))
+        times = {}
+        for name, ((a, b, c, gg), fn) in cases.items():
+            r.status(f"{opname} {name}")
+            try:
+                out = fn(a, b, c)
+                first = out[:lens[0], :2].transpose(0, 1) if out.dim() == 3 else out[0, :2, :lens[0]]
+                check(f"{name} out", first.float(), ref0, dtype=dtype, tol=2e-2)
+                if backward:
+                    ins = [t.detach().requires_grad_(True) for t in (a, b, c)]
+                    times[name] = time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
+                else:
+                    times[name] = time_ms(lambda: fn(a, b, c))
+            except CheckError:
+                raise
+            except Exception as e:  # noqa: BLE001 - logged, no row
+                r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+            r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
+                  baseline_ms=times.get(base) if base else None)
+    del q, k, v, go, padded, pad, qp, kp, vp, gop
+    torch.cuda.empty_cache()
+
+
+def host_ms(fn, calls: int = 100) -> float:
+    """The host's time to issue one ``fn()``, in ms: ``calls`` calls issued while the GPU is kept busy
+    by a spin kernel (torch.cuda._sleep), so no call waits for the device and the wall time per call
+    is the CPU's alone. The median of five such batches."""
+    import statistics
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(5):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: longer than the issue loop
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def _host_rows(r) -> None:
+    """Host time of an eager forward + backward (autograd, every launch) at a small shape where the
+    GPU work is a few microseconds (issue 30: <= 40 us beyond the GPU time), beside SDPA's cuDNN
+    backend; the row's time is the host's per call, its baseline SDPA's host time."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H, S, D, dtype = 1, 16, 256, 128, torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, go = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    ins = [t.requires_grad_(True) for t in (q, k, v)]
+
+    def ours():
+        return torch.autograd.grad(op.flash_attention(*ins, causal=True), ins, go)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.autograd.grad(F.scaled_dot_product_attention(*ins, is_causal=True), ins, go)
+
+    shape = f"B={B},H={H},S={S},D={D},causal,host"
+    times = {}
+    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours)):
+        r.status(f"attention_host_fwd_bwd {name}")
+        try:
+            times[name] = host_ms(fn)
+        except Exception as e:  # noqa: BLE001 - logged, no row
+            r.log(f"  {name} host time failed: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        base = "sdpa_cudnn" if name != "sdpa_cudnn" and "sdpa_cudnn" in times else ""
+        r.add("attention_host_fwd_bwd", name, shape, dtype, times[name], None, baseline=base,
+              baseline_ms=times.get(base) if base else None)
+        r.log(f"  attention_host_fwd_bwd {name}: {times[name] * 1e3:.1f} us of host time a call "
+              f"(GPU time: {time_ms(fn) * 1e3:.1f} us)")

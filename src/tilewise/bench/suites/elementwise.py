@@ -18,6 +18,27 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
+def _zip_add(r, what: str, shape: str, dtype, a, b, out, names, compiled: bool = False) -> None:
+    """zip add of a and b into ``out``: PyTorch eager (the baseline), torch.compile when asked, and
+    the versions ``names``; ``what`` names the case in the check messages."""
+    r.status(f"zip add {shape} {dtype}")
+    ref = torch.add(a, b)
+    cost = ew.cost("add", a.numel(), (a.numel(), b.numel()), dtype)
+    base_ms = time_ms(lambda: torch.add(a, b))
+    r.add("zip_add", "torch_eager", shape, dtype, base_ms, cost)
+    if compiled:
+        cf = _compiled(lambda p, q: p + q)
+        check(f"{what}.torch.compile", cf(a, b), ref)
+        r.add("zip_add", "torch.compile", shape, dtype, time_ms(lambda: cf(a, b)), cost)
+    for name in names:
+        fn = ew.ZIP_VARIANTS[name]
+        out.fill_(float("nan"))
+        fn("add", a, b, out)
+        check(f"{what}.{name}", out, ref)
+        ms = time_ms(lambda: fn("add", a, b, out))
+        r.add("zip_add", name, shape, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
+
+
 def run(r) -> None:
     n = 2**28
     dtypes = [torch.float32] if r.quick else [torch.float32, torch.bfloat16]
@@ -53,22 +74,8 @@ def run(r) -> None:
                 r.add(f"map_{op}", name, shape, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
             del ref
 
-        r.status(f"zip add {shape} {dtype}")
-        ref = torch.add(x, y)
-        cost = ew.cost("add", n, (n, n), dtype)
-        base_ms = time_ms(lambda: torch.add(x, y))
-        r.add("zip_add", "torch_eager", shape, dtype, base_ms, cost)
-        cf = _compiled(lambda a, b: a + b)
-        check("zip_add.torch.compile", cf(x, y), ref)
-        r.add("zip_add", "torch.compile", shape, dtype, time_ms(lambda: cf(x, y)), cost)
-        for name in ("v1_strided", "v2_contiguous", "v4_blocked"):  # v3/v5: 2-D strided layouts
-            fn = ew.ZIP_VARIANTS[name]
-            out.fill_(float("nan"))
-            fn("add", x, y, out)
-            check(f"zip_add.{name}", out, ref)
-            ms = time_ms(lambda: fn("add", x, y, out))
-            r.add("zip_add", name, shape, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
-        del ref
+        # v3/v5 need 2-D strided layouts: the cases below.
+        _zip_add(r, "zip_add", shape, dtype, x, y, out, ("v1_strided", "v2_contiguous", "v4_blocked"), compiled=True)
 
         # Strided: a transposed operand (16384 x 16384), a bias row over 65536 x 4096, and a
         # scalar (0-dim) operand over all 2^28 (x * 2.0 inside autograd is this case).
@@ -78,20 +85,7 @@ def run(r) -> None:
                  ("bias_row", x.view(-1, 4096), y[:4096], out.view(-1, 4096), ("v1_strided", "v3_tiled", "v5_rows")),
                  ("scalar", x, y[0], out, ("v1_strided", "v5_rows")))
         for label, a, b, o, names in cases:
-            shp = f"{label} {tuple(a.shape)}"
-            r.status(f"zip add {shp} {dtype}")
-            ref = torch.add(a, b)
-            cost = ew.cost("add", a.numel(), (a.numel(), b.numel()), dtype)
-            base_ms = time_ms(lambda: torch.add(a, b))
-            r.add("zip_add", "torch_eager", shp, dtype, base_ms, cost)
-            for name in names:
-                fn = ew.ZIP_VARIANTS[name]
-                o.fill_(float("nan"))
-                fn("add", a, b, o)
-                check(f"zip_add {label}.{name}", o, ref)
-                ms = time_ms(lambda: fn("add", a, b, o))
-                r.add("zip_add", name, shp, dtype, ms, cost, baseline="torch_eager", baseline_ms=base_ms)
-            del ref
+            _zip_add(r, f"zip_add {label}", f"{label} {tuple(a.shape)}", dtype, a, b, o, names)
         del x, y, out, cases, a, b, o
         torch.cuda.empty_cache()
 

@@ -66,17 +66,17 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from typing import Optional
 
 import torch
 
+from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from . import configs
 from .configs import AttentionPolicy, block_d, choose_policy
-from .reference import reference, reference_tiled
+from .reference import ALIGNS, band as _band_of, reference, reference_tiled
 
 __all__ = ["AttentionPolicy", "VARIANTS", "choose_policy", "cost", "default_policy", "flash_attention", "reference",
            "reference_tiled"]
@@ -113,9 +113,6 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
 # Input checks
 # ----------------------------------------------------------------------------------------------
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def _check(q, k, v, mask, bias, scale):
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -129,7 +126,7 @@ def _check(q, k, v, mask, bias, scale):
             raise ValueError(f"flash_attention: '{name}' is on {t.device} but 'q' is on {q.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
-    if q.device.type != "cuda" and not (_interpreting() and q.device.type == "cpu"):  # meta has no data
+    if q.device.type != "cuda" and not (settings.triton_interpret() and q.device.type == "cpu"):  # meta has no data
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
                          f"(use attention.reference for CPU tensors)")
     B, H, Sq, D = q.shape
@@ -155,6 +152,38 @@ def _check(q, k, v, mask, bias, scale):
         _check_broadcast("bias", bias, full, q.device)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"flash_attention: 'scale' must be a finite number or None, got {scale!r}")
+
+
+def _check_band(causal, window, align):
+    if align not in ALIGNS:
+        raise ValueError(f"flash_attention: 'align' must be one of {ALIGNS}, got {align!r}")
+    if window is None:
+        return
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or not all(
+            w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 0) for w in window):
+        raise ValueError(f"flash_attention: 'window' must be (left, right) with ints >= 0 or None, got {window!r}")
+    if causal and window[1] not in (None, 0):
+        raise ValueError(f"flash_attention: 'window' = {tuple(window)} looks past the diagonal; with causal=True "
+                         f"its right edge must be None or 0")
+
+
+def _check_mods(B, H, device, softcap, alibi_slopes, scale):
+    """The score mods' arguments checked; the slopes as a (B, H) float32 tensor (or None)."""
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"flash_attention: 'softcap' must be a finite number > 0 or None, got {softcap!r}")
+    if (softcap is not None or alibi_slopes is not None) and scale <= 0:
+        raise ValueError(f"flash_attention: 'softcap' and 'alibi_slopes' need a scale > 0, got {scale!r}")
+    if alibi_slopes is None:
+        return None
+    if (not isinstance(alibi_slopes, torch.Tensor) or not alibi_slopes.is_floating_point()
+            or tuple(alibi_slopes.shape) not in ((H,), (B, H))):
+        got = tuple(alibi_slopes.shape) if isinstance(alibi_slopes, torch.Tensor) else alibi_slopes
+        raise ValueError(f"flash_attention: 'alibi_slopes' must be a float tensor of shape ({H},) or ({B}, {H}), "
+                         f"got {got!r}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"flash_attention: 'alibi_slopes' is on {alibi_slopes.device} but 'q' is on {device}")
+    return alibi_slopes.detach().float().expand(B, H).contiguous()
 
 
 def _check_broadcast(name, t, full, device):
@@ -237,7 +266,7 @@ def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
     TMA reads by rows (``_tma_bias_rows``)."""
     from . import gluon_fwd as ag
 
-    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not _interpreting()
+    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not settings.triton_interpret()
             and _tma_applies(q, k, v, mask, None) and (bias is None or _tma_bias_rows(q, k, bias, bias_strides))
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
@@ -252,7 +281,7 @@ def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
 def _ordered_applies(q, mask) -> bool:
     """The ordered fused backward is GPU only (the interpreter runs programs one after another, so a
     causal key tile would wait forever on a later one) and maskless (skipped tiles would break the count)."""
-    return mask is None and q.is_cuda and not _interpreting()
+    return mask is None and q.is_cuda and not settings.triton_interpret()
 
 
 # Whether this process's Triton builds the atomic kernel's TMA reduce-add of dQ: None until the first
@@ -264,7 +293,7 @@ def _dq_tma_applies(q, D) -> bool:
     """sm_90+ (the interpreter has no descriptor reduce), and a head dim with a TMA config that equals
     its tile width (the fp32 (B * H, Sq, D) dQ view then has 16-byte rows and the box never exceeds
     the tensor's last dim)."""
-    return (_DQ_TMA_BUILDS["ok"] is not False and not _interpreting() and q.is_cuda
+    return (_DQ_TMA_BUILDS["ok"] is not False and not settings.triton_interpret() and q.is_cuda
             and D in configs.ATOMIC_TMA and torch.cuda.get_device_capability(q.device)[0] >= 9)
 
 
@@ -289,7 +318,7 @@ def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
     """The bias forward through v4's TMA kernel: q/k/v as ``_tma_applies`` asks and a bias as
     ``_tma_bias_rows`` asks, on sm_90+."""
     return (_tma_applies(q, k, v, None, None) and _tma_bias_rows(q, k, bias, bias_strides)
-            and (_interpreting() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
+            and (settings.triton_interpret() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
 
 
 def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
@@ -317,7 +346,8 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
     return out, lse
 
 
-def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy):
+def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=None, softcap=0.0, alibi=None,
+              diag=0):
     from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
@@ -336,16 +366,19 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy):
         q, scale = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
     full = (B, H, Sq, Sk)
     bias_strides = _bcast_strides(bias, full)
-    if policy.forward == "ws" and _ws_applies(q, k, v, mask, bias, bias_strides):
+    # A band (window, bottom-right causal) or a score mod runs on the pointer kernel alone (below).
+    plain = band is None and not softcap and alibi is None
+    if plain and policy.forward == "ws" and _ws_applies(q, k, v, mask, bias, bias_strides):
         from . import gluon_fwd as ag
         return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch,
                       config=configs.ws_fwd_config(D, bias is not None, policy.ws_config),
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
-    if policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
+    if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy)
-    if bias is not None and mask is None and policy.bias_tma and _tma_bias_applies(q, k, v, bias, bias_strides):
+    if (plain and bias is not None and mask is None and policy.bias_tma
+            and _tma_bias_applies(q, k, v, bias, bias_strides)):
         return _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy)
-    if bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0 and policy.bias_pair:
+    if plain and bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0 and policy.bias_pair:
         return _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy)
     bm, bn, warps, stages = policy.tile("fwd_bias" if bias is not None else "fwd", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
@@ -357,15 +390,22 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy):
         q, k, v, out, lse,
         bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,
         flags if flags is not None else dummy,
-        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634,
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, *(band or (0, 0)),
+        *_mod_args(softcap, alibi, diag, scale, dummy), dummy, dummy, 0,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *bias_strides, *_bcast_strides(mask8, full),
         *(flags.stride() if flags is not None else (0, 0, 0, 0)),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=block_d(D), CAUSAL=causal,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, HAS_FLAGS=flags is not None,
         PREC="ieee" if q.dtype == torch.float32 else None, BATCH_FASTEST=batch_fastest,
-        num_warps=warps, num_stages=stages)
+        BAND=band is not None, SOFTCAP=bool(softcap), ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
     return out, lse
+
+
+def _mod_args(softcap, alibi, diag, scale, dummy):
+    """The kernels' cap_t, Slopes and diag: softcap and the ALiBi slopes in units of 1 / scale."""
+    slopes = (alibi / scale).float().contiguous() if alibi is not None else dummy
+    return (softcap / scale if softcap else 1.0), slopes, diag
 
 
 def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy):
@@ -386,7 +426,8 @@ def _empty_grad_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, policy: AttentionPolicy):
+def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, policy: AttentionPolicy,
+              band=None, softcap=0.0, alibi=None, diag=0):
     from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
@@ -407,10 +448,12 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     dummy = q
 
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    ws_bwd = policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
+    # A band or a score mod runs on the two-kernel backward alone.
+    plain = band is None and not softcap and alibi is None
+    ws_bwd = plain and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
     # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
     # keep the two-kernel backward whatever the policy says.
-    fused = bd <= configs.ATOMIC_MAX_D
+    fused = plain and bd <= configs.ATOMIC_MAX_D
     ordered = fused and policy.backward == "ordered" and _ordered_applies(q, mask)
     atomic = fused and (policy.backward == "atomic" or ordered)
     # The atomic (and ordered) path's fp32 dQ accumulator, zeroed by the preprocess kernel.
@@ -433,6 +476,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
             return dq, dk, dv, dbias
 
     mask8 = mask.view(torch.uint8) if mask is not None else None
+    mods = _mod_args(softcap, alibi, diag, scale, dummy)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
               *_bcast_strides(bias, full), *_bcast_strides(mask8, full))
     bias_arg = bias if bias is not None else dummy
@@ -442,7 +486,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     # Without causal or mask every (query, key) of dS is stored by the kernels: no zero fill
     # (4.3 GB of writes at B=4, H=16, S=4096 in fp32, about 1 ms).
     direct = bias_grad and tuple(_as4(bias).shape) == full
-    alloc = torch.zeros if (causal or mask is not None) else torch.empty
+    alloc = torch.zeros if (causal or mask is not None or band is not None) else torch.empty
     if direct:
         ds = alloc(full, dtype=bias.dtype, device=q.device)
     else:
@@ -494,21 +538,21 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         flags = _block_flags(mask, full, bm, bn) if mask is not None else None
         _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
             q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
-            H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+            H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, *common,
             *(flags.stride() if flags is not None else (0, 0, 0, 0)),
             BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
-            HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec,
-            num_warps=warps, num_stages=stages)
+            HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, PREC=prec, BAND=band is not None,
+            SOFTCAP=bool(softcap), ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
 
     bm, bn, warps, stages = policy.tile("dq_bias" if bias_grad else "dq", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
     _launch(K_._attn_bwd_dq_kernel, (-(-Sq // bm), B * H),
         q, k, v, do, lse, delta, dq, ds, bias_arg, mask_arg, flags if flags is not None else dummy,
-        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
+        H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, *common,
         *(flags.stride() if flags is not None else (0, 0, 0, 0)),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, CAUSAL=causal, HAS_BIAS=bias is not None,
         HAS_MASK=mask is not None, HAS_FLAGS=flags is not None, BIAS_GRAD=bias_grad, PREC=prec,
-        num_warps=warps, num_stages=stages)
+        BAND=band is not None, SOFTCAP=bool(softcap), ALIBI=alibi is not None, num_warps=warps, num_stages=stages)
     if bias_grad:
         dbias = _reduce_dbias(ds, bias, direct)
     return dq, dk, dv, dbias
@@ -526,15 +570,16 @@ def _reduce_dbias(ds, bias, direct):
 @torch.library.custom_op("tilewise::flash_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
             bias: Optional[torch.Tensor], causal: bool, scale: float, deterministic: bool,
-            policy: str) -> tuple[torch.Tensor, torch.Tensor]:
+            policy: str, band: Optional[list[int]] = None, softcap: float = 0.0, alibi: Optional[torch.Tensor] = None,
+            diag: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     # ``policy``: an AttentionPolicy's key, or "" for the default (custom ops take no objects);
     # ``deterministic`` is here so that autograd's setup_context sees it (torch.compile: a plain bool).
     return _fwd_impl(q, k, v, mask, bias, causal, scale, _resolve(policy, q, k, mask, bias, causal, deterministic,
-                                                                   False))
+                                                                   False), band, softcap, alibi, diag)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, mask, bias, causal, scale, deterministic, policy):
+def _(q, k, v, mask, bias, causal, scale, deterministic, policy, band=None, softcap=0.0, alibi=None, diag=0):
     B, H, Sq, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -543,13 +588,15 @@ def _(q, k, v, mask, bias, causal, scale, deterministic, policy):
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
             lse: torch.Tensor, dlse: Optional[torch.Tensor], mask: Optional[torch.Tensor],
             bias: Optional[torch.Tensor], causal: bool, scale: float, bias_grad: bool, deterministic: bool,
-            policy: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            policy: str, band: Optional[list[int]] = None, softcap: float = 0.0, alibi: Optional[torch.Tensor] = None,
+            diag: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
-                     _resolve(policy, q, k, mask, bias, causal, deterministic, bias_grad))
+                     _resolve(policy, q, k, mask, bias, causal, deterministic, bias_grad), band, softcap, alibi, diag)
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic, policy):
+def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, deterministic, policy, band=None, softcap=0.0,
+      alibi=None, diag=0):
     c = torch.contiguous_format
     db = torch.empty_like(bias, memory_format=c) if bias_grad else q.new_empty((0,))
     return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
@@ -557,18 +604,19 @@ def _(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, determi
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, bias, causal, scale, deterministic, policy = inputs
+    q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, mask, bias)
+    ctx.save_for_backward(q, k, v, out, lse, mask, bias, alibi)
     # The forward's policy (an AttentionPolicy eagerly, its key or "" traced): the backward's.
-    ctx.causal, ctx.scale, ctx.deterministic, ctx.policy = causal, scale, deterministic, policy
+    ctx.causal, ctx.scale, ctx.deterministic, ctx.policy, ctx.band = causal, scale, deterministic, policy, band
+    ctx.softcap, ctx.diag = softcap, diag
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, mask, bias = ctx.saved_tensors
+    q, k, v, out, lse, mask, bias, alibi = ctx.saved_tensors
     if dout is None and dlse is None:
-        return None, None, None, None, None, None, None, None, None
+        return (None,) * 13
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is not None:
@@ -576,11 +624,11 @@ def _backward(ctx, dout, dlse):
     bias_grad = bias is not None and ctx.needs_input_grad[4]
     if getattr(ctx, "eager", False):
         dq, dk, dv, db = _bwd_impl(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
-                                   ctx.policy)
+                                   ctx.policy, ctx.band, ctx.softcap, alibi, ctx.diag)
     else:
         dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
-                                 ctx.deterministic, ctx.policy)
-    return dq, dk, dv, None, (db if bias_grad else None), None, None, None, None
+                                 ctx.deterministic, ctx.policy, ctx.band, ctx.softcap, alibi, ctx.diag)
+    return (dq, dk, dv, None, (db if bias_grad else None)) + (None,) * 8
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -593,9 +641,10 @@ class _EagerFlash(torch.autograd.Function):
     custom ops, whose fake implementations it needs. ``policy`` is the AttentionPolicy object."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, deterministic, policy):
-        out, lse = _fwd_impl(q, k, v, mask, bias, causal, scale, policy)
-        _setup_context(ctx, (q, k, v, mask, bias, causal, scale, deterministic, policy), (out, lse))
+    def forward(ctx, q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag):
+        out, lse = _fwd_impl(q, k, v, mask, bias, causal, scale, policy, band, softcap, alibi, diag)
+        _setup_context(ctx, (q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag),
+                       (out, lse))
         ctx.eager = True
         return out, lse
 
@@ -611,14 +660,17 @@ class _EagerFlash(torch.autograd.Function):
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                     scale: Optional[float] = None, return_lse: bool = False, deterministic: bool = True,
-                    policy: Optional[AttentionPolicy] = None):
+                    policy: Optional[AttentionPolicy] = None, window: Optional[tuple] = None,
+                    align: str = "top_left", softcap: Optional[float] = None,
+                    alibi_slopes: Optional[torch.Tensor] = None):
     """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
 
     q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
             Any strides (read through them). D in [1, 256]; 64 and 128 are the tuned ones.
     k, v:   (B, Hkv, Sk, D), q's dtype and device; H must be a multiple of Hkv (grouped-query
             attention: query head h reads K/V head h // (H // Hkv)). Sk may differ from Sq.
-    causal: top-left aligned like SDPA's ``is_causal``: query i attends to keys j <= i.
+    causal: query i attends to keys up to its diagonal key (``align``): j <= i by default, as SDPA's
+            ``is_causal``.
     mask:   optional bool tensor broadcastable to (B, H, Sq, Sk), True = attend, e.g. (Sq, Sk),
             (B, 1, 1, Sk) for padding. Combined with ``causal`` by AND. Key tiles the mask
             blocks for a whole query tile are skipped. A row with no key left gives 0 (not NaN).
@@ -633,6 +685,19 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             instead of 7, faster; dQ may differ in the last bits from run to run; dK, dV and the
             bias gradient stay reproducible). D > 128 always uses the deterministic kernels. The
             forward is the same either way.
+    window: (left, right), ints >= 0 or None (unbounded): a sliding window, query i attends to keys
+            from left before to right after its diagonal key (Mistral's, FA2's ``window_size``);
+            with ``causal``, right must be None or 0. Key tiles outside it are not visited.
+    align:  where query i's diagonal key is when Sq != Sk: "top_left" (j = i; SDPA's ``is_causal``,
+            the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
+            2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
+            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run on the
+            v3 kernels (forward and the two-kernel backward), not v5 / v6 nor the atomic backward.
+    softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
+            before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
+    alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the
+            scores, diag the diagonal of ``align`` (0, or Sk - Sq) as FA2's ``alibi_slopes``; no dense
+            bias is read. No gradient for the slopes. v3 kernels only, as windows.
     policy: what this call runs, forward and backward (``AttentionPolicy``); default
             ``default_policy(q, k, ...)``, i.e. ``choose_policy``. Its ``backward="atomic"`` needs
             ``deterministic=False``. Build it outside ``torch.compile``d code.
@@ -655,12 +720,21 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                              "pass deterministic=False")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     causal = bool(causal)
+    _check_band(causal, window, align)
+    alibi = _check_mods(q.shape[0], q.shape[1], q.device, softcap, alibi_slopes, scale)
+    Sq, Sk = q.shape[2], k.shape[2]
+    band = _band_of(causal, window, align, Sq, Sk)
+    if band is not None:
+        band, causal = list(band), False  # the band holds the causal edge
+    softcap, diag = float(softcap or 0.0), (Sk - Sq if align == "bottom_right" else 0)
     if torch.compiler.is_compiling():  # the policy travels as its key; "" = chosen inside the ops
-        out, lse = _fwd_op(q, k, v, mask, bias, causal, scale, deterministic, policy.key if policy is not None else "")
+        out, lse = _fwd_op(q, k, v, mask, bias, causal, scale, deterministic, policy.key if policy is not None else "",
+                           band, softcap, alibi, diag)
     else:
         if policy is None:
             policy = default_policy(q, k, causal=causal, mask=mask, bias=bias, deterministic=deterministic)
-        out, lse = _EagerFlash.apply(q, k, v, mask, bias, causal, scale, deterministic, policy)
+        out, lse = _EagerFlash.apply(q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi,
+                                     diag)
     return (out, lse) if return_lse else out
 
 

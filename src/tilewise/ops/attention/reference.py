@@ -10,17 +10,53 @@ def _expand_kv(k: torch.Tensor, h: int) -> torch.Tensor:
     return k if k.shape[1] == h else k.repeat_interleave(h // k.shape[1], dim=1)
 
 
-def _logits_mask(b, h, sq, sk, causal, mask, device):
-    """The boolean (.., Sq, Sk) 'attend' map combining causal and mask, or None."""
-    keep = None
+ALIGNS = ("top_left", "bottom_right")
+
+
+def band(causal: bool, window, align: str, sq: int, sk: int) -> tuple[int, int] | None:
+    """(lo, hi): query i keeps key j where lo <= j - i <= hi, for a sliding ``window`` = (left,
+    right) (None: unbounded on that side) around query i's diagonal key: j = i (``align``
+    "top_left") or j = i + sk - sq ("bottom_right"); ``causal`` sets right to 0. None where no band
+    is needed: no window, and causal (if at all) top-left or square."""
+    if window is None and (not causal or align == "top_left" or sq == sk):
+        return None
+    left, right = window if window is not None else (None, None)
+    off = sk - sq if align == "bottom_right" else 0
     if causal:
+        right = 0
+    big = sq + sk  # past every key
+    return (off - left if left is not None else -big, off + right if right is not None else big)
+
+
+def _logits_mask(b, h, sq, sk, causal, mask, device, band_=None):
+    """The boolean (.., Sq, Sk) 'attend' map combining causal (or the band) and mask, or None."""
+    keep = None
+    if band_ is not None:
+        rel = torch.arange(sk, device=device)[None, :] - torch.arange(sq, device=device)[:, None]
+        keep = (rel >= band_[0]) & (rel <= band_[1])
+    elif causal:
         keep = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
     if mask is not None:
         keep = mask if keep is None else keep & mask
     return keep
 
 
-def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False):
+def _mods(s, q, sk, softcap, alibi_slopes, align, ct, n0=0):
+    """Softcap on the scaled scores of keys [n0, n0 + s.shape[-1]), then ALiBi's -slope * |j - i - diag|
+    (``flash_attention``'s order)."""
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        B, H, sq = q.shape[:3]
+        diag = sk - sq if align == "bottom_right" else 0
+        rel = torch.arange(n0, n0 + s.shape[-1], device=q.device)[None, :] - torch.arange(sq, device=q.device)[:, None]
+        slopes = alibi_slopes.to(ct).expand(B, H)[:, :, None, None]
+        s = s - slopes * (rel - diag).abs().to(ct)
+    return s
+
+
+def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False, window=None,
+              align="top_left", softcap=None, alibi_slopes=None):
     """v1_naive: the full score matrix in fp32 (B H Sq Sk x 4 bytes written, then read twice).
 
     Shapes as in ``flash_attention``; returns out in q's dtype (and LSE (B, H, Sq) fp32). Rows with
@@ -31,10 +67,10 @@ def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return
     scale = D ** -0.5 if scale is None else scale
     ct = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     kf, vf = _expand_kv(k, H).to(ct), _expand_kv(v, H).to(ct)
-    s = torch.matmul(q.to(ct), kf.transpose(-1, -2)) * scale
+    s = _mods(torch.matmul(q.to(ct), kf.transpose(-1, -2)) * scale, q, Sk, softcap, alibi_slopes, align, ct)
     if bias is not None:
         s = s + bias.to(ct)
-    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device)
+    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device, band(causal, window, align, Sq, Sk))
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
@@ -45,7 +81,7 @@ def reference(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return
 
 
 def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, return_lse=False,
-                    block_n: int = 128):
+                    block_n: int = 128, window=None, align="top_left", softcap=None, alibi_slopes=None):
     """v2_online: the online softmax over key tiles of ``block_n`` (running max m, sum l, and an
     accumulator rescaled by exp(m_old - m_new) whenever the max grows). Same contract as
     ``reference``; only (B, H, Sq, block_n) scores exist at a time."""
@@ -54,7 +90,7 @@ def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, 
     scale = D ** -0.5 if scale is None else scale
     ct = torch.promote_types(q.dtype, torch.float32)
     kf, vf, qf = _expand_kv(k, H).to(ct), _expand_kv(v, H).to(ct), q.to(ct)
-    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device)
+    keep = _logits_mask(B, H, Sq, Sk, causal, mask, q.device, band(causal, window, align, Sq, Sk))
     if keep is not None:
         keep = keep.expand(B, H, Sq, Sk)
     if bias is not None:
@@ -65,6 +101,7 @@ def reference_tiled(q, k, v, *, causal=False, mask=None, bias=None, scale=None, 
     for n0 in range(0, Sk, block_n):
         n1 = min(Sk, n0 + block_n)
         s = torch.matmul(qf, kf[:, :, n0:n1].transpose(-1, -2)) * scale
+        s = _mods(s, q, Sk, softcap, alibi_slopes, align, ct, n0)
         if bias is not None:
             s = s + bias[..., n0:n1].to(ct)
         if keep is not None:

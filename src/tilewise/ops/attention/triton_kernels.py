@@ -6,7 +6,15 @@ Conventions shared by every kernel here:
 - masked scores are ``-inf``; a row whose running maximum is still ``-inf`` uses 0 in its place,
   so ``exp2(-inf - 0) = 0`` and no ``inf - inf`` NaN appears (rows with every key masked give 0);
 - batch and head offsets are int64 (a (B, H, S, S) bias passes 2^31 elements at S = 16384);
-- causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i.
+- causal is top-left aligned as in SDPA's ``is_causal``: query i sees keys j <= i;
+- a band (BAND; sliding windows, bottom-right causal) keeps key j for query i where
+  band_lo <= j - i <= band_hi: the forward and the two-kernel backward visit only the key
+  (query) tiles the band reaches and mask inside them;
+- score mods (SOFTCAP, ALIBI; v3 forward and two-kernel backward): softcap on q.k, then ALiBi's
+  -slope * |j - i - diag|, then bias and masks (``_score_mods``);
+- VARLEN (v3 forward, two-kernel backward): packed sequences, (1, H, total, D) views; program b
+  takes sequence b's rows [CuQ[b], CuQ[b + 1]) and keys [CuK[b], CuK[b + 1]); LSE / Delta rows
+  are (H, total), dQ / dK / dV packed (total, heads, D) like q / k / v.
 """
 
 from __future__ import annotations
@@ -14,33 +22,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods, _varlen_seq
+from .triton_online import _fwd_finish, _fwd_update, _online_softmax
+from .triton_sync import _count_release, _count_release_warp, _wait_count, _wait_count_warp
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL: tl.constexpr, BOUNDS: tl.constexpr):
-    """One key tile's online-softmax step on scores t in units of 1 / qk_scale (qk_scale > 0):
-    keys past Sk (BOUNDS) and above the diagonal (CAUSAL too) set to -inf, then the row max taken
-    on t with the scale riding in the exponent's FFMA, so no multiply per score; m_i (log2
-    domain) and l_i are the running max and sum. Returns (p, acc, l_i, m_i) with acc and l_i
-    rescaled to the new max, p = exp2(qk_scale * t - m_i).
-
-    Tried and dropped: rescaling acc and l only when some row's max grows by more than 2^8 (a
-    CTA-wide reduction and branch a tile): 8-20 % slower on every forward measured
-    (docs/tuning/attention.md, "Lazy rescaling")."""
-    if BOUNDS:
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        t = tl.where(keep, t, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(t, 1) * qk_scale)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(t * qk_scale - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    return p, acc, l_i, m_new
 
 
 @triton.jit
@@ -49,13 +36,16 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
               qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, PREC: tl.constexpr, band_lo=0, band_hi=0, BAND: tl.constexpr = False,
+              cap_t=1.0, slope_t=0.0, diag=0, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if BOUNDS:
         kv_mask = kv_mask & (offs_n[:, None] < Sk)
     k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     t = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if SOFTCAP or ALIBI:
+        t, _ = _score_mods(t, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
     if HAS_BIAS or HAS_MASK:
         mn_mask = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
     if HAS_BIAS:
@@ -64,22 +54,11 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, S
     if HAS_MASK:
         mk = tl.load(Mask + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn, mask=mn_mask, other=0)
         t = tl.where(mk != 0, t, float("-inf"))
+    if BAND:
+        rel = offs_n[None, :] - offs_m[:, None]
+        t = tl.where((rel >= band_lo) & (rel <= band_hi), t, float("-inf"))
     return _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
                        CAUSAL, BOUNDS, PREC)
-
-
-@triton.jit
-def _fwd_update(acc, l_i, m_i, t, V, offs_n, offs_m, offs_d, kv_mask, Sk, stride_vn, stride_vd, qk_scale,
-                CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, PREC: tl.constexpr):
-    # The online softmax step for one key tile. t holds the scores in units of 1 / qk_scale (q.k,
-    # plus bias * log2(e) / qk_scale): the log2-domain score is qk_scale * t (qk_scale > 0, the
-    # launcher sees to it), so the row max is taken on t and the scale rides in the exponent's
-    # FFMA instead of a multiply per score. m_i stays in the log2 domain. Then bounds and causal
-    # masking, running max and sum, the accumulator rescaled, and P V added.
-    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, t, qk_scale, offs_n, offs_m, Sk, CAUSAL, BOUNDS)
-    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-    return acc, l_i, m_new
 
 
 @triton.jit
@@ -88,7 +67,9 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
               stride_fn, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CAUSAL: tl.constexpr, BOUNDS: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+              HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+              band_lo=0, band_hi=0, BAND: tl.constexpr = False, cap_t=1.0, slope_t=0.0, diag=0,
+              SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         if HAS_FLAGS:
             # A key tile that the mask blocks for every row of this query tile is not computed.
@@ -97,45 +78,20 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                           stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                           stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                          CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
         else:
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, Bias, Mask, start_n, offs_m, offs_d, Sq, Sk,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC)
+                                      CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
+                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _key_range(start_m, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    # Key tiles [0, n_full) need neither the bounds nor the causal test; [n_full, hi) do. Causal
-    # stops at the last key the last row of query tile start_m sees: tiles above the diagonal are
-    # never loaded.
-    if CAUSAL:
-        hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M)
-        n_full = tl.minimum(((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
-    else:
-        hi = Sk
-        n_full = (Sk // BLOCK_N) * BLOCK_N
-    return n_full, hi
-
-
-@triton.jit
-def _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
-                stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM: tl.constexpr):
-    empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
-    l_div = tl.where(empty, 1.0, l_i)
-    out = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * LN2)
-    row_ok = offs_m < Sq
-    tl.store(Lse + (off_b * H + off_h) * Sq + offs_m, lse, mask=row_ok)
-    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-
-
-@triton.jit
 def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
-                     H, GROUP, Sq, Sk, qk_scale,
+                     H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, cap_t, Slopes, diag, CuQ, CuK, TQ,
                      stride_qb, stride_qh, stride_qm, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -146,7 +102,8 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
-                     BATCH_FASTEST: tl.constexpr = False):
+                     BATCH_FASTEST: tl.constexpr = False, BAND: tl.constexpr = False,
+                     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
     start_m = tl.program_id(0)
     if CAUSAL:  # the longest rows (last query tiles) start first: a shorter tail on the last wave
         start_m = tl.num_programs(0) - 1 - start_m
@@ -161,6 +118,11 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
         off_b = (bh // H).to(tl.int64)
         off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP  # grouped-query attention: GROUP query heads share one K/V head
+    if VARLEN:  # (the batch strides are 0: sequence off_b's rows start at q0)
+        q0, _, Sq, Sk, Q, Out, K, V = _varlen_seq(CuQ, CuK, off_b, Q, Out, K, V, stride_qm, stride_om, stride_kn,
+                                                  stride_vn)
+        if start_m * BLOCK_M >= Sq:
+            return
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
@@ -175,17 +137,34 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + off_b * H + off_h)
 
-    n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
-                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
-                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
-                              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
-                              stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
-                              CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC)
-    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b, off_h, H, Sq, offs_m, offs_d,
+    if BAND:  # only the key tiles the band reaches, each masked
+        lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, True,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+    else:
+        n_full, hi = _key_range(start_m, Sk, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, 0, n_full, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  CAUSAL, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, 0, 0, False,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, n_full, hi, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  CAUSAL, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, 0, 0, False,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+    if VARLEN:
+        Lrow = Lse + off_h * TQ + q0  # this (batch, head)'s LSE row
+    else:
+        Lrow = Lse + (off_b * H + off_h) * Sq
+    _fwd_finish(acc, l_i, m_i, Out, Lrow, off_b, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
@@ -267,9 +246,9 @@ def _attn_fwd_bias_pair_kernel(Q, K, V, Out, Lse, Bias,
     acc0, l0, m0, acc1, l1, m1 = _fwd_pair_loop(acc0, l0, m0, acc1, l1, m1, q0, q1, K0, V0, K1, V1, Bias, n_full, hi,
                                                 offs_m, offs_d, Sq, Sk, stride_kn, stride_kd, stride_vn, stride_vd,
                                                 stride_bm, stride_bn, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, PREC)
-    _fwd_finish(acc0, l0, m0, Out, Lse, off_b0, off_h, H, Sq, offs_m, offs_d,
+    _fwd_finish(acc0, l0, m0, Out, Lse + (off_b0 * H + off_h) * Sq, off_b0, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
-    _fwd_finish(acc1, l1, m1, Out, Lse, off_b0 + 1, off_h, H, Sq, offs_m, offs_d,
+    _fwd_finish(acc1, l1, m1, Out, Lse + ((off_b0 + 1) * H + off_h) * Sq, off_b0 + 1, off_h, Sq, offs_m, offs_d,
                 stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
 
 
@@ -303,7 +282,8 @@ def _attn_bwd_preprocess_kernel(Out, DO, Dlse, Delta, DQacc, H, Sq,
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
-                          H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                          H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
+                          CuQ, CuK, TQ,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
@@ -313,7 +293,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                           stride_fb, stride_fh, stride_fm, stride_fn,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr):
+                          HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, PREC: tl.constexpr,
+                          BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                          VARLEN: tl.constexpr = False):
     """One key tile of one K/V head: dK and dV summed over its GROUP query heads and every query
     tile, in registers, then stored once (no atomics: deterministic)."""
     start_n = tl.program_id(0)
@@ -321,6 +303,17 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     HK = H // GROUP
     off_b = (bhk // HK).to(tl.int64)
     off_hk = (bhk % HK).to(tl.int64)
+    q0 = off_b * 0
+    # dK / dV: (B, Hkv, Sk, D) contiguous, or (total_k, Hkv, D) packed with VARLEN
+    dbase = bhk.to(tl.int64) * Sk * HEAD_DIM
+    drows = HEAD_DIM
+    if VARLEN:
+        q0, k0, Sq, Sk, Q, DO, K, V = _varlen_seq(CuQ, CuK, off_b, Q, DO, K, V, stride_qm, stride_dm, stride_kn,
+                                                  stride_vn)
+        if start_n * BLOCK_N >= Sk:
+            return
+        dbase = (k0 * HK + off_hk) * HEAD_DIM
+        drows = HK * HEAD_DIM
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
@@ -332,15 +325,24 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # Causal: queries before this tile's first key see none of it.
     lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    hi = Sq
+    if BAND:
+        lo, hi = _band_queries(start_n * BLOCK_N, Sq, band_lo, band_hi, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):
         off_h = off_hk * GROUP + g
         bh = off_b * H + off_h
+        lrow = bh * Sq
+        if VARLEN:
+            lrow = off_h * TQ + q0
         Qh = Q + off_b * stride_qb + off_h * stride_qh
         DOh = DO + off_b * stride_db + off_h * stride_dh
         Bh = Bias + off_b * stride_bb + off_h * stride_bh
         Mh = Mask + off_b * stride_mb + off_h * stride_mh
         Fh = Flags + off_b * stride_fb + off_h * stride_fh + start_n * stride_fn
-        for start_m in range(lo, Sq, BLOCK_M):
+        slope_t = 0.0
+        if ALIBI:
+            slope_t = tl.load(Slopes + off_b * H + off_h)
+        for start_m in range(lo, hi, BLOCK_M):
             live = 1
             if HAS_FLAGS:
                 live = tl.load(Fh + (start_m // BLOCK_M) * stride_fm)
@@ -349,10 +351,14 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                 md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
                 q = tl.load(Qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=md_mask, other=0.0)
                 do = tl.load(DOh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=md_mask, other=0.0)
-                lse = tl.load(Lse + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+                lse = tl.load(Lse + lrow + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
                 lse = tl.where(lse == float("-inf"), 0.0, lse)
-                delta = tl.load(Delta + bh * Sq + offs_m, mask=offs_m < Sq, other=0.0)
-                sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+                delta = tl.load(Delta + lrow + offs_m, mask=offs_m < Sq, other=0.0)
+                sT = tl.dot(k, tl.trans(q), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+                if SOFTCAP or ALIBI:
+                    sT, dcapT = _score_mods(sT, offs_n[:, None] - offs_m[None, :], cap_t, slope_t, diag, SOFTCAP,
+                                            ALIBI)
+                sT = sT * qk_scale
                 keep = (offs_n[:, None] < Sk) & (offs_m[None, :] < Sq)
                 if HAS_BIAS:
                     b = tl.load(Bh + offs_m[None, :] * stride_bm + offs_n[:, None] * stride_bn, mask=keep, other=0.0)
@@ -362,22 +368,26 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, Bias, Mask, Flags,
                     keep = keep & (mk != 0)
                 if CAUSAL:
                     keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                if BAND:
+                    rel = offs_n[:, None] - offs_m[None, :]
+                    keep = keep & (rel >= band_lo) & (rel <= band_hi)
                 sT = tl.where(keep, sT, float("-inf"))
                 pT = tl.math.exp2(sT - lse[None, :])
                 dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
                 dsT = pT * (dpT - delta[None, :])
+                if SOFTCAP:  # through the tanh
+                    dsT = dsT * dcapT
                 dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     dk *= sm_scale
-    tl.store(DK + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=nd_mask)
-    tl.store(DV + bhk.to(tl.int64) * Sk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=nd_mask)
+    tl.store(DK + dbase + offs_n[:, None] * drows + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=nd_mask)
+    tl.store(DV + dbase + offs_n[:, None] * drows + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=nd_mask)
 
 
 @triton.jit
 def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
-                        H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                        H, GROUP, Sq, Sk, qk_scale, sm_scale, band_lo, band_hi, cap_t, Slopes, diag,
+                        CuQ, CuK, TQ,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -388,7 +398,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                         HAS_MASK: tl.constexpr, HAS_FLAGS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                        ALIBI: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """One query tile of one head: dQ over every key tile it sees; with BIAS_GRAD also dS, written
     to a (B, H, Sq, Sk) fp32 buffer that the launcher reduces to the bias's shape."""
     start_m = tl.program_id(0)
@@ -398,6 +409,12 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     off_b = (bh // H).to(tl.int64)
     off_h = (bh % H).to(tl.int64)
     off_hk = off_h // GROUP
+    q0 = off_b * 0
+    if VARLEN:
+        q0, _, Sq, Sk, Q, DO, K, V = _varlen_seq(CuQ, CuK, off_b, Q, DO, K, V, stride_qm, stride_dm, stride_kn,
+                                                 stride_vn)
+        if start_m * BLOCK_M >= Sq:
+            return
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     md_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
@@ -406,9 +423,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     do = tl.load(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
                  mask=md_mask, other=0.0)
     bh64 = bh.to(tl.int64)
-    lse = tl.load(Lse + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
+    lrow = bh64 * Sq
+    # dQ: (B, H, Sq, D) contiguous, or (total_q, H, D) packed with VARLEN
+    dbase = lrow * HEAD_DIM
+    drows = HEAD_DIM
+    if VARLEN:
+        lrow = off_h * TQ + q0
+        dbase = (q0 * H + off_h) * HEAD_DIM
+        drows = H * HEAD_DIM
+    lse = tl.load(Lse + lrow + offs_m, mask=offs_m < Sq, other=0.0) * LOG2E
     lse = tl.where(lse == float("-inf"), 0.0, lse)
-    delta = tl.load(Delta + bh64 * Sq + offs_m, mask=offs_m < Sq, other=0.0)
+    delta = tl.load(Delta + lrow + offs_m, mask=offs_m < Sq, other=0.0)
     K += off_b * stride_kb + off_hk * stride_kh
     V += off_b * stride_vb + off_hk * stride_vh
     Bias += off_b * stride_bb + off_h * stride_bh
@@ -416,8 +441,14 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
     Flags += off_b * stride_fb + off_h * stride_fh + start_m * stride_fm
     DBias += bh64 * Sq * Sk
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope_t = 0.0
+    if ALIBI:
+        slope_t = tl.load(Slopes + bh64)
+    lo = 0
     hi = tl.minimum(Sk, (start_m + 1) * BLOCK_M) if CAUSAL else Sk
-    for start_n in range(0, hi, BLOCK_N):
+    if BAND:
+        lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
         live = 1
         if HAS_FLAGS:
             live = tl.load(Flags + (start_n // BLOCK_N) * stride_fn)
@@ -426,7 +457,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
             nd_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=nd_mask, other=0.0)
             v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=nd_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            if SOFTCAP or ALIBI:
+                s, dcap = _score_mods(s, offs_n[None, :] - offs_m[:, None], cap_t, slope_t, diag, SOFTCAP, ALIBI)
+            s = s * qk_scale
             inb = (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk)
             keep = inb
             if HAS_BIAS:
@@ -437,16 +471,20 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, DBias, Bias, Mask, Flags,
                 keep = keep & (mk != 0)
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if BAND:
+                rel = offs_n[None, :] - offs_m[:, None]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
             s = tl.where(keep, s, float("-inf"))
             p = tl.math.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             if BIAS_GRAD:
                 tl.store(DBias + offs_m[:, None] * Sk + offs_n[None, :], ds.to(DBias.dtype.element_ty), mask=inb)
+            if SOFTCAP:  # (the bias is added after the softcap: its gradient is dS before this)
+                ds = ds * dcap
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     dq *= sm_scale
-    tl.store(DQ + bh64 * Sq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-             mask=md_mask)
+    tl.store(DQ + dbase + offs_m[:, None] * drows + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=md_mask)
 
 
 @triton.jit
@@ -508,48 +546,9 @@ def _attn_fwd_tma_kernel(Qd, Kd, Vd, Bd, Out, Lse, H, GROUP, Sq, Sk, qk_scale, b
     for start_n in range(n_full, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_tile_tma(acc, l_i, m_i, q, Kd, Vd, Bd, kv_row, b_row, start_n, offs_m, Sk, qk_scale,
                                       BLOCK_N, CAUSAL, True, HAS_BIAS)
-    _fwd_finish(acc, l_i, m_i, Out, Lse, off_b.to(tl.int64), off_h.to(tl.int64), H, Sq, offs_m,
-                tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od, HEAD_DIM)
-
-
-@triton.jit
-def _wait_count(ptr, value):
-    """Spin until the int32 count at ``ptr`` reaches ``value``; each thread reads it with acquire
-    semantics, so its later loads see what the threads that counted stored before their release
-    (``_count_release``). One PTX loop in an asm block: a Triton ``while`` around an atomic, or a
-    CTA barrier, in the loop this runs in stops Triton's pipelining of that loop's loads."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; WAIT_COUNT: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
-        "@p bra WAIT_COUNT; }", "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _count_release(ptr):
-    """Each thread adds 1 to the count at ``ptr`` with release semantics, after its own stores."""
-    return tl.inline_asm_elementwise(
-        "red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0;", "=r,l,~{memory}", [ptr],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_count_warp(ptr, value):
-    """As ``_wait_count``, lane 0 of each warp reading the count, the warp's other lanes ordered
-    after it by the warp barrier."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 lane; mov.b32 $0, 0; mov.u32 lane, %laneid; setp.ne.u32 p, lane, 0; "
-        "@p bra WAIT_DONE; WAIT_WARP: ld.acquire.gpu.global.b32 $0, [$1]; setp.lt.s32 p, $0, $2; "
-        "@p bra WAIT_WARP; WAIT_DONE: bar.warp.sync -1; }",
-        "=r,l,r,~{memory}", [ptr, value], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _count_release_warp(ptr):
-    """Lane 0 of each warp adds 1 to the count with release semantics, after the warp barrier
-    that orders the warp's stores before it."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 lane; bar.warp.sync -1; mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; "
-        "@p red.release.gpu.global.add.s32 [$1], 1; mov.b32 $0, 0; }",
-        "=r,l,~{memory}", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    _fwd_finish(acc, l_i, m_i, Out, Lse + (off_b.to(tl.int64) * H + off_h.to(tl.int64)) * Sq, off_b.to(tl.int64),
+                off_h.to(tl.int64), Sq, offs_m, tl.arange(0, HEAD_DIM), stride_ob, stride_oh, stride_om, stride_od,
+                HEAD_DIM)
 
 
 @triton.jit

@@ -230,8 +230,11 @@ def _check(ids, weight, padding_idx):
     V = weight.shape[0]
     if V >= 2**32 - 1:
         raise ValueError(f"embedding: 'weight' has {V} rows; at most 2^32 - 2 are supported")
-    if padding_idx is not None and not -V <= padding_idx < V:
-        raise ValueError(f"embedding: padding_idx={padding_idx} is outside [-{V}, {V})")
+    if padding_idx is not None:
+        if isinstance(padding_idx, bool) or not hasattr(type(padding_idx), "__index__"):
+            raise ValueError(f"embedding: 'padding_idx' must be an int or None, got {padding_idx!r}")
+        if not -V <= padding_idx.__index__() < V:
+            raise ValueError(f"embedding: 'padding_idx' = {padding_idx} is outside [-{V}, {V})")
     return ids.contiguous()
 
 
@@ -410,7 +413,7 @@ class _EmbeddingFunction(torch.autograd.Function):
 
 def _run(ids, weight, padding_idx, kind, config=BLOCK_SCAN_DEFAULT):
     ids = _check(ids, weight, padding_idx)
-    pad = -1 if padding_idx is None else padding_idx % weight.shape[0]
+    pad = -1 if padding_idx is None else padding_idx.__index__() % weight.shape[0]  # a plain int (NumPy's too)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (it has a fake impl)
         return _embedding_op(ids, weight, pad, kind, list(config))
     return _EmbeddingFunction.apply(ids, weight, pad, kind, config)

@@ -17,6 +17,8 @@
 // shift (Granlund-Montgomery magic numbers computed on the host), else a plain 64-bit division.
 #pragma once
 
+#include "tilewise_common.cuh"
+
 namespace tw {
 
 constexpr int kMaxDims = 8;
@@ -99,6 +101,14 @@ __device__ __forceinline__ void broadcast_offsets(const StridedLayout<K>& s, lon
 #pragma unroll
     for (int k = 0; k < K; ++k) off[k] += flat * s.strides[k][0];
   }
+}
+
+// One thread per output element: load_layout, then this thread's element (its offsets are
+// broadcast_offsets' once it is known to be below s.n).
+template <int K>
+__device__ __forceinline__ long long load_layout_at(StridedLayout<K>& s, const long long* __restrict__ meta) {
+  load_layout(s, meta);
+  return global_thread_id();
 }
 
 }  // namespace tw

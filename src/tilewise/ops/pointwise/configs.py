@@ -157,3 +157,8 @@ FUSE_DEFAULT = FuseConfig(trig="sincos", unroll=4, threads=512, minb=1, rows=2, 
 
 # 8 elements a thread at 8 warps: two 16-byte bf16 loads per tensor in flight (the sigmoid3 kernels' BLOCK).
 RECOMPUTE_BLOCK = 2048
+
+# SwiGLU's elementwise kernel (swiglu.py): elements a program and warps; 16-byte accesses per thread
+# at 4 warps x 32 lanes x 8 elements. Not yet measured on the H200 (docs/tuning/pointwise.md).
+SWIGLU_BLOCK = 1024
+SWIGLU_WARPS = 4

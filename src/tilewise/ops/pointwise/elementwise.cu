@@ -23,8 +23,7 @@ template <typename T, typename Op>
 __global__ void __launch_bounds__(256) map_v1_strided(const T* __restrict__ x, T* __restrict__ out,
                                                       const long long* __restrict__ meta) {
   __shared__ tw::StridedLayout<1> s;
-  tw::load_layout(s, meta);
-  const long long i = tw::global_thread_id();
+  const long long i = tw::load_layout_at(s, meta);
   if (i >= s.n) return;
   long long off[1];
   tw::broadcast_offsets(s, i, off);
@@ -35,8 +34,7 @@ template <typename T, typename Op>
 __global__ void __launch_bounds__(256) zip_v1_strided(const T* __restrict__ a, const T* __restrict__ b,
                                                       T* __restrict__ out, const long long* __restrict__ meta) {
   __shared__ tw::StridedLayout<2> s;
-  tw::load_layout(s, meta);
-  const long long i = tw::global_thread_id();
+  const long long i = tw::load_layout_at(s, meta);
   if (i >= s.n) return;
   long long off[2];
   tw::broadcast_offsets(s, i, off);

@@ -142,27 +142,21 @@ def _wave(k: rt.Kernel, key) -> int:
     return w
 
 
-def _launch_strided(kind, functor, inputs, out):
+def _launch_flat(version, kind, functor, inputs, out):
+    """v1_strided (a thread an element, the inputs read through the layout words) or v2_contiguous
+    (16-byte vectors, a grid-stride loop over one resident wave) over out's elements."""
     n = out.numel()
     if n == 0:
         return out
     dev = out.get_device()
-    k = _kernel("v1_strided", kind, functor, out.dtype, dev)
-    words = strided_words(inputs, out)
-    meta = layout_tensor(words, dev)
-    k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, meta)
-    return out
-
-
-def _launch_contiguous(kind, functor, inputs, out):
-    n = out.numel()
-    if n == 0:
-        return out
-    dev = out.get_device()
-    k = _kernel("v2_contiguous", kind, functor, out.dtype, dev)
-    wave = _wave(k, ("v2", kind, functor, out.dtype, dev))
-    per_vec = 16 // out.element_size()
-    k(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, *inputs, out, n)
+    k = _kernel(version, kind, functor, out.dtype, dev)
+    if version == "v1_strided":
+        meta = layout_tensor(strided_words(inputs, out), dev)
+        k((n + _THREADS - 1) // _THREADS, _THREADS, *inputs, out, meta)
+    else:
+        wave = _wave(k, ("v2", kind, functor, out.dtype, dev))
+        per_vec = 16 // out.element_size()
+        k(max(1, min(wave, -(-(n // per_vec) // _THREADS))), _THREADS, *inputs, out, n)
     return out
 
 
@@ -245,7 +239,7 @@ def _zip_prepare(op, a, b, out):
 
 def map_v1_strided(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     functor, out = _map_prepare(op, x, out)
-    return _launch_strided("map", functor, (x,), out)
+    return _launch_flat("v1_strided", "map", functor, (x,), out)
 
 
 def map_v2_contiguous(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -253,7 +247,7 @@ def map_v2_contiguous(op: str, x: torch.Tensor, out: torch.Tensor | None = None)
     if not contiguous_ok((x,), out):
         raise ValueError("map.v2_contiguous: x and out must be contiguous and start on 16-byte boundaries; "
                          "use v1_strided or map()")
-    return _launch_contiguous("map", functor, (x,), out)
+    return _launch_flat("v2_contiguous", "map", functor, (x,), out)
 
 
 def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None,
@@ -271,7 +265,7 @@ def map_v4_blocked(op: str, x: torch.Tensor, out: torch.Tensor | None = None,
 
 def zip_v1_strided(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     functor, out = _zip_prepare(op, a, b, out)
-    return _launch_strided("zip", functor, (a, b), out)
+    return _launch_flat("v1_strided", "zip", functor, (a, b), out)
 
 
 def zip_v2_contiguous(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -279,7 +273,7 @@ def zip_v2_contiguous(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     if not contiguous_ok((a, b), out):
         raise ValueError("zip.v2_contiguous: a, b and out must be contiguous, of one shape (no broadcasting) "
                          "and start on 16-byte boundaries; use v1_strided or zip()")
-    return _launch_contiguous("zip", functor, (a, b), out)
+    return _launch_flat("v2_contiguous", "zip", functor, (a, b), out)
 
 
 def zip_v3_tiled(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -344,7 +338,7 @@ def map(op: str, x: torch.Tensor, *, out: torch.Tensor | None = None, variant: s
     functor, out = _map_prepare(op, x, out)
     if contiguous_ok((x,), out):
         return _launch_blocked("map", functor, (x,), out)
-    return _launch_strided("map", functor, (x,), out)
+    return _launch_flat("v1_strided", "map", functor, (x,), out)
 
 
 def zip(op: str, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,  # noqa: A001
@@ -375,7 +369,7 @@ def zip(op: str, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None =
         return _launch_rows(functor, a, b, out, layout)
     if choice == "v3_tiled":
         return _launch_tiled(functor, a, b, out, layout)
-    return _launch_strided("zip", functor, (a, b), out)
+    return _launch_flat("v1_strided", "zip", functor, (a, b), out)
 
 
 def _zip_choice(a, b, out) -> tuple[str, tuple | None]:

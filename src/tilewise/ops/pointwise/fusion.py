@@ -82,6 +82,19 @@ class Graph:
         return got
 
 
+def _operator(op: str):
+    """A binary operator's method and its reflected one (``2 * x`` calls x.__rmul__): both trace
+    ``op``, with the operands in the order they were written."""
+
+    def forward(self, o):
+        return _binary_trace(op, self, o)
+
+    def reflected(self, o):
+        return _binary_trace(op, o, self)
+
+    return forward, reflected
+
+
 class Tracer:
     """A placeholder tensor during tracing; supports tilewise's elementwise ops and operators."""
 
@@ -100,35 +113,11 @@ class Tracer:
     def __neg__(self):
         return self._unary("neg")
 
-    def __add__(self, o):
-        return _binary_trace("add", self, o)
-
-    def __radd__(self, o):
-        return _binary_trace("add", o, self)
-
-    def __sub__(self, o):
-        return _binary_trace("sub", self, o)
-
-    def __rsub__(self, o):
-        return _binary_trace("sub", o, self)
-
-    def __mul__(self, o):
-        return _binary_trace("mul", self, o)
-
-    def __rmul__(self, o):
-        return _binary_trace("mul", o, self)
-
-    def __truediv__(self, o):
-        return _binary_trace("div", self, o)
-
-    def __rtruediv__(self, o):
-        return _binary_trace("div", o, self)
-
-    def __pow__(self, o):
-        return _binary_trace("pow", self, o)
-
-    def __rpow__(self, o):
-        return _binary_trace("pow", o, self)
+    __add__, __radd__ = _operator("add")
+    __sub__, __rsub__ = _operator("sub")
+    __mul__, __rmul__ = _operator("mul")
+    __truediv__, __rtruediv__ = _operator("div")
+    __pow__, __rpow__ = _operator("pow")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

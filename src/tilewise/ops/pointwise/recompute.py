@@ -18,12 +18,12 @@ rather than reading it: reading y too makes 9 streams and a 5/9 ratio, 12.7 % of
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import RECOMPUTE_BLOCK
@@ -103,7 +103,7 @@ def _block(t: torch.Tensor) -> int:
 def _check(x: torch.Tensor, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"sigmoid3: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and not (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"):
+    if not x.is_cuda and not (x.device.type == "cpu" and settings.triton_interpret()):
         raise ValueError(f"sigmoid3: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
                          f"(use recompute.reference for CPU tensors)")
     if x.dtype not in DTYPES:

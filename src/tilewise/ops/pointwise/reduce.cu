@@ -49,8 +49,7 @@ __global__ void __launch_bounds__(256) reduce_v1_thread(const T* __restrict__ x,
                                                         const long long* __restrict__ meta, long long R,
                                                         long long rs, float scale) {
   __shared__ tw::StridedLayout<1> s;
-  tw::load_layout(s, meta);
-  const long long o = tw::global_thread_id();
+  const long long o = tw::load_layout_at(s, meta);
   if (o >= s.n) return;
   long long off[1];
   tw::broadcast_offsets(s, o, off);

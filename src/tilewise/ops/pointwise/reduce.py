@@ -119,7 +119,7 @@ def _prepare(what, x, dim, op, keepdim, out, cuda=True):
         raise ValueError(f"{what}: 'dim' must be an int, got {type(dim).__name__}")
     nd = max(x.dim(), 1)
     if not -nd <= dim < nd:
-        raise ValueError(f"{what}: 'dim' = {dim} is out of range for a tensor of {x.dim()} dims")
+        raise ValueError(f"{what}: 'dim' = {dim} is out of range for 'x' of {x.dim()} dims")
     dim %= nd
     shape = tuple(x.shape) or (1,)
     strides = tuple(x.stride()) or (1,)
@@ -435,8 +435,8 @@ def masked_mean_reference(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     to [0, T]. Reads x (B*T*E) once and writes B*E."""
     B, T, E = x.shape
     lens = lengths.to(x.device).long().clamp(0, T)
-    mask = (torch.arange(T, device=x.device)[None, :] < lens[:, None]).to(x.dtype)
-    s = (x * mask[:, :, None]).sum(1)
+    mask = torch.arange(T, device=x.device)[None, :] < lens[:, None]
+    s = torch.where(mask[:, :, None], x, 0).sum(1)  # padding is not read: a NaN there does not count
     return s / lens.clamp(min=1).to(x.dtype)[:, None]
 
 
@@ -629,7 +629,7 @@ def _reduce_fn(op):
             check_inputs(op, {"x": x}, cuda=False)
             nd = max(x.dim(), 1)
             if not isinstance(dim, int) or not -nd <= dim < nd:
-                raise ValueError(f"{op}: 'dim' = {dim} is out of range for a tensor of {x.dim()} dims")
+                raise ValueError(f"{op}: 'dim' = {dim} is out of range for 'x' of {x.dim()} dims")
         if compiling():  # Inductor writes its own reductions; ours would break the graph
             return reference(x, dim, op, keepdim)
         return ReduceFunction.apply(x, dim, op, keepdim)

@@ -25,6 +25,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import check_kernel_inputs
 from .layout import DTYPES
 
 _SRC = Path(__file__).with_name("vector_add.cu")
@@ -64,16 +65,11 @@ def _kernel(version: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
 def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """What the kernel's own parameter checks cannot see: shapes, and a's device and dtype (which
     pick the kernel). b's and out's device, dtype and contiguity are checked by the kernel call."""
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"vector_add: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if a.get_device() < 0:
-        raise ValueError(f"vector_add: 'a' is on {a.device}; tilewise kernels need CUDA tensors "
-                         f"(use vector_add.reference for CPU tensors)")
-    if a.dtype not in DTYPES:
-        raise ValueError(f"vector_add: 'a' has dtype {a.dtype}; supported: float32, float16, bfloat16")
+    check_kernel_inputs("vector_add", {"a": a, "b": b})
+    if b.dtype != a.dtype:  # (the kernel's own check would name only 'b')
+        raise ValueError(f"vector_add: 'b' has dtype {b.dtype} but 'a' has {a.dtype}")
     if a.shape != b.shape:
-        raise ValueError(f"vector_add: shapes differ: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+        raise ValueError(f"vector_add: 'a' has shape {tuple(a.shape)} but 'b' has {tuple(b.shape)}")
     if out is None:
         return torch.empty_like(a, memory_format=torch.contiguous_format)
     if not isinstance(out, torch.Tensor) or out.shape != a.shape:

@@ -49,13 +49,13 @@ Gradient:                        softmax(x_i)_j - (1 - e) [j == t_i] - e / C, ti
 from __future__ import annotations
 
 import numbers
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
@@ -182,22 +182,19 @@ def _tma_ok(logits, policy: Policy) -> bool:
 def _cuda_cluster_ok(logits) -> bool:
     """v5_cluster_cuda takes these logits (and a gradient laid out like them, the contiguous one
     the forward allocates): sm_90+, rows of whole 16-byte vectors, C <= its largest config."""
-    if _interpreting() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+    if settings.triton_interpret() or not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         return False
     from . import cluster as rc
 
     return rc.unsupported_reason(logits, kind="ce") is None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def _check(logits, target, reduction, ignore_index, label_smoothing):
     for name, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if not logits.is_cuda and not (_interpreting() and logits.device.type == "cpu"):  # meta has no data
+    if not logits.is_cuda and not (settings.triton_interpret() and logits.device.type == "cpu"):  # meta has no data
         raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
                          f"tensors (use cross_entropy.reference for CPU tensors)")
     if logits.dtype not in _DTYPES:

@@ -59,12 +59,12 @@ and log-softmax -inf (torch.softmax gives NaN there): a fully masked row contrib
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, UNFUSED_BLOCK, Policy, default_variant as \
@@ -338,14 +338,11 @@ def _bwd_elementwise_kernel(Yp, DY, D, DX, N, LOG: tl.constexpr, BLOCK: tl.const
 # launchers
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and not (_interpreting() and x.device.type == "cpu"):  # a meta tensor has no data
+    if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):  # a meta tensor has no data
         raise ValueError(f"{op}: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
                          f"(use softmax.reference for CPU tensors)")
     if x.dtype not in _DTYPES:
@@ -442,7 +439,7 @@ def cluster_unsupported_reason(device: torch.device | int | None = None) -> str 
     2 CTAs (Triton 3.6 fails in TritonGPUPlanCTAPass on the reductions). The interpreter runs
     v4_cluster as one CTA, so it is always supported there.
     """
-    if _interpreting() or not torch.cuda.is_available():
+    if settings.triton_interpret() or not torch.cuda.is_available():
         return None
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else
                        device if isinstance(device, int) else
@@ -540,7 +537,7 @@ def _tma_ok(policy: Policy, *ts: torch.Tensor) -> bool:
 
 def _cuda_cluster_ok(kind: str, *ts: torch.Tensor) -> bool:
     """Whether the CUDA C cluster kernels (v5) take these tensors here (never in the interpreter)."""
-    if _interpreting():
+    if settings.triton_interpret():
         return False
     from . import cluster as rc
 

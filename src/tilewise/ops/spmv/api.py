@@ -85,6 +85,8 @@ def cost(M: int, N: int, nnz: int, beta: float = 0.0) -> Cost:
 
 
 def _check(A, x, y, beta):
+    """x and y checked against A (ValueError naming the argument at fault). Returns (y, M): y, a new
+    one when None, and A's row count, which every launcher sizes its grid by."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"spmv: 'x' must be a torch.Tensor, got {type(x).__name__}")
     M, N = A.shape
@@ -97,23 +99,22 @@ def _check(A, x, y, beta):
     if x.dtype != torch.float32:
         raise ValueError(f"spmv: 'x' has dtype {x.dtype}; expected float32")
     if tuple(x.shape) != (N,):
-        raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix is {M} x {N}, so x must be ({N},)")
+        raise ValueError(f"spmv: 'x' has shape {tuple(x.shape)}; the matrix 'A' is {M} x {N}, so x must be ({N},)")
     if y is None:
         if beta != 0.0:
             raise ValueError(f"spmv: 'beta' = {beta} needs a 'y' to read (beta != 0)")
-        return torch.empty(M, dtype=torch.float32, device=dev)
+        return torch.empty(M, dtype=torch.float32, device=dev), M
     if not isinstance(y, torch.Tensor):
         raise ValueError(f"spmv: 'y' must be a torch.Tensor, got {type(y).__name__}")
     if y.device != dev or y.dtype != torch.float32 or tuple(y.shape) != (M,):
         raise ValueError(
             f"spmv: 'y' must be float32 of shape ({M},) on {dev}; got {y.dtype} {tuple(y.shape)} on {y.device}")
-    return y
+    return y, M
 
 
 def csr_scalar(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     _need(A, CSR, "csr_scalar")
-    y = _check(A, x, y, beta)
-    M = A.shape[0]
+    y, M = _check(A, x, y, beta)
     if M:
         kernel("spmv_csr_scalar", x.get_device())(blocks(M), THREADS, A.row_ptr, A.col, A.val, x, y, M, alpha, beta)
     return y
@@ -122,11 +123,10 @@ def csr_scalar(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
 def csr_vector(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, sub: int | None = None,
                long_len: int = INT32_MAX):
     _need(A, CSR, "csr_vector")
-    y = _check(A, x, y, beta)
+    y, M = _check(A, x, y, beta)
     sub = sub_width(A.stats.mean) if sub is None else sub
     if sub not in SUBS:
         raise ValueError(f"spmv.csr_vector: sub must be one of {SUBS}, got {sub}")
-    M = A.shape[0]
     if M:
         kernel(f"spmv_csr_vector<{sub}>", x.get_device())(blocks(M * sub), THREADS, A.row_ptr, A.col, A.val,
                                                           x, y, M, alpha, beta, long_len)
@@ -138,8 +138,7 @@ def csr_split(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, long_len
     ``split_len(A.stats.mean)``; SUB from their mean), then one warp per 512-nonzero chunk of the
     longer rows (atomicAdd into y)."""
     _need(A, CSR, "csr_split")
-    y = _check(A, x, y, beta)
-    M = A.shape[0]
+    y, M = _check(A, x, y, beta)
     if not M:
         return y
     if long_len is None:
@@ -173,8 +172,8 @@ def csr_merge(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, nt: int 
     ipt = MERGE_DEFAULT[1] if ipt is None else ipt
     if (nt, ipt) not in MERGE_CONFIGS:
         raise ValueError(f"spmv.csr_merge: (nt, ipt) must be one of {MERGE_CONFIGS}, got {(nt, ipt)}")
-    y = _check(A, x, y, beta)
-    if not A.shape[0]:
+    y, M = _check(A, x, y, beta)
+    if not M:
         return y
     P = merge_plan(A, nt * ipt)
     dev = x.get_device()
@@ -190,8 +189,8 @@ def csr_merge(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0, nt: int 
 
 def csr_stream(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     _need(A, CSR, "csr_stream")
-    y = _check(A, x, y, beta)
-    if A.shape[0]:
+    y, M = _check(A, x, y, beta)
+    if M:
         plan = stream_plan(A)
         kernel("spmv_csr_stream", x.get_device())(plan.numel() - 1, THREADS, A.row_ptr, A.col, A.val, x, y,
                                                   plan, alpha, beta)
@@ -200,8 +199,7 @@ def csr_stream(A: CSR, x, y=None, alpha: float = 1.0, beta: float = 0.0):
 
 def ell(A: ELL, x, y=None, alpha: float = 1.0, beta: float = 0.0):
     _need(A, ELL, "ell")
-    y = _check(A, x, y, beta)
-    M = A.shape[0]
+    y, M = _check(A, x, y, beta)
     if M:
         kernel("spmv_ell", x.get_device())(blocks(M), THREADS, A.col, A.val, x, y, M, A.width, alpha, beta)
     return y
@@ -213,8 +211,7 @@ def jds(A: JDS, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, config: tup
     cfg = JDS_DEFAULT if config is None else tuple(config)
     if cfg not in JDS_CONFIGS:
         raise ValueError(f"jds: config {config!r} is not built; choose from {JDS_CONFIGS}")
-    y = _check(A, x, y, beta)
-    M = A.shape[0]
+    y, M = _check(A, x, y, beta)
     if M:
         nt, r = cfg
         kernel(f"spmv_jds<{nt},{r}>", x.get_device())(-(-M // (nt * r)), nt, A.perm, A.len_sorted, A.jd_ptr,
@@ -232,8 +229,7 @@ def panels(A: Panels, x, y=None, alpha: float = 1.0, beta: float = 0.0, *, confi
     if cfg not in PANEL_CONFIGS or cfg[1] != A.cluster:
         ok = [c for c in PANEL_CONFIGS if c[1] == A.cluster]
         raise ValueError(f"panels: config {config!r} is not built for clusters of {A.cluster}; choose from {ok}")
-    y = _check(A, x, y, beta)
-    M = A.shape[0]
+    y, M = _check(A, x, y, beta)
     if M:
         nt, cl, u = cfg
         k = panel_kernel(f"spmv_panels<{nt},{cl},{u},{A.round_chunks}>", x.get_device())

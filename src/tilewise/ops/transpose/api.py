@@ -37,6 +37,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import check_kernel_inputs
 from .._memory import may_overlap
 from .configs import DEFAULT_VARIANT, V4_BUILT, V4_DEFAULT, V4Config, v4_tile
 
@@ -101,13 +102,7 @@ def _kernel(name: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
 
 
 def _check(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"transpose: 'x' must be a torch.Tensor, got {type(x).__name__}")
-    if x.get_device() < 0:
-        raise ValueError(f"transpose: 'x' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use transpose.reference for CPU tensors)")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"transpose: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    check_kernel_inputs("transpose", {"x": x})
     if x.dim() not in (2, 3):
         raise ValueError(f"transpose: 'x' must be 2-D (M, N) or 3-D (B, M, N), got shape {tuple(x.shape)}")
     if not x.is_contiguous():

@@ -36,14 +36,15 @@ __global__ void __launch_bounds__(256) transpose_v1_naive(const T* __restrict__ 
   }
 }
 
-// v2_smem: a 32 x 32 tile through shared memory so that reads and writes are both along rows.
-// The column read tile[x][y] has a row pitch of 32 elements: for fp32 all 32 lanes hit one bank
-// (32-way conflict); for 2-byte types 16 lanes share a bank (16-way).
-template <typename T>
-__global__ void __launch_bounds__(256) transpose_v2_smem(const T* __restrict__ in, T* __restrict__ out,
-                                                         long long M, long long N, long long tiles_n,
-                                                         long long B) {
-  __shared__ T tile[T32][T32];
+// v2_smem and v3_padded: a 32 x 32 tile through shared memory so that reads and writes are both
+// along rows. The column read tile[x][y] has a row pitch of PITCH elements: at PITCH = 32 (v2), for
+// fp32 all 32 lanes hit one bank (32-way conflict), for 2-byte types 16 lanes share a bank (16-way);
+// v3 pads each tile row by one element (PITCH = 33): a column's 32 elements fall in 32 different
+// banks (fp32: word 33x; 2-byte: words 16.5x, i.e. banks k and k + 16 for lanes 2k, 2k+1).
+template <typename T, int PITCH>
+__device__ __forceinline__ void transpose_smem_tiles(const T* __restrict__ in, T* __restrict__ out, long long M,
+                                                     long long N, long long tiles_n, long long B) {
+  __shared__ T tile[T32][PITCH];
   const long long tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
   for (long long b = blockIdx.y; b < B; b += gridDim.y) {
     const T* src = in + b * M * N;
@@ -63,30 +64,18 @@ __global__ void __launch_bounds__(256) transpose_v2_smem(const T* __restrict__ i
   }
 }
 
-// v3_padded: v2 with one element of padding per tile row: a column's 32 elements fall in 32
-// different banks (fp32: word 33x; 2-byte: words 16.5x, i.e. banks k and k + 16 for lanes 2k, 2k+1).
+template <typename T>
+__global__ void __launch_bounds__(256) transpose_v2_smem(const T* __restrict__ in, T* __restrict__ out,
+                                                         long long M, long long N, long long tiles_n,
+                                                         long long B) {
+  transpose_smem_tiles<T, T32>(in, out, M, N, tiles_n, B);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256) transpose_v3_padded(const T* __restrict__ in, T* __restrict__ out,
                                                            long long M, long long N, long long tiles_n,
                                                            long long B) {
-  __shared__ T tile[T32][T32 + 1];
-  const long long tm = blockIdx.x / tiles_n, tn = blockIdx.x % tiles_n;
-  for (long long b = blockIdx.y; b < B; b += gridDim.y) {
-    const T* src = in + b * M * N;
-    T* dst = out + b * M * N;
-#pragma unroll
-    for (int j = 0; j < T32; j += ROWS) {
-      const long long m = tm * T32 + threadIdx.y + j, n = tn * T32 + threadIdx.x;
-      if (m < M && n < N) tile[threadIdx.y + j][threadIdx.x] = src[m * N + n];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < T32; j += ROWS) {
-      const long long n = tn * T32 + threadIdx.y + j, m = tm * T32 + threadIdx.x;
-      if (m < M && n < N) dst[n * M + m] = tile[threadIdx.x][threadIdx.y + j];
-    }
-    __syncthreads();
-  }
+  transpose_smem_tiles<T, T32 + 1>(in, out, M, N, tiles_n, B);
 }
 
 // v4_vec: 16-byte global loads and stores through a TM x TW-word shared tile (TW 32-bit words per

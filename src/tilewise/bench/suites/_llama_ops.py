@@ -1,0 +1,52 @@
+"""What the rmsnorm, rope and swiglu suites share: Liger-Kernel's version when its wheel is carried,
+and one row a candidate, each checked, timed forward or forward + backward, against the best baseline
+timed before it."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ..harness import time_ms
+
+BASELINES = ("torch.compile", "torch_eager")  # a row's baseline: the first of these timed in the case
+
+
+def liger(module: str, name: str, r):
+    """``liger_kernel.<module>.<name>``, or None (logged) where Liger-Kernel is not installed."""
+    try:
+        return getattr(importlib.import_module(f"liger_kernel.{module}"), name)
+    except ImportError:
+        r.log("  liger: not installed (carry its wheel in .whl/): no row")
+        return None
+
+
+def candidates(r, eager, compiled, ours, liger_fn) -> dict:
+    """The candidates of a case: HF's eager formula, torch.compile of it (full runs only: in quick runs
+    its compile time would push gpu-check past 9 minutes), ours, Liger's."""
+    cands = {"torch_eager": eager}
+    if not r.quick:
+        cands["torch.compile"] = compiled
+    cands["tilewise"] = ours
+    if liger_fn is not None:
+        cands["liger"] = liger_fn
+    return cands
+
+
+def time_rows(r, opname, shape, dtype, cost, cands, args, check_out, backward, diff=(), grad_outputs=None):
+    """For each candidate: ``check_out(name, fn(*args))``, then its time (forward, or with ``backward``
+    the gradients of the arguments at positions ``diff`` from ``grad_outputs``), one row."""
+    times = {}
+    for name, fn in cands.items():
+        r.status(f"{opname} {shape} {name}")
+        check_out(name, fn(*args))
+        if backward:
+            ins = [a.detach().requires_grad_(True) if i in diff else a for i, a in enumerate(args)]
+            leaves = [ins[i] for i in diff]
+            ms = time_ms(lambda: torch.autograd.grad(fn(*ins), leaves, grad_outputs, allow_unused=True))
+        else:
+            ms = time_ms(lambda: fn(*args))
+        times[name] = ms
+        base = next((b for b in BASELINES if b != name and b in times), "")
+        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base) if base else None)

@@ -1,0 +1,44 @@
+"""RoPE on Llama's q and k (32 / 8 heads, D = 128, bf16, Llama 3's base frequency) beside HF's eager
+formula, torch.compile of it (full runs) and Liger-Kernel's (when its wheel is carried), forward and
+forward + backward, at (B, S) = (4, 4096)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...cost import Cost
+from ...ops.rope import api as op
+from ..harness import check
+from ._llama_ops import candidates, liger, time_rows
+
+
+def run(r) -> None:
+    shapes = [(4, 32, 8, 4096, 128)] if r.quick else [(4, 32, 8, 4096, 128), (1, 32, 8, 16384, 128),
+                                                       (8, 16, 16, 2048, 64)]
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    compiled = torch.compile(op.reference, dynamic=False)
+    lig = liger("transformers.rope", "liger_rotary_pos_emb", r)
+    for B, Hq, Hk, S, D in shapes:
+        shape = f"B={B},Hq={Hq},Hk={Hk},S={S},D={D}"
+        q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(B, Hk, S, D, device="cuda", dtype=dtype, generator=g)
+        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+        emb = torch.cat([torch.arange(S, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]] * 2, -1)[None]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        rq, rk = op.reference(q.float(), k.float(), cos.float(), sin.float())
+        cands = candidates(r, op.reference, compiled, op.apply_rotary, lig)
+
+        def check_out(name, out):
+            check(f"rope {name} q", out[0].float(), rq, dtype=dtype, tol=2e-2)
+            check(f"rope {name} k", out[1].float(), rk, dtype=dtype, tol=2e-2)
+
+        grads = (torch.randn_like(q), torch.randn_like(k))
+        for opname, backward in (("rope_fwd", False), ("rope_fwd_bwd", True)):
+            cost = op.cost(B, Hq, Hk, S, D, dtype)
+            if backward:  # the backward is the same rotation again
+                cost = Cost(2 * cost.flops, 2 * cost.bytes)
+            time_rows(r, opname, shape, dtype, cost, cands, (q, k, cos, sin), check_out, backward, diff=(0, 1),
+                      grad_outputs=grads)
+        del q, k, rq, rk, grads
+        torch.cuda.empty_cache()

@@ -1,0 +1,35 @@
+"""SwiGLU's activation on a Llama MLP's projections (tokens x intermediate, bf16) beside HF's eager
+formula, torch.compile of it (full runs) and Liger-Kernel's SiLU-mul (when its wheel is carried),
+forward and forward + backward."""
+
+from __future__ import annotations
+
+import torch
+
+from ...ops.pointwise import swiglu as op
+from ..harness import check
+from ._llama_ops import candidates, liger, time_rows
+
+
+def run(r) -> None:
+    shapes = [(16384, 14336)] if r.quick else [(16384, 14336), (32768, 8192), (4096, 28672)]
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    compiled = torch.compile(op.reference, dynamic=False)
+    lig = liger("ops.swiglu", "LigerSiLUMulFunction", r)
+    for M, N in shapes:
+        shape = f"{M}x{N}"
+        gate = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)
+        up = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)
+        dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)
+        ref = op.reference(gate.float(), up.float())
+        cands = candidates(r, op.reference, compiled, op.swiglu, lig.apply if lig is not None else None)
+
+        def check_out(name, y):
+            check(f"swiglu {name}", y.float(), ref, dtype=dtype, tol=2e-2)
+
+        for opname, backward in (("swiglu_fwd", False), ("swiglu_fwd_bwd", True)):
+            time_rows(r, opname, shape, dtype, op.cost(M * N, dtype, backward=backward), cands, (gate, up), check_out,
+                      backward, diff=(0, 1), grad_outputs=dy)
+        del gate, up, dy, ref
+        torch.cuda.empty_cache()

@@ -1,0 +1,126 @@
+"""SwiGLU's activation, ``silu(gate) * up`` (Llama's, Mistral's and Qwen2's MLP between its projections).
+
+    v1_reference: PyTorch, ``F.silu(gate) * up`` (two kernels, an intermediate of the full size).
+    v2_fused:     one Triton kernel a direction: forward reads gate and up once and writes y; backward
+                  reads dy, gate and up once and writes dgate and dup (silu recomputed, not stored).
+                  Bound: bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ...cost import Cost
+from ...runtime.triton_launch import launch as _launch
+from .._checks import check_kernel_inputs
+from .._custom import eager_twin
+from .configs import SWIGLU_BLOCK, SWIGLU_WARPS
+
+@triton.jit
+def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    g = tl.load(G + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(U + offs, mask=m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    silu = g * sig
+    if BACKWARD:  # d silu(g) / dg = sig * (1 + g * (1 - sig))
+        dy = tl.load(DY + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(DG + offs, (dy * u * sig * (1.0 + g * (1.0 - sig))).to(DG.dtype.element_ty), mask=m)
+        tl.store(DU + offs, (dy * silu).to(DU.dtype.element_ty), mask=m)
+    else:
+        tl.store(Y + offs, (silu * u).to(Y.dtype.element_ty), mask=m)
+
+
+def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """v1_reference: HF's ``act_fn(gate_proj(x)) * up_proj(x)`` on the projections' outputs."""
+    return F.silu(gate) * up
+
+
+def cost(n: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False) -> Cost:
+    """Forward: gate, up read, y written; backward: dy, gate, up read, dgate, dup written."""
+    return Cost((5.0 if not backward else 10.0) * n, (3 if not backward else 5) * n * dtype.itemsize)
+
+
+def _check(gate, up):
+    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True)
+    if up.device != gate.device or up.dtype != gate.dtype or up.shape != gate.shape:
+        raise ValueError(f"swiglu: 'up' is {tuple(up.shape)} {up.dtype} on {up.device}; 'gate' is "
+                         f"{tuple(gate.shape)} {gate.dtype} on {gate.device}: they must match")
+
+
+def _run(gate, up, dy=None):
+    gate, up = gate.contiguous(), up.contiguous()  # (the projections' outputs already are)
+    n = gate.numel()
+    grid = (triton.cdiv(n, SWIGLU_BLOCK),)
+    if dy is None:
+        y = torch.empty_like(gate)
+        if n:
+            _launch(_swiglu_kernel, grid, gate, up, gate, y, gate, gate, n, BLOCK=SWIGLU_BLOCK, BACKWARD=False,
+                    num_warps=SWIGLU_WARPS)
+        return y
+    dy = dy.contiguous()
+    dg, du = torch.empty_like(gate), torch.empty_like(up)
+    if n:
+        _launch(_swiglu_kernel, grid, gate, up, dy, gate, dg, du, n, BLOCK=SWIGLU_BLOCK, BACKWARD=True,
+                num_warps=SWIGLU_WARPS)
+    return dg, du
+
+
+@torch.library.custom_op("tilewise::swiglu", mutates_args=())
+def _fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _run(gate, up)
+
+
+@_fwd_op.register_fake
+def _(gate, up):
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tilewise::swiglu_bwd", mutates_args=())
+def _bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(gate, up, dy)
+
+
+@_bwd_op.register_fake
+def _(dy, gate, up):
+    c = torch.contiguous_format
+    return torch.empty_like(gate, memory_format=c), torch.empty_like(up, memory_format=c)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _grad(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return _run(gate, up, dy) if getattr(ctx, "eager", False) else _bwd_op(dy, gate, up)
+
+
+_fwd_op.register_autograd(_grad, setup_context=_setup)
+
+
+_Eager = eager_twin("_Eager", _run, _setup, _grad)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in one kernel, differentiable in both (silu recomputed in the backward).
+
+    gate, up: CUDA tensors of one shape, dtype (float32 / float16 / bfloat16) and device.
+    Returns y of that shape, contiguous. Under ``torch.compile`` it is the custom op
+    ``torch.ops.tilewise.swiglu``.
+    """
+    _check(gate, up)
+    if torch.compiler.is_compiling():
+        return _fwd_op(gate, up)
+    return _Eager.apply(gate, up)
+
+
+def v1_reference(gate, up):
+    return reference(gate, up)
+
+
+VARIANTS = {"v1_reference": v1_reference, "v2_fused": swiglu}

@@ -1,0 +1,96 @@
+"""Every environment variable tilewise reads, read here and nowhere else.
+
+Each function reads the environment when it is called, so a value set after import counts (tests
+set them with ``monkeypatch.setenv``); where a module keeps a value for the process (the debug
+switch, Triton's launch paths), it says so and takes it from here once.
+
+| variable | effect |
+|---|---|
+| ``TILEWISE_CACHE_DIR`` | the kernel and dataset cache (default ``$XDG_CACHE_HOME/tilewise``, ``~/.cache/tilewise``) |
+| ``TILEWISE_CUDA_INCLUDE`` | a folder with ``cuda_fp16.h`` for NVRTC, tried before ``CUDA_HOME`` / ``CUDA_PATH`` |
+| ``TILEWISE_DEBUG_SYNC`` | ``1``: synchronize after every launch and name the kernel that failed (initial value) |
+| ``TILEWISE_FAST_LAUNCH`` | ``0``: Triton kernels launch through Triton's own path, not tilewise's bound launcher |
+| ``TILEWISE_DIRECT_LAUNCH`` | ``0``: the bound launcher calls Triton's launcher, not its raw C entry point |
+| ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
+| ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
+| ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
+| ``TRITON_INTERPRET`` | ``1``: Triton's interpreter runs the Triton kernels on CPU tensors (tests) |
+| ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` | torchrun's process group (SST-2 training) |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_DIR = "TILEWISE_CACHE_DIR"
+CUDA_INCLUDE = "TILEWISE_CUDA_INCLUDE"
+DEBUG_SYNC = "TILEWISE_DEBUG_SYNC"
+FAST_LAUNCH = "TILEWISE_FAST_LAUNCH"
+DIRECT_LAUNCH = "TILEWISE_DIRECT_LAUNCH"
+SST2_DIR = "TILEWISE_SST2_DIR"
+BENCH_ATTENTION_SHAPES = "TILEWISE_BENCH_ATTENTION_SHAPES"
+GIT_SHA = "TILEWISE_GIT_SHA"
+
+
+def _text(name: str) -> str | None:
+    """The variable's value, None when unset or empty."""
+    return os.environ.get(name) or None
+
+
+def _switch(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    return v.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """The cache folder (not created here)."""
+    if _text(CACHE_DIR):
+        return Path(os.environ[CACHE_DIR])
+    base = _text("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tilewise"
+
+
+def cuda_include_candidates() -> list[str]:
+    """Folders to look for CUDA's headers in, from the environment, in order."""
+    out = [_text(CUDA_INCLUDE)]
+    out += [os.path.join(v, "include") for v in (_text("CUDA_HOME"), _text("CUDA_PATH")) if v]
+    return [c for c in out if c]
+
+
+def debug_sync() -> bool:
+    return _switch(DEBUG_SYNC, False)
+
+
+def fast_launch() -> bool:
+    return _switch(FAST_LAUNCH, True)
+
+
+def direct_launch() -> bool:
+    return _switch(DIRECT_LAUNCH, True)
+
+
+def triton_interpret() -> bool:
+    # Triton's own reading of the variable (its knobs' true values), so both agree
+    return (os.environ.get("TRITON_INTERPRET") or "0").strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+def sst2_dir() -> Path | None:
+    v = _text(SST2_DIR)
+    return Path(v) if v else None
+
+
+def bench_attention_shapes() -> str | None:
+    return _text(BENCH_ATTENTION_SHAPES)
+
+
+def git_sha() -> str | None:
+    return _text(GIT_SHA)
+
+
+def distributed() -> tuple[int, int, int]:
+    """(world size, rank, local rank) as torchrun sets them; (1, 0, 0) in a plain process."""
+    return (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
+            int(os.environ.get("LOCAL_RANK", "0")))

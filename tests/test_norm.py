@@ -1,0 +1,181 @@
+import math
+
+import pytest
+import torch
+
+import tilewise
+from tilewise.ops.norm import api as N
+from tilewise.ops.norm import configs as NC
+
+from conftest import poison
+
+
+def _hf_llama(x, w, eps):
+    """transformers' LlamaRMSNorm.forward, written out (transformers is not a dependency)."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _hf_gemma(x, w, eps):
+    """transformers' GemmaRMSNorm.forward, written out."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + w.float())).type_as(x)
+
+
+def _inputs(shape, dtype, wdtype=None, seed=0, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(shape, generator=g, device=device) * 3 + 0.5).to(dtype)
+    w = (torch.rand(shape[-1], generator=g, device=device) + 0.5).to(wdtype or dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("mode", N.MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_is_the_hf_formula(mode, dtype):
+    x, w = _inputs((3, 7, 33), dtype)
+    want = (_hf_llama if mode == "llama" else _hf_gemma)(x, w, 1e-5)
+    got = N.reference(x, w, 1e-5, mode)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_cost():
+    c = N.cost(4, 1000, torch.bfloat16)
+    assert c.bytes == 2 * 4 * 1000 * 2 + 16 and c.flops == 16000
+    assert N.cost(4, 1000, torch.bfloat16, backward=True).bytes == 3 * 4 * 1000 * 2 + 16
+
+
+def test_launch_table():
+    for n in (1, 100, 1024, 1025, 4096, 5000, NC.MAX_N):
+        L = NC.launch_for(n)
+        assert L.BLOCK >= n and L.BLOCK & (L.BLOCK - 1) == 0
+        assert L.BLOCK * L.ROWS // (32 * L.warps) <= 64  # fp32 values a thread holds
+
+
+SHAPES = [(37, 100), (2, 3, 1000), (5, 1), (1, 4097), (0, 64)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("mode", N.MODES)
+def test_triton_interpreter_forward_backward(shape, mode):
+    """fp32 in the interpreter against the float64 reference: y, dx, dw; odd sizes, one element,
+    empty; x as a strided slice of a larger tensor (rows of unit stride kept, not copied)."""
+    x, w = _inputs(shape, torch.float32, seed=sum(shape))
+    wide = torch.zeros(*shape[:-1], shape[-1] + 3)
+    wide[..., 1:shape[-1] + 1] = x
+    xs = wide[..., 1:shape[-1] + 1]  # row stride shape[-1] + 3
+    xi, wi = xs.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    xr, wr = x.double().requires_grad_(True), w.double().requires_grad_(True)
+    y = tilewise.rms_norm(xi if x.numel() else xi, wi, 1e-6, mode=mode)
+    ref = N.reference(xr, wr, 1e-6, mode)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    y.backward(g)
+    ref.backward(g.double())
+    torch.testing.assert_close(xi.grad.double(), xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(wi.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_triton_interpreter_llama_casts_before_the_weight():
+    """bf16 x with an fp32 weight: HF multiplies the bf16-rounded row by the fp32 weight (an fp32
+    result); so does the kernel, within one bf16 rounding of the row (the interpreter's float-to-bf16
+    conversion and rsqrt are not the GPU's). bf16 weight: a bf16 result."""
+    x, w = _inputs((9, 130), torch.bfloat16, torch.float32, seed=3)
+    y = tilewise.rms_norm(x, w, 1e-5)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, _hf_llama(x, w, 1e-5), rtol=8e-3, atol=1e-6)
+    y16 = tilewise.rms_norm(x, w.bfloat16(), 1e-5)
+    assert y16.dtype == torch.bfloat16
+    torch.testing.assert_close(y16.float(), _hf_llama(x, w.bfloat16(), 1e-5).float(), rtol=1.6e-2, atol=8e-3)
+
+
+def test_triton_interpreter_weight_gradient_is_deterministic_and_compiles():
+    x, w = _inputs((64, 48), torch.float32, seed=5)
+    grads = []
+    for _ in range(2):
+        wi = w.clone().requires_grad_(True)
+        tilewise.rms_norm(x, wi).sum().backward()
+        grads.append(wi.grad)
+    assert torch.equal(grads[0], grads[1])
+    f = torch.compile(lambda a, b: tilewise.rms_norm(a, b, mode="gemma") * 2, backend="aot_eager", fullgraph=True)
+    xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = f(xi, wi)
+    out.sum().backward()
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    (2 * N.reference(xr, wr, 1e-6, "gemma")).sum().backward()
+    torch.testing.assert_close(out, 2 * N.reference(x, w, 1e-6, "gemma"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xi.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(wi.grad, wr.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_rejects_bad_arguments():
+    x, w = _inputs((4, 8), torch.float32)
+    for kw, msg in [(dict(x=x.long()), "'x' has dtype"), (dict(weight=w[:5]), "'weight' has shape"),
+                    (dict(weight=[1.0] * 8), "'weight' must be a torch.Tensor"), (dict(eps=-1.0), "'eps'"),
+                    (dict(eps=math.nan), "'eps'"), (dict(eps="x"), "'eps'"), (dict(mode="rms"), "'mode'"),
+                    (dict(x=torch.ones(2, NC.MAX_N + 1), weight=torch.ones(NC.MAX_N + 1)), "rows of"),
+                    (dict(x=torch.tensor(1.0)), "'weight' has shape")]:
+        args = dict(x=x, weight=w, eps=1e-6, mode="llama") | kw
+        with pytest.raises(ValueError, match=msg):
+            tilewise.rms_norm(args["x"], args["weight"], args["eps"], mode=args["mode"])
+
+
+def test_rejects_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w = _inputs((4, 8), torch.float32)
+    with pytest.raises(ValueError, match="'x' is on cpu"):
+        tilewise.rms_norm(x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4097, 4096), (1000, 5120), (33, 16384), (3, 7, 2048)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("mode", N.MODES)
+@pytest.mark.quick(rotate="shape")
+def test_gpu_forward_backward(shape, dtype, mode, monkeypatch):
+    """Against the fp32 reference at H200 sizes not multiple of the launch tiles; outputs poisoned."""
+    real_empty = torch.empty
+
+    def poisoned_empty(*a, **k):  # float outputs start NaN: an element the kernels never write fails
+        t = real_empty(*a, **k)
+        return poison(t) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    x, w = _inputs(shape, dtype, seed=shape[0], device="cuda")
+    xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    y = N.rms_norm(xi, wi, 1e-5, mode=mode)  # (the module's names: the coverage ledger sees them)
+    xr, wr = x.float().requires_grad_(True), w.float().requires_grad_(True)
+    ref = N.v1_reference(xr, wr, 1e-5, mode=mode)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol)
+    g = torch.randn(y.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2)).to(y.dtype)
+    y.backward(g)
+    ref.backward(g.float())
+    for name, a, b in (("dx", xi.grad, xr.grad), ("dw", wi.grad, wr.grad)):
+        assert not torch.isnan(a).any(), name
+        err = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name}: relative error {err:.3g}"
+
+
+def test_triton_interpreter_strided_weight():
+    """A weight that is a strided view (every other element, or expanded) reads as its values."""
+    x, _ = _inputs((6, 40), torch.float32, seed=9)
+    big = torch.rand(80) + 0.5
+    for w in (big[::2], torch.tensor(1.25).expand(40)):
+        torch.testing.assert_close(tilewise.rms_norm(x, w), N.reference(x, w.contiguous()), rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_module_matches_hf_and_loads_its_state_dict():
+    from tilewise.nn import RMSNorm
+
+    x, w = _inputs((2, 5, 24), torch.float32, seed=11)
+    m = RMSNorm(24, eps=1e-5)
+    assert m.load_state_dict({"weight": w}) is not None and m.variance_epsilon == 1e-5
+    torch.testing.assert_close(m(x), _hf_llama(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+    g = RMSNorm(24, mode="gemma")
+    assert (g.weight == 0).all()  # Gemma's weight starts at 0: (1 + 0) times the row
+    torch.testing.assert_close(g(x), _hf_gemma(x, g.weight.detach(), 1e-6), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'mode'"):
+        RMSNorm(4, mode="layer")
