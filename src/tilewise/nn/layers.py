@@ -23,6 +23,14 @@ class RMSNorm(torch.nn.Module):
         self.variance_epsilon = eps
         self.mode = mode
 
+    @classmethod
+    def sharing(cls, weight: torch.nn.Parameter, eps: float, mode: str = "llama") -> "RMSNorm":
+        """An RMSNorm holding ``weight`` itself (the Parameter, not a copy): to stand in for a
+        transformers norm without touching the optimizer or the state dict."""
+        new = cls(weight.shape[0], eps, mode, device="meta")
+        new.weight = weight
+        return new
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon, mode=self.mode)
 
@@ -41,6 +49,13 @@ class SwiGLU(torch.nn.Module):
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
+
+    @classmethod
+    def sharing(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear) -> "SwiGLU":
+        """A SwiGLU holding these three Linear modules themselves (as ``RMSNorm.sharing``)."""
+        new = cls(gate_proj.in_features, gate_proj.out_features, device="meta")
+        new.gate_proj, new.up_proj, new.down_proj = gate_proj, up_proj, down_proj
+        return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
