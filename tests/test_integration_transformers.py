@@ -235,6 +235,35 @@ def test_apply_tilewise_on_a_saved_and_reloaded_model(tmp_path, cpu_attention, m
         torch.testing.assert_close(back(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["mean", "num_items"])
+def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
+    """Training with labels (ignored positions, padding): apply_tilewise's loss (one
+    linear_cross_entropy, in Triton's interpreter) and every parameter's gradient equal the
+    untouched model's; in eval mode the model's own head runs and logits come back."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = _model(_config(), "sdpa").train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ids = _ids(3, 11)
+    am = torch.ones_like(ids)
+    am[2, 8:] = 0
+    labels = ids.masked_fill(am == 0, -100)
+    labels[0, :4] = -100
+    kw = {"num_items_in_batch": torch.tensor(17)} if mode == "num_items" else {}
+    lr = ref(ids, attention_mask=am, labels=labels, **kw)
+    lo = ours(ids, attention_mask=am, labels=labels, **kw)
+    assert lo.logits.shape[1] == 0  # no (tokens, vocab) logits in the fused path
+    torch.testing.assert_close(lo.loss, lr.loss, rtol=1e-5, atol=1e-5)
+    lr.loss.backward()
+    lo.loss.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    ours.eval()
+    with torch.no_grad():
+        out = ours(ids, attention_mask=am, labels=labels)
+    assert out.logits.shape == (3, 11, VOCAB) and out.loss is not None
+
+
 def test_rotary_pos_emb_layouts():
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)

@@ -28,6 +28,7 @@ _PUBLIC = {
     "ops.gemm.api": ["gemm", "linear"],
     "ops.rowwise.softmax": ["softmax", "log_softmax", "softmax_backward"],
     "ops.rowwise.cross_entropy": ["cross_entropy"],
+    "ops.rowwise.linear_cross_entropy": ["linear_cross_entropy"],
     "ops.attention.api": ["flash_attention", "AttentionPolicy"],
     "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],

@@ -9,7 +9,7 @@ or swaps the Llama-family layers of a model that is already built (Llama, Mistra
 models that reuse their layers):
 
     from tilewise.integrations.transformers import apply_tilewise
-    apply_tilewise(model)             # attention, RMSNorm, RoPE and the SwiGLU MLP
+    apply_tilewise(model)             # attention, RMSNorm, RoPE, the SwiGLU MLP, the lm head + loss
     apply_tilewise(model, rope=False) # each part has its own keyword
 
 What reaches ``flash_attention``:
@@ -31,6 +31,7 @@ What reaches ``flash_attention``:
 from __future__ import annotations
 
 import sys
+import types
 
 import torch
 
@@ -47,6 +48,7 @@ from .. import settings
 from ..nn.layers import RMSNorm, SwiGLU
 from ..ops.attention.api import flash_attention
 from ..ops.rope.api import apply_rotary
+from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
 from ..ops.rope.api import reference as rope_reference
 
 NAME = "tilewise"
@@ -174,8 +176,43 @@ def _children(model, suffix, families, skip=()):
                 yield parent, name, child
 
 
+def _fused_loss_forward(original):
+    """The causal LM's forward with, in training with labels, the lm head and its loss in one
+    ``linear_cross_entropy``: the base model's last hidden state is taken by a hook, the original
+    forward keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss
+    (labels shifted by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given)."""
+
+    def forward(self, *args, labels=None, **kwargs):
+        shift = kwargs.pop("shift_labels", None)
+        if not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs:
+            if shift is not None:
+                kwargs["shift_labels"] = shift
+            return original(self, *args, labels=labels, **kwargs)
+        n_items = kwargs.pop("num_items_in_batch", None)
+        seen = []
+        hook = self.model.register_forward_hook(
+            lambda mod, inp, out: seen.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]))
+        try:
+            out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
+        finally:
+            hook.remove()
+        hidden = seen[-1]
+        if shift is None:
+            shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+        head = self.get_output_embeddings()
+        loss = linear_cross_entropy(hidden, head.weight, shift.to(hidden.device), head.bias,
+                                    reduction="mean" if n_items is None else "sum")
+        if n_items is not None:
+            loss = loss / n_items
+        if isinstance(out, tuple):
+            return (loss,) + out
+        return type(out)(loss=loss, **dict(out.items()))
+
+    return forward
+
+
 def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
-                   swiglu: bool = True) -> torch.nn.Module:
+                   swiglu: bool = True, loss: bool = True) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
@@ -187,6 +224,10 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                that family in the process (as Liger-Kernel's patch does).
     swiglu:    each ``<Family>MLP`` becomes ``tilewise.nn.SwiGLU`` holding the same three Linear modules;
                the model's ``hidden_act`` must be "silu".
+    loss:      a ``<Family>ForCausalLM`` called with labels in training mode computes its lm head and loss
+               as one ``tilewise.linear_cross_entropy`` (no (tokens, vocab) logits; the output's logits
+               then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, or a call
+               with ``logits_to_keep``, runs the model's own head and loss.
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
@@ -208,6 +249,9 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
             setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj))
     if rope:
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
+    if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
+        model.forward = types.MethodType(_fused_loss_forward(type(model).forward), model)  # per model, not class
+        model._tilewise_loss = True
     return model
 
 

@@ -2,6 +2,7 @@
 ``tilewise.nn.functional.report()``)."""
 
 from .classifier import BACKENDS, SentimentClassifier
+from ..ops.rowwise.linear_cross_entropy import FusedLinearCrossEntropyLoss
 from .layers import RMSNorm, SwiGLU
 
-__all__ = ["BACKENDS", "RMSNorm", "SentimentClassifier", "SwiGLU"]
+__all__ = ["BACKENDS", "FusedLinearCrossEntropyLoss", "RMSNorm", "SentimentClassifier", "SwiGLU"]

@@ -291,6 +291,25 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     return loss, grad
 
 
+def _rows_kernel(x, t, loss_rows, grad, grad_scale, ignore_index, label_smoothing, one_pass):
+    """v2_fused's (``one_pass``: a row in registers, C <= MAX_FUSED) or v3_online's launch: row losses
+    into ``loss_rows`` (fp32) and, unless ``grad`` is None, the gradient times ``grad_scale`` into
+    ``grad``, which may be ``x`` itself (a program reads all of a row before it writes any of it).
+    Targets must be checked already (ignore_index or in [0, C))."""
+    N, C = x.shape
+    has_grad = grad is not None
+    dx, sdx = (grad, grad.stride(0)) if has_grad else (loss_rows, 0)  # a placeholder pointer, never written
+    if one_pass:
+        rows, block, warps = fused_config(C)
+        grid = (_cdiv(N, rows),)
+    else:
+        rows, (block, warps, progs) = 1, online_config(x, C * x.element_size(), N)
+        grid = (progs,)
+    _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index, float(label_smoothing),
+               grad_scale, ROWS=rows, BLOCK=block, ONE_PASS=one_pass, HAS_GRAD=has_grad, SMOOTH=label_smoothing > 0,
+               num_warps=warps)
+
+
 def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant,
             policy: Policy = DEFAULT_POLICY):
     N, C = logits.shape
@@ -310,15 +329,12 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
         smooth = label_smoothing > 0
         dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
         sdx = grad.stride(0) if compute_grad else 0
-        if variant == "v2_fused":
-            if C > MAX_FUSED:
+        if variant in ("v2_fused", "v3_online"):
+            if variant == "v2_fused" and C > MAX_FUSED:
                 raise ValueError(f"cross_entropy.v2_fused: C = {C} does not fit in registers (at most "
                                  f"{MAX_FUSED}); use v3_online or variant=None")
-            rows, block, warps = fused_config(C)
-            grid = (_cdiv(N, rows),)
-            _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                             float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
-                             HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+            _rows_kernel(x, t, loss_rows, grad if compute_grad else None, scale, ignore_index, label_smoothing,
+                         one_pass=variant == "v2_fused")
         elif variant == "v4_cluster":
             if C > MAX_CLUSTER:
                 raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
@@ -329,10 +345,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
                        float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
                        HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps, num_ctas=ctas)
         else:
-            block, warps, progs = online_config(x, C * x.element_size(), N)
-            _tl_launch(_ce_kernel, (progs,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                       float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
-                       HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+            raise ValueError(f"cross_entropy: unknown variant {variant!r}")
     if reduction == "none":
         loss = loss_rows.to(logits.dtype)
     elif reduction == "sum":
@@ -398,13 +411,18 @@ def _grad(ctx, dloss, _dgrad):
     # The common case (the loss is the output, dloss = 1): the gradient written in the forward is
     # the answer. Decided on the device, not the host (no sync): a small persistent kernel reads
     # dloss and scales g in place only when it is not 1, so g is touched only when it must be.
+    return (scale_unless_one(g, dloss),) + nones  # ours alone now: scaled in place, no second copy
+
+
+def scale_unless_one(g: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
+    """``g * dloss`` (dloss one element) in place, decided on the device: untouched when dloss is 1."""
     g = g if g.is_contiguous() else g.contiguous()
     if g.numel():
         d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
         progs = scale_programs(g)
         _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=SCALE_BLOCK,
                    ITERS=_cdiv(_cdiv(g.numel(), SCALE_BLOCK), progs))
-    return (g,) + nones  # ours alone now: scaled in place, no second copy
+    return g
 
 
 @triton.jit
