@@ -11,7 +11,8 @@ from tilewise.bench.suites import llama as S  # noqa: E402
 
 def test_parameter_count_matches_the_model():
     config = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True)
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                      tie_word_embeddings=True)
     model = transformers.LlamaForCausalLM(config)
     assert sum(torch.Size(s).numel() for s in S._param_shapes(config)) == sum(p.numel() for p in model.parameters())
 
