@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...ops.rowwise import linear_cross_entropy as op
 from ..harness import check
-from ._llama_ops import candidates, liger, time_rows
+from ._llama_ops import candidates, setup, time_rows
 
 
 def _hf(x, w, t):
@@ -31,9 +31,7 @@ def _peak_mib(fn, x, w, t) -> float:
 def run(r) -> None:
     shapes = [(8192, 2048, 128256)] if r.quick else [(8192, 2048, 128256), (16384, 4096, 128256), (4096, 4096, 151936)]
     dtype = torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(0)
-    compiled = torch.compile(_hf, dynamic=False)
-    lig_cls = liger("transformers.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyLoss", r)
+    g, compiled, lig_cls = setup(r, _hf, "transformers.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyLoss")
     lig = None
     if lig_cls is not None:
         m = lig_cls()
