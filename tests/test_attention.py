@@ -229,6 +229,9 @@ BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), flash_attention keywords)
     # a key tile feeds opens a new query tile), so the tile ranges' edges are exact
     "window_one_each_side": ((1, 1, 1, 40, 40, 32), dict(window=(1, 1))),
     "window_right_only_gqa": ((1, 4, 2, 23, 31, 64), dict(window=(None, 2), align="bottom_right")),
+    # wide enough that whole key tiles sit inside the band between masked edge tiles on both sides
+    "wide_window_both_sides": ((1, 2, 1, 100, 97, 32), dict(window=(40, 20))),
+    "causal_wide_window_mask_bias": ((1, 2, 1, 90, 90, 32), dict(causal=True, window=(37, None))),
 }
 
 
@@ -300,6 +303,7 @@ MOD_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords; "slopes" -> ALiBi slop
                                                                align="bottom_right")),
     "alibi_per_batch_softcap_window": ((2, 2, 2, 40, 40, 64), dict(alibi_slopes="per_batch", softcap=3.0,
                                                                    window=(9, 4))),
+    "alibi_softcap_wide_window": ((1, 2, 1, 70, 70, 32), dict(alibi_slopes="slopes", softcap=3.0, window=(35, 17))),
 }
 
 
