@@ -3,6 +3,7 @@
 
 from .classifier import BACKENDS, SentimentClassifier
 from ..ops.rowwise.linear_cross_entropy import FusedLinearCrossEntropyLoss
-from .layers import RMSNorm, SwiGLU
+from .layers import Attention, Linear, RMSNorm, RotaryEmbedding, SwiGLU
 
-__all__ = ["BACKENDS", "FusedLinearCrossEntropyLoss", "RMSNorm", "SentimentClassifier", "SwiGLU"]
+__all__ = ["BACKENDS", "Attention", "FusedLinearCrossEntropyLoss", "Linear", "RMSNorm", "RotaryEmbedding",
+           "SentimentClassifier", "SwiGLU"]
