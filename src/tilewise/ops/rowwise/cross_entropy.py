@@ -223,9 +223,11 @@ def _check(logits, target, reduction, ignore_index, label_smoothing):
         raise ValueError("cross_entropy: 'logits' has no classes (C = 0)")
 
 
-def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
-    """Number of rows that count; raises on a target outside [0, C) other than ignore_index.
-    One small reduction and one host sync (tens of us; the logits take ~1 ms at 8192 x 128k)."""
+def _count_valid(target: torch.Tensor, C: int, ignore_index: int, what: str = "cross_entropy",
+                 classes: str = "'logits' has C = {C} classes") -> int:
+    """Number of rows that count; raises on a target outside [0, C) other than ignore_index (the
+    message: ``what``, then ``classes`` formatted with C). One small reduction and one host sync
+    (tens of us; the logits take ~1 ms at 8192 x 128k)."""
     if target.numel() == 0:
         return 0
     t = target.long()
@@ -234,8 +236,8 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
     n_bad, n_valid = torch.stack([bad.sum(), keep.sum()]).tolist()
     if n_bad:
         first = t[bad][0].item()
-        raise ValueError(f"cross_entropy: {n_bad} target(s) out of range [0, {C}) ('logits' has C = {C} "
-                         f"classes) and not ignore_index={ignore_index}, e.g. {first}")
+        raise ValueError(f"{what}: {n_bad} target(s) out of range [0, {C}) ({classes.format(C=C)}) and not "
+                         f"ignore_index={ignore_index}, e.g. {first}")
     return n_valid
 
 

@@ -70,8 +70,8 @@ def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_s
         raise ValueError(f"linear_cross_entropy: 'weight' has shape {tuple(weight.shape)}; 'x' of shape "
                          f"{tuple(x.shape)} needs (V, {x.shape[-1] if x.dim() else '?'})")
     if target.shape != x.shape[:-1]:
-        raise ValueError(f"linear_cross_entropy: 'target' has shape {tuple(target.shape)}; expected "
-                         f"{tuple(x.shape[:-1])} (x's leading dims)")
+        raise ValueError(f"linear_cross_entropy: 'target' has shape {tuple(target.shape)} but 'x' of shape "
+                         f"{tuple(x.shape)} needs {tuple(x.shape[:-1])} (x's leading dims)")
     if weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(f"linear_cross_entropy: 'weight' is {weight.dtype} on {weight.device}; 'x' is {x.dtype} "
                          f"on {x.device} (they must match)")
@@ -90,7 +90,8 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     """loss (fp32 scalar), dx, dW, db (None where not needed) for an upstream gradient of 1."""
     N, H = x2.shape
     V = weight.shape[0]
-    n_valid = _count_valid(t, V, ignore_index)  # raises on a target out of range (one host sync)
+    n_valid = _count_valid(t, V, ignore_index, "linear_cross_entropy",  # raises on a bad target (one host sync)
+                           "'target' indexes the rows of 'weight', which has V = {C}")
     scale = 1.0 / n_valid if reduction == "mean" and n_valid else 1.0
     dev = x2.device
     loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
