@@ -24,7 +24,7 @@ def _grads(fn, x, w, b, upstream=1.0):
 
 
 @pytest.mark.parametrize("N,H,V,chunk", [(37, 24, 53, 8), (5, 16, 300, None), (64, 8, 17, 64), (1, 4, 3, 1)])
-@pytest.mark.parametrize("case", ["plain", "bias+ignore", "smooth+sum", "upstream"])
+@pytest.mark.parametrize("case", ["plain", "bias+ignore", "smooth+sum", "upstream", "softcap"])
 def test_triton_interpreter_against_fp64(N, H, V, chunk, case):
     """Loss and dx, dW, db against the full-logits reference in float64; chunks that do not divide
     the rows, ignored rows, smoothing, 'sum', an upstream gradient that is not 1."""
@@ -32,10 +32,13 @@ def test_triton_interpreter_against_fp64(N, H, V, chunk, case):
     reduction = "sum" if case == "smooth+sum" else "mean"
     smoothing = 0.1 if case == "smooth+sum" else 0.0
     upstream = 0.37 if case == "upstream" else 1.0
+    cap = 1.5 if case == "softcap" else None  # logits of a few units: the tanh bends them
     x, w, t, b = _inputs(N, H, V, bias=bias, ignore=ignore, seed=N + V)
+    if cap:
+        x = x * 3
     got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, reduction=reduction, label_smoothing=smoothing,
-                                                           chunk_rows=chunk), x, w, b, upstream)
-    want, r = _grads(lambda x, w, b: L.reference(x, w, t, b, reduction, -100, smoothing),
+                                                           chunk_rows=chunk, softcap=cap), x, w, b, upstream)
+    want, r = _grads(lambda x, w, b: L.reference(x, w, t, b, reduction, -100, smoothing, cap),
                      x.double(), w.double(), None if b is None else b.double(), upstream)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -102,6 +105,8 @@ def test_errors():
         L.linear_cross_entropy(x, w, t.float())
     with pytest.raises(ValueError, match="'label_smoothing'"):
         L.linear_cross_entropy(x, w, t, label_smoothing=2.0)
+    with pytest.raises(ValueError, match="'softcap'"):
+        L.linear_cross_entropy(x, w, t, softcap=0.0)
     with pytest.raises(ValueError, match="out of range"):
         L.linear_cross_entropy(x, w, torch.full_like(t, 10))
 
@@ -157,3 +162,16 @@ def test_gpu_memory_stays_below_the_logits():
     chunk = L.chunk_rows_for(N, V, torch.bfloat16) * V * 2
     assert peak <= x.numel() * 2 + w.numel() * 2 + 2 * chunk + (1 << 20), peak
     assert peak < N * V * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_softcap_bf16():
+    """Gemma 2's final-logit softcap (30) in bf16 against the fp32 reference."""
+    x, w, t, _ = _inputs(777, 256, 20011, torch.bfloat16, "cuda", ignore=50)
+    x = x * 4
+    got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, softcap=30.0, chunk_rows=300), x, w, None)
+    want, r = _grads(lambda x, w, b: L.reference(x, w, t, softcap=30.0), x.float(), w.float(), None)
+    assert abs(got.item() - want.item()) <= 2e-2 * abs(want.item())
+    for a, e in zip(g[:2], r[:2]):
+        assert ((a.float() - e).norm() / e.norm()).item() < 2e-2

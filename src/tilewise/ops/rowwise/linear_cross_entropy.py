@@ -26,11 +26,13 @@ from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
 CHUNK_BYTES = 256 << 20  # one chunk's logits; ~1k rows of a 128k vocabulary in bf16
 
 
-def reference(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0):
-    """The logits in full (fp32, or fp64 for fp64 inputs), then F.cross_entropy."""
+def reference(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, softcap=None):
+    """The logits in full (fp32, or fp64 for fp64 inputs), softcapped if asked, then F.cross_entropy."""
     dt = torch.promote_types(x.dtype, torch.float32)
     logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).to(dt), weight.to(dt),
                                         None if bias is None else bias.to(dt))
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     return torch.nn.functional.cross_entropy(logits, target.reshape(-1).long(), reduction=reduction,
                                              ignore_index=ignore_index, label_smoothing=label_smoothing)
 
@@ -48,7 +50,7 @@ def chunk_rows_for(N: int, V: int, dtype: torch.dtype) -> int:
     return min(rows, max(1, N))
 
 
-def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing):
+def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap=None):
     for name, t in (("x", x), ("weight", weight), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"linear_cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -79,6 +81,9 @@ def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_s
                              or bias.device != x.device):
         raise ValueError(f"linear_cross_entropy: 'bias' must be a tensor of shape ({weight.shape[0]},) on "
                          f"{x.device}, got {bias if not isinstance(bias, torch.Tensor) else tuple(bias.shape)}")
+    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
+                                or not 0 < softcap < float("inf")):
+        raise ValueError(f"linear_cross_entropy: 'softcap' must be a finite number > 0 or None, got {softcap!r}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"linear_cross_entropy: 'reduction' must be 'mean' or 'sum', got {reduction!r}")
     if chunk_rows is not None and (not isinstance(chunk_rows, numbers.Integral) or isinstance(chunk_rows, bool)
@@ -86,7 +91,7 @@ def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_s
         raise ValueError(f"linear_cross_entropy: 'chunk_rows' must be an int >= 1 or None, got {chunk_rows!r}")
 
 
-def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need):
+def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need, softcap=None):
     """loss (fp32 scalar), dx, dW, db (None where not needed) for an upstream gradient of 1."""
     N, H = x2.shape
     V = weight.shape[0]
@@ -103,8 +108,13 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     for r0 in range(0, N, step):
         xc = x2[r0:r0 + step]
         logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias.to(x2.dtype), xc, weight.t())
+        if softcap is not None:  # Gemma 2's final-logit softcap: cap * tanh(z / cap), its derivative 1 - tanh^2
+            th = logits.to(torch.float32, copy=True).div_(softcap).tanh_()  # one fp32 chunk, then in place
+            torch.mul(th, softcap, out=logits)
         _rows_kernel(logits, t[r0:r0 + step], loss_rows[r0:r0 + step], logits if grad else None, scale,
                      ignore_index, label_smoothing, one_pass=V <= MAX_FUSED)
+        if softcap is not None and grad:
+            torch.mul(logits, th.mul_(th).neg_().add_(1.0), out=logits)
         if dx is not None:
             torch.mm(logits, weight, out=dx[r0:r0 + step])
         if dw is not None:
@@ -119,14 +129,15 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
 
 class _LinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows):
+    def forward(ctx, x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap):
         need = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
         x2 = x.reshape(-1, x.shape[-1])
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
         t = target.reshape(-1)
         t = t if t.is_contiguous() else t.contiguous()
         w = weight if weight.stride(-1) == 1 else weight.contiguous()
-        loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need)
+        loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need,
+                                    softcap)
         ctx.grads = [None if dx is None else dx.view(x.shape), dw, db]
         ctx.bias_dtype = None if bias is None else bias.dtype
         return loss
@@ -141,12 +152,13 @@ class _LinearCE(torch.autograd.Function):
         dx = None if dx is None else scale_unless_one(dx, dloss)
         dw = None if dw is None else scale_unless_one(dw, dloss)
         db = None if db is None else (db * dloss.float()).to(ctx.bias_dtype)
-        return dx, dw, None, db, None, None, None, None
+        return dx, dw, None, db, None, None, None, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, reduction: str = "mean", ignore_index: int = -100,
-                         label_smoothing: float = 0.0, chunk_rows: int | None = None) -> torch.Tensor:
+                         label_smoothing: float = 0.0, chunk_rows: int | None = None,
+                         softcap: float | None = None) -> torch.Tensor:
     """``cross_entropy(x @ weight.T + bias, target)`` in chunks of rows, never holding the (N, V) logits.
 
     x:          (..., H) CUDA tensor, float32 / float16 / bfloat16 (the last hidden states).
@@ -156,11 +168,14 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     reduction:  "mean" (over the rows that count; NaN when none does) or "sum".
     label_smoothing: in [0, 1], as ``cross_entropy``.
     chunk_rows: rows a chunk (default ``chunk_rows_for``: 256 MiB of logits).
+    softcap:    None, or c > 0: the logits become c * tanh(logits / c) before the loss (Gemma 2's
+                ``final_logit_softcapping``); costs a chunk-sized fp32 buffer and two passes a chunk.
     Returns the loss, a 0-dim float32 tensor (as transformers' loss), differentiable in x, weight and bias; the
     gradients are computed in this call (memory: dx, dW and db, and one chunk of logits).
     """
-    _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing)
-    return _LinearCE.apply(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), chunk_rows)
+    _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap)
+    return _LinearCE.apply(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), chunk_rows,
+                           None if softcap is None else float(softcap))
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
