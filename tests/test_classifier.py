@@ -4,6 +4,7 @@ write; the tilewise backend against the torch one on the GPU."""
 import argparse
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
@@ -520,6 +521,13 @@ def test_predict_and_evaluate_checkpoint(tmp_path, capsys):
     assert all(0.5 <= p <= 1.0 for _, p in res)
     ev = commands.evaluate_checkpoint(out / "checkpoint.pt", str(tmp_path / "sst2"), "dev", device="cpu")
     assert ev["accuracy"] == pytest.approx(m["epochs"][-1]["dev_accuracy"])
+    # no --data-dir, from another directory: the data the checkpoint was trained on
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path / "run")
+        assert commands.evaluate_checkpoint(out / "checkpoint.pt", None, "dev", device="cpu") == ev
+    finally:
+        os.chdir(cwd)
     p = argparse.ArgumentParser()
     commands.add_predict_arguments(p)
     assert commands.main_predict(p.parse_args([str(out), "great", "--device", "cpu"])) == 0

@@ -51,3 +51,45 @@ def test_report_and_roofline_from_csv(tmp_path):
     p = _run("roofline", "--csv", str(csv_path), "--out", str(tmp_path / "r.png"))
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_no_arguments_prints_help():
+    p = _run()
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: tilewise") and "verify-status" in p.stdout and not p.stderr
+
+
+def test_report_finds_the_checkouts_results_from_elsewhere(tmp_path, monkeypatch, capsys):
+    """Outside the repository root: the checkout's bench/results; with no checkout either, the error
+    names every directory it looked in."""
+    from tilewise import cli, verify
+
+    monkeypatch.chdir(tmp_path)
+    root = verify.repo_root()
+    if root is not None and any((root / "bench" / "results").glob("*.csv")):
+        assert cli.main(["report"]) == 0
+        assert "| op | variant |" in capsys.readouterr().out
+    monkeypatch.setattr(verify, "repo_root", lambda *a, **k: None)
+    with pytest.raises(SystemExit, match=str(tmp_path / "bench" / "results")):
+        cli.main(["report"])
+
+
+def test_check_table_keeps_every_number_at_80_columns():
+    from rich.console import Console
+
+    from tilewise import cli
+
+    t = cli._check_table("kernels compiled for sm_90 (NVRTC 13.0)")
+    rows = [("gemm_sm90<__nv_bfloat16,128,192,2,1,5,1>_with_a_long_instantiation_name", "168", "213248", "0", "0/0"),
+            ("transpose_v4_vec<__half,false,128,64,512,2,8,false,true>", "64", "33280", "16", "8/8")]
+    for r in rows:
+        t.add_row(*r)
+    con = Console(width=80, record=True, highlight=False)
+    con.print(t)
+    text = con.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for r in rows:
+        for cell in r[1:]:
+            assert any(cell in line.split() or f"{cell} " in line or line.rstrip().endswith(cell)
+                       for line in text.splitlines()), (cell, text)
+    assert "regs" in text and "spill st/ld B" in text

@@ -144,15 +144,28 @@ def cmd_bench(args) -> int:
 # --------------------------------------------------------------------------- roofline / report
 
 
+def _results_dirs() -> list[Path]:
+    """Where results are looked for: ./bench/results, then this checkout's (when tilewise runs from one)."""
+    from .verify import repo_root
+
+    dirs = [(Path.cwd() / DEFAULT_RESULTS).resolve()]
+    root = repo_root()
+    if root is not None and (root / DEFAULT_RESULTS).resolve() not in dirs:
+        dirs.append((root / DEFAULT_RESULTS).resolve())
+    return dirs
+
+
 def _pick_csv(path: str | None) -> Path:
     if path:
         return Path(path)
-    # <device>.csv files only: suites write extra tables beside it (e.g. <device>-wave.csv).
-    found = sorted((p for p in DEFAULT_RESULTS.glob("*.csv") if "-" not in p.stem),
-                   key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise SystemExit(f"no CSV under {DEFAULT_RESULTS}; run `tilewise bench` first or pass --csv")
-    return found[-1]
+    dirs = _results_dirs()
+    for d in dirs:
+        # <device>.csv files only: suites write extra tables beside it (e.g. <device>-wave.csv).
+        found = sorted((p for p in d.glob("*.csv") if "-" not in p.stem), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+    raise SystemExit(f"no bench CSV (<device>.csv) in {' or '.join(map(str, dirs))}; run `tilewise bench` "
+                     f"first or pass --csv")
 
 
 def _bench_file_error(cmd: str, e: Exception) -> int:
@@ -196,14 +209,22 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _check_table(title: str) -> Table:
+    """The check's table: numbers never wrap (short headers, so they fit 80 columns); a long kernel
+    name folds onto more lines instead of squeezing them."""
+    t = Table(title=title)
+    t.add_column("kernel", overflow="fold", ratio=1)
+    for c in ("regs", "smem B", "stack B", "spill st/ld B"):
+        t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
+    return t
+
+
 def cmd_check(args) -> int:
     """Compile every .cu in the package for an architecture; report resources; fail on spills."""
     from .runtime import cuda as rt
 
     con = _console()
-    t = Table(title=f"kernels compiled for {args.arch} (NVRTC {'%d.%d' % rt.nvrtc_version()})")
-    for c in ("kernel", "registers", "static smem (B)", "stack (B)", "spill st/ld (B)"):
-        t.add_column(c, justify="left" if c == "kernel" else "right", no_wrap=True)
+    t = _check_table(f"kernels compiled for {args.arch} (NVRTC {'%d.%d' % rt.nvrtc_version()})")
     bad = []
     try:
         res = rt.check_package(args.arch, jobs=args.jobs)
@@ -234,7 +255,7 @@ def cmd_verify_status(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tilewise", description="GPU kernels for LLM workloads, measured "
                                 "against the roofline of the GPU in hand.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd")
 
     s = sub.add_parser("info", help="GPU properties and measured ceilings (bandwidth, peak FLOP/s per dtype)")
     s.add_argument("--remeasure", action="store_true", help="measure the ceilings again instead of the cache")
@@ -286,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=sst2.main_evaluate)
 
     args = p.parse_args(argv)
+    if args.cmd is None:  # `tilewise` alone: what it can do
+        p.print_help()
+        return 0
     return args.fn(args)
 
 

@@ -202,8 +202,11 @@ def predict(checkpoint: str | Path, sentences: Sequence[str], device: str = "aut
 
 def evaluate_checkpoint(checkpoint: str | Path, data_dir: str | None = None, split: str = "dev",
                         device: str = "auto", backend: str = "auto") -> dict[str, float]:
-    """Accuracy and mean loss of a checkpoint on a labelled split of SST-2."""
+    """Accuracy and mean loss of a checkpoint on a labelled split of SST-2. ``data_dir``: default the
+    directory the checkpoint was trained from (its config's data_dir), else the usual search."""
     model, vocab, c = load_checkpoint(checkpoint, device, backend)
+    if data_dir is None and c.get("data_dir") and Path(c["data_dir"]).is_dir():
+        data_dir = c["data_dir"]
     data = dataset.load_sst2(data_dir, splits=(split,))[split]
     if any(lab < 0 for lab in data.labels):
         raise ValueError(f"evaluate: the {split} split has no labels (GLUE hides the test labels)")
@@ -233,7 +236,8 @@ def main_predict(args: argparse.Namespace) -> int:
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="checkpoint.pt (or the output directory holding it)")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data-dir", default=None,
+                   help="directory of train.tsv / dev.tsv (default: the one the checkpoint was trained from)")
     p.add_argument("--split", choices=("train", "dev"), default="dev")
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", choices=("auto", "tilewise", "torch"), default="auto")
