@@ -459,6 +459,11 @@ def public_ops() -> list[Op]:
                             ("dim True", True)],
                     "op": [("op 'prod'", "prod"), ("op None", None), ("op 3", 3)], "variant": _BAD_VARIANT,
                     "keepdim": [("keepdim 'yes'", "yes")], "out": _out()}),
+        *(Op(name, getattr(tw, name), {"x": T((4, 6)), "dim": 1},
+             lambda x, dim, keepdim=False, f=f: f(x.double(), dim, keepdim=keepdim).to(x.dtype),
+             options={"dim": [("dim 2", 2), ("dim '1'", "1"), ("dim None", None)],
+                      "keepdim": [("keepdim 'yes'", "yes")]})
+          for name, f in (("sum", torch.sum), ("amax", torch.amax), ("mean", torch.mean))),
         Op("masked_mean", tw.masked_mean, {"x": T((2, 5, 3)), "lengths": T((2,), torch.int64, _ints(6), index=True)},
            _masked_mean_ref),
         Op("transpose", tw.transpose, {"x": T((5, 7))}, _no_out(lambda x: x.transpose(-1, -2).contiguous()),

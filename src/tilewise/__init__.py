@@ -17,7 +17,7 @@ _PUBLIC = {
     # module under tilewise (a family package's module): the public names it holds
     "ops.pointwise.vector_add": ["vector_add"],
     "ops.pointwise.fusion": ["fuse"],
-    "ops.pointwise.reduce": ["reduce", "masked_mean"],
+    "ops.pointwise.reduce": ["reduce", "masked_mean", "sum", "amax", "mean"],
     "ops.pointwise.elementwise": ["relu", "gelu", "sigmoid", "tanh", "exp", "log", "sin", "cos", "neg",
                                   "add", "sub", "mul", "div", "maximum", "pow"],
     "ops.pointwise.recompute": ["sigmoid3"],
