@@ -11,7 +11,12 @@ import importlib
 
 from .cost import Cost
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (setuptools-scm: from git tags)
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    __version__ = _version("tilewise")
+except PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 _PUBLIC = {
     # module under tilewise (a family package's module): the public names it holds
