@@ -1,3 +1,4 @@
 from .cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # `python -m tilewise`; importing the module (documentation tools do) runs nothing
+    raise SystemExit(main())
