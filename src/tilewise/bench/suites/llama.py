@@ -1,11 +1,11 @@
 """llama: whole training steps of a Hugging Face LlamaForCausalLM built from a config (random weights),
 bf16, AdamW: tokens / s and peak memory for
 
-    hf_sdpa          transformers' default (SDPA attention, eager layers, logits + fp32 loss)   (baseline row)
-    hf_compile       the same model under torch.compile (full runs)                             (baseline row)
+    hf_sdpa          transformers' default (SDPA attention, eager layers, logits + fp32 loss)
+    hf_compile       the same model under torch.compile (full runs)
     hf_liger         Liger-Kernel's apply_liger_kernel_to_llama (when its wheel is carried)
     hf_tilewise      tilewise.integrations.transformers.apply_tilewise (attention, RMSNorm, RoPE,
-                     SwiGLU, the fused lm head + loss)
+                     SwiGLU, the fused lm head + loss); its row's baseline: the fastest of the others
 
 Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary
 128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
@@ -128,9 +128,6 @@ def run(r) -> None:
                 check(f"llama {shape} {name} first loss", torch.tensor([loss0]), torch.tensor([first_loss]),
                       tol=2e-2)
                 times[name] = ms
-                r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S),
-                      baseline="" if name == "hf_sdpa" else "hf_sdpa",
-                      baseline_ms=None if name == "hf_sdpa" else times.get("hf_sdpa"))
                 tok_s = B * S / (ms / 1e3)
                 results[(shape, name)] = (tok_s, peak)
                 r.log(f"  llama {shape} {name}: {ms:.1f} ms a step, {tok_s:,.0f} tokens/s, peak memory "
@@ -139,6 +136,13 @@ def run(r) -> None:
             finally:
                 _restore(snap)
                 torch.cuda.empty_cache()
+        # Only ours names a baseline: the fastest of what a user would otherwise run, in the same run.
+        others = {n: ms for n, ms in times.items() if n != "hf_tilewise"}
+        best = min(others, key=others.get) if others else ""
+        for name, ms in times.items():
+            base = best if name == "hf_tilewise" else ""
+            r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S), baseline=base,
+                  baseline_ms=others.get(base) if base else None)
     out_dir = getattr(r, "out_dir", None)
     if out_dir is not None and results:
         png = _plot(results, Path(out_dir) / f"{device_slug(r.device)}-llama.png")
