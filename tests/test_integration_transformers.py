@@ -264,6 +264,21 @@ def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
     assert out.logits.shape == (3, 11, VOCAB) and out.loss is not None
 
 
+def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
+    """torch._dynamo.explain over a training forward of the patched model (norm, rope, swiglu and the
+    fused loss are custom ops; the loss's hidden-state hook is registered once): one graph, no break."""
+    import torch._dynamo
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    model = _model(_config(), "sdpa").train()
+    tw_hf.apply_tilewise(model, attention=False)
+    ids = _ids(2, 16)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+    assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
+
+
 def test_rotary_pos_emb_layouts():
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)

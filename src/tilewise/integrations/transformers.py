@@ -176,11 +176,12 @@ def _children(model, suffix, families, skip=()):
                 yield parent, name, child
 
 
-def _fused_loss_forward(original):
+def _fused_loss_forward(original, state: dict):
     """The causal LM's forward with, in training with labels, the lm head and its loss in one
-    ``linear_cross_entropy``: the base model's last hidden state is taken by a hook, the original
-    forward keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss
-    (labels shifted by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given)."""
+    ``linear_cross_entropy``: the base model's last hidden state is kept by a forward hook registered
+    once (``state``; registering one per call would break torch.compile's graph), the original forward
+    keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss (labels shifted
+    by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given)."""
 
     def forward(self, *args, labels=None, **kwargs):
         shift = kwargs.pop("shift_labels", None)
@@ -189,14 +190,12 @@ def _fused_loss_forward(original):
                 kwargs["shift_labels"] = shift
             return original(self, *args, labels=labels, **kwargs)
         n_items = kwargs.pop("num_items_in_batch", None)
-        seen = []
-        hook = self.model.register_forward_hook(
-            lambda mod, inp, out: seen.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]))
+        state["keep"] = True
         try:
             out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
+            hidden = state.pop("hidden")
         finally:
-            hook.remove()
-        hidden = seen[-1]
+            state["keep"] = False
         if shift is None:
             shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
         head = self.get_output_embeddings()
@@ -209,6 +208,13 @@ def _fused_loss_forward(original):
         return type(out)(loss=loss, **dict(out.items()))
 
     return forward
+
+
+def _keep_hidden(state: dict):
+    def hook(module, inputs, output):
+        if state.get("keep"):
+            state["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+    return hook
 
 
 def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
@@ -250,7 +256,9 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
     if rope:
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
-        model.forward = types.MethodType(_fused_loss_forward(type(model).forward), model)  # per model, not class
+        state = {"keep": False}
+        model.model.register_forward_hook(_keep_hidden(state))
+        model.forward = types.MethodType(_fused_loss_forward(type(model).forward, state), model)  # per model
         model._tilewise_loss = True
     return model
 

@@ -15,6 +15,7 @@ through torch.mm) and the cross-entropy's read / write of each chunk.
 from __future__ import annotations
 
 import numbers
+from typing import Optional
 
 import torch
 
@@ -127,32 +128,68 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     return loss, dx, dw, db
 
 
-class _LinearCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap):
-        need = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
-        x2 = x.reshape(-1, x.shape[-1])
-        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-        t = target.reshape(-1)
-        t = t if t.is_contiguous() else t.contiguous()
-        w = weight if weight.stride(-1) == 1 else weight.contiguous()
-        loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need,
-                                    softcap)
-        ctx.grads = [None if dx is None else dx.view(x.shape), dw, db]
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return loss
+def _rows_of(x, weight, target):
+    x2 = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1)
+    return (x2 if x2.stride(-1) == 1 else x2.contiguous(), weight if weight.stride(-1) == 1 else weight.contiguous(),
+            t if t.is_contiguous() else t.contiguous())
 
-    @staticmethod
-    def backward(ctx, dloss):
-        if ctx.grads is None:
+
+# A custom op, so that torch.compile keeps it whole (its target check syncs with the host, its kernels are
+# Triton's and cuBLAS's) instead of tracing into it. Gradients not needed come back as empty tensors.
+@torch.library.custom_op("tilewise::linear_cross_entropy_fwd", mutates_args=())
+def _lce_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+            reduction: str, ignore_index: int, label_smoothing: float, chunk_rows: int, softcap: float,
+            need: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x2, w, t = _rows_of(x, weight, target)
+    loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows or None,
+                                tuple(need), softcap or None)
+    return (loss, dx.view(x.shape) if dx is not None else x.new_empty(0),
+            dw if dw is not None else weight.new_empty(0),
+            db if db is not None else x.new_empty(0, dtype=torch.float32))
+
+
+@_lce_op.register_fake
+def _(x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap, need):
+    return (x.new_empty((), dtype=torch.float32), torch.empty_like(x) if need[0] else x.new_empty(0),
+            torch.empty_like(weight) if need[1] else weight.new_empty(0),
+            x.new_empty((weight.shape[0],) if need[2] else (0,), dtype=torch.float32))
+
+
+def _setup(ctx, inputs, output):
+    bias, need = inputs[3], inputs[9]
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+    ctx.need, ctx.bias_dtype = tuple(need), None if bias is None else bias.dtype
+    ctx.compiled = torch.compiler.is_compiling()
+    if ctx.compiled:
+        ctx.save_for_backward(*output[1:])
+    else:  # eager: held in a list backward empties, so AccumulateGrad adopts them without a copy
+        ctx.holder = list(output[1:])
+
+
+def _grad(ctx, dloss, *_):
+    if ctx.compiled:
+        dx, dw, db = ctx.saved_tensors
+    else:
+        if not ctx.holder:
             raise RuntimeError("linear_cross_entropy: backward ran a second time (retain_graph=True); the "
                                "gradients written by the forward were handed out by the first backward")
-        dx, dw, db = ctx.grads
-        ctx.grads = None  # ours alone: AccumulateGrad adopts them without a copy
-        dx = None if dx is None else scale_unless_one(dx, dloss)
-        dw = None if dw is None else scale_unless_one(dw, dloss)
-        db = None if db is None else (db * dloss.float()).to(ctx.bias_dtype)
-        return dx, dw, None, db, None, None, None, None, None
+        dx, dw, db = ctx.holder
+        ctx.holder = []
+    nones = (None,) * 6
+    if dloss is None:
+        return (None, None, None, None) + nones
+    plain = ctx.compiled or torch.compiler.is_compiling() or type(dloss) is not torch.Tensor
+
+    def scale(g):
+        return g * dloss.to(g.dtype) if plain else scale_unless_one(g, dloss)
+
+    return (scale(dx) if ctx.need[0] else None, scale(dw) if ctx.need[1] else None, None,
+            (db * dloss.float()).to(ctx.bias_dtype) if ctx.need[2] else None) + nones
+
+
+_lce_op.register_autograd(_grad, setup_context=_setup)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -174,8 +211,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     gradients are computed in this call (memory: dx, dW and db, and one chunk of logits).
     """
     _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap)
-    return _LinearCE.apply(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), chunk_rows,
-                           None if softcap is None else float(softcap))
+    need = [x.requires_grad and torch.is_grad_enabled(), weight.requires_grad and torch.is_grad_enabled(),
+            bias is not None and bias.requires_grad and torch.is_grad_enabled()]
+    return _lce_op(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), int(chunk_rows or 0),
+                   float(softcap or 0.0), need)[0]
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
