@@ -906,6 +906,17 @@ GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bott
 }
 
 
+def _assert_close_to_fp32(ours, ref):
+    """16-bit outputs and gradients against the fp32 reference's: no NaN, relative error < 1e-2 each, and
+    the same rows with no key (LSE -inf)."""
+    for name in ("out", "dq", "dk", "dv"):
+        o, r = ours[name], ref[name]
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_BAND_CASES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -916,12 +927,7 @@ def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk)
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
-    for name in ("out", "dq", "dk", "dv"):
-        o, r = ours[name], ref[name]
-        assert not torch.isnan(o).any(), name
-        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
-        assert err < 1e-2, f"{name}: relative error {err:.3g}"
-    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+    _assert_close_to_fp32(ours, ref)
 
 
 V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no score mods), and a long window
@@ -942,12 +948,7 @@ def test_gpu_v5_band_forward(case, poisoned_outputs):
     policy = A.default_policy(q, k).replace(forward="ws", ws_band=True)
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, policy=policy, **kw), q, k, v)
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
-    for name in ("out", "dq", "dk", "dv"):
-        o, r = ours[name], ref[name]
-        assert not torch.isnan(o).any(), name
-        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
-        assert err < 1e-2, f"{name}: relative error {err:.3g}"
-    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+    _assert_close_to_fp32(ours, ref)
 
 
 @pytest.mark.gpu
