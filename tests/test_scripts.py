@@ -177,3 +177,20 @@ def test_sass_compare_sees_a_changed_kernel_and_not_a_moved_one(tmp_path):
     assert p.returncode == 1
     differs = [line for line in p.stdout.splitlines() if line.startswith("DIFFERS")]
     assert differs and all("transpose_v1_naive" in line for line in differs), p.stdout
+
+
+def test_device_step_keeps_each_steps_log_and_packs_them(tmp_path):
+    """scripts/device-step: the command's exit status (124 past its limit), its log, and $OUT/NAME.tgz
+    holding every step so far."""
+    import tarfile
+
+    name = f"ds{os.getpid()}"
+    env = {**os.environ, "OUT": str(tmp_path)}
+    step = [str(ROOT / "scripts" / "device-step"), name]
+    assert subprocess.run([*step, "5", "one", "echo", "hi"], env=env, capture_output=True).returncode == 0
+    assert subprocess.run([*step, "1", "two", "sleep", "5"], env=env, capture_output=True).returncode == 124
+    with tarfile.open(tmp_path / f"{name}.tgz") as t:
+        names = set(t.getnames())
+        assert {f"{name}/one.log", f"{name}/two.log", f"{name}/steps.txt"} <= names
+        assert t.extractfile(f"{name}/one.log").read() == b"hi\n"
+    subprocess.run(["rm", "-rf", f"/tmp/{name}"])
