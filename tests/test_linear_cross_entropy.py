@@ -140,7 +140,7 @@ def test_gpu_against_fp32_reference(dtype, variant):
     want, r = _grads(lambda x, w, b: L.reference(x, w, t, b), x.float(), w.float(), b.float())
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert abs(got.item() - want.item()) <= tol * abs(want.item())
-    for a, e in zip(g, r):
+    for a, e in zip(g, r):  # (float16 dbias, ~1 / V a class: 2.9 % off when the kernel wrote scaled gradients)
         assert ((a.float() - e).norm() / e.norm()).item() < (1e-3 if dtype == torch.float32 else 2e-2)
 
 

@@ -100,7 +100,8 @@ def test_gpu_layers_bf16():
     ours.load_state_dict({k: v.to(torch.bfloat16) for k, v in theirs.state_dict().items()})
     h = torch.randn(2, 333, 512, device="cuda")
     pos = torch.arange(333, device="cuda")[None].expand(2, -1)
-    cos, sin = tnn.RotaryEmbedding(64, base=config.rope_theta).cuda()(h, pos)
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]  # moved in newer transformers
+    cos, sin = tnn.RotaryEmbedding(64, base=theta).cuda()(h, pos)
     rc, rs = LlamaRotaryEmbedding(config).cuda()(h, pos)
     torch.testing.assert_close(cos, rc, rtol=1e-5, atol=1e-6)
     want = theirs(h, position_embeddings=(rc, rs), attention_mask=None)[0]
