@@ -128,7 +128,7 @@ def _check(q, k, v, mask, bias, scale):
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
     if q.device.type != "cuda" and not (settings.triton_interpret() and q.device.type == "cpu"):  # meta has no data
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
-                         f"(use attention.reference for CPU tensors)")
+                         f"(use tilewise.ops.attention.api.reference for CPU tensors)")
     B, H, Sq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"flash_attention: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have one shape")

@@ -105,7 +105,7 @@ def _check(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"sigmoid3: '{name}' must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_cuda and not (x.device.type == "cpu" and settings.triton_interpret()):
         raise ValueError(f"sigmoid3: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use recompute.reference for CPU tensors)")
+                         f"(use tilewise.ops.pointwise.recompute.reference for CPU tensors)")
     if x.dtype not in DTYPES:
         raise ValueError(f"sigmoid3: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
 

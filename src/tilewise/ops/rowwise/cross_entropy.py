@@ -196,7 +196,7 @@ def _check(logits, target, reduction, ignore_index, label_smoothing):
             raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     if not logits.is_cuda and not (settings.triton_interpret() and logits.device.type == "cpu"):  # meta has no data
         raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
-                         f"tensors (use cross_entropy.reference for CPU tensors)")
+                         f"tensors (use tilewise.ops.rowwise.cross_entropy.reference for CPU tensors)")
     if logits.dtype not in _DTYPES:
         raise ValueError(f"cross_entropy: 'logits' has dtype {logits.dtype}; supported: float32, "
                          f"float16, bfloat16")

@@ -57,7 +57,7 @@ def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_s
             raise ValueError(f"linear_cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):
         raise ValueError(f"linear_cross_entropy: 'x' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use linear_cross_entropy.reference for CPU tensors)")
+                         f"(use tilewise.ops.rowwise.linear_cross_entropy.reference for CPU tensors)")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"linear_cross_entropy: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:

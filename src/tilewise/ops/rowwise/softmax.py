@@ -344,7 +344,7 @@ def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
         raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):  # a meta tensor has no data
         raise ValueError(f"{op}: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use softmax.reference for CPU tensors)")
+                         f"(use tilewise.ops.rowwise.softmax.reference for CPU tensors)")
     if x.dtype not in _DTYPES:
         raise ValueError(f"{op}: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if x.dim() == 0:
