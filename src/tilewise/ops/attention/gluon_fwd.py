@@ -445,6 +445,16 @@ if _GLUON:
                 0, BLOCK_N, STAGES)
 
     @gluon.jit
+    def _skip_tile(slot, k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr):
+        # A ring fill this consumer's rows do not reach (the other consumer's): take and release it unread.
+        s = slot % STAGES
+        ph = (slot // STAGES) & 1
+        mbarrier.wait(k_ready.index(s), ph)
+        mbarrier.arrive(k_empty.index(s), count=1)
+        mbarrier.wait(v_ready.index(s), ph)
+        mbarrier.arrive(v_empty.index(s), count=1)
+
+    @gluon.jit
     def _bconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                    out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, which: gl.constexpr):
@@ -456,17 +466,23 @@ if _GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         m_lo = m0 + which * 64
         t_hi = t_lo + n_tiles
-        # Of the CTA's key tiles [t_lo, t_hi), [a, b) are inside this consumer's band for all its 64 rows
-        # (and inside Sk): no test there; the tiles before and after are masked.
-        a = gl.minimum(gl.maximum(t_lo, gl.cdiv(gl.maximum(m_lo + 63 + band_lo, 0), BLOCK_N)), t_hi)
-        b = gl.minimum(gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N), t_hi)
+        # Of the CTA's key tiles [t_lo, t_hi): [c_lo, c_hi) reach this consumer's 64 rows (the others are
+        # only the other consumer's: released unread), and of those [a, b) are inside the band for all 64
+        # rows and inside Sk (no test); the tiles between are masked.
+        c_lo = gl.minimum(gl.maximum(t_lo, gl.maximum(m_lo + band_lo, 0) // BLOCK_N), t_hi)
+        c_hi = gl.maximum(c_lo, gl.minimum(t_hi, gl.cdiv(gl.maximum(gl.minimum(m_lo + 64 + band_hi, Sk), 0),
+                                                          BLOCK_N)))
+        a = gl.minimum(gl.maximum(c_lo, gl.cdiv(gl.maximum(m_lo + 63 + band_lo, 0), BLOCK_N)), c_hi)
+        b = gl.minimum(gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N), c_hi)
         b = gl.maximum(a, b)
         q = q_smem.index(which)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
         mbarrier.wait(q_bar.index(which), 0)
-        for j in range(t_lo, a):
+        for j in range(t_lo, c_lo):
+            _skip_tile(j - t_lo, k_ready, k_empty, v_ready, v_empty, STAGES)
+        for j in range(c_lo, a):
             acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
                                   False, True, NUM_CONS, False, q_bar, 0, True, band_lo, band_hi)
@@ -474,10 +490,12 @@ if _GLUON:
             acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
                                   False, False, NUM_CONS, False, q_bar, 0)
-        for j in range(b, t_hi):
+        for j in range(b, c_hi):
             acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
                                   False, True, NUM_CONS, False, q_bar, 0, True, band_lo, band_hi)
+        for j in range(c_hi, t_hi):
+            _skip_tile(j - t_lo, k_ready, k_empty, v_ready, v_empty, STAGES)
         _finish(acc, m_i, l_i, out_ptr, lse_ptr, q_row - m0, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
 
     @gluon.jit
