@@ -204,8 +204,9 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
 
 
 def git_sha() -> str:
-    if settings.git_sha():
-        return settings.git_sha()
+    sha = settings.git_sha()
+    if sha:
+        return sha
     try:
         here = Path(__file__).resolve().parent
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=here, capture_output=True,

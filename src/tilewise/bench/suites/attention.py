@@ -29,7 +29,6 @@ the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 Mi
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

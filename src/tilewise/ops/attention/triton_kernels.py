@@ -85,7 +85,7 @@ def _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d,
                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                       stride_mm, stride_mn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
                                       CAUSAL, BOUNDS, HAS_BIAS, HAS_MASK, PREC, band_lo, band_hi, BAND,
-                                          cap_t, slope_t, diag, SOFTCAP, ALIBI)
+                                      cap_t, slope_t, diag, SOFTCAP, ALIBI)
     return acc, l_i, m_i
 
 

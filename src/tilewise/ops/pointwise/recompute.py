@@ -18,7 +18,6 @@ rather than reading it: reading y too makes 9 streams and a 5/9 ratio, 12.7 % of
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

@@ -189,7 +189,6 @@ def _cuda_cluster_ok(logits) -> bool:
     return rc.unsupported_reason(logits, kind="ce") is None
 
 
-
 def _check(logits, target, reduction, ignore_index, label_smoothing):
     for name, t in (("logits", logits), ("target", target)):
         if not isinstance(t, torch.Tensor):

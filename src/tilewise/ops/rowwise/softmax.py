@@ -59,7 +59,6 @@ and log-softmax -inf (torch.softmax gives NaN there): a fully masked row contrib
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -336,7 +335,6 @@ def _bwd_elementwise_kernel(Yp, DY, D, DX, N, LOG: tl.constexpr, BLOCK: tl.const
 
 # --------------------------------------------------------------------------------------------
 # launchers
-
 
 
 def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
