@@ -57,12 +57,12 @@ import triton.language as tl
 
 from ... import settings
 from ...cost import Cost
+from .._checks import check_kernel_inputs
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
     default_variant as _default_variant, fused_config, online_config, scale_programs, triton_cluster_config
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -190,15 +190,8 @@ def _cuda_cluster_ok(logits) -> bool:
 
 
 def _check(logits, target, reduction, ignore_index, label_smoothing):
-    for name, t in (("logits", logits), ("target", target)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if not logits.is_cuda and not (settings.triton_interpret() and logits.device.type == "cpu"):  # meta has no data
-        raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
-                         f"tensors (use tilewise.ops.rowwise.cross_entropy.reference for CPU tensors)")
-    if logits.dtype not in _DTYPES:
-        raise ValueError(f"cross_entropy: 'logits' has dtype {logits.dtype}; supported: float32, "
-                         f"float16, bfloat16")
+    check_kernel_inputs("cross_entropy", {"logits": logits, "target": target}, interpreter=True,
+                        reference="tilewise.ops.rowwise.cross_entropy.reference")
     if logits.dim() != 2:
         raise ValueError(f"cross_entropy: 'logits' must be 2-D (N, C), got shape {tuple(logits.shape)}")
     if target.dtype not in _TARGET_DTYPES:
