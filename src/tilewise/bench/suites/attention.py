@@ -159,18 +159,29 @@ def _time(fn, q, k, v, bias, causal, go, backward):
             t.requires_grad_(False)
 
 
-def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
-    """Check and time a version that may not run here (a failed check still raises); add its row."""
-    r.status(f"{opname} {shape} {name}")
+def _measured(r, name, shape, measure):
+    """``measure()`` (it checks, then times) for a version that may not run here: its result, or None
+    with the reason logged. A failed check still raises."""
     try:
-        _check_version(name, fn, q, k, v, bias, causal, go, backward)
-        ms = _time(fn, q, k, v, bias, causal, go, backward)
+        return measure()
     except CheckError:
         raise
     except Exception as e:  # noqa: BLE001 - the reason goes to the log
         r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
-        return
-    r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
+        return None
+
+
+def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
+    """Check and time a version that may not run here (a failed check still raises); add its row."""
+    r.status(f"{opname} {shape} {name}")
+
+    def measure():
+        _check_version(name, fn, q, k, v, bias, causal, go, backward)
+        return _time(fn, q, k, v, bias, causal, go, backward)
+
+    ms = _measured(r, name, shape, measure)
+    if ms is not None:
+        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
 
 
 def run(r) -> None:
@@ -288,14 +299,15 @@ def _window_rows(r, flex) -> None:
             for name, fn in (("flex_attention", flex_w), ("flash_attention", window),
                              ("flash_attention[v5 band]", window_ws)):
                 r.status(f"{opname} {shape} {name}")
-                try:
+
+                def measure(fn=fn, name=name):
                     check(f"{name} out", fn(q, k, v, True, None)[sl].float(), ref, dtype=dtype, tol=2e-2)
-                    times[name] = _time(fn, q, k, v, None, True, go, backward)
-                except CheckError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - e.g. FlexAttention missing: logged, no row
-                    r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                    return _time(fn, q, k, v, None, True, go, backward)
+
+                ms = _measured(r, name, shape, measure)  # e.g. FlexAttention missing: logged, no row
+                if ms is None:
                     continue
+                times[name] = ms
                 base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
                 r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
                       baseline_ms=times.get(base) if base else None)
@@ -359,20 +371,20 @@ def _varlen_rows(r, flex) -> None:
         times = {}
         for name, ((a, b, c, gg), fn) in cases.items():
             r.status(f"{opname} {name}")
-            try:
+
+            def measure(a=a, b=b, c=c, gg=gg, fn=fn, name=name):
                 out = fn(a, b, c)
                 first = out[:lens[0], :2].transpose(0, 1) if out.dim() == 3 else out[0, :2, :lens[0]]
                 check(f"{name} out", first.float(), ref0, dtype=dtype, tol=2e-2)
                 if backward:
                     ins = [t.detach().requires_grad_(True) for t in (a, b, c)]
-                    times[name] = time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
-                else:
-                    times[name] = time_ms(lambda: fn(a, b, c))
-            except CheckError:
-                raise
-            except Exception as e:  # noqa: BLE001 - logged, no row
-                r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+                    return time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
+                return time_ms(lambda: fn(a, b, c))
+
+            ms = _measured(r, name, shape, measure)
+            if ms is None:
                 continue
+            times[name] = ms
             base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
             r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
                   baseline_ms=times.get(base) if base else None)
@@ -422,11 +434,10 @@ def _host_rows(r) -> None:
     times = {}
     for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours)):
         r.status(f"attention_host_fwd_bwd {name}")
-        try:
-            times[name] = host_ms(fn)
-        except Exception as e:  # noqa: BLE001 - logged, no row
-            r.log(f"  {name} host time failed: {type(e).__name__}: {str(e)[:160]}")
+        ms = _measured(r, name, shape, lambda fn=fn: host_ms(fn))
+        if ms is None:
             continue
+        times[name] = ms
         base = "sdpa_cudnn" if name != "sdpa_cudnn" and "sdpa_cudnn" in times else ""
         r.add("attention_host_fwd_bwd", name, shape, dtype, times[name], None, baseline=base,
               baseline_ms=times.get(base) if base else None)
