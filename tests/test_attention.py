@@ -272,9 +272,16 @@ def test_triton_interpreter_band_fwd_bwd(case):
     reference, at sizes that cross several 16-wide tiles and leave partial ones."""
     (B, H, Hkv, Sq, Sk, D), kw = BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq + Sk)
+    _interpreter_matches_reference(q, k, v, kw, mask_bias_seed=5 if "mask_bias" in case else None)
+
+
+def _interpreter_matches_reference(q, k, v, kw, mask_bias_seed=None):
+    """flash_attention (v3 in the interpreter, TINY tiles) against the reference: out, LSE and the three
+    gradients at 1e-5; with ``mask_bias_seed`` also a random mask and bias (and the bias gradient)."""
+    (B, H, Sq, _), Sk = q.shape, k.shape[2]
     extra = {}
-    if "mask_bias" in case:
-        g = torch.Generator().manual_seed(5)
+    if mask_bias_seed is not None:
+        g = torch.Generator().manual_seed(mask_bias_seed)
         extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
     ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
@@ -339,13 +346,7 @@ def test_triton_interpreter_score_mods_fwd_bwd(case):
     kw = _mod_kw(kw, B, H)
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq * 3 + Sk)
     q = q * 3  # scores of a few units: the softcap bends them
-    extra = {}
-    if "mask_bias" in case:
-        g = torch.Generator().manual_seed(8)
-        extra = dict(mask=torch.rand(B, 1, Sq, Sk, generator=g) > 0.3, bias=torch.randn(1, H, Sq, Sk, generator=g))
-    ours = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, tiles=TINY), **kw), q, k, v, **extra)
-    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q, k, v, **extra)
-    _compare(ours, ref, 1e-5)
+    _interpreter_matches_reference(q, k, v, kw, mask_bias_seed=8 if "mask_bias" in case else None)
 
 
 def test_score_mod_arguments_are_checked():
