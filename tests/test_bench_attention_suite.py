@@ -29,3 +29,18 @@ def test_measured_returns_logs_or_raises():
 
     with pytest.raises(CheckError):  # a wrong answer is never a missing row
         S._measured(r, "v", "1x1", wrong)
+
+
+def test_rows_against_flex():
+    class R:
+        rows = []
+
+        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
+            self.rows.append((variant, ms, baseline, baseline_ms))
+
+    r, times = R(), {}
+    S._row_against_flex(r, times, "op", "flex_attention", "s", "bf16", None, 2.0)
+    S._row_against_flex(r, times, "op", "flash_attention", "s", "bf16", None, 1.0)
+    S._row_against_flex(r, times, "op", "missing", "s", "bf16", None, None)
+    assert r.rows == [("flex_attention", 2.0, "", None), ("flash_attention", 1.0, "flex_attention", 2.0)]
+    assert times == {"flex_attention": 2.0, "flash_attention": 1.0}

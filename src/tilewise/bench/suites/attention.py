@@ -171,6 +171,15 @@ def _measured(r, name, shape, measure):
         return None
 
 
+def _row_against_flex(r, times, opname, name, shape, dtype, cost, ms) -> None:
+    """A measured time (None: nothing) into ``times`` and its row, against FlexAttention's when timed."""
+    if ms is None:
+        return
+    times[name] = ms
+    base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+    r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base) if base else None)
+
+
 def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
     """Check and time a version that may not run here (a failed check still raises); add its row."""
     r.status(f"{opname} {shape} {name}")
@@ -304,13 +313,8 @@ def _window_rows(r, flex) -> None:
                     check(f"{name} out", fn(q, k, v, True, None)[sl].float(), ref, dtype=dtype, tol=2e-2)
                     return _time(fn, q, k, v, None, True, go, backward)
 
-                ms = _measured(r, name, shape, measure)  # e.g. FlexAttention missing: logged, no row
-                if ms is None:
-                    continue
-                times[name] = ms
-                base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
-                r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
-                      baseline_ms=times.get(base) if base else None)
+                # (e.g. FlexAttention missing: logged, no row)
+                _row_against_flex(r, times, opname, name, shape, dtype, cost, _measured(r, name, shape, measure))
             if "flash_attention" in times and left == 1024:
                 r.status(f"{opname} full causal")
                 ms = _time(full, q, k, v, None, True, go, backward)
@@ -381,13 +385,7 @@ def _varlen_rows(r, flex) -> None:
                     return time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
                 return time_ms(lambda: fn(a, b, c))
 
-            ms = _measured(r, name, shape, measure)
-            if ms is None:
-                continue
-            times[name] = ms
-            base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
-            r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
-                  baseline_ms=times.get(base) if base else None)
+            _row_against_flex(r, times, opname, name, shape, dtype, cost, _measured(r, name, shape, measure))
     del q, k, v, go, padded, pad, qp, kp, vp, gop
     torch.cuda.empty_cache()
 
