@@ -421,6 +421,14 @@ def _linear_ref(x, w, b=None, **kw):
     return (x.double() @ w.double().t() + (0 if b is None else b.double())).to(x.dtype)
 
 
+def _lce_ref(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, **kw):
+    if weight.dtype != x.dtype:
+        raise TypeError("reference: one dtype")
+    logits = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    return F.cross_entropy(logits, target.long(), reduction=reduction, ignore_index=ignore_index,
+                           label_smoothing=label_smoothing).float()
+
+
 def _sigmoid3_ref(x, **kw):
     return torch.sigmoid(torch.sigmoid(torch.sigmoid(x.double()))).to(x.dtype)
 
@@ -451,6 +459,11 @@ def public_ops() -> list[Op]:
                             ("dim True", True)],
                     "op": [("op 'prod'", "prod"), ("op None", None), ("op 3", 3)], "variant": _BAD_VARIANT,
                     "keepdim": [("keepdim 'yes'", "yes")], "out": _out()}),
+        *(Op(name, getattr(tw, name), {"x": T((4, 6)), "dim": 1},
+             lambda x, dim, keepdim=False, f=f: f(x.double(), dim, keepdim=keepdim).to(x.dtype),
+             options={"dim": [("dim 2", 2), ("dim '1'", "1"), ("dim None", None)],
+                      "keepdim": [("keepdim 'yes'", "yes")]})
+          for name, f in (("sum", torch.sum), ("amax", torch.amax), ("mean", torch.mean))),
         Op("masked_mean", tw.masked_mean, {"x": T((2, 5, 3)), "lengths": T((2,), torch.int64, _ints(6), index=True)},
            _masked_mean_ref),
         Op("transpose", tw.transpose, {"x": T((5, 7))}, _no_out(lambda x: x.transpose(-1, -2).contiguous()),
@@ -481,6 +494,14 @@ def public_ops() -> list[Op]:
                                         ("label_smoothing NaN", math.nan)],
                     "ignore_index": [("ignore_index 'x'", "x"), ("ignore_index 1.5", 1.5)],
                     "variant": _BAD_VARIANT}),
+        Op("linear_cross_entropy", tw.linear_cross_entropy,
+           {"x": T((6, 16)), "weight": T((10, 16)), "target": T((6,), torch.int64, _ints(10), True)},
+           _lce_ref, tol=_GEMM_TOL,
+           options={"reduction": [("reduction 'none'", "none"), ("reduction None", None)],
+                    "label_smoothing": [("label_smoothing 2", 2.0), ("label_smoothing 'x'", "x")],
+                    "ignore_index": [("ignore_index 'x'", "x"), ("ignore_index 1.5", 1.5)],
+                    "chunk_rows": [("chunk_rows 0", 0), ("chunk_rows 'x'", "x"), ("chunk_rows 2.5", 2.5)],
+                    "bias": [("bias of another length", torch.zeros(3)), ("bias list", [0.0])]}),
         Op("sigmoid3", tw.sigmoid3, {"x": T((5, 7))}, _sigmoid3_ref, options={"recompute": [("recompute 'no'", "no")]}),
         Op("flash_attention", tw.flash_attention, {n: T((1, 2, 8, 16)) for n in "qkv"},
            lambda q, k, v, causal=False, scale=None, **kw: _flash_ref(q, k, v, causal, scale), tol=_GEMM_TOL,

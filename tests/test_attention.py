@@ -229,6 +229,9 @@ BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), flash_attention keywords)
     # a key tile feeds opens a new query tile), so the tile ranges' edges are exact
     "window_one_each_side": ((1, 1, 1, 40, 40, 32), dict(window=(1, 1))),
     "window_right_only_gqa": ((1, 4, 2, 23, 31, 64), dict(window=(None, 2), align="bottom_right")),
+    # wide enough that whole key tiles sit inside the band between masked edge tiles on both sides
+    "wide_window_both_sides": ((1, 2, 1, 100, 97, 32), dict(window=(40, 20))),
+    "causal_wide_window_mask_bias": ((1, 2, 1, 90, 90, 32), dict(causal=True, window=(37, None))),
 }
 
 
@@ -307,6 +310,7 @@ MOD_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords; "slopes" -> ALiBi slop
                                                                align="bottom_right")),
     "alibi_per_batch_softcap_window": ((2, 2, 2, 40, 40, 64), dict(alibi_slopes="per_batch", softcap=3.0,
                                                                    window=(9, 4))),
+    "alibi_softcap_wide_window": ((1, 2, 1, 70, 70, 32), dict(alibi_slopes="slopes", softcap=3.0, window=(35, 17))),
 }
 
 
@@ -903,6 +907,17 @@ GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bott
 }
 
 
+def _assert_close_to_fp32(ours, ref):
+    """16-bit outputs and gradients against the fp32 reference's: no NaN, relative error < 1e-2 each, and
+    the same rows with no key (LSE -inf)."""
+    for name in ("out", "dq", "dk", "dv"):
+        o, r = ours[name], ref[name]
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_BAND_CASES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -913,12 +928,28 @@ def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + Sk)
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
-    for name in ("out", "dq", "dk", "dv"):
-        o, r = ours[name], ref[name]
-        assert not torch.isnan(o).any(), name
-        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
-        assert err < 1e-2, f"{name}: relative error {err:.3g}"
-    assert torch.equal(torch.isneginf(ours["lse"]), torch.isneginf(ref["lse"]))
+    _assert_close_to_fp32(ours, ref)
+
+
+V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no score mods), and a long window
+    **{n: c for n, c in GPU_BAND_CASES.items()
+       if c[0][-1] in (64, 128) and not {"softcap", "alibi_slopes"} & set(c[1])},
+    "window_1024_s4096": ((1, 4, 2, 4096, 4096, 128), dict(causal=True, window=(1024, None))),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(V5_BAND_CASES))
+@pytest.mark.quick
+def test_gpu_v5_band_forward(case, poisoned_outputs):
+    """The opt-in v5 band forward (``ws_band``) against the fp32 reference, with poisoned outputs;
+    the backward (v3's two kernels) from its LSE."""
+    (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
+    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True)
+    ours = _run_fwd_bwd(functools.partial(A.flash_attention, policy=policy, **kw), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    _assert_close_to_fp32(ours, ref)
 
 
 @pytest.mark.gpu
@@ -1574,6 +1605,37 @@ for D, causal in itertools.product((64, 128), (False, True)):  # the persistent 
               "NUM_CONS": 2}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
+
+
+_WS_BAND_COMPILE_SM90 = r"""
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_fwd as ag
+
+for D in (64, 128):
+    bn, stages, regs, _, _ = C.ws_fwd_config(D, False)
+    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
+           "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+           "band_lo": "i32", "band_hi": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CONSUMER_REGS": regs, "NUM_CONS": 2}
+    out[f"band-D{D}"] = build(ag.attn_fwd_ws_band_kernel, sig, consts)
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")
+def test_v5_band_kernel_compiles_for_sm90():
+    """v5's band forward (opt-in: ``AttentionPolicy.ws_band``) at D 64 / 128 for sm_90: wgmma, register
+    moves between the partitions, no spills, shared memory within a block's."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    if not ag.available():
+        pytest.skip("this Triton has no Gluon")
+    r = _gluon_sm90_report(_WS_BAND_COMPILE_SM90)
+    assert sorted(r) == ["band-D128", "band-D64"]
+    for name, v in r.items():
+        assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
+        assert v["spills"] == 0, f"{name}: register spills"
+        assert 0 < v["shared"] <= 227 * 1024, name
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")

@@ -67,6 +67,22 @@ def test_cli_check_reports_kernels(fresh_cache):
     assert "vector_add_v2_vectorized<float>" in p.stdout
 
 
+def test_check_for_another_arch_skips_the_sm90a_sources(fresh_cache, monkeypatch):
+    """``check --arch sm_80``: the sm_90a-only GEMM sources are left out with a note, the rest
+    compile (here: vector_add.cu and the two sm_90a sources, to keep it short); exit 0."""
+    from tilewise import cli
+
+    keep = [rt.OPS_DIR / "pointwise" / "vector_add.cu", rt.OPS_DIR / "gemm" / "sm90.cu",
+            rt.OPS_DIR / "gemm" / "sm90_tf32.cu"]
+    monkeypatch.setattr(rt, "package_sources", lambda: keep)
+    assert set(rt.arch_only_sources("sm_80")) == set(keep[1:])
+    assert rt.arch_only_sources("sm_90") == {} and rt.arch_only_sources("sm_90a") == {}
+    res = rt.check_package("sm_80", jobs=1)
+    assert {r.name for r in res} == set(rt.name_expressions_for(keep[0]))
+    assert all(r.arch == "sm_80" for r in res)
+    assert cli.main(["check", "--arch", "sm_80", "--jobs", "1"]) == 0
+
+
 def test_templates_through_name_expressions(fresh_cache):
     names = ["scale<float>", "scale<__half>", "scale<__nv_bfloat16>"]
     m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=names, arch="sm_90")

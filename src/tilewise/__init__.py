@@ -22,7 +22,7 @@ _PUBLIC = {
     # module under tilewise (a family package's module): the public names it holds
     "ops.pointwise.vector_add": ["vector_add"],
     "ops.pointwise.fusion": ["fuse"],
-    "ops.pointwise.reduce": ["reduce", "masked_mean"],
+    "ops.pointwise.reduce": ["reduce", "masked_mean", "sum", "amax", "mean"],
     "ops.pointwise.elementwise": ["relu", "gelu", "sigmoid", "tanh", "exp", "log", "sin", "cos", "neg",
                                   "add", "sub", "mul", "div", "maximum", "pow"],
     "ops.pointwise.recompute": ["sigmoid3"],
@@ -33,6 +33,7 @@ _PUBLIC = {
     "ops.gemm.api": ["gemm", "linear"],
     "ops.rowwise.softmax": ["softmax", "log_softmax", "softmax_backward"],
     "ops.rowwise.cross_entropy": ["cross_entropy"],
+    "ops.rowwise.linear_cross_entropy": ["linear_cross_entropy"],
     "ops.attention.api": ["flash_attention", "AttentionPolicy"],
     "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],

@@ -237,6 +237,8 @@ def cmd_check(args) -> int:
         if r.spills:
             bad.append(r.name)
     con.print(t)
+    for src, want in rt.arch_only_sources(args.arch).items():
+        con.print(f"skipped {src.relative_to(rt.OPS_DIR)}: built for {want} only")
     if bad:
         con.print(f"[red]spills in: {', '.join(bad)}[/red]")
         return 1

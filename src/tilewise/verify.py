@@ -26,7 +26,7 @@ from pathlib import Path
 from ._files import write_atomic
 
 PACKAGE = Path(__file__).resolve().parent
-GPU_DIRS = ("ops", "runtime", "nn")
+GPU_DIRS = ("ops", "runtime", "nn", "integrations")
 SUFFIXES = (".py", ".cu", ".cuh")
 RECORD = Path("bench") / "results" / "verified.json"
 

@@ -41,6 +41,11 @@ class BenchFileError(ValueError):
     """A bench CSV, ceilings JSON or README that cannot be used as it is; the message names the file."""
 
 
+def device_slug(device: str) -> str:
+    """A device name as a file name: ``NVIDIA H200`` -> ``NVIDIA_H200`` (suites' extra tables and plots)."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in device).strip("_") or "device"
+
+
 def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 

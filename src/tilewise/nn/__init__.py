@@ -2,6 +2,8 @@
 ``tilewise.nn.functional.report()``)."""
 
 from .classifier import BACKENDS, SentimentClassifier
-from .layers import RMSNorm, SwiGLU
+from ..ops.rowwise.linear_cross_entropy import FusedLinearCrossEntropyLoss
+from .layers import Attention, Linear, RMSNorm, RotaryEmbedding, SwiGLU
 
-__all__ = ["BACKENDS", "RMSNorm", "SentimentClassifier", "SwiGLU"]
+__all__ = ["BACKENDS", "Attention", "FusedLinearCrossEntropyLoss", "Linear", "RMSNorm", "RotaryEmbedding",
+           "SentimentClassifier", "SwiGLU"]

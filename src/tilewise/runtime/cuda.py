@@ -423,11 +423,24 @@ def _check_one(src: Path, arch: str) -> tuple[list[KernelResources], list[str]]:
     return res, sorted(set(names) - {r.name for r in res})
 
 
+def arch_only_sources(arch: str) -> dict[Path, str]:
+    """Package sources marked ``// tilewise-arch: smXXa`` for another architecture than ``arch``: {path:
+    the architecture it needs}. ``check_package`` leaves them out."""
+    out = {}
+    for src in package_sources():
+        m = _ARCH_MARK.search(src.read_text())
+        if m is not None and arch not in (m.group(1), m.group(1)[:-1]):
+            out[src] = m.group(1)
+    return out
+
+
 def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelResources]:
-    """Compile every .cu in the package for ``arch``; return each kernel's resources (in source
-    order). ``jobs``: compiles at once, each in its own process (default: one per source, up to the
-    CPU count; 1 compiles here, in order). Raises CompileError when a declared kernel has no report."""
-    srcs = package_sources()
+    """Compile every .cu in the package for ``arch`` (but those built for another architecture only:
+    ``arch_only_sources``); return each kernel's resources (in source order). ``jobs``: compiles at
+    once, each in its own process (default: one per source, up to the CPU count; 1 compiles here, in
+    order). Raises CompileError when a declared kernel has no report."""
+    other = arch_only_sources(arch)
+    srcs = [s for s in package_sources() if s not in other]
     jobs = min(len(srcs), os.cpu_count() or 1) if jobs is None else jobs
     if jobs <= 1:
         results = [_check_one(src, arch) for src in srcs]

@@ -22,6 +22,13 @@ def liger(module: str, name: str, r):
         return None
 
 
+def setup(r, reference, liger_module: str, liger_name: str):
+    """A suite's seeded CUDA generator, torch.compile of its reference (compiled on first call) and
+    Liger's version (or None)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return g, torch.compile(reference, dynamic=False), liger(liger_module, liger_name, r)
+
+
 def candidates(r, eager, compiled, ours, liger_fn) -> dict:
     """The candidates of a case: HF's eager formula, torch.compile of it (full runs only: in quick runs
     its compile time would push gpu-check past 9 minutes), ours, Liger's."""

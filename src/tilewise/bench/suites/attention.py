@@ -159,18 +159,38 @@ def _time(fn, q, k, v, bias, causal, go, backward):
             t.requires_grad_(False)
 
 
-def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
-    """Check and time a version that may not run here (a failed check still raises); add its row."""
-    r.status(f"{opname} {shape} {name}")
+def _measured(r, name, shape, measure):
+    """``measure()`` (it checks, then times) for a version that may not run here: its result, or None
+    with the reason logged. A failed check still raises."""
     try:
-        _check_version(name, fn, q, k, v, bias, causal, go, backward)
-        ms = _time(fn, q, k, v, bias, causal, go, backward)
+        return measure()
     except CheckError:
         raise
     except Exception as e:  # noqa: BLE001 - the reason goes to the log
         r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
+        return None
+
+
+def _row_against_flex(r, times, opname, name, shape, dtype, cost, ms) -> None:
+    """A measured time (None: nothing) into ``times`` and its row, against FlexAttention's when timed."""
+    if ms is None:
         return
-    r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
+    times[name] = ms
+    base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
+    r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base) if base else None)
+
+
+def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, shape, dtype, cost, base, base_ms):
+    """Check and time a version that may not run here (a failed check still raises); add its row."""
+    r.status(f"{opname} {shape} {name}")
+
+    def measure():
+        _check_version(name, fn, q, k, v, bias, causal, go, backward)
+        return _time(fn, q, k, v, bias, causal, go, backward)
+
+    ms = _measured(r, name, shape, measure)
+    if ms is not None:
+        r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
 
 
 def run(r) -> None:
@@ -258,8 +278,9 @@ def run(r) -> None:
 
 def _window_rows(r, flex) -> None:
     """Sliding-window causal attention at S = 16384 (Mistral's window of 4096 and a short one of
-    1024): flash_attention with ``window`` against FlexAttention with the same mask as a block mask,
-    and the full causal forward as the yardstick (issue 30: window 1024 <= 0.15x of it)."""
+    1024): flash_attention with ``window`` (the default, and v5's band forward, opt-in) against
+    FlexAttention with the same mask as a block mask, and the full causal forward as the yardstick
+    (issue 30: window 1024 <= 0.15x of it)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, H, S, D, dtype = 1, 16, 16384, 128, torch.bfloat16
@@ -277,23 +298,23 @@ def _window_rows(r, flex) -> None:
             mask = create_block_mask(lambda b, h, qi, ki, _l=left: (qi >= ki) & (qi - ki <= _l), None, None, S, S,
                                      device="cuda")
             flex_w = (lambda a, b, c, causal, bias, _m=mask: flex._compiled(a, b, c, block_mask=_m))
+            band_ws = op.default_policy(q, k).replace(forward="ws", ws_band=True)  # opt-in until measured
+            window_ws = (lambda a, b, c, causal, bias, _l=left, _p=band_ws: op.flash_attention(
+                a, b, c, causal=True, window=(_l, None), policy=_p))
             sl = (slice(0, 1), slice(0, 2))
             qs, ks, vs = (t[sl].float() for t in (q, k, v))
             ref = op.reference(qs, ks, vs, causal=True, window=(left, None))
             times = {}
-            for name, fn in (("flex_attention", flex_w), ("flash_attention", window)):
+            for name, fn in (("flex_attention", flex_w), ("flash_attention", window),
+                             ("flash_attention[v5 band]", window_ws)):
                 r.status(f"{opname} {shape} {name}")
-                try:
+
+                def measure(fn=fn, name=name):
                     check(f"{name} out", fn(q, k, v, True, None)[sl].float(), ref, dtype=dtype, tol=2e-2)
-                    times[name] = _time(fn, q, k, v, None, True, go, backward)
-                except CheckError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - e.g. FlexAttention missing: logged, no row
-                    r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
-                    continue
-                base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
-                r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
-                      baseline_ms=times.get(base) if base else None)
+                    return _time(fn, q, k, v, None, True, go, backward)
+
+                # (e.g. FlexAttention missing: logged, no row)
+                _row_against_flex(r, times, opname, name, shape, dtype, cost, _measured(r, name, shape, measure))
             if "flash_attention" in times and left == 1024:
                 r.status(f"{opname} full causal")
                 ms = _time(full, q, k, v, None, True, go, backward)
@@ -354,23 +375,17 @@ def _varlen_rows(r, flex) -> None:
         times = {}
         for name, ((a, b, c, gg), fn) in cases.items():
             r.status(f"{opname} {name}")
-            try:
+
+            def measure(a=a, b=b, c=c, gg=gg, fn=fn, name=name):
                 out = fn(a, b, c)
                 first = out[:lens[0], :2].transpose(0, 1) if out.dim() == 3 else out[0, :2, :lens[0]]
                 check(f"{name} out", first.float(), ref0, dtype=dtype, tol=2e-2)
                 if backward:
                     ins = [t.detach().requires_grad_(True) for t in (a, b, c)]
-                    times[name] = time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
-                else:
-                    times[name] = time_ms(lambda: fn(a, b, c))
-            except CheckError:
-                raise
-            except Exception as e:  # noqa: BLE001 - logged, no row
-                r.log(f"  {name} failed on {shape}: {type(e).__name__}: {str(e)[:160]}")
-                continue
-            base = "flex_attention" if name != "flex_attention" and "flex_attention" in times else ""
-            r.add(opname, name, shape, dtype, times[name], cost, baseline=base,
-                  baseline_ms=times.get(base) if base else None)
+                    return time_ms(lambda: torch.autograd.grad(fn(*ins), ins, gg))
+                return time_ms(lambda: fn(a, b, c))
+
+            _row_against_flex(r, times, opname, name, shape, dtype, cost, _measured(r, name, shape, measure))
     del q, k, v, go, padded, pad, qp, kp, vp, gop
     torch.cuda.empty_cache()
 
@@ -417,11 +432,10 @@ def _host_rows(r) -> None:
     times = {}
     for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours)):
         r.status(f"attention_host_fwd_bwd {name}")
-        try:
-            times[name] = host_ms(fn)
-        except Exception as e:  # noqa: BLE001 - logged, no row
-            r.log(f"  {name} host time failed: {type(e).__name__}: {str(e)[:160]}")
+        ms = _measured(r, name, shape, lambda fn=fn: host_ms(fn))
+        if ms is None:
             continue
+        times[name] = ms
         base = "sdpa_cudnn" if name != "sdpa_cudnn" and "sdpa_cudnn" in times else ""
         r.add("attention_host_fwd_bwd", name, shape, dtype, times[name], None, baseline=base,
               baseline_ms=times.get(base) if base else None)

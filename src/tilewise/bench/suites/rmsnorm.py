@@ -7,15 +7,13 @@ import torch
 
 from ...ops.norm import api as op
 from ..harness import check
-from ._llama_ops import candidates, liger, time_rows
+from ._llama_ops import candidates, setup, time_rows
 
 
 def run(r) -> None:
     shapes = [(16384, 4096)] if r.quick else [(16384, 4096), (32768, 2048), (8192, 8192), (4096, 16384)]
     dtype, eps = torch.bfloat16, 1e-6
-    g = torch.Generator(device="cuda").manual_seed(0)
-    compiled = torch.compile(op.reference, dynamic=False)
-    liger_cls = liger("transformers.rms_norm", "LigerRMSNorm", r)
+    g, compiled, liger_cls = setup(r, op.reference, "transformers.rms_norm", "LigerRMSNorm")
     for M, N in shapes:
         shape = f"{M}x{N}"
         x = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)

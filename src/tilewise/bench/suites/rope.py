@@ -9,16 +9,14 @@ import torch
 from ...cost import Cost
 from ...ops.rope import api as op
 from ..harness import check
-from ._llama_ops import candidates, liger, time_rows
+from ._llama_ops import candidates, setup, time_rows
 
 
 def run(r) -> None:
     shapes = [(4, 32, 8, 4096, 128)] if r.quick else [(4, 32, 8, 4096, 128), (1, 32, 8, 16384, 128),
                                                        (8, 16, 16, 2048, 64)]
     dtype = torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(0)
-    compiled = torch.compile(op.reference, dynamic=False)
-    lig = liger("transformers.rope", "liger_rotary_pos_emb", r)
+    g, compiled, lig = setup(r, op.reference, "transformers.rope", "liger_rotary_pos_emb")
     for B, Hq, Hk, S, D in shapes:
         shape = f"B={B},Hq={Hq},Hk={Hk},S={S},D={D}"
         q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=g)

@@ -8,15 +8,13 @@ import torch
 
 from ...ops.pointwise import swiglu as op
 from ..harness import check
-from ._llama_ops import candidates, liger, time_rows
+from ._llama_ops import candidates, setup, time_rows
 
 
 def run(r) -> None:
     shapes = [(16384, 14336)] if r.quick else [(16384, 14336), (32768, 8192), (4096, 28672)]
     dtype = torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(0)
-    compiled = torch.compile(op.reference, dynamic=False)
-    lig = liger("ops.swiglu", "LigerSiLUMulFunction", r)
+    g, compiled, lig = setup(r, op.reference, "ops.swiglu", "LigerSiLUMulFunction")
     for M, N in shapes:
         shape = f"{M}x{N}"
         gate = torch.randn(M, N, device="cuda", dtype=dtype, generator=g)

@@ -35,7 +35,7 @@ import torch
 from ...ops.gemm import api as op
 from ...ops.gemm import triton_kernels as tk
 from ...ops.gemm.configs import IN_DTYPES
-from ..harness import CheckError, check, time_ms_graph
+from ..harness import CheckError, check, device_slug, time_ms_graph
 
 SIZES = [1408, 1416, 1536, 1664, 1792, 1920, 2040, 2048, 2056, 2176, 2304, 2312]
 QUICK_SIZES = [1408, 1416, 2048, 2056, 2304]
@@ -234,10 +234,6 @@ def chosen_tile(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int] | None
 # --------------------------------------------------------------------------- the suite
 
 
-def _slug(device: str) -> str:
-    return "".join(c if c.isalnum() or c in "-." else "_" for c in device).strip("_") or "device"
-
-
 def run(r) -> None:
     dtype = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -294,7 +290,7 @@ def run(r) -> None:
                   f"{p['waves']} waves, predicted {p['predicted_ms']:.4f} ms, measured {p['median_ms']:.4f} ms")
     out_dir = getattr(r, "out_dir", None)
     if out_dir is not None and points:
-        slug = _slug(r.device)
+        slug = device_slug(r.device)
         write_points(points, Path(out_dir) / f"{slug}-wave.csv")
         png = plot(points, Path(out_dir) / f"{slug}-wave.png",
                    title=f"bf16 square GEMM on {r.device or 'GPU'}: measured vs expected waves ({sms} SMs)")

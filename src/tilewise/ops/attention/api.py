@@ -128,7 +128,7 @@ def _check(q, k, v, mask, bias, scale):
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
     if q.device.type != "cuda" and not (settings.triton_interpret() and q.device.type == "cpu"):  # meta has no data
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
-                         f"(use attention.reference for CPU tensors)")
+                         f"(use tilewise.ops.attention.api.reference for CPU tensors)")
     B, H, Sq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"flash_attention: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have one shape")
@@ -373,6 +373,10 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
         return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch,
                       config=configs.ws_fwd_config(D, bias is not None, policy.ws_config),
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
+    if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
+            and policy.ws_band and _ws_applies(q, k, v, mask, None, bias_strides)):
+        from . import gluon_fwd as ag
+        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=_launch)
     if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy)
     if (plain and bias is not None and mask is None and policy.bias_tma
@@ -692,7 +696,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
             2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
             queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run on the
-            v3 kernels (forward and the two-kernel backward), not v5 / v6 nor the atomic backward.
+            v3 kernels (forward and the two-kernel backward), not v5 / v6 nor the atomic backward;
+            ``policy.replace(ws_band=True)`` runs the forward of a band without mask, bias or score
+            mods on v5's band kernel (opt-in until measured).
     softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
             before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
     alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the

@@ -175,6 +175,8 @@ class AttentionPolicy:
                    None: two consumers with ``WS_FWD_TILES``' tile.
     ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias, two consumers).
     ws_pingpong:   v5's consumers take turns issuing their products.
+    ws_band:       a band (sliding window, bottom-right causal) without mask, bias or score mods runs on
+                   v5's band kernel where v5 applies (else v3's pointer kernel).
     bias_tma:      a bias forward through v4's TMA kernel where the bias has dense rows.
     bias_pair:     a bias shared by the batch, B even, no mask: two batch elements a program.
     bias_batch_fastest: a bias shared by the batch: programs run batch-fastest (one bias tile in L2).
@@ -195,6 +197,8 @@ class AttentionPolicy:
     ws_persistent: bool = False
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
+    # Off until measured: v5's band kernel has run only through the sm_90 compiler (tuning: "v5 band").
+    ws_band: bool = False
     # On: the TMA kernel prefetches the bias tile, the pointer kernel cannot (tuning: "Bias forward by TMA").
     bias_tma: bool = True
     bias_pair: bool = False

@@ -104,8 +104,10 @@ if _GLUON:
     def _tile(j, slot, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
               Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
-              NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr):
+              NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr,
+              BAND: gl.constexpr = False, band_lo=0, band_hi=0):
         # Key tile j of the query tile; ``slot`` counts the ring's fills (j, or more in a persistent CTA).
+        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi.
         s = slot % STAGES
         ph = (slot // STAGES) & 1
         k_buf = k_smem.index(s)
@@ -129,6 +131,10 @@ if _GLUON:
             if CAUSAL:
                 offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if BAND:
+                rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+                rel = offs_n[None, :] - rows[:, None]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
             t = gl.where(keep, t, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -426,6 +432,107 @@ if _GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+if _GLUON:
+
+    @gluon.jit
+    def _bloader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                 out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, which: gl.constexpr):
+        for c in gl.static_range(NUM_CONS):
+            mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row + t_lo * BLOCK_N, n_tiles,
+                0, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def _skip_tile(slot, k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr):
+        # A ring fill this consumer's rows do not reach (the other consumer's): take and release it unread.
+        s = slot % STAGES
+        ph = (slot // STAGES) & 1
+        mbarrier.wait(k_ready.index(s), ph)
+        mbarrier.arrive(k_empty.index(s), count=1)
+        mbarrier.wait(v_ready.index(s), ph)
+        mbarrier.arrive(v_empty.index(s), count=1)
+
+    @gluon.jit
+    def _bconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                   out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        m_lo = m0 + which * 64
+        t_hi = t_lo + n_tiles
+        # Of the CTA's key tiles [t_lo, t_hi): [c_lo, c_hi) reach this consumer's 64 rows (the others are
+        # only the other consumer's: released unread), and of those [a, b) are inside the band for all 64
+        # rows and inside Sk (no test); the tiles between are masked.
+        c_lo = gl.minimum(gl.maximum(t_lo, gl.maximum(m_lo + band_lo, 0) // BLOCK_N), t_hi)
+        c_hi = gl.maximum(c_lo, gl.minimum(t_hi, gl.cdiv(gl.maximum(gl.minimum(m_lo + 64 + band_hi, Sk), 0),
+                                                          BLOCK_N)))
+        a = gl.minimum(gl.maximum(c_lo, gl.cdiv(gl.maximum(m_lo + 63 + band_lo, 0), BLOCK_N)), c_hi)
+        b = gl.minimum(gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N), c_hi)
+        b = gl.maximum(a, b)
+        q = q_smem.index(which)
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([64], gl.float32, layout=row_s)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_bar.index(which), 0)
+        for j in range(t_lo, c_lo):
+            _skip_tile(j - t_lo, k_ready, k_empty, v_ready, v_empty, STAGES)
+        for j in range(c_lo, a):
+            acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
+                                  v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
+                                  False, True, NUM_CONS, False, q_bar, 0, True, band_lo, band_hi)
+        for j in range(a, b):
+            acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
+                                  v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
+                                  False, False, NUM_CONS, False, q_bar, 0)
+        for j in range(b, c_hi):
+            acc, m_i, l_i = _tile(j, j - t_lo, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
+                                  v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
+                                  False, True, NUM_CONS, False, q_bar, 0, True, band_lo, band_hi)
+        for j in range(c_hi, t_hi):
+            _skip_tile(j - t_lo, k_ready, k_empty, v_ready, v_empty, STAGES)
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, q_row - m0, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+
+    @gluon.jit
+    def attn_fwd_ws_band_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo,
+                                band_hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                NUM_CONS: gl.constexpr = 2):
+        """v5 for a band (sliding windows, bottom-right causal): query i keeps key j where band_lo <= j - i
+        <= band_hi. A CTA's loader fills the ring with the key tiles its 128 rows reach, [t_lo, t_hi),
+        and each consumer masks only the tiles its band cuts. No bias, mask or score mods; two consumers."""
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
+        gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
+        bh = gl.program_id(1)
+        m0 = gl.program_id(0) * BM
+        q_row = bh * Sq + m0
+        kv_row = kv_head_row(bh, H, GROUP, Sk)
+        t_lo = gl.maximum(m0 + band_lo, 0) // BLOCK_N
+        t_hi = gl.cdiv(gl.maximum(gl.minimum(m0 + BM + band_hi, Sk), 0), BLOCK_N)
+        n_tiles = gl.maximum(t_hi - t_lo, 0)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NUM_CONS):
+            mbarrier.init(q_bar.index(c), count=1)
+        gl.warp_specialize([
+            (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                          out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
+                          BLOCK_N, STAGES, NUM_CONS, 0)),
+            (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                          out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
+                          BLOCK_N, STAGES, NUM_CONS, 1)),
+            (_bloader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                        out_ptr, lse_ptr, q_row, kv_row, m0, t_lo, n_tiles, Sq, Sk, qk_scale, band_lo, band_hi,
+                        BLOCK_N, STAGES, NUM_CONS, 0)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
@@ -498,4 +605,18 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     run(attn_fwd_ws_kernel, grid, args, meta, launch)
+    return out, lse
+
+
+def fwd_band(q, k, v, band, scale, out, lse, launch=None):
+    """The band forward (``attn_fwd_ws_band_kernel``) into ``out`` / ``lse``; ``band`` = (lo, hi) as
+    ``reference.band``. Two consumers with v5's default tile; layouts as ``fwd``'s (no bias)."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    bn, stages, regs, _, _ = configs.ws_fwd_config(D, False)
+    q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
+    args = (_desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D)), out, lse, H, H // Hkv, Sq, Sk,
+            scale * LOG2E, int(band[0]), int(band[1]))
+    meta = dict(BLOCK_N=bn, STAGES=stages, CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    run(attn_fwd_ws_band_kernel, (-(-Sq // (ROWS * 2)), B * H), args, meta, launch)
     return out, lse

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_masks import _band_keys, _band_queries, _key_range, _score_mods, _varlen_seq
+from .triton_masks import _band_inner, _band_keys, _band_queries, _key_range, _score_mods, _varlen_seq
 from .triton_online import _fwd_finish, _fwd_update, _online_softmax
 from .triton_sync import _count_release, _count_release_warp, _wait_count, _wait_count_warp
 
@@ -141,9 +141,20 @@ def _attn_fwd_kernel(Q, K, V, Out, Lse, Bias, Mask, Flags,
     if ALIBI:
         slope_t = tl.load(Slopes + off_b * H + off_h)
 
-    if BAND:  # only the key tiles the band reaches, each masked
+    if BAND:  # only the key tiles the band reaches; only the ones it cuts are masked
         lo, hi = _band_keys(start_m * BLOCK_M, Sk, band_lo, band_hi, BLOCK_M, BLOCK_N)
-        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, hi, offs_m, offs_d, Sq, Sk,
+        a, b = _band_inner(start_m * BLOCK_M, Sk, band_lo, band_hi, lo, hi, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, lo, a, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, True,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, a, b, offs_m, offs_d, Sq, Sk,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
+                                  stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
+                                  False, False, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, 0, 0, False,
+                                  cap_t, slope_t, diag, SOFTCAP, ALIBI)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, K, V, Bias, Mask, Flags, b, hi, offs_m, offs_d, Sq, Sk,
                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn,
                                   stride_mm, stride_mn, stride_fn, qk_scale, BLOCK_N, HEAD_DIM, BLOCK_D,
                                   False, True, HAS_BIAS, HAS_MASK, HAS_FLAGS, PREC, band_lo, band_hi, True,

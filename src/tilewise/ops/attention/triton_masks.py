@@ -32,6 +32,17 @@ def _band_keys(m0, Sk, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def _band_inner(m0, Sk, band_lo, band_hi, lo, hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Key tiles [a, b) of [lo, hi) that every query in [m0, m0 + BLOCK_M) keeps whole: no band or bounds
+    # test there, only in [lo, a) and [b, hi). lo <= a <= b <= hi; a, b tile starts unless equal to hi.
+    first = tl.maximum(m0 + BLOCK_M - 1 + band_lo, 0)  # the first key the last row keeps
+    a = tl.minimum(tl.maximum(lo, tl.cdiv(first, BLOCK_N) * BLOCK_N), hi)
+    end = tl.maximum(m0 + band_hi + 1, 0)  # one past the last key the first row keeps
+    b = tl.minimum((end // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    return a, tl.maximum(a, b)
+
+
+@triton.jit
 def _band_queries(n0, Sq, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Query tiles [lo, hi) hold every query that keeps a key in [n0, n0 + BLOCK_N).
     lo = (tl.maximum(n0 - band_hi, 0) // BLOCK_M) * BLOCK_M

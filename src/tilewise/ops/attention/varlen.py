@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ... import settings
+from .._custom import eager_twin
 from . import configs
 from .api import _band_of, _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
@@ -42,25 +43,27 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, check_seqlens):
                          f"shape (total_k, Hkv, D) with the D of 'q' {tuple(q.shape)} and Hkv dividing its heads")
     if not 1 <= q.shape[2] <= 256:
         raise ValueError(f"flash_attention_varlen: 'q' has head dim D={q.shape[2]}; it must be in [1, 256]")
-    for name, cu, rows, mname, mx in (("cu_seqlens_q", cu_q, "q", "max_seqlen_q", max_q),
-                                      ("cu_seqlens_k", cu_k, "k", "max_seqlen_k", max_k)):
+    offsets = (("cu_seqlens_q", cu_q, "q", "max_seqlen_q", max_q), ("cu_seqlens_k", cu_k, "k", "max_seqlen_k", max_k))
+    for name, cu, _, mname, mx in offsets:
         if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
             raise ValueError(f"flash_attention_varlen: '{mname}' must be an int >= 0, got {mx!r}")
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
             raise ValueError(f"flash_attention_varlen: '{name}' must be a 1-D int32 tensor of B + 1 offsets")
         if cu.device != q.device:
             raise ValueError(f"flash_attention_varlen: '{name}' is on {cu.device} but 'q' is on {q.device}")
-        if check_seqlens:  # one device-to-host copy of B + 1 ints
-            total = (q if rows == "q" else k).shape[0]
-            offs = cu.tolist()
-            lens = [b - a for a, b in zip(offs, offs[1:])]
-            if offs[0] != 0 or offs[-1] != total or min(lens) < 0 or max(lens) > mx:
-                raise ValueError(f"flash_attention_varlen: '{name}' must rise from 0 to {total} (the rows of "
-                                 f"'{rows}') in steps of at most '{mname}' = {mx}; got {offs[:8]}"
-                                 f"{' ...' if len(offs) > 8 else ''}")
     if cu_q.numel() != cu_k.numel():
         raise ValueError(f"flash_attention_varlen: 'cu_seqlens_q' has {cu_q.numel()} offsets, 'cu_seqlens_k' "
                          f"{cu_k.numel()}: one per sequence boundary each")
+    if not check_seqlens:
+        return
+    both = torch.stack([cu_q, cu_k]).tolist()  # one device-to-host copy of 2 (B + 1) ints
+    for (name, _, rows, mname, mx), offs in zip(offsets, both):
+        total = (q if rows == "q" else k).shape[0]
+        lens = [b - a for a, b in zip(offs, offs[1:])]
+        if offs[0] != 0 or offs[-1] != total or min(lens) < 0 or max(lens) > mx:
+            raise ValueError(f"flash_attention_varlen: '{name}' must rise from 0 to {total} (the rows of "
+                             f"'{rows}') in steps of at most '{mname}' = {mx}; got {offs[:8]}"
+                             f"{' ...' if len(offs) > 8 else ''}")
 
 
 def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy):
@@ -145,7 +148,7 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool,
             scale: float, band: Optional[list[int]], softcap: float, alibi: Optional[torch.Tensor],
             policy: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
+    return _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
                 _policy(policy, q, max_q, max_k, causal))
 
 
@@ -165,32 +168,17 @@ def _setup_context(ctx, inputs, output):
 def _op_backward(ctx, dout, _dlse):
     q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
     max_q, max_k, causal, scale, band, softcap, policy = ctx.args
-    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
-                         policy)
+    # eager (the twin below): the policy is the object and the implementation runs directly
+    bwd = _bwd if getattr(ctx, "eager", False) else _bwd_op
+    dq, dk, dv = bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap,
+                     alibi, policy)
     return (dq, dk, dv) + (None,) * 10
 
 
 _fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
 
-
-class _Varlen(torch.autograd.Function):
-    """What the custom ops do, for eager calls (without the dispatcher's host time)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy):
-        out, lse = _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi, policy)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
-        ctx.args = (max_q, max_k, causal, scale, band, softcap, policy)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
-        max_q, max_k, causal, scale, band, softcap, policy = ctx.args
-        dq, dk, dv = _bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band,
-                          softcap, alibi, policy)
-        return (dq, dk, dv) + (None,) * 10
+# What the custom ops do, for eager calls (without the dispatcher's host time).
+_Varlen = eager_twin("_Varlen", _fwd, _setup_context, _op_backward, nondifferentiable=(1,))
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

@@ -216,7 +216,7 @@ def _check(ids, weight, padding_idx):
         raise ValueError(f"embedding: 'weight' must be a torch.Tensor, got {type(weight).__name__}")
     if weight.get_device() < 0 or ids.get_device() < 0:
         raise ValueError(f"embedding: 'ids' is on {ids.device} and 'weight' on {weight.device}; tilewise "
-                         f"kernels need CUDA tensors (use embedding.reference for CPU tensors)")
+                         f"kernels need CUDA tensors (use tilewise.ops.embedding.api.reference for CPU tensors)")
     if ids.get_device() != weight.get_device():
         raise ValueError(f"embedding: 'ids' is on {ids.device} but 'weight' on {weight.device}")
     if ids.dtype not in _ID_DTYPES:

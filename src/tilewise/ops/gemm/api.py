@@ -88,7 +88,7 @@ def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
                              f"(for batches use tilewise.matmul or flatten leading dimensions)")
         if not t.is_cuda and not tk.INTERPRET:
             raise ValueError(f"gemm: '{name}' is on {t.device}; Triton kernels need CUDA tensors "
-                             f"(use gemm_triton.reference for CPU tensors)")
+                             f"(use tilewise.ops.gemm.api.reference for CPU tensors)")
         if t.dtype not in IN_DTYPES:
             raise ValueError(f"gemm: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32, "
                              f"float8_e4m3fn")

@@ -101,7 +101,7 @@ def _check(a, b, out):
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             raise ValueError(f"matmul: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
-                             f"(use matmul.reference for CPU tensors)")
+                             f"(use tilewise.ops.gemm.sgemm.reference for CPU tensors)")
         if t.dtype != torch.float32:
             raise ValueError(f"matmul: '{name}' has dtype {t.dtype}; the CUDA C matmul takes float32 "
                              f"(use tilewise.gemm for float16 / bfloat16 / fp8 on tensor cores)")

@@ -125,6 +125,21 @@ def _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STOR
 
 
 @triton.jit
+def _pointer_tile(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr, pid_m, pid_n, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, STORE_AUX: tl.constexpr,
+                  ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # One output tile of the pointer kernels (v1, v2): the K loop, the epilogue and the masked store.
+    acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
+    _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+
+
+@triton.jit
 def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr,
                  M, N, K,
                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -132,12 +147,9 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_pt
                  HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr, STORE_AUX: tl.constexpr,
                  ACTIVATION: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
-    _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+    _pointer_tile(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr, pid_m, pid_n, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
+                  HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -189,12 +201,9 @@ def _gemm_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr,
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
-        _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+        _pointer_tile(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_ptr, pid_m, pid_n, M, N, K,
+                      stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K,
+                      HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION, PRECISION, UPCAST)
 
 
 @triton.jit

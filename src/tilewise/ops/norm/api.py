@@ -44,7 +44,7 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.bfloat16, backward: bool = F
 
 def _check(x, weight, eps, mode):
     check_kernel_inputs("rms_norm", {"x": x, "weight": weight}, every=True, interpreter=True,
-                        reference="norm.api.reference")
+                        reference="tilewise.ops.norm.api.reference")
     if x.dim() < 1 or weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: 'weight' has shape {tuple(weight.shape)}; 'x' of shape {tuple(x.shape)} "
                          f"needs ({x.shape[-1] if x.dim() else '?'},)")

@@ -218,7 +218,8 @@ def check_inputs(what: str, inputs: dict[str, torch.Tensor], *, cuda: bool = Tru
                              f"or CPU tensors (the PyTorch reference)")
         if cuda and not t.is_cuda:
             raise ValueError(f"{what}: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
-                             f"(the autograd functions run the PyTorch reference on CPU tensors)")
+                             f"(on CPU tensors, tilewise.sum / amax / mean and the elementwise functions run "
+                             f"the PyTorch reference)")
         if t.device != first.device:
             raise ValueError(f"{what}: '{name}' is on {t.device} but '{first_name}' is on {first.device}")
         if t.dtype != first.dtype:

@@ -22,11 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import settings
 from ...cost import Cost
+from .._checks import check_kernel_inputs
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import RECOMPUTE_BLOCK
-from .layout import DTYPES
 
 LECTURE_RATIO = 5 / 8
 BYTES_RATIO = 5 / 8  # recomputed (5 streams) over stored (8 streams)
@@ -100,13 +99,7 @@ def _block(t: torch.Tensor) -> int:
 
 
 def _check(x: torch.Tensor, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"sigmoid3: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and not (x.device.type == "cpu" and settings.triton_interpret()):
-        raise ValueError(f"sigmoid3: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use recompute.reference for CPU tensors)")
-    if x.dtype not in DTYPES:
-        raise ValueError(f"sigmoid3: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    check_kernel_inputs("sigmoid3", {name: x}, interpreter=True, reference="tilewise.ops.pointwise.recompute.reference")
 
 
 @torch.library.custom_op("tilewise::sigmoid3_fwd", mutates_args=())

@@ -630,6 +630,8 @@ def _reduce_fn(op):
             nd = max(x.dim(), 1)
             if not isinstance(dim, int) or not -nd <= dim < nd:
                 raise ValueError(f"{op}: 'dim' = {dim} is out of range for 'x' of {x.dim()} dims")
+        if op == "max" and isinstance(dim, int) and x.dim() and -x.dim() <= dim < x.dim() and x.shape[dim] == 0:
+            raise ValueError(f"amax: 'x' has size 0 along dim {dim}: the max of nothing is undefined")
         if compiling():  # Inductor writes its own reductions; ours would break the graph
             return reference(x, dim, op, keepdim)
         return ReduceFunction.apply(x, dim, op, keepdim)

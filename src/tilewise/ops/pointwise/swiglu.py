@@ -46,7 +46,8 @@ def cost(n: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False) ->
 
 
 def _check(gate, up):
-    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True)
+    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True,
+                        reference="tilewise.ops.pointwise.swiglu.reference")
     if up.device != gate.device or up.dtype != gate.dtype or up.shape != gate.shape:
         raise ValueError(f"swiglu: 'up' is {tuple(up.shape)} {up.dtype} on {up.device}; 'gate' is "
                          f"{tuple(gate.shape)} {gate.dtype} on {gate.device}: they must match")

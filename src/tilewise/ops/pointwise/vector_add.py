@@ -65,7 +65,7 @@ def _kernel(version: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
 def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """What the kernel's own parameter checks cannot see: shapes, and a's device and dtype (which
     pick the kernel). b's and out's device, dtype and contiguity are checked by the kernel call."""
-    check_kernel_inputs("vector_add", {"a": a, "b": b})
+    check_kernel_inputs("vector_add", {"a": a, "b": b}, reference="tilewise.ops.pointwise.vector_add.reference")
     if b.dtype != a.dtype:  # (the kernel's own check would name only 'b')
         raise ValueError(f"vector_add: 'b' has dtype {b.dtype} but 'a' has {a.dtype}")
     if a.shape != b.shape:

@@ -39,7 +39,7 @@ def cost(B: int, Hq: int, Hk: int, S: int, D: int, dtype: torch.dtype = torch.bf
 
 def _check(q, k, cos, sin):
     check_kernel_inputs("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, every=True, interpreter=True,
-                        reference="rope.api.reference")
+                        reference="tilewise.ops.rope.api.reference")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"apply_rotary: 'q' {tuple(q.shape)} and 'k' {tuple(k.shape)} must be (B, heads, S, D)")
     B, _, S, D = q.shape

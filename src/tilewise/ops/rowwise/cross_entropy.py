@@ -57,12 +57,12 @@ import triton.language as tl
 
 from ... import settings
 from ...cost import Cost
+from .._checks import check_kernel_inputs
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
     default_variant as _default_variant, fused_config, online_config, scale_programs, triton_cluster_config
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -190,15 +190,8 @@ def _cuda_cluster_ok(logits) -> bool:
 
 
 def _check(logits, target, reduction, ignore_index, label_smoothing):
-    for name, t in (("logits", logits), ("target", target)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if not logits.is_cuda and not (settings.triton_interpret() and logits.device.type == "cpu"):  # meta has no data
-        raise ValueError(f"cross_entropy: 'logits' is on {logits.device}; tilewise kernels need CUDA "
-                         f"tensors (use cross_entropy.reference for CPU tensors)")
-    if logits.dtype not in _DTYPES:
-        raise ValueError(f"cross_entropy: 'logits' has dtype {logits.dtype}; supported: float32, "
-                         f"float16, bfloat16")
+    check_kernel_inputs("cross_entropy", {"logits": logits, "target": target}, interpreter=True,
+                        reference="tilewise.ops.rowwise.cross_entropy.reference")
     if logits.dim() != 2:
         raise ValueError(f"cross_entropy: 'logits' must be 2-D (N, C), got shape {tuple(logits.shape)}")
     if target.dtype not in _TARGET_DTYPES:
@@ -222,9 +215,11 @@ def _check(logits, target, reduction, ignore_index, label_smoothing):
         raise ValueError("cross_entropy: 'logits' has no classes (C = 0)")
 
 
-def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
-    """Number of rows that count; raises on a target outside [0, C) other than ignore_index.
-    One small reduction and one host sync (tens of us; the logits take ~1 ms at 8192 x 128k)."""
+def _count_valid(target: torch.Tensor, C: int, ignore_index: int, what: str = "cross_entropy",
+                 classes: str = "'logits' has C = {C} classes") -> int:
+    """Number of rows that count; raises on a target outside [0, C) other than ignore_index (the
+    message: ``what``, then ``classes`` formatted with C). One small reduction and one host sync
+    (tens of us; the logits take ~1 ms at 8192 x 128k)."""
     if target.numel() == 0:
         return 0
     t = target.long()
@@ -233,8 +228,8 @@ def _count_valid(target: torch.Tensor, C: int, ignore_index: int) -> int:
     n_bad, n_valid = torch.stack([bad.sum(), keep.sum()]).tolist()
     if n_bad:
         first = t[bad][0].item()
-        raise ValueError(f"cross_entropy: {n_bad} target(s) out of range [0, {C}) ('logits' has C = {C} "
-                         f"classes) and not ignore_index={ignore_index}, e.g. {first}")
+        raise ValueError(f"{what}: {n_bad} target(s) out of range [0, {C}) ({classes.format(C=C)}) and not "
+                         f"ignore_index={ignore_index}, e.g. {first}")
     return n_valid
 
 
@@ -290,6 +285,25 @@ def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, co
     return loss, grad
 
 
+def _rows_kernel(x, t, loss_rows, grad, grad_scale, ignore_index, label_smoothing, one_pass):
+    """v2_fused's (``one_pass``: a row in registers, C <= MAX_FUSED) or v3_online's launch: row losses
+    into ``loss_rows`` (fp32) and, unless ``grad`` is None, the gradient times ``grad_scale`` into
+    ``grad``, which may be ``x`` itself (a program reads all of a row before it writes any of it).
+    Targets must be checked already (ignore_index or in [0, C))."""
+    N, C = x.shape
+    has_grad = grad is not None
+    dx, sdx = (grad, grad.stride(0)) if has_grad else (loss_rows, 0)  # a placeholder pointer, never written
+    if one_pass:
+        rows, block, warps = fused_config(C)
+        grid = (_cdiv(N, rows),)
+    else:
+        rows, (block, warps, progs) = 1, online_config(x, C * x.element_size(), N)
+        grid = (progs,)
+    _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index, float(label_smoothing),
+               grad_scale, ROWS=rows, BLOCK=block, ONE_PASS=one_pass, HAS_GRAD=has_grad, SMOOTH=label_smoothing > 0,
+               num_warps=warps)
+
+
 def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant,
             policy: Policy = DEFAULT_POLICY):
     N, C = logits.shape
@@ -309,15 +323,12 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
         smooth = label_smoothing > 0
         dx = grad if compute_grad else loss_rows  # a placeholder pointer, never written
         sdx = grad.stride(0) if compute_grad else 0
-        if variant == "v2_fused":
-            if C > MAX_FUSED:
+        if variant in ("v2_fused", "v3_online"):
+            if variant == "v2_fused" and C > MAX_FUSED:
                 raise ValueError(f"cross_entropy.v2_fused: C = {C} does not fit in registers (at most "
                                  f"{MAX_FUSED}); use v3_online or variant=None")
-            rows, block, warps = fused_config(C)
-            grid = (_cdiv(N, rows),)
-            _tl_launch(_ce_kernel, grid, x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                             float(label_smoothing), scale, ROWS=rows, BLOCK=block, ONE_PASS=True,
-                             HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+            _rows_kernel(x, t, loss_rows, grad if compute_grad else None, scale, ignore_index, label_smoothing,
+                         one_pass=variant == "v2_fused")
         elif variant == "v4_cluster":
             if C > MAX_CLUSTER:
                 raise ValueError(f"cross_entropy.v4_cluster: C = {C} exceeds {MAX_CLUSTER} (8 CTAs x "
@@ -328,10 +339,7 @@ def _launch(logits, target, reduction, ignore_index, label_smoothing, compute_gr
                        float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=True,
                        HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps, num_ctas=ctas)
         else:
-            block, warps, progs = online_config(x, C * x.element_size(), N)
-            _tl_launch(_ce_kernel, (progs,), x, t, loss_rows, dx, N, C, x.stride(0), sdx, ignore_index,
-                       float(label_smoothing), scale, ROWS=1, BLOCK=block, ONE_PASS=False,
-                       HAS_GRAD=compute_grad, SMOOTH=smooth, num_warps=warps)
+            raise ValueError(f"cross_entropy: unknown variant {variant!r}")
     if reduction == "none":
         loss = loss_rows.to(logits.dtype)
     elif reduction == "sum":
@@ -397,13 +405,18 @@ def _grad(ctx, dloss, _dgrad):
     # The common case (the loss is the output, dloss = 1): the gradient written in the forward is
     # the answer. Decided on the device, not the host (no sync): a small persistent kernel reads
     # dloss and scales g in place only when it is not 1, so g is touched only when it must be.
+    return (scale_unless_one(g, dloss),) + nones  # ours alone now: scaled in place, no second copy
+
+
+def scale_unless_one(g: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
+    """``g * dloss`` (dloss one element) in place, decided on the device: untouched when dloss is 1."""
     g = g if g.is_contiguous() else g.contiguous()
     if g.numel():
         d = dloss.reshape(1) if dloss.is_contiguous() else dloss.contiguous().reshape(1)
         progs = scale_programs(g)
         _tl_launch(_scale_unless_one_kernel, (progs,), g, d, g.numel(), BLOCK=SCALE_BLOCK,
                    ITERS=_cdiv(_cdiv(g.numel(), SCALE_BLOCK), progs))
-    return (g,) + nones  # ours alone now: scaled in place, no second copy
+    return g
 
 
 @triton.jit

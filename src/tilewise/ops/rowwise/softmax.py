@@ -65,11 +65,11 @@ import triton.language as tl
 
 from ... import settings
 from ...cost import Cost
+from .._checks import check_kernel_inputs
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, UNFUSED_BLOCK, Policy, default_variant as \
     _default_variant, fused_config, online_config, triton_cluster_config
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _NEG_INF = float("-inf")
 
 
@@ -338,13 +338,7 @@ def _bwd_elementwise_kernel(Yp, DY, D, DX, N, LOG: tl.constexpr, BLOCK: tl.const
 
 
 def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{op}: '{name}' must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):  # a meta tensor has no data
-        raise ValueError(f"{op}: '{name}' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use softmax.reference for CPU tensors)")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"{op}: '{name}' has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    check_kernel_inputs(op, {name: x}, interpreter=True, reference="tilewise.ops.rowwise.softmax.reference")
     if x.dim() == 0:
         raise ValueError(f"{op}: '{name}' must have at least one dimension")
 

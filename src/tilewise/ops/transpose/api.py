@@ -102,7 +102,7 @@ def _kernel(name: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
 
 
 def _check(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    check_kernel_inputs("transpose", {"x": x})
+    check_kernel_inputs("transpose", {"x": x}, reference="tilewise.ops.transpose.api.reference")
     if x.dim() not in (2, 3):
         raise ValueError(f"transpose: 'x' must be 2-D (M, N) or 3-D (B, M, N), got shape {tuple(x.shape)}")
     if not x.is_contiguous():

@@ -1,0 +1,209 @@
+"""llama: whole training steps of a Hugging Face LlamaForCausalLM built from a config (random weights),
+bf16, AdamW: tokens / s and peak memory for
+
+    hf_sdpa          transformers' default (SDPA attention, eager layers, logits + fp32 loss)
+    hf_compile       the same model under torch.compile (full runs)
+    hf_liger         Liger-Kernel's apply_liger_kernel_to_llama (when its wheel is carried)
+    hf_tilewise      tilewise.integrations.transformers.apply_tilewise (attention, RMSNorm, RoPE,
+                     SwiGLU, the fused lm head + loss); its row's baseline: the fastest of the others
+
+Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary
+128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
+Check first: every candidate's first loss against the baseline's, from the same weights and batch
+(bf16 noise: relative 2e-2). Timing: device events around each of ``STEPS`` steps after ``WARMUP``,
+median ms a step; the CSV row's TFLOP/s counts 6 x parameters x tokens plus attention's 12 x layers
+x B x S^2 x hidden / 2 (causal), tokens / s and peak memory go to the log, and with an ``out_dir`` a
+bar chart ``<device>-llama.png``.
+
+Liger's and tilewise's patches change transformers' modeling_llama module (its classes' forward, its
+apply_rotary_pos_emb); every candidate's patches are undone before the next one builds its model.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+
+from ...cost import Cost
+from ..harness import check, device_slug
+
+WARMUP, STEPS = 3, 10
+
+
+def _config(quick: bool):
+    import transformers
+
+    kw = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=16384, rope_theta=500000.0,
+              tie_word_embeddings=True, attention_dropout=0.0)
+    if quick:
+        kw["num_hidden_layers"] = 2
+    return transformers.LlamaConfig(**kw)
+
+
+def _snapshot():
+    """What the patches touch: modeling_llama's globals and the classes' forward methods."""
+    from transformers.models.llama import modeling_llama as ml
+
+    classes = {n: v for n, v in vars(ml).items() if isinstance(v, type)}
+    return ml, dict(vars(ml)), {n: c.__dict__.get("forward") for n, c in classes.items()}
+
+
+def _restore(snap) -> None:
+    ml, globals_, forwards = snap
+    for n, v in globals_.items():
+        setattr(ml, n, v)
+    for n, f in forwards.items():
+        if f is not None:
+            setattr(getattr(ml, n), "forward", f)
+
+
+def _build(name, config, state):
+    import transformers
+
+    with torch.device("cuda"):  # initialised on the GPU (a CPU init of 1B parameters takes seconds)
+        model = transformers.LlamaForCausalLM(config).to(dtype=torch.bfloat16)
+    model.load_state_dict(state)
+    model.config.use_cache = False
+    if name == "hf_liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama(model=model)
+    elif name == "hf_tilewise":
+        from ...integrations.transformers import apply_tilewise
+
+        apply_tilewise(model)
+    model.train()
+    step_model = torch.compile(model) if name == "hf_compile" else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    return model, step_model, opt
+
+
+def _cost(config, B, S) -> Cost:
+    n_params = sum(int(torch.Size(s).numel()) for s in _param_shapes(config))
+    attn = 12.0 * config.num_hidden_layers * B * S * S * config.hidden_size / 2
+    return Cost(6.0 * n_params * B * S + attn, 0)
+
+
+def _param_shapes(config):
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    qh, kvh = config.num_attention_heads * d, config.num_key_value_heads * d
+    per_layer = [(qh, h), (kvh, h), (kvh, h), (h, qh), (i, h), (i, h), (h, i), (h,), (h,)]
+    return [(v, h), (h,)] + per_layer * config.num_hidden_layers  # tied head: the embedding once
+
+
+def run(r) -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        r.log("  llama: transformers is not installed: no rows")
+        return
+    config = _config(r.quick)
+    cases = [(2, 2048)] if r.quick else [(4, 4096), (1, 16384)]
+    names = ["hf_sdpa"] + ([] if r.quick else ["hf_compile"]) + ["hf_tilewise", "hf_liger"]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        state = transformers_state(config)
+    results = {}
+    for B, S in cases:
+        shape = f"layers={config.num_hidden_layers},B={B},S={S}"
+        g = torch.Generator(device="cuda").manual_seed(B * S)
+        batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+        first_loss, times = None, {}
+        for name in names:
+            snap = _snapshot()
+            try:
+                r.status(f"llama {shape} {name}")
+                try:
+                    model, step_model, opt = _build(name, config, state)
+                except ImportError as e:
+                    r.log(f"  llama {name}: {e}: no row")
+                    continue
+                ms, peak, loss0 = _time_steps(step_model, opt, batches)
+                if first_loss is None:
+                    first_loss = loss0
+                check(f"llama {shape} {name} first loss", torch.tensor([loss0]), torch.tensor([first_loss]),
+                      tol=2e-2)
+                times[name] = ms
+                tok_s = B * S / (ms / 1e3)
+                results[(shape, name)] = (tok_s, peak)
+                r.log(f"  llama {shape} {name}: {ms:.1f} ms a step, {tok_s:,.0f} tokens/s, peak memory "
+                      f"{peak / 2 ** 30:.1f} GiB")
+                del model, step_model, opt
+            finally:
+                _restore(snap)
+                torch.cuda.empty_cache()
+        # Only ours names a baseline: the fastest of what a user would otherwise run, in the same run.
+        others = {n: ms for n, ms in times.items() if n != "hf_tilewise"}
+        best = min(others, key=others.get) if others else ""
+        for name, ms in times.items():
+            base = best if name == "hf_tilewise" else ""
+            r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S), baseline=base,
+                  baseline_ms=others.get(base) if base else None)
+    out_dir = getattr(r, "out_dir", None)
+    if out_dir is not None and results:
+        png = _plot(results, Path(out_dir) / f"{device_slug(r.device)}-llama.png")
+        if png is not None:
+            r.log(f"llama chart written to {png}")
+
+
+def transformers_state(config) -> dict:
+    """One set of random bf16 weights every candidate loads (the same model each time)."""
+    import transformers
+
+    model = transformers.LlamaForCausalLM(config).to(dtype=torch.bfloat16)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _time_steps(model, opt, batches):
+    def step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    loss0 = float(step(batches[0]))  # the check's loss: the first step, from the shared weights
+    for i in range(WARMUP):
+        step(batches[i % 2])
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(STEPS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step(batches[i % 2])
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), torch.cuda.max_memory_allocated(), loss0
+
+
+def _plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    shapes = sorted({s for s, _ in results})
+    names = [n for n in ("hf_sdpa", "hf_compile", "hf_liger", "hf_tilewise") if any(k[1] == n for k in results)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(names))
+    for j, (ax, what, scale, label) in enumerate(((axes[0], 0, 1e3, "tokens / s (thousands)"),
+                                                  (axes[1], 1, 2 ** 30, "peak memory (GiB)"))):
+        for k, n in enumerate(names):
+            vals = [results.get((s, n), (0, 0))[what] / scale for s in shapes]
+            ax.bar([i + k * width for i in range(len(shapes))], vals, width, label=n)
+        ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(shapes))], shapes, fontsize=7)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Llama training step (bf16, AdamW), higher tokens/s and lower memory are better")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

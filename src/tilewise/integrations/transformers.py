@@ -1,0 +1,266 @@
+"""Hugging Face ``transformers`` on tilewise kernels.
+
+Importing this module registers ``"tilewise"`` as an attention implementation, with its mask builder:
+
+    import tilewise.integrations.transformers  # noqa: F401  (registers "tilewise")
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="tilewise")
+
+or swaps the Llama-family layers of a model that is already built (Llama, Mistral, Qwen2 and the
+models that reuse their layers):
+
+    from tilewise.integrations.transformers import apply_tilewise
+    apply_tilewise(model)             # attention, RMSNorm, RoPE, the SwiGLU MLP, the lm head + loss
+    apply_tilewise(model, rope=False) # each part has its own keyword
+
+What reaches ``flash_attention``:
+- A padded batch (the usual 2D ``attention_mask``) arrives as a (B, 1, 1, Sk) key mask; key tiles
+  of padding are skipped. No (Sq, Sk) tensor is built for plain causal or bidirectional masks.
+- Causal attention over a KV cache (Sq < Sk, the new queries last) uses ``align="bottom_right"``.
+- ``sliding_window`` (Mistral, Qwen2) becomes ``window=(sliding_window - 1, 0)``: transformers keeps
+  key j for query i when i - j < sliding_window. Padding comes as the key mask, as above.
+- ``softcap`` (Gemma 2) and ``scaling`` pass through.
+- Any other mask (packed sequences found from ``position_ids``, a static cache's slots, a model's
+  own mask function) is built dense by transformers' SDPA mask builder and passed as ``mask=``:
+  correct, and slower (the mask is read tile by tile). A 4D mask the caller gives is used as is
+  (bool: ``mask=``; float: ``bias=``).
+- Attention dropout is not implemented: a training call with dropout > 0 raises.
+
+``transformers`` is an optional dependency (``pip install tilewise[transformers]``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+try:
+    import transformers
+    from transformers import masking_utils
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("tilewise.integrations.transformers needs the transformers package: "
+                      "pip install 'tilewise[transformers]'") from e
+
+from .. import settings
+from ..nn.layers import RMSNorm, SwiGLU
+from ..ops.attention.api import flash_attention
+from ..ops.rope.api import apply_rotary
+from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
+from ..ops.rope.api import reference as rope_reference
+
+NAME = "tilewise"
+
+# What the attention calls; a module attribute so the CPU tests can put the reference in its place.
+_attention = flash_attention
+
+
+def _sliding_causal(fn) -> bool:
+    # transformers' sliding-window causal mask is and_masks(sliding_window_overlay(W), causal_mask_function);
+    # the window itself reaches attention_forward as ``sliding_window``. Anything else is not this.
+    parts = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if isinstance(c.cell_contents, tuple)]
+    return (len(parts) == 1 and len(parts[0]) == 2 and parts[0][1] is masking_utils.causal_mask_function
+            and getattr(parts[0][0], "__qualname__", "").startswith("sliding_window_overlay."))
+
+
+def _query_span(kw) -> tuple:
+    # (q_length, q_offset): transformers >= 5 passes them; 4.5x passes cache_position (the queries'
+    # positions), read on the host only when the keys outnumber the queries (a cached step).
+    if "q_length" in kw:
+        return kw["q_length"], kw.get("q_offset", 0)
+    positions = kw["cache_position"]
+    n = positions.shape[0]
+    return n, (0 if n == 0 or kw["kv_length"] == n else int(positions[0]))
+
+
+def mask_builder(batch_size: int, **kw):
+    """transformers' mask hook for ``attn_implementation="tilewise"`` (called with keywords: q_length,
+    kv_length, q_offset, kv_offset or, before transformers 5, cache_position; mask_function;
+    attention_mask, the (B, kv) 0/1 padding mask). Returns None (no padding), the (B, kv_length) bool
+    key mask (padding), or, for a mask it cannot describe that way, the dense (B, 1, Sq, kv_length)
+    bool mask of transformers' SDPA builder."""
+    mask_function = kw.get("mask_function", masking_utils.causal_mask_function)
+    attention_mask, kv_length = kw.get("attention_mask"), kw["kv_length"]
+    plain = mask_function in (masking_utils.causal_mask_function, getattr(masking_utils, "bidirectional_mask_function",
+                                                                          None)) or _sliding_causal(mask_function)
+    q_length, q_offset = _query_span(kw)
+    # Plain masks need the queries to be the last q_length keys (no cache, or a dynamic one).
+    if plain and isinstance(q_offset, int) and kw.get("kv_offset", 0) == 0 and q_offset + q_length == kv_length:
+        if attention_mask is None:
+            return None
+        keys = attention_mask[:, -kv_length:].to(torch.bool)
+        if keys.shape[1] == kv_length:
+            return None if bool(keys.all()) else keys
+    kw = dict(kw, allow_is_causal_skip=False)
+    kw.pop("allow_is_bidirectional_skip", None)
+    return masking_utils.sdpa_mask(batch_size=batch_size, **kw)
+
+
+def attention_args(module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling=None,
+                   sliding_window=None, softcap=None, is_causal=None) -> dict:
+    """The ``flash_attention`` keywords for one transformers attention call (shapes as transformers
+    gives them: query (B, H, Sq, D), key (B, Hkv, Sk, D)); ``is_causal`` overrides the module's."""
+    Sq, Sk = query.shape[2], key.shape[2]
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    args = {"scale": scaling, "causal": bool(causal), "softcap": softcap}
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise ValueError(f"tilewise attention: 'attention_mask' of type {type(attention_mask).__name__} is "
+                             f"not supported (a tensor or None; build the model with attn_implementation="
+                             f"'{NAME}' so that its masks come from tilewise's mask builder)")
+        if attention_mask.dim() == 2:  # key padding, from mask_builder
+            args["mask"] = attention_mask[:, None, None, :]
+        elif attention_mask.dim() == 4:  # dense: it holds causality, windows and packing itself
+            args["causal"] = False
+            if attention_mask.dtype == torch.bool:
+                args["mask"] = attention_mask
+            else:
+                args["bias"] = attention_mask.to(query.dtype)
+            return args
+        else:
+            raise ValueError(f"tilewise attention: 'attention_mask' has shape {tuple(attention_mask.shape)}; "
+                             f"expected (B, Sk) or (B, 1 or H, Sq, Sk)")
+    if args["causal"] and Sq != Sk:
+        args["align"] = "bottom_right"  # new queries after a cache: the last query sees every key
+    if sliding_window is not None:
+        args["window"] = (int(sliding_window) - 1, 0 if args["causal"] else int(sliding_window) - 1)
+    return args
+
+
+def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                      dropout: float = 0.0, scaling=None, sliding_window=None, softcap=None, **kwargs):
+    """transformers' attention hook: returns (out (B, Sq, H, D), None)."""
+    if dropout and module.training:
+        raise ValueError(f"tilewise attention: attention dropout ({dropout}) is not supported; set the "
+                         f"model config's attention_dropout to 0")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("tilewise attention: attention sinks ('s_aux') are not supported")
+    args = attention_args(module, query, key, attention_mask, scaling, sliding_window, softcap, kwargs.get("is_causal"))
+    out = _attention(query, key, value, **args)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> None:
+    """Register the attention and its mask builder under ``name`` (done once at import)."""
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, mask_builder)
+
+
+register()
+
+
+def rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """transformers' ``apply_rotary_pos_emb`` contract on ``tilewise.apply_rotary``: q, k (B, heads, S, D)
+    (``unsqueeze_dim=1``) or (B, S, heads, D) (``unsqueeze_dim=2``), cos / sin (B, S, D). CPU tensors
+    outside Triton's interpreter take the PyTorch formula (other models of the family may live there)."""
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"rotary_pos_emb: 'unsqueeze_dim' must be 1 or 2, got {unsqueeze_dim!r}")
+    if unsqueeze_dim == 2:
+        qe, ke = rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return qe.transpose(1, 2), ke.transpose(1, 2)
+    if q.device.type == "cpu" and not settings.triton_interpret():
+        return rope_reference(q, k, cos, sin)
+    return apply_rotary(q, k, cos, sin)
+
+
+_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # same RMSNorm, MLP, rotary and attention contracts
+
+
+def _children(model, suffix, families, skip=()):
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            cls = type(child).__name__
+            if cls.endswith(suffix) and cls[:-len(suffix)].lower() in families and not isinstance(child, skip):
+                yield parent, name, child
+
+
+def _fused_loss_forward(original, state: dict):
+    """The causal LM's forward with, in training with labels, the lm head and its loss in one
+    ``linear_cross_entropy``: the base model's last hidden state is kept by a forward hook registered
+    once (``state``; registering one per call would break torch.compile's graph), the original forward
+    keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss (labels shifted
+    by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given)."""
+
+    def forward(self, *args, labels=None, **kwargs):
+        shift = kwargs.pop("shift_labels", None)
+        if not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs:
+            if shift is not None:
+                kwargs["shift_labels"] = shift
+            return original(self, *args, labels=labels, **kwargs)
+        n_items = kwargs.pop("num_items_in_batch", None)
+        state["keep"] = True
+        try:
+            out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
+            hidden = state.pop("hidden")
+        finally:
+            state["keep"] = False
+        if shift is None:
+            shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+        head = self.get_output_embeddings()
+        loss = linear_cross_entropy(hidden, head.weight, shift.to(hidden.device), head.bias,
+                                    reduction="mean" if n_items is None else "sum")
+        if n_items is not None:
+            loss = loss / n_items
+        if isinstance(out, tuple):
+            return (loss,) + out
+        return type(out)(loss=loss, **dict(out.items()))
+
+    return forward
+
+
+def _keep_hidden(state: dict):
+    def hook(module, inputs, output):
+        if state.get("keep"):
+            state["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+    return hook
+
+
+def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
+                   swiglu: bool = True, loss: bool = True) -> torch.nn.Module:
+    """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
+    loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
+
+    attention: ``model.set_attn_implementation("tilewise")`` (see the module's doc for masks).
+    rms_norm:  each ``<Family>RMSNorm`` becomes ``tilewise.nn.RMSNorm`` holding the same weight
+               Parameter (optimizer state and state-dict keys unchanged).
+    rope:      the family's ``apply_rotary_pos_emb`` becomes ``rotary_pos_emb`` (``tilewise.apply_rotary``).
+               It is a module global of transformers' modeling file, so this holds for every model of
+               that family in the process (as Liger-Kernel's patch does).
+    swiglu:    each ``<Family>MLP`` becomes ``tilewise.nn.SwiGLU`` holding the same three Linear modules;
+               the model's ``hidden_act`` must be "silu".
+    loss:      a ``<Family>ForCausalLM`` called with labels in training mode computes its lm head and loss
+               as one ``tilewise.linear_cross_entropy`` (no (tokens, vocab) logits; the output's logits
+               then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, or a call
+               with ``logits_to_keep``, runs the model's own head and loss.
+    """
+    if not isinstance(model, transformers.PreTrainedModel):
+        raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
+    module = type(model).__module__
+    family = next((f for f in _FAMILIES if module == f"transformers.models.{f}.modeling_{f}"), None)
+    if family is None:
+        raise ValueError(f"apply_tilewise: {type(model).__name__} ({module}) is not a Llama, Mistral, Qwen2 or "
+                         f"Qwen3 model; attn_implementation='{NAME}' gives any model tilewise attention")
+    if swiglu and getattr(model.config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"apply_tilewise: swiglu=True needs hidden_act='silu'; the model has "
+                         f"{model.config.hidden_act!r} (pass swiglu=False)")
+    if attention:
+        model.set_attn_implementation(NAME)
+    if rms_norm:
+        for parent, name, old in _children(model, "RMSNorm", (family,), skip=RMSNorm):
+            setattr(parent, name, RMSNorm.sharing(old.weight, old.variance_epsilon))
+    if swiglu:
+        for parent, name, old in _children(model, "MLP", (family,)):
+            setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj))
+    if rope:
+        sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
+    if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
+        state = {"keep": False}
+        model.model.register_forward_hook(_keep_hidden(state))
+        model.forward = types.MethodType(_fused_loss_forward(type(model).forward, state), model)  # per model
+        model._tilewise_loss = True
+    return model
+
+
+apply_tilewise_to_llama = apply_tilewise

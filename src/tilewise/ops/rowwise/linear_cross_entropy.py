@@ -1,0 +1,236 @@
+"""linear_cross_entropy: the LM head and its loss, ``cross_entropy(x @ weight.T + bias, target)``,
+without the (N, V) logits.
+
+The rows go in chunks: a chunk's logits (chunk x V, x's dtype) come from one GEMM, the
+cross-entropy kernel (v2_fused / v3_online's ``_ce_kernel``) writes their gradient over them in
+place, and two more GEMMs turn it into the chunk's dx rows and add its share of dW (and the column
+sums into db). Everything is computed in the forward, as the loss is the last op; backward scales
+the held gradients by the upstream gradient on the device (untouched when it is 1).
+
+Memory beyond the inputs: one chunk of logits, dx (N x H) and dW (V x H, weight's dtype), db
+(V, fp32) when there is a bias; never N x V. Time: three GEMMs of 2 N V H FLOPs each (cuBLAS
+through torch.mm) and the cross-entropy's read / write of each chunk.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import torch
+
+from ... import settings
+from ...cost import Cost
+from .configs import MAX_FUSED
+from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
+
+CHUNK_BYTES = 256 << 20  # one chunk's logits; ~1k rows of a 128k vocabulary in bf16
+
+
+def reference(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, softcap=None):
+    """The logits in full (fp32, or fp64 for fp64 inputs), softcapped if asked, then F.cross_entropy."""
+    dt = torch.promote_types(x.dtype, torch.float32)
+    logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).to(dt), weight.to(dt),
+                                        None if bias is None else bias.to(dt))
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return torch.nn.functional.cross_entropy(logits, target.reshape(-1).long(), reduction=reduction,
+                                             ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+
+def cost(N: int, H: int, V: int, dtype: torch.dtype = torch.bfloat16) -> Cost:
+    """Forward with its gradients: 3 GEMMs of 2 N V H FLOPs; bytes: x, W read three times, the logits
+    written, read twice and written once more (in place), dx and dW written."""
+    e = dtype.itemsize
+    return Cost(6.0 * N * V * H, e * (3 * (N * H + V * H) + 4 * N * V + N * H + V * H))
+
+
+def chunk_rows_for(N: int, V: int, dtype: torch.dtype) -> int:
+    """Rows a chunk: CHUNK_BYTES of logits, a multiple of 128 (whole GEMM tiles), at least 128."""
+    rows = max(128, (CHUNK_BYTES // max(1, V * dtype.itemsize)) // 128 * 128)
+    return min(rows, max(1, N))
+
+
+def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap=None):
+    for name, t in (("x", x), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"linear_cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):
+        raise ValueError(f"linear_cross_entropy: 'x' is on {x.device}; tilewise kernels need CUDA tensors "
+                         f"(use tilewise.ops.rowwise.linear_cross_entropy.reference for CPU tensors)")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"linear_cross_entropy: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise ValueError(f"linear_cross_entropy: 'target' must hold integer class indices, got {target.dtype}")
+    if target.device != x.device:
+        raise ValueError(f"linear_cross_entropy: 'target' is on {target.device}, 'x' on {x.device}")
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise ValueError(f"linear_cross_entropy: 'ignore_index' must be an int, got {ignore_index!r}")
+    if not isinstance(label_smoothing, numbers.Real) or isinstance(label_smoothing, bool) \
+            or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"linear_cross_entropy: 'label_smoothing' must be a number in [0, 1], got {label_smoothing!r}")
+    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"linear_cross_entropy: 'weight' has shape {tuple(weight.shape)}; 'x' of shape "
+                         f"{tuple(x.shape)} needs (V, {x.shape[-1] if x.dim() else '?'})")
+    if target.shape != x.shape[:-1]:
+        raise ValueError(f"linear_cross_entropy: 'target' has shape {tuple(target.shape)} but 'x' of shape "
+                         f"{tuple(x.shape)} needs {tuple(x.shape[:-1])} (x's leading dims)")
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"linear_cross_entropy: 'weight' is {weight.dtype} on {weight.device}; 'x' is {x.dtype} "
+                         f"on {x.device} (they must match)")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != weight.shape[:1]
+                             or bias.device != x.device):
+        raise ValueError(f"linear_cross_entropy: 'bias' must be a tensor of shape ({weight.shape[0]},) on "
+                         f"{x.device}, got {bias if not isinstance(bias, torch.Tensor) else tuple(bias.shape)}")
+    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
+                                or not 0 < softcap < float("inf")):
+        raise ValueError(f"linear_cross_entropy: 'softcap' must be a finite number > 0 or None, got {softcap!r}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: 'reduction' must be 'mean' or 'sum', got {reduction!r}")
+    if chunk_rows is not None and (not isinstance(chunk_rows, numbers.Integral) or isinstance(chunk_rows, bool)
+                                   or chunk_rows < 1):
+        raise ValueError(f"linear_cross_entropy: 'chunk_rows' must be an int >= 1 or None, got {chunk_rows!r}")
+
+
+def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need, softcap=None):
+    """loss (fp32 scalar), dx, dW, db (None where not needed) for an upstream gradient of 1."""
+    N, H = x2.shape
+    V = weight.shape[0]
+    n_valid = _count_valid(t, V, ignore_index, "linear_cross_entropy",  # raises on a bad target (one host sync)
+                           "'target' indexes the rows of 'weight', which has V = {C}")
+    scale = 1.0 / n_valid if reduction == "mean" and n_valid else 1.0
+    dev = x2.device
+    loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
+    dx = torch.empty_like(x2) if need[0] else None
+    dw = torch.zeros_like(weight) if need[1] else None
+    db = torch.zeros(V, device=dev, dtype=torch.float32) if need[2] else None
+    grad = any(need)
+    step = chunk_rows or chunk_rows_for(N, V, x2.dtype)
+    for r0 in range(0, N, step):
+        xc = x2[r0:r0 + step]
+        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias.to(x2.dtype), xc, weight.t())
+        if softcap is not None:  # Gemma 2's final-logit softcap: cap * tanh(z / cap), its derivative 1 - tanh^2
+            th = logits.to(torch.float32, copy=True).div_(softcap).tanh_()  # one fp32 chunk, then in place
+            torch.mul(th, softcap, out=logits)
+        # The chunk's gradient is written unscaled (softmax - target, |g| >= ~1 / V) and 'mean''s 1 / n_valid
+        # rides in the GEMMs' fp32 alpha: scaled first, float16 would flush most of it (~1 / (V n), below its
+        # smallest subnormal; measured on the H200: dbias 2.9 % off at V 32k, n 923).
+        _rows_kernel(logits, t[r0:r0 + step], loss_rows[r0:r0 + step], logits if grad else None, 1.0,
+                     ignore_index, label_smoothing, one_pass=V <= MAX_FUSED)
+        if softcap is not None and grad:
+            torch.mul(logits, th.mul_(th).neg_().add_(1.0), out=logits)
+        if dx is not None:
+            torch.addmm(dx[r0:r0 + step], logits, weight, beta=0, alpha=scale, out=dx[r0:r0 + step])
+        if dw is not None:
+            dw.addmm_(logits.t(), xc, alpha=scale)
+        if db is not None:
+            db.add_(logits.sum(0, dtype=torch.float32), alpha=scale)
+    loss = loss_rows.sum()
+    if reduction == "mean":
+        loss = loss / n_valid if n_valid else loss * float("nan")  # as F.cross_entropy: NaN when nothing counts
+    return loss, dx, dw, db
+
+
+def _rows_of(x, weight, target):
+    x2 = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1)
+    return (x2 if x2.stride(-1) == 1 else x2.contiguous(), weight if weight.stride(-1) == 1 else weight.contiguous(),
+            t if t.is_contiguous() else t.contiguous())
+
+
+# A custom op, so that torch.compile keeps it whole (its target check syncs with the host, its kernels are
+# Triton's and cuBLAS's) instead of tracing into it. Gradients not needed come back as empty tensors.
+@torch.library.custom_op("tilewise::linear_cross_entropy_fwd", mutates_args=())
+def _lce_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+            reduction: str, ignore_index: int, label_smoothing: float, chunk_rows: int, softcap: float,
+            need: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x2, w, t = _rows_of(x, weight, target)
+    loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows or None,
+                                tuple(need), softcap or None)
+    return (loss, dx.view(x.shape) if dx is not None else x.new_empty(0),
+            dw if dw is not None else weight.new_empty(0),
+            db if db is not None else x.new_empty(0, dtype=torch.float32))
+
+
+@_lce_op.register_fake
+def _(x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap, need):
+    return (x.new_empty((), dtype=torch.float32), torch.empty_like(x) if need[0] else x.new_empty(0),
+            torch.empty_like(weight) if need[1] else weight.new_empty(0),
+            x.new_empty((weight.shape[0],) if need[2] else (0,), dtype=torch.float32))
+
+
+def _setup(ctx, inputs, output):
+    bias, need = inputs[3], inputs[9]
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+    ctx.need, ctx.bias_dtype = tuple(need), None if bias is None else bias.dtype
+    ctx.compiled = torch.compiler.is_compiling()
+    if ctx.compiled:
+        ctx.save_for_backward(*output[1:])
+    else:  # eager: held in a list backward empties, so AccumulateGrad adopts them without a copy
+        ctx.holder = list(output[1:])
+
+
+def _grad(ctx, dloss, *_):
+    if ctx.compiled:
+        dx, dw, db = ctx.saved_tensors
+    else:
+        if not ctx.holder:
+            raise RuntimeError("linear_cross_entropy: backward ran a second time (retain_graph=True); the "
+                               "gradients written by the forward were handed out by the first backward")
+        dx, dw, db = ctx.holder
+        ctx.holder = []
+    nones = (None,) * 6
+    if dloss is None:
+        return (None, None, None, None) + nones
+    plain = ctx.compiled or torch.compiler.is_compiling() or type(dloss) is not torch.Tensor
+
+    def scale(g):
+        return g * dloss.to(g.dtype) if plain else scale_unless_one(g, dloss)
+
+    return (scale(dx) if ctx.need[0] else None, scale(dw) if ctx.need[1] else None, None,
+            (db * dloss.float()).to(ctx.bias_dtype) if ctx.need[2] else None) + nones
+
+
+_lce_op.register_autograd(_grad, setup_context=_setup)
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, *, reduction: str = "mean", ignore_index: int = -100,
+                         label_smoothing: float = 0.0, chunk_rows: int | None = None,
+                         softcap: float | None = None) -> torch.Tensor:
+    """``cross_entropy(x @ weight.T + bias, target)`` in chunks of rows, never holding the (N, V) logits.
+
+    x:          (..., H) CUDA tensor, float32 / float16 / bfloat16 (the last hidden states).
+    weight:     (V, H), x's dtype and device (the LM head: ``lm_head.weight``).
+    target:     x's leading shape, class indices in [0, V) or ``ignore_index`` (checked: one host sync).
+    bias:       optional (V,).
+    reduction:  "mean" (over the rows that count; NaN when none does) or "sum".
+    label_smoothing: in [0, 1], as ``cross_entropy``.
+    chunk_rows: rows a chunk (default ``chunk_rows_for``: 256 MiB of logits).
+    softcap:    None, or c > 0: the logits become c * tanh(logits / c) before the loss (Gemma 2's
+                ``final_logit_softcapping``); costs a chunk-sized fp32 buffer and two passes a chunk.
+    Returns the loss, a 0-dim float32 tensor (as transformers' loss), differentiable in x, weight and bias; the
+    gradients are computed in this call (memory: dx, dW and db, and one chunk of logits).
+    """
+    _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap)
+    need = [x.requires_grad and torch.is_grad_enabled(), weight.requires_grad and torch.is_grad_enabled(),
+            bias is not None and bias.requires_grad and torch.is_grad_enabled()]
+    return _lce_op(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), int(chunk_rows or 0),
+                   float(softcap or 0.0), need)[0]
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """``linear_cross_entropy`` as a loss module: ``loss_fn(lm_head.weight, hidden, target, bias=None)``."""
+
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100, label_smoothing: float = 0.0):
+        super().__init__()
+        self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
+
+    def forward(self, weight: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear_cross_entropy(x, weight, target, bias, reduction=self.reduction,
+                                    ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
+
+
+VARIANTS = {"v1_reference": reference, "v2_chunked": linear_cross_entropy}

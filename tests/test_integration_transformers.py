@@ -1,0 +1,338 @@
+"""tilewise.integrations.transformers: the "tilewise" attention implementation, its mask builder and
+apply_tilewise, against transformers' own SDPA / eager paths on small random models.
+
+On the CPU the attention call is the fp32 reference (same keywords as flash_attention) and RMSNorm,
+RoPE and SwiGLU run in Triton's interpreter; on the GPU every kernel is the real one."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tilewise.integrations.transformers as tw_hf  # noqa: E402
+from tilewise.ops.attention.reference import reference as attention_reference  # noqa: E402
+
+VOCAB = 97
+
+
+def _config(family="llama", **kw):
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    base.update(kw)
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config}[family]
+    return cls(**base)
+
+
+def _model(config, impl, device="cpu", dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl)
+    with torch.no_grad():  # non-trivial norm weights: a swapped norm that drops them shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _pair(config, device="cpu", dtype=torch.float32):
+    ref = _model(config, "sdpa", device, dtype)
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(tw_hf.NAME)
+    return ref, ours
+
+
+@pytest.fixture
+def cpu_attention(monkeypatch):
+    """The attention calls the reference and records the keywords of each call."""
+    calls = []
+
+    def fake(q, k, v, **kw):
+        calls.append({n: (tuple(t.shape) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()})
+        return attention_reference(q, k, v, **kw)
+
+    monkeypatch.setattr(tw_hf, "_attention", fake)
+    return calls
+
+
+def _ids(B, S, seed=1, device="cpu"):
+    return torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def test_registered():
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    assert AttentionInterface._global_mapping[tw_hf.NAME] is tw_hf.attention_forward
+    assert AttentionMaskInterface._global_mapping[tw_hf.NAME] is tw_hf.mask_builder
+
+
+def test_unpadded_causal_gets_no_mask(cpu_attention):
+    ref, ours = _pair(_config())
+    ids = _ids(2, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+    assert cpu_attention and all(c["causal"] and "mask" not in c and "bias" not in c for c in cpu_attention)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_is_a_key_mask(cpu_attention, side):
+    """The padded batch's logits equal SDPA's at every real token; the kernel gets a (B, 1, 1, Sk)
+    key mask, never an (Sq, Sk) one (without the mask builder the padding would be ignored)."""
+    ref, ours = _pair(_config())
+    B, S = 3, 13
+    ids = _ids(B, S)
+    am = torch.ones(B, S, dtype=torch.long)
+    for b, n in enumerate((0, 4, 9)):  # tokens of padding per row
+        if n:
+            (am[b, :n] if side == "left" else am[b, S - n:]).zero_()
+    with torch.no_grad():
+        a, r = ours(ids, attention_mask=am).logits, ref(ids, attention_mask=am).logits
+    keep = am.bool()
+    torch.testing.assert_close(a[keep], r[keep], rtol=1e-4, atol=1e-4)
+    assert all(c["mask"] == (B, 1, 1, S) and c["causal"] for c in cpu_attention)
+
+
+def test_generation_with_cache_is_bottom_right(cpu_attention):
+    """Greedy generation over a dynamic KV cache, left-padded prompt: the same tokens as SDPA; the
+    steps after the prompt run causal with bottom-right alignment (one query, every cached key)."""
+    ref, ours = _pair(_config())
+    ids = _ids(2, 9)
+    am = torch.ones_like(ids)
+    am[1, :3] = 0
+    kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))
+    steps = [c for c in cpu_attention if c.get("align") == "bottom_right"]
+    assert len(steps) == 2 * 5  # 2 layers x the 5 steps after the prompt
+
+
+def test_sliding_window_is_a_window(cpu_attention):
+    config = _config("mistral", sliding_window=4)
+    ref, ours = _pair(config)
+    ids = _ids(2, 15)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+    assert all(c["window"] == (3, 0) and "mask" not in c for c in cpu_attention)
+
+
+def test_packed_sequences_fall_back_to_a_dense_mask(cpu_attention):
+    """position_ids that restart (packed documents, no attention_mask): transformers' own mask
+    function, built dense, the same logits as SDPA."""
+    ref, ours = _pair(_config())
+    ids = _ids(1, 14)
+    pos = torch.cat([torch.arange(5), torch.arange(6), torch.arange(3)])[None]
+    with torch.no_grad():  # (use_cache=False: transformers looks for packing only without a cache)
+        got = ours(ids, position_ids=pos, use_cache=False).logits
+        want = ref(ids, position_ids=pos, use_cache=False).logits
+        causal = ref(ids, position_ids=pos, use_cache=True).logits  # packing not seen: one causal sequence
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(causal[0, 5:], want[0, 5:], atol=1e-3)  # the packing changes the answer
+    dense = [c for c in cpu_attention if "mask" in c]
+    assert len(dense) == 2 and all(c["mask"] == (1, 1, 14, 14) and not c["causal"] for c in dense)
+
+
+def test_gemma2_softcap_and_sliding_layers(cpu_attention):
+    """Gemma 2 (any model on transformers' attention interface takes attn_implementation="tilewise"):
+    attention-logit softcap, its own scaling, alternating sliding-window layers; against eager."""
+    config = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                                       attn_logit_softcapping=5.0, query_pre_attn_scalar=24)
+    ref = _model(config, "eager")
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(tw_hf.NAME)
+    ids = _ids(2, 13)
+    am = torch.ones_like(ids)
+    am[1, :5] = 0
+    with torch.no_grad():
+        got, want = ours(ids, attention_mask=am).logits, ref(ids, attention_mask=am).logits
+    keep = am.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
+    assert {c.get("window") for c in cpu_attention} == {(3, 0), None}
+    assert all(c["softcap"] == 5.0 and c["scale"] == 24 ** -0.5 and c["mask"] == (2, 1, 1, 13) for c in cpu_attention)
+
+
+def _span(q_length, kv_length, q_offset=0):
+    # the query span as the installed transformers passes it (5.x: lengths; 4.5x: cache_position)
+    import inspect
+
+    from transformers.masking_utils import sdpa_mask
+
+    if "q_length" in inspect.signature(sdpa_mask).parameters:
+        return dict(q_length=q_length, kv_length=kv_length, q_offset=q_offset)
+    return dict(cache_position=torch.arange(q_offset, q_offset + q_length), kv_length=kv_length)
+
+
+def test_mask_builder_shapes():
+    from transformers.masking_utils import causal_mask_function
+
+    full = torch.ones(2, 6, dtype=torch.bool)
+    assert tw_hf.mask_builder(2, **_span(6, 6), attention_mask=None) is None
+    assert tw_hf.mask_builder(2, **_span(6, 6), attention_mask=full) is None
+    pad = full.clone()
+    pad[0, :2] = False
+    assert torch.equal(tw_hf.mask_builder(2, **_span(6, 6), mask_function=causal_mask_function, attention_mask=pad),
+                       pad)
+    assert torch.equal(tw_hf.mask_builder(2, **_span(1, 6, 5), attention_mask=pad), pad)  # a cached step
+    dense = tw_hf.mask_builder(2, **_span(2, 8, 3), attention_mask=None)  # a static cache's extra slots
+    assert dense.shape == (2, 1, 2, 8) and dense.dtype == torch.bool
+    assert dense[0, 0, 0].tolist() == [True] * 4 + [False] * 4
+
+
+def test_errors():
+    module = torch.nn.Module()
+    module.train()
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="dropout"):
+        tw_hf.attention_forward(module, q, q, q, None, dropout=0.1)
+    with pytest.raises(ValueError, match="'attention_mask' has shape"):
+        tw_hf.attention_args(module, q, q, torch.ones(1, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="'model' must be a transformers PreTrainedModel"):
+        tw_hf.apply_tilewise(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="hidden_act='silu'"):
+        tw_hf.apply_tilewise(_model(_config(hidden_act="gelu"), "sdpa"))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB))
+    with pytest.raises(ValueError, match="is not a Llama, Mistral, Qwen2 or Qwen3 model"):
+        tw_hf.apply_tilewise(gpt2)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_apply_tilewise_swaps_layers_and_keeps_parameters(cpu_attention, family, monkeypatch):
+    """Every RMSNorm and MLP is tilewise's, holding the very same Parameters (state dict unchanged);
+    the logits (norm, rope, swiglu in Triton's interpreter) equal the untouched model's."""
+    from tilewise.nn import RMSNorm, SwiGLU
+
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # undone after the test
+    ref = _model(_config(family), "sdpa")
+    ours = copy.deepcopy(ref)
+    params = dict(ours.named_parameters())
+    keys = list(ours.state_dict())
+    assert tw_hf.apply_tilewise(ours) is ours
+    assert dict(ours.named_parameters()).keys() == params.keys()
+    assert all(p is params[n] for n, p in ours.named_parameters())
+    assert list(ours.state_dict()) == keys
+    norms = [m for m in ours.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all(isinstance(m, RMSNorm) for m in norms)
+    assert sum(isinstance(m, SwiGLU) for m in ours.modules()) == 2
+    assert modeling.apply_rotary_pos_emb is tw_hf.rotary_pos_emb
+    ids = _ids(2, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+    assert cpu_attention
+
+
+def test_apply_tilewise_on_a_saved_and_reloaded_model(tmp_path, cpu_attention, monkeypatch):
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = _model(_config(), "sdpa")
+    ref.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    tw_hf.apply_tilewise(back)
+    ids = _ids(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["mean", "num_items"])
+def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
+    """Training with labels (ignored positions, padding): apply_tilewise's loss (one
+    linear_cross_entropy, in Triton's interpreter) and every parameter's gradient equal the
+    untouched model's; in eval mode the model's own head runs and logits come back."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = _model(_config(), "sdpa").train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ids = _ids(3, 11)
+    am = torch.ones_like(ids)
+    am[2, 8:] = 0
+    labels = ids.masked_fill(am == 0, -100)
+    labels[0, :4] = -100
+    kw = {"num_items_in_batch": torch.tensor(17)} if mode == "num_items" else {}
+    lr = ref(ids, attention_mask=am, labels=labels, **kw)
+    lo = ours(ids, attention_mask=am, labels=labels, **kw)
+    assert lo.logits.shape[1] == 0  # no (tokens, vocab) logits in the fused path
+    torch.testing.assert_close(lo.loss, lr.loss, rtol=1e-5, atol=1e-5)
+    lr.loss.backward()
+    lo.loss.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    ours.eval()
+    with torch.no_grad():
+        out = ours(ids, attention_mask=am, labels=labels)
+    assert out.logits.shape == (3, 11, VOCAB) and out.loss is not None
+
+
+def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
+    """torch._dynamo.explain over a training forward of the patched model (norm, rope, swiglu and the
+    fused loss are custom ops; the loss's hidden-state hook is registered once): one graph, no break."""
+    import torch._dynamo
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    model = _model(_config(), "sdpa").train()
+    tw_hf.apply_tilewise(model, attention=False)
+    ids = _ids(2, 16)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+    assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
+
+
+def test_rotary_pos_emb_layouts():
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    from tilewise.ops.rope.api import reference
+
+    rq, rk = reference(q, k, cos, sin)
+    for got, want in zip(tw_hf.rotary_pos_emb(q, k, cos, sin), (rq, rk)):
+        torch.testing.assert_close(got, want)
+    got = tw_hf.rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    torch.testing.assert_close(got[0], rq.transpose(1, 2))
+    torch.testing.assert_close(got[1], rk.transpose(1, 2))
+    with pytest.raises(ValueError, match="unsqueeze_dim"):
+        tw_hf.rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+
+
+# ---- GPU: the real kernels, bf16 -------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_llama_logits_and_grads_match_sdpa(monkeypatch):
+    """A small bf16 Llama (head dim 64, GQA 8/2) on CUDA, padded batch: apply_tilewise's logits
+    at real tokens and its parameter gradients against SDPA's, within bf16 noise (relative error of
+    the whole tensor)."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=1000)
+    ref = _model(config, "sdpa", "cuda", torch.bfloat16).train()
+    ours = copy.deepcopy(ref)
+    tw_hf.apply_tilewise(ours)
+    ids = torch.randint(0, 1000, (3, 301), device="cuda")
+    am = torch.ones_like(ids)
+    am[1, 264:] = 0  # right padding: every query row keeps a key (SDPA's fully masked rows are its own matter)
+    am[2, 1:] = 0
+    for m in (ref, ours):
+        m(ids, attention_mask=am, labels=ids.masked_fill(am == 0, -100)).loss.backward()
+    with torch.no_grad():
+        keep = am.bool()
+        a, r = ours(ids, attention_mask=am).logits[keep].float(), ref(ids, attention_mask=am).logits[keep].float()
+    assert (a - r).norm() / r.norm() < 2e-2
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
+        assert rel < 5e-2, (n, rel.item())
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_generation_matches_sdpa():
+    config = _config(hidden_size=256, intermediate_size=688, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=1000)
+    ref, ours = _pair(config, "cuda", torch.float32)
+    ids = torch.randint(0, 1000, (2, 67), device="cuda")
+    am = torch.ones_like(ids)
+    am[0, :20] = 0
+    kw = dict(attention_mask=am, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))

@@ -1,0 +1,109 @@
+"""tilewise.nn's transformer layers against their PyTorch / transformers counterparts, in Triton's
+interpreter on the CPU (fp32, odd sizes); the GPU tests run them in bf16 on the real kernels."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilewise.nn as tnn
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_linear_matches_torch(activation):
+    torch.manual_seed(0)
+    ours = tnn.Linear(12, 9, activation=activation)
+    ref = torch.nn.Linear(12, 9)
+    ref.load_state_dict(ours.state_dict())  # the same parameters, by name
+    x = torch.randn(5, 7, 12)
+    xo, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    act = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu}[activation]
+    yo, yr = ours(xo), act(ref(xr))
+    torch.testing.assert_close(yo, yr, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(yr)
+    yo.backward(g)
+    yr.backward(g)
+    torch.testing.assert_close(xo.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="'activation'"):
+        tnn.Linear(2, 2, activation="tanh")
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rotary_embedding_matches_transformers(scaling):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    kw = dict(hidden_size=64, num_attention_heads=2, max_position_embeddings=256, rope_theta=500000.0)
+    if scaling is not None:
+        kw["rope_scaling"] = dict(scaling)
+    config = transformers.LlamaConfig(**kw)
+    theirs = LlamaRotaryEmbedding(config)
+    ours = tnn.RotaryEmbedding(32, base=500000.0, scaling=scaling)
+    x = torch.randn(2, 3, 5)
+    pos = torch.tensor([[0, 5, 17, 100, 255], [3, 4, 5, 6, 7]])
+    for a, b in zip(ours(x, pos), theirs(x, pos)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    if scaling is not None:  # the scaling changed the long wavelengths
+        plain = tnn.RotaryEmbedding(32, base=500000.0)
+        assert not torch.allclose(plain.inv_freq, ours.inv_freq)
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+        tnn.RotaryEmbedding(32, scaling={"rope_type": "yarn"})
+    with pytest.raises(ValueError, match="'head_dim'"):
+        tnn.RotaryEmbedding(31)
+
+
+def test_attention_matches_transformers_llama_attention():
+    """Same weights as transformers' LlamaAttention (GQA 4 / 2, head dim 16, 19 positions, causal):
+    the same output and input gradient, in Triton's interpreter."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, attn_implementation="sdpa")
+    torch.manual_seed(1)
+    theirs = LlamaAttention(config, layer_idx=0)
+    ours = tnn.Attention(64, 4, 2)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 19, 64)
+    pos = torch.arange(19)[None].expand(2, -1)
+    cos, sin = LlamaRotaryEmbedding(config)(x, pos)
+    xo, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    yo = ours(xo, cos, sin)
+    yr = theirs(xr, position_embeddings=(cos, sin), attention_mask=None)[0]
+    torch.testing.assert_close(yo, yr, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(yr)
+    yo.backward(g)
+    yr.backward(g)
+    torch.testing.assert_close(xo.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of 'num_kv_heads'"):
+        tnn.Attention(64, 4, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_layers_bf16():
+    """The three layers in bf16 on the GPU against their fp32 counterparts (relative error)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    torch.manual_seed(2)
+    lin = tnn.Linear(1000, 777, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(3, 301, 1000, device="cuda", dtype=torch.bfloat16)
+    want = F.gelu(F.linear(x.float(), lin.weight.float(), lin.bias.float()))
+    assert ((lin(x).float() - want).norm() / want.norm()).item() < 2e-2
+    config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=1024, attn_implementation="sdpa")
+    theirs = LlamaAttention(config, layer_idx=0).cuda()
+    ours = tnn.Attention(512, 8, 2, device="cuda", dtype=torch.bfloat16)
+    ours.load_state_dict({k: v.to(torch.bfloat16) for k, v in theirs.state_dict().items()})
+    h = torch.randn(2, 333, 512, device="cuda")
+    pos = torch.arange(333, device="cuda")[None].expand(2, -1)
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]  # moved in newer transformers
+    cos, sin = tnn.RotaryEmbedding(64, base=theta).cuda()(h, pos)
+    rc, rs = LlamaRotaryEmbedding(config).cuda()(h, pos)
+    torch.testing.assert_close(cos, rc, rtol=1e-5, atol=1e-6)
+    want = theirs(h, position_embeddings=(rc, rs), attention_mask=None)[0]
+    got = ours(h.to(torch.bfloat16), cos.to(torch.bfloat16), sin.to(torch.bfloat16)).float()
+    assert ((got - want).norm() / want.norm()).item() < 3e-2
