@@ -212,3 +212,22 @@ def test_roofline_savefig_failure_midway_keeps_the_previous_png(tmp_path, monkey
         roofline.plot([r.as_csv() for r in _rows()], CEIL, out)
     assert out.read_bytes() == b"\x89PNG previous picture"
     assert [p.name for p in tmp_path.iterdir()] == ["r.png"]
+
+
+def test_runner_appends_rows_as_it_goes(tmp_path, monkeypatch):
+    """A bench run stopped by a time limit keeps what it measured: rows reach the CSV at most
+    flush_s after they were added, and flush() writes the rest once (no row twice)."""
+    p = tmp_path / "Test_GPU.csv"
+    clock = [100.0]
+    monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
+    r = harness.Runner(ceilings=CEIL, device="Test GPU", csv_path=p, flush_s=5.0)
+    r.add("vector_add", "v1", "n=1024", "float32", 1.0, Cost(1024, 12 * 1024))
+    assert not p.exists()  # within flush_s of the start: pending
+    clock[0] += 6.0
+    r.add("vector_add", "v2", "n=1024", "float32", 2.0, Cost(1024, 12 * 1024))
+    assert [row["variant"] for row in harness.read_csv(p)] == ["v1", "v2"]
+    r.add("vector_add", "v3", "n=1024", "float32", 3.0, Cost(1024, 12 * 1024))
+    assert len(harness.read_csv(p)) == 2
+    assert r.flush() == p and r.flush() == p
+    assert [row["variant"] for row in harness.read_csv(p)] == ["v1", "v2", "v3"]
+    assert harness.Runner().flush() is None  # no CSV: nothing written

@@ -112,28 +112,43 @@ def cmd_bench(args) -> int:
 
     with con.status("ceilings..."):
         ceil = dev.ceilings()
+    out_dir = Path(args.out)
+    # rows reach the CSV as they are measured: a run stopped by a time limit keeps them
     runner = harness.Runner(ceilings=ceil, device=info.name, quick=args.quick, console=con,
-                            out_dir=Path(args.out))
+                            out_dir=out_dir, csv_path=out_dir / f"{info.slug}.csv")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev.save_ceilings(ceil, out_dir / f"{info.slug}-ceilings.json")
     failed: list[str] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=con) as prog:
         task = prog.add_task("bench", total=len(names))
-        runner.status = lambda s: prog.update(task, description=s)
+        steps: list[tuple[float, str]] = []  # (start, what): where a long suite spends its time
+
+        def status(what: str) -> None:
+            steps.append((time.perf_counter(), what))
+            prog.update(task, description=what)
+
+        runner.status = status
         for n in names:
             prog.update(task, description=n)
             start, rows = time.perf_counter(), len(runner.rows)
+            steps.clear()
             try:
                 suites.get(n).run(runner)
             except harness.CheckError as e:
                 failed.append(f"{n}: {e}")
                 con.print(f"[red]check failed, not timed[/red]: {e}")
-            con.print(f"{n}: {len(runner.rows) - rows} rows in {time.perf_counter() - start:.1f} s")
+            runner.flush()
+            end = time.perf_counter()
+            con.print(f"{n}: {len(runner.rows) - rows} rows in {end - start:.1f} s")
+            if end - start > 20 and steps:
+                spans = sorted(((b - a, what) for (a, what), (b, _) in zip(steps, steps[1:] + [(end, "")])),
+                               reverse=True)[:3]
+                con.print("  longest steps: " + "; ".join(f"{what} {dt:.1f} s" for dt, what in spans))
             prog.advance(task)
     con.print(report.rich_table([r.as_csv() for r in runner.rows],
                                 title=f"{info.name}, {'quick' if args.quick else 'full'} run {runner.date}"))
-    out_dir = Path(args.out)
-    path = harness.append_csv(out_dir / f"{info.slug}.csv", runner.rows)
-    dev.save_ceilings(ceil, out_dir / f"{info.slug}-ceilings.json")
+    path = runner.flush()
     con.print(f"{len(runner.rows)} rows appended to {path}")
     if failed:
         con.print(f"[red]{len(failed)} suite(s) failed their checks[/red]")

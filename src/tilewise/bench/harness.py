@@ -344,19 +344,28 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
 
 
 class Runner:
-    """Collects rows for one bench run (one device, git sha and timestamp for every row)."""
+    """Collects rows for one bench run (one device, git sha and timestamp for every row).
+
+    With ``csv_path`` the rows also reach that CSV as the run goes: pending rows are appended at
+    most ``flush_s`` seconds after they were measured and at every ``flush()``, so a run stopped by
+    a time limit keeps what it measured (a suite can take minutes)."""
 
     def __init__(self, ceilings=None, device: str = "", quick: bool = False, console=None,
-                 out_dir: str | os.PathLike | None = None):
+                 out_dir: str | os.PathLike | None = None, csv_path: str | os.PathLike | None = None,
+                 flush_s: float = 5.0):
         self.ceilings = ceilings
         self.device = device
         self.quick = quick
         # Where the CSV goes (None: not known, e.g. a runner built in a test); suites that write
         # extra files (a plot, its data) put them beside the CSV.
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.csv_path = Path(csv_path) if csv_path is not None else None
+        self.flush_s = flush_s
         self.sha = git_sha()
         self.date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.rows: list[Row] = []
+        self.written = 0  # rows[:written] are in csv_path
+        self._flushed_at = time.monotonic()
         self.console = console
         self.status: Callable[[str], None] = lambda s: None
 
@@ -365,7 +374,18 @@ class Runner:
         row = make_row(op, variant, shape, dtype_name(dtype), ms, cost, self.ceilings, ceiling_dtype,
                        baseline, baseline_ms, self.device, self.sha, self.date)
         self.rows.append(row)
+        if time.monotonic() - self._flushed_at >= self.flush_s:
+            self.flush()
         return row
+
+    def flush(self) -> Path | None:
+        """Append the rows not yet in ``csv_path`` (nothing without one)."""
+        self._flushed_at = time.monotonic()
+        if self.csv_path is None or self.written == len(self.rows):
+            return self.csv_path
+        append_csv(self.csv_path, self.rows[self.written:])
+        self.written = len(self.rows)
+        return self.csv_path
 
     def log(self, msg: str) -> None:
         if self.console is not None:

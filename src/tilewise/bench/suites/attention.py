@@ -305,8 +305,8 @@ def _window_rows(r, flex) -> None:
             qs, ks, vs = (t[sl].float() for t in (q, k, v))
             ref = op.reference(qs, ks, vs, causal=True, window=(left, None))
             times = {}
-            for name, fn in (("flex_attention", flex_w), ("flash_attention", window),
-                             ("flash_attention[v5 band]", window_ws)):
+            cands = (("flex_attention", flex_w),) if not r.quick else ()  # quick runs skip Flex's compiles
+            for name, fn in cands + (("flash_attention", window), ("flash_attention[v5 band]", window_ws)):
                 r.status(f"{opname} {shape} {name}")
 
                 def measure(fn=fn, name=name):
@@ -345,12 +345,13 @@ def _varlen_rows(r, flex) -> None:
     q, k, v, go = (torch.randn(total, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(B)], dtype=torch.int32, device="cuda")
     doc = torch.repeat_interleave(torch.arange(B, device="cuda"), torch.tensor(lens, device="cuda"))
+    bm = None  # quick runs skip Flex's compiles
     try:
-        bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total, total,
-                               device="cuda")
+        if not r.quick:
+            bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total,
+                                   total, device="cuda")
     except Exception as e:  # noqa: BLE001 - no Flex rows then
         r.log(f"  flex_attention: no document block mask ({type(e).__name__}: {str(e)[:120]})")
-        bm = None
     q4, k4, v4, go4 = (t.transpose(0, 1)[None] for t in (q, k, v, go))
     # the padded batch: (B, H, S, D), document b in rows [0, lens[b]), keys past it masked
     pad = torch.zeros(B, S, H, D, device="cuda", dtype=dtype)
@@ -366,6 +367,8 @@ def _varlen_rows(r, flex) -> None:
                                 if bm is not None else None),
              "flash_attention[padded]": ((qp, kp, vp, gop), lambda a, b, c: op.flash_attention(
                  a, b, c, causal=True, mask=keys))}
+    if bm is None:
+        del cases["flex_attention"]
     flops = sum(4.0 * H * n * n * D / 2 for n in lens)
     ref0 = op.reference(q[:lens[0], :2].transpose(0, 1)[None].float(), k[:lens[0], :2].transpose(0, 1)[None].float(),
                         v[:lens[0], :2].transpose(0, 1)[None].float(), causal=True)[0]  # document 0, heads 0-1
