@@ -1,0 +1,125 @@
+"""Where does a Llama training step's device time go, with tilewise and with Liger-Kernel?
+
+`tilewise bench llama` at 016a510 (H200, Llama-3.2-1B shape, bf16, AdamW): 4 x 4096 tokens a step
+hf_tilewise 268.9 ms, hf_liger 275.6 ms, hf_sdpa 333.2 ms; 1 x 16384: 411.8 / 417.3 / 488.4 ms.
+Issue 31 asks for >= 1.05x Liger (262.5 ms at 4 x 4096): which kernels differ, and by how much?
+Arithmetic before the run: 6 x 1.24e9 parameters x 16384 tokens = 1.22e14 FLOP of GEMM (187 ms at
+650 TFLOP/s) + causal attention at head dim 64 (1.5e13 FLOP, ~38 ms at 400 TFLOP/s) + AdamW and
+the row-wise ops (~10 ms): ~235 ms, so ~35 ms of either step is not near a roofline.
+
+Per candidate (hf_tilewise, hf_liger; hf_sdpa with --all): the bench's model and batches, WARMUP
+steps, then STEPS steps under torch.profiler; prints device time a step by kernel group and the
+top kernels, and writes llama-step-profile.json under --out. Run on the GPU (~2 minutes; the
+Liger rows need its wheel: `. scripts/_wheels.sh`):
+
+    PYTHONPATH=src:$PYTHONPATH python3 research/llama_step_profile.py --out /tmp/prof [--shape 1x16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tilewise.bench.suites import llama as L
+
+# First match wins: kernel name pattern -> group.
+GROUPS = [
+    ("attention", r"attn|flash|fmha|sdpa|cudnn"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|matmul|splitKreduce"),
+    ("cross_entropy", r"cross_entropy|linear_cross|_lce|logsumexp|log_softmax|nll"),
+    ("rms_norm", r"rms_norm|rmsnorm"),
+    ("rope", r"rope|rotary"),
+    ("swiglu", r"swiglu|silu|geglu"),
+    ("optimizer", r"adam|multi_tensor"),
+    ("embedding", r"embedding|index_put|indexing_backward|scatter|sort"),
+    ("copy/fill", r"copy|fill|memset|memcpy|cat|transpose"),
+    ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
+]
+
+
+def group(name: str) -> str:
+    low = name.lower()
+    for g, pat in GROUPS:
+        if re.search(pat, low):
+            return g
+    return "other"
+
+
+WARMUP, STEPS = 3, 5
+
+
+def profile_one(name, config, state, batches, warmup=WARMUP, steps=STEPS):
+    snap = L._snapshot()
+    try:
+        model, step_model, opt = L._build(name, config, state)
+
+        def step(ids):
+            loss = step_model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for i in range(warmup):
+            step(batches[i % 2])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for i in range(steps):
+                step(batches[i % 2])
+            torch.cuda.synchronize()
+        kernels: dict[str, list] = {}
+        for e in prof.events():
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us() / 1e3 / steps  # ms a step
+        return kernels
+    finally:
+        L._restore(snap)
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--shape", default="4x4096", help="B x S (4x4096 or 1x16384 in the bench)")
+    p.add_argument("--all", action="store_true", help="profile hf_sdpa too")
+    a = p.parse_args()
+    B, S = (int(x) for x in a.shape.lower().split("x"))
+    config = L._config(False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        state = L.transformers_state(config)
+    g = torch.Generator(device="cuda").manual_seed(B * S)
+    batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+    names = (["hf_sdpa"] if a.all else []) + ["hf_tilewise", "hf_liger"]
+    result = {}
+    for name in names:
+        try:
+            result[name] = profile_one(name, config, state, batches)
+        except ImportError as e:
+            print(f"{name}: {e}: skipped")
+    groups = sorted({group(k) for ks in result.values() for k in ks})
+    print(f"\ndevice ms a step by kernel group, B={B} S={S}")
+    print(f"{'group':20s}" + "".join(f"{n:>14s}" for n in result))
+    for gname in groups + ["total"]:
+        vals = [sum(t for k, (_, t) in ks.items() if gname == "total" or group(k) == gname) for ks in result.values()]
+        print(f"{gname:20s}" + "".join(f"{v:14.2f}" for v in vals))
+    for name, ks in result.items():
+        print(f"\n{name}: top kernels (ms a step, launches a step)")
+        for k, (n, t) in sorted(ks.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(f"  {t:8.2f} {n // STEPS:5d}  [{group(k)}] {k[:110]}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "llama-step-profile.json").write_text(json.dumps(
+        {"shape": [B, S], "ms_a_step": {n: {k: round(t, 4) for k, (_, t) in ks.items()} for n, ks in result.items()}},
+        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
