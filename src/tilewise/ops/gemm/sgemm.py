@@ -32,6 +32,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import runs_reference
 from .._memory import check_no_overlap
 
 _SRC = Path(__file__).with_name("sgemm.cu")
@@ -99,9 +100,9 @@ def _check(a, b, out):
         raise ValueError(f"matmul: batch sizes {ba} (a) and {bb} (b) cannot broadcast (one must be 1 or equal)")
     batch = max(ba, bb)
     for name, t in (("a", a), ("b", b)):
-        if not t.is_cuda:
-            raise ValueError(f"matmul: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
-                             f"(use tilewise.ops.gemm.sgemm.reference for CPU tensors)")
+        if t.device.type not in ("cuda", "cpu"):  # CPU: matmul runs the reference
+            raise ValueError(f"matmul: '{name}' is on {t.device}; tilewise takes CUDA tensors (the kernels) "
+                             f"or CPU tensors (the PyTorch reference)")
         if t.dtype != torch.float32:
             raise ValueError(f"matmul: '{name}' has dtype {t.dtype}; the CUDA C matmul takes float32 "
                              f"(use tilewise.gemm for float16 / bfloat16 / fp8 on tensor cores)")
@@ -127,6 +128,9 @@ def _check(a, b, out):
 
 def _launch(version: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     a3, b3, c3, result = _check(a, b, out)
+    if not a.is_cuda:  # a VARIANTS entry is a CUDA kernel; tilewise.matmul takes CPU tensors
+        raise ValueError(f"matmul.{version}: 'a' is on {a.device}; the CUDA C kernels need CUDA tensors "
+                         f"(tilewise.matmul runs CPU tensors through the PyTorch reference)")
     batch, M, N = c3.shape
     K = a3.shape[2]
     if batch == 0 or M == 0 or N == 0:
@@ -181,7 +185,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
            variant: str | None = None) -> torch.Tensor:
     """``a @ b`` in float32 on the CUDA cores (TF32 never used).
 
-    a:       CUDA float32, (M, K) or (BA, M, K); any strides (transposed views need no copy).
+    a:       CUDA float32, (M, K) or (BA, M, K); any strides (transposed views need no copy). CPU
+             tensors run the PyTorch reference (float64 inside; any variant).
     b:       CUDA float32, (K, N) or (BB, K, N); any strides. BA and BB are equal, or one is 1
              (that operand is shared by the whole batch); a 2-D operand is shared likewise.
     out:     optional contiguous float32 tensor of the result's shape to write into.
@@ -192,4 +197,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         variant = FASTEST
     if variant not in VARIANTS:
         raise ValueError(f"matmul: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("matmul", {"a": a, "b": b, "out": out}):
+        *_, result = _check(a, b, out)
+        return result.copy_(reference(a, b).reshape(result.shape))
     return VARIANTS[variant](a, b, out)
