@@ -107,9 +107,17 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     db = torch.zeros(V, device=dev, dtype=torch.float32) if need[2] else None
     grad = any(need)
     step = chunk_rows or chunk_rows_for(N, V, x2.dtype)
+    # One chunk buffer for every chunk: a new tensor a chunk held two at the peak (the next product is
+    # allocated before the last one is freed; 1631 MiB beyond the inputs at N 16384, H 4096, V 128256).
+    buf = torch.empty(min(step, N), V, device=dev, dtype=x2.dtype)
+    b = None if bias is None else bias.to(x2.dtype)
     for r0 in range(0, N, step):
         xc = x2[r0:r0 + step]
-        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias.to(x2.dtype), xc, weight.t())
+        logits = buf[:xc.shape[0]]
+        if b is None:
+            torch.mm(xc, weight.t(), out=logits)
+        else:
+            torch.addmm(b, xc, weight.t(), out=logits)
         if softcap is not None:  # Gemma 2's final-logit softcap: cap * tanh(z / cap), its derivative 1 - tanh^2
             th = logits.to(torch.float32, copy=True).div_(softcap).tanh_()  # one fp32 chunk, then in place
             torch.mul(th, softcap, out=logits)
