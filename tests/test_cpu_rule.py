@@ -195,3 +195,28 @@ def test_gpu_matches_the_cpu_rule(name):
     got = cuda_call(*cuda_inputs)
     assert got.is_cuda
     torch.testing.assert_close(got.cpu().double(), call(*inputs).double(), rtol=2e-3, atol=2e-3)
+
+
+def test_a_patched_llama_trains_on_cpu(monkeypatch):
+    """apply_tilewise on a CPU model, nothing faked: attention, RMSNorm, RoPE, SwiGLU and the fused loss
+    all take the rule's references; the loss and every gradient equal the untouched model's."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    import tilewise.integrations.transformers as tw_hf
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # undone after
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(config).train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ours.set_attn_implementation(tw_hf.NAME)
+    ids = torch.randint(0, 61, (2, 13), generator=torch.Generator().manual_seed(3))
+    lr, lo = ref(ids, labels=ids).loss, ours(ids, labels=ids).loss
+    torch.testing.assert_close(lo, lr, rtol=1e-5, atol=1e-5)
+    lr.backward()
+    lo.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
