@@ -18,6 +18,7 @@ tests, with ``--parts`` naming the tilewise pieces that run there (Triton's inte
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -115,6 +116,12 @@ def train(a) -> dict:
                                                     "steps", "lr", "parts")},
               "losses": losses, "median_step_s": step_s, "tokens_per_s": a.batch * a.seq / step_s,
               "tokens_per_s_per_device": a.batch * a.seq / step_s / world, "peak_bytes_per_device": int(peak.item())}
+    # Free the sharded model and its optimizer, and let every rank get here, before the process group
+    # goes: a gloo run once aborted in teardown ("terminate called without an active exception") after
+    # its last step, with FSDP's objects still alive when the group was destroyed.
+    del model, opt, loss
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return result if rank == 0 else {}
 
