@@ -30,6 +30,17 @@ def fresh_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def compiles_for_sm90_without_spills(src, names) -> None:
+    """The kernel names a launcher asks for (not only the instantiate lines) compile from ``src`` for
+    sm_90 (NVRTC, no GPU needed), each using registers and spilling none."""
+    from tilewise.runtime import cuda as rt
+
+    m = rt.compile_file(src, arch="sm_90", name_expressions=names)
+    assert sorted(m.symbol_mapping) == sorted(names)
+    for r in m.resources:
+        assert r.registers > 0 and not r.spills, r
+
+
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill with NaN so that an element the kernel never wrote fails the comparison."""
     return t.fill_(float("nan"))
