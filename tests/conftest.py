@@ -24,6 +24,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_thread():
+    """One CPU thread for the test: the CI machine's cores are shared, and more threads only contend
+    on tiny matrices."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache for this test only."""
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "cache"))
