@@ -24,10 +24,31 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_thread():
+    """One CPU thread for the test: the CI machine's cores are shared, and more threads only contend
+    on tiny matrices."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache for this test only."""
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+def compiles_for_sm90_without_spills(src, names) -> None:
+    """The kernel names a launcher asks for (not only the instantiate lines) compile from ``src`` for
+    sm_90 (NVRTC, no GPU needed), each using registers and spilling none."""
+    from tilewise.runtime import cuda as rt
+
+    m = rt.compile_file(src, arch="sm_90", name_expressions=names)
+    assert sorted(m.symbol_mapping) == sorted(names)
+    for r in m.resources:
+        assert r.registers > 0 and not r.spills, r
 
 
 def poison(t: torch.Tensor) -> torch.Tensor:

@@ -49,13 +49,7 @@ def tiny_config(tmp_path, **kw):
     return config.TrainConfig(**base)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The CI machine's cores are shared: more threads only contend on these tiny matrices.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_model_shapes_and_masked_mean():

@@ -6,7 +6,7 @@ import torch
 
 from tilewise.ops.pointwise import configs, elementwise as ew, layout as lay
 
-from conftest import poison
+from conftest import compiles_for_sm90_without_spills, poison
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SIZES = [1, 31, 33, 1000, 4097, 8192 * 3 + 5, (1 << 20) + 3]
@@ -255,14 +255,9 @@ def test_blocked_config_names_and_validation():
 
 @pytest.mark.parametrize("cfg", BLOCKED_CONFIGS[1:], ids=str)
 def test_blocked_configs_compile_for_sm90(cfg):
-    from tilewise.runtime import cuda as rt
-
     names = [ew.blocked_name("map", "Gelu", torch.float32, cfg), ew.blocked_name("zip", "Add", torch.float32, cfg),
              ew.blocked_name("map", "Relu", torch.bfloat16, cfg), ew.blocked_name("zip", "Pow", torch.float16, cfg)]
-    m = rt.compile_file(ew._SRC, arch="sm_90", name_expressions=names)
-    assert sorted(m.symbol_mapping) == sorted(names)
-    for r in m.resources:
-        assert r.registers > 0 and not r.spills, r
+    compiles_for_sm90_without_spills(ew._SRC, names)
 
 
 def test_zip_dispatch_picks_rows_for_bias_layouts():
@@ -401,14 +396,7 @@ def test_relu_backward_gradient_matches_torch():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_runtime_kernel_name_compiles_for_sm90(dtype):
-    """The names the launchers ask for (not only the instantiate lines) compile, without spills."""
-    from tilewise.runtime import cuda as rt
-
-    names = ew.module_names(dtype)
-    m = rt.compile_file(ew._SRC, arch="sm_90", name_expressions=names)
-    assert sorted(m.symbol_mapping) == sorted(names)
-    for r in m.resources:
-        assert r.registers > 0 and not r.spills, r
+    compiles_for_sm90_without_spills(ew._SRC, ew.module_names(dtype))
 
 
 def test_divergence_inputs_and_reference():

@@ -25,12 +25,7 @@ from tilewise.sst2 import checkpoint, commands, loop
 from test_classifier import tiny_config, write_tiny_sst2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Planted:
