@@ -363,8 +363,7 @@ def _varlen_rows(r, flex) -> None:
     keys = (torch.arange(S, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
     cases = {"flash_attention_varlen": ((q, k, v, go), lambda a, b, c: opv.flash_attention_varlen(
                  a, b, c, cu, cu, S, S, causal=True, check_seqlens=False)),
-             "flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm)
-                                if bm is not None else None),
+             "flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm)),
              "flash_attention[padded]": ((qp, kp, vp, gop), lambda a, b, c: op.flash_attention(
                  a, b, c, causal=True, mask=keys))}
     if bm is None:
