@@ -9,24 +9,24 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_kernel_inputs(what: str, inputs: dict, *, every: bool = False, interpreter: bool = False,
-                        reference: str | None = None, cpu: bool = False) -> torch.Tensor:
+                        cpu: bool = False) -> torch.Tensor:
     """Each of ``inputs`` (argument name -> value) a tensor, then the first a CUDA tensor of a dtype
     the kernels are built for; returns the first. ValueError naming the argument. The first picks the
     kernel: how the others must match it is left to the caller (or to the kernel call's checks), or,
     with ``every``, each one's dtype is a kernel dtype and its device the first's. A CPU tensor
     passes with ``cpu`` (a public op about to run its reference: ``runs_reference``) or, with
     ``interpreter``, under Triton's interpreter (Triton kernels, for tests); else the message names
-    the public op that takes it (``reference``, default ``tilewise.<what>``)."""
+    the public op that takes it (``tilewise.<what>``)."""
     from .. import settings
 
     for name, t in inputs.items():  # what each argument is, before where it lives
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{what}: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     name, first = next(iter(inputs.items()))
-    on_cpu = first.device.type == "cpu"
-    if first.get_device() < 0 and not (on_cpu and (cpu or (interpreter and settings.triton_interpret()))):
+    if first.get_device() < 0 and not (first.device.type == "cpu"
+                                       and (cpu or (interpreter and settings.triton_interpret()))):
         raise ValueError(f"{what}: '{name}' is on {first.device}; tilewise kernels need CUDA tensors "
-                         f"(use {reference or 'tilewise.' + what} for CPU tensors)")
+                         f"(use tilewise.{what} for CPU tensors)")
     for other, t in (inputs.items() if every else [(name, first)]):
         if t.dtype not in KERNEL_DTYPES:
             raise ValueError(f"{what}: '{other}' has dtype {t.dtype}; supported: float32, float16, bfloat16")

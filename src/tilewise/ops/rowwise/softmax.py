@@ -578,15 +578,19 @@ def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor 
     return y
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY):
-    _check(y, "y", "softmax_backward")
-    _check(dy, "dy", "softmax_backward")
+def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY,
+              cpu: bool = False):
+    """dx by the kernels, or by ``reference_backward`` with ``cpu`` (the one CPU rule), after the same checks."""
+    _check(y, "y", "softmax_backward", cpu=cpu)
+    _check(dy, "dy", "softmax_backward", cpu=cpu)
     if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
         raise ValueError(f"softmax_backward: 'dy' {tuple(dy.shape)} {dy.dtype} on {dy.device} must match y: "
                          f"'y' is {tuple(y.shape)} {y.dtype} on {y.device}")
     N = y.shape[-1]
     if variant is not None:
         _named(variant)
+    if cpu:
+        return reference_backward(y, dy, log)
     dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     if y.numel() == 0:
         return dx
@@ -708,13 +712,5 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False, va
     Returns dx, same shape and dtype."""
     if not isinstance(log, bool):  # a string such as "no" would pick the log backward
         raise ValueError(f"softmax_backward: 'log' must be a bool, got {log!r}")
-    if runs_reference("softmax_backward", {"y": y, "dy": dy}, interpreter=True):
-        _check(y, "y", "softmax_backward", cpu=True)
-        _check(dy, "dy", "softmax_backward", cpu=True)
-        if dy.shape != y.shape or dy.dtype != y.dtype:
-            raise ValueError(f"softmax_backward: 'dy' {tuple(dy.shape)} {dy.dtype} must match y: 'y' is "
-                             f"{tuple(y.shape)} {y.dtype}")
-        if variant is not None:
-            _named(variant)
-        return reference_backward(y, dy, log)
-    return _backward(y, dy, log, variant, policy or DEFAULT_POLICY)
+    return _backward(y, dy, log, variant, policy or DEFAULT_POLICY,
+                     cpu=runs_reference("softmax_backward", {"y": y, "dy": dy}, interpreter=True))
