@@ -95,7 +95,7 @@ def _check(A, x, y, beta, cpu=False):
     M, N = A.shape
     dev = A.val.device
     if x.device != dev:
-        raise ValueError(f"spmv: 'x' is on {x.device} but the matrix is on {dev}")
+        raise ValueError(f"spmv: 'x' is on {x.device} but the matrix 'A' is on {dev}; put both on one device")
     if dev.type != "cuda" and not (cpu and dev.type == "cpu"):
         raise ValueError(f"spmv: 'A' (the matrix) is on {dev}; tilewise kernels need it on CUDA (tilewise.spmv "
                          f"runs a CSR on the CPU through the reference)")
