@@ -17,6 +17,12 @@ Shards. ``--shard K/N`` keeps a deterministic 1/N of the selected tests, balance
 seconds (``tests/gpu_durations.json``; a test without a record counts as the median): longest
 first, each to the shard with the least so far.
 
+Long tests first. Under pytest-xdist each worker gets a contiguous chunk of the collection and runs
+it in order (``--dist worksteal`` then moves the tail of a busy queue to an idle worker), so a test
+whose cold compile takes minutes that sits late in a chunk ends the run late (cold quick tier at
+8f24230: everything else done within 250 s, the fp32 atomic[128] attention test still compiling).
+Each worker's chunk therefore starts with one of the longest recorded tests (``long_first``).
+
 Durations. ``--durations-out FILE`` appends one JSON line per finished test (setup + call +
 teardown seconds and the outcome) as it ends, so a run that is killed keeps what it did.
 """
@@ -156,6 +162,30 @@ def shard_of(nodeids: list[str], n: int, seconds: dict[str, float]) -> list[int]
     return [where[i] for i in nodeids]
 
 
+def chunk_starts(count: int, workers: int) -> list[int]:
+    """Where each worker's first test sits when xdist hands ``count`` tests to ``workers`` idle
+    workers: chunk i holds len(pending) // (workers - i) of what is left (its worksteal and load
+    schedulers' first split)."""
+    starts, left = [], count
+    for i in range(workers):
+        starts.append(count - left)
+        left -= left // (workers - i)
+    return starts
+
+
+def long_first(nodeids: list[str], workers: int, seconds: dict[str, float]) -> list[str]:
+    """``nodeids`` reordered so that each of the ``workers`` chunks begins with one of the longest
+    recorded tests (longest in chunk 0); every other test keeps its order."""
+    recorded = sorted((i for i in nodeids if i in seconds), key=lambda i: (-seconds[i], i))
+    longest = recorded[:workers] if len(nodeids) > workers else []
+    moved = set(longest)
+    rest = iter([i for i in nodeids if i not in moved])
+    out, heads = [], dict(zip(chunk_starts(len(nodeids), workers), longest))
+    for pos in range(len(nodeids)):
+        out.append(heads[pos] if pos in heads else next(rest))
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     tier = config.getoption("tier")
     full = full_tier(items)
@@ -175,6 +205,10 @@ def pytest_collection_modifyitems(config, items):
         kept = {id(it) for it in keep}
         config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
         items[:] = keep
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    if workers > 1:  # every worker computes the same order, as xdist requires
+        by_id = {it.nodeid: it for it in items}
+        items[:] = [by_id[i] for i in long_first([it.nodeid for it in items], workers, recorded_durations())]
 
 
 _DURATION: dict[str, tuple[float, str]] = {}

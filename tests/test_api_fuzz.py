@@ -444,7 +444,7 @@ def public_ops() -> list[Op]:
     binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
               "maximum": torch.maximum, "pow": torch.pow}
     ops = [Op("vector_add", tw.vector_add, {"a": T((5, 7)), "b": T((5, 7))}, lambda a, b, **kw: torch.add(a, b),
-              cuda_only=True, options={"variant": _BAD_VARIANT, "out": _out(torch.zeros(2))})]
+              options={"variant": _BAD_VARIANT, "out": _out(torch.zeros(2))})]
     for name, f in unary.items():
         x = T((4, 6), values=_positive if name == "log" else None)
         # in float64: PyTorch's float32 CPU gelu gives NaN at +inf (its vectorized erf)
@@ -454,7 +454,7 @@ def public_ops() -> list[Op]:
         ops.append(Op(name, getattr(tw, name), {"a": a, "b": T((6,))},
                       lambda a, b, f=f: f(*_numbers_as_tensors(a, b))))
     ops += [
-        Op("reduce", tw.reduce, {"x": T((4, 6)), "dim": 1, "op": "sum"}, _reduce_ref, cuda_only=True,
+        Op("reduce", tw.reduce, {"x": T((4, 6)), "dim": 1, "op": "sum"}, _reduce_ref,
            options={"dim": [("dim 2", 2), ("dim -3", -3), ("dim '1'", "1"), ("dim 1.0", 1.0), ("dim None", None),
                             ("dim True", True)],
                     "op": [("op 'prod'", "prod"), ("op None", None), ("op 3", 3)], "variant": _BAD_VARIANT,
@@ -467,9 +467,9 @@ def public_ops() -> list[Op]:
         Op("masked_mean", tw.masked_mean, {"x": T((2, 5, 3)), "lengths": T((2,), torch.int64, _ints(6), index=True)},
            _masked_mean_ref),
         Op("transpose", tw.transpose, {"x": T((5, 7))}, _no_out(lambda x: x.transpose(-1, -2).contiguous()),
-           cuda_only=True, options={"variant": _BAD_VARIANT, "out": _out(torch.zeros(35))}),
+           options={"variant": _BAD_VARIANT, "out": _out(torch.zeros(35))}),
         Op("matmul", tw.matmul, {"a": T((4, 6)), "b": T((6, 5))},
-           _no_out(lambda a, b: (a.double() @ b.double()).float()), cuda_only=True, fp16_ok=False,
+           _no_out(lambda a, b: (a.double() @ b.double()).float()), fp16_ok=False,
            options={"variant": _BAD_VARIANT, "out": _out(torch.zeros(5, 4))}),
         Op("gemm", tw.gemm, {"a": T((8, 16)), "b": T((16, 8))}, _gemm_ref, tol=_GEMM_TOL,
            options={"bias": [("bias list", [0.0] * 8), ("bias of another length", torch.zeros(3)), ("bias 'x'", "x")],
@@ -537,17 +537,17 @@ def public_ops() -> list[Op]:
            lambda gate, up: (F.silu(gate.double()) * up.double()).to(gate.dtype) if gate.dtype == up.dtype
            else _raise(TypeError("reference: one dtype"))),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
-           lambda ids, weight, **kw: _embedding_ref(ids, weight), cuda_only=True,
+           lambda ids, weight, **kw: _embedding_ref(ids, weight),
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),
                                     ("padding_idx 1.5", 1.5)], "variant": _BAD_VARIANT}),
         Op("fuse", lambda x0, x1: _fused()(x0, x1), {"x0": T((4, 6)), "x1": T((6,))},
            lambda x0, x1: torch.relu(x0) * x1),
         Op("spmv", tw.spmv, {"A": T((6, 5), values=_sparse), "x": T((5,))}, lambda A, x, **kw: _spmv_ref(A, x),
-           cuda_only=True, fp16_ok=False,
+           fp16_ok=False,
            options={"alpha": [("alpha 'x'", "x")], "beta": [("beta 1 without y", 1.0)], "variant": _BAD_VARIANT,
                     "y": [("y list", [0.0]), ("y of another length", torch.zeros(3))]}),
         Op("spmv(CSR)", tw.spmv, {"A": _made_csr(5), "x": T((5,))}, lambda A, x, **kw: _spmv_ref(A.to_dense(), x),
-           cuda_only=True, fp16_ok=False),
+           fp16_ok=False),
     ]
     arrays = {"row_ptr": T(tuple(_RP.shape), _RP.dtype, _fixed(_RP), index=True),
               "col": T(tuple(_COL.shape), _COL.dtype, _fixed(_COL), index=True),

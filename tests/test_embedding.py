@@ -134,8 +134,10 @@ def test_cost():
 
 def test_input_checks_on_cpu():
     w = torch.randn(5, 3)
-    with pytest.raises(ValueError, match="CUDA"):
-        em.embedding(torch.tensor([[1]]), w)
+    ids = torch.tensor([[1, 4], [0, 1]])
+    torch.testing.assert_close(em.embedding(ids, w, padding_idx=1), w[ids])  # the one CPU rule
+    with pytest.raises(ValueError, match="CUDA"):  # a version is a kernel
+        em.v4_block_scan(ids, w)
     with pytest.raises(ValueError, match="unknown variant"):
         em.embedding(torch.tensor([[1]]), w, variant="v9")
     with pytest.raises(ValueError, match="'ids' must be a torch.Tensor"):
@@ -341,6 +343,7 @@ def test_launch_plumbing_with_recorded_kernels(monkeypatch):
     plan = (Rec("fwd"), 264, Rec("sort"), Rec("seg"), 528)
     monkeypatch.setattr(em, "_plan", lambda *a: plan)
     monkeypatch.setattr(em, "_check", lambda ids, w, p: ids.contiguous())
+    monkeypatch.setattr(em, "runs_reference", lambda *a, **k: False)  # the launches, recorded, on CPU tensors
     V, E = 300, 5
     w = torch.randn(V, E, requires_grad=True)
     ids = torch.randint(0, V, (7, 9))
@@ -376,6 +379,7 @@ def test_block_scan_config_travels_to_the_backward(monkeypatch):
 
     monkeypatch.setattr(em, "_plan", lambda *a: (Rec(), 1, Rec(), Rec(), 1))
     monkeypatch.setattr(em, "_check", lambda ids, w, p: ids.contiguous())
+    monkeypatch.setattr(em, "runs_reference", lambda *a, **k: False)  # the launches, recorded, on CPU tensors
     monkeypatch.setattr(em, "_block_scan_kernel", lambda dtype, id_dtype, dev, cfg: Rec(cfg))
     V, E = 300, 5
     w = torch.randn(V, E, requires_grad=True)

@@ -23,10 +23,12 @@ RECORD = ROOT / "tests" / "gemm_routes.json"
 
 
 def _hooks(events):
-    from tilewise.ops.gemm import sm90, triton_kernels as tk
+    from tilewise.ops.gemm import api, sm90, triton_kernels as tk
     from tilewise.ops.transpose import api as tr
 
-    return [(tk, "_launch", R.kernel_hook(events)), (gr, "_bind", R.kernel_hook(events)),
+    # CPU tensors stand in for the GPU's: the kernel path, not the one CPU rule's reference
+    return [(api, "runs_reference", lambda *a, **k: False),
+            (tk, "_launch", R.kernel_hook(events)), (gr, "_bind", R.kernel_hook(events)),
             (sm90, "_launch", R.sm90_hook(events)),
             (sm90, "_tf32_launch", R.tf32_hook(events, gc.tf32_bm_for, gc.tf32_cluster_for)),
             (tr, "transpose", R.transpose_hook(events)), (tk, "num_sms", lambda device_index: R.SMS),

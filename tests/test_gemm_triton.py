@@ -475,9 +475,10 @@ def test_gpu_linear_bf16_backward():
 
 
 @pytest.mark.gpu
-def test_gpu_rejects_cpu_tensors():
-    with pytest.raises(ValueError, match="'a' is on cpu"):
-        gt.gemm(torch.randn(4, 4), torch.randn(4, 4))
+def test_gpu_rejects_mixed_devices():
+    # CPU tensors alone run the reference (tests/test_cpu_rule.py); one on each device is refused
+    with pytest.raises(ValueError, match="'b' is on cuda:0 but 'a' is on cpu"):
+        gt.gemm(torch.randn(4, 4), torch.randn(4, 4, device="cuda"))
 
 
 def test_autotune_config_pruning_and_tma_hook():

@@ -301,3 +301,14 @@ def test_coverage_rule_fails_when_a_variant_loses_its_tests():
                 if k in done and its_own(k)), None)
     assert key is not None, "the ledger shows no VARIANTS entry run by tests that name it"
     assert key not in covered(ledger, quick - its_own(key))["variants"]
+
+
+def test_long_first_puts_the_longest_tests_at_the_chunk_starts():
+    assert gpu_tiers.chunk_starts(10, 3) == [0, 3, 6]  # xdist's first split: 3, 3, 4
+    ids = [f"t{i}" for i in range(10)]
+    seconds = {"t9": 50.0, "t5": 40.0, "t3": 30.0, "t4": 20.0, "t0": 1.0}
+    out = gpu_tiers.long_first(ids, 3, seconds)
+    assert sorted(out) == sorted(ids)
+    assert [out[p] for p in (0, 3, 6)] == ["t9", "t5", "t3"]
+    assert [i for i in out if i not in ("t9", "t5", "t3")] == [i for i in ids if i not in ("t9", "t5", "t3")]
+    assert gpu_tiers.long_first(ids[:2], 3, seconds) == ids[:2]  # fewer tests than workers: as collected

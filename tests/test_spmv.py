@@ -216,8 +216,9 @@ def test_choose_and_sub_width():
 
 def test_spmv_input_errors_on_cpu():
     A = sp.CSR.from_dense(torch.eye(4))
-    with pytest.raises(ValueError, match="tilewise kernels need it on CUDA"):
-        sp.spmv(A, torch.ones(4))
+    torch.testing.assert_close(sp.spmv(A, torch.arange(4.0), alpha=2.0), 2 * torch.arange(4.0))  # the CPU rule
+    with pytest.raises(ValueError, match="tilewise kernels need it on CUDA"):  # a version is a kernel
+        sp.VARIANTS["csr_scalar"](A, torch.ones(4), None, 1.0, 0.0)
     with pytest.raises(ValueError, match="unknown variant"):
         sp.spmv(A, torch.ones(4), variant="nope")
     with pytest.raises(ValueError, match="must be a ELL"):

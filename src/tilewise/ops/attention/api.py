@@ -74,6 +74,7 @@ import torch
 from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
+from .._checks import runs_reference
 from . import configs
 from .configs import AttentionPolicy, block_d, choose_policy
 from .reference import ALIGNS, band as _band_of, reference, reference_tiled
@@ -114,7 +115,7 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
 # ----------------------------------------------------------------------------------------------
 
 
-def _check(q, k, v, mask, bias, scale):
+def _check(q, k, v, mask, bias, scale, cpu=False):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"flash_attention: '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -126,9 +127,9 @@ def _check(q, k, v, mask, bias, scale):
             raise ValueError(f"flash_attention: '{name}' is on {t.device} but 'q' is on {q.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"flash_attention: '{name}' has dtype {t.dtype} but 'q' has {q.dtype}")
-    if q.device.type != "cuda" and not (settings.triton_interpret() and q.device.type == "cpu"):  # meta has no data
+    if q.device.type != "cuda" and not ((cpu or settings.triton_interpret()) and q.device.type == "cpu"):
         raise ValueError(f"flash_attention: 'q' is on {q.device}; tilewise kernels need CUDA tensors "
-                         f"(use tilewise.ops.attention.api.reference for CPU tensors)")
+                         f"(use tilewise.flash_attention for CPU tensors)")  # (meta has no data)
     B, H, Sq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"flash_attention: 'k' {tuple(k.shape)} and 'v' {tuple(v.shape)} must have one shape")
@@ -670,7 +671,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
 
     q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
-            Any strides (read through them). D in [1, 256]; 64 and 128 are the tuned ones.
+            Any strides (read through them). D in [1, 256]; 64 and 128 are the tuned ones. CPU
+            tensors run the fp32 reference (``reference``: the whole score matrix; any policy).
     k, v:   (B, Hkv, Sk, D), q's dtype and device; H must be a multiple of Hkv (grouped-query
             attention: query head h reads K/V head h // (H // Hkv)). Sk may differ from Sq.
     causal: query i attends to keys up to its diagonal key (``align``): j <= i by default, as SDPA's
@@ -714,7 +716,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     implementation and autograd); eager calls run the same kernels through an
     ``autograd.Function``, without the custom-op dispatcher's host time.
     """
-    _check(q, k, v, mask, bias, scale)
+    cpu = runs_reference("flash_attention", {"q": q, "k": k, "v": v, "mask": mask, "bias": bias,
+                                             "alibi_slopes": alibi_slopes}, interpreter=True)
+    _check(q, k, v, mask, bias, scale, cpu=cpu)
     if not isinstance(deterministic, bool):
         raise ValueError(f"flash_attention: 'deterministic' must be a bool, got {deterministic!r}")
     if policy is not None:
@@ -728,6 +732,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     causal = bool(causal)
     _check_band(causal, window, align)
     alibi = _check_mods(q.shape[0], q.shape[1], q.device, softcap, alibi_slopes, scale)
+    if cpu:  # the one CPU rule: the fp32 reference (an S x S score matrix), differentiable by PyTorch
+        return reference(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse,
+                         window=window, align=align, softcap=softcap, alibi_slopes=alibi_slopes)
     Sq, Sk = q.shape[2], k.shape[2]
     band = _band_of(causal, window, align, Sq, Sk)
     if band is not None:

@@ -15,11 +15,32 @@ import torch
 from ... import settings
 from .._custom import eager_twin
 from . import configs
+from .._checks import runs_reference
 from .api import _band_of, _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
+
+
+def reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, window=None, softcap=None,
+              alibi_slopes=None, return_lse=False):
+    """Each sequence alone through ``attention.reference`` (fp32 scores), packed back: out
+    (total_q, H, D) in q's dtype (and LSE (H, total_q) float32)."""
+    from .reference import reference as dense
+
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qs, ks, vs = (t[c[b]:c[b + 1]].transpose(0, 1)[None] for t, c in ((q, cq), (k, ck), (v, ck)))
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b]
+        o, lse = dense(qs, ks, vs, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=slopes,
+                       return_lse=True)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    out = torch.cat(outs) if outs else q.new_empty((0,) + tuple(q.shape[1:]))
+    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0), dtype=torch.float32)
+    return (out, lse.float()) if return_lse else out
 
 
 def _packed4(t: torch.Tensor) -> tuple:
@@ -189,7 +210,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            policy: Optional[AttentionPolicy] = None):
     """``flash_attention`` over B sequences packed back to back, with no padding work.
 
-    q:             (total_q, H, D) CUDA tensor, float16 / bfloat16 / float32 (any strides).
+    q:             (total_q, H, D) CUDA tensor, float16 / bfloat16 / float32 (any strides). CPU
+                   tensors run ``reference`` (each sequence through the fp32 dense reference).
     k, v:          (total_k, Hkv, D), q's dtype and device; Hkv divides H (GQA).
     cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 on q's device, 0 = cu[0] <= cu[1] <= ... = total:
                    sequence b is rows [cu[b], cu[b + 1]) (lengths may be 0 or 1, and differ between
@@ -211,13 +233,19 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     # (traced code cannot read the offsets: torch.compile skips their check)
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
            check_seqlens and not torch.compiler.is_compiling())
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and settings.triton_interpret()):
+    cpu = runs_reference("flash_attention_varlen", {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
+                                                    "cu_seqlens_k": cu_seqlens_k, "alibi_slopes": alibi_slopes},
+                         interpreter=True)
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and (cpu or settings.triton_interpret())):
         raise ValueError(f"flash_attention_varlen: 'q' is on {q.device}; tilewise kernels need CUDA tensors")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     causal = bool(causal)
     _check_band(causal, window, "top_left")
     nseq = cu_seqlens_q.numel() - 1
     alibi = _check_mods(nseq, q.shape[1], q.device, softcap, alibi_slopes, scale)
+    if cpu:  # the one CPU rule: each sequence through the fp32 reference, differentiable by PyTorch
+        return reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale, window=window,
+                         softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
     band = _band_of(causal, window, "top_left", max_seqlen_q, max_seqlen_k)
     if band is not None:
         band, causal = tuple(band), False

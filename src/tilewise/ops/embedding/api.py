@@ -54,6 +54,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import runs_reference
 from .configs import BLOCK_SCAN, BLOCK_SCAN_DEFAULT, BLOCK_SCAN_EXTRA, ONE_BLOCK_SORT, SCAN, SCAN_ROWS_PER_BLOCK, \
     SCAN_THREADS, SHMEM_OPT_IN, SORT_MAX_IDS, TORCH_SORT, backward_path, block_scan_config, block_scan_shmem, \
     scan_chunks
@@ -209,14 +210,14 @@ def _wave(kernel: rt.Kernel, block: int) -> int:
 # --------------------------------------------------------------------------- checks and launchers
 
 
-def _check(ids, weight, padding_idx):
+def _check(ids, weight, padding_idx, cpu=False):
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"embedding: 'ids' must be a torch.Tensor, got {type(ids).__name__}")
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"embedding: 'weight' must be a torch.Tensor, got {type(weight).__name__}")
-    if weight.get_device() < 0 or ids.get_device() < 0:
+    if (weight.get_device() < 0 or ids.get_device() < 0) and not (cpu and ids.device == weight.device):
         raise ValueError(f"embedding: 'ids' is on {ids.device} and 'weight' on {weight.device}; tilewise "
-                         f"kernels need CUDA tensors (use tilewise.ops.embedding.api.reference for CPU tensors)")
+                         f"kernels need CUDA tensors (use tilewise.embedding for CPU tensors)")
     if ids.get_device() != weight.get_device():
         raise ValueError(f"embedding: 'ids' is on {ids.device} but 'weight' on {weight.device}")
     if ids.dtype not in _ID_DTYPES:
@@ -443,13 +444,25 @@ VARIANTS = {"v1_naive": v1_naive, "v2_fused_sort": v2_fused_sort, "v3_scan": v3_
             "v4_block_scan": v4_block_scan}
 
 
+def _cpu_embedding(ids, weight, padding_idx):
+    """The one CPU rule with the kernels' contract: ``reference`` on the ids in range, NaN rows (and no
+    gradient) for the others, where F.embedding would raise."""
+    V, E = weight.shape
+    ok = (ids >= 0) & (ids < V)
+    if V == 0:
+        return weight.new_full((*ids.shape, E), float("nan"))
+    rows = reference(torch.where(ok, ids, torch.zeros_like(ids)), weight, padding_idx)
+    return torch.where(ok[..., None], rows, float("nan"))
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None, *,
               variant: str | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Rows of ``weight`` picked by ``ids``, differentiable in ``weight`` (deterministically).
 
     ids:         CUDA tensor of any shape S, int64 or int32; values in [0, num_rows) (others give
                  NaN rows forward and no gradient).
-    weight:      CUDA tensor (num_rows, dim), float32 / float16 / bfloat16, contiguous.
+    weight:      CUDA tensor (num_rows, dim), float32 / float16 / bfloat16, contiguous. CPU ids and
+                 weight run the PyTorch reference (the same contract).
     padding_idx: like ``F.embedding``: that row gets no gradient (its forward rows are still read).
     variant:     ``None`` = ``v4_block_scan`` (no sort: while the ids and a block's partial rows fit
                  in shared memory and rows x ids <= 2^33; past that v3_scan, up to 12288 ids,
@@ -463,8 +476,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"embedding: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     variant = variant or "v4_block_scan"
+    if config is not None and variant != "v4_block_scan":
+        raise ValueError(f"embedding: 'config' is v4_block_scan's block-scan configuration; {variant} takes none")
+    if runs_reference("embedding", {"weight": weight, "ids": ids}):
+        _check(ids, weight, padding_idx, cpu=True)
+        return _cpu_embedding(ids, weight, padding_idx)
     if config is None:
         return VARIANTS[variant](ids, weight, padding_idx)
-    if variant != "v4_block_scan":
-        raise ValueError(f"embedding: 'config' is v4_block_scan's block-scan configuration; {variant} takes none")
     return VARIANTS[variant](ids, weight, padding_idx, config=config)

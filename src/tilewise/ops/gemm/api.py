@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ...cost import Cost
+from .._checks import runs_reference
 from .._memory import check_no_overlap
 from . import route as _rt
 from . import sm90 as _sm90
@@ -78,7 +79,7 @@ def _check_kinds(a, b, bias, out_dtype, out, aux) -> None:
         raise TypeError(f"gemm: 'out_dtype' must be a torch.dtype or None, got {out_dtype!r}")
 
 
-def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
+def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, cpu=False):
     """The arguments' errors, each naming what is wrong; returns the output (out, or a new (M, N))."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -86,9 +87,9 @@ def _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out):
         if t.dim() != 2:
             raise ValueError(f"gemm: '{name}' must be 2-D, got shape {tuple(t.shape)} "
                              f"(for batches use tilewise.matmul or flatten leading dimensions)")
-        if not t.is_cuda and not tk.INTERPRET:
+        if not t.is_cuda and not tk.INTERPRET and not (cpu and t.device.type == "cpu"):
             raise ValueError(f"gemm: '{name}' is on {t.device}; Triton kernels need CUDA tensors "
-                             f"(use tilewise.ops.gemm.api.reference for CPU tensors)")
+                             f"(use tilewise.gemm for CPU tensors)")
         if t.dtype not in IN_DTYPES:
             raise ValueError(f"gemm: '{name}' has dtype {t.dtype}; supported: float16, bfloat16, float32, "
                              f"float8_e4m3fn")
@@ -202,7 +203,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
          policy: GemmPolicy | None = None) -> torch.Tensor:
     """``act(scale_a * scale_b * (a @ b) + bias)`` on tensor cores, fp32 accumulate.
 
-    a:          (M, K) CUDA tensor, float16 / bfloat16 / float32 / float8_e4m3fn, any strides.
+    a:          (M, K) CUDA tensor, float16 / bfloat16 / float32 / float8_e4m3fn, any strides; CPU
+                tensors run the fp32 PyTorch reference (any variant, precision and policy).
     b:          (K, N), same dtype as a, any strides (``w.t()`` of an (N, K) weight needs no copy).
     bias:       optional (N,) contiguous tensor (any float dtype; added in fp32).
     activation: None, "relu" or "gelu" (exact, erf form, as torch.nn.functional.gelu).
@@ -225,6 +227,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     calls with the same layout and policy run without routing or re-checking (route.py; the
     overlap of a given out with the inputs is still checked each call).
     """
+    if runs_reference("gemm", {"a": a, "b": b, "bias": bias, "scale_a": scale_a, "scale_b": scale_b, "out": out,
+                               "aux": aux}, interpreter=True):
+        return _cpu_gemm(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux, variant)
     if variant is not None:
         _check_kinds(a, b, bias, out_dtype, out, aux)
         if variant not in VARIANTS:
@@ -247,6 +252,19 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, 
     _check_kinds(a, b, bias, out_dtype, out, aux)
     r = _route(_rt.problem_of(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux))
     return _run(r, key, a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux, policy)
+
+
+def _cpu_gemm(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux, variant):
+    """gemm on CPU tensors: the same checks, then the fp32 reference (the one CPU rule)."""
+    _check_kinds(a, b, bias, out_dtype, out, aux)
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"gemm: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    res = _check(a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, cpu=True)
+    if aux is not None:
+        if tuple(aux.shape) != tuple(res.shape) or not aux.is_contiguous():
+            raise ValueError(f"gemm: 'aux' must be a contiguous {tuple(res.shape)} tensor, got {tuple(aux.shape)}")
+        aux.copy_(reference(a, b, bias, None, aux.dtype, scale_a, scale_b))
+    return res.copy_(reference(a, b, bias, activation, res.dtype, scale_a, scale_b))
 
 
 def _run(r: Route, key, a, b, bias, activation, out_dtype, scale_a, scale_b, precision, out, aux, policy):
@@ -399,7 +417,7 @@ class _EagerLinear(torch.autograd.Function):
         return _linear_bwd(ctx, gy, gpre)
 
 
-def _check_linear(x, w, b, activation) -> None:
+def _check_linear(x, w, b, activation, cpu=False) -> None:
     """linear's arguments by their own names (gemm's checks would call x and w.t() 'a' and 'b')."""
     for name, t in (("x", x), ("w", w), ("b", b)):
         if name == "b" and t is None:
@@ -411,7 +429,7 @@ def _check_linear(x, w, b, activation) -> None:
                              f"(fp8 is not differentiable here: use gemm() with scales)")
         if t.device != x.device:
             raise ValueError(f"linear: '{name}' is on {t.device} but 'x' is on {x.device}")
-    if not x.is_cuda and not tk.INTERPRET:
+    if not x.is_cuda and not tk.INTERPRET and not (cpu and x.device.type == "cpu"):
         raise ValueError(f"linear: 'x' is on {x.device}; Triton kernels need CUDA tensors")
     if w.dtype != x.dtype:
         raise ValueError(f"linear: 'w' has dtype {w.dtype} but 'x' has {x.dtype}")
@@ -432,13 +450,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, acti
     """``act(x @ w.T + b)`` with bias and activation fused into the GEMM's store; differentiable.
 
     x: (..., K) CUDA float16 / bfloat16 / float32 (TF32); w: (N, K) same dtype; b: optional (N,).
+    CPU tensors run the fp32 PyTorch reference (differentiable by PyTorch).
     activation: None, "relu" or "gelu". The backward (grad x = g @ w, grad w = g.T @ x) runs on
     ``gemm`` as well; GELU stores its pre-activation in the forward for the backward.
     Returns (..., N) of x's dtype.
     """
-    _check_linear(x, w, b, activation)
+    cpu = runs_reference("linear", {"x": x, "w": w, "b": b}, interpreter=True)
+    _check_linear(x, w, b, activation, cpu=cpu)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    if cpu:  # the one CPU rule: the fp32 reference, differentiable by PyTorch
+        if variant is not None and variant not in VARIANTS:
+            raise ValueError(f"linear: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+        return reference(x2, w.t(), b, activation, x.dtype).reshape(*lead, w.shape[0])
     if variant is not None:  # a named version: plain call, no autograd (for benchmarks and tests)
         y = gemm(x2, w.t(), bias=b, activation=activation, variant=variant)
     else:

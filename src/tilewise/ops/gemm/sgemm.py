@@ -32,6 +32,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import runs_reference
 from .._memory import check_no_overlap
 
 _SRC = Path(__file__).with_name("sgemm.cu")
@@ -82,7 +83,7 @@ def _as3d(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(0) if t.dim() == 2 else t
 
 
-def _check(a, b, out):
+def _check(a, b, out, cpu=False):
     """Shapes, dtypes, devices, the output. Returns (a3, b3, out3, result): 3-D views and what to return."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -99,9 +100,9 @@ def _check(a, b, out):
         raise ValueError(f"matmul: batch sizes {ba} (a) and {bb} (b) cannot broadcast (one must be 1 or equal)")
     batch = max(ba, bb)
     for name, t in (("a", a), ("b", b)):
-        if not t.is_cuda:
+        if not t.is_cuda and not (cpu and t.device.type == "cpu"):
             raise ValueError(f"matmul: '{name}' is on {t.device}; tilewise kernels need CUDA tensors "
-                             f"(use tilewise.ops.gemm.sgemm.reference for CPU tensors)")
+                             f"(use tilewise.matmul for CPU tensors)")
         if t.dtype != torch.float32:
             raise ValueError(f"matmul: '{name}' has dtype {t.dtype}; the CUDA C matmul takes float32 "
                              f"(use tilewise.gemm for float16 / bfloat16 / fp8 on tensor cores)")
@@ -181,7 +182,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
            variant: str | None = None) -> torch.Tensor:
     """``a @ b`` in float32 on the CUDA cores (TF32 never used).
 
-    a:       CUDA float32, (M, K) or (BA, M, K); any strides (transposed views need no copy).
+    a:       CUDA float32, (M, K) or (BA, M, K); any strides (transposed views need no copy). CPU
+             tensors run the PyTorch reference (float64 inside; any variant).
     b:       CUDA float32, (K, N) or (BB, K, N); any strides. BA and BB are equal, or one is 1
              (that operand is shared by the whole batch); a 2-D operand is shared likewise.
     out:     optional contiguous float32 tensor of the result's shape to write into.
@@ -192,4 +194,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         variant = FASTEST
     if variant not in VARIANTS:
         raise ValueError(f"matmul: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("matmul", {"a": a, "b": b, "out": out}):
+        *_, result = _check(a, b, out, cpu=True)
+        return result.copy_(reference(a, b).reshape(result.shape))
     return VARIANTS[variant](a, b, out)

@@ -17,7 +17,7 @@ import torch
 from ...cost import Cost
 from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
 from .configs import MAX_N, PROGRAMS_PER_SM, launch_for
 
@@ -42,9 +42,8 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.bfloat16, backward: bool = F
     return Cost(8.0 * M * N, 3 * e + 4 * M)
 
 
-def _check(x, weight, eps, mode):
-    check_kernel_inputs("rms_norm", {"x": x, "weight": weight}, every=True, interpreter=True,
-                        reference="tilewise.ops.norm.api.reference")
+def _check(x, weight, eps, mode, cpu=False):
+    check_kernel_inputs("rms_norm", {"x": x, "weight": weight}, every=True, interpreter=True, cpu=cpu)
     if x.dim() < 1 or weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: 'weight' has shape {tuple(weight.shape)}; 'x' of shape {tuple(x.shape)} "
                          f"needs ({x.shape[-1] if x.dim() else '?'},)")
@@ -154,7 +153,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, mode: 
     """RMSNorm over the last dimension, differentiable in x and weight.
 
     x:      (..., N) CUDA tensor, float32 / float16 / bfloat16, rows of unit stride or copied to it;
-            N <= 32768.
+            N <= 32768. A CPU tensor runs the PyTorch reference.
     weight: (N,), x's device (any of the three dtypes).
     eps:    added to the mean square (HF's ``variance_epsilon``).
     mode:   "llama": ``weight * (x * rstd).to(x.dtype)`` (LlamaRMSNorm, Mistral, Qwen2; the result in
@@ -162,7 +161,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, mode: 
     Returns y of x's shape. Statistics in fp32; dW is summed in a fixed order (deterministic).
     Under ``torch.compile`` it is the custom op ``torch.ops.tilewise.rms_norm_fwd``.
     """
-    _check(x, weight, eps, mode)
+    cpu = runs_reference("rms_norm", {"x": x, "weight": weight}, interpreter=True)
+    _check(x, weight, eps, mode, cpu=cpu)
+    if cpu:
+        return reference(x, weight, float(eps), mode)
     if torch.compiler.is_compiling():
         return _fwd_op(x, weight, float(eps), mode)[0]
     return _Eager.apply(x, weight, float(eps), mode)[0]

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ...cost import Cost
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import RECOMPUTE_BLOCK
 
@@ -98,8 +98,8 @@ def _block(t: torch.Tensor) -> int:
     return RECOMPUTE_BLOCK if t.is_cuda else 16
 
 
-def _check(x: torch.Tensor, name: str = "x") -> None:
-    check_kernel_inputs("sigmoid3", {name: x}, interpreter=True, reference="tilewise.ops.pointwise.recompute.reference")
+def _check(x: torch.Tensor, name: str = "x", cpu: bool = False) -> None:
+    check_kernel_inputs("sigmoid3", {name: x}, interpreter=True, cpu=cpu)
 
 
 @torch.library.custom_op("tilewise::sigmoid3_fwd", mutates_args=())
@@ -184,15 +184,19 @@ _fwd_op.register_autograd(_grad, setup_context=_setup)
 def sigmoid3(x: torch.Tensor, *, recompute: bool = True) -> torch.Tensor:
     """y = sigmoid(sigmoid(sigmoid(x))), differentiable.
 
-    x:         CUDA tensor, any shape, float32 / float16 / bfloat16 (non-contiguous is copied).
+    x:         CUDA tensor, any shape, float32 / float16 / bfloat16 (non-contiguous is copied); a
+               CPU tensor runs the PyTorch reference.
     recompute: True (default): keep only x for backward and recompute the sigmoids there;
                False: keep the two intermediates a1, a2 (two tensors of x's size; the
                backward takes y = sigmoid(a2) again instead of reading it).
     Returns y, same shape and dtype as x (fp32 arithmetic inside).
     """
-    _check(x)
+    cpu = runs_reference("sigmoid3", {"x": x}, interpreter=True)
+    _check(x, cpu=cpu)
     if not isinstance(recompute, bool):  # "no" would read as True
         raise ValueError(f"sigmoid3: 'recompute' must be a bool, got {recompute!r}")
+    if cpu:
+        return reference(x)
     return _fwd_op(x, not recompute)[0]
 
 

@@ -36,6 +36,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from .._checks import runs_reference
 from .configs import COLUMNS_DEFAULT, COLUMNS_VERSION, ColumnsConfig
 from .layout import check_inputs, collapse, compiling, layout_tensor, layout_words, out_tensor
 
@@ -390,7 +391,7 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
     """``op`` of x along ``dim`` on the GPU (no autograd; see ``sum``/``amax``/``mean`` for that).
 
     x:       CUDA tensor, float32/float16/bfloat16, any shape (other dims up to 8 after merging)
-             and strides.
+             and strides; a CPU tensor runs the PyTorch reference (any variant).
     dim:     the dim to reduce (negative counts from the end).
     op:      "sum" (default), "max" (NaN-propagating, like torch.amax) or "mean".
     keepdim: keep ``dim`` with size 1 (default False).
@@ -401,9 +402,12 @@ def reduce(x: torch.Tensor, dim: int, op: str = "sum", *, keepdim: bool = False,
     Returns x's shape without ``dim`` (or with size 1), x's dtype. Sum over an empty dim is 0, mean
     NaN; max over an empty dim raises.
     """
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"reduce: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("reduce", {"x": x, "out": out}):  # the one CPU rule
+        dim, *_, out = _prepare("reduce", x, dim, op, keepdim, out, cuda=False)
+        return out.copy_(reference(x, dim, op, keepdim))
     if variant is not None:
-        if variant not in VARIANTS:
-            raise ValueError(f"reduce: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
         return VARIANTS[variant](x, dim, op, keepdim, out)
     dim, R, rs, other, ost, out = _prepare("reduce", x, dim, op, keepdim, out)
     if _trivial(op, R, out):

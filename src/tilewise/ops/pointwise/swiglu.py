@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
 from .configs import SWIGLU_BLOCK, SWIGLU_WARPS
 
@@ -45,9 +45,8 @@ def cost(n: int, dtype: torch.dtype = torch.bfloat16, backward: bool = False) ->
     return Cost((5.0 if not backward else 10.0) * n, (3 if not backward else 5) * n * dtype.itemsize)
 
 
-def _check(gate, up):
-    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True,
-                        reference="tilewise.ops.pointwise.swiglu.reference")
+def _check(gate, up, cpu=False):
+    check_kernel_inputs("swiglu", {"gate": gate, "up": up}, every=True, interpreter=True, cpu=cpu)
     if up.device != gate.device or up.dtype != gate.dtype or up.shape != gate.shape:
         raise ValueError(f"swiglu: 'up' is {tuple(up.shape)} {up.dtype} on {up.device}; 'gate' is "
                          f"{tuple(gate.shape)} {gate.dtype} on {gate.device}: they must match")
@@ -110,11 +109,15 @@ _Eager = eager_twin("_Eager", _run, _setup, _grad)
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in one kernel, differentiable in both (silu recomputed in the backward).
 
-    gate, up: CUDA tensors of one shape, dtype (float32 / float16 / bfloat16) and device.
+    gate, up: CUDA tensors of one shape, dtype (float32 / float16 / bfloat16) and device; CPU
+              tensors run the PyTorch reference.
     Returns y of that shape, contiguous. Under ``torch.compile`` it is the custom op
     ``torch.ops.tilewise.swiglu``.
     """
-    _check(gate, up)
+    cpu = runs_reference("swiglu", {"gate": gate, "up": up}, interpreter=True)
+    _check(gate, up, cpu=cpu)
+    if cpu:
+        return reference(gate, up)
     if torch.compiler.is_compiling():
         return _fwd_op(gate, up)
     return _Eager.apply(gate, up)

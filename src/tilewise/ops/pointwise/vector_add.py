@@ -25,7 +25,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, into_out, runs_reference
 from .layout import DTYPES
 
 _SRC = Path(__file__).with_name("vector_add.cu")
@@ -62,10 +62,10 @@ def _kernel(version: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
     return k
 
 
-def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _check(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, cpu: bool = False) -> torch.Tensor:
     """What the kernel's own parameter checks cannot see: shapes, and a's device and dtype (which
     pick the kernel). b's and out's device, dtype and contiguity are checked by the kernel call."""
-    check_kernel_inputs("vector_add", {"a": a, "b": b}, reference="tilewise.ops.pointwise.vector_add.reference")
+    check_kernel_inputs("vector_add", {"a": a, "b": b}, cpu=cpu)
     if b.dtype != a.dtype:  # (the kernel's own check would name only 'b')
         raise ValueError(f"vector_add: 'b' has dtype {b.dtype} but 'a' has {a.dtype}")
     if a.shape != b.shape:
@@ -139,15 +139,19 @@ def vector_add(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = N
                variant: str | None = None) -> torch.Tensor:
     """``a + b`` on the GPU.
 
-    a, b:    CUDA tensors of one shape (any), contiguous, float32 / float16 / bfloat16.
+    a, b:    CUDA tensors of one shape (any), contiguous, float32 / float16 / bfloat16; CPU tensors
+             run the PyTorch reference (any variant).
     out:     optional contiguous tensor of that shape and dtype to write into.
     variant: ``None`` (the fastest that applies: v3_blocked when all three pointers are
              16-byte aligned, else v1_naive), or a key of ``VARIANTS``.
     Returns ``out`` (a new tensor when not given), same shape and dtype as ``a``.
     """
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"vector_add: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("vector_add", {"a": a, "b": b, "out": out}):
+        _check(a, b, out, cpu=True)
+        return into_out("vector_add", reference(a, b), out)
     if variant is not None:
-        if variant not in VARIANTS:
-            raise ValueError(f"vector_add: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
         return VARIANTS[variant](a, b, out)
     out = _check(a, b, out)
     return _run_v3(a, b, out) if rt.aligned16(a, b, out) else _run_v1(a, b, out)

@@ -16,7 +16,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
 from .configs import heads_per_step
 
@@ -37,9 +37,9 @@ def cost(B: int, Hq: int, Hk: int, S: int, D: int, dtype: torch.dtype = torch.bf
     return Cost(6.0 * e, 2 * e * dtype.itemsize + 2 * S * D * dtype.itemsize)
 
 
-def _check(q, k, cos, sin):
+def _check(q, k, cos, sin, cpu=False):
     check_kernel_inputs("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, every=True, interpreter=True,
-                        reference="tilewise.ops.rope.api.reference")
+                        cpu=cpu)
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"apply_rotary: 'q' {tuple(q.shape)} and 'k' {tuple(k.shape)} must be (B, heads, S, D)")
     B, _, S, D = q.shape
@@ -119,13 +119,17 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     """HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` in one kernel, differentiable in q and k.
 
     q:   (B, Hq, S, D) CUDA tensor, float32 / float16 / bfloat16, D even, any strides (a copy if the
-         last dim is strided).
+         last dim is strided). CPU tensors run the PyTorch reference (fp32 inside).
     k:   (B, Hk, S, D), q's device (GQA: Hk may differ from Hq).
     cos, sin: (B or 1, S, D), as HF's rotary embedding modules return them (halves equal or not).
     Returns (q_embed, k_embed), new contiguous tensors in q's and k's dtypes; no gradient for cos
     and sin. Under ``torch.compile`` it is the custom op ``torch.ops.tilewise.apply_rotary``.
     """
-    _check(q, k, cos, sin)
+    cpu = runs_reference("apply_rotary", {"q": q, "k": k, "cos": cos, "sin": sin}, interpreter=True)
+    _check(q, k, cos, sin, cpu=cpu)
+    if cpu:
+        qe, ke = reference(q.float(), k.float(), cos.float(), sin.float())  # fp32 inside, as the kernel
+        return qe.to(q.dtype), ke.to(k.dtype)
     if torch.compiler.is_compiling():
         return _op(q, k, cos, sin, False)
     return _Eager.apply(q, k, cos, sin, False)

@@ -57,7 +57,7 @@ import triton.language as tl
 
 from ... import settings
 from ...cost import Cost
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
     default_variant as _default_variant, fused_config, online_config, scale_programs, triton_cluster_config
@@ -189,9 +189,8 @@ def _cuda_cluster_ok(logits) -> bool:
     return rc.unsupported_reason(logits, kind="ce") is None
 
 
-def _check(logits, target, reduction, ignore_index, label_smoothing):
-    check_kernel_inputs("cross_entropy", {"logits": logits, "target": target}, interpreter=True,
-                        reference="tilewise.ops.rowwise.cross_entropy.reference")
+def _check(logits, target, reduction, ignore_index, label_smoothing, cpu=False):
+    check_kernel_inputs("cross_entropy", {"logits": logits, "target": target}, interpreter=True, cpu=cpu)
     if logits.dim() != 2:
         raise ValueError(f"cross_entropy: 'logits' must be 2-D (N, C), got shape {tuple(logits.shape)}")
     if target.dtype not in _TARGET_DTYPES:
@@ -460,7 +459,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
     """Cross-entropy of logits against class indices, differentiable in ``logits``.
 
     logits:          CUDA tensor (N, C), float32 / float16 / bfloat16, unit stride along C
-                     (other layouts are copied). N may be 0; C >= 1.
+                     (other layouts are copied). N may be 0; C >= 1. CPU tensors run the PyTorch
+                     reference (F.cross_entropy in fp32; any variant and policy).
     target:          (N,) integer class indices in [0, C) or ``ignore_index``, same device;
                      anything else raises ValueError (one host sync to check).
     reduction:       'mean' (default; over rows whose target is not ignore_index; NaN when there
@@ -482,7 +482,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, reduction: str 
     elif variant not in _KERNEL_VARIANTS:
         raise ValueError(f"cross_entropy: unknown variant {variant!r}; choose from "
                          f"{list(_KERNEL_VARIANTS)} (v1_torch is F.cross_entropy)")
-    _check(logits, target, reduction, ignore_index, label_smoothing)
+    cpu = runs_reference("cross_entropy", {"logits": logits, "target": target}, interpreter=True)
+    _check(logits, target, reduction, ignore_index, label_smoothing, cpu=cpu)
+    if cpu:
+        return reference(logits, target, reduction, int(ignore_index), float(label_smoothing)).to(logits.dtype)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     packed = [] if policy is None or policy == DEFAULT_POLICY else policy.pack()
     loss, _ = _ce_op(logits, target, reduction, int(ignore_index), float(label_smoothing),

@@ -21,6 +21,7 @@ import torch
 
 from ... import settings
 from ...cost import Cost
+from .._checks import runs_reference
 from .configs import MAX_FUSED
 from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
 
@@ -51,13 +52,13 @@ def chunk_rows_for(N: int, V: int, dtype: torch.dtype) -> int:
     return min(rows, max(1, N))
 
 
-def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap=None):
+def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap=None, cpu=False):
     for name, t in (("x", x), ("weight", weight), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"linear_cross_entropy: '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if not x.is_cuda and not (settings.triton_interpret() and x.device.type == "cpu"):
+    if not x.is_cuda and not ((cpu or settings.triton_interpret()) and x.device.type == "cpu"):
         raise ValueError(f"linear_cross_entropy: 'x' is on {x.device}; tilewise kernels need CUDA tensors "
-                         f"(use tilewise.ops.rowwise.linear_cross_entropy.reference for CPU tensors)")
+                         f"(use tilewise.linear_cross_entropy for CPU tensors)")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"linear_cross_entropy: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
@@ -106,9 +107,17 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     db = torch.zeros(V, device=dev, dtype=torch.float32) if need[2] else None
     grad = any(need)
     step = chunk_rows or chunk_rows_for(N, V, x2.dtype)
+    # One chunk buffer for every chunk: a new tensor a chunk held two at the peak (the next product is
+    # allocated before the last one is freed; 1631 MiB beyond the inputs at N 16384, H 4096, V 128256).
+    buf = torch.empty(min(step, N), V, device=dev, dtype=x2.dtype)
+    b = None if bias is None else bias.to(x2.dtype)
     for r0 in range(0, N, step):
         xc = x2[r0:r0 + step]
-        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias.to(x2.dtype), xc, weight.t())
+        logits = buf[:xc.shape[0]]
+        if b is None:
+            torch.mm(xc, weight.t(), out=logits)
+        else:
+            torch.addmm(b, xc, weight.t(), out=logits)
         if softcap is not None:  # Gemma 2's final-logit softcap: cap * tanh(z / cap), its derivative 1 - tanh^2
             th = logits.to(torch.float32, copy=True).div_(softcap).tanh_()  # one fp32 chunk, then in place
             torch.mul(th, softcap, out=logits)
@@ -201,7 +210,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
                          softcap: float | None = None) -> torch.Tensor:
     """``cross_entropy(x @ weight.T + bias, target)`` in chunks of rows, never holding the (N, V) logits.
 
-    x:          (..., H) CUDA tensor, float32 / float16 / bfloat16 (the last hidden states).
+    x:          (..., H) CUDA tensor, float32 / float16 / bfloat16 (the last hidden states). CPU
+                tensors run the PyTorch reference (whole fp32 logits; chunk_rows unused).
     weight:     (V, H), x's dtype and device (the LM head: ``lm_head.weight``).
     target:     x's leading shape, class indices in [0, V) or ``ignore_index`` (checked: one host sync).
     bias:       optional (V,).
@@ -213,7 +223,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     Returns the loss, a 0-dim float32 tensor (as transformers' loss), differentiable in x, weight and bias; the
     gradients are computed in this call (memory: dx, dW and db, and one chunk of logits).
     """
-    _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap)
+    cpu = runs_reference("linear_cross_entropy", {"x": x, "weight": weight, "target": target, "bias": bias},
+                         interpreter=True)
+    _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap, cpu=cpu)
+    if cpu:  # the one CPU rule: logits in fp32, differentiable by PyTorch
+        return reference(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), softcap)
     need = [x.requires_grad and torch.is_grad_enabled(), weight.requires_grad and torch.is_grad_enabled(),
             bias is not None and bias.requires_grad and torch.is_grad_enabled()]
     return _lce_op(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), int(chunk_rows or 0),

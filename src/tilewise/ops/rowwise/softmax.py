@@ -65,7 +65,7 @@ import triton.language as tl
 
 from ... import settings
 from ...cost import Cost
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch
 from .configs import CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, UNFUSED_BLOCK, Policy, default_variant as \
     _default_variant, fused_config, online_config, triton_cluster_config
@@ -337,8 +337,8 @@ def _bwd_elementwise_kernel(Yp, DY, D, DX, N, LOG: tl.constexpr, BLOCK: tl.const
 # launchers
 
 
-def _check(x: torch.Tensor, name: str = "x", op: str = "softmax") -> None:
-    check_kernel_inputs(op, {name: x}, interpreter=True, reference="tilewise.ops.rowwise.softmax.reference")
+def _check(x: torch.Tensor, name: str = "x", op: str = "softmax", cpu: bool = False) -> None:
+    check_kernel_inputs(op, {name: x}, interpreter=True, cpu=cpu)
     if x.dim() == 0:
         raise ValueError(f"{op}: '{name}' must have at least one dimension")
 
@@ -578,15 +578,19 @@ def _forward(x: torch.Tensor, log: bool, variant: str | None, out: torch.Tensor 
     return y
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY):
-    _check(y, "y", "softmax_backward")
-    _check(dy, "dy", "softmax_backward")
+def _backward(y: torch.Tensor, dy: torch.Tensor, log: bool, variant: str | None, policy: Policy = DEFAULT_POLICY,
+              cpu: bool = False):
+    """dx by the kernels, or by ``reference_backward`` with ``cpu`` (the one CPU rule), after the same checks."""
+    _check(y, "y", "softmax_backward", cpu=cpu)
+    _check(dy, "dy", "softmax_backward", cpu=cpu)
     if dy.shape != y.shape or dy.dtype != y.dtype or dy.device != y.device:
         raise ValueError(f"softmax_backward: 'dy' {tuple(dy.shape)} {dy.dtype} on {dy.device} must match y: "
                          f"'y' is {tuple(y.shape)} {y.dtype} on {y.device}")
     N = y.shape[-1]
     if variant is not None:
         _named(variant)
+    if cpu:
+        return reference_backward(y, dy, log)
     dx = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     if y.numel() == 0:
         return dx
@@ -659,6 +663,16 @@ LOG_VARIANTS = {v: _variant_fn(v, True) for v in _FWD}
 BACKWARD_VARIANTS = {v: _backward_fn(v) for v in _BWD}
 
 
+def _cpu_reference(op: str, x, variant) -> bool:
+    """The one CPU rule for softmax / log_softmax: x checked as on the GPU, True for the reference."""
+    if not runs_reference(op, {"x": x}, interpreter=True):
+        return False
+    _check(x, op=op, cpu=True)
+    if variant is not None:
+        _named(variant)
+    return True
+
+
 def _packed(policy: Policy | None) -> list[int]:
     return [] if policy is None or policy == DEFAULT_POLICY else policy.pack()
 
@@ -667,7 +681,8 @@ def softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | Non
     """Softmax along the last dim, differentiable.
 
     x:       CUDA tensor, any shape with at least one dim, float32 / float16 / bfloat16; rows must
-             be contiguous along the last dim (other layouts are copied first).
+             be contiguous along the last dim (other layouts are copied first). A CPU tensor runs
+             the PyTorch reference (any variant and policy).
     variant: None (v2_fused when the row has at most MAX_FUSED = 16384 elements, else
              v7_cluster_tma (2-byte rows up to 131072) or v5_cluster_cuda where their layout and
              GPU conditions hold, else v3_online; ``configs.default_variant``) or a key of VARIANTS.
@@ -675,6 +690,8 @@ def softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | Non
              measured defaults): what variant=None prefers, v3's pass 2 directions, v7's config.
     Returns y, same shape and dtype as x; fp32 arithmetic. A row of only -inf gives zeros.
     """
+    if _cpu_reference("softmax", x, variant):
+        return reference(x)
     _check(x)
     return _softmax_op(x, False, "" if variant is None else _named(variant), _packed(policy))
 
@@ -682,6 +699,8 @@ def softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | Non
 def log_softmax(x: torch.Tensor, *, variant: str | None = None, policy: Policy | None = None) -> torch.Tensor:
     """Log-softmax along the last dim, differentiable; arguments as for ``softmax``.
     A row of only -inf gives -inf."""
+    if _cpu_reference("log_softmax", x, variant):
+        return reference(x, log=True)
     _check(x)
     return _softmax_op(x, True, "" if variant is None else _named(variant), _packed(policy))
 
@@ -693,4 +712,5 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False, va
     Returns dx, same shape and dtype."""
     if not isinstance(log, bool):  # a string such as "no" would pick the log backward
         raise ValueError(f"softmax_backward: 'log' must be a bool, got {log!r}")
-    return _backward(y, dy, log, variant, policy or DEFAULT_POLICY)
+    return _backward(y, dy, log, variant, policy or DEFAULT_POLICY,
+                     cpu=runs_reference("softmax_backward", {"y": y, "dy": dy}, interpreter=True))

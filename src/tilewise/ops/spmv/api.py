@@ -45,9 +45,12 @@ their builders and the per-matrix plans; ``configs`` the tables and the rules th
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ...cost import Cost
+from .._checks import runs_reference
 from .configs import JDS_CONFIGS, JDS_DEFAULT, MERGE_CONFIGS, MERGE_DEFAULT, PANEL_CONFIGS, PANEL_DEFAULT, SUBS, \
     choose, split_len, sub_width
 from .formats import CSR, ELL, INT32_MAX, JDS, Panels, RowStats, _need, as_csr, converted, merge_plan, stream_plan
@@ -84,18 +87,18 @@ def cost(M: int, N: int, nnz: int, beta: float = 0.0) -> Cost:
 # --------------------------------------------------------------------------- checks and launchers
 
 
-def _check(A, x, y, beta):
+def _check(A, x, y, beta, cpu=False):
     """x and y checked against A (ValueError naming the argument at fault). Returns (y, M): y, a new
     one when None, and A's row count, which every launcher sizes its grid by."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"spmv: 'x' must be a torch.Tensor, got {type(x).__name__}")
     M, N = A.shape
     dev = A.val.device
-    if dev.type != "cuda":
-        raise ValueError(f"spmv: 'A' (the matrix) is on {dev}; tilewise kernels need it on CUDA (use reference "
-                         f"on CPU)")
     if x.device != dev:
-        raise ValueError(f"spmv: 'x' is on {x.device} but the matrix is on {dev}")
+        raise ValueError(f"spmv: 'x' is on {x.device} but the matrix 'A' is on {dev}; put both on one device")
+    if dev.type != "cuda" and not (cpu and dev.type == "cpu"):
+        raise ValueError(f"spmv: 'A' (the matrix) is on {dev}; tilewise kernels need it on CUDA (tilewise.spmv "
+                         f"runs a CSR on the CPU through the reference)")
     if x.dtype != torch.float32:
         raise ValueError(f"spmv: 'x' has dtype {x.dtype}; expected float32")
     if tuple(x.shape) != (N,):
@@ -244,13 +247,27 @@ FORMAT_OF = {"csr_scalar": CSR, "csr_vector": CSR, "csr_split": CSR, "csr_merge"
              "ell": ELL, "jds": JDS, "panels": Panels}
 
 
+def _cpu_spmv(A, x, y, alpha, beta):
+    """The one CPU rule: a CSR on the CPU through the float64 reference (the other formats are GPU
+    layouts: built from a CSR on the GPU, or pass the CSR itself)."""
+    if not isinstance(A, CSR) or A.device.type != "cpu":
+        raise ValueError(f"spmv: 'x' is on cpu but 'A' is a {type(A).__name__} on {getattr(A, 'device', '?')}; "
+                         f"on CPU tensors spmv takes a CSR on the CPU (the PyTorch reference)")
+    for name, s in (("alpha", alpha), ("beta", beta)):
+        if not isinstance(s, numbers.Real) or isinstance(s, bool):
+            raise ValueError(f"spmv: '{name}' must be a number, got {s!r}")
+    out, _ = _check(A, x, y, beta, cpu=True)
+    return out.copy_(reference(A.row_ptr, A.col, A.val, x, y, float(alpha), float(beta)))
+
+
 def spmv(A, x: torch.Tensor, y: torch.Tensor | None = None, *, alpha: float = 1.0, beta: float = 0.0,
          variant: str | None = None, convert: bool = True) -> torch.Tensor:
     """``y = alpha * A @ x + beta * y``.
 
     A:       a ``CSR``, ``ELL``, ``JDS`` or ``Panels`` (built once, reused), or anything ``as_csr`` takes (a torch
              sparse CSR / COO or dense tensor, a SciPy sparse matrix), converted on each call.
-             M x N, float32 values, int32 indices, on a CUDA device.
+             M x N, float32 values, int32 indices, on a CUDA device; a CSR on the CPU with CPU x
+             and y runs the float64 PyTorch reference (any variant).
     x:       float32 (N,) on A's device.
     y:       float32 (M,) on A's device; written in place and returned. Needed when beta != 0; with
              beta == 0 it is not read. Default None: a new tensor.
@@ -264,6 +281,10 @@ def spmv(A, x: torch.Tensor, y: torch.Tensor | None = None, *, alpha: float = 1.
     """
     if not isinstance(A, (CSR, ELL, JDS, Panels)):
         A = as_csr(A, device=x.device if isinstance(x, torch.Tensor) else None)
+    if variant is not None and variant not in VARIANTS:
+        raise ValueError(f"spmv: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("spmv", {"x": x, "y": y}):
+        return _cpu_spmv(A, x, y, alpha, beta)
     if variant is None:
         if isinstance(A, (ELL, JDS, Panels)):
             variant = {ELL: "ell", JDS: "jds", Panels: "panels"}[type(A)]

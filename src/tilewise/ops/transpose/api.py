@@ -37,7 +37,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
-from .._checks import check_kernel_inputs
+from .._checks import check_kernel_inputs, runs_reference
 from .._memory import may_overlap
 from .configs import DEFAULT_VARIANT, V4_BUILT, V4_DEFAULT, V4Config, v4_tile
 
@@ -101,8 +101,8 @@ def _kernel(name: str, dtype: torch.dtype, device_index: int) -> rt.Kernel:
 # --------------------------------------------------------------------------- checks
 
 
-def _check(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    check_kernel_inputs("transpose", {"x": x}, reference="tilewise.ops.transpose.api.reference")
+def _check(x: torch.Tensor, out: torch.Tensor | None, cpu: bool = False) -> torch.Tensor:
+    check_kernel_inputs("transpose", {"x": x}, cpu=cpu)
     if x.dim() not in (2, 3):
         raise ValueError(f"transpose: 'x' must be 2-D (M, N) or 3-D (B, M, N), got shape {tuple(x.shape)}")
     if not x.is_contiguous():
@@ -208,7 +208,7 @@ def transpose(x: torch.Tensor, *, out: torch.Tensor | None = None, variant: str 
     """Transpose the last two dims of ``x`` into a new contiguous tensor.
 
     x:       contiguous CUDA tensor, (M, N) or (B, M, N), float32 / float16 / bfloat16; any sizes
-             (empty too).
+             (empty too). A CPU tensor runs the PyTorch reference (any variant).
     out:     optional contiguous tensor of shape (N, M) or (B, N, M), x's dtype and device, not
              overlapping x.
     variant: ``None`` (the fastest: v4_vec) or a key of ``VARIANTS``.
@@ -218,4 +218,6 @@ def transpose(x: torch.Tensor, *, out: torch.Tensor | None = None, variant: str 
         variant = DEFAULT_VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"transpose: unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    if runs_reference("transpose", {"x": x, "out": out}):
+        return _check(x, out, cpu=True).copy_(reference(x))
     return VARIANTS[variant](x, out)
