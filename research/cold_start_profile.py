@@ -93,10 +93,19 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
+    marks = []
+    if dev.type == "cuda":  # the driver's context apart from the model, as any PyTorch program pays it
+        t = time.perf_counter()
+        torch.cuda.init()
+        marks.append(("torch.cuda.init", time.perf_counter() - t))
+        t = time.perf_counter()
+        torch.zeros(1, device=dev)
+        sync()
+        marks.append(("first tensor", time.perf_counter() - t))
     t = time.perf_counter()
     model, opt = step_model(a.backend, a.mode, dropout=0.0, device=dev)
     sync()
-    marks = [("model + AdamW", time.perf_counter() - t)]
+    marks.append(("model + AdamW", time.perf_counter() - t))
     for T in (int(x) for x in a.buckets.split(",")):
         batch = synthetic_batches(1, 64, T, device=dev)[0]
         step = build_step(model, opt, a.mode, batch_size=64, seq_len=T, device=dev)

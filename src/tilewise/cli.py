@@ -1,4 +1,4 @@
-"""``tilewise info | bench | roofline | report | check | verify-status | train | predict | evaluate``."""
+"""``tilewise info | bench | roofline | report | check | verify-status | warmup | train | predict | evaluate``."""
 
 from __future__ import annotations
 
@@ -269,6 +269,30 @@ def cmd_verify_status(args) -> int:
     return code
 
 
+def cmd_warmup(args) -> int:
+    """Compile what the chosen op families and workloads need into the kernel caches (warmup.py)."""
+    from . import warmup
+
+    con = _console()
+    try:
+        tasks = warmup.select(args.ops, args.workload)
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    except ValueError as e:
+        print(f"tilewise warmup: error: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        warmup.list_tasks(con)
+        return 0
+    reason = _no_gpu_reason()
+    if reason:  # nothing to warm: the kernels compile by running, on the GPU they are built for
+        print(f"tilewise warmup: No GPU: {reason}. Warming the kernel caches runs each kernel once, which "
+              f"needs a CUDA GPU (`tilewise check --arch sm_90` compiles the CUDA C sources without one).",
+              file=sys.stderr)
+        return 2
+    return warmup.run(tasks, args.jobs or warmup.default_jobs(), con)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tilewise", description="GPU kernels for LLM workloads, measured "
                                 "against the roofline of the GPU in hand.")
@@ -309,6 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--record",
                    help="the record to compare with (default: bench/results/verified.json of this checkout)")
     s.set_defaults(fn=cmd_verify_status)
+
+    s = sub.add_parser("warmup", help="compile what op families and workloads need into the kernel caches, in "
+                                      "parallel (a first run then compiles nothing)")
+    s.add_argument("--ops", nargs="+", metavar="FAMILY", help="op families (default: all, and every workload); "
+                                                              "see --list")
+    s.add_argument("--workload", nargs="+", metavar="NAME", help="workloads, e.g. train (`tilewise train`'s "
+                                                                 "default model); see --list")
+    s.add_argument("--jobs", type=int, default=None,
+                   help="tasks at once (default: the CPU count, at most 8); autotuning ones run alone")
+    s.add_argument("--list", action="store_true", help="list the op families and workloads and exit")
+    s.set_defaults(fn=cmd_warmup)
 
     # The classifier's commands live with the training code (tilewise/sst2/).
     from .sst2 import commands as sst2

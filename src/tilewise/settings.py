@@ -14,6 +14,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
 | ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
+| ``TRITON_CACHE_DIR`` | Triton's kernel cache (Triton reads it; ``child_environment`` sets it for a child) |
 | ``TRITON_INTERPRET`` | ``1``: Triton's interpreter runs the Triton kernels on CPU tensors (tests) |
 | ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` | torchrun's process group (SST-2 training) |
 """
@@ -94,3 +95,21 @@ def distributed() -> tuple[int, int, int]:
     """(world size, rank, local rank) as torchrun sets them; (1, 0, 0) in a plain process."""
     return (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
             int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def child_environment(cache_dir: Path | str | None = None, triton_cache_dir: Path | str | None = None,
+                      **extra: str) -> dict[str, str]:
+    """The environment for a child Python process that imports this tilewise: a copy of this one's,
+    with the package's folder first on ``PYTHONPATH`` (a source checkout need not be installed), the
+    kernel cache and Triton's cache moved where asked (warmup workers, cold-start timing), and the
+    ``extra`` variables set."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    env["PYTHONPATH"] = os.pathsep.join([src, *path])
+    if cache_dir is not None:
+        env[CACHE_DIR] = str(cache_dir)
+    if triton_cache_dir is not None:
+        env["TRITON_CACHE_DIR"] = str(triton_cache_dir)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env

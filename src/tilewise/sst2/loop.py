@@ -112,6 +112,14 @@ class EMA:
 
 # --------------------------------------------------------------------------- one step, evaluation
 
+EVAL_BATCH_SIZE = 256
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """The lengths batches are padded to when ``--buckets`` is not given but fixed shapes are wanted
+    (``--graph``, or the tilewise backend): 16, 32, 64 below ``max_len``, then ``max_len``."""
+    return tuple(b for b in (16, 32, 64) if b < max_len) + (max_len,)
+
 
 def eager_step(model, opt, batch: dataset.Batch, set_to_none: bool = True, fwd=None) -> torch.Tensor:
     """One step. ``fwd``: what runs the forward (the DistributedDataParallel wrapper under
@@ -125,7 +133,7 @@ def eager_step(model, opt, batch: dataset.Batch, set_to_none: bool = True, fwd=N
 
 
 @torch.no_grad()
-def evaluate(model: SentimentClassifier, data: dataset.EncodedSplit, batch_size: int = 256,
+def evaluate(model: SentimentClassifier, data: dataset.EncodedSplit, batch_size: int = EVAL_BATCH_SIZE,
              device=None, buckets=None) -> dict[str, float]:
     """Accuracy and mean loss of ``model`` on ``data`` (eval mode; restores the mode after)."""
     was = model.training
@@ -243,17 +251,22 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ``cfg.output_dir``; return the metrics. Under torchrun (``torchrun --nproc_per_node N -m
     tilewise train ...``) it trains data-parallel with DistributedDataParallel: each process takes
     every N-th batch of the same shuffled order, gradients are averaged, and rank 0 evaluates and
-    writes the outputs (the others return its metrics' shape with their own losses)."""
+    writes the outputs (the others return its metrics' shape with their own losses).
+
+    ``metrics["startup"]``: ``setup_s``, seconds from this call to the first optimizer step's start
+    (data, model, GloVe, graphs set up), and ``first_step_s``, that step's seconds with the device
+    synchronized (its compiles, autotuning and graph capture); None when no step ran."""
+    started = time.perf_counter()
     cfg, dist, dist_notes = ddp.init_distributed(cfg)
     try:
         with contextlib.ExitStack() as held:  # the output directory's lock
-            return _train(cfg, dist, dist_notes, held)
+            return _train(cfg, dist, dist_notes, held, started)
     finally:
         ddp.shutdown(dist)
 
 
-def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack
-           ) -> dict[str, Any]:
+def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack,
+           started: float) -> dict[str, Any]:
     check_options(cfg)
     device, backend, notes = resolve_device_backend(cfg)
     if cfg.graph is None:  # auto: every op of the step is capturable, so a GPU replays graphs
@@ -314,7 +327,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         # padding each batch to its own longest sentence gives up to max_len different M = B x T
         # (and as many for evaluation), each a fresh autotune of several kernels; a few bucket
         # lengths bound that to a few.
-        buckets = tuple(b for b in (16, 32, 64) if b < cfg.max_len) + (cfg.max_len,)
+        buckets = default_buckets(cfg.max_len)
         notes.append(f"batches padded to the bucket lengths {buckets}")
         con.print(notes[-1])
     graphed = GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
@@ -329,6 +342,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps)
     total_steps = steps_per_epoch * cfg.epochs
     scheduled = cfg.lr_schedule != "constant" or cfg.freeze_embeddings_epochs > 0
+    startup: dict[str, float] | None = None
     model.train()
     with Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"),
@@ -346,10 +360,18 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
                     break
                 if scheduled:
                     _set_lrs(opt, group_lrs(cfg, epoch, epoch * steps_per_epoch + step, total_steps))
+                first = startup is None
+                if first:
+                    first_at = time.perf_counter()
                 if graphed is not None and b.ids.shape[0] == cfg.batch_size:
                     loss = graphed(b).detach().clone()
                 else:
                     loss = eager_step(model, opt, b, set_to_none=graphed is None, fwd=fwd)
+                if first:  # one sync, so that the first step's time is its own (compiles, autotune, capture)
+                    sync(device)
+                    startup = {"setup_s": first_at - started, "first_step_s": time.perf_counter() - first_at}
+                    con.print(f"start-up: {startup['setup_s']:.2f} s to the first step, which took "
+                              f"{startup['first_step_s']:.2f} s")
                 if ema is not None:
                     ema.update()
                 losses.append(loss)
@@ -394,7 +416,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         "best_dev_accuracy": max((h["dev_accuracy"] for h in history), default=None),
         "best_epoch": max(history, key=lambda h: h["dev_accuracy"])["epoch"] if history else None,
         "final_dev_accuracy": history[-1]["dev_accuracy"] if history else None,
-        "torch": torch.__version__, "world_size": world,
+        "torch": torch.__version__, "world_size": world, "startup": startup,
     }
     if not lead:
         return metrics

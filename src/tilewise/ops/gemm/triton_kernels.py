@@ -43,6 +43,7 @@ from triton.runtime.jit import JITFunction
 
 from ...runtime import cuda as rt
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
+from ...runtime.autotune_store import stored_autotune
 from .configs import (AUTOTUNE, BK_FOR_ITEMSIZE, IN_DTYPES, INTERP_TILE, SMEM_LIMIT, SPLIT_TILE,
                       SPLIT_TILE_INTERP, SPLITK_TILE, STREAMK_TILE, TWO_BYTE, Operand, Tile)
 from .configs import tma_applies as _tma_applies, tma_loads_ok as _tma_loads_ok
@@ -444,9 +445,10 @@ if INTERPRET:
     _tma = _gemm_tma_persistent_kernel
 else:
     _prune_opts = {"early_config_prune": _prune}
-    _tiled = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_kernel)
-    _persistent = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_persistent_kernel)
-    _tma = triton.autotune(_tma_configs(), key=_KEY + ["B_KMAJOR", "dtype_tag"], prune_configs_by=_prune_opts)(
+    # Picks kept on disk (runtime/autotune_store.py): a new process skips the timing.
+    _tiled = stored_autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_kernel)
+    _persistent = stored_autotune(_CONFIGS, key=_KEY, prune_configs_by=_prune_opts)(_gemm_persistent_kernel)
+    _tma = stored_autotune(_tma_configs(), key=_KEY + ["B_KMAJOR", "dtype_tag"], prune_configs_by=_prune_opts)(
         _gemm_tma_persistent_kernel)
 
 
