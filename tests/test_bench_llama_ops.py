@@ -9,9 +9,13 @@ class _Runner:
 
     def __init__(self):
         self.rows = []
+        self.logs = []
 
     def status(self, msg):
         pass
+
+    def log(self, msg):
+        self.logs.append(msg)
 
     def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
         self.rows.append((variant, ms, baseline, baseline_ms))
@@ -21,10 +25,30 @@ def test_only_ours_names_a_baseline_the_fastest_other(monkeypatch):
     speed = {"torch_eager": 3.0, "torch.compile": 1.2, "tilewise": 1.0, "liger": 1.1}
     cands = {n: (lambda *a, _n=n: _n) for n in speed}
     seen = iter(list(speed.values()))
-    monkeypatch.setattr(L, "time_ms", lambda fn: next(seen))
+    monkeypatch.setattr(L, "time_ms", lambda fn: 99.0)
+    monkeypatch.setattr(L, "time_ms_graph", lambda fn, **kw: next(seen))
     r = _Runner()
     L.time_rows(r, "op", "1x1", "bfloat16", None, cands, (0,), lambda name, out: None, backward=False)
     by = {v: (ms, b, bms) for v, ms, b, bms in r.rows}
     assert by["tilewise"] == (1.0, "liger", 1.1)
     assert all(by[n][1] == "" and by[n][2] is None for n in ("torch_eager", "torch.compile", "liger"))
 
+
+
+def test_rows_hold_device_time_and_eager_where_capture_fails(monkeypatch):
+    # The row is the graph's time; a candidate whose capture raises keeps its eager time, and the log says so.
+    def graph(fn, **kw):
+        if fn() == "liger":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.5
+
+    monkeypatch.setattr(L, "time_ms", lambda fn: 2.0)
+    monkeypatch.setattr(L, "time_ms_graph", graph)
+    monkeypatch.setattr(L.torch.cuda, "synchronize", lambda: None)
+    cands = {n: (lambda *a, _n=n: _n) for n in ("torch_eager", "tilewise", "liger")}
+    r = _Runner()
+    L.time_rows(r, "op", "1x1", "bfloat16", None, cands, (0,), lambda name, out: None, backward=False)
+    by = {v: ms for v, ms, _, _ in r.rows}
+    assert by == {"torch_eager": 0.5, "tilewise": 0.5, "liger": 2.0}
+    assert any("liger" in m and "no CUDA graph" in m for m in r.logs)
+    assert any("tilewise" in m and "0.5000 ms device" in m and "2.0000 ms eager" in m for m in r.logs)

@@ -1,6 +1,12 @@
 """What the rmsnorm, rope and swiglu suites share: Liger-Kernel's version when its wheel is carried,
 and one row a candidate, each checked and timed forward or forward + backward; ours against the
-fastest of the others."""
+fastest of the others.
+
+Rows hold device time with the host out of the picture (``time_ms_graph``: back-to-back calls in a CUDA
+graph; the inputs, 128 MiB a tensor, are far larger than L2 either way): events around eager calls
+timed the host, whose forward + backward through autograd can cost more than these kernels need on
+the device (docs/tuning/norm.md, "Bench rows: device time"). The eager time is logged beside each
+row, so a host-bound case stays visible."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import importlib
 
 import torch
 
-from ..harness import time_ms
+from ..harness import time_ms, time_ms_graph
 
 OURS = "tilewise"  # the candidate whose row names a baseline (report.best_of_ours reads such rows as ours)
 
@@ -53,12 +59,28 @@ def time_rows(r, opname, shape, dtype, cost, cands, args, check_out, backward, d
         if backward:
             ins = [a.detach().requires_grad_(True) if i in diff else a for i, a in enumerate(args)]
             leaves = [ins[i] for i in diff]
-            ms = time_ms(lambda: torch.autograd.grad(fn(*ins), leaves, grad_outputs, allow_unused=True))
+            call = (lambda fn=fn, ins=ins, leaves=leaves:
+                    torch.autograd.grad(fn(*ins), leaves, grad_outputs, allow_unused=True))
         else:
-            ms = time_ms(lambda: fn(*args))
-        times[name] = ms
+            call = (lambda fn=fn: fn(*args))
+        times[name] = device_ms(r, f"{opname} {shape} {name}", call)
     others = {n: ms for n, ms in times.items() if n != OURS}
     best = min(others, key=others.get) if others else ""
     for name, ms in times.items():
         base = best if name == OURS else ""
         r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=others.get(base) if base else None)
+
+
+def device_ms(r, what: str, call) -> float:
+    """``call``'s device time (``time_ms_graph``), its eager time (events, host included) logged beside
+    it; eager alone, said so, where the call cannot be captured in a CUDA graph."""
+    eager = time_ms(call)
+    try:
+        ms = time_ms_graph(call, calls=10, repeats=11)
+    except Exception as e:  # noqa: BLE001 - a candidate that does not capture keeps its eager row
+        torch.cuda.synchronize()
+        r.log(f"  {what}: {eager:.4f} ms eager; no CUDA graph ({type(e).__name__}: {str(e)[:120]}), "
+              f"so the row holds the eager time")
+        return eager
+    r.log(f"  {what}: {ms:.4f} ms device (graph), {eager:.4f} ms eager")
+    return ms
