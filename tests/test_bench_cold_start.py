@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tilewise import settings
 from tilewise.bench import harness
 from tilewise.bench.suites import cold_start as cs
 from tilewise.sst2 import loop
@@ -123,3 +124,25 @@ def test_classifier_case_warm_is_faster_than_empty(monkeypatch):
     cs.measure(r, [CLASSIFIER])
     rows = {(x.variant, x.shape.rsplit(", ", 1)[1]): x.median_ms for x in r.rows}
     assert rows["tilewise", "warm caches"] < rows["tilewise", "empty caches"], rows
+
+
+def test_train_case_times_prewarm_as_a_variant_of_ours(monkeypatch, tmp_path):
+    # The train case runs the baseline, tilewise and tilewise --prewarm, each on its own fresh caches;
+    # both of ours name the torch row of the same shape.
+    monkeypatch.setenv(settings.SST2_DIR, str(tmp_path))
+    train = next(c for c in cs.CASES if c.name == "train_100_steps")
+    assert train.variants == ("tilewise", "tilewise_prewarm")
+    assert cs.TRAIN_VARIANTS["tilewise_prewarm"][-1] == "--prewarm"
+    seen = []
+
+    def fake(case, backend, caches, extra=(), timeout_s=None):
+        seen.append(backend)
+        return {"cold_start": case, "first_s": 2.0, "process_s": 10.0 if backend != "tilewise_prewarm" else 7.0}
+
+    monkeypatch.setattr(cs, "run_child", fake)
+    r = harness.Runner()
+    cs.measure(r, [train])
+    assert sorted(set(seen)) == ["tilewise", "tilewise_prewarm", "torch"]
+    walls = {x.variant: x for x in r.rows if "wall, empty" in x.shape}
+    assert walls["tilewise_prewarm"].median_ms == 7000 and walls["tilewise_prewarm"].baseline == "torch"
+    assert walls["tilewise"].baseline_ms == 10000

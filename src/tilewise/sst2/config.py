@@ -44,9 +44,19 @@ class TrainConfig:
     progress: bool = True
     max_steps: int | None = None       # stop each epoch after this many steps (tests, smoke runs)
     plot: bool = True                  # write loss_curve.png (matplotlib: ~0.5 s; sweeps turn it off)
+    prewarm: bool = False              # compile the model's kernels in child processes, side by side,
+    #                                    while the run starts (tilewise backend, default model shape,
+    #                                    one process; skipped when the caches already hold them)
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+EVAL_BATCH_SIZE = 256
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """The lengths batches are padded to when ``--buckets`` is not given but fixed shapes are wanted
+    (``--graph``, or the tilewise backend): 16, 32, 64 below ``max_len``, then ``max_len``."""
+    return tuple(b for b in (16, 32, 64) if b < max_len) + (max_len,)
 
 
 def check_options(cfg: TrainConfig) -> None:

@@ -27,8 +27,9 @@ import torch
 from .._files import write_atomic
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
-from . import checkpoint, dataset, ddp
-from .config import LR_SCHEDULES, TrainConfig, check_options, resolve_device_backend
+from . import checkpoint, dataset, ddp, prewarm as _prewarm
+from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
+                     resolve_device_backend)
 from .graph_step import GraphedStep
 
 # --------------------------------------------------------------------------- schedule and weight average
@@ -111,14 +112,6 @@ class EMA:
 
 
 # --------------------------------------------------------------------------- one step, evaluation
-
-EVAL_BATCH_SIZE = 256
-
-
-def default_buckets(max_len: int) -> tuple[int, ...]:
-    """The lengths batches are padded to when ``--buckets`` is not given but fixed shapes are wanted
-    (``--graph``, or the tilewise backend): 16, 32, 64 below ``max_len``, then ``max_len``."""
-    return tuple(b for b in (16, 32, 64) if b < max_len) + (max_len,)
 
 
 def eager_step(model, opt, batch: dataset.Batch, set_to_none: bool = True, fwd=None) -> torch.Tensor:
@@ -237,6 +230,21 @@ def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[to
     return opt, tensor_lr
 
 
+def _start_prewarm(cfg: TrainConfig, backend: str, device: torch.device, dist) -> tuple[Any, str | None]:
+    """(a running ``warmup.Prewarm`` or None, a note for the run's log). Its pieces run the default
+    model's shapes, so another shape, or another backend or device, skips it and says why."""
+    if backend != "tilewise" or device.type != "cuda" or dist is not None:
+        return None, "--prewarm: skipped (it warms the tilewise backend's kernels for one GPU process)"
+    default = TrainConfig()
+    fields = ("batch_size", "embed_dim", "hidden", "max_len")
+    if any(getattr(cfg, f) != getattr(default, f) for f in fields) or \
+            cfg.buckets not in (None, default_buckets(default.max_len)):
+        return None, ("--prewarm: skipped (it warms the default model shape: --batch-size, --hidden, "
+                      "--max-len and --buckets as their defaults)")
+    pw = _prewarm.start_prewarm(torch.cuda.get_device_name(device))
+    return pw, None if pw is not None else "--prewarm: the kernel caches already hold this model's kernels"
+
+
 def _console(cfg):
     from rich.console import Console
 
@@ -285,6 +293,11 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     if lead:  # before any data is read or step taken
         checkpoint.claim_output_dir(out, held)
     torch.manual_seed(cfg.seed)
+    prewarm = None
+    if cfg.prewarm:  # started before the data is read, so the compiles overlap it
+        prewarm, why = _start_prewarm(cfg, backend, device, dist)
+        if why:
+            notes.append(why)
 
     data = _load_data(cfg.data_dir, cfg.download)
     ckpt_path = out / checkpoint.CHECKPOINT_NAME
@@ -330,6 +343,8 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         buckets = default_buckets(cfg.max_len)
         notes.append(f"batches padded to the bucket lengths {buckets}")
         con.print(notes[-1])
+    if prewarm is not None:
+        con.print(prewarm.wait())
     graphed = GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
     fwd = ddp.wrap(model, dist, device)
 

@@ -17,7 +17,9 @@ what a user would run instead, with its own fresh caches:
                              --embedding-init random`` (only when TILEWISE_SST2_DIR names the
                              data): the process's wall time, and the seconds to the end of its
                              first step (the child's imports + the ``startup`` that train records
-                             in metrics.json); tilewise vs the torch backend
+                             in metrics.json); tilewise, and tilewise with ``--prewarm`` (its
+                             kernels compiled in parallel child processes while it starts), vs
+                             the torch backend
 
 Rows: op ``cold_start``; shape "<case> <sizes>: <what>, empty caches" (or warm caches); variant
 ``tilewise`` against the baseline's row of the same shape (``torch`` or ``torch_sdpa``);
@@ -60,6 +62,7 @@ class Case:
     dtype: str
     baseline: str                          # the variant name of the PyTorch path
     measures: tuple[tuple[str, str], ...]  # (what a row reports, the child's JSON key)
+    variants: tuple[str, ...] = ("tilewise",)  # ours, each timed beside the baseline
 
 
 CASES: tuple[Case, ...] = (
@@ -68,9 +71,11 @@ CASES: tuple[Case, ...] = (
     Case("flash_attention_fwd_bwd", "B={B} H={H} Hkv={Hkv} S={S} D={D} causal".format(**ATTN), "bfloat16",
          "torch_sdpa", (("forward + backward", "first_s"),)),
     Case("train_100_steps", " ".join(TRAIN_ARGS), "float32", "torch",
-         (("wall", "process_s"), ("to the first step's end", "first_s"))),
+         (("wall", "process_s"), ("to the first step's end", "first_s")), ("tilewise", "tilewise_prewarm")),
 )
-BACKENDS = ("torch", "tilewise")  # the baseline first: ours names its time
+# A variant of ours that is not a backend name: the options it adds to `tilewise train`.
+TRAIN_VARIANTS = {"tilewise": ("--backend", "tilewise"), "tilewise_prewarm": ("--backend", "tilewise", "--prewarm"),
+                  "torch": ("--backend", "torch")}
 
 # The child: the clock starts before any import.
 _CHILD = ("import time; t0 = time.perf_counter(); import sys; from tilewise.bench.suites import cold_start; "
@@ -134,7 +139,7 @@ def _child_train(backend: str, t0: float, extra: Sequence[str]) -> dict:
 
     data_dir, out_dir = extra
     t_imp = time.perf_counter()
-    code = cli.main(["train", "--data-dir", data_dir, *TRAIN_ARGS, "--backend", backend, "--output-dir", out_dir,
+    code = cli.main(["train", "--data-dir", data_dir, *TRAIN_ARGS, *TRAIN_VARIANTS[backend], "--output-dir", out_dir,
                      "--no-progress"])
     if code != 0:
         raise SystemExit(f"tilewise train exited with status {code}")
@@ -225,7 +230,7 @@ def measure(r, cases: Sequence[Case]) -> None:
     failures: list[str] = []
     for case in cases:
         got: dict[str, dict] = {}
-        for backend in BACKENDS:
+        for backend in ("torch", *case.variants):  # the baseline first: ours names its time
             r.status(f"cold_start {case.name} {backend}")
             try:
                 got[backend] = measure_backend(case, backend)
@@ -243,9 +248,10 @@ def measure(r, cases: Sequence[Case]) -> None:
                 if "torch" in got:
                     base_ms = 1e3 * seconds(got["torch"], state, key)
                     r.add(OP, case.baseline, shape, case.dtype, base_ms)
-                if "tilewise" in got:
-                    r.add(OP, "tilewise", shape, case.dtype, 1e3 * seconds(got["tilewise"], state, key),
-                          baseline=case.baseline if base_ms is not None else "", baseline_ms=base_ms)
+                for ours in case.variants:
+                    if ours in got:
+                        r.add(OP, ours, shape, case.dtype, 1e3 * seconds(got[ours], state, key),
+                              baseline=case.baseline if base_ms is not None else "", baseline_ms=base_ms)
     if failures:
         raise CheckError("cold_start: " + " | ".join(f[-800:] for f in failures))
 

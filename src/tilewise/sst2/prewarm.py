@@ -1,0 +1,122 @@
+"""``tilewise train --prewarm``: the classifier's kernels compiled in child processes, side by side,
+while the run reads its data and builds its model, so its first steps find them in the caches.
+
+The model's step is split into pieces whose kernels are disjoint (``CLASSIFIER_TASKS``: the embedding,
+the first linear layer + ReLU, the pooling + output layer + loss), each run by ``python -m
+tilewise.warmup --task train.<piece>`` through the same ``nn.functional`` entry points the model calls,
+at every padded shape the default run uses. A marker file in the kernel cache says when a run can
+skip it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import triton
+
+from .. import settings, verify
+from ..nn import functional as twf
+from .._files import write_atomic
+from .._jobs import Task, default_jobs, jobs_for, run_jobs, triton_cache_dir
+from .config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
+
+PARTS = ("embedding", "fc1", "head")
+# SST-2's training vocabulary at min_count 1 (the train_step bench's V): the embedding's row count.
+SST2_VOCAB = 14819
+
+
+def _classifier_part(part: str) -> None:
+    """One piece of the SST-2 classifier's step through the entry points its forward calls
+    (nn/classifier.py), at every padded shape ``tilewise train`` runs with its default config:
+    training batches forward and backward, evaluation batches forward. The pieces' kernels are
+    disjoint, so three processes compile (and the GEMMs autotune) side by side what one step would
+    do in turn. part: "embedding", "fc1" (linear + ReLU), "head" (pooling, output layer, loss)."""
+    if part not in PARTS:
+        raise ValueError(f"_classifier_part: part must be one of {PARTS}, got {part!r}")
+
+    cfg, dev = TrainConfig(), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    E, H, V = cfg.embed_dim, cfg.hidden, SST2_VOCAB
+
+    def rand(*shape, grad=True):
+        return torch.randn(*shape, device=dev, generator=g).requires_grad_(grad)
+
+    w_emb, w1, b1, w2, b2 = rand(V, E), rand(H, E), rand(H), rand(2, H), rand(2)
+    buckets = default_buckets(cfg.max_len)
+    shapes = [(cfg.batch_size, T, True) for T in buckets] + [(EVAL_BATCH_SIZE, T, False) for T in buckets]
+    for B, T, grad in shapes:
+        with torch.set_grad_enabled(grad):
+            if part == "embedding":
+                y = twf.embedding(torch.randint(1, V, (B, T), device=dev, generator=g), w_emb, padding_idx=0)
+            elif part == "fc1":
+                y = twf.linear(rand(B, T, E, grad=grad), w1, b1, activation="relu")
+            else:
+                lengths = torch.randint(1, T + 1, (B,), device=dev, generator=g)
+                logits = twf.linear(twf.masked_mean(rand(B, T, H, grad=grad), lengths), w2, b2)
+                y = twf.cross_entropy(logits, torch.randint(0, 2, (B,), device=dev, generator=g))
+            if grad:
+                y.backward(torch.randn_like(y))
+    if part == "head":
+        twf.check_targets(dev)
+    torch.cuda.synchronize()
+
+
+CLASSIFIER_TASKS: tuple[Task, ...] = tuple(
+    Task(f"train.{part}", "train", f"the classifier's {what} at train's shapes, side by side with the others",
+         partial(_classifier_part, part))
+    for part, what in (("embedding", "embedding"), ("fc1", "first linear layer + ReLU"),
+                       ("head", "pooling, output layer and loss")))
+
+
+def prewarm_marker(device_name: str) -> Path:
+    """The file whose presence says the classifier's pieces were warmed into these caches: named by
+    a hash over what would make them compile again (the GPU sources' sizes and times, Triton's and
+    PyTorch's versions, the device, the Triton cache folder)."""
+    h = hashlib.sha256()
+    for f in verify.gpu_sources():
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    h.update(f"{triton.__version__}|{torch.__version__}|{device_name}|{triton_cache_dir()}".encode())
+    return settings.cache_dir() / "warm" / f"train-{h.hexdigest()[:24]}.json"
+
+
+class Prewarm:
+    """The classifier's pieces (``CLASSIFIER_TASKS``) compiling in child processes while the run
+    reads its data and builds its model; ``wait()`` joins them before the first step. A piece that
+    fails costs nothing but time: the step compiles what is missing itself."""
+
+    def __init__(self, marker: Path, n_jobs: int | None = None, tasks: Sequence[Task] = CLASSIFIER_TASKS):
+        self.marker, self.t0 = marker, time.perf_counter()
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        n = n_jobs or min(default_jobs(), len(tasks))
+        self._future = self._pool.submit(run_jobs, jobs_for(tasks), n)
+
+    def wait(self) -> str:
+        """Join the pieces; one line saying what they did (the run prints it)."""
+        results = self._future.result()
+        self._pool.shutdown()
+        secs = time.perf_counter() - self.t0
+        failed = [r for r in results if not r.ok]
+        if failed:
+            first = failed[0].error.splitlines()[-1] if failed[0].error else "no message"
+            return (f"kernel warm-up: {', '.join(r.name for r in failed)} failed ({first}); the first steps "
+                    f"compile what is missing")
+        try:
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.marker, json.dumps({"tasks": [r.name for r in results]}).encode())
+        except OSError:
+            pass  # a read-only cache: the next run warms again
+        return (f"kernel warm-up: {len(results)} pieces of the model compiled side by side in {secs:.1f} s, "
+                f"beside the run's own start-up")
+
+
+def start_prewarm(device_name: str) -> Prewarm | None:
+    """A ``Prewarm`` of the classifier's pieces, or None when these caches already hold them."""
+    marker = prewarm_marker(device_name)
+    return None if marker.exists() else Prewarm(marker)
