@@ -269,8 +269,8 @@ FAMILY_TASKS: tuple[Task, ...] = (
 )
 WORKLOAD_TASKS: tuple[Task, ...] = (
     *CLASSIFIER_TASKS,
-    Task("train", "train", "`tilewise train`'s default model: a graphed step per bucket, evaluation (after "
-         "the pieces above: what they missed)", _train_workload, alone=True),
+    Task("train", "train", "the whole model: a graphed step per bucket, evaluation (what the pieces missed)",
+         _train_workload, alone=True),
 )
 TASKS: dict[str, Task] = {t.name: t for t in FAMILY_TASKS + WORKLOAD_TASKS}
 
@@ -325,10 +325,11 @@ def list_tasks(console) -> None:
         parts = f" [{len(tasks)} tasks]" if len(tasks) > 1 else ""
         alone = " (autotunes: runs alone, after the others)" if any(t.alone for t in tasks) else ""
         console.print(f"  {fam:<10} {'; '.join(dict.fromkeys(t.what for t in tasks))}{parts}{alone}")
-    console.print("workloads (--workload):")
+    console.print("workloads (--workload), their tasks in order:")
     for name, tasks in workloads().items():
-        alone = " (autotunes: runs alone, after the others)" if any(t.alone for t in tasks) else ""
-        console.print(f"  {name:<10} {'; '.join(t.what for t in tasks)}{alone}")
+        console.print(f"  {name}")
+        for t in tasks:
+            console.print(f"    {t.name:<16} {t.what}{' (alone, last)' if t.alone else ''}")
 
 
 def run(tasks: Sequence[Task], n_jobs: int, console) -> int:

@@ -68,10 +68,9 @@ def _classifier_part(part: str) -> None:
 
 
 CLASSIFIER_TASKS: tuple[Task, ...] = tuple(
-    Task(f"train.{part}", "train", f"the classifier's {what} at train's shapes, side by side with the others",
+    Task(f"train.{part}", "train", f"the classifier's {what} at the default run's shapes",
          partial(_classifier_part, part))
-    for part, what in (("embedding", "embedding"), ("fc1", "first linear layer + ReLU"),
-                       ("head", "pooling, output layer and loss")))
+    for part, what in (("embedding", "embedding"), ("fc1", "first layer + ReLU"), ("head", "pooling, output, loss")))
 
 
 def prewarm_marker(device_name: str) -> Path:
