@@ -83,6 +83,18 @@ def test_check_for_another_arch_skips_the_sm90a_sources(fresh_cache, monkeypatch
     assert cli.main(["check", "--arch", "sm_80", "--jobs", "1"]) == 0
 
 
+@pytest.mark.parametrize("arch, code", [("sm_90", 1), ("sm_90a", 1), ("sm_80", 0)])
+def test_check_fails_on_spills_only_for_the_tuned_arch(monkeypatch, capsys, arch, code):
+    # The tiles' register budgets are sm_90's: a spill there fails the check; elsewhere it is reported.
+    from tilewise import cli
+
+    spilling = rt.KernelResources("k<float>", "_Z1k", arch, 255, 0, 0, 64, 64)
+    monkeypatch.setattr(rt, "check_package", lambda arch, jobs=None: [spilling])
+    monkeypatch.setattr(rt, "arch_only_sources", lambda arch: {})
+    assert cli.main(["check", "--arch", arch]) == code
+    assert "spills in: k<float>" in capsys.readouterr().out
+
+
 def test_templates_through_name_expressions(fresh_cache):
     names = ["scale<float>", "scale<__half>", "scale<__nv_bfloat16>"]
     m = rt.compile_source(TEMPLATE_SRC, name="scale.cu", name_expressions=names, arch="sm_90")

