@@ -127,3 +127,19 @@ def test_gpu_pieces_leave_nothing_for_the_whole_step(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     new = sorted(files() - before)
     assert not new, f"the whole step compiled what the pieces missed: {new[:12]}"
+
+
+def test_import_in_background_loads_the_module(tmp_path, monkeypatch):
+    # A module imported by the thread is the one a later import finds; a failing one is left to that import.
+    (tmp_path / "tw_slow_mod.py").write_text("import time\ntime.sleep(0.2)\nVALUE = 7\n")
+    (tmp_path / "tw_bad_mod.py").write_text("raise RuntimeError('no')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    th = prewarm.import_in_background("tw_slow_mod")
+    import tw_slow_mod  # waits on the thread's import
+
+    assert tw_slow_mod.VALUE == 7
+    th.join(5)
+    assert not th.is_alive() and sys.modules["tw_slow_mod"] is tw_slow_mod
+    prewarm.import_in_background("tw_bad_mod").join(5)
+    with pytest.raises(RuntimeError, match="no"):
+        import tw_bad_mod  # noqa: F401

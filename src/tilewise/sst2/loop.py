@@ -295,6 +295,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     torch.manual_seed(cfg.seed)
     prewarm = None
     if cfg.prewarm:  # started before the data is read, so the compiles overlap it
+        _prewarm.import_in_background("torch._dynamo")  # AdamW's constructor imports it
         prewarm, why = _start_prewarm(cfg, backend, device, dist)
         if why:
             notes.append(why)

@@ -10,7 +10,9 @@ skip it."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -113,6 +115,24 @@ class Prewarm:
             pass  # a read-only cache: the next run warms again
         return (f"kernel warm-up: {len(results)} pieces of the model compiled side by side in {secs:.1f} s, "
                 f"beside the run's own start-up")
+
+
+def import_in_background(name: str) -> threading.Thread:
+    """Import module ``name`` in a daemon thread, started now: a later ``import`` of it waits for this
+    one (Python's per-module import lock) instead of doing the work then. For ``torch._dynamo``, which
+    AdamW's constructor imports on its first call: 3.8 s of the classifier's 7.9 s warm start on the
+    H200's host (research/cold_start_profile.py), here overlapping the data's reading. A failure is
+    left to that later import to raise."""
+    th = threading.Thread(target=_quiet_import, args=(name,), name=f"import {name}", daemon=True)
+    th.start()
+    return th
+
+
+def _quiet_import(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - the import that needs the module raises it again, in its own thread
+        pass
 
 
 def start_prewarm(device_name: str) -> Prewarm | None:
