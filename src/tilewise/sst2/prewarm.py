@@ -14,7 +14,6 @@ import importlib
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Sequence
@@ -94,14 +93,19 @@ class Prewarm:
 
     def __init__(self, marker: Path, n_jobs: int | None = None, tasks: Sequence[Task] = CLASSIFIER_TASKS):
         self.marker, self.t0 = marker, time.perf_counter()
-        self._pool = ThreadPoolExecutor(max_workers=1)
         n = n_jobs or min(default_jobs(), len(tasks))
-        self._future = self._pool.submit(run_jobs, jobs_for(tasks), n)
+        self._results: list = []
+        # A daemon thread: a run that fails before wait() exits at once (the children finish on their own).
+        self._thread = threading.Thread(target=lambda: self._results.extend(run_jobs(jobs_for(tasks), n)),
+                                        name="tilewise prewarm", daemon=True)
+        self._thread.start()
 
     def wait(self) -> str:
         """Join the pieces; one line saying what they did (the run prints it)."""
-        results = self._future.result()
-        self._pool.shutdown()
+        self._thread.join()
+        results = self._results
+        if not results:
+            return "kernel warm-up: the pieces gave no result; the first steps compile what they need"
         secs = time.perf_counter() - self.t0
         failed = [r for r in results if not r.ok]
         if failed:
