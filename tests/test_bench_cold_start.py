@@ -24,6 +24,9 @@ def test_quick_skips_the_suite_and_the_cases_are_listed():
     assert r.rows == [] and "skipped under --quick" in logged[0]
     assert [c.name for c in cs.CASES] == ["classifier_step", "flash_attention_fwd_bwd", "train_100_steps"]
     assert all(c.baseline.startswith("torch") for c in cs.CASES)
+    from tilewise.sst2.config import SST2_VOCAB
+
+    assert cs.V == SST2_VOCAB  # written out there (see its comment); the same vocabulary
 
 
 def test_train_case_only_with_the_sst2_folder(monkeypatch, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tilewise import _jobs, settings
-from tilewise.sst2 import loop, prewarm
+from tilewise.sst2 import prewarm
 from tilewise.sst2.config import TrainConfig
 
 
@@ -73,8 +73,8 @@ def test_the_pieces_are_the_classifier_at_train_shapes():
 def test_run_skips_with_a_reason(change, why):
     cfg = replace(TrainConfig(prewarm=True), **change)
     backend = change.get("backend", "tilewise")
-    pw, note = loop._start_prewarm(cfg, backend, torch.device("cuda") if backend == "tilewise" else
-                                   torch.device("cpu"), None)
+    pw, note = prewarm.start_for_run(cfg, backend, torch.device("cuda") if backend == "tilewise" else
+                                      torch.device("cpu"), None)
     assert pw is None and why in note
 
 

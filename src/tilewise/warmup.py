@@ -30,7 +30,8 @@ from typing import Sequence
 from . import settings
 from ._jobs import (STDERR_TAIL, TASK_TIMEOUT_S, Job, Result, Task, child_command, default_jobs,  # noqa: F401
                     jobs_for, run_job, run_jobs, triton_cache_dir)
-from .sst2.prewarm import CLASSIFIER_TASKS, SST2_VOCAB
+from .sst2.config import SST2_VOCAB
+from .sst2.prewarm import CLASSIFIER_TASKS
 
 FLOATS = ("float32", "float16", "bfloat16")
 HALVES = ("bfloat16", "float16")
@@ -232,12 +233,12 @@ def _train_workload() -> None:
     import torch
 
     from .nn import functional as twf
-    from .sst2 import loop, step_bench
-    from .sst2.config import TrainConfig
+    from .sst2 import step_bench
+    from .sst2.config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
 
     cfg = TrainConfig()
     dev = torch.device("cuda")
-    buckets = loop.default_buckets(cfg.max_len)
+    buckets = default_buckets(cfg.max_len)
     model, opt = step_bench.step_model("tilewise", "graph", vocab_size=SST2_VOCAB, embed_dim=cfg.embed_dim,
                                        hidden=cfg.hidden, dropout=cfg.dropout, lr=cfg.lr,
                                        weight_decay=cfg.weight_decay, seed=cfg.seed, device=dev)
@@ -247,7 +248,7 @@ def _train_workload() -> None:
     model.eval()
     with torch.no_grad():
         for T in buckets:
-            b = step_bench.synthetic_batches(1, loop.EVAL_BATCH_SIZE, T, SST2_VOCAB, device=dev)[0]
+            b = step_bench.synthetic_batches(1, EVAL_BATCH_SIZE, T, SST2_VOCAB, device=dev)[0]
             model.loss(model(b.ids, b.lengths), b.labels)
     twf.check_targets(dev)
     torch.cuda.synchronize()

@@ -52,6 +52,9 @@ class TrainConfig:
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 EVAL_BATCH_SIZE = 256
+# SST-2's training vocabulary at min_count 1: the embedding's rows wherever a run is stood in for
+# without the data (benches, warm-ups).
+SST2_VOCAB = 14819
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:

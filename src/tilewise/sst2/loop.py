@@ -230,21 +230,6 @@ def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[to
     return opt, tensor_lr
 
 
-def _start_prewarm(cfg: TrainConfig, backend: str, device: torch.device, dist) -> tuple[Any, str | None]:
-    """(a running ``warmup.Prewarm`` or None, a note for the run's log). Its pieces run the default
-    model's shapes, so another shape, or another backend or device, skips it and says why."""
-    if backend != "tilewise" or device.type != "cuda" or dist is not None:
-        return None, "--prewarm: skipped (it warms the tilewise backend's kernels for one GPU process)"
-    default = TrainConfig()
-    fields = ("batch_size", "embed_dim", "hidden", "max_len")
-    if any(getattr(cfg, f) != getattr(default, f) for f in fields) or \
-            cfg.buckets not in (None, default_buckets(default.max_len)):
-        return None, ("--prewarm: skipped (it warms the default model shape: --batch-size, --hidden, "
-                      "--max-len and --buckets as their defaults)")
-    pw = _prewarm.start_prewarm(torch.cuda.get_device_name(device))
-    return pw, None if pw is not None else "--prewarm: the kernel caches already hold this model's kernels"
-
-
 def _console(cfg):
     from rich.console import Console
 
@@ -296,7 +281,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     prewarm = None
     if cfg.prewarm:  # started before the data is read, so the compiles overlap it
         _prewarm.import_in_background("torch._dynamo")  # AdamW's constructor imports it
-        prewarm, why = _start_prewarm(cfg, backend, device, dist)
+        prewarm, why = _prewarm.start_for_run(cfg, backend, device, dist)
         if why:
             notes.append(why)
 

@@ -25,11 +25,9 @@ from .. import settings, verify
 from ..nn import functional as twf
 from .._files import write_atomic
 from .._jobs import Task, default_jobs, jobs_for, run_jobs, triton_cache_dir
-from .config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
+from .config import EVAL_BATCH_SIZE, SST2_VOCAB, TrainConfig, default_buckets
 
 PARTS = ("embedding", "fc1", "head")
-# SST-2's training vocabulary at min_count 1 (the train_step bench's V): the embedding's row count.
-SST2_VOCAB = 14819
 
 
 def _classifier_part(part: str) -> None:
@@ -143,3 +141,18 @@ def start_prewarm(device_name: str) -> Prewarm | None:
     """A ``Prewarm`` of the classifier's pieces, or None when these caches already hold them."""
     marker = prewarm_marker(device_name)
     return None if marker.exists() else Prewarm(marker)
+
+
+def start_for_run(cfg: TrainConfig, backend: str, device: torch.device, dist) -> tuple[Prewarm | None, str | None]:
+    """For ``tilewise train --prewarm``: (a running ``Prewarm`` or None, a note for the run's log). The
+    pieces run the default model's shapes, so another shape, backend or device skips them and says why."""
+    if backend != "tilewise" or device.type != "cuda" or dist is not None:
+        return None, "--prewarm: skipped (it warms the tilewise backend's kernels for one GPU process)"
+    default = TrainConfig()
+    fields = ("batch_size", "embed_dim", "hidden", "max_len")
+    if any(getattr(cfg, f) != getattr(default, f) for f in fields) or \
+            cfg.buckets not in (None, default_buckets(default.max_len)):
+        return None, ("--prewarm: skipped (it warms the default model shape: --batch-size, --hidden, "
+                      "--max-len and --buckets as their defaults)")
+    pw = start_prewarm(torch.cuda.get_device_name(device))
+    return pw, None if pw is not None else "--prewarm: the kernel caches already hold this model's kernels"

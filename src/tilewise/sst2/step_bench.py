@@ -11,13 +11,14 @@ import torch
 
 from ..nn.classifier import SentimentClassifier
 from . import dataset
+from .config import SST2_VOCAB
 from .graph_step import GraphedStep
 from .loop import eager_step, sync
 
 STEP_MODES = ("eager", "compile", "graph")
 
 
-def synthetic_batches(n_batches: int, batch_size: int = 64, seq_len: int = 64, vocab_size: int = 14819,
+def synthetic_batches(n_batches: int, batch_size: int = 64, seq_len: int = 64, vocab_size: int = SST2_VOCAB,
                       num_classes: int = 2, *, pad_id: int = 0, min_len: int = 1, seed: int = 0,
                       device="cpu") -> list[dataset.Batch]:
     """``n_batches`` SST-2-shaped batches: ids (B, T) int64, every sentence padded to ``seq_len``.
@@ -48,7 +49,7 @@ def synthetic_batches(n_batches: int, batch_size: int = 64, seq_len: int = 64, v
     return [dataset.Batch(ids[i], lengths[i], labels[i]) for i in range(n_batches)]
 
 
-def step_model(backend: str, mode: str, *, vocab_size: int = 14819, embed_dim: int = 50, hidden: int = 256,
+def step_model(backend: str, mode: str, *, vocab_size: int = SST2_VOCAB, embed_dim: int = 50, hidden: int = 256,
                num_classes: int = 2, dropout: float = 0.3, lr: float = 1e-3, weight_decay: float = 0.01,
                seed: int = 0, device="cuda"):
     """(model in train mode, AdamW) as ``train`` builds them; one ``seed`` gives every backend and

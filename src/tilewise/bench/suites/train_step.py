@@ -39,10 +39,11 @@ import time
 import torch
 
 from ...cost import Cost
+from ...sst2.config import SST2_VOCAB
 from ..harness import CheckError, check
 
 OP = "train_step"
-V, B, T, E, H, C = 14819, 64, 64, 50, 256, 2
+V, B, T, E, H, C = SST2_VOCAB, 64, 64, 50, 256, 2
 SHAPE = f"B={B} T={T} E={E} H={H} V={V}"
 # Timed widths: the course's H=256, and H=1024, the most accurate width of the SST-2 sweep
 # (docs/tuning/bench.md, "train_step: HIDDENS").
