@@ -85,8 +85,13 @@ def test_arch_marker():
     assert rt.source_arch(src, "sm_90") == "sm_90a"
     assert rt.source_arch(src, "sm_90a") == "sm_90a"
     assert rt.source_arch("__global__ void k() {}", "sm_80") == "sm_80"
-    with pytest.raises(rt.CompileError, match="sm_90a-specific"):
+    with pytest.raises(rt.CompileError, match="needs sm_90a; this device is sm_100"):
         rt.source_arch(src, "sm_100")
+    # clusters: sm_90 and later, each compiled for its own architecture
+    newer = "// tilewise-min-arch: sm_90\n__global__ void k() {}\n"
+    assert rt.source_arch(newer, "sm_90") == "sm_90" and rt.source_arch(newer, "sm_100") == "sm_100"
+    with pytest.raises(rt.CompileError, match="needs sm_90 or later; this device is sm_80"):
+        rt.source_arch(newer, "sm_80")
 
 
 @pytest.mark.parametrize("M,N,K,want", [

@@ -484,8 +484,8 @@ def test_gpu_rejects_mixed_devices():
 def test_autotune_config_pruning_and_tma_hook():
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    def pruned(dtype, M, N):
-        return tk._prune(tk._CONFIGS, {"a_ptr": torch.empty(1, dtype=dtype), "M": M, "N": N})
+    def pruned(dtype, M, N, K=4096):
+        return tk._prune(tk._CONFIGS, {"a_ptr": torch.empty(1, dtype=dtype), "M": M, "N": N, "K": K})
 
     for dtype, bk in ((torch.bfloat16, 64), (torch.float16, 64), (torch.float8_e4m3fn, 128), (torch.float32, 32)):
         big = pruned(dtype, 8192, 8192)
@@ -493,6 +493,12 @@ def test_autotune_config_pruning_and_tma_hook():
     small = pruned(torch.bfloat16, 20, 40)
     assert small and all(c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 for c in small) or \
         len(small) == 1
+    # At most TINY_FLOPS: one config (the smallest kept), so the first call times nothing; one more FLOP's
+    # worth of K and the list is back.
+    for dtype in (torch.bfloat16, torch.float32):
+        tiny = pruned(dtype, 512, 512, gc.TINY_FLOPS // (2 * 512 * 512))
+        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in tiny] == [(64, 128)]
+        assert len(pruned(dtype, 512, 512, gc.TINY_FLOPS // (2 * 512 * 512) + 1)) > 1
     # Descriptors get the chosen config's block shapes (B transposed when K-major).
     a = torch.empty(64, 64, dtype=torch.bfloat16)
     nargs = {n: TensorDescriptor.from_tensor(a, [16, 16]) for n in ("a_desc", "b_desc", "c_desc", "aux_desc")}
@@ -509,7 +515,7 @@ def test_tma_pruning_drops_configs_past_shared_memory():
     def pruned(dtype):
         t = torch.empty(64, 64, dtype=dtype)
         d = TensorDescriptor.from_tensor(t, [16, 16])
-        return tk._prune(tk._CONFIGS, {"a_desc": d, "c_desc": d, "M": 8192, "N": 8192})
+        return tk._prune(tk._CONFIGS, {"a_desc": d, "c_desc": d, "M": 8192, "N": 8192, "K": 8192})
 
     fp32 = pruned(torch.float32)
     assert fp32 and all((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != (128, 256) for c in fp32)

@@ -83,6 +83,14 @@ def test_check_for_another_arch_skips_the_sm90a_sources(fresh_cache, monkeypatch
     assert cli.main(["check", "--arch", "sm_80", "--jobs", "1"]) == 0
 
 
+def test_cluster_sources_are_left_out_below_sm90(monkeypatch):
+    # They use thread-block clusters (sm_90 and later): not sm_90a-only, but not for sm_80 either.
+    cluster = {rt.OPS_DIR / "rowwise" / "cluster.cu", rt.OPS_DIR / "spmv" / "spmv.cu"}
+    assert cluster <= set(rt.arch_only_sources("sm_80"))
+    assert {rt.arch_only_sources("sm_80")[s] for s in cluster} == {"sm_90 or later"}
+    assert not cluster & set(rt.arch_only_sources("sm_90")) and not cluster & set(rt.arch_only_sources("sm_100"))
+
+
 @pytest.mark.parametrize("arch, code", [("sm_90", 1), ("sm_90a", 1), ("sm_80", 0)])
 def test_check_fails_on_spills_only_for_the_tuned_arch(monkeypatch, capsys, arch, code):
     # The tiles' register budgets are sm_90's: a spill there fails the check; elsewhere it is reported.

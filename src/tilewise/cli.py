@@ -256,7 +256,7 @@ def cmd_check(args) -> int:
             bad.append(r.name)
     con.print(t)
     for src, want in rt.arch_only_sources(args.arch).items():
-        con.print(f"skipped {src.relative_to(rt.OPS_DIR)}: built for {want} only")
+        con.print(f"skipped {src.relative_to(rt.OPS_DIR)}: needs {want}")
     if bad and args.arch.rstrip("a") != TUNED_ARCH:  # register budgets were set for the H100 / H200
         con.print(f"[yellow]spills in: {', '.join(bad)} (tiles are tuned for {TUNED_ARCH}; a report, not a "
                   f"failure, for {args.arch})[/yellow]")

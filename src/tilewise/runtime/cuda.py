@@ -312,6 +312,20 @@ def _program_options(name: str, arch: str, options: Sequence[str]):
 
 
 _ARCH_MARK = re.compile(r"^//\s*tilewise-arch:\s*(sm_\d+a)\s*$", re.M)
+# Sources that use features of an architecture and its successors (clusters: sm_90) say so in a line
+# ``// tilewise-min-arch: sm_90``; they build for that architecture or a later one.
+_MIN_ARCH_MARK = re.compile(r"^//\s*tilewise-min-arch:\s*sm_(\d+)\s*$", re.M)
+
+
+def _unbuildable(source: str, arch: str) -> str | None:
+    """What ``source`` needs that ``arch`` is not ("sm_90a", "sm_90 or later"), or None."""
+    m = _ARCH_MARK.search(source)
+    if m is not None and arch not in (m.group(1), m.group(1)[:-1]):
+        return m.group(1)
+    m = _MIN_ARCH_MARK.search(source)
+    if m is not None and int(re.sub(r"\D", "", arch)) < int(m.group(1)):
+        return f"sm_{m.group(1)} or later"
+    return None
 
 
 def source_arch(source: str, arch: str, name: str = "kernel.cu") -> str:
@@ -321,13 +335,11 @@ def source_arch(source: str, arch: str, name: str = "kernel.cu") -> str:
     line ``// tilewise-arch: sm_90a``: it compiles for that target when ``arch`` is its base
     (sm_90), and raises ``CompileError`` on any other device rather than fail at load time.
     """
+    want = _unbuildable(source, arch)
+    if want is not None:
+        raise CompileError(f"{name} needs {want}; this device is {arch}")
     m = _ARCH_MARK.search(source)
-    if m is None:
-        return arch
-    want = m.group(1)
-    if arch in (want, want[:-1]):
-        return want
-    raise CompileError(f"{name} uses {want}-specific instructions; this device is {arch}")
+    return arch if m is None else m.group(1)
 
 
 def compile_source(source: str, *, name: str = "kernel.cu", name_expressions: Iterable[str] = (),
@@ -424,14 +436,10 @@ def _check_one(src: Path, arch: str) -> tuple[list[KernelResources], list[str]]:
 
 
 def arch_only_sources(arch: str) -> dict[Path, str]:
-    """Package sources marked ``// tilewise-arch: smXXa`` for another architecture than ``arch``: {path:
-    the architecture it needs}. ``check_package`` leaves them out."""
-    out = {}
-    for src in package_sources():
-        m = _ARCH_MARK.search(src.read_text())
-        if m is not None and arch not in (m.group(1), m.group(1)[:-1]):
-            out[src] = m.group(1)
-    return out
+    """Package sources that do not build for ``arch`` (their ``tilewise-arch`` or ``tilewise-min-arch``
+    line): {path: what it needs}. ``check_package`` leaves them out."""
+    needs = {src: _unbuildable(src.read_text(), arch) for src in package_sources()}
+    return {src: want for src, want in needs.items() if want is not None}
 
 
 def check_package(arch: str = "sm_90", jobs: int | None = None) -> list[KernelResources]:

@@ -83,6 +83,10 @@ AUTOTUNE = (
     Tile(128, 256, 32, 3, 8), Tile(128, 128, 32, 4, 8), Tile(128, 128, 32, 3, 4), Tile(64, 128, 32, 4, 4),
 )
 BK_FOR_ITEMSIZE = {1: 128, 2: 64, 4: 32}
+# At most this many FLOPs (e.g. 512 x 512 x 1024) a problem runs in a few microseconds whichever tile
+# it takes, so the smallest kept tile is launched without timing the others (saves the first call's
+# autotune, see docs/tuning/gemm.md).
+TINY_FLOPS = 2**29
 SMEM_LIMIT = rt.SM90_SHARED_OPT_IN  # opt-in shared memory per block on H100 / H200
 
 # The one config the interpreter runs (CPU tests): small, so odd sizes cross several tiles.

@@ -45,7 +45,7 @@ from ...runtime import cuda as rt
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _launch, next_power_of_2 as _next_pow2
 from ...runtime.autotune_store import stored_autotune
 from .configs import (AUTOTUNE, BK_FOR_ITEMSIZE, IN_DTYPES, INTERP_TILE, SMEM_LIMIT, SPLIT_TILE,
-                      SPLIT_TILE_INTERP, SPLITK_TILE, STREAMK_TILE, TWO_BYTE, Operand, Tile)
+                      SPLIT_TILE_INTERP, SPLITK_TILE, STREAMK_TILE, TINY_FLOPS, TWO_BYTE, Operand, Tile)
 from .configs import tma_applies as _tma_applies, tma_loads_ok as _tma_loads_ok
 
 # The activation constexpr the kernels take.
@@ -419,8 +419,9 @@ def _prune(configs, named_args, **kwargs):
     M, N = named_args["M"], named_args["N"]
     # Tiles far larger than the problem only waste work; keep at least one config.
     small = [c for c in kept if c.kwargs["BLOCK_M"] <= max(64, _next_pow2(M))
-             and c.kwargs["BLOCK_N"] <= max(64, _next_pow2(N))]
-    return small or kept[-1:]
+             and c.kwargs["BLOCK_N"] <= max(64, _next_pow2(N))] or kept[-1:]
+    # A tiny problem takes the smallest kept tile (the list's last) without an autotune.
+    return small[-1:] if 2 * M * N * named_args["K"] <= TINY_FLOPS else small
 
 
 _KEY = ["M", "N", "K"]

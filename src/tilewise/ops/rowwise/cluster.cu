@@ -1,3 +1,4 @@
+// tilewise-min-arch: sm_90
 // Long rows (softmax, log-softmax, their backward, cross-entropy with its gradient) on sm_90 thread-block clusters:
 // a row is split over the CL CTAs of one cluster, each CTA holds its slice in registers (CH 16-byte chunks a thread,
 // kept packed), the row statistics are reduced in the block and then across the cluster through distributed shared

@@ -1,3 +1,4 @@
+// tilewise-min-arch: sm_90
 // spmv: y = alpha * A x + beta * y, fp32 values and vectors, int32 indices.
 // beta == 0 never reads y (y may hold anything, NaN included), as in BLAS.
 // tilewise-instantiate: spmv_csr_scalar spmv_ell spmv_csr_chunks spmv_csr_stream
