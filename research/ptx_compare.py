@@ -110,12 +110,48 @@ def cases():
         yield (f"rms_norm_bwd {meta}", NK._rms_norm_bwd_kernel,
                dict(DY=bf16, X=bf16, W=bf16, RSTD=f32, DX=bf16, DW=f32, M=i32, N=i32, stride_dy=i32, stride_x=i32,
                     stride_dx=i32, offset="fp32"), meta, 8)
+    yield from _gemm_cases()
+
+
+def _gemm_cases():
+    from tilewise.ops.gemm import triton_kernels as GK
+
+    bf16, f32, i32 = "*bf16", "*fp32", "i32"
+    ptrs = dict(a_ptr=bf16, b_ptr=bf16, c_ptr=bf16, bias_ptr=bf16, aux_ptr=bf16, scale_a_ptr=f32, scale_b_ptr=f32)
+    mnk = dict(M=i32, N=i32, K=i32)
+    strides = {f"stride_{s}": i32 for s in ("am", "ak", "bk", "bn", "cm", "cn")}
+    tile = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8)
+    for bias, scales, aux, act in ((True, False, True, 2), (False, True, False, 1)):
+        flags = dict(HAS_BIAS=bias, HAS_SCALES=scales, STORE_AUX=aux, ACTIVATION=act, PRECISION="tf32",
+                     UPCAST=False)
+        meta = dict(tile, **flags)
+        yield f"gemm {meta}", GK._gemm_kernel, dict(ptrs, **mnk, **strides), meta, 8
+        yield (f"gemm_persistent {meta}", GK._gemm_persistent_kernel, dict(ptrs, **mnk, **strides, NUM_SMS=i32),
+               meta, 8)
+        a_desc, b_desc = "tensordesc<bf16[128, 64]>", "tensordesc<bf16[64, 128]>"
+        for tma in (False, True):
+            sk = dict(meta, USE_TMA=tma, B_KMAJOR=False)
+            yield (f"gemm_streamk {sk}", GK._gemm_streamk_kernel,
+                   dict(a_ptr=bf16, b_ptr=bf16, a_desc=a_desc if tma else bf16, b_desc=b_desc if tma else bf16,
+                        c_ptr=bf16, bias_ptr=bf16, aux_ptr=bf16, scale_a_ptr=f32, scale_b_ptr=f32, ws_ptr=f32,
+                        count_ptr="*i32", **mnk, **strides, ITERS_PER_PROG=i32), sk, 8)
+        c_desc = "tensordesc<bf16[128, 128]>"
+        pm = dict(meta, B_KMAJOR=False)
+        yield (f"gemm_tma_persistent {pm}", GK._gemm_tma_persistent_kernel,
+               dict(a_desc=a_desc, b_desc=b_desc, c_desc=c_desc, aux_desc=c_desc, bias_ptr=bf16, scale_a_ptr=f32,
+                    scale_b_ptr=f32, **mnk, NUM_SMS=i32, dtype_tag=i32), pm, 8)
+        sm = dict(pm, BLOCK_N2=64)
+        h_desc = "tensordesc<bf16[128, 64]>"
+        yield (f"gemm_tma_split {sm}", GK._gemm_tma_split_kernel,
+               dict(a_desc=a_desc, b_desc=b_desc, b2_desc="tensordesc<bf16[64, 64]>", c_desc=c_desc, c2_desc=h_desc, aux_desc=c_desc,
+                    aux2_desc=h_desc, bias_ptr=bf16, scale_a_ptr=f32, scale_b_ptr=f32, **mnk, NUM_SMS=i32), sm, 8)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"))
     p.add_argument("--sass", action="store_true", help="compare the SASS ptxas makes, not the PTX")
+    p.add_argument("--only", nargs="*", metavar="NAME", help="only the cases whose name starts with one of these")
     a = p.parse_args()
     if a.diff:
         before, after = (json.load(open(f)) for f in a.diff)
@@ -126,6 +162,8 @@ def main():
         sys.exit(1 if changed else 0)
     out = {}
     for name, fn, sig, meta, warps in cases():
+        if a.only and not any(name.startswith(o) for o in a.only):
+            continue
         try:
             out[name] = _ptx_hash(fn, sig, meta, warps)
         except Exception as e:  # noqa: BLE001 - a setting that does not build is recorded as such

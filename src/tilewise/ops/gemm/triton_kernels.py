@@ -66,6 +66,13 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _tile_origin(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # The TMA kernels address tiles by their first row and column (descriptor coordinates).
+    pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
 def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
               HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr):
     if HAS_SCALES:
@@ -115,8 +122,14 @@ def _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_
 
 
 @triton.jit
-def _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX: tl.constexpr,
-           ACTIVATION: tl.constexpr):
+def _store(c_ptr, aux_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALES: tl.constexpr,
+           STORE_AUX: tl.constexpr, ACTIVATION: tl.constexpr):
+    # The pointer kernels' epilogue of tile (pid_m, pid_n): scales and bias, the pre-activation aux
+    # copy, the activation and the masked store.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if STORE_AUX:
@@ -134,10 +147,8 @@ def _pointer_tile(a_ptr, b_ptr, c_ptr, bias_ptr, aux_ptr, scale_a_ptr, scale_b_p
     # One output tile of the pointer kernels (v1, v2): the K loop, the epilogue and the masked store.
     acc = _mainloop(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                     BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
-    _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+    _store(c_ptr, aux_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+           BLOCK_M, BLOCK_N, HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION)
 
 
 @triton.jit
@@ -293,10 +304,8 @@ def _gemm_streamk_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, bias_ptr, aux_ptr,
                     acc += tl.load(ws_ptr + (2 * q + q_slot) * (BLOCK_M * BLOCK_N) + slab, cache_modifier=".cg")
                 tl.atomic_xchg(count_ptr + tile, 0)
         if done:
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            acc = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr, HAS_BIAS, HAS_SCALES)
-            _store(c_ptr, aux_ptr, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, STORE_AUX, ACTIVATION)
+            _store(c_ptr, aux_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                   BLOCK_M, BLOCK_N, HAS_BIAS, HAS_SCALES, STORE_AUX, ACTIVATION)
 
 
 @triton.jit
@@ -313,9 +322,7 @@ def _gemm_tma_persistent_kernel(a_desc, b_desc, c_desc, aux_desc, bias_ptr, scal
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
+        off_m, off_n = _tile_origin(tile, num_pid_m, num_pid_n, GROUP_M, BLOCK_M, BLOCK_N)
         acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR,
                             PRECISION, UPCAST)
         _tma_store_tile(acc, c_desc, aux_desc, off_m, off_n, M, N, bias_ptr, scale_a_ptr, scale_b_ptr,
@@ -350,9 +357,7 @@ def _gemm_tma_split_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, aux_desc, a
     num_pid_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BN
+        off_m, off_n = _tile_origin(tile, num_pid_m, num_pid_n, GROUP_M, BLOCK_M, BN)
         off_n2 = off_n + BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
