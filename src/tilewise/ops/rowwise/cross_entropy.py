@@ -61,6 +61,7 @@ from .._checks import check_kernel_inputs, runs_reference
 from ...runtime.triton_launch import cdiv as _cdiv, launch as _tl_launch
 from .configs import CAPTURABLE_BLOCK, CLUSTER_SLICE, DEFAULT_POLICY, MAX_CLUSTER, MAX_FUSED, SCALE_BLOCK, Policy, \
     default_variant as _default_variant, fused_config, online_config, scale_programs, triton_cluster_config
+from .softmax import _block_rows, _online_step
 from .softmax import _require_cluster, cluster_unsupported_reason  # noqa: F401 (re-exported)
 
 _TARGET_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
@@ -87,12 +88,9 @@ def cost(N: int, C: int, dtype: torch.dtype = torch.float32, grad: bool = True) 
 def _ce_kernel(X, T, LOSS, DX, M, N, stride_xm, stride_dxm, ignore_index, smoothing, grad_scale,
                ROWS: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
                HAS_GRAD: tl.constexpr, SMOOTH: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
-    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        rmask = rows < M
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows, rmask = _block_rows(rb, M, ROWS)
         r64 = rows.to(tl.int64)
         t = tl.load(T + r64, mask=rmask, other=ignore_index).to(tl.int64)
         valid = rmask & (t != ignore_index)
@@ -123,10 +121,7 @@ def _ce_kernel(X, T, LOSS, DX, M, N, stride_xm, stride_dxm, ignore_index, smooth
                 cn = c + BLOCK
                 x_nxt = tl.load(xrow + cn[None, :], mask=rmask[:, None] & (cn[None, :] < N),
                                 other=float("-inf"), eviction_policy="evict_last")
-                m_new = tl.maximum(m_run, tl.max(xc, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s_vec = s_vec * tl.exp(m_run - m_safe)[:, None] + tl.exp(xc - m_safe[:, None])
-                m_run = m_new
+                m_run, s_vec = _online_step(m_run, s_vec, xc)
                 if SMOOTH:
                     mk = rmask[:, None] & (c[None, :] < N)
                     sx += tl.sum(tl.where(mk, xc, 0.0), 1)

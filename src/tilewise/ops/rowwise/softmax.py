@@ -120,15 +120,28 @@ def cost(M: int, N: int, dtype: torch.dtype = torch.float32, backward: bool = Fa
 
 
 @triton.jit
+def _block_rows(rb, M, ROWS: tl.constexpr):
+    # Row block rb of the forward persistent loops (softmax, cross_entropy): its row indices, which exist.
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    return rows, rows < M
+
+
+@triton.jit
+def _online_step(m_run, s_vec, x):
+    # One chunk of the online pass 1 (here and in cross_entropy): the running row max and the
+    # per-lane sums of exp(x - max), rescaled by one exp a row when the max grows.
+    m_new = tl.maximum(m_run, tl.max(x, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp gives 0, not NaN
+    return m_new, s_vec * tl.exp(m_run - m_safe)[:, None] + tl.exp(x - m_safe[:, None])
+
+
+@triton.jit
 def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
                         ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr,
                         ONE_PASS: tl.constexpr, REVERSE: tl.constexpr = False):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
-    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        rmask = rows < M
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows, rmask = _block_rows(rb, M, ROWS)
         xrow = X + rows.to(tl.int64)[:, None] * stride_xm
         yrow = Y + rows.to(tl.int64)[:, None] * stride_ym
         if ONE_PASS:
@@ -159,10 +172,7 @@ def _softmax_fwd_kernel(X, Y, M, N, stride_xm, stride_ym,
                 # Keep pass 1's lines in L2 for pass 2 (the persistent grid sizes what is in flight).
                 x_nxt = tl.load(xrow + cn[None, :], mask=rmask[:, None] & (cn[None, :] < N),
                                 other=float("-inf"), eviction_policy="evict_last")
-                m_new = tl.maximum(m_run, tl.max(x, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s_vec = s_vec * tl.exp(m_run - m_safe)[:, None] + tl.exp(x - m_safe[:, None])
-                m_run = m_new
+                m_run, s_vec = _online_step(m_run, s_vec, x)
             m = tl.where(m_run == float("-inf"), 0.0, m_run)
             s = tl.sum(s_vec, 1)
             inv = tl.where(s > 0, 1.0 / s, 0.0)
