@@ -131,16 +131,8 @@ constexpr int kEarlyForced = -1;
 
 namespace {
 
-using tw::fence_regs;
-using tw::smem_desc;
-using tw::TmaDesc;
-using tw::cluster_tile;
-using tw::mbar_arrive_cluster;
-using tw::tma_load_2d;
-
-using tw::mbar_expect_tx;
-using tw::mbar_init;
-using tw::smem_addr;
+using tw::cluster_tile, tw::fence_regs, tw::mbar_arrive_cluster, tw::smem_desc, tw::tma_load_2d, tw::TmaDesc;
+using tw::mbar_expect_tx, tw::mbar_init, tw::smem_addr;
 // The ring's waits may suspend up to 1 ms between polls; -DTW_WAIT_SPIN polls (an experiment's
 // comparison: no difference measured).
 #ifdef TW_WAIT_SPIN

@@ -34,12 +34,7 @@
 
 namespace {
 
-using tw::fence_regs;
-using tw::smem_desc;
-using tw::TmaDesc;
-using tw::cluster_tile;
-using tw::mbar_arrive_cluster;
-using tw::tma_load_2d;
+using tw::cluster_tile, tw::fence_regs, tw::mbar_arrive_cluster, tw::smem_desc, tw::tma_load_2d, tw::TmaDesc;
 
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) { tw::mbar_wait<0>(bar, parity); }
 

@@ -15,6 +15,7 @@
 // tilewise-instantiate: map_v4_blocked<__half,ew::Gelu,1,128,1> map_v4_blocked<__nv_bfloat16,ew::Gelu,1,128,1> zip_v4_blocked<__half,ew::Pow,1,128,1> zip_v4_blocked<__nv_bfloat16,ew::Add,1,128,1> zip_v5_rows<__half,ew::Pow> zip_v5_rows<__nv_bfloat16,ew::Add>
 #include "tilewise_common.cuh"
 #include "strided.cuh"
+#include "contiguous.cuh"
 #include "elementwise_ops.cuh"
 
 // v1_strided: one thread per output element; each thread decomposes its flat index and reads
@@ -41,10 +42,10 @@ __global__ void __launch_bounds__(256) zip_v1_strided(const T* __restrict__ a, c
   out[i] = tw::from_float<T>(Op()(tw::to_float(a[off[0]]), tw::to_float(b[off[1]])));
 }
 
-// v2_contiguous: contiguous same-shape operands, 16-byte aligned: 16-byte loads and stores, a
-// grid-stride loop over one resident wave, UNROLL independent vectors per operand in flight per
-// thread (4 for map, 2 per operand for zip, fewer where ContiguousUnroll says); the
-// n % (16 / sizeof(T)) tail element-wise. Plain loads and stores: the evict-first hints
+// v2_contiguous (tw::apply_contiguous, contiguous.cuh): contiguous same-shape operands, 16-byte
+// aligned: 16-byte loads and stores, a grid-stride loop over one resident wave, UNROLL independent
+// vectors per operand in flight per thread (4 for map, 2 per operand for zip, fewer where
+// ContiguousUnroll says); the n % (16 / sizeof(T)) tail element-wise. Plain loads and stores: the evict-first hints
 // (ld.cs / st.cs) cost ~6 % on the H200 (docs/tuning/pointwise.md, "vector_add: one chunk per
 // block, plain loads").
 // Vectors in flight per thread in v2 where the default spills: NVRTC 13.0's ptxas spilled 8 bytes
@@ -59,73 +60,13 @@ template <> struct ContiguousUnroll<ew::Div, float, 2> { static constexpr int va
 template <typename T, typename Op>
 __global__ void __launch_bounds__(256) map_v2_contiguous(const T* __restrict__ x, T* __restrict__ out,
                                                          long long n) {
-  using V = tw::Vec16<T>;
-  constexpr int UNROLL = ContiguousUnroll<Op, T, 4>::value;
-  const long long nvec = n / V::N;
-  const uint4* __restrict__ x4 = reinterpret_cast<const uint4*>(x);
-  uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
-  const long long stride = tw::grid_threads();
-  long long i = tw::global_thread_id();
-  const Op op;
-  for (; i + (UNROLL - 1) * stride < nvec; i += UNROLL * stride) {
-    V v[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) v[u].raw = x4[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-      for (int k = 0; k < V::N; ++k) v[u].v[k] = tw::from_float<T>(op(tw::to_float(v[u].v[k])));
-      o4[i + u * stride] = v[u].raw;
-    }
-  }
-  for (; i < nvec; i += stride) {
-    V v;
-    v.raw = x4[i];
-#pragma unroll
-    for (int k = 0; k < V::N; ++k) v.v[k] = tw::from_float<T>(op(tw::to_float(v.v[k])));
-    o4[i] = v.raw;
-  }
-  for (long long j = nvec * V::N + tw::global_thread_id(); j < n; j += stride)
-    out[j] = tw::from_float<T>(op(tw::to_float(x[j])));
+  tw::apply_contiguous<ContiguousUnroll<Op, T, 4>::value>(Op(), out, n, x);
 }
 
 template <typename T, typename Op>
 __global__ void __launch_bounds__(256) zip_v2_contiguous(const T* __restrict__ a, const T* __restrict__ b,
                                                          T* __restrict__ out, long long n) {
-  using V = tw::Vec16<T>;
-  constexpr int UNROLL = ContiguousUnroll<Op, T, 2>::value;
-  const long long nvec = n / V::N;
-  const uint4* __restrict__ a4 = reinterpret_cast<const uint4*>(a);
-  const uint4* __restrict__ b4 = reinterpret_cast<const uint4*>(b);
-  uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
-  const long long stride = tw::grid_threads();
-  long long i = tw::global_thread_id();
-  const Op op;
-  for (; i + (UNROLL - 1) * stride < nvec; i += UNROLL * stride) {
-    V x[UNROLL], y[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      x[u].raw = a4[i + u * stride];
-      y[u].raw = b4[i + u * stride];
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      V r;
-#pragma unroll
-      for (int k = 0; k < V::N; ++k) r.v[k] = tw::from_float<T>(op(tw::to_float(x[u].v[k]), tw::to_float(y[u].v[k])));
-      o4[i + u * stride] = r.raw;
-    }
-  }
-  for (; i < nvec; i += stride) {
-    V x, y;
-    x.raw = a4[i];
-    y.raw = b4[i];
-#pragma unroll
-    for (int k = 0; k < V::N; ++k) x.v[k] = tw::from_float<T>(op(tw::to_float(x.v[k]), tw::to_float(y.v[k])));
-    o4[i] = x.raw;
-  }
-  for (long long j = nvec * V::N + tw::global_thread_id(); j < n; j += stride)
-    out[j] = tw::from_float<T>(op(tw::to_float(a[j]), tw::to_float(b[j])));
+  tw::apply_contiguous<ContiguousUnroll<Op, T, 2>::value>(Op(), out, n, a, b);
 }
 
 // v3_tiled (zip over a 2-D collapsed layout R x C with a transposed operand): a 32 x 32 tile per

@@ -3,6 +3,7 @@
 // tilewise-instantiate: vector_add_v2_vectorized<float> vector_add_v2_vectorized<__half> vector_add_v2_vectorized<__nv_bfloat16>
 // tilewise-instantiate: vector_add_v3_blocked<float> vector_add_v3_blocked<__half> vector_add_v3_blocked<__nv_bfloat16>
 #include "tilewise_common.cuh"
+#include "contiguous.cuh"
 
 // v1_naive: the lecture's kernel: one thread per element, ceil(n / threads) blocks.
 template <typename T>
@@ -16,44 +17,12 @@ __global__ void vector_add_v1_naive(const T* __restrict__ a, const T* __restrict
 // once, UNROLL independent 16-byte loads per operand in flight per thread; the n % (16 / sizeof(T))
 // tail is done element by element. Plain loads: the evict-first hints (ld.cs / st.cs) cost 6 % on
 // the H200 (docs/tuning/pointwise.md, "vector_add: one chunk per block, plain loads"). Needs a, b,
-// out 16-byte aligned (the launcher checks).
+// out 16-byte aligned (the launcher checks). The loop is elementwise.cu's v2 (contiguous.cuh).
 template <typename T>
 __global__ void __launch_bounds__(256) vector_add_v2_vectorized(const T* __restrict__ a,
                                                                 const T* __restrict__ b,
                                                                 T* __restrict__ out, long long n) {
-  using V = tw::Vec16<T>;
-  constexpr int UNROLL = 2;
-  const long long nvec = n / V::N;
-  const uint4* __restrict__ a4 = reinterpret_cast<const uint4*>(a);
-  const uint4* __restrict__ b4 = reinterpret_cast<const uint4*>(b);
-  uint4* __restrict__ o4 = reinterpret_cast<uint4*>(out);
-  const long long stride = tw::grid_threads();
-  long long i = tw::global_thread_id();
-  for (; i + (UNROLL - 1) * stride < nvec; i += UNROLL * stride) {
-    V x[UNROLL], y[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {  // all loads issued before the first add
-      x[u].raw = a4[i + u * stride];
-      y[u].raw = b4[i + u * stride];
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-      for (int k = 0; k < V::N; ++k)
-        x[u].v[k] = tw::from_float<T>(tw::to_float(x[u].v[k]) + tw::to_float(y[u].v[k]));
-      o4[i + u * stride] = x[u].raw;
-    }
-  }
-  for (; i < nvec; i += stride) {
-    V x, y;
-    x.raw = a4[i];
-    y.raw = b4[i];
-#pragma unroll
-    for (int k = 0; k < V::N; ++k) x.v[k] = tw::from_float<T>(tw::to_float(x.v[k]) + tw::to_float(y.v[k]));
-    o4[i] = x.raw;
-  }
-  for (long long j = nvec * V::N + tw::global_thread_id(); j < n; j += stride)
-    out[j] = tw::from_float<T>(tw::to_float(a[j]) + tw::to_float(b[j]));
+  tw::apply_contiguous<2>([](float x, float y) { return x + y; }, out, n, a, b);
 }
 
 // v3_blocked: v2's 16-byte accesses without the grid-stride loop: block k owns the contiguous
