@@ -49,7 +49,7 @@ def sweep_norm(shapes, quick):
         t_c = time_ms(lambda: comp(x, w))
         e = x.numel() * 2
         print(f"\nrmsnorm fwd {M}x{N}: torch.compile {t_c * 1e3:.1f} us ({_gbs(2 * e, t_c):.0f} GB/s)")
-        cur = norm.launch_for(N)
+        cur, fwd = norm.launch_for(N), norm.forward_launch_for(N)
         block = triton.next_power_of_2(N)
         best = []
         for warps, rows, per_sm in itertools.product((4, 8, 16, 32), (1, 2, 4), (1, 2, 4, 8, 0)):
@@ -68,7 +68,9 @@ def sweep_norm(shapes, quick):
             except Exception as exc:  # noqa: BLE001 - a setting that does not build is a row too
                 print(f"  warps {warps:2} rows {rows} per_sm {per_sm}: {type(exc).__name__}")
                 continue
-            tag = " <- table" if (warps, rows) == (cur.warps, cur.ROWS) and per_sm == norm.PROGRAMS_PER_SM else ""
+            tag = " <- bwd table" if (warps, rows) == (cur.warps, cur.ROWS) and per_sm == norm.PROGRAMS_PER_SM else ""
+            if (warps, rows, per_sm) == (fwd.warps, fwd.ROWS, norm.PROGRAMS_PER_SM if fwd.persistent else 0):
+                tag += " <- fwd table"
             best.append((t, warps, rows, per_sm))
             print(f"  warps {warps:2} rows {rows} per_sm {per_sm or 'grid'}: fwd {t * 1e3:6.1f} us "
                   f"{_gbs(2 * e, t):5.0f} GB/s ({_gbs(2 * e, t) / COPY_TBS / 10:4.1f} %)  bwd {tb * 1e3:6.1f} us "

@@ -48,13 +48,17 @@ def test_cost():
 
 
 def test_launch_table():
-    for n in (1, 100, 1024, 1025, 4096, 5000, NC.MAX_N):
-        L = NC.launch_for(n)
-        assert L.BLOCK >= n and L.BLOCK & (L.BLOCK - 1) == 0
-        assert L.BLOCK * L.ROWS // (32 * L.warps) <= 64  # fp32 values a thread holds
+    for n in (1, 100, 1024, 1025, 2048, 4096, 5000, 9000, NC.MAX_N):
+        for L in (NC.launch_for(n), NC.forward_launch_for(n)):
+            assert L.BLOCK >= n and L.BLOCK & (L.BLOCK - 1) == 0
+            assert L.BLOCK * L.ROWS // (32 * L.warps) <= 64  # fp32 values a thread holds
+        assert NC.launch_for(n).persistent  # the backward's programs each sum a slice of dW
+    # one program a row block: the grid covers M whatever the SM count
+    assert N._programs(10_000, NC.forward_launch_for(4096), -1) == 10_000
+    assert N._programs(10_000, NC.launch_for(4096), -1) == 4 * NC.PROGRAMS_PER_SM
 
 
-SHAPES = [(37, 100), (2, 3, 1000), (5, 1), (1, 4097), (0, 64)]
+SHAPES = [(37, 100), (2, 3, 1000), (5, 1), (3, 2049), (1, 4097), (3, 9000), (0, 64)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -19,7 +19,7 @@ from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import MAX_N, PROGRAMS_PER_SM, launch_for
+from .configs import MAX_N, PROGRAMS_PER_SM, NormLaunch, forward_launch_for, launch_for
 
 MODES = ("llama", "gemma")
 
@@ -61,9 +61,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _programs(M: int, rows: int, dev: int) -> int:
-    sms = 4 if dev < 0 else rt.sm_count(dev)
-    return max(1, min(-(-M // rows), sms * PROGRAMS_PER_SM))
+def _programs(M: int, L: NormLaunch, dev: int) -> int:
+    blocks = max(1, -(-M // L.ROWS))
+    if not L.persistent:
+        return blocks
+    return min(blocks, (4 if dev < 0 else rt.sm_count(dev)) * PROGRAMS_PER_SM)
 
 
 def _out_dtype(x, weight, mode):
@@ -78,10 +80,10 @@ def _forward(x, weight, eps, mode):
     y = torch.empty((M, N), dtype=_out_dtype(x, weight, mode), device=x.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     if M:
-        L = launch_for(N)
+        L = forward_launch_for(N)
         from . import triton_kernels as K
 
-        _launch(K._rms_norm_fwd_kernel, (_programs(M, L.ROWS, x.get_device()),),
+        _launch(K._rms_norm_fwd_kernel, (_programs(M, L, x.get_device()),),
                 x2, weight, y, rstd, M, N, x2.stride(0), y.stride(0), float(eps), 1.0 if mode == "gemma" else 0.0,
                 BLOCK=L.BLOCK, ROWS=L.ROWS, CAST_FIRST=mode == "llama", num_warps=L.warps)
     return y.view(x.shape), rstd
@@ -95,7 +97,7 @@ def _backward(dy, x, weight, rstd, mode):
     if not M:
         return dx.view(x.shape), torch.zeros_like(weight)
     L = launch_for(N)
-    P = _programs(M, L.ROWS, x.get_device())
+    P = _programs(M, L, x.get_device())
     part = torch.empty((P, L.BLOCK), dtype=torch.float32, device=x.device)
     from . import triton_kernels as K
 
