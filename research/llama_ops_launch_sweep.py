@@ -6,7 +6,7 @@ torch.compile for rows of 2048-16384 and RoPE's forward at 0.87-0.93x. This time
 over a grid of launch settings at the bench's shapes, with torch.compile of the reference in the same
 run, and prints GB/s and the fraction of the 4.26 TB/s copy ceiling for each.
 
-    PYTHONPATH=src python research/llama_ops_launch_sweep.py [--quick]
+    PYTHONPATH=src python research/llama_ops_launch_sweep.py [--quick] [--what norm|rope] [--norm-shapes 4096x16384]
 
 RMSNorm: warps x rows a program x persistent programs a SM (forward and backward).
 RoPE: warps x heads a step (forward; the backward is the same kernel with the sin negated).
@@ -115,9 +115,13 @@ def sweep_rope(shapes, quick):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer settings (about a minute)")
+    p.add_argument("--what", choices=("norm", "rope", "both"), default="both")
+    p.add_argument("--norm-shapes", default="16384x4096,32768x2048,8192x8192,4096x16384", help="MxN,...")
     a = p.parse_args()
-    sweep_norm([(16384, 4096), (32768, 2048), (8192, 8192), (4096, 16384)], a.quick)
-    sweep_rope([(4, 32, 8, 4096, 128), (1, 32, 8, 16384, 128), (8, 16, 16, 2048, 64)], a.quick)
+    if a.what in ("norm", "both"):
+        sweep_norm([tuple(int(v) for v in s.split("x")) for s in a.norm_shapes.split(",")], a.quick)
+    if a.what in ("rope", "both"):
+        sweep_rope([(4, 32, 8, 4096, 128), (1, 32, 8, 16384, 128), (8, 16, 16, 2048, 64)], a.quick)
 
 
 if __name__ == "__main__":

@@ -52,3 +52,17 @@ def test_rows_hold_device_time_and_eager_where_capture_fails(monkeypatch):
     assert by == {"torch_eager": 0.5, "tilewise": 0.5, "liger": 2.0}
     assert any("liger" in m and "no CUDA graph" in m for m in r.logs)
     assert any("tilewise" in m and "0.5000 ms device" in m and "2.0000 ms eager" in m for m in r.logs)
+
+
+def test_graph_false_times_eager_and_never_captures(monkeypatch):
+    # linear_cross_entropy's candidates cannot be captured: a failed capture can leave the CUDA generator
+    # in capture mode, so with graph=False no capture is tried at all.
+    def graph(fn, **kw):
+        raise AssertionError("a capture was tried")
+
+    monkeypatch.setattr(L, "time_ms", lambda fn: 2.0)
+    monkeypatch.setattr(L, "time_ms_graph", graph)
+    cands = {n: (lambda *a, _n=n: _n) for n in ("torch_eager", "tilewise", "liger")}
+    r = _Runner()
+    L.time_rows(r, "op", "1x1", "bfloat16", None, cands, (0,), lambda name, out: None, backward=False, graph=False)
+    assert {v: ms for v, ms, _, _ in r.rows} == {"torch_eager": 2.0, "tilewise": 2.0, "liger": 2.0}

@@ -47,11 +47,13 @@ def candidates(r, eager, compiled, ours, liger_fn) -> dict:
     return cands
 
 
-def time_rows(r, opname, shape, dtype, cost, cands, args, check_out, backward, diff=(), grad_outputs=None):
+def time_rows(r, opname, shape, dtype, cost, cands, args, check_out, backward, diff=(), grad_outputs=None,
+              graph=True):
     """For each candidate: ``check_out(name, fn(*args))``, then its time (forward, or with ``backward``
     the gradients of the arguments at positions ``diff`` from ``grad_outputs``), one row. Only ours names
     a baseline: the fastest of the others in the case (eager, torch.compile, Liger), what a user would
-    otherwise run."""
+    otherwise run. ``graph=False``: eager time alone, for calls that cannot be captured (a capture that
+    fails part-way can leave the CUDA generator in capture mode, breaking every later suite)."""
     times = {}
     for name, fn in cands.items():
         r.status(f"{opname} {shape} {name}")
@@ -63,7 +65,7 @@ def time_rows(r, opname, shape, dtype, cost, cands, args, check_out, backward, d
                     torch.autograd.grad(fn(*ins), leaves, grad_outputs, allow_unused=True))
         else:
             call = (lambda fn=fn: fn(*args))
-        times[name] = device_ms(r, f"{opname} {shape} {name}", call)
+        times[name] = device_ms(r, f"{opname} {shape} {name}", call) if graph else time_ms(call)
     others = {n: ms for n, ms in times.items() if n != OURS}
     best = min(others, key=others.get) if others else ""
     for name, ms in times.items():
