@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from dataclasses import astuple
 
 import torch
 import triton
@@ -106,7 +107,7 @@ def sweep_rope(shapes, quick):
             torch.testing.assert_close(qo.float(), rq, rtol=2e-2, atol=2e-2)
             t = time_ms(lambda: launch(RK._rope_kernel, (B * S,), *args, HB=hb, DB=db, BACKWARD=False,
                                        num_warps=warps))
-            tag = " <- table" if (hb, db) == rope.heads_per_step(Hq, Hk, half) and warps == 4 else ""
+            tag = " <- table" if (hb, db, warps) == astuple(rope.launch_for(Hq, Hk, half)) else ""
             print(f"  warps {warps} heads/step {hb:2}: {t * 1e3:6.1f} us {_gbs(2 * e, t):5.0f} GB/s "
                   f"({_gbs(2 * e, t) / COPY_TBS / 10:4.1f} %){tag}")
         torch.cuda.empty_cache()

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import triton
 
 import tilewise
 from tilewise.ops.rope import api as R
@@ -44,7 +45,8 @@ def test_cost():
     assert c.flops == 6 * 2 * 10 * 16 * 64 and c.bytes == 2 * 2 * 10 * 16 * 64 * 2 + 2 * 16 * 64 * 2
 
 
-CASES = [(2, 4, 2, 9, 16), (1, 3, 3, 33, 128), (3, 1, 1, 5, 6), (1, 8, 1, 17, 64)]
+# the last: q's 12 heads take two head steps of 8
+CASES = [(2, 4, 2, 9, 16), (1, 3, 3, 33, 128), (3, 1, 1, 5, 6), (1, 8, 1, 17, 64), (1, 12, 4, 7, 128)]
 
 
 @pytest.mark.parametrize("shape", CASES, ids=str)
@@ -90,6 +92,16 @@ def test_triton_interpreter_unequal_halves_one_output_used_and_compile():
     torch.testing.assert_close(oq, 2 * rq, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ok, 2 * rk, rtol=1e-5, atol=1e-5)
     assert qc.grad is not None and kc.grad is not None
+
+
+def test_launch_table():
+    from tilewise.ops.rope import configs as RC
+
+    for Hq, Hk, D in ((32, 8, 128), (16, 16, 64), (24, 8, 96), (1, 1, 2), (64, 8, 256), (40, 40, 80)):
+        L = RC.launch_for(Hq, Hk, D // 2)
+        assert L.DB >= D // 2 and L.DB & (L.DB - 1) == 0 and L.HB & (L.HB - 1) == 0
+        assert L.HB * L.DB <= RC.TILE or L.HB == 1  # a step's tile stays within TILE
+        assert L.HB <= triton.next_power_of_2(max(Hq, Hk)) and L.warps == (2 if L.DB <= 32 else 4)
 
 
 def test_rejects_bad_arguments():

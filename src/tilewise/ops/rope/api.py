@@ -18,7 +18,7 @@ from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import heads_per_step
+from .configs import launch_for
 
 def _rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
@@ -66,7 +66,7 @@ def _rotate(q, k, cos, sin, backward):
     if B * S == 0 or q.numel() + k.numel() == 0:
         return qo, ko
     half = D // 2
-    hb, db = heads_per_step(Hq, Hk, half)
+    L = launch_for(Hq, Hk, half)
     if sin.shape[0] != cos.shape[0]:
         cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
     cos, sin = cos.contiguous(), sin.contiguous()  # (S x D a row of the batch: small beside q and k)
@@ -77,7 +77,7 @@ def _rotate(q, k, cos, sin, backward):
             q, k, qo, ko, cos, sin, S, Hq, Hk, half,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-            sc_b, D, HB=hb, DB=db, BACKWARD=backward, num_warps=4)
+            sc_b, D, HB=L.HB, DB=L.DB, BACKWARD=backward, num_warps=L.warps)
     return qo, ko
 
 

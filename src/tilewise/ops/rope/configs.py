@@ -1,14 +1,25 @@
-"""RoPE's launch rule. Not yet tuned on the H200: the first GPU run sets it (docs/tuning/rope.md)."""
+"""RoPE's launch rule: heads a step and warps, from the H200 sweep (docs/tuning/rope.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 
-TILE = 2048  # elements of a (heads x half) tile a program rotates at once (16 fp32 a thread at 4 warps)
+TILE = 512  # elements of a (heads x half) tile a program rotates at once: small steps keep more in flight
 
 
-def heads_per_step(Hq: int, Hk: int, half: int) -> tuple[int, int]:
-    """(heads a step, half the head dim padded): as many heads as fit TILE, so a position's rows of q
-    and k go in few wide steps."""
+@dataclass(frozen=True)
+class RopeLaunch:
+    """HB: heads a step; DB: half the head dim padded to a power of two; warps."""
+
+    HB: int
+    DB: int
+    warps: int
+
+
+def launch_for(Hq: int, Hk: int, half: int) -> RopeLaunch:
+    """As many heads as fit TILE; 2 warps when half the head dim is at most 32 (D = 64), else 4."""
     db = triton.next_power_of_2(half)
-    return max(1, min(triton.next_power_of_2(max(Hq, Hk)), TILE // db)), db
+    hb = max(1, min(triton.next_power_of_2(max(Hq, Hk)), TILE // db))
+    return RopeLaunch(hb, db, 2 if db <= 32 else 4)
