@@ -129,23 +129,22 @@ def test_classifier_case_warm_is_faster_than_empty(monkeypatch):
     assert rows["tilewise", "warm caches"] < rows["tilewise", "empty caches"], rows
 
 
-def test_train_case_times_prewarm_as_a_variant_of_ours(monkeypatch, tmp_path):
-    # The train case runs the baseline, tilewise and tilewise --prewarm, each on its own fresh caches;
-    # both of ours name the torch row of the same shape.
+def test_train_case_times_tilewise_beside_torch(monkeypatch, tmp_path):
+    # The train case runs the baseline and the tilewise backend, each on its own fresh caches; ours
+    # names the torch row of the same shape.
     monkeypatch.setenv(settings.SST2_DIR, str(tmp_path))
     train = next(c for c in cs.CASES if c.name == "train_100_steps")
-    assert train.variants == ("tilewise", "tilewise_prewarm")
-    assert cs.TRAIN_VARIANTS["tilewise_prewarm"][-1] == "--prewarm"
+    assert train.variants == ("tilewise",)
     seen = []
 
     def fake(case, backend, caches, extra=(), timeout_s=None):
         seen.append(backend)
-        return {"cold_start": case, "first_s": 2.0, "process_s": 10.0 if backend != "tilewise_prewarm" else 7.0}
+        return {"cold_start": case, "first_s": 2.0, "process_s": 10.0 if backend == "torch" else 7.0}
 
     monkeypatch.setattr(cs, "run_child", fake)
     r = harness.Runner()
     cs.measure(r, [train])
-    assert sorted(set(seen)) == ["tilewise", "tilewise_prewarm", "torch"]
+    assert sorted(set(seen)) == ["tilewise", "torch"]
     walls = {x.variant: x for x in r.rows if "wall, empty" in x.shape}
-    assert walls["tilewise_prewarm"].median_ms == 7000 and walls["tilewise_prewarm"].baseline == "torch"
+    assert walls["tilewise"].median_ms == 7000 and walls["tilewise"].baseline == "torch"
     assert walls["tilewise"].baseline_ms == 10000

@@ -159,3 +159,33 @@ def test_warmup_train_workload(tmp_path):
                        capture_output=True, text=True, env=env, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "train" in p.stdout and _files(tw) and _files(tr)
+
+
+def test_the_classifier_pieces_name_their_parts():
+    assert [t.name for t in warmup.CLASSIFIER_TASKS] == ["train.embedding", "train.fc1", "train.head"]
+    assert list(warmup.CLASSIFIER_TASKS) == [t for t in warmup.WORKLOAD_TASKS if t.name.startswith("train.")]
+    with pytest.raises(ValueError, match="part must be one of"):
+        warmup._classifier_part("fc3")
+
+
+@pytest.mark.gpu
+def test_gpu_pieces_leave_nothing_for_the_whole_step(tmp_path):
+    # The three pieces compile (and tune) what the graphed training step and evaluation need: the whole
+    # workload run after them in a fresh process adds no Triton kernel and no NVRTC module.
+    env = settings.child_environment(tmp_path / "tw", tmp_path / "triton")
+    pieces = [t.name for t in warmup.CLASSIFIER_TASKS]
+    procs = [subprocess.Popen([sys.executable, "-m", "tilewise.warmup", "--task", n], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in pieces]
+    for n, p in zip(pieces, procs):
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"{n}: {err[-3000:]}"
+
+    def files():
+        return {str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file()}
+
+    before = files()
+    p = subprocess.run([sys.executable, "-m", "tilewise.warmup", "--task", "train"], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    new = sorted(files() - before)
+    assert not new, f"the whole step compiled what the pieces missed: {new[:12]}"

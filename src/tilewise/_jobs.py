@@ -1,8 +1,7 @@
-"""Tasks run each in a child Python process, several at once: what ``tilewise warmup`` and the
-training run's kernel warm-up (``sst2/prewarm.py``) share. A task is a function of no arguments
-named in ``tilewise.warmup``'s table; its child is ``python -m tilewise.warmup --task NAME`` with the
-environment from ``settings.child_environment``. Compiles in separate processes run in parallel, where
-threads would share one GIL and Triton's compile lock."""
+"""Tasks run each in a child Python process, several at once: ``tilewise warmup``'s runner. A task is
+a function of no arguments named in ``tilewise.warmup``'s table; its child is ``python -m
+tilewise.warmup --task NAME`` with the environment from ``settings.child_environment``. Compiles in
+separate processes run in parallel, where threads would share one GIL and Triton's compile lock."""
 
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ from . import settings
 from ._jobs import (STDERR_TAIL, TASK_TIMEOUT_S, Job, Result, Task, child_command, default_jobs,  # noqa: F401
                     jobs_for, run_job, run_jobs, triton_cache_dir)
 from .sst2.config import SST2_VOCAB
-from .sst2.prewarm import CLASSIFIER_TASKS
 
 FLOATS = ("float32", "float16", "bfloat16")
 HALVES = ("bfloat16", "float16")
@@ -252,6 +251,57 @@ def _train_workload() -> None:
             model.loss(model(b.ids, b.lengths), b.labels)
     twf.check_targets(dev)
     torch.cuda.synchronize()
+
+
+CLASSIFIER_PARTS = ("embedding", "fc1", "head")
+
+
+def _classifier_part(part: str) -> None:
+    """One piece of the SST-2 classifier's step through the entry points its forward calls
+    (nn/classifier.py), at every padded shape ``tilewise train`` runs with its default config:
+    training batches forward and backward, evaluation batches forward. The pieces' kernels are
+    disjoint, so three processes compile (and the GEMMs autotune) side by side what one step would
+    do in turn. part: "embedding", "fc1" (linear + ReLU), "head" (pooling, output layer, loss)."""
+    if part not in CLASSIFIER_PARTS:
+        raise ValueError(f"_classifier_part: part must be one of {CLASSIFIER_PARTS}, got {part!r}")
+    import torch
+
+    from .nn import functional as twf
+    from .sst2.config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
+
+    cfg, dev = TrainConfig(), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    E, H, V = cfg.embed_dim, cfg.hidden, SST2_VOCAB
+
+    def rand(*shape, grad=True):
+        return torch.randn(*shape, device=dev, generator=g).requires_grad_(grad)
+
+    w_emb, w1, b1, w2, b2 = rand(V, E), rand(H, E), rand(H), rand(2, H), rand(2)
+    buckets = default_buckets(cfg.max_len)
+    shapes = [(cfg.batch_size, T, True) for T in buckets] + [(EVAL_BATCH_SIZE, T, False) for T in buckets]
+    for B, T, grad in shapes:
+        with torch.set_grad_enabled(grad):
+            if part == "embedding":
+                y = twf.embedding(torch.randint(1, V, (B, T), device=dev, generator=g), w_emb, padding_idx=0)
+            elif part == "fc1":
+                y = twf.linear(rand(B, T, E, grad=grad), w1, b1, activation="relu")
+            else:
+                lengths = torch.randint(1, T + 1, (B,), device=dev, generator=g)
+                logits = twf.linear(twf.masked_mean(rand(B, T, H, grad=grad), lengths), w2, b2)
+                y = twf.cross_entropy(logits, torch.randint(0, 2, (B,), device=dev, generator=g))
+            if grad:
+                y.backward(torch.randn_like(y))
+    if part == "head":
+        twf.check_targets(dev)
+    torch.cuda.synchronize()
+
+
+# The train workload's pieces: the classifier's step split where the kernels are disjoint, so their
+# compiles run side by side before the whole step (``train``) compiles whatever they missed.
+CLASSIFIER_TASKS: tuple[Task, ...] = tuple(
+    Task(f"train.{part}", "train", f"the classifier's {what} at the default run's shapes",
+         partial(_classifier_part, part))
+    for part, what in (("embedding", "embedding"), ("fc1", "first layer + ReLU"), ("head", "pooling, output, loss")))
 
 
 FAMILY_TASKS: tuple[Task, ...] = (

@@ -76,9 +76,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="at most this many steps per epoch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or messages")
     p.add_argument("--no-plot", action="store_true", help="do not write loss_curve.png")
-    p.add_argument("--prewarm", action="store_true",
-                   help="compile the model's kernels in parallel child processes while the run starts "
-                        "(tilewise backend on a GPU, default model shape; a no-op once the caches hold them)")
 
 
 # The options that turn a TrainConfig field off: option dest -> field.

@@ -44,10 +44,6 @@ class TrainConfig:
     progress: bool = True
     max_steps: int | None = None       # stop each epoch after this many steps (tests, smoke runs)
     plot: bool = True                  # write loss_curve.png (matplotlib: ~0.5 s; sweeps turn it off)
-    prewarm: bool = False              # while the run reads its data: import torch._dynamo (AdamW needs
-    #                                    it) in a thread, and compile the model's kernels in child
-    #                                    processes (tilewise backend, default model shape, one process;
-    #                                    skipped when the caches already hold them)
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")

@@ -27,7 +27,7 @@ import torch
 from .._files import write_atomic
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
-from . import checkpoint, dataset, ddp, prewarm as _prewarm
+from . import checkpoint, dataset, ddp
 from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
                      resolve_device_backend)
 from .graph_step import GraphedStep
@@ -278,12 +278,6 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     if lead:  # before any data is read or step taken
         checkpoint.claim_output_dir(out, held)
     torch.manual_seed(cfg.seed)
-    prewarm = None
-    if cfg.prewarm:  # started before the data is read, so the compiles overlap it
-        _prewarm.import_in_background("torch._dynamo")  # AdamW's constructor imports it
-        prewarm, why = _prewarm.start_for_run(cfg, backend, device, dist)
-        if why:
-            notes.append(why)
 
     data = _load_data(cfg.data_dir, cfg.download)
     ckpt_path = out / checkpoint.CHECKPOINT_NAME
@@ -329,8 +323,6 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         buckets = default_buckets(cfg.max_len)
         notes.append(f"batches padded to the bucket lengths {buckets}")
         con.print(notes[-1])
-    if prewarm is not None:
-        con.print(prewarm.wait())
     graphed = GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
     fwd = ddp.wrap(model, dist, device)
 

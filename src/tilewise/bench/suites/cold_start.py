@@ -17,9 +17,7 @@ what a user would run instead, with its own fresh caches:
                              --embedding-init random`` (only when TILEWISE_SST2_DIR names the
                              data): the process's wall time, and the seconds to the end of its
                              first step (the child's imports + the ``startup`` that train records
-                             in metrics.json); tilewise, and tilewise with ``--prewarm`` (its
-                             kernels compiled in parallel child processes while it starts), vs
-                             the torch backend
+                             in metrics.json); the tilewise backend vs the torch backend
 
 Rows: op ``cold_start``; shape "<case> <sizes>: <what>, empty caches" (or warm caches); variant
 ``tilewise`` against the baseline's row of the same shape (``torch`` or ``torch_sdpa``);
@@ -73,11 +71,8 @@ CASES: tuple[Case, ...] = (
     Case("flash_attention_fwd_bwd", "B={B} H={H} Hkv={Hkv} S={S} D={D} causal".format(**ATTN), "bfloat16",
          "torch_sdpa", (("forward + backward", "first_s"),)),
     Case("train_100_steps", " ".join(TRAIN_ARGS), "float32", "torch",
-         (("wall", "process_s"), ("to the first step's end", "first_s")), ("tilewise", "tilewise_prewarm")),
+         (("wall", "process_s"), ("to the first step's end", "first_s"))),
 )
-# A variant of ours that is not a backend name: the options it adds to `tilewise train`.
-TRAIN_VARIANTS = {"tilewise": ("--backend", "tilewise"), "tilewise_prewarm": ("--backend", "tilewise", "--prewarm"),
-                  "torch": ("--backend", "torch")}
 
 # The child: the clock starts before any import.
 _CHILD = ("import time; t0 = time.perf_counter(); import sys; from tilewise.bench.suites import cold_start; "
@@ -141,7 +136,7 @@ def _child_train(backend: str, t0: float, extra: Sequence[str]) -> dict:
 
     data_dir, out_dir = extra
     t_imp = time.perf_counter()
-    code = cli.main(["train", "--data-dir", data_dir, *TRAIN_ARGS, *TRAIN_VARIANTS[backend], "--output-dir", out_dir,
+    code = cli.main(["train", "--data-dir", data_dir, *TRAIN_ARGS, "--backend", backend, "--output-dir", out_dir,
                      "--no-progress"])
     if code != 0:
         raise SystemExit(f"tilewise train exited with status {code}")
