@@ -130,11 +130,13 @@ def test_classifier_case_warm_is_faster_than_empty(monkeypatch):
 
 
 def test_train_case_times_tilewise_beside_torch(monkeypatch, tmp_path):
-    # The train case runs the baseline and the tilewise backend, each on its own fresh caches; ours
-    # names the torch row of the same shape.
+    # The train case runs the baseline, the tilewise backend and the backend with tilewise's AdamW, each
+    # on its own fresh caches; ours name the torch row of the same shape.
     monkeypatch.setenv(settings.SST2_DIR, str(tmp_path))
     train = next(c for c in cs.CASES if c.name == "train_100_steps")
-    assert train.variants == ("tilewise",)
+    assert train.variants == ("tilewise", "tilewise_adamw")
+    assert set(cs.TRAIN_VARIANTS) == {"torch", *train.variants}
+    assert cs.TRAIN_VARIANTS["tilewise_adamw"][-2:] == ("--optimizer", "tilewise")
     seen = []
 
     def fake(case, backend, caches, extra=(), timeout_s=None):
@@ -144,7 +146,8 @@ def test_train_case_times_tilewise_beside_torch(monkeypatch, tmp_path):
     monkeypatch.setattr(cs, "run_child", fake)
     r = harness.Runner()
     cs.measure(r, [train])
-    assert sorted(set(seen)) == ["tilewise", "torch"]
+    assert sorted(set(seen)) == ["tilewise", "tilewise_adamw", "torch"]
     walls = {x.variant: x for x in r.rows if "wall, empty" in x.shape}
-    assert walls["tilewise"].median_ms == 7000 and walls["tilewise"].baseline == "torch"
-    assert walls["tilewise"].baseline_ms == 10000
+    for ours in train.variants:
+        assert walls[ours].median_ms == 7000 and walls[ours].baseline == "torch"
+        assert walls[ours].baseline_ms == 10000

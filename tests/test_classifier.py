@@ -149,6 +149,20 @@ def test_resume_continues_exactly(tmp_path):
     assert [e["dev_accuracy"] for e in resumed["epochs"]] == [e["dev_accuracy"] for e in full["epochs"]]
 
 
+def test_tilewise_adamw_trains_as_torch_adamw_and_resumes_across(tmp_path):
+    # The same update as torch.optim.AdamW (CPU: the same foreach arithmetic, so the same losses), and a
+    # checkpoint written with one optimizer resumes with the other.
+    ref = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "torch")))
+    ours = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "ours"), optimizer="tilewise"))
+    assert ours["step_losses"] == ref["step_losses"]
+    loop.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part")))
+    resumed = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "part"), resume=True,
+                                     optimizer="tilewise"))
+    assert resumed["step_losses"] == ref["step_losses"]
+    with pytest.raises(ValueError, match="--optimizer must be one of"):
+        loop.train(tiny_config(tmp_path, optimizer="sgd", output_dir=str(tmp_path / "bad")))
+
+
 def test_cpu_backend_choice_and_errors(tmp_path):
     dev, backend, notes = config.resolve_device_backend(config.TrainConfig(device="cpu", backend="auto"))
     assert backend == "torch" and any("CPU" in n for n in notes)
@@ -464,6 +478,18 @@ def test_train_gpu_graphs_by_default(tmp_path):
     m = loop.train(tiny_config(tmp_path, device="cuda", backend="tilewise", graph=None, epochs=2, plot=False))
     assert m["config"]["graph"] is True and any("CUDA graph" in n for n in m["notes"])
     assert m["epochs"][-1]["dev_accuracy"] > 0.8
+
+
+@gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_train_gpu_tilewise_adamw_matches_torch_adamw(tmp_path, graph):
+    # graph: the capturable path with device lrs (a cosine schedule changes them between replays)
+    kw = dict(device="cuda", backend="tilewise", dropout=0.0, epochs=2, buckets=(24,), graph=graph,
+              lr_schedule="cosine")
+    ref = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "t"), **kw))
+    ours = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "o"), optimizer="tilewise", **kw))
+    torch.testing.assert_close(torch.tensor(ours["step_losses"]), torch.tensor(ref["step_losses"]),
+                               rtol=1e-4, atol=1e-5)
 
 
 @gpu

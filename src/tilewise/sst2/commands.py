@@ -22,7 +22,7 @@ import torch
 
 from . import dataset, ddp, loop
 from .checkpoint import OutputDirError, load_checkpoint
-from .config import LR_SCHEDULES, TrainConfig
+from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 # --------------------------------------------------------------------------- train
 
@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--embedding-lr", type=float, default=None, help="learning rate of the embedding (default: --lr)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                   help="AdamW from torch.optim, or tilewise's (the same update; it skips torch.optim's "
+                        "import of torch._dynamo at start-up)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="hidden size H")
     p.add_argument("--embedding-init", choices=("glove", "random"), default=d.embedding_init)
     p.add_argument("--glove-cache", default=None, help="GloVe extract (.npz) for this vocabulary")

@@ -17,6 +17,8 @@ class TrainConfig:
     lr: float = 1e-3
     embedding_lr: float | None = None  # learning rate of the embedding table (None: lr)
     weight_decay: float = 0.01
+    optimizer: str = "torch"           # torch: torch.optim.AdamW; tilewise: sst2/adamw.py, the same update
+    #                                    without torch.optim's import of torch._dynamo (start-up)
     hidden: int = 256
     embed_dim: int = 50
     embedding_init: str = "glove"      # glove | random
@@ -47,6 +49,7 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+OPTIMIZERS = ("torch", "tilewise")
 EVAL_BATCH_SIZE = 256
 # SST-2's training vocabulary at min_count 1: the embedding's rows wherever a run is stood in for
 # without the data (benches, warm-ups).
@@ -66,6 +69,8 @@ def check_options(cfg: TrainConfig) -> None:
                          f"batch_size={cfg.batch_size}, lr={cfg.lr}, hidden={cfg.hidden}")
     if cfg.lr_schedule not in LR_SCHEDULES:
         raise ValueError(f"--lr-schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}")
     if cfg.freeze_embeddings_epochs < 0:
         raise ValueError(f"--freeze-embeddings-epochs must be >= 0, got {cfg.freeze_embeddings_epochs}")
     if not 0.0 <= cfg.embed_dropout < 1.0:

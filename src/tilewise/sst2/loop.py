@@ -211,7 +211,7 @@ def _embedding_init(cfg: TrainConfig, vocab: dataset.Vocab, notes: list[str]) ->
     return torch.from_numpy(glove.init_matrix(g, seed=cfg.seed))
 
 
-def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[torch.optim.AdamW, bool]:
+def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[Any, bool]:
     """AdamW over two groups (the embedding table, the rest), and whether their lrs are device
     tensors (what a captured step must read when the lrs change between steps)."""
     emb = [model.embedding.weight]
@@ -225,8 +225,11 @@ def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[to
         for grp in groups:
             grp["lr"] = torch.tensor(float(grp.get("lr", cfg.lr)), dtype=torch.float32, device=device)
     # capturable: the step's bookkeeping stays on the device, which a captured graph needs.
-    opt = torch.optim.AdamW(groups, lr=groups[1].get("lr", cfg.lr) if tensor_lr else cfg.lr,
-                            weight_decay=cfg.weight_decay, capturable=cfg.graph)
+    adamw = torch.optim.AdamW
+    if cfg.optimizer == "tilewise":
+        from .adamw import AdamW as adamw
+    opt = adamw(groups, lr=groups[1].get("lr", cfg.lr) if tensor_lr else cfg.lr, weight_decay=cfg.weight_decay,
+                capturable=cfg.graph)
     return opt, tensor_lr
 
 
