@@ -304,10 +304,13 @@ class EncodedSplit:
         self.name = split.name
         seqs = [vocab.encode(s)[:max_len] if max_len else vocab.encode(s) for s in split.tokens]
         n = len(seqs)
-        L = max((len(s) for s in seqs), default=1)
-        self.padded = torch.tensor([s + [Vocab.pad_id] * (L - len(s)) for s in seqs],
-                                   dtype=torch.int64).reshape(n, L)
         self.lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+        L = int(self.lengths.max()) if n else 1
+        # One flat tensor scattered under a length mask: building (n, L) from nested lists took 0.5 s of
+        # a run's start-up for SST-2's training split.
+        flat = torch.tensor([i for s in seqs for i in s], dtype=torch.int64)
+        self.padded = torch.full((n, L), Vocab.pad_id, dtype=torch.int64)
+        self.padded[torch.arange(L) < self.lengths[:, None]] = flat
         self.labels = torch.tensor(split.labels, dtype=torch.int64)
         self._on = {}  # device -> (padded, lengths, labels) copies
 
