@@ -38,17 +38,22 @@ def _run(opt, params, steps, first=0):
         opt.step()
 
 
-def test_same_parameters_as_torch_adamw_each_step():
-    a, b = _params(), _params()
-    ours = AdamW(_groups(a), weight_decay=0.01)
-    ref = torch.optim.AdamW(_groups(b), weight_decay=0.01, foreach=True)
-    for i in range(12):
+def _lockstep(ours, a, ref, b, steps, rtol, atol):
+    # Both optimizers step on the same gradients; their parameters are compared after every step.
+    for i in range(steps):
         _grads(a, i)
         _grads(b, i)
         ours.step()
         ref.step()
         for x, y in zip(a, b):
-            torch.testing.assert_close(x, y, rtol=0, atol=0)
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+
+
+def test_same_parameters_as_torch_adamw_each_step():
+    a, b = _params(), _params()
+    ours = AdamW(_groups(a), weight_decay=0.01)
+    ref = torch.optim.AdamW(_groups(b), weight_decay=0.01, foreach=True)
+    _lockstep(ours, a, ref, b, 12, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("direction", ["torch->ours", "ours->torch"])
@@ -120,13 +125,7 @@ def test_gpu_capturable_matches_torch_and_captures():
     a, b = _params("cuda"), _params("cuda")
     ours = AdamW(_groups(a, tensor_lr=True, device="cuda"), capturable=True)
     ref = torch.optim.AdamW(_groups(b, tensor_lr=True, device="cuda"), capturable=True, foreach=True)
-    for i in range(3):
-        _grads(a, i)
-        _grads(b, i)
-        ours.step()
-        ref.step()
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+    _lockstep(ours, a, ref, b, 3, rtol=1e-6, atol=1e-7)
     # a CUDA graph of the step replays the update (the lr read from its tensor)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()

@@ -28,6 +28,7 @@ from .._files import write_atomic
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
 from . import checkpoint, dataset, ddp
+from .adamw import AdamW
 from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
                      resolve_device_backend)
 from .graph_step import GraphedStep
@@ -225,9 +226,7 @@ def _optimizer(model: SentimentClassifier, cfg: TrainConfig, device) -> tuple[An
         for grp in groups:
             grp["lr"] = torch.tensor(float(grp.get("lr", cfg.lr)), dtype=torch.float32, device=device)
     # capturable: the step's bookkeeping stays on the device, which a captured graph needs.
-    adamw = torch.optim.AdamW
-    if cfg.optimizer == "tilewise":
-        from .adamw import AdamW as adamw
+    adamw = AdamW if cfg.optimizer == "tilewise" else torch.optim.AdamW
     opt = adamw(groups, lr=groups[1].get("lr", cfg.lr) if tensor_lr else cfg.lr, weight_decay=cfg.weight_decay,
                 capturable=cfg.graph)
     return opt, tensor_lr
