@@ -936,19 +936,28 @@ V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no s
     **{n: c for n, c in GPU_BAND_CASES.items()
        if c[0][-1] in (64, 128) and not {"softcap", "alibi_slopes"} & set(c[1])},
     "window_1024_s4096": ((1, 4, 2, 4096, 4096, 128), dict(causal=True, window=(1024, None))),
+    # 528 work items: a persistent CTA walks ~4, its K / V ring and Q buffers running on across them
+    "window_many_items": ((2, 8, 2, 4100, 4100, 64), dict(causal=True, window=(300, None))),
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(V5_BAND_CASES))
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
 @pytest.mark.quick
-def test_gpu_v5_band_forward(case, poisoned_outputs):
-    """The opt-in v5 band forward (``ws_band``) against the fp32 reference, with poisoned outputs;
-    the backward (v3's two kernels) from its LSE."""
+def test_gpu_v5_band_forward(case, persistent, poisoned_outputs, monkeypatch):
+    """v5's band forward (``ws_band``) on its own grid and on the persistent one against the fp32
+    reference, with poisoned outputs; the backward (v3's two kernels) from its LSE."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
     (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
-    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True)
+    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_persistent=persistent)
+    taken = []
+    real = ag.fwd_band
+    monkeypatch.setattr(ag, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, policy=policy, **kw), q, k, v)
+    assert taken == [persistent], "the band forward did not run on v5's band kernel"
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
     _assert_close_to_fp32(ours, ref)
 
@@ -1612,14 +1621,14 @@ _WS_BAND_COMPILE_SM90 = r"""
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
 
-for D in (64, 128):
+for D, persistent in itertools.product((64, 128), (False, True)):
     bn, stages, regs, _, _ = C.ws_fwd_config(D, False)
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-           "band_lo": "i32", "band_hi": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
-    consts = {"BLOCK_N": bn, "STAGES": stages, "CONSUMER_REGS": regs, "NUM_CONS": 2}
-    out[f"band-D{D}"] = build(ag.attn_fwd_ws_band_kernel, sig, consts)
+           "band_lo": "i32", "band_hi": "i32", "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "PERSISTENT": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CONSUMER_REGS": regs, "NUM_CONS": 2, "PERSISTENT": persistent}
+    out[f"band-D{D}-persistent{persistent}"] = build(ag.attn_fwd_ws_band_kernel, sig, consts)
 """
 
 
@@ -1632,7 +1641,7 @@ def test_v5_band_kernel_compiles_for_sm90():
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
     r = _gluon_sm90_report(_WS_BAND_COMPILE_SM90)
-    assert sorted(r) == ["band-D128", "band-D64"]
+    assert sorted(r) == [f"band-D{D}-persistent{p}" for D in (128, 64) for p in (False, True)]
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"
