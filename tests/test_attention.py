@@ -160,10 +160,12 @@ def test_block_flags():
 
 # ---------------------------------------------------------------- Triton kernels in the interpreter (CPU)
 
-def _run_fwd_bwd(fn, q, k, v, *, causal=False, mask=None, bias=None, scale=None, seed=7):
+def _run_fwd_bwd(fn, q, k, v, *, causal=None, mask=None, bias=None, scale=None, seed=7):
+    # causal=None passes none, so a functools.partial's own causal= holds (a call keyword would override it)
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     b = bias.detach().clone().requires_grad_(True) if bias is not None else None
-    out, lse = fn(q, k, v, causal=causal, mask=mask, bias=b, scale=scale, return_lse=True)
+    flag = {} if causal is None else {"causal": causal}
+    out, lse = fn(q, k, v, mask=mask, bias=b, scale=scale, return_lse=True, **flag)
     g = torch.Generator(device=q.device).manual_seed(seed)
     # fp32 draws rounded to out's dtype: every run (any dtype) gets the very same dO values.
     go = torch.randn(out.shape, generator=g, device=q.device).to(out.dtype)
@@ -657,13 +659,14 @@ def test_choose_policy_keeps_the_rules():
         assert p.forward == ("ws" if ws else "pointer"), case
         assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
         assert p.ws_persistent == ((D, causal) == (128, False)), case
+        assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
             want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
         assert p.backward == want, case
         assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
-                                      backward=p.backward), case
+                                      ws_band=p.ws_band, backward=p.backward), case
 
 
 def test_policy_is_validated_and_round_trips_through_its_key():
@@ -946,13 +949,13 @@ V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no s
 @pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
 @pytest.mark.quick
 def test_gpu_v5_band_forward(case, persistent, poisoned_outputs, monkeypatch):
-    """v5's band forward (``ws_band``) on its own grid and on the persistent one against the fp32
-    reference, with poisoned outputs; the backward (v3's two kernels) from its LSE."""
+    """v5's band forward (``ws_band``; the default at D = 128) on its own grid and on the persistent one
+    against the fp32 reference, with poisoned outputs; the backward (v3's two kernels) from its LSE."""
     from tilewise.ops.attention import gluon_fwd as ag
 
     (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
-    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_persistent=persistent)
+    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_band_persistent=persistent)
     taken = []
     real = ag.fwd_band
     monkeypatch.setattr(ag, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
@@ -1621,14 +1624,16 @@ _WS_BAND_COMPILE_SM90 = r"""
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
 
-for D, persistent in itertools.product((64, 128), (False, True)):
-    bn, stages, regs, _, _ = C.ws_fwd_config(D, False)
+for D, persistent, bn64 in [(64, False, False), (64, True, False), (128, False, False), (128, True, False),
+                            (128, False, True)]:
+    bn, stages, regs, _, _ = C.ws_fwd_config(D, False, (64, 4, 232, None, 2) if bn64 else None)
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
            "band_lo": "i32", "band_hi": "i32", "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
            "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "PERSISTENT": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CONSUMER_REGS": regs, "NUM_CONS": 2, "PERSISTENT": persistent}
-    out[f"band-D{D}-persistent{persistent}"] = build(ag.attn_fwd_ws_band_kernel, sig, consts)
+    out[f"band-D{D}-persistent{persistent}" + ("-bn64" if bn64 else "")] = build(ag.attn_fwd_ws_band_kernel, sig,
+                                                                                 consts)
 """
 
 
@@ -1641,7 +1646,8 @@ def test_v5_band_kernel_compiles_for_sm90():
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
     r = _gluon_sm90_report(_WS_BAND_COMPILE_SM90)
-    assert sorted(r) == [f"band-D{D}-persistent{p}" for D in (128, 64) for p in (False, True)]
+    assert sorted(r) == sorted([f"band-D{D}-persistent{p}" for D in (128, 64) for p in (False, True)]
+                               + ["band-D128-persistentFalse-bn64"])
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"

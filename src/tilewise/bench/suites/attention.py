@@ -279,7 +279,7 @@ def run(r) -> None:
 def _window_rows(r, flex) -> None:
     """Sliding-window causal attention at S = 16384 (Mistral's window of 4096 and a short one of
     1024): flash_attention with ``window`` (the default, and v5's band forward on its own and on the
-    persistent grid, opt-in) against FlexAttention with the same mask as a block mask, and the full
+    persistent grid) against FlexAttention with the same mask as a block mask, and the full
     causal forward as the yardstick (issue 30: window 1024 <= 0.15x of it)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -298,9 +298,9 @@ def _window_rows(r, flex) -> None:
             mask = create_block_mask(lambda b, h, qi, ki, _l=left: (qi >= ki) & (qi - ki <= _l), None, None, S, S,
                                      device="cuda")
             flex_w = (lambda a, b, c, causal, bias, _m=mask: flex._compiled(a, b, c, block_mask=_m))
-            band_ws = op.default_policy(q, k).replace(forward="ws", ws_band=True)  # opt-in until measured
+            band_ws = op.default_policy(q, k).replace(forward="ws", ws_band=True)
             bands = tuple((f"flash_attention[v5 band{' persistent' if p else ''}]",
-                           lambda a, b, c, causal, bias, _l=left, _p=band_ws.replace(ws_persistent=p):
+                           lambda a, b, c, causal, bias, _l=left, _p=band_ws.replace(ws_band_persistent=p):
                            op.flash_attention(a, b, c, causal=True, window=(_l, None), policy=_p))
                           for p in (False, True))
             sl = (slice(0, 1), slice(0, 2))

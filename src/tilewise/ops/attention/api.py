@@ -377,7 +377,8 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
             and policy.ws_band and _ws_applies(q, k, v, mask, None, bias_strides)):
         from . import gluon_fwd as ag
-        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=_launch, persistent=policy.ws_persistent)
+        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=_launch, persistent=policy.ws_band_persistent,
+                           config=policy.ws_config)
     if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy)
     if (plain and bias is not None and mask is None and policy.bias_tma

@@ -143,6 +143,9 @@ WS_FWD_RULES = MappingProxyType({
 # v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
 # (tuning: "v5 persistent grid").
 WS_PERSISTENT_RULES = frozenset({(128, False)})
+# v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
+# it at D = 64 (tuning: "v5 band").
+WS_BAND_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (short causal
 # calls are host-bound) (tuning: "v6 backward routes").
 WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096})
@@ -176,7 +179,9 @@ class AttentionPolicy:
     ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias, two consumers).
     ws_pingpong:   v5's consumers take turns issuing their products.
     ws_band:       a band (sliding window, bottom-right causal) without mask, bias or score mods runs on
-                   v5's band kernel where v5 applies (else v3's pointer kernel).
+                   v5's band kernel where v5 applies (else v3's pointer kernel), with ``ws_config``'s
+                   tile when it has two consumers.
+    ws_band_persistent: that band kernel on the persistent grid (one CTA an SM).
     bias_tma:      a bias forward through v4's TMA kernel where the bias has dense rows.
     bias_pair:     a bias shared by the batch, B even, no mask: two batch elements a program.
     bias_batch_fastest: a bias shared by the batch: programs run batch-fastest (one bias tile in L2).
@@ -197,8 +202,9 @@ class AttentionPolicy:
     ws_persistent: bool = False
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
-    # Off until measured: v5's band kernel has run only through the sm_90 compiler (tuning: "v5 band").
     ws_band: bool = False
+    # Off: within noise of the band kernel's own grid at window 1024, slower at 4096 (tuning: "v5 band").
+    ws_band_persistent: bool = False
     # On: the TMA kernel prefetches the bias tile, the pointer kernel cannot (tuning: "Bias forward by TMA").
     bias_tma: bool = True
     bias_pair: bool = False
@@ -248,10 +254,10 @@ def policy_from_key(key: str) -> AttentionPolicy:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(forward, ws_config, ws_persistent, backward, bias_pair) -> AttentionPolicy:
+def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair) -> AttentionPolicy:
     # One object per decision: choose_policy runs on every call, a policy's construction is not free.
-    return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, backward=backward,
-                           bias_pair=bias_pair)
+    return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, ws_band=ws_band,
+                           backward=backward, bias_pair=bias_pair)
 
 
 def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
@@ -272,4 +278,4 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     else:
         backward = "two_kernel"
     return _policy(forward, rule[1] if rule is not None else None, (head_dim, causal) in WS_PERSISTENT_RULES,
-                   backward, head_dim <= BIAS_PAIR_MAX_D)
+                   head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D)

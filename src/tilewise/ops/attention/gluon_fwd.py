@@ -667,13 +667,15 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     return out, lse
 
 
-def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False):
+def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None):
     """The band forward (``attn_fwd_ws_band_kernel``) into ``out`` / ``lse``; ``band`` = (lo, hi) as
-    ``reference.band``. Two consumers with v5's default tile; layouts as ``fwd``'s (no bias).
-    ``persistent``: one CTA an SM walking the (query tile, head) items; else a CTA an item."""
+    ``reference.band``. Two consumers with ``config``'s tile (as ``fwd``'s) when it has two, else v5's
+    default tile; layouts as ``fwd``'s (no bias). ``persistent``: one CTA an SM walking the (query
+    tile, head) items; else a CTA an item."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages, regs, _, _ = configs.ws_fwd_config(D, False)
+    chosen = config if config is not None and config[4] == 2 and config[3] is None else None
+    bn, stages, regs, _, _ = configs.ws_fwd_config(D, False, chosen)
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     n_m = -(-Sq // (ROWS * 2))
     args = (_desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D)), out, lse, H, H // Hkv, Sq, Sk,

@@ -25,9 +25,10 @@ def _key_range(start_m, Sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL
 
 @triton.jit
 def _band_keys(m0, Sk, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Key tiles [lo, hi) hold every key a query in [m0, m0 + BLOCK_M) keeps; hi <= lo: none.
+    # Key tiles [lo, hi) hold every key a query in [m0, m0 + BLOCK_M) keeps; hi == lo: none (hi is held at
+    # lo or above, so _band_inner's ranges stay inside [lo, hi) for a query tile the band gives no key).
     lo = (tl.maximum(m0 + band_lo, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(m0 + BLOCK_M + band_hi, Sk)
+    hi = tl.maximum(tl.minimum(m0 + BLOCK_M + band_hi, Sk), lo)
     return lo, hi
 
 
