@@ -36,6 +36,15 @@ def test_train_case_only_with_the_sst2_folder(monkeypatch, tmp_path):
     assert [c.name for c in cs.cases()] == [c.name for c in cs.CASES]
 
 
+def test_cases_can_be_chosen_by_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEWISE_SST2_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWISE_BENCH_COLD_START_CASES", "train_100_steps, classifier_step")
+    assert [c.name for c in cs.cases()] == ["classifier_step", "train_100_steps"]
+    monkeypatch.setenv("TILEWISE_BENCH_COLD_START_CASES", "train_100_steps,nope")
+    with pytest.raises(ValueError, match="TILEWISE_BENCH_COLD_START_CASES.*nope"):
+        cs.cases()
+
+
 def test_parse_child_takes_the_last_result_line():
     out = 'start-up: 1.00 s\n{"not": "ours"}\n{"cold_start": "x", "first_s": 2.5}\n{broken\n'
     assert cs.parse_child(out, "x")["first_s"] == 2.5

@@ -258,8 +258,18 @@ def measure(r, cases: Sequence[Case]) -> None:
 
 
 def cases() -> list[Case]:
-    """The cases to run: train_100_steps only where the SST-2 folder is set."""
-    return [c for c in CASES if c.name != "train_100_steps" or settings.sst2_dir() is not None]
+    """The cases to run: those ``TILEWISE_BENCH_COLD_START_CASES`` names (default all), train_100_steps
+    only where the SST-2 folder is set."""
+    chosen = [c.name for c in CASES]
+    env = settings.bench_cold_start_cases()
+    if env:
+        chosen = [n.strip() for n in env.split(",") if n.strip()]
+        unknown = sorted(set(chosen) - {c.name for c in CASES})
+        if unknown or not chosen:
+            raise ValueError(f"{settings.BENCH_COLD_START_CASES}={env!r}: unknown cases {unknown}; "
+                             f"known: {', '.join(c.name for c in CASES)}")
+    return [c for c in CASES
+            if c.name in chosen and (c.name != "train_100_steps" or settings.sst2_dir() is not None)]
 
 
 def run(r) -> None:
