@@ -152,10 +152,11 @@ def test_resume_continues_exactly(tmp_path):
 def test_tilewise_adamw_trains_as_torch_adamw_and_resumes_across(tmp_path):
     # The same update as torch.optim.AdamW (CPU: the same foreach arithmetic, so the same losses), and a
     # checkpoint written with one optimizer resumes with the other.
-    ref = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "torch")))
+    assert config.TrainConfig().optimizer == "tilewise"  # train's default
+    ref = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "torch"), optimizer="torch"))
     ours = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "ours"), optimizer="tilewise"))
     assert ours["step_losses"] == ref["step_losses"]
-    loop.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part")))
+    loop.train(tiny_config(tmp_path, epochs=1, output_dir=str(tmp_path / "part"), optimizer="torch"))
     resumed = loop.train(tiny_config(tmp_path, epochs=2, output_dir=str(tmp_path / "part"), resume=True,
                                      optimizer="tilewise"))
     assert resumed["step_losses"] == ref["step_losses"]
@@ -486,7 +487,7 @@ def test_train_gpu_tilewise_adamw_matches_torch_adamw(tmp_path, graph):
     # graph: the capturable path with device lrs (a cosine schedule changes them between replays)
     kw = dict(device="cuda", backend="tilewise", dropout=0.0, epochs=2, buckets=(24,), graph=graph,
               lr_schedule="cosine")
-    ref = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "t"), **kw))
+    ref = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "t"), optimizer="torch", **kw))
     ours = loop.train(tiny_config(tmp_path, output_dir=str(tmp_path / "o"), optimizer="tilewise", **kw))
     torch.testing.assert_close(torch.tensor(ours["step_losses"]), torch.tensor(ref["step_losses"]),
                                rtol=1e-4, atol=1e-5)

@@ -53,9 +53,10 @@ ATTN = dict(B=1, H=32, Hkv=8, S=2048, D=128)  # Llama-3-8B-like heads, one 2k se
 # Random embeddings: GloVe's extract is kept in the tilewise cache folder, so with GloVe an empty cache
 # would also time rebuilding it (and the GloVe package is not on every GPU machine).
 TRAIN_ARGS = ("--epochs", "1", "--max-steps", "100", "--embedding-init", "random")
-# train_100_steps' variants as train options; tilewise_adamw: tilewise's AdamW, which skips torch.optim's
-# import of torch._dynamo
-TRAIN_VARIANTS = {"torch": ("--backend", "torch"), "tilewise": ("--backend", "tilewise"),
+# train_100_steps' variants as train options, the optimizer spelled out so a row keeps its meaning:
+# tilewise_adamw (train's default) with tilewise's AdamW, which skips torch.optim's import of torch._dynamo
+TRAIN_VARIANTS = {"torch": ("--backend", "torch", "--optimizer", "torch"),
+                  "tilewise": ("--backend", "tilewise", "--optimizer", "torch"),
                   "tilewise_adamw": ("--backend", "tilewise", "--optimizer", "tilewise")}
 
 
