@@ -17,8 +17,8 @@ class TrainConfig:
     lr: float = 1e-3
     embedding_lr: float | None = None  # learning rate of the embedding table (None: lr)
     weight_decay: float = 0.01
-    # tilewise: sst2/adamw.py, torch.optim.AdamW's update without importing torch._dynamo (1.7 against
-    # 6.1 s to the first step's end on the H200 machine, warm caches); torch: torch.optim.AdamW
+    # tilewise: sst2/adamw.py, torch.optim.AdamW's update without importing torch._dynamo (~4.5 s less
+    # start-up on the H200 machine; docs/design.md, "Start-up"); torch: torch.optim.AdamW
     optimizer: str = "tilewise"
     #                                    without torch.optim's import of torch._dynamo (start-up)
     hidden: int = 256
