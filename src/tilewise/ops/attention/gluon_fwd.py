@@ -331,16 +331,9 @@ if _GLUON:
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
         """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
         without causal (a head's query tiles run together and share K / V in L2); causal, the
-        longest query tiles (the last ones) of every head first, each full round of num_programs
-        items taken in turn forward and backward (a snake), so the CTA with one round's longest item
-        gets the next round's shortest (the plain round robin left SMs idle at the end)."""
+        longest query tiles (the last ones) of every head first."""
         if CAUSAL:
-            nprog = gl.num_programs(0)
-            r = tile // nprog
-            idx = tile
-            if (r % 2 == 1) & ((r + 1) * nprog <= n_m * BH):
-                idx = r * nprog + (nprog - 1 - tile % nprog)
-            return n_m - 1 - idx // BH, idx % BH
+            return n_m - 1 - tile // BH, tile % BH
         return tile % n_m, tile // n_m
 
     @gluon.jit
