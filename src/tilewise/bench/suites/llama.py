@@ -164,7 +164,7 @@ def _time_steps(model, opt, batches):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
     loss0 = float(step(batches[0]))  # the check's loss: the first step, from the shared weights
     for i in range(WARMUP):
