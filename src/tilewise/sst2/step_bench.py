@@ -53,7 +53,9 @@ def step_model(backend: str, mode: str, *, vocab_size: int = SST2_VOCAB, embed_d
                num_classes: int = 2, dropout: float = 0.3, lr: float = 1e-3, weight_decay: float = 0.01,
                seed: int = 0, device="cuda"):
     """(model in train mode, AdamW) as ``train`` builds them; one ``seed`` gives every backend and
-    mode the same initial weights. AdamW is ``capturable`` for ``mode="graph"``."""
+    mode the same initial weights. AdamW is ``capturable`` for ``mode="graph"``; it is torch.optim's
+    for every backend, so the rows compare the backends' kernels (``train``'s default,
+    ``sst2.adamw.AdamW``, runs the same update)."""
     if mode not in STEP_MODES:
         raise ValueError(f"step_model: mode must be one of {STEP_MODES}, got {mode!r}")
     torch.manual_seed(seed)
