@@ -44,3 +44,10 @@ def test_rows_against_flex():
     S._row_against_flex(r, times, "op", "missing", "s", "bf16", None, None)
     assert r.rows == [("flex_attention", 2.0, "", None), ("flash_attention", 1.0, "flex_attention", 2.0)]
     assert times == {"flex_attention": 2.0, "flash_attention": 1.0}
+
+
+def test_ours_is_compared_with_the_fastest_baseline():
+    assert S.best_baseline({"sdpa_flash": 1.3, "sdpa_cudnn": 0.9, "sdpa_efficient": 2.0}) == "sdpa_cudnn"
+    assert S.best_baseline({"sdpa_efficient": 2.0}) == "sdpa_efficient"
+    assert S.best_baseline({}) == ""
+
