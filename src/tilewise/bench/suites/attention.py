@@ -13,8 +13,8 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     with atomic dQ; forward + backward rows only), v6_flash2_ws_bwd (v5's forward, v6's backward:
     dK / dV and dQ kernels warp-specialized in Gluon; no-bias forward + backward rows, D 64 / 128).
     Each of ours names as its baseline the fastest baseline this run measured at its shape
-    (``best_baseline``: the best the user already has, usually cuDNN; rows written before
-    2026-12-04 13:30 UTC named sdpa_flash where it ran). Older rows of the CSV that this suite no
+    (``best_baseline``: the best the user already has, usually cuDNN; older rows named sdpa_flash,
+    docs/tuning/attention.md, "Bench rows"). Older rows of the CSV that this suite no
     longer writes, or that timed another backward under the same name: docs/tuning/attention.md,
     "Bench rows".
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,

@@ -19,9 +19,8 @@ what a user would run instead, with its own fresh caches:
                              first step (the child's imports, torch's and the train command's
                              included, + the ``startup`` that train records in metrics.json); the
                              tilewise backend with train's default optimizer (``tilewise_adamw``) vs
-                             the torch backend with torch.optim's. Rows before 2026-12-04 13:00 UTC
-                             ("tilewise", "tilewise_prewarm", and the first "tilewise_adamw" rows, of
-                             b7b5d3f) left torch's import out of "to the first step's end".
+                             the torch backend with torch.optim's. Older rows that left torch's
+                             import out say so in their shape (docs/design.md, "Start-up").
 
 Rows: op ``cold_start``; shape "<case> <sizes>: <what>, empty caches" (or warm caches); variant
 ``tilewise`` against the baseline's row of the same shape (``torch`` or ``torch_sdpa``);
