@@ -20,7 +20,6 @@ class TrainConfig:
     # tilewise: sst2/adamw.py, torch.optim.AdamW's update without importing torch._dynamo (~4.5 s less
     # start-up on the H200 machine; docs/design.md, "Start-up"); torch: torch.optim.AdamW
     optimizer: str = "tilewise"
-    #                                    without torch.optim's import of torch._dynamo (start-up)
     hidden: int = 256
     embed_dim: int = 50
     embedding_init: str = "glove"      # glove | random

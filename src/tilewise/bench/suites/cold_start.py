@@ -59,7 +59,6 @@ TRAIN_ARGS = ("--epochs", "1", "--max-steps", "100", "--embedding-init", "random
 # train_100_steps' variants as train options, the optimizer spelled out so a row keeps its meaning:
 # tilewise_adamw (train's default) with tilewise's AdamW, which skips torch.optim's import of torch._dynamo
 TRAIN_VARIANTS = {"torch": ("--backend", "torch", "--optimizer", "torch"),
-                  "tilewise": ("--backend", "tilewise", "--optimizer", "torch"),
                   "tilewise_adamw": ("--backend", "tilewise", "--optimizer", "tilewise")}
 
 

@@ -698,10 +698,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     align:  where query i's diagonal key is when Sq != Sk: "top_left" (j = i; SDPA's ``is_causal``,
             the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
             2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
-            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run their
-            backward on v3's two kernels (not v6 nor the atomic backward); their forward runs on v5's
-            band kernel at D = 128 without mask, bias or score mods (``AttentionPolicy.ws_band``),
-            else on v3's.
+            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run on the
+            v3 kernels (forward and the two-kernel backward), not v5 / v6 nor the atomic backward;
+            ``policy.replace(ws_band=True)`` runs the forward of a band without mask, bias or score
+            mods on v5's band kernel (opt-in until measured).
     softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
             before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
     alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the
