@@ -61,7 +61,13 @@ def _restore(snap) -> None:
 
 
 def _build(name, config, state):
+    import copy
+
     import transformers
+
+    # A copy per candidate: apply_tilewise sets the attention implementation on the model's config,
+    # the object given here, so every model built after it would run tilewise's attention.
+    config = copy.deepcopy(config)
 
     with torch.device("cuda"):  # initialised on the GPU (a CPU init of 1B parameters takes seconds)
         model = transformers.LlamaForCausalLM(config).to(dtype=torch.bfloat16)

@@ -456,6 +456,8 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     # A band or a score mod runs on the two-kernel backward alone.
     plain = band is None and not softcap and alibi is None
+    if plain and policy.backward == "ws" and not do.is_contiguous():
+        do = do.contiguous()  # v6 reads dO by TMA (an output transposed by the caller gives a strided one)
     ws_bwd = plain and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
     # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
     # keep the two-kernel backward whatever the policy says.
@@ -672,7 +674,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
 
     q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
-            Any strides (read through them). D in [1, 256]; 64 and 128 are the tuned ones. CPU
+            Any strides (read through them; an eager call routed to v5 / v6, which load by TMA,
+            copies strided q, k, v and dO to contiguous first). D in [1, 256]; 64 and 128 are the tuned ones. CPU
             tensors run the fp32 reference (``reference``: the whole score matrix; any policy).
     k, v:   (B, Hkv, Sk, D), q's dtype and device; H must be a multiple of Hkv (grouped-query
             attention: query head h reads K/V head h // (H // Hkv)). Sk may differ from Sq.
@@ -698,10 +701,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     align:  where query i's diagonal key is when Sq != Sk: "top_left" (j = i; SDPA's ``is_causal``,
             the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
             2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
-            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run on the
-            v3 kernels (forward and the two-kernel backward), not v5 / v6 nor the atomic backward;
-            ``policy.replace(ws_band=True)`` runs the forward of a band without mask, bias or score
-            mods on v5's band kernel (opt-in until measured).
+            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run their
+            backward on v3's two kernels (not v6 nor the atomic backward); their forward runs on v5's
+            band kernel at D = 128 without mask, bias or score mods (``AttentionPolicy.ws_band``),
+            else on v3's.
     softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
             before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
     alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the
@@ -747,6 +750,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     else:
         if policy is None:
             policy = default_policy(q, k, causal=causal, mask=mask, bias=bias, deterministic=deterministic)
+        if (policy.forward == "ws" or policy.backward == "ws") and not all(t.is_contiguous() for t in (q, k, v)):
+            # v5 / v6 read q, k, v by TMA as dense (B * H * S, D) rows; a strided view (transformers'
+            # transposed (B, S, H, D)) would fall back to v3's pointer kernels: a copy each costs less.
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out, lse = _EagerFlash.apply(q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi,
                                      diag)
     return (out, lse) if return_lse else out

@@ -203,7 +203,7 @@ class AttentionPolicy:
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
     ws_band: bool = False
-    # Off: within noise of the band kernel's own grid at window 1024, slower at 4096 (tuning: "v5 band").
+    # Off: 2-4 % ahead of the band kernel's own grid at window 1024, 6-7 % behind at 4096 (tuning: "v5 band").
     ws_band_persistent: bool = False
     # On: the TMA kernel prefetches the bias tile, the pointer kernel cannot (tuning: "Bias forward by TMA").
     bias_tma: bool = True
@@ -263,8 +263,9 @@ def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair) -> 
 def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
                   has_mask: bool = False, bias_grad: bool = False, deterministic: bool = True) -> AttentionPolicy:
     """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
-    opt-in), the backward by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by
-    ``WS_BWD_RULES`` (v6) and ``ORDERED_RULES``, else v3's two kernels."""
+    opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim), the backward
+    by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6)
+    and ``ORDERED_RULES``, else v3's two kernels."""
     causal = bool(causal)
     rule = WS_FWD_RULES.get((head_dim, causal, bool(has_bias)))
     forward = "ws" if rule is not None and not has_mask and seq_q >= rule[0] else "pointer"
