@@ -1962,7 +1962,7 @@ def test_gpu_strided_inputs_run_v5_v6(monkeypatch):
     launched = _record_launches(monkeypatch)
     grads = {}
     for name, fn, dtype in (("ours", A.flash_attention, torch.bfloat16), ("ref", A.reference, torch.float64)):
-        leaves = [t.to(dtype).requires_grad_(True) for t in bases]
+        leaves = [t.detach().to(dtype).clone().requires_grad_(True) for t in bases]
         q, k, v = (t.transpose(1, 2) for t in leaves)
         assert not q.is_contiguous()
         out = fn(q, k, v)
