@@ -20,6 +20,11 @@ D 128; the dQ product adds a fifth matmul (+25 % of its matmul time, ~0.45 ms at
 8.6 GB of fp32 atomics to L2 (64 KB a CTA a query tile); if the atomics overlap, ~2.5-2.7 ms
 (1.0-1.1x cuDNN's ~2.7), if not ~3 ms. Registers: dK, dV 128 + dQ_part 64 at the dQ product.
 
+Measured (H200, bench/results/logs/attention-fused-bwd-c0709cc.log; research/notes/attention.md,
+"Thirteenth session"): correct in every variant. Without writing dQ the kernel runs the backward in
+2.25 ms (1.17x cuDNN's 2.63). With the adds, the best variant (dQ's columns split between the
+consumers, TMA reduce-add from two staging tiles) takes 3.49 ms against v6's 3.01. Not landed.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
