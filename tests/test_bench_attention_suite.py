@@ -51,3 +51,44 @@ def test_ours_is_compared_with_the_fastest_baseline():
     assert S.best_baseline({"sdpa_efficient": 2.0}) == "sdpa_efficient"
     assert S.best_baseline({}) == ""
 
+
+
+def test_shape_table_parses_grouped_query_items():
+    assert S.parse_shapes("4096x64, 8192x128x32x8", 16384) == [(4096, 64, 16, 16), (8192, 128, 32, 8)]
+    for bad in ("3000x64", "4096x64x32x5", "4096", ",", "4096x64x32"):
+        with pytest.raises(ValueError, match="TILEWISE_BENCH_ATTENTION_SHAPES"):
+            S.parse_shapes(bad, 16384)
+
+
+def test_check_heads_take_a_whole_query_group():
+    assert S.check_heads(16, 16) == (2, 2)
+    assert S.check_heads(32, 8) == (4, 1)
+    assert S.check_heads(6, 3) == (2, 1)
+
+
+def _gqa_inputs(B=2, H=8, Hkv=2, S_=37, D=16, seed=3):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, S_, D, generator=g)
+    k, v = (torch.randn(B, Hkv, S_, D, generator=g) for _ in range(2))
+    return q, k, v, torch.randn(B, H, S_, D, generator=g)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_version_check_with_grouped_kv_heads(causal):
+    """The check's reference on a grouped-query shape: a right version (SDPA's math backend with
+    enable_gqa, as the bench calls it) passes forward and backward; one that pairs query head h with
+    K/V head h % Hkv instead of h // (H / Hkv) fails."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    q, k, v, go = _gqa_inputs()
+    S._check_version("sdpa", S._sdpa(SDPBackend.MATH), q, k, v, None, causal, go, True)
+
+    def wrong(q, k, v, causal, bias):
+        rep = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1), is_causal=causal)
+
+    with pytest.raises(CheckError):
+        S._check_version("wrong", wrong, q, k, v, None, causal, go, False)

@@ -18,13 +18,15 @@ Rows (op / variant): ``attention_fwd`` and ``attention_fwd_bwd`` (and ``attentio
     longer writes, or that timed another backward under the same name: docs/tuning/attention.md,
     "Bench rows".
 Quick run: B=4, H=16, S=4096, D=128. Full run: the issue's grid, S in {1024, 2048, 4096, 8192,
-16384} x D in {64, 128} x causal or not, forward and forward + backward, at a fixed B * S = 16384
-tokens (B = 16 ... 1) and H = 16, so each shape costs about the same memory; bias rows up to S = 8192
-(non-causal: SDPA takes no bias with is_causal). The full run also sweeps, at S = 4096, the forward
-block sizes of v3/v4 (variants ``v3_flash2[BM,BN,w,s]``), the dK/dV and dQ tiles of the
+16384} x D in {64, 128} x causal or not x (H, Hkv) in {(16, 16), (32, 8)}, forward and forward +
+backward, at a fixed B * S = 16384 tokens (B = 16 ... 1), so each shape costs about the same memory.
+The grouped-query rows (32 query heads on 8 K/V heads, as Llama-3's) name Hkv in their shape and
+pass ``enable_gqa`` to SDPA and FlexAttention. Bias rows go up to S = 8192 at H = 16 only
+(non-causal: SDPA takes no bias with is_causal). The full run also sweeps, at S = 4096 and H = 16, the
+forward block sizes of v3/v4 (variants ``v3_flash2[BM,BN,w,s]``), the dK/dV and dQ tiles of the
 deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
-(``v3_flash2_atomic[atomic=...]``). ``TILEWISE_BENCH_ATTENTION_SHAPES="4096x64,8192x128"`` (S x D)
-times those shapes of the grid instead (without the S = 4096 sweeps in quick runs).
+(``v3_flash2_atomic[atomic=...]``). ``TILEWISE_BENCH_ATTENTION_SHAPES="4096x64,8192x128x32x8"``
+(S x D at H 16, or S x D x H x Hkv) times those shapes instead (without the S = 4096 sweeps in quick runs).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
 the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
@@ -59,7 +61,8 @@ def _sdpa(backend):
         with sdpa_kernel(backend):
             if bias is not None and causal:
                 raise RuntimeError("SDPA takes attn_mask or is_causal, not both")
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
     return fn
 
 
@@ -79,7 +82,7 @@ def _flex():
                 masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2],
                                                device=q.device)
             bm = masks[key]
-        return compiled(q, k, v, block_mask=bm)
+        return compiled(q, k, v, block_mask=bm, enable_gqa=k.shape[1] != q.shape[1])
     fn._compiled = compiled  # the window rows pass their own block mask
     return fn
 
@@ -127,12 +130,24 @@ def _sweeps(D, backward):
                   for kind, cfg in _ATOMIC_SWEEP if kind != "atomic_tma" or D in op_configs.ATOMIC_TMA]
 
 
+def check_heads(H: int, Hkv: int) -> tuple[int, int]:
+    """(query heads, K/V heads) the check's reference takes from the front: two query heads, or one
+    whole group of grouped-query attention, so that the K/V gradients it computes are complete."""
+    group = H // Hkv
+    nq = 2 if group == 1 else group
+    return nq, nq // group
+
+
 def _check_version(name, fn, q, k, v, bias, causal, go, backward):
-    """fp32 reference on heads 0-1 (attention is independent per (b, h)); batch 0 only, except with a
-    bias, whose gradient sums over the batch. The backward is ``fn``'s (its policy's)."""
-    sl = (slice(None), slice(0, 2)) if bias is not None else (slice(0, 1), slice(0, 2))
-    qs, ks, vs = (t[sl].detach().float().requires_grad_(backward) for t in (q, k, v))
-    bs = bias[:, :2].detach().float().requires_grad_(backward) if bias is not None else None
+    """fp32 reference on the first query heads (attention is independent per (b, h); with grouped
+    K/V heads, the first group: ``check_heads``); batch 0 only, except with a bias, whose gradient
+    sums over the batch. The backward is ``fn``'s (its policy's)."""
+    nq, nkv = check_heads(q.shape[1], k.shape[1])
+    batch = slice(None) if bias is not None else slice(0, 1)
+    sl, sl_kv = (batch, slice(0, nq)), (batch, slice(0, nkv))
+    qs = q[sl].detach().float().requires_grad_(backward)
+    ks, vs = (t[sl_kv].detach().float().requires_grad_(backward) for t in (k, v))
+    bs = bias[:, :nq].detach().float().requires_grad_(backward) if bias is not None else None
     ref = op.reference(qs, ks, vs, causal=causal, bias=bs)
     qi, ki, vi = (t.detach().requires_grad_(backward) for t in (q, k, v))
     bi = bias.detach().requires_grad_(backward) if bias is not None else None
@@ -143,9 +158,9 @@ def _check_version(name, fn, q, k, v, bias, causal, go, backward):
     check(f"{name} out", out[sl].float(), ref.detach(), dtype=q.dtype, tol=2e-2)
     if backward:
         ref_grads = torch.autograd.grad(ref, ref_ins, go[sl].float())
+        parts = {"dq": sl, "dk": sl_kv, "dv": sl_kv, "dbias": (slice(None), slice(0, nq))}
         for gname, g, rg in zip(("dq", "dk", "dv", "dbias"), grads, ref_grads):
-            part = g[:, :2] if gname == "dbias" else g[sl]
-            check(f"{name} {gname}", part.float(), rg, dtype=q.dtype, tol=3e-2)
+            check(f"{name} {gname}", g[parts[gname]].float(), rg, dtype=q.dtype, tol=3e-2)
 
 
 def _time(fn, q, k, v, bias, causal, go, backward):
@@ -201,23 +216,37 @@ def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, s
         r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
 
 
+def parse_shapes(env: str, tokens: int) -> list[tuple[int, int, int, int]]:
+    """``TILEWISE_BENCH_ATTENTION_SHAPES``: comma-separated "SxD" (H = Hkv = 16) or "SxDxHxHkv" items,
+    S dividing ``tokens`` and Hkv dividing H, as (S, D, H, Hkv)."""
+    try:
+        shapes = []
+        for item in (i for i in env.split(",") if i.strip()):
+            t = tuple(int(x) for x in item.lower().split("x"))
+            t = t + (16, 16) if len(t) == 2 else t
+            if len(t) != 4 or min(t) < 1 or tokens % t[0] or t[2] % t[3]:
+                raise ValueError
+            shapes.append(t)
+        if not shapes:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"TILEWISE_BENCH_ATTENTION_SHAPES={env!r}: expected SxD or SxDxHxHkv items, S dividing "
+                         f"{tokens} tokens and Hkv dividing H, e.g. '4096x64,8192x128x32x8'") from None
+    return shapes
+
+
 def run(r) -> None:
     from torch.nn.attention import SDPBackend
 
-    H, TOKENS = 16, 16384
+    TOKENS = 16384
     if r.quick:
-        shapes = [(4096, 128)]
+        shapes = [(4096, 128, 16, 16)]
     else:
-        shapes = [(S, D) for D in (64, 128) for S in (1024, 2048, 4096, 8192, 16384)]
-    env = settings.bench_attention_shapes()  # e.g. "4096x64,8192x128" (S x D): part of the grid
+        shapes = [(S, D, H, Hkv) for H, Hkv in ((16, 16), (32, 8)) for D in (64, 128)
+                  for S in (1024, 2048, 4096, 8192, 16384)]
+    env = settings.bench_attention_shapes()  # e.g. "4096x64,8192x128x32x8": part of the grid
     if env:
-        try:
-            shapes = [tuple(int(v) for v in item.lower().split("x")) for item in env.split(",") if item.strip()]
-            if not shapes or any(len(t) != 2 or t[0] < 1 or t[1] < 1 or TOKENS % t[0] for t in shapes):
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"TILEWISE_BENCH_ATTENTION_SHAPES={env!r}: expected SxD items dividing {TOKENS} "
-                             f"tokens, e.g. '4096x64,8192x128'") from None
+        shapes = parse_shapes(env, TOKENS)
     modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
              ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
     dtype = torch.bfloat16
@@ -225,18 +254,22 @@ def run(r) -> None:
                  "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION)}
     flex = _flex()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for S, D in shapes:
+    for S, D, H, Hkv in shapes:
         B = TOKENS // S
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(2))
         go = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
+        heads = f"H={H}" if Hkv == H else f"H={H},Hkv={Hkv}"
         for causal in (False, True):
             for opname, backward, with_bias in modes:
-                if with_bias and (causal or S > 8192):
-                    continue  # SDPA has no causal + bias; at 16k the bias alone is 8.6 GB (and slow baselines)
+                if with_bias and (causal or S > 8192 or Hkv != H):
+                    # SDPA has no causal + bias; at 16k the bias alone is 8.6 GB (and slow baselines);
+                    # the grouped-query rows are about the K/V reads, not the bias's
+                    continue
                 bias = (0.1 * torch.randn(1, H, S, S, device="cuda", dtype=dtype, generator=g)
                         if with_bias else None)
-                shape = f"B={B},H={H},S={S},D={D}" + (",causal" if causal else "") + (",bias" if with_bias else "")
-                cost = op.cost(B, H, S, S, D, dtype, causal=causal, backward=backward,
+                shape = f"B={B},{heads},S={S},D={D}" + (",causal" if causal else "") + (",bias" if with_bias else "")
+                cost = op.cost(B, H, S, S, D, dtype, causal=causal, Hkv=Hkv, backward=backward,
                                bias_bytes=(bias.numel() * bias.element_size() * (2 if backward else 1)
                                            if with_bias else 0))
                 times = {}
@@ -273,7 +306,7 @@ def run(r) -> None:
                         _optional_row(r, "v6_flash2_ws_bwd", _ours_v6, q, k, v, None, causal, go, True, **row)
                 if not with_bias:  # e.g. TMA descriptors missing from this Triton: logged, no row
                     _optional_row(r, "v4_flash2_tma", _ours_tma, q, k, v, None, causal, go, backward, **row)
-                if not r.quick and not with_bias and S == 4096:  # one kernel's tile changed at a time
+                if not r.quick and not with_bias and S == 4096 and Hkv == H:  # one kernel's tile changed at a time
                     for name, swept in _sweeps(D, backward):
                         _optional_row(r, name, swept, q, k, v, None, causal, go, backward, **row)
                 del bias
