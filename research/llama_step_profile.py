@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -27,27 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from tilewise.bench.suites import llama as L
 
-# First match wins: kernel name pattern -> group.
-GROUPS = [
-    ("attention", r"attn|flash|fmha|sdpa|cudnn"),
-    ("gemm", r"gemm|nvjet|xmma|cutlass|matmul|splitKreduce"),
-    ("cross_entropy", r"cross_entropy|linear_cross|_lce|logsumexp|log_softmax|nll"),
-    ("rms_norm", r"rms_norm|rmsnorm"),
-    ("rope", r"rope|rotary"),
-    ("swiglu", r"swiglu|silu|geglu"),
-    ("optimizer", r"adam|multi_tensor"),
-    ("embedding", r"embedding|index_put|indexing_backward|scatter|sort"),
-    ("copy/fill", r"copy|fill|memset|memcpy|cat|transpose"),
-    ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
-]
-
-
-def group(name: str) -> str:
-    low = name.lower()
-    for g, pat in GROUPS:
-        if re.search(pat, low):
-            return g
-    return "other"
+# The kernel groups are the llama bench's (tilewise.bench.suites.llama.KERNEL_GROUPS).
+group = L.kernel_group
 
 
 WARMUP, STEPS = 3, 5

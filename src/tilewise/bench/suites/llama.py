@@ -17,19 +17,71 @@ bar chart ``<device>-llama.png``.
 
 Liger's and tilewise's patches change transformers' modeling_llama module (its classes' forward, its
 apply_rotary_pos_emb); every candidate's patches are undone before the next one builds its model.
+Each candidate is built from its own copy of the config (docs/tuning/bench.md, "llama: a config per
+candidate").
+
+Why one is faster: with ``TILEWISE_BENCH_LLAMA_PROFILE=1``, after its timed steps each candidate runs
+``PROFILED`` more under torch.profiler, and the log gets a table of device ms a step by kernel group
+(``KERNEL_GROUPS``: attention, GEMM, RMSNorm, ...) for every candidate of a shape side by side. It is
+off by default until a run shows that profiling one candidate leaves the next one's timing alone.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
 import torch
 
+from ... import settings
 from ...cost import Cost
 from ..harness import check, device_slug
 
-WARMUP, STEPS = 3, 10
+WARMUP, STEPS, PROFILED = 3, 10, 2
+
+# First match wins: a kernel's name (lower case) -> its group in the step's device-time table.
+KERNEL_GROUPS = (
+    ("attention", r"attn|flash|fmha|sdpa|cudnn"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|matmul|splitkreduce"),
+    ("cross_entropy", r"cross_entropy|linear_cross|_lce|_ce_kernel|logsumexp|log_softmax|nll"),
+    ("rms_norm", r"rms_norm|rmsnorm"),
+    ("rope", r"rope|rotary"),
+    ("swiglu", r"swiglu|silu|geglu"),
+    ("optimizer", r"adam|multi_tensor"),
+    ("embedding", r"embedding|index_put|indexing_backward|scatter|sort"),
+    ("copy/fill", r"copy|fill|memset|memcpy|cat|transpose"),
+    ("elementwise/reduce", r"elementwise|vectorized|reduce|unrolled"),
+)
+
+
+def kernel_group(name: str) -> str:
+    """The ``KERNEL_GROUPS`` group of a CUDA kernel's name, "other" if none matches."""
+    low = name.lower()
+    for group, pattern in KERNEL_GROUPS:
+        if re.search(pattern, low):
+            return group
+    return "other"
+
+
+def group_times(kernels: dict) -> dict:
+    """{kernel name: ms a step} -> {group: ms a step} with a "total"."""
+    out: dict = {}
+    for name, ms in kernels.items():
+        g = kernel_group(name)
+        out[g] = out.get(g, 0.0) + ms
+    out["total"] = sum(kernels.values())
+    return out
+
+
+def group_table(by_name: dict) -> list:
+    """Log lines: one row a group, one column a candidate ({candidate: group_times(...)})."""
+    names = list(by_name)
+    groups = sorted({g for t in by_name.values() for g in t if g != "total"}) + ["total"]
+    lines = [f"  {'device ms a step':<20}" + "".join(f"{n:>13}" for n in names)]
+    for g in groups:
+        lines.append(f"  {g:<20}" + "".join(f"{by_name[n].get(g, 0.0):13.2f}" for n in names))
+    return lines
 
 
 def _config(quick: bool):
@@ -60,7 +112,7 @@ def _restore(snap) -> None:
             setattr(getattr(ml, n), "forward", f)
 
 
-def _build(name, config, state):
+def _build(name, config, state, device="cuda"):
     import copy
 
     import transformers
@@ -69,7 +121,7 @@ def _build(name, config, state):
     # the object given here, so every model built after it would run tilewise's attention.
     config = copy.deepcopy(config)
 
-    with torch.device("cuda"):  # initialised on the GPU (a CPU init of 1B parameters takes seconds)
+    with torch.device(device):  # initialised on the GPU (a CPU init of 1B parameters takes seconds)
         model = transformers.LlamaForCausalLM(config).to(dtype=torch.bfloat16)
     model.load_state_dict(state)
     model.config.use_cache = False
@@ -83,7 +135,7 @@ def _build(name, config, state):
         apply_tilewise(model)
     model.train()
     step_model = torch.compile(model) if name == "hf_compile" else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.device(device).type == "cuda")
     return model, step_model, opt
 
 
@@ -118,7 +170,7 @@ def run(r) -> None:
         shape = f"layers={config.num_hidden_layers},B={B},S={S}"
         g = torch.Generator(device="cuda").manual_seed(B * S)
         batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
-        first_loss, times = None, {}
+        first_loss, times, groups = None, {}, {}
         for name in names:
             snap = _snapshot()
             try:
@@ -138,10 +190,19 @@ def run(r) -> None:
                 results[(shape, name)] = (tok_s, peak)
                 r.log(f"  llama {shape} {name}: {ms:.1f} ms a step, {tok_s:,.0f} tokens/s, peak memory "
                       f"{peak / 2 ** 30:.1f} GiB")
+                if settings.bench_llama_profile():
+                    try:
+                        groups[name] = group_times(profile_steps(step_model, opt, batches))
+                    except Exception as e:  # noqa: BLE001 - the table explains; the row stands without it
+                        r.log(f"  llama {shape} {name}: no profile ({type(e).__name__}: {str(e)[:120]})")
                 del model, step_model, opt
             finally:
                 _restore(snap)
                 torch.cuda.empty_cache()
+        if groups:
+            r.log(f"  llama {shape}: where the device time goes ({PROFILED} profiled steps after the timed ones)")
+            for line in group_table(groups):
+                r.log(line)
         # Only ours names a baseline: the fastest of what a user would otherwise run, in the same run.
         others = {n: ms for n, ms in times.items() if n != "hf_tilewise"}
         best = min(others, key=others.get) if others else ""
@@ -164,13 +225,33 @@ def transformers_state(config) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _step(model, opt, ids):
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def profile_steps(model, opt, batches, steps=PROFILED) -> dict:
+    """{CUDA kernel name: device ms a step} over ``steps`` steps of an already warm model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            _step(model, opt, batches[i % 2])
+        torch.cuda.synchronize()
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+    return kernels
+
+
 def _time_steps(model, opt, batches):
     def step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return _step(model, opt, ids)
 
     loss0 = float(step(batches[0]))  # the check's loss: the first step, from the shared weights
     for i in range(WARMUP):
