@@ -1944,17 +1944,21 @@ def test_gpu_default_routes(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["all-strided-d128", "v-strided-d64-causal"])
 @pytest.mark.quick
-def test_gpu_strided_inputs_run_v5_v6(monkeypatch):
+def test_gpu_strided_inputs_run_v5_v6(case, monkeypatch):
     """q, k, v as transformers hands them ((B, S, H, D) views transposed to (B, H, S, D)) and a strided
     dO (the caller transposes the output back): an eager call routed to v5 / v6 copies them to
     contiguous and runs the Gluon kernels (not v3's pointer kernels), and the strided originals get
-    gradients that match the fp32 reference."""
+    gradients that match the fp64 reference. The second case is a Llama step's layout in a model
+    with tilewise's RoPE: q and k contiguous (RoPE's outputs), v strided, D = 64, GQA, causal, at a
+    length where the rules pick v5 (three consumers) and v6."""
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import triton_kernels as K
 
-    B, H, Hkv, S, D = 1, 4, 2, 1100, 128
+    B, H, Hkv, S, D, causal = (1, 4, 2, 1100, 128, False) if case == "all-strided-d128" else (1, 4, 2, 4100, 64, True)
+    strided = (True, True, True) if case == "all-strided-d128" else (False, False, True)
     g = torch.Generator(device="cuda").manual_seed(52)
     bases = [torch.randn(B, S, h, D, device="cuda", generator=g).bfloat16() for h in (H, Hkv, Hkv)]
     _ws_or_skip(bases[0])
@@ -1962,14 +1966,17 @@ def test_gpu_strided_inputs_run_v5_v6(monkeypatch):
     launched = _record_launches(monkeypatch)
     grads = {}
     for name, fn, dtype in (("ours", A.flash_attention, torch.bfloat16), ("ref", A.reference, torch.float64)):
-        leaves = [t.detach().to(dtype).clone().requires_grad_(True) for t in bases]
-        q, k, v = (t.transpose(1, 2) for t in leaves)
-        assert not q.is_contiguous()
-        out = fn(q, k, v)
+        # A strided input is a transposed view of its (B, S, h, D) leaf; a contiguous one is its own leaf.
+        leaves = [(t if st else t.transpose(1, 2)).detach().to(dtype).contiguous().requires_grad_(True)
+                  for t, st in zip(bases, strided)]
+        q, k, v = (t.transpose(1, 2) if st else t for t, st in zip(leaves, strided))
+        assert [not t.is_contiguous() for t in (q, k, v)] == list(strided)
+        out = fn(q, k, v, causal=causal)
         (out.transpose(1, 2).contiguous() * go.to(dtype)).sum().backward()
-        grads[name] = [out] + [t.grad for t in leaves]
+        grads[name] = [out] + [t.grad if not st else t.grad.transpose(1, 2) for t, st in zip(leaves, strided)]
+    fwd_kernel = ag.attn_fwd_ws_persistent_kernel if case == "all-strided-d128" else ag.attn_fwd_ws_kernel
     assert [f for f in launched if f is not K._attn_bwd_preprocess_kernel] == [
-        ag.attn_fwd_ws_persistent_kernel, gb.attn_bwd_dkdv_ws_kernel, gb.attn_bwd_dq_ws_kernel]
+        fwd_kernel, gb.attn_bwd_dkdv_ws_kernel, gb.attn_bwd_dq_ws_kernel]
     for t, o, r in zip(("out", "dq", "dk", "dv"), grads["ours"], grads["ref"]):
         assert o.shape == r.shape and not torch.isnan(o).any(), t
         e = ((o.double() - r.double()).norm() / r.double().norm()).item()
