@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from tilewise.bench.suites import llama as L
 
@@ -34,31 +33,15 @@ WARMUP, STEPS = 3, 5
 
 
 def profile_one(name, config, state, batches, warmup=WARMUP, steps=STEPS):
+    """{kernel name: (launches a step, ms a step)} of one candidate, built and stepped as the bench does."""
     snap = L._snapshot()
     try:
         model, step_model, opt = L._build(name, config, state)
-
-        def step(ids):
-            loss = step_model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
         for i in range(warmup):
-            step(batches[i % 2])
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for i in range(steps):
-                step(batches[i % 2])
-            torch.cuda.synchronize()
-        kernels: dict[str, list] = {}
-        for e in prof.events():
-            if e.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            k = kernels.setdefault(e.name, [0, 0.0])
-            k[0] += 1
-            k[1] += e.time_range.elapsed_us() / 1e3 / steps  # ms a step
-        return kernels
+            L._step(step_model, opt, batches[i % 2])
+        launches: dict = {}
+        ms = L.profile_steps(step_model, opt, batches, steps, launches=launches)
+        return {k: (launches[k], t) for k, t in ms.items()}
     finally:
         L._restore(snap)
         torch.cuda.empty_cache()
@@ -84,16 +67,13 @@ def main() -> int:
             result[name] = profile_one(name, config, state, batches)
         except ImportError as e:
             print(f"{name}: {e}: skipped")
-    groups = sorted({group(k) for ks in result.values() for k in ks})
     print(f"\ndevice ms a step by kernel group, B={B} S={S}")
-    print(f"{'group':20s}" + "".join(f"{n:>14s}" for n in result))
-    for gname in groups + ["total"]:
-        vals = [sum(t for k, (_, t) in ks.items() if gname == "total" or group(k) == gname) for ks in result.values()]
-        print(f"{gname:20s}" + "".join(f"{v:14.2f}" for v in vals))
+    for line in L.group_table({n: L.group_times({k: t for k, (_, t) in ks.items()}) for n, ks in result.items()}):
+        print(line)
     for name, ks in result.items():
         print(f"\n{name}: top kernels (ms a step, launches a step)")
         for k, (n, t) in sorted(ks.items(), key=lambda kv: -kv[1][1])[:25]:
-            print(f"  {t:8.2f} {n // STEPS:5d}  [{group(k)}] {k[:110]}")
+            print(f"  {t:8.2f} {round(n):5d}  [{group(k)}] {k[:110]}")
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "llama-step-profile.json").write_text(json.dumps(
         {"shape": [B, S], "ms_a_step": {n: {k: round(t, 4) for k, (_, t) in ks.items()} for n, ks in result.items()}},

@@ -233,8 +233,9 @@ def _step(model, opt, ids):
     return loss.detach()
 
 
-def profile_steps(model, opt, batches, steps=PROFILED) -> dict:
-    """{CUDA kernel name: device ms a step} over ``steps`` steps of an already warm model."""
+def profile_steps(model, opt, batches, steps=PROFILED, launches: dict | None = None) -> dict:
+    """{CUDA kernel name: device ms a step} over ``steps`` steps of an already warm model; ``launches``,
+    when given, gets each kernel's launches a step."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -246,23 +247,22 @@ def profile_steps(model, opt, batches, steps=PROFILED) -> dict:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+            if launches is not None:
+                launches[e.name] = launches.get(e.name, 0) + 1 / steps
     return kernels
 
 
 def _time_steps(model, opt, batches):
-    def step(ids):
-        return _step(model, opt, ids)
-
-    loss0 = float(step(batches[0]))  # the check's loss: the first step, from the shared weights
+    loss0 = float(_step(model, opt, batches[0]))  # the check's loss: the first step, from the shared weights
     for i in range(WARMUP):
-        step(batches[i % 2])
+        _step(model, opt, batches[i % 2])
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(STEPS):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        step(batches[i % 2])
+        _step(model, opt, batches[i % 2])
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
