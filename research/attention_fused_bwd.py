@@ -37,7 +37,7 @@ import torch
 
 from tilewise.ops.attention import configs
 
-from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load
+from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load, query_stats
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -82,7 +82,8 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
            dq_ptr, dq_desc, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale, st_layout: gl.constexpr,
            BLOCK_M: gl.constexpr,
            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-           SPLIT: gl.constexpr, VEC: gl.constexpr, TMA: gl.constexpr, which: gl.constexpr):
+           SPLIT: gl.constexpr, VEC: gl.constexpr, TMA: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr,
+           which: gl.constexpr):
     k_buf = k_smem.index(which)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -94,13 +95,16 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
     do_buf = do_smem.index(s)
     zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
     offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
-    if MASKED:
+    if STATS == 1:  # v6's loads (one element a thread, converted): fewer hoisted addresses to spill
+        lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
+    elif MASKED:
         lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
         delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
     else:
         lse = gl.load(lse_ptr + head_row + offs_m)
         delta = gl.load(delta_ptr + head_row + offs_m)
-    lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+    if STATS == 0:
+        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
     mbarrier.wait(ready.index(s), ph)
     st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -116,8 +120,22 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
     dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
     dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
     dst = (pt * (dpt - delta[None, :])).to(q_buf.dtype)
-    dst_op = gl.convert_layout(dst, a_layout)
-    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+    if SPLIT and ORDER:
+        # dS^T to shared memory first: dK's product reads it there (no register copy of dS^T), and dV's
+        # product is waited for (P^T's registers free) before dQ's accumulator goes live.
+        b = t % 2
+        bph = (t // 2) & 1
+        ds_buf = ds_smem.index(b * 2 + which)
+        mbarrier.wait(ds_free.index(b), bph ^ 1)
+        ds_buf.store(dst)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(ds_ready.index(b), count=1)
+        dk = warpgroup_mma(ds_buf, q_buf, dk, is_async=True)
+        dv, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, pt_op))
+    else:
+        dst_op = gl.convert_layout(dst, a_layout)
+        dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
     if SPLIT:
         # Both consumers' dS^T (128 keys) in a double buffer; each computes dQ for its half of D.
         b = t % 2
@@ -125,17 +143,21 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
         HALF: gl.constexpr = HEAD_DIM // 2
         half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                               instr_shape=[16, HALF, 16])
-        mbarrier.wait(ds_free.index(b), bph ^ 1)
-        ds_smem.index(b * 2 + which).store(dst)
-        fence_async_shared()
-        _barrier()
-        mbarrier.arrive(ds_ready.index(b), count=1)
+        if not ORDER:
+            mbarrier.wait(ds_free.index(b), bph ^ 1)
+            ds_smem.index(b * 2 + which).store(dst)
+            fence_async_shared()
+            _barrier()
+            mbarrier.arrive(ds_ready.index(b), count=1)
         mbarrier.wait(ds_ready.index(b), bph)
         dq = warpgroup_mma(ds_smem.index(b * 2).permute((1, 0)), k_smem.index(0).slice(which * HALF, HALF, dim=1),
                            gl.zeros([BLOCK_M, HALF], gl.float32, layout=half_layout), use_acc=False, is_async=True)
         dq = warpgroup_mma(ds_smem.index(b * 2 + 1).permute((1, 0)),
                            k_smem.index(1).slice(which * HALF, HALF, dim=1), dq, is_async=True)
-        dv, dk, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, pt_op, dst_op))
+        if ORDER:
+            dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dq))
+        else:
+            dv, dk, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq, pt_op, dst_op))
         mbarrier.arrive(ds_free.index(b), count=1)
         mbarrier.arrive(empty.index(s), count=1)
         if TMA == 1 or TMA == 2:
@@ -285,7 +307,8 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
                empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
                qk_scale, sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, SPLIT: gl.constexpr, VEC: gl.constexpr,
-               TMA: gl.constexpr, ROT: gl.constexpr, which: gl.constexpr):
+               TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr,
+               which: gl.constexpr):
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -305,19 +328,19 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
             dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
                             lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
                             Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT, VEC, TMA,
-                            which)
+                            ORDER, STATS, which)
         for p in range(m_clean, m_full):
             i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
             dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
                             lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
                             Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False, SPLIT, VEC, TMA,
-                            which)
+                            ORDER, STATS, which)
         for p in range(m_full, n_m):
             i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
             dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
                             lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
                             Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT, VEC, TMA,
-                            which)
+                            ORDER, STATS, which)
     rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     offs = ((kv_row - n0 + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
@@ -331,7 +354,8 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
                              H, GROUP, Sq, Sk, qk_scale, sm_scale,
                              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, DS_LAYOUT: gl.constexpr, SPLIT: gl.constexpr,
-                             VEC: gl.constexpr, TMA: gl.constexpr, ROT: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+                             VEC: gl.constexpr, TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr = False,
+                             STATS: gl.constexpr = 0, NUM_CONS: gl.constexpr = 2):
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     start_n = gl.program_id(0)
     bhk = gl.program_id(1)
@@ -375,11 +399,11 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, 0)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, 1)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
                         q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
             (_fwriter, (dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, CAUSAL,
@@ -390,11 +414,11 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, 0)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, 1)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
                         q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -422,7 +446,9 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bm, stages, regs, split, vec, use_tma, rot = config
+    bm, stages, regs, split, vec, use_tma, rot = config[:7]
+    order = bool(config[7]) if len(config) > 7 else False
+    stats = int(config[8]) if len(config) > 8 else 0
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -436,7 +462,8 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
-                SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, NUM_CONS=2, num_warps=4)
+                SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
+                num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
     dq = (dq_acc * scale).to(q.dtype)
     return dq, dk, dv
@@ -530,8 +557,10 @@ def main(argv=None):
         return ncu_cases()
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
     # tiles, 3 not written (timing only: its check fails), 4 TMA reduce by a writer warp, rotated order)
-    cfgs = [(64, 2, 240, True, False, 2, False), (64, 2, 240, True, False, 4, False),
-            (64, 2, 240, True, False, 4, True), (64, 2, 240, True, False, 3, False)]
+    # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
+    cfgs = [(64, 2, 240, True, False, 3, False, False, 0), (64, 2, 240, True, False, 3, False, False, 1),
+            (64, 2, 240, True, False, 4, False, False, 1), (64, 2, 240, True, False, 4, False, True, 1),
+            (64, 2, 240, True, False, 2, False, True, 1)]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")

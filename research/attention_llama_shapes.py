@@ -98,8 +98,10 @@ def case(B, H, Hkv, S, D):
     print(f"  bwd {'cuDNN':<28} {ms:.3f} ms", flush=True)
     with torch.no_grad():
         o2, lse = A._fwd_impl(q, k, v, None, None, True, D ** -0.5, base)
-    for mode, name in ((2, "v7 TMA reduce"), (4, "v7 writer warp"), (3, "v7 ceiling (dQ not written)")):
-        cfg = (64, 2, 240, True, False, mode, False)
+    # (dQ mode, dS^T to shared memory before dK's product, v6's LSE / Delta loads); research/attention_fused_bwd.py
+    for mode, order, stats, name in ((4, True, 1, "v7 writer warp, ordered"), (4, False, 1, "v7 writer warp"),
+                                     (3, False, 1, "v7 ceiling (dQ not written)")):
+        cfg = (64, 2, 240, True, False, mode, False, order, stats)
         try:
             got = FB.fused_bwd(q.detach(), k.detach(), v.detach(), o2, go, lse, True, D ** -0.5, cfg)
         except Exception as ex:  # noqa: BLE001 - a variant that does not build: say so, go on

@@ -1703,9 +1703,9 @@ for D, causal in itertools.product((64, 128), (False, True)):
 def test_v6_ws_bwd_kernel_compiles_for_sm90():
     """v6's dK / dV and dQ kernels compiled for sm_90 with the installed Triton (fresh process, as
     v5's): wgmma, setmaxnreg, shared memory within a block's 227 KB; dQ without spills; dK / dV
-    at BLOCK_M 64 within what was seen (spill instructions, plain / causal: Triton 3.6 D = 64 none,
-    D = 128 283 / 383, the configuration measured fastest on the H200; Triton 3.9 D = 64 392 / 0,
-    D = 128 1266 / 700, not measured on a GPU)."""
+    at BLOCK_M 64 within what was seen (spill instructions, plain / causal, with ``query_stats``'
+    loads: Triton 3.6 D = 64 none, D = 128 200 / 275, the configuration measured fastest on the
+    H200; Triton 3.9 D = 64 20 / 0, D = 128 482 / 487, not measured on a GPU)."""
     from tilewise.ops.attention import gluon_bwd as gb
 
     if not gb.available():
@@ -1713,7 +1713,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
     import triton
 
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
-    limits = {"D64": 0, "D128": 450} if older else {"D64": 450, "D128": 1400}
+    limits = {"D64": 0, "D128": 300} if older else {"D64": 40, "D128": 550}
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
     assert len(r) == 8
     for name, v in r.items():

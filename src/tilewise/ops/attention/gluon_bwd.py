@@ -82,6 +82,23 @@ if _GLUON:
             _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
 
     @gluon.jit
+    def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,
+                    MASKED: gl.constexpr):
+        """LSE (log2 units; 0 where -inf) and Delta of query tile ``i``, in S^T's column layout ``col``.
+        Loaded one element a thread, then converted: loaded in ``col`` directly, each thread's 16
+        addresses a tensor (64-bit) were hoisted out of the query loop and spilled to local memory."""
+        blk: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=blk)
+        if MASKED:
+            lse = gl.load(lse_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+            delta = gl.load(delta_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+        else:
+            lse = gl.load(lse_ptr + head_row + offs)
+            delta = gl.load(delta_ptr + head_row + offs)
+        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
+
+    @gluon.jit
     def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr, head_row, i, key_lo,
               Sq, Sk, qk_scale, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
@@ -95,13 +112,7 @@ if _GLUON:
         do_buf = do_smem.index(s)
         zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
         offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
-        if MASKED:
-            lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
-            delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
-        else:
-            lse = gl.load(lse_ptr + head_row + offs_m)
-            delta = gl.load(delta_ptr + head_row + offs_m)
-        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
         mbarrier.wait(ready.index(s), ph)
         st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
