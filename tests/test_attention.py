@@ -1682,7 +1682,7 @@ for D, causal in itertools.product((64, 128), (False, True)):
     bm, stages = C.WS_BWD_DKDV_TILES[D]
     sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
-           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
            "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
            "NUM_CONS": "constexpr"}
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
@@ -1691,7 +1691,8 @@ for D, causal in itertools.product((64, 128), (False, True)):
     bn, stages = C.WS_BWD_DQ_TILES[D]
     sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
-           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "BLOCK_N": "constexpr",
+           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
+           "BLOCK_N": "constexpr",
            "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2}
@@ -2117,3 +2118,20 @@ def test_gpu_varlen_fwd_bwd(case, dtype):
         assert not torch.isnan(o).any(), name
         err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
         assert err < 1e-2, f"{name}: relative error {err:.3g}"
+
+
+def test_causal_head_group_fills_the_sms_with_a_divisor():
+    """``configs.causal_head_group``: a divisor of the head count, the smallest whose group of CTAs
+    (blocks x group) fills the SMs; all heads when none does."""
+    from tilewise.ops.attention import configs as C
+
+    assert C.causal_head_group(32, 32, 132) == 8  # 4 x 4096, Hkv 8: 7 heads would fill, 8 divides
+    assert C.causal_head_group(128, 32, 132) == 8
+    assert C.causal_head_group(8, 128, 132) == 2  # 1 x 16384
+    assert C.causal_head_group(12, 8, 132) == 12  # none fills: every head in one group
+    assert C.causal_head_group(7, 1, 132) == 7
+    for heads, blocks in [(24, 16), (64, 8), (96, 33), (1, 5)]:
+        g = C.causal_head_group(heads, blocks, 132)
+        assert heads % g == 0
+        assert g * blocks >= 132 or g == heads
+        assert all(heads % d or d * blocks < 132 for d in range(1, g))

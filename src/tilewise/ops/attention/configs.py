@@ -132,6 +132,17 @@ def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
     return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
+def causal_head_group(heads: int, blocks: int, sms: int) -> int:
+    """Heads a causal v6 kernel launches as one group, block-major inside it (``gluon_bwd._lpt``): the
+    smallest divisor of ``heads`` whose group fills the SMs once (blocks x group >= sms). Each group then
+    starts with its longest CTAs, so the tail is short ones, and about two groups' inputs are read at a
+    time (tuning: "v6 causal launch order")."""
+    for d in range(1, heads + 1):
+        if heads % d == 0 and d * blocks >= sms:
+            return d
+    return heads
+
+
 # ---------------------------------------------------------------------------- routing rules
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins

@@ -36,6 +36,7 @@ D = 128 (S 1024-16384) and 1.05-1.24x at D = 64 from S = 4096 (0.85x at S = 1024
 from __future__ import annotations
 
 from . import configs
+from ...runtime.cuda import sm_count
 
 LOG2E = 1.4426950408889634
 KEYS = 64  # keys (dK / dV) or query rows (dQ) per consumer warpgroup (wgmma M)
@@ -80,6 +81,19 @@ if _GLUON:
             row = (q_head0 + g) * Sq + i * BLOCK_M
             _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
             _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+
+    @gluon.jit
+    def _lpt(head_group):
+        """(block, head) of this CTA for a causal grid (blocks, heads): launch order (x fastest) taken
+        block-major within groups of ``head_group`` heads (``configs.causal_head_group``). A block's
+        work falls with its index; launched head by head, a head's longest CTAs were left for the tail
+        (a model of the schedule: the busiest SM 1.07-1.15x the mean at B * S = 16384, ~1.00-1.03x
+        this way), and a group keeps the heads read at a time (L2) to about two groups'."""
+        n_blocks = gl.num_programs(0)
+        pid = gl.program_id(0) + gl.program_id(1) * n_blocks
+        per = n_blocks * head_group
+        r = pid % per
+        return r // head_group, (pid // per) * head_group + r % head_group
 
     @gluon.jit
     def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -188,12 +202,14 @@ if _GLUON:
 
     @gluon.jit
     def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                                H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                                H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
+        if CAUSAL:  # longest first: a head group's first key blocks, then their second, ...
+            start_n, bhk = _lpt(HEAD_GROUP)
         HK = H // GROUP
         off_b = bhk // HK
         off_hk = bhk % HK
@@ -316,7 +332,7 @@ if _GLUON:
 
     @gluon.jit
     def attn_bwd_dq_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Sq, Sk,
-                              qk_scale, sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                              qk_scale, sm_scale, HEAD_GROUP, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
@@ -324,9 +340,10 @@ if _GLUON:
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = _KEYS * NUM_CONS
         start_m = gl.program_id(0)
-        if CAUSAL:  # the longest rows first
-            start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
+        if CAUSAL:  # longest first: a head group's last rows, then the ones before, ...
+            start_m, bh = _lpt(HEAD_GROUP)
+            start_m = gl.num_programs(0) - 1 - start_m
         m0 = start_m * BM
         q_row = bh * Sq + m0
         kv_row = kv_head_row(bh, H, GROUP, Sk)
@@ -350,13 +367,14 @@ if _GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None):
+def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None):
     """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
     Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
     caller checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
-    consumer registers), default ``configs.ws_bwd_dkdv_config``'s."""
+    consumer registers), default ``configs.ws_bwd_dkdv_config``'s. ``head_group``: causal launch
+    order's heads a group (``_lpt``; 1 is head by head), default ``configs.causal_head_group``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -365,15 +383,17 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
-    args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
+    group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
+    args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     run(attn_bwd_dkdv_ws_kernel, grid, args, meta, launch)
     return dk, dv
 
 
-def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None):
+def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None):
     """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``. ``config``:
-    (BLOCK_N, STAGES, consumer registers), default ``configs.ws_bwd_dq_config``'s."""
+    (BLOCK_N, STAGES, consumer registers), default ``configs.ws_bwd_dq_config``'s; ``head_group`` as
+    ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -382,7 +402,8 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     qd, dod = _desc(q.view(-1, D), (KEYS, D), memo), _desc(do.view(-1, D), (KEYS, D), memo)
     kd, vd = _desc(k.view(-1, D), (bn, D), memo), _desc(v.view(-1, D), (bn, D), memo)
     grid = (-(-Sq // (2 * KEYS)), B * H)
-    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
+    group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
+    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     run(attn_bwd_dq_ws_kernel, grid, args, meta, launch)
     return dq_out
