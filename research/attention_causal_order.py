@@ -9,6 +9,12 @@ D 64) and 1.07x at B 4 H 16 S 4096; block-major in head groups that fill the SMs
 Prediction: the causal dK / dV kernel ~10 % faster at B 4 H 32 / 8 S 4096, ~5 % at H 16, dQ 0-3 %;
 at 1 x 16384 (8 KV heads) ~1 %. Risk: more heads read at a time (L2), seen as no gain.
 
+Measured (H200, code c2e56d7, bench/results/logs/attention-causal-order-c2e56d7.log): bitwise equal
+everywhere; dK / dV + dQ 1.02-1.04x faster grouped at S 2048-8192 (the Llama shape 2.014 -> 1.955 ms,
+cuDNN 1.837; the dK / dV kernel 1.04x there, not the model's 1.14x: more heads are read at a time),
+0.96-0.98x at S 1024 and 16384, and 0.96x for dK / dV at B 4 H 16 S 4096 D 64. So
+``configs.CAUSAL_GROUPED_BLOCKS`` keeps the grouped order to 16-64 blocks a head.
+
 Each order's dQ, dK, dV must match the other's bit for bit (the same CTAs, launched in another order).
 Run on the GPU: PYTHONPATH=src python3 research/attention_causal_order.py
 """

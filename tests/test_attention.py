@@ -2121,16 +2121,18 @@ def test_gpu_varlen_fwd_bwd(case, dtype):
 
 
 def test_causal_head_group_fills_the_sms_with_a_divisor():
-    """``configs.causal_head_group``: a divisor of the head count, the smallest whose group of CTAs
-    (blocks x group) fills the SMs; all heads when none does."""
+    """``configs.causal_head_group``: inside ``CAUSAL_GROUPED_BLOCKS``, a divisor of the head count,
+    the smallest whose group of CTAs (blocks x group) fills the SMs, all heads when none does; outside
+    it, 1 (head by head)."""
     from tilewise.ops.attention import configs as C
 
+    assert C.CAUSAL_GROUPED_BLOCKS == (16, 64)
     assert C.causal_head_group(32, 32, 132) == 8  # 4 x 4096, Hkv 8: 7 heads would fill, 8 divides
     assert C.causal_head_group(128, 32, 132) == 8
-    assert C.causal_head_group(8, 128, 132) == 2  # 1 x 16384
-    assert C.causal_head_group(12, 8, 132) == 12  # none fills: every head in one group
-    assert C.causal_head_group(7, 1, 132) == 7
-    for heads, blocks in [(24, 16), (64, 8), (96, 33), (1, 5)]:
+    assert C.causal_head_group(12, 16, 132) == 12  # none fills: every head in one group
+    assert C.causal_head_group(8, 128, 132) == 1  # 1 x 16384: head by head
+    assert C.causal_head_group(256, 8, 132) == 1  # S 1024
+    for heads, blocks in [(24, 16), (64, 64), (96, 33), (1, 20)]:
         g = C.causal_head_group(heads, blocks, 132)
         assert heads % g == 0
         assert g * blocks >= 132 or g == heads
