@@ -894,8 +894,9 @@ def test_gpu_tile_table_routes(route, monkeypatch):
 
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
-    """The forward's output is allocated NaN-filled, so an element the kernel never writes fails."""
-    monkeypatch.setattr(A, "_empty_like_out", lambda q: poison(torch.empty(q.shape, dtype=q.dtype, device=q.device)))
+    """The forward's output is allocated NaN-filled (in its layout), so an element the kernel never writes fails."""
+    real = A._empty_like_out
+    monkeypatch.setattr(A, "_empty_like_out", lambda *a: poison(real(*a)))
 
 
 GPU_BAND_CASES = {  # name: ((B, H, Hkv, Sq, Sk, D), keywords): windows and bottom-right causal at H200 tiles
@@ -1495,8 +1496,10 @@ def test_gpu_ordered_bias_grad(bias_shape, D, causal, monkeypatch):
 
 @pytest.fixture
 def poisoned_grads(monkeypatch):
-    """The backward's dQ / dK / dV buffers are allocated NaN-filled: an element no kernel writes fails."""
-    monkeypatch.setattr(A, "_empty_grad_like", lambda t: poison(torch.empty(t.shape, dtype=t.dtype, device=t.device)))
+    """The backward's dQ / dK / dV buffers are allocated NaN-filled (in their layouts): an element no kernel
+    writes fails."""
+    real = A._empty_grad_like
+    monkeypatch.setattr(A, "_empty_grad_like", lambda *a: poison(real(*a)))
 
 
 WS_BWD_GPU_SHAPES = [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 1000, 33, 128), (2, 3, 3, 33, 1000, 64),
@@ -1604,18 +1607,18 @@ for D, bias, causal, ncons, pingpong in cases:
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
            "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr",
-           "PINGPONG": "constexpr"}
+           "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
-              "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong}
+              "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong, "LAYOUT": 0}
     out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
 for D, causal in itertools.product((64, 128), (False, True)):  # the persistent grid (opt-in)
     bn, stages = C.WS_FWD_TILES[(D, False)]
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "BH": "i32",
            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr"}
+           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-              "NUM_CONS": 2}
+              "NUM_CONS": 2, "LAYOUT": 0}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
@@ -1684,18 +1687,19 @@ for D, causal in itertools.product((64, 128), (False, True)):
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
            "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr"}
+           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
-              "NUM_CONS": 2}
+              "NUM_CONS": 2, "LAYOUT": 0}
     out[f"D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
     bn, stages = C.WS_BWD_DQ_TILES[D]
     sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
            "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
            "BLOCK_N": "constexpr",
-           "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr"}
+           "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr",
+           "LAYOUT": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
-              "NUM_CONS": 2}
+              "NUM_CONS": 2, "LAYOUT": 0}
     out[f"dq-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
 """
 
@@ -1721,6 +1725,84 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert 0 < v["shared"] <= 227 * 1024, name
         limit = 0 if name.startswith("dq") else limits[name.split("-")[0]]
+        assert v["spills"] <= limit, f"{name}: {v['spills']} spill instructions"
+
+
+# Sequence-major builds (the LAYOUT constexpr: layout.SEQ_BITS): a Llama step's (v, the output, dO and
+# dV sequence-major) and all tensors sequence-major; the head-major builds are the tests above.
+_SEQ_MAJOR_COMPILE_SM90 = r"""
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_bwd as gb
+from tilewise.ops.attention import gluon_fwd as ag
+from tilewise.ops.attention.layout import SEQ_BITS
+
+def mask(*names):
+    return sum(SEQ_BITS[n] for n in names)
+
+llama, every = ("v", "o", "do", "dv"), tuple(SEQ_BITS)
+for D, causal, bias, ncons, names in [(64, True, False, 3, llama), (64, False, False, 2, every),
+                                      (128, True, False, 2, llama), (128, False, True, 2, every)]:
+    bn, stages = C.WS_FWD_TILES[(D, bias)]
+    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+           "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
+           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
+           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
+           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr",
+           "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "NUM_CONS": ncons,
+              "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS if ncons == 2 else 160, "BATCH_FASTEST": False,
+              "PINGPONG": False, "LAYOUT": mask(*names)}
+    tag = f"D{D}-causal{causal}-{'llama' if names == llama else 'all'}"
+    out[f"fwd-{tag}-cons{ncons}-bias{bias}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
+    if not bias:  # the persistent grid
+        sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
+               "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+               "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+               "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+        consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
+                  "NUM_CONS": 2, "LAYOUT": mask(*names)}
+        out[f"persistent-{tag}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
+    bm, stages = C.WS_BWD_DKDV_TILES[D]
+    sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
+           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
+           "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
+              "NUM_CONS": 2, "LAYOUT": mask(*names)}
+    out[f"dkdv-{tag}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
+    bn, stages = C.WS_BWD_DQ_TILES[D]
+    sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
+           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
+           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
+              "NUM_CONS": 2, "LAYOUT": mask(*names)}
+    out[f"dq-{tag}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")
+def test_sequence_major_kernels_compile_for_sm90():
+    """v5 (grid with two or three consumers, a bias, the persistent grid) and v6's two kernels built for
+    sm_90 with sequence-major tensors (the LAYOUT constexpr): a Llama step's mix and all sequence-major,
+    D 64 / 128, causal or not. wgmma, setmaxnreg, shared memory within a block's; v5 and dQ without
+    spills, dK / dV within the head-major builds' limits (``test_v6_ws_bwd_kernel_compiles_for_sm90``)."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    if not ag.available():
+        pytest.skip("this Triton has no Gluon")
+    import triton
+
+    older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+    limits = {"D64": 0, "D128": 300} if older else {"D64": 40, "D128": 550}
+    r = _gluon_sm90_report(_SEQ_MAJOR_COMPILE_SM90)
+    assert len(r) == 15
+    for name, v in r.items():
+        assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
+        assert 0 < v["shared"] <= 227 * 1024, name
+        limit = limits[name.split("-")[1]] if name.startswith("dkdv") else 0
         assert v["spills"] <= limit, f"{name}: {v['spills']} spill instructions"
 
 
@@ -1944,29 +2026,138 @@ def test_gpu_default_routes(monkeypatch):
             assert e < 2e-2, f"{name} {t}: {e:.3g}"
 
 
+def test_layout_rows_of_head_and_sequence_major_tensors():
+    """``layout.tma_view``: head-major and sequence-major (B, H, S, D) tensors give the 2-D view whose row
+    b * RB + h * RH + s, columns from h * CH, hold element (b, h, s, :); other layouts, other dtypes,
+    unaligned bases and rows whose bytes are not a multiple of 16 give None (the caller copies)."""
+    from tilewise.ops.attention import layout as L
+
+    B, H, S, D = 2, 3, 5, 64
+    head = torch.randn(B, H, S, D).bfloat16()
+    seq = torch.randn(B, S, H, D).bfloat16().transpose(1, 2)
+    assert L.rows(head) == (H * S, S, 0, D) and L.rows(seq) == (S, 0, D, H * D)
+    for t in (head, seq):
+        t2, (rb, rh, ch, width) = L.tma_view(t)
+        assert t2.data_ptr() == t.data_ptr() and t2.is_contiguous() and t2.shape[1] == width
+        for b, h, s_ in itertools.product(range(B), range(H), range(S)):
+            assert torch.equal(t2[b * rb + h * rh + s_, h * ch:h * ch + D], t[b, h, s_])
+    # a (B, S, 1, D) or (B, 1, H, D) storage is both: head-major (the layout v5 / v6 were measured on)
+    assert L.rows(torch.randn(B, S, 1, D).bfloat16().transpose(1, 2)) == (S, S, 0, D)
+    assert L.rows(torch.randn(B, 1, H, D).bfloat16().transpose(1, 2)) == (H, 1, 0, D)
+    # the allocations the eager path makes keep the layout
+    assert L.rows(L.seq_major_like(head)) == (S, 0, D, H * D)
+    assert torch.empty_like(seq).stride() == seq.stride() and A._empty_grad_like(seq, True).stride() == seq.stride()
+    assert A._empty_grad_like(seq).is_contiguous() and L.rows(A._empty_like_out(head, True)) == (S, 0, D, H * D)
+    unaligned = torch.randn(B * H * S * D + 1).bfloat16()[1:].view(B, H, S, D)
+    wide = torch.randn(B, S, H + 1, D).bfloat16()[:, :, :H].transpose(1, 2)  # a slice of a fused projection
+    for t in (head.float(), head[..., :32], head.transpose(2, 3), seq.transpose(0, 1), unaligned, wide,
+              torch.randn(B, S, H, 4).bfloat16().transpose(1, 2), torch.randn(B, H, S, 4).bfloat16(), head[0]):
+        assert L.rows(t) is None and L.tma_view(t) is None, (t.shape, t.stride())
+
+
+def test_layout_eager_inputs_copy_only_what_tma_cannot_read():
+    """``layout.for_ws``: a plain call keeps head-major and sequence-major q, k, v (no copy) and asks for a
+    sequence-major output when q or v is one; other strides are copied; a window or score mod
+    (``plain`` False) copies every strided input and keeps the output head-major."""
+    from tilewise.ops.attention import layout as L
+
+    head = torch.randn(1, 4, 8, 64).bfloat16()
+    kv_head = torch.randn(1, 2, 8, 64).bfloat16()
+    kv_seq = torch.randn(1, 8, 2, 64).bfloat16().transpose(1, 2)
+    q_seq = torch.randn(1, 8, 4, 64).bfloat16().transpose(1, 2)
+    odd = torch.randn(1, 2, 64, 8).bfloat16().transpose(2, 3)  # (B, H, D, S) storage
+    q, k, v, out_seq = L.for_ws(head, kv_head, kv_seq, True)
+    assert (q, k, v, out_seq) == (head, kv_head, kv_seq, True)
+    q, k, v, out_seq = L.for_ws(q_seq, kv_head, kv_head, True)
+    assert q is q_seq and out_seq
+    assert L.for_ws(head, kv_head, kv_head, True)[3] is False
+    q, k, v, out_seq = L.for_ws(head, kv_seq, odd, True)
+    assert k is kv_seq and v.is_contiguous() and torch.equal(v, odd) and not out_seq
+    q, k, v, out_seq = L.for_ws(q_seq, kv_seq, kv_seq, False)
+    assert all(t.is_contiguous() for t in (q, k, v)) and not out_seq and torch.equal(q, q_seq)
+
+
+def test_triton_interpreter_sequence_major_eager_path():
+    """The eager path's layouts on the CPU (the interpreter runs v3's kernels where the policy names v5 /
+    v6, which need sm_90): a sequence-major v is not copied, the output comes back sequence-major and not
+    a view (so in-place changes to it stay allowed), and the gradients, through a sequence-major dO,
+    match the reference; the gradients v3 writes are contiguous."""
+    B, H, Hkv, S, D = 2, 4, 2, 40, 32
+    g = torch.Generator().manual_seed(3)
+    q0 = torch.randn(B, H, S, D, generator=g).half()
+    k0 = torch.randn(B, Hkv, S, D, generator=g).half()
+    v0 = torch.randn(B, S, Hkv, D, generator=g).half()  # (B, S, Hkv, D): transformers' v before its transpose
+    go = torch.randn(B, S, H, D, generator=g)
+    fa = _tuned(A.flash_attention, tiles=TINY, forward="ws", backward="ws")
+    results = {}
+    for name, fn, dtype in (("ours", fa, torch.float16), ("ref", A.reference, torch.float32)):
+        q, k, v = (t.detach().to(dtype).clone().requires_grad_(True) for t in (q0, k0, v0))
+        out = fn(q, k, v.transpose(1, 2), causal=True)
+        if name == "ours":
+            assert out.transpose(1, 2).is_contiguous() and out._base is None
+        (out.transpose(1, 2).contiguous().float() * go).sum().backward()
+        results[name] = (out, q.grad, k.grad, v.grad)
+    assert results["ours"][3].is_contiguous()  # (B, S, Hkv, D), through the transpose's backward
+    for t, o, r in zip(("out", "dq", "dk", "dv"), results["ours"], results["ref"]):
+        e = ((o.double() - r.double()).norm() / r.double().norm()).item()
+        assert e < 1e-2, f"{t}: {e:.3g}"
+
+
+# name: (B, H, Hkv, S, D, causal, which inputs are sequence-major, v5 on its persistent grid)
+STRIDED_CASES = {
+    "all-strided-d128": (1, 4, 2, 1100, 128, False, "qkv", True),
+    "v-strided-d64-causal": (1, 4, 2, 4100, 64, True, "v", False),
+    "v-strided-d64-gqa32-8-b2": (2, 32, 8, 1000, 64, False, "v", False),
+    "all-strided-d64-gqa32-8-b2-causal": (2, 32, 8, 1000, 64, True, "qkv", False),
+    "v-strided-d128-b2-s4100-causal": (2, 4, 2, 4100, 128, True, "v", False),
+    "all-strided-d128-b2-s4100-persistent": (2, 4, 2, 4100, 128, False, "qkv", True),
+    "v-strided-d64-b2-s4100": (2, 4, 2, 4100, 64, False, "v", True),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["all-strided-d128", "v-strided-d64-causal"])
-@pytest.mark.quick
-def test_gpu_strided_inputs_run_v5_v6(case, monkeypatch):
-    """q, k, v as transformers hands them ((B, S, H, D) views transposed to (B, H, S, D)) and a strided
-    dO (the caller transposes the output back): an eager call routed to v5 / v6 copies them to
-    contiguous and runs the Gluon kernels (not v3's pointer kernels), and the strided originals get
-    gradients that match the fp64 reference. The second case is a Llama step's layout in a model
-    with tilewise's RoPE: q and k contiguous (RoPE's outputs), v strided, D = 64, GQA, causal, at a
-    length where the rules pick v5 (three consumers) and v6."""
+@pytest.mark.parametrize("case", sorted(STRIDED_CASES))
+@pytest.mark.quick(rotate="case", per=2)
+def test_gpu_strided_inputs_run_v5_v6(case, poisoned_outputs, poisoned_grads, monkeypatch):
+    """q, k, v as transformers hands them ((B, S, H, D) views transposed to (B, H, S, D)) and a
+    sequence-major dO (the caller transposes the output back): an eager call routed to v5 / v6 reads
+    them in place (no copy kernel, no clone), writes the output sequence-major and dQ, dK, dV in q's,
+    k's, v's layouts, runs the Gluon kernels (not v3's pointer kernels), and the strided originals
+    get gradients that match the fp64 reference. The Llama step's layout in a model with tilewise's
+    RoPE: q and k contiguous (RoPE's outputs), v strided ("v-strided"). B = 2: rows past S are the
+    next batch's; GQA 32 / 8 and 4 / 2; S 1000, 1100 and 4100 (not tile multiples); D 64 and 128;
+    v5's grid (three consumers at D = 64) and its persistent grid; v5 / v6 forced at S = 1000."""
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import triton_kernels as K
 
-    B, H, Hkv, S, D, causal = (1, 4, 2, 1100, 128, False) if case == "all-strided-d128" else (1, 4, 2, 4100, 64, True)
-    strided = (True, True, True) if case == "all-strided-d128" else (False, False, True)
+    B, H, Hkv, S, D, causal, which, persistent = STRIDED_CASES[case]
+    strided = ("q" in which, "k" in which, "v" in which)
     g = torch.Generator(device="cuda").manual_seed(52)
     bases = [torch.randn(B, S, h, D, device="cuda", generator=g).bfloat16() for h in (H, Hkv, Hkv)]
     _ws_or_skip(bases[0])
     go = torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16()
+    # the persistent grid takes two consumers (the rules give D = 64 three)
+    two = dict(ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)) if persistent and D == 64 else {}
+    fa = _tuned(A.flash_attention, forward="ws", backward="ws", ws_persistent=persistent, **two)
+    # No copy or clone while the attention runs forward and backward (after a first, compiling,
+    # call), and the layouts come back.
+    q, k, v = (t.transpose(1, 2) if st else t.transpose(1, 2).contiguous() for t, st in zip(bases, strided))
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    torch.autograd.grad(fa(q, k, v, causal=causal), (q, k, v), go.transpose(1, 2))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fa(q, k, v, causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), go.transpose(1, 2))
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages()}
+    copies = sorted(n for n in names if "copy" in n.lower() or "clone" in n.lower())
+    assert not copies, copies
+    assert out.transpose(1, 2).is_contiguous()  # sequence-major: the caller's .contiguous() is free
+    assert [t.stride() for t in grads] == [t.stride() for t in (q, k, v)]
     launched = _record_launches(monkeypatch)
-    grads = {}
-    for name, fn, dtype in (("ours", A.flash_attention, torch.bfloat16), ("ref", A.reference, torch.float64)):
+    results = {}
+    for name, fn, dtype in (("ours", fa, torch.bfloat16), ("ref", A.reference, torch.float64)):
         # A strided input is a transposed view of its (B, S, h, D) leaf; a contiguous one is its own leaf.
         leaves = [(t if st else t.transpose(1, 2)).detach().to(dtype).contiguous().requires_grad_(True)
                   for t, st in zip(bases, strided)]
@@ -1974,11 +2165,11 @@ def test_gpu_strided_inputs_run_v5_v6(case, monkeypatch):
         assert [not t.is_contiguous() for t in (q, k, v)] == list(strided)
         out = fn(q, k, v, causal=causal)
         (out.transpose(1, 2).contiguous() * go.to(dtype)).sum().backward()
-        grads[name] = [out] + [t.grad if not st else t.grad.transpose(1, 2) for t, st in zip(leaves, strided)]
-    fwd_kernel = ag.attn_fwd_ws_persistent_kernel if case == "all-strided-d128" else ag.attn_fwd_ws_kernel
+        results[name] = [out] + [t.grad if not st else t.grad.transpose(1, 2) for t, st in zip(leaves, strided)]
+    fwd_kernel = ag.attn_fwd_ws_persistent_kernel if persistent else ag.attn_fwd_ws_kernel
     assert [f for f in launched if f is not K._attn_bwd_preprocess_kernel] == [
         fwd_kernel, gb.attn_bwd_dkdv_ws_kernel, gb.attn_bwd_dq_ws_kernel]
-    for t, o, r in zip(("out", "dq", "dk", "dv"), grads["ours"], grads["ref"]):
+    for t, o, r in zip(("out", "dq", "dk", "dv"), results["ours"], results["ref"]):
         assert o.shape == r.shape and not torch.isnan(o).any(), t
         e = ((o.double() - r.double()).norm() / r.double().norm()).item()
         assert e < 2e-2, f"{t}: {e:.3g}"

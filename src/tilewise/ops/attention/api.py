@@ -77,6 +77,9 @@ from ...runtime.triton_launch import launch as _launch
 from .._checks import runs_reference
 from . import configs
 from .configs import AttentionPolicy, block_d, choose_policy
+from .layout import for_ws as _for_ws, rows as _tma_rows, seq_major_like as _seq_major_like
+from .routes import dense as _dense, tma_applies as _tma_applies, tma_bias_applies as _tma_bias_applies
+from .routes import ws_applies as _ws_applies, ws_bwd_applies as _ws_bwd_applies
 from .reference import ALIGNS, band as _band_of, reference, reference_tiled
 
 __all__ = ["AttentionPolicy", "VARIANTS", "choose_policy", "cost", "default_policy", "flash_attention", "reference",
@@ -257,26 +260,9 @@ def _block_flags(mask: torch.Tensor, full, bm: int, bn: int):
     return flags.expand(B, H, nM, nN)
 
 
-def _empty_like_out(q):
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-def _ws_applies(q, k, v, mask, bias, bias_strides) -> bool:
-    """v5 needs Hopper (wgmma; sm_90 exactly), Gluon, D 64 or 128, the q/k/v layouts v4's TMA
-    loads need (``_tma_applies``: 16-bit, contiguous, aligned, no mask) and a bias (if any) that
-    TMA reads by rows (``_tma_bias_rows``)."""
-    from . import gluon_fwd as ag
-
-    return (q.shape[-1] in (64, 128) and ag.available() and q.is_cuda and not settings.triton_interpret()
-            and _tma_applies(q, k, v, mask, None) and (bias is None or _tma_bias_rows(q, k, bias, bias_strides))
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
-
-
-def _ws_bwd_applies(q, k, v, do, mask, bias) -> bool:
-    """v6's kernels run where v5's forward does without a bias (``_ws_applies``: Gluon, sm_90, D 64
-    or 128, q / k / v as TMA loads them, no mask), with dO laid out as q."""
-    return (bias is None and do.dtype == q.dtype and do.is_contiguous() and do.data_ptr() % 16 == 0
-            and _ws_applies(q, k, v, mask, None, None))
+def _empty_like_out(q, seq_major=False):
+    """The forward's output: contiguous, or (``seq_major``) with the strides of a transposed (B, S, H, D)."""
+    return _seq_major_like(q) if seq_major else torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def _ordered_applies(q, mask) -> bool:
@@ -296,30 +282,6 @@ def _dq_tma_applies(q, D) -> bool:
     the tensor's last dim)."""
     return (_DQ_TMA_BUILDS["ok"] is not False and not settings.triton_interpret() and q.is_cuda
             and D in configs.ATOMIC_TMA and torch.cuda.get_device_capability(q.device)[0] >= 9)
-
-
-def _tma_applies(q, k, v, mask, bias) -> bool:
-    """v4 needs dense (rows, D) views with 16-byte aligned rows, a power-of-two D, no mask or bias,
-    and row indices that fit int32."""
-    D = q.shape[-1]
-    return (mask is None and bias is None and D in (32, 64, 128, 256) and q.dtype in (torch.float16, torch.bfloat16)
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
-            and q.numel() // D < 2 ** 31 and k.numel() // D < 2 ** 31)
-
-
-def _tma_bias_rows(q, k, bias, bias_strides) -> bool:
-    """A bias TMA can read by rows: q's dtype, contiguous, its rows not broadcast (its query dim is
-    real, so its storage is a dense (rows, Sk) matrix), 16-byte aligned base and rows."""
-    Sk = k.shape[2]
-    return (bias.dtype == q.dtype and bias.is_contiguous() and bias.data_ptr() % 16 == 0 and bias_strides[3] == 1
-            and bias_strides[2] == Sk and (Sk * bias.element_size()) % 16 == 0 and bias.numel() // Sk < 2 ** 31)
-
-
-def _tma_bias_applies(q, k, v, bias, bias_strides) -> bool:
-    """The bias forward through v4's TMA kernel: q/k/v as ``_tma_applies`` asks and a bias as
-    ``_tma_bias_rows`` asks, on sm_90+."""
-    return (_tma_applies(q, k, v, None, None) and _tma_bias_rows(q, k, bias, bias_strides)
-            and (settings.triton_interpret() or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)))
 
 
 def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
@@ -348,12 +310,14 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
 
 
 def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=None, softcap=0.0, alibi=None,
-              diag=0):
+              diag=0, out_seq=False):
+    """``out_seq``: the output in sequence-major storage (every kernel but the band one writes
+    through its strides; eager plain calls only, ``layout.for_ws``)."""
     from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    out = _empty_like_out(q)
+    out = _empty_like_out(q, out_seq)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         lse.fill_(float("-inf"))
@@ -375,7 +339,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
                       config=configs.ws_fwd_config(D, bias is not None, policy.ws_config),
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
-            and policy.ws_band and _ws_applies(q, k, v, mask, None, bias_strides)):
+            and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):
         from . import gluon_fwd as ag
         return ag.fwd_band(q, k, v, band, scale, out, lse, launch=_launch, persistent=policy.ws_band_persistent,
                            config=policy.ws_config)
@@ -427,21 +391,32 @@ def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy)
     return out, lse
 
 
-def _empty_grad_like(t: torch.Tensor) -> torch.Tensor:
-    """The backward's dQ / dK / dV buffers (tests swap in NaN-filled ones)."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+def _empty_grad_like(t: torch.Tensor, like=False) -> torch.Tensor:
+    """The backward's dQ / dK / dV buffers (tests poison them): contiguous, or with ``t``'s strides
+    (``like``: empty_like keeps a dense tensor's, e.g. a sequence-major view's)."""
+    return torch.empty_like(t) if like else torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, policy: AttentionPolicy,
-              band=None, softcap=0.0, alibi=None, diag=0):
+              band=None, softcap=0.0, alibi=None, diag=0, grads_like=False):
+    """``grads_like``: the gradients v6 writes get q's, k's and v's strides (sequence-major ones too,
+    so the caller's views back to (B, S, H, D) copy nothing); eager calls only. The others are
+    contiguous (the Triton kernels write dense rows)."""
     from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
+    # A band or a score mod runs on the two-kernel backward alone.
+    plain = band is None and not softcap and alibi is None
+    if plain and policy.backward == "ws" and _tma_rows(do) is None:
+        # v6 reads dO by TMA, head-major or sequence-major in place (the gradient of an output the
+        # caller transposed back to (B, S, H, D) is sequence-major); another layout is copied.
+        do = do.contiguous()
+    ws_bwd = plain and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
     # Every element of dQ, dK, dV is stored by the kernels (rows with no live key store 0).
-    dq = _empty_grad_like(q)
-    dk = _empty_grad_like(k)
-    dv = _empty_grad_like(v)
+    dq = _empty_grad_like(q, grads_like and ws_bwd and policy.ws_bwd_dq)
+    dk = _empty_grad_like(k, grads_like and ws_bwd)
+    dv = _empty_grad_like(v, grads_like and ws_bwd)
     dbias = q.new_empty((0,))
     if q.numel() == 0 or Sk == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
@@ -454,11 +429,6 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     dummy = q
 
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    # A band or a score mod runs on the two-kernel backward alone.
-    plain = band is None and not softcap and alibi is None
-    if plain and policy.backward == "ws" and not do.is_contiguous():
-        do = do.contiguous()  # v6 reads dO by TMA (an output transposed by the caller gives a strided one)
-    ws_bwd = plain and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
     # D > 128: the fused kernel spills even at 16 x 32 tiles (sm_90 report), so those head dims
     # keep the two-kernel backward whatever the policy says.
     fused = plain and bd <= configs.ATOMIC_MAX_D
@@ -632,7 +602,7 @@ def _backward(ctx, dout, dlse):
     bias_grad = bias is not None and ctx.needs_input_grad[4]
     if getattr(ctx, "eager", False):
         dq, dk, dv, db = _bwd_impl(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
-                                   ctx.policy, ctx.band, ctx.softcap, alibi, ctx.diag)
+                                   ctx.policy, ctx.band, ctx.softcap, alibi, ctx.diag, grads_like=True)
     else:
         dq, dk, dv, db = _bwd_op(dout, q, k, v, out, lse, dlse, mask, bias, ctx.causal, ctx.scale, bias_grad,
                                  ctx.deterministic, ctx.policy, ctx.band, ctx.softcap, alibi, ctx.diag)
@@ -646,11 +616,13 @@ class _EagerFlash(torch.autograd.Function):
     """What ``_fwd_op`` and its autograd registration do, for eager calls: the custom-op dispatcher
     costs about 20 us a call on a fast host and more on the H200's (a 16 us S = 1024 forward ran
     host-bound; docs/tuning/attention.md, "Eager calls"). Traced code (torch.compile) keeps the
-    custom ops, whose fake implementations it needs. ``policy`` is the AttentionPolicy object."""
+    custom ops, whose fake implementations it needs. ``policy`` is the AttentionPolicy object.
+    Unlike the ops (whose fake implementations declare contiguous results), the output may be
+    sequence-major (``out_seq``) and v6's gradients take their inputs' strides."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag):
-        out, lse = _fwd_impl(q, k, v, mask, bias, causal, scale, policy, band, softcap, alibi, diag)
+    def forward(ctx, q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag, out_seq):
+        out, lse = _fwd_impl(q, k, v, mask, bias, causal, scale, policy, band, softcap, alibi, diag, out_seq)
         _setup_context(ctx, (q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi, diag),
                        (out, lse))
         ctx.eager = True
@@ -658,7 +630,7 @@ class _EagerFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        return _backward(ctx, dout, dlse) + (None,)  # (out_seq)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,9 +646,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """FlashAttention-2: ``softmax(scale * q @ k^T + bias, where mask) @ v`` without an S x S tensor.
 
     q:      (B, H, Sq, D) CUDA tensor, float16 / bfloat16 (float32 works, slower: no tensor cores).
-            Any strides (read through them; an eager call routed to v5 / v6, which load by TMA,
-            copies strided q, k, v and dO to contiguous first). D in [1, 256]; 64 and 128 are the tuned ones. CPU
-            tensors run the fp32 reference (``reference``: the whole score matrix; any policy).
+            Any strides (read through them). v5 / v6, which load by TMA, read head-major (contiguous)
+            and sequence-major ((B, S, H, D) storage viewed as (B, H, S, D), transformers' layout)
+            tensors in place; an eager call routed to them copies other strided q, k, v and dO (and
+            all strided ones for a window or score mod) to contiguous first. D in [1, 256]; 64 and
+            128 are the tuned ones. CPU tensors run the fp32 reference (``reference``: the whole
+            score matrix; any policy).
     k, v:   (B, Hkv, Sk, D), q's dtype and device; H must be a multiple of Hkv (grouped-query
             attention: query head h reads K/V head h // (H // Hkv)). Sk may differ from Sq.
     causal: query i attends to keys up to its diagonal key (``align``): j <= i by default, as SDPA's
@@ -714,7 +689,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             ``default_policy(q, k, ...)``, i.e. ``choose_policy``. Its ``backward="atomic"`` needs
             ``deterministic=False``. Build it outside ``torch.compile``d code.
 
-    Returns out (B, H, Sq, D) in q's dtype, contiguous; or (out, lse) with ``return_lse``.
+    Returns out (B, H, Sq, D) in q's dtype; or (out, lse) with ``return_lse``. out is contiguous,
+    except in an eager call routed to v5 / v6 without a window or score mod where q or v is
+    sequence-major: then out is too (the strides of a transposed (B, Sq, H, D), so
+    ``out.transpose(1, 2).contiguous()`` copies nothing), and the gradients v6 writes have q's, k's,
+    v's strides.
     Differentiable in q, k, v and bias. Under ``torch.compile`` it is the
     ``torch.library.custom_op`` ``torch.ops.tilewise.flash_attention_fwd`` (with a fake
     implementation and autograd); eager calls run the same kernels through an
@@ -750,12 +729,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     else:
         if policy is None:
             policy = default_policy(q, k, causal=causal, mask=mask, bias=bias, deterministic=deterministic)
-        if (policy.forward == "ws" or policy.backward == "ws") and not all(t.is_contiguous() for t in (q, k, v)):
-            # v5 / v6 read q, k, v by TMA as dense (B * H * S, D) rows; a strided view (transformers'
-            # transposed (B, S, H, D)) would fall back to v3's pointer kernels: a copy each costs less.
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out_seq = False
+        if policy.forward == "ws" or policy.backward == "ws":
+            # v5 / v6 read q, k, v by TMA: head-major or sequence-major (transformers' transposed
+            # (B, S, H, D)) in place, another strided view copied (v3's pointer kernels cost more).
+            q, k, v, out_seq = _for_ws(q, k, v, band is None and not softcap and alibi is None)
         out, lse = _EagerFlash.apply(q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi,
-                                     diag)
+                                     diag, out_seq)
     return (out, lse) if return_lse else out
 
 

@@ -21,11 +21,13 @@ kernels are split (``gl.warp_specialize``) into a TMA loader warp and two consum
     consumer c rows 64c .. 64c + 63; per key tile S = Q K^T, dP = dO V^T, P, dS = P (dP - Delta),
                dQ += dS K; at the end dQ * scale by masked stores.
 
-No atomics: deterministic, as v3's two kernels. Bounds: rows past Sq (the next head's rows, or TMA
-zero fill) and keys past Sk get P = 0 through masks (LSE and Delta loaded as 0 there) and are
-never stored. Causal (top-left, key n <= query m): dK / dV from the CTA's first key's query tile
-on, dQ up to the CTA's last row; tiles that cross the diagonal are masked. No mask or bias (those
-keep the Triton kernels).
+No atomics: deterministic, as v3's two kernels. Layouts as v5's: q, k, v, dO and dQ, dK, dV each
+head-major or sequence-major, in place (``layout.py``, the LAYOUT constexpr; LSE and Delta are
+head-major buffers). Bounds: rows past Sq (the next head's or, sequence-major, the next batch's
+rows, or TMA zero fill: finite) and keys past Sk get P = 0 through masks (LSE and Delta loaded as 0
+there), so dS = 0 there and their finite Q / dO rows add nothing; they are never stored. Causal
+(top-left, key n <= query m): dK / dV from the CTA's first key's query tile on, dQ up to the CTA's
+last row; tiles that cross the diagonal are masked. No mask or bias (those keep the Triton kernels).
 
 Speed (H200, the backward alone at B * S = 16384, H = 16, bf16): 1.38-1.61x v3's two kernels at
 D = 128 (S 1024-16384) and 1.05-1.24x at D = 64 from S = 4096 (0.85x at S = 1024), so it is
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from . import configs
 from ...runtime.cuda import sm_count
+from .layout import seq_mask, tma_view
 
 LOG2E = 1.4426950408889634
 KEYS = 64  # keys (dK / dV) or query rows (dQ) per consumer warpgroup (wgmma M)
@@ -46,7 +49,8 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .gluon_fwd import fill_kv, kv_head_row, kv_ring, kv_tiles, unmasked_tiles
+    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, fill_kv, head_rc, kv_ring,
+                            kv_tiles, row_len, unmasked_tiles)
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels
@@ -63,13 +67,14 @@ if _GLUON:
 
     @gluon.jit
     def _loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale,
-                sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                NUM_CONS: gl.constexpr, which: gl.constexpr):
+                lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
+                n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(NUM_CONS):
-            _tma_load(k_desc, [kv_row + c * _KEYS, 0], kv_bar, k_smem.index(c))
-            _tma_load(v_desc, [kv_row + c * _KEYS, 0], kv_bar, v_smem.index(c))
+            _tma_load(k_desc, [k_row + c * _KEYS, k_col], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [v_row + c * _KEYS, v_col], kv_bar, v_smem.index(c))
         n_tiles = n_m - m_first
         for t in range(GROUP * n_tiles):
             g = t // n_tiles
@@ -78,9 +83,10 @@ if _GLUON:
             ph = (t // STAGES) & 1
             mbarrier.wait(empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            row = (q_head0 + g) * Sq + i * BLOCK_M
-            _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
-            _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+            q_row, q_col = head_rc(off_b, h0 + g, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+            do_row, do_col = head_rc(off_b, h0 + g, H, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
+            _tma_load(q_desc, [q_row + i * BLOCK_M, q_col], ready.index(s), q_smem.index(s))
+            _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
 
     @gluon.jit
     def _lpt(head_group):
@@ -152,9 +158,9 @@ if _GLUON:
 
     @gluon.jit
     def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                  lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale,
-                  sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  NUM_CONS: gl.constexpr, which: gl.constexpr):
+                  lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
+                  n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -195,16 +201,23 @@ if _GLUON:
                                True)
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-        offs = ((kv_row - n0 + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
         keep = (rows < Sk)[:, None]
+        dk_row, dk_col = head_rc(off_b, h0 // GROUP, HK, Sk, HEAD_DIM, LAYOUT & SEQ_DK)
+        dk_len = row_len(HK, HEAD_DIM, LAYOUT & SEQ_DK)
+        offs = ((dk_row + rows).to(gl.int64) * dk_len)[:, None] + (dk_col + cols)[None, :]
         gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+        SAME: gl.constexpr = ((LAYOUT & SEQ_DK) == 0) == ((LAYOUT & SEQ_DV) == 0)
+        if not SAME:  # dV laid out unlike dK: its own offsets (dK's not kept live for it)
+            dv_row, dv_col = head_rc(off_b, h0 // GROUP, HK, Sk, HEAD_DIM, LAYOUT & SEQ_DV)
+            dv_len = row_len(HK, HEAD_DIM, LAYOUT & SEQ_DV)
+            offs = ((dv_row + rows).to(gl.int64) * dv_len)[:, None] + (dv_col + cols)[None, :]
         gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
 
     @gluon.jit
     def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                                 H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
@@ -214,8 +227,14 @@ if _GLUON:
         off_b = bhk // HK
         off_hk = bhk % HK
         n0 = start_n * (NUM_CONS * _KEYS)
-        kv_row = bhk * Sk + n0
-        q_head0 = off_b * H + off_hk * GROUP  # the first query head of the group, in B * H
+        # Rows and columns in each tensor's 2-D view (gluon_fwd.head_rc; head-major: row bhk * Sk,
+        # column 0, as before). LSE and Delta are head-major.
+        k_row, k_col = head_rc(off_b, off_hk, HK, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(off_b, off_hk, HK, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        k_row += n0
+        v_row += n0
+        h0 = off_hk * GROUP  # the group's first query head
+        q_head0 = off_b * H + h0  # the same, in B * H
         m_first = 0
         if CAUSAL:
             m_first = n0 // BLOCK_M
@@ -236,14 +255,17 @@ if _GLUON:
         # one is the consumer's index (the loader ignores it).
         gl.warp_specialize([
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
-                         qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 0)),
+                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                         m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
+                         0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
-                         qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 1)),
+                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                         m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
+                         1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                       lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
-                       qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, 0)),
+                       lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                       m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
+                       0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -251,15 +273,16 @@ if _GLUON:
 
     @gluon.jit
     def _dq_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready, k_empty,
-                   v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq, Sk, qk_scale,
-                   sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
+                   v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    NUM_CONS: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), q_smem.index(c))
-            _tma_load(do_desc, [q_row + c * _KEYS, 0], qd_bar.index(c), do_smem.index(c))
-        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row, n_tiles, 0, BLOCK_N,
-                STAGES)
+            _tma_load(q_desc, [q_row + c * _KEYS, q_col], qd_bar.index(c), q_smem.index(c))
+            _tma_load(do_desc, [do_row + c * _KEYS, do_col], qd_bar.index(c), do_smem.index(c))
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
+                n_tiles, 0, BLOCK_N, STAGES)
 
     @gluon.jit
     def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
@@ -294,8 +317,9 @@ if _GLUON:
 
     @gluon.jit
     def _dq_consumer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready, k_empty,
-                     v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq, Sk, qk_scale,
-                     sm_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
+                     v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      NUM_CONS: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -305,11 +329,10 @@ if _GLUON:
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         row: gl.constexpr = gl.SliceLayout(1, s_layout)
         m_lo = m0 + which * _KEYS  # this consumer's first query row (within the head)
-        head_row = q_row - m0  # the head's first row in the (B * H * Sq) rows
         offs_m = m_lo + gl.arange(0, _KEYS, layout=row)
-        lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+        lse = gl.load(lse_ptr + lse_row + offs_m, mask=offs_m < Sq, other=0.0)
         lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-        delta = gl.load(delta_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
+        delta = gl.load(delta_ptr + lse_row + offs_m, mask=offs_m < Sq, other=0.0)
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test; every
         # tile is tested when this consumer's rows pass Sq.
         n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
@@ -326,14 +349,15 @@ if _GLUON:
             dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
                           Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True)
         rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-        ptrs = dq_ptr + ((head_row + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        cols = dq_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        ptrs = dq_ptr + ((dq_row + rows).to(gl.int64) * dq_stride)[:, None] + cols[None, :]
         gl.store(ptrs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=(rows < Sq)[:, None])
 
     @gluon.jit
     def attn_bwd_dq_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Sq, Sk,
                               qk_scale, sm_scale, HEAD_GROUP, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
+                              LAYOUT: gl.constexpr = 0):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
         P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows."""
@@ -345,8 +369,18 @@ if _GLUON:
             start_m, bh = _lpt(HEAD_GROUP)
             start_m = gl.num_programs(0) - 1 - start_m
         m0 = start_m * BM
-        q_row = bh * Sq + m0
-        kv_row = kv_head_row(bh, H, GROUP, Sk)
+        off_b = bh // H
+        off_h = bh % H
+        # Rows and columns in each tensor's 2-D view (gluon_fwd.head_rc); LSE and Delta are head-major.
+        q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+        do_row, do_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
+        q_row += m0
+        do_row += m0
+        k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        dq_row, dq_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_DQ)
+        dq_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_DQ)
+        lse_row = bh * Sq
         n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
@@ -356,21 +390,25 @@ if _GLUON:
             mbarrier.init(qd_bar.index(c), count=1)
         gl.warp_specialize([
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
-                            Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
+                            k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
-                            Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
+                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
+                            k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                          k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, kv_row, m0, n_tiles, Sq,
-                          Sk, qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+                          k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
+                          k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
+                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None):
-    """dK, dV into ``dk``, ``dv`` (contiguous, k's shape) from contiguous 16-bit q, k, v, do (B, H or
-    Hkv, S, D), the forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. The
-    caller checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
+    """dK, dV into ``dk``, ``dv`` (k's shape) from 16-bit q, k, v, do (B, H or Hkv, S, D), the
+    forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. q, k, v, do, dk and dv
+    each head-major or sequence-major (``layout.rows``: read and written in place); the caller
+    checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
     consumer registers), default ``configs.ws_bwd_dkdv_config``'s. ``head_group``: causal launch
@@ -380,18 +418,22 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bm, stages, regs = configs.ws_bwd_dkdv_config(D, config)
-    kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
-    qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
+    (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
+    kd, vd = _desc(k2, (KEYS, D), memo), _desc(v2, (KEYS, D), memo)
+    qd, dod = _desc(q2, (bm, D), memo), _desc(do2, (bm, D), memo)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
+    if layout:
+        meta["LAYOUT"] = layout
     run(attn_bwd_dkdv_ws_kernel, grid, args, meta, launch)
     return dk, dv
 
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None):
-    """dQ into ``dq_out`` (contiguous, q's shape) from the same inputs as ``dkdv``. ``config``:
+    """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
     (BLOCK_N, STAGES, consumer registers), default ``configs.ws_bwd_dq_config``'s; ``head_group`` as
     ``dkdv``'s."""
     from .gluon_fwd import _desc, run
@@ -399,11 +441,15 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs = configs.ws_bwd_dq_config(D, config)
-    qd, dod = _desc(q.view(-1, D), (KEYS, D), memo), _desc(do.view(-1, D), (KEYS, D), memo)
-    kd, vd = _desc(k.view(-1, D), (bn, D), memo), _desc(v.view(-1, D), (bn, D), memo)
+    (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
+    qd, dod = _desc(q2, (KEYS, D), memo), _desc(do2, (KEYS, D), memo)
+    kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
     grid = (-(-Sq // (2 * KEYS)), B * H)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
+    if layout:
+        meta["LAYOUT"] = layout
     run(attn_bwd_dq_ws_kernel, grid, args, meta, launch)
     return dq_out

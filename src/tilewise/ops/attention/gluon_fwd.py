@@ -16,11 +16,16 @@ exponent's FMA), then O += P V (wgmma, P from registers), and releases the stage
 else, so they drift apart and the warp scheduler runs one's softmax beside the other's products;
 register budgets move to the consumers (setmaxnreg: 24 for the loader).
 
-Bounds as in v4: K / V rows past Sk (the next head's rows, or TMA zero fill) are masked to -inf in
-the last key tile; Q rows past Sq compute on the next head's rows and are never stored (O and the
-log-sum-exp go out through masked pointer stores). Causal: key tiles up to the CTA's last row;
-each consumer masks keys after its rows (top-left aligned, key n <= query m, as the other
-versions). GQA through the K / V row of head h // (H / Hkv).
+Layouts: q, k, v and the output each head-major (B, H, S, D) or sequence-major (a (B, H, S, D) view
+of (B, S, H, D) storage, as transformers passes them), read and written in place (``layout.py``;
+the LAYOUT constexpr, ``head_rc``); the band kernel takes head-major only.
+
+Bounds as in v4: K / V rows past Sk (the next head's or, sequence-major, the next batch's rows, or
+TMA zero fill: finite either way) are masked to -inf in the last key tile, so P V adds 0 x a finite
+value; Q rows past Sq compute on those rows and are never stored (O and the log-sum-exp go out
+through masked pointer stores). Causal: key tiles up to the CTA's last row; each consumer masks
+keys after its rows (top-left aligned, key n <= query m, as the other versions). GQA through the
+K / V head h // (H / Hkv).
 
 Where it runs and how fast: docs/tuning/attention.md ("v5 forward routes", "v5 ping-pong", "v5
 persistent grid").
@@ -32,6 +37,7 @@ import torch
 
 from ...runtime import cuda as rt
 from . import configs
+from .layout import SEQ_BITS, seq_mask, tma_view
 
 try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers check ``available``)
     from triton.experimental import gluon
@@ -45,6 +51,9 @@ try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers c
     )
     # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # LAYOUT's bits (layout.SEQ_BITS), visible inside the kernels
+    SEQ_Q, SEQ_K, SEQ_V, SEQ_O, SEQ_DO, SEQ_DQ, SEQ_DK, SEQ_DV = (
+        gl.constexpr(SEQ_BITS[n]) for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
     _GLUON = True
 except Exception:  # noqa: BLE001 - an older Triton: v5 unavailable
     _GLUON = False
@@ -77,12 +86,13 @@ if _GLUON:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-                v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
+                o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
                 NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+            _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(c), q_smem.index(c))
         for j in range(n_tiles):
             s = j % STAGES
             ph = (j // STAGES) & 1
@@ -95,10 +105,10 @@ if _GLUON:
                               b_smem.index(s * NUM_CONS + c))
             else:
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            _tma_load(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
     def _tile(j, slot, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
@@ -155,7 +165,7 @@ if _GLUON:
 
     @gluon.jit
     def _consume(which: gl.constexpr, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                 out_ptr, lse_ptr, q_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                 out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                  HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -181,13 +191,15 @@ if _GLUON:
             acc, m_i, l_i = _tile(j, j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL,
                                   HAS_BIAS, True, NUM_CONS, PINGPONG, turn, FIRST)
-        head_row = q_row - start_m * (64 * NUM_CONS)  # the head's first row in the (B * H * Sq) rows
-        _finish(acc, m_i, l_i, out_ptr, lse_ptr, head_row, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
+                HEAD_DIM)
 
     @gluon.jit
-    def _finish(acc, m_i, l_i, out_ptr, lse_ptr, head_row, m_lo, Sq, s_layout: gl.constexpr,
+    def _finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout: gl.constexpr,
                 o_layout: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq."""
+        """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq: the
+        log-sum-exp from row ``lse_row`` of the (B * H * Sq) rows, O from row ``o_row`` and column
+        ``o_col`` of its 2-D view, rows ``o_stride`` elements apart (``head_rc``, ``row_len``)."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
@@ -195,27 +207,29 @@ if _GLUON:
         out = acc / gl.convert_layout(l_div, row_o)[:, None]
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_div)) * 0.6931471805599453)
         rows = m_lo + gl.arange(0, 64, layout=row_s)
-        gl.store(lse_ptr + head_row + rows, lse, mask=rows < Sq)
+        gl.store(lse_ptr + lse_row + rows, lse, mask=rows < Sq)
         rows_o = m_lo + gl.arange(0, 64, layout=row_o)
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        ptrs = out_ptr + ((head_row + rows_o).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
+        cols = o_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = out_ptr + ((o_row + rows_o).to(gl.int64) * o_stride)[:, None] + cols[None, :]
         gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-                  v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
+                  o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
                   NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         _consume(which, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
-                 q_row, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1], BLOCK_N, STAGES, CAUSAL,
-                 HAS_BIAS, NUM_CONS, PINGPONG)
+                 lse_row, o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1],
+                 BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG)
 
     @gluon.jit
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
                            bias_rows_b, bias_rows_h,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                           BATCH_FASTEST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+                           BATCH_FASTEST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
+                           LAYOUT: gl.constexpr = 0):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
@@ -230,10 +244,15 @@ if _GLUON:
         else:
             off_b = bh // H
             off_h = bh % H
-        q_row = bh * Sq + start_m * BM
-        # The K / V row and ring are spelled out here, not through kv_head_row / kv_ring (below): either
-        # changes this kernel's sm_90 SASS (checked under Triton 3.6), and this is the build measured.
-        kv_row = (off_b * (H // GROUP) + off_h // GROUP) * Sk
+        # Rows and columns in each tensor's 2-D view (head_rc); head-major, as before: row bh * S,
+        # column 0. The log-sum-exp is head-major.
+        q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+        q_row += start_m * BM
+        k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        o_row, o_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+        o_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_O)
+        lse_row = bh * Sq
         b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
         n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
@@ -262,28 +281,35 @@ if _GLUON:
         if NUM_CONS == 2:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 2)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
-                  v_ready, v_empty, out_ptr, lse_ptr, q_row, kv_row, b_row, start_m, n_tiles, Sq, Sk, qk_scale,
+                  v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
+                  o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
@@ -308,24 +334,41 @@ if _GLUON:
         return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
 
     @gluon.jit
-    def fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row, n_tiles, slot,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The loader's side of a ``kv_ring``: key tiles 0 .. n_tiles - 1 from row ``kv_row`` into the
-        ring's fills slot, slot + 1, ... (each stage refilled once every consumer released it)."""
+    def fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
+                n_tiles, slot, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The loader's side of a ``kv_ring``: key tiles 0 .. n_tiles - 1 from row ``k_row`` / ``v_row``
+        (column ``k_col`` / ``v_col``, ``head_rc``) of the K / V views into the ring's fills slot,
+        slot + 1, ... (each stage refilled once every consumer released it)."""
         for j in range(n_tiles):
             s = (slot + j) % STAGES
             ph = ((slot + j) // STAGES) & 1
             mbarrier.wait(k_empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+            _tma_load(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+            _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
     def kv_head_row(bh, H, GROUP, Sk):
         """First row, in the (B * Hkv * Sk, D) K / V view, of query head ``bh``'s K / V head (GQA)."""
         return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
+
+    @gluon.jit
+    def head_rc(b, h, NH, S, D: gl.constexpr, SEQ: gl.constexpr):
+        """(row, column) of head ``h`` (of NH) of batch ``b``'s first element in a tensor's 2-D view:
+        head-major (SEQ 0; (B * NH * S, D)) row (b * NH + h) * S, column 0; sequence-major ((B * S,
+        NH * D)) row b * S, column h * D. Rows past S belong to the next head or the next batch."""
+        if SEQ:
+            return b * S, h * D
+        return (b * NH + h) * S, 0
+
+    @gluon.jit
+    def row_len(NH, D: gl.constexpr, SEQ: gl.constexpr):
+        """Elements between a tensor's rows in its 2-D view (``head_rc``): D, or NH * D sequence-major."""
+        if SEQ:
+            return NH * D
+        return D
 
     @gluon.jit
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
@@ -340,22 +383,28 @@ if _GLUON:
     def _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                  v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                 which: gl.constexpr):
+                 LAYOUT: gl.constexpr, which: gl.constexpr):
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         BH = total // n_m
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
-            q_row = bh * Sq + start_m * BM
+            off_b = bh // H
+            off_h = bh % H
+            q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+            q_row += start_m * BM
+            k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+            v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             for c in gl.static_range(NUM_CONS):
                 # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
                 mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
                 mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
-            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                    kv_head_row(bh, H, GROUP, Sk), n_tiles, slot, BLOCK_N, STAGES)
+                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(c), q_smem.index(c))
+            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
+                    n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
             it += 1
 
@@ -363,7 +412,7 @@ if _GLUON:
     def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                    v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                   which: gl.constexpr):
+                   LAYOUT: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -395,14 +444,17 @@ if _GLUON:
             # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
             # (the next work item's Q load overlaps this epilogue).
             mbarrier.arrive(q_empty.index(which), count=1)
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+            o_row, o_col = head_rc(bh // H, bh % H, H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
+                    Sq, s_layout, o_layout, HEAD_DIM)
             slot += n_tiles
             it += 1
 
     @gluon.jit
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                      CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2):
+                                      CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
+                                      LAYOUT: gl.constexpr = 0):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's
         loads (and its Q) overlap this item's last products and epilogue, as cuDNN's persistent
@@ -422,13 +474,13 @@ if _GLUON:
         gl.warp_specialize([
             (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                          CAUSAL, NUM_CONS, 0)),
+                          CAUSAL, NUM_CONS, LAYOUT, 0)),
             (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                          CAUSAL, NUM_CONS, 1)),
+                          CAUSAL, NUM_CONS, LAYOUT, 1)),
             (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                         v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                        CAUSAL, NUM_CONS, 0)),
+                        CAUSAL, NUM_CONS, LAYOUT, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -523,8 +575,9 @@ if _GLUON:
                 mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
                 mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
-            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                    kv_head_row(bh, H, GROUP, Sk) + t_lo * BLOCK_N, n_tiles, slot, BLOCK_N, STAGES)
+            kv_row = kv_head_row(bh, H, GROUP, Sk) + t_lo * BLOCK_N
+            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row, 0, kv_row, 0,
+                    n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
             it += 1
 
@@ -553,7 +606,8 @@ if _GLUON:
                                        BLOCK_N, STAGES, NUM_CONS, HEAD_DIM)
             # Q was last read by the final S = Q K^T (waited on): the next item's Q load overlaps the epilogue.
             mbarrier.arrive(q_empty.index(which), count=1)
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, m_lo, Sq, s_layout, o_layout, HEAD_DIM)
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, bh * Sq, 0, HEAD_DIM, m_lo, Sq, s_layout, o_layout,
+                    HEAD_DIM)
             slot += n_tiles
             it += 1
 
@@ -630,8 +684,9 @@ def run(kernel, grid, args, meta, launch=None):
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
         persistent=False, pingpong=False):
-    """The forward into ``out`` (contiguous, q's shape) and ``lse`` (B, H, Sq) fp32. The caller
-    checks the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
+    """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each
+    head-major or sequence-major (``layout.rows``: read and written in place); the caller checks
+    the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
     (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
     consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
     ``persistent``: the persistent grid where it applies (no bias, two consumers, no maxnreg, no
@@ -639,8 +694,9 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, maxnreg, ncons = configs.ws_fwd_config(D, bias is not None, config)
-    q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
+    (q2, _), (k2, _), (v2, _) = (tma_view(t) for t in (q, k, v))
     qd, kd, vd = _desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D))
+    layout = seq_mask(q=q, k=k, v=v, o=out)
     rows_b = rows_h = 0
     batch_fastest = False
     if bias is not None:
@@ -655,12 +711,16 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         grid = (min(rt.sm_count(q.get_device()), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
         meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+        if layout:
+            meta["LAYOUT"] = layout
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
     args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
                 CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=bool(pingpong), num_warps=4)
+    if layout:
+        meta["LAYOUT"] = layout
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     run(attn_fwd_ws_kernel, grid, args, meta, launch)
@@ -670,7 +730,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
 def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None):
     """The band forward (``attn_fwd_ws_band_kernel``) into ``out`` / ``lse``; ``band`` = (lo, hi) as
     ``reference.band``. Two consumers with ``config``'s tile (as ``fwd``'s) when it has two, else v5's
-    default tile; layouts as ``fwd``'s (no bias). ``persistent``: one CTA an SM walking the (query
+    default tile; q, k, v and out contiguous (no bias). ``persistent``: one CTA an SM walking the (query
     tile, head) items; else a CTA an item."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
