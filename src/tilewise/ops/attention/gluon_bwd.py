@@ -83,8 +83,8 @@ if _GLUON:
             ph = (t // STAGES) & 1
             mbarrier.wait(empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            q_row, q_col = head_rc(off_b, h0 + g, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
-            do_row, do_col = head_rc(off_b, h0 + g, H, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
+            q_row, q_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+            do_row, do_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
             _tma_load(q_desc, [q_row + i * BLOCK_M, q_col], ready.index(s), q_smem.index(s))
             _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
 
@@ -202,15 +202,21 @@ if _GLUON:
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         keep = (rows < Sk)[:, None]
-        dk_row, dk_col = head_rc(off_b, h0 // GROUP, HK, Sk, HEAD_DIM, LAYOUT & SEQ_DK)
-        dk_len = row_len(HK, HEAD_DIM, LAYOUT & SEQ_DK)
-        offs = ((dk_row + rows).to(gl.int64) * dk_len)[:, None] + (dk_col + cols)[None, :]
+        # dK's rows as K's when both are head-major (the kernel as it was: one offset tensor for dK and
+        # dV), else from head_rc; dV's own offsets only where its layout differs from dK's.
+        HEAD_DK: gl.constexpr = (LAYOUT & (SEQ_K | SEQ_DK)) == 0
+        if HEAD_DK:
+            dk_row = k_row - n0
+        else:
+            dk_row, dk_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_DK)
+            cols = dk_col + cols
+        offs = ((dk_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DK))[:, None] + cols[None, :]
         gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
         SAME: gl.constexpr = ((LAYOUT & SEQ_DK) == 0) == ((LAYOUT & SEQ_DV) == 0)
-        if not SAME:  # dV laid out unlike dK: its own offsets (dK's not kept live for it)
-            dv_row, dv_col = head_rc(off_b, h0 // GROUP, HK, Sk, HEAD_DIM, LAYOUT & SEQ_DV)
-            dv_len = row_len(HK, HEAD_DIM, LAYOUT & SEQ_DV)
-            offs = ((dv_row + rows).to(gl.int64) * dv_len)[:, None] + (dv_col + cols)[None, :]
+        if not SAME:
+            dv_row, dv_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_DV)
+            cols = dv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+            offs = ((dv_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DV))[:, None] + cols[None, :]
         gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
 
     @gluon.jit
@@ -227,10 +233,10 @@ if _GLUON:
         off_b = bhk // HK
         off_hk = bhk % HK
         n0 = start_n * (NUM_CONS * _KEYS)
-        # Rows and columns in each tensor's 2-D view (gluon_fwd.head_rc; head-major: row bhk * Sk,
-        # column 0, as before). LSE and Delta are head-major.
-        k_row, k_col = head_rc(off_b, off_hk, HK, Sk, HEAD_DIM, LAYOUT & SEQ_K)
-        v_row, v_col = head_rc(off_b, off_hk, HK, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        # Rows and columns in each tensor's 2-D view (gluon_fwd.head_rc; head-major as before). LSE and
+        # Delta are head-major.
+        k_row, k_col = head_rc(bhk, off_b, off_hk, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(bhk, off_b, off_hk, Sk, HEAD_DIM, LAYOUT & SEQ_V)
         k_row += n0
         v_row += n0
         h0 = off_hk * GROUP  # the group's first query head
@@ -372,13 +378,14 @@ if _GLUON:
         off_b = bh // H
         off_h = bh % H
         # Rows and columns in each tensor's 2-D view (gluon_fwd.head_rc); LSE and Delta are head-major.
-        q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
-        do_row, do_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
+        q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+        do_row, do_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
         q_row += m0
         do_row += m0
-        k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
-        v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
-        dq_row, dq_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_DQ)
+        bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
+        k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        dq_row, dq_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_DQ)
         dq_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_DQ)
         lse_row = bh * Sq
         n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)

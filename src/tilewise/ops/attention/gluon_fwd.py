@@ -244,13 +244,14 @@ if _GLUON:
         else:
             off_b = bh // H
             off_h = bh % H
-        # Rows and columns in each tensor's 2-D view (head_rc); head-major, as before: row bh * S,
-        # column 0. The log-sum-exp is head-major.
-        q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+        # Rows and columns in each tensor's 2-D view (head_rc; head-major as before). The log-sum-exp
+        # is head-major.
+        q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
         q_row += start_m * BM
-        k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
-        v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
-        o_row, o_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+        bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
+        k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+        v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+        o_row, o_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_O)
         o_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_O)
         lse_row = bh * Sq
         b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m * BM
@@ -355,13 +356,14 @@ if _GLUON:
         return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
 
     @gluon.jit
-    def head_rc(b, h, NH, S, D: gl.constexpr, SEQ: gl.constexpr):
-        """(row, column) of head ``h`` (of NH) of batch ``b``'s first element in a tensor's 2-D view:
-        head-major (SEQ 0; (B * NH * S, D)) row (b * NH + h) * S, column 0; sequence-major ((B * S,
-        NH * D)) row b * S, column h * D. Rows past S belong to the next head or the next batch."""
+    def head_rc(bh, b, h, S, D: gl.constexpr, SEQ: gl.constexpr):
+        """(row, column) of head ``h`` of batch ``b`` (``bh`` = b x heads + h)'s first element in a
+        tensor's 2-D view: head-major (SEQ 0; (B * heads * S, D)) row bh * S, column 0, as the kernels
+        had it; sequence-major ((B * S, heads * D)) row b * S, column h * D. Rows past S belong to the
+        next head or the next batch."""
         if SEQ:
             return b * S, h * D
-        return (b * NH + h) * S, 0
+        return bh * S, 0
 
     @gluon.jit
     def row_len(NH, D: gl.constexpr, SEQ: gl.constexpr):
@@ -393,10 +395,11 @@ if _GLUON:
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
             off_b = bh // H
             off_h = bh % H
-            q_row, q_col = head_rc(off_b, off_h, H, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+            q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
             q_row += start_m * BM
-            k_row, k_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
-            v_row, v_col = head_rc(off_b, off_h // GROUP, H // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+            bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
+            k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+            v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             for c in gl.static_range(NUM_CONS):
                 # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
@@ -444,7 +447,7 @@ if _GLUON:
             # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
             # (the next work item's Q load overlaps this epilogue).
             mbarrier.arrive(q_empty.index(which), count=1)
-            o_row, o_col = head_rc(bh // H, bh % H, H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+            o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
                     Sq, s_layout, o_layout, HEAD_DIM)
             slot += n_tiles
