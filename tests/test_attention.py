@@ -1709,8 +1709,8 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
     """v6's dK / dV and dQ kernels compiled for sm_90 with the installed Triton (fresh process, as
     v5's): wgmma, setmaxnreg, shared memory within a block's 227 KB; dQ without spills; dK / dV
     at BLOCK_M 64 within what was seen (spill instructions, plain / causal, with ``query_stats``'
-    loads: Triton 3.6 D = 64 none, D = 128 200 / 275, the configuration measured fastest on the
-    H200; Triton 3.9 D = 64 20 / 0, D = 128 482 / 487, not measured on a GPU)."""
+    loads and the causal launch order: Triton 3.6 D = 64 none, D = 128 200 / 345, the configuration
+    measured fastest on the H200; Triton 3.9 D = 64 20 / 0, D = 128 482 / 487, not measured on a GPU)."""
     from tilewise.ops.attention import gluon_bwd as gb
 
     if not gb.available():
@@ -1718,7 +1718,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
     import triton
 
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
-    limits = {"D64": 0, "D128": 300} if older else {"D64": 40, "D128": 550}
+    limits = {"D64": 0, "D128": 360} if older else {"D64": 40, "D128": 550}
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
     assert len(r) == 8
     for name, v in r.items():
@@ -1796,7 +1796,7 @@ def test_sequence_major_kernels_compile_for_sm90():
     import triton
 
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
-    limits = {"D64": 0, "D128": 300} if older else {"D64": 40, "D128": 550}
+    limits = {"D64": 0, "D128": 360} if older else {"D64": 40, "D128": 550}
     r = _gluon_sm90_report(_SEQ_MAJOR_COMPILE_SM90)
     assert len(r) == 15
     for name, v in r.items():
