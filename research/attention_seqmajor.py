@@ -18,6 +18,10 @@ Hkv 8, D 64 (Llama-3.2-1B) v and dV are 16.8 MB each, dO and the output 67 MB ea
 gain; at B 4, H 16, S 4096, D 128 all four are 67 MB (~0.15 ms of ~7 ms). cuDNN stays ahead at
 D = 64 (the step's profile: 47.8 vs 56.3 ms a step).
 
+Measured (H200, code 768d022, bench/results/logs/attention-seqmajor-768d022.log): bitwise equal to
+the copy path; fwd + bwd 1.065x the copy path at the Llama shape (2.887 -> 2.712 ms, cuDNN 2.604),
+1.138x at D 128 causal, 1.057x at D 128: more than predicted.
+
 Columns: "copies" (the before path: v.contiguous() and dO.contiguous() around head-major v5 / v6,
 the caller's output copy and dV's copy back to (B, S, Hkv, D)), "seq-major" (this change: no
 copies), "cudnn" (SDPA's cuDNN backend on the same q, k, v and dO; with GQA through
