@@ -1574,6 +1574,35 @@ def build(kernel, sig, consts):
     return {"shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
             "setmaxreg": len(re.findall(r"USETMAXREG", sass)), "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
 
+# The kernels' signatures (argument -> type; constexprs by name), shared by the build scripts below.
+def sig_fwd(D, bn, bias):
+    return {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+            "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
+            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32",
+            "bias_rows_h": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+            "HAS_BIAS": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr",
+            "BATCH_FASTEST": "constexpr", "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
+
+def sig_persistent(D, bn):
+    return {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
+            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+            "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+            "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+
+def sig_dkdv(D, bm):
+    return {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
+            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
+            "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
+            "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+            "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+
+def sig_dq(D, bn):
+    return {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
+            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
+            "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
+            "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+            "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+
 out = {}
 """
 
@@ -1602,21 +1631,13 @@ cases += [(128, True, True, 2, True), (64, False, True, 3, True)]  # ping-pong (
 for D, bias, causal, ncons, pingpong in cases:
     bn, stages = C.WS_FWD_TILES[(D, bias)]
     regs = C.WS_FWD_CONSUMER_REGS if ncons == 2 else 160
-    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
-           "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
-           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
-           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr",
-           "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_fwd(D, bn, bias)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "CONSUMER_REGS": regs,
               "NUM_CONS": ncons, "BATCH_FASTEST": bias, "PINGPONG": pingpong, "LAYOUT": 0}
     out[f"D{D}-bias{bias}-causal{causal}-cons{ncons}-pingpong{pingpong}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
 for D, causal in itertools.product((64, 128), (False, True)):  # the persistent grid (opt-in)
     bn, stages = C.WS_FWD_TILES[(D, False)]
-    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
-           "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "BH": "i32",
-           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_persistent(D, bn)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
@@ -1683,21 +1704,12 @@ from tilewise.ops.attention import gluon_bwd as gb
 
 for D, causal in itertools.product((64, 128), (False, True)):
     bm, stages = C.WS_BWD_DKDV_TILES[D]
-    sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
-           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
-           "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_dkdv(D, bm)
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0}
     out[f"D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
     bn, stages = C.WS_BWD_DQ_TILES[D]
-    sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
-           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
-           "BLOCK_N": "constexpr",
-           "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr",
-           "LAYOUT": "constexpr"}
+    sig = sig_dq(D, bn)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0}
     out[f"dq-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
@@ -1754,40 +1766,24 @@ llama, every = ("v", "o", "do", "dv"), tuple(SEQ_BITS)
 for D, causal, bias, ncons, names in [(64, True, False, 3, llama), (64, False, False, 2, every),
                                       (128, True, False, 2, llama), (128, False, True, 2, every)]:
     bn, stages = C.WS_FWD_TILES[(D, bias)]
-    sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
-           "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
-           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32", "bias_rows_h": "i32",
-           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "HAS_BIAS": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "BATCH_FASTEST": "constexpr",
-           "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_fwd(D, bn, bias)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "HAS_BIAS": bias, "NUM_CONS": ncons,
               "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS if ncons == 2 else 160, "BATCH_FASTEST": False,
               "PINGPONG": False, "LAYOUT": mask(*names)}
     tag = f"D{D}-causal{causal}-{'llama' if names == llama else 'all'}"
     out[f"fwd-{tag}-cons{ncons}-bias{bias}"] = build(ag.attn_fwd_ws_kernel, sig, consts)
     if not bias:  # the persistent grid
-        sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
-               "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-               "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
-               "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+        sig = sig_persistent(D, bn)
         consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
                   "NUM_CONS": 2, "LAYOUT": mask(*names)}
         out[f"persistent-{tag}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
     bm, stages = C.WS_BWD_DKDV_TILES[D]
-    sig = {"k_desc": td([64, D]), "v_desc": td([64, D]), "q_desc": td([bm, D]), "do_desc": td([bm, D]),
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "H": "i32",
-           "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
-           "BLOCK_M": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_dkdv(D, bm)
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": mask(*names)}
     out[f"dkdv-{tag}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig, consts)
     bn, stages = C.WS_BWD_DQ_TILES[D]
-    sig = {"q_desc": td([64, D]), "do_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "H": "i32", "GROUP": "i32",
-           "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "sm_scale": "fp32", "HEAD_GROUP": "i32",
-           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
-           "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
+    sig = sig_dq(D, bn)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": mask(*names)}
     out[f"dq-{tag}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
