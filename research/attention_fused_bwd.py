@@ -25,6 +25,12 @@ Measured (H200, bench/results/logs/attention-fused-bwd-c0709cc.log; research/not
 2.25 ms (1.17x cuDNN's 2.63). With the adds, the best variant (dQ's columns split between the
 consumers, TMA reduce-add from two staging tiles) takes 3.49 ms against v6's 3.01. Not landed.
 
+Twelfth session (bench/results/logs/attention-fused-bwd-ncu-95ded79.log, attention-fused-bwd-ab72d90.log):
+Nsight Compute showed the L2 at 57-61 % with the adds, local-memory spills (hoisted LSE / Delta
+addresses) and 5.6-7-way bank conflicts on the fp32 staging stores. STATS 1 (v6's ``query_stats``
+loads) took the ceiling 2.245 -> 2.220 ms; with the adds the best stays ~3.45 ms (writer warp), and
+ORDER (dS^T through shared memory before dK's product) was slower (3.89 ms).
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
