@@ -51,7 +51,9 @@ def _rows(ops: list[str]) -> str:
     csvs = sorted(p for p in (ROOT / "bench" / "results").glob("*.csv") if "-" not in p.stem)
     if not csvs:
         return "No measurements in bench/results yet.\n"
-    rows = [r for r in report.best_of_ours(report.latest_run(harness.read_csv(csvs[-1]))) if r["op"] in ops]
+    every = harness.read_csv(csvs[-1])
+    rows = [r for r in report.with_readme_baselines(report.best_of_ours(report.latest_run(every)), every)
+            if r["op"] in ops]
     if not rows:
         return "No rows of these ops in the newest results yet.\n"
     return report.markdown_table(sorted(rows, key=lambda r: (r["op"], r["shape"], r["dtype"]))) + "\n"

@@ -166,3 +166,25 @@ def test_gpu_time_ms_graphs_times_each_version_in_the_same_rounds():
     assert 1.6 < t["full"] / t["half"] < 2.4, t
     alone = time_ms_graph(lambda: y.copy_(x), calls=5)
     assert 0.8 < alone / t["full"] < 1.25, (alone, t)
+
+
+def test_readme_baselines_compare_attention_rows_with_cudnn_of_the_same_run():
+    """``report.with_readme_baselines``: an attention row naming SDPA's flash backend is shown against
+    the cuDNN row of its own run (sha and date); a run without a cuDNN row, another run's cuDNN row
+    and other families keep the row's own baseline; the input rows are not changed."""
+    def row(op, v, ms, base="", sha="a", date="2026-12-01T00:00:00+0000", shape="s"):
+        r = harness.make_row(op, v, shape, "bfloat16", ms, Cost(1, 12), CEIL, baseline=base,
+                             baseline_ms=2.0 if base else None).as_csv()
+        return dict(r, git_sha=sha, date=date)
+
+    ours = row("attention_fwd", "flash_attention", 1.0, "sdpa_flash")
+    other_run = row("attention_fwd", "flash_attention", 1.0, "sdpa_flash", sha="b", shape="t")
+    gemm = row("gemm", "v9", 1.0, "cublas")
+    every = [ours, other_run, gemm, row("attention_fwd", "sdpa_cudnn", 0.8),
+             row("attention_fwd", "sdpa_cudnn", 0.5, sha="a", shape="t"), row("gemm", "sdpa_cudnn", 0.5)]
+    shown = report.with_readme_baselines([ours, other_run, gemm], every)
+    assert shown[0]["baseline"] == "sdpa_cudnn" and float(shown[0]["speedup"]) == pytest.approx(0.8)
+    assert float(shown[0]["baseline_ms"]) == pytest.approx(0.8)
+    assert shown[1] is other_run and shown[2] is gemm
+    assert ours["baseline"] == "sdpa_flash"
+    assert "0.80x sdpa_cudnn" in report.markdown_table(shown[:1])

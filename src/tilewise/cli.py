@@ -211,9 +211,11 @@ def cmd_report(args) -> int:
     from .bench import harness, report
 
     try:
-        rows = report.latest_run(harness.read_csv(_pick_csv(args.csv)))
+        every = harness.read_csv(_pick_csv(args.csv))
+        rows = report.latest_run(every)
         if not args.all:
             rows = report.best_of_ours(rows)
+        rows = report.with_readme_baselines(rows, every)
         changed = report.update_readme(args.readme, rows) if args.readme else None
     except (harness.BenchFileError, OSError) as e:
         return _bench_file_error("report", e)

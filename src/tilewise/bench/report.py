@@ -63,6 +63,29 @@ def best_of_ours(rows: Iterable[Mapping[str, str]]) -> list[Mapping[str, str]]:
     return sorted(best.values(), key=lambda r: (r["op"], r["dtype"], r["shape"]))
 
 
+# The baseline a family's README rows are compared with where their run measured it, whatever baseline
+# a row names: the best thing the user already has (attention: SDPA's cuDNN backend; older attention
+# rows named SDPA's flash backend).
+README_BASELINES = {"attention": "sdpa_cudnn"}
+
+
+def with_readme_baselines(rows: Iterable[Mapping[str, str]], all_rows: Iterable[Mapping[str, str]],
+                          baselines: Mapping[str, str] = README_BASELINES) -> list[Mapping[str, str]]:
+    """``rows``, each one whose op starts with a key of ``baselines`` compared with that baseline's row
+    of the same run (git sha and date; op, shape and dtype) where the run has one: copies with
+    baseline, baseline_ms and speedup replaced. Other rows, and the CSV, are left as they are."""
+    index = {(r["op"], r["variant"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r for r in all_rows}
+    out = []
+    for r in rows:
+        base = next((b for prefix, b in baselines.items() if r["op"].startswith(prefix)), None)
+        ref = index.get((r["op"], base, r["shape"], r["dtype"], r["git_sha"], r["date"])) if base else None
+        if ref is not None and r.get("baseline") != base and float(r["median_ms"]) > 0:
+            speedup = float(ref["median_ms"]) / float(r["median_ms"])
+            r = dict(r, baseline=base, baseline_ms=ref["median_ms"], speedup=f"{speedup:.4g}")
+        out.append(r)
+    return out
+
+
 def _md(text: str) -> str:
     """Text for the Markdown table: no '<' (so no cell can hold an HTML comment such as the results
     markers), '&' as an entity so what is shown is what the CSV holds, '|' escaped, one line."""
