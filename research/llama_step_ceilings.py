@@ -23,7 +23,8 @@ ms, short of the 10 ms: SwiGLU's epilogue fusion (7.9 ms of SwiGLU kernels at ~t
 would be needed too.
 
 Run on the GPU (~3 minutes; Liger's row needs its wheel):
-    . scripts/_wheels.sh; PYTHONPATH=src:$PYTHONPATH python3 research/llama_step_ceilings.py [--shape 1x16384]
+    . scripts/_wheels.sh
+    PYTHONPATH=src:$PYTHONPATH python3 research/llama_step_ceilings.py [--shape 1x16384] [--profile]
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def _chunk_bytes(n):
         lce.CHUNK_BYTES = old
 
 
-def variant(name, config, state, batches):
-    """(ms a step, peak GiB, first loss) of one variant, built as the bench builds hf_tilewise."""
+def variant(name, config, state, batches, groups=None):
+    """(ms a step, peak GiB, first loss) of one variant, built as the bench builds hf_tilewise; with
+    ``groups`` (a dict), its device time a step by kernel group goes to groups[name] (two profiled steps
+    after the timed ones)."""
     from transformers.models.llama import modeling_llama as ml
 
     from tilewise.integrations.transformers import apply_tilewise
@@ -82,6 +85,8 @@ def variant(name, config, state, batches):
         chunk = 1 << 30 if name == "lm head chunk 4096 rows" else None
         with _chunk_bytes(chunk) if chunk else contextlib.nullcontext():
             ms, peak, loss0 = L._time_steps(step_model, opt, batches)
+            if groups is not None:
+                groups[name] = L.group_times(L.profile_steps(step_model, opt, batches))
         del model, step_model, opt
         return ms, peak / 2 ** 30, loss0
     finally:
@@ -92,6 +97,7 @@ def variant(name, config, state, batches):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4x4096", help="BxS (default 4x4096; the bench's other is 1x16384)")
+    p.add_argument("--profile", action="store_true", help="also device time by kernel group (tilewise, liger)")
     a = p.parse_args(argv)
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config = L._config(False)
@@ -102,10 +108,11 @@ def main(argv=None):
     batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
              "lm head chunk 4096 rows", "liger"]
-    rows, first = {}, None
+    rows, first, groups = {}, None, {}
     for name in names:
         try:
-            rows[name] = variant(name, config, state, batches)
+            rows[name] = variant(name, config, state, batches,
+                                 groups if a.profile and name in ("tilewise", "liger") else None)
         except ImportError as e:  # Liger's wheel not installed
             print(f"{name}: {e}", flush=True)
             continue
@@ -122,6 +129,8 @@ def main(argv=None):
             print(f"  the residual adds cost {rows['decoder re-written'][0] - rows['decoder without adds'][0]:.1f} ms")
         if "liger" in rows:
             print(f"  1.05x liger is {rows['liger'][0] / 1.05:.1f} ms a step")
+    if groups:
+        print("\n" + "\n".join(L.group_table(groups)))
 
 
 if __name__ == "__main__":
