@@ -100,12 +100,7 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="also device time by kernel group (tilewise, liger)")
     a = p.parse_args(argv)
     B, S = (int(x) for x in a.shape.lower().split("x"))
-    config = L._config(False)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        state = L.transformers_state(config)
-    g = torch.Generator(device="cuda").manual_seed(B * S)
-    batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+    config, state, batches = L.inputs(B, S)
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
              "lm head chunk 4096 rows", "liger"]
     rows, first, groups = {}, None, {}

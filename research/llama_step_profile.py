@@ -54,12 +54,7 @@ def main() -> int:
     p.add_argument("--all", action="store_true", help="profile hf_sdpa too")
     a = p.parse_args()
     B, S = (int(x) for x in a.shape.lower().split("x"))
-    config = L._config(False)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        state = L.transformers_state(config)
-    g = torch.Generator(device="cuda").manual_seed(B * S)
-    batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+    config, state, batches = L.inputs(B, S)
     names = (["hf_sdpa"] if a.all else []) + ["hf_tilewise", "hf_liger"]
     result = {}
     for name in names:

@@ -168,8 +168,7 @@ def run(r) -> None:
     results = {}
     for B, S in cases:
         shape = f"layers={config.num_hidden_layers},B={B},S={S}"
-        g = torch.Generator(device="cuda").manual_seed(B * S)
-        batches = [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+        batches = _batches(config, B, S)
         first_loss, times, groups = None, {}, {}
         for name in names:
             snap = _snapshot()
@@ -215,6 +214,22 @@ def run(r) -> None:
         png = _plot(results, Path(out_dir) / f"{device_slug(r.device)}-llama.png")
         if png is not None:
             r.log(f"llama chart written to {png}")
+
+
+def _batches(config, B, S) -> list:
+    """The two (B, S) token batches a shape's candidates step on, seeded by the shape."""
+    g = torch.Generator(device="cuda").manual_seed(B * S)
+    return [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+
+
+def inputs(B: int, S: int, quick: bool = False) -> tuple:
+    """(config, shared weights, batches) as ``run`` makes them for a B x S shape: what research scripts
+    that step the bench's model start from."""
+    config = _config(quick)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        state = transformers_state(config)
+    return config, state, _batches(config, B, S)
 
 
 def transformers_state(config) -> dict:
