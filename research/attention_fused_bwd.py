@@ -29,7 +29,11 @@ Twelfth session (bench/results/logs/attention-fused-bwd-ncu-95ded79.log, attenti
 Nsight Compute showed the L2 at 57-61 % with the adds, local-memory spills (hoisted LSE / Delta
 addresses) and 5.6-7-way bank conflicts on the fp32 staging stores. STATS 1 (v6's ``query_stats``
 loads) took the ceiling 2.245 -> 2.220 ms; with the adds the best stays ~3.45 ms (writer warp), and
-ORDER (dS^T through shared memory before dK's product) was slower (3.89 ms).
+ORDER (dS^T through shared memory before dK's product) was slower (3.89 ms). Prepared after the
+session's device time, compiled for sm_90 with Triton 3.6 on the CPU, not run: dQ mode 5, mode 4's
+writer warp with the staging tile laid out as unswizzled 8-column groups ([group][row][8]), so a
+warp's 8-byte stores of 8 rows x 8 columns hit 64 consecutive words (no bank conflicts), reduced
+by 8 TMA boxes of [BLOCK_M, 8]; D 128 spill instructions 372 (mode 4) -> 302.
 
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
@@ -176,11 +180,19 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
             fence_async_shared()
             _barrier()
             _tma_reduce_add(dq_desc, [head_row + i * BLOCK_M, which * HALF], stage)
-        elif TMA == 4:
+        elif TMA == 4 or TMA == 5:
             # The writer warp owns the reduces: hand it the tile (two staging tiles a consumer) and go on.
             b2 = which * 2 + t % 2
             mbarrier.wait(dq_bars.index(4 + b2), ((t // 2) & 1) ^ 1)  # the reduce two tiles back has read it
-            dq_stage.index(b2).store(dq)
+            if TMA == 5:
+                # Unswizzled 8-column groups, [group][row][8]: a warp's stores of 8 rows x 8 columns land
+                # on 64 consecutive words (no bank conflicts; 128B-swizzled fp32 rows had 5.6-7-way).
+                G5: gl.constexpr = HALF // 8
+                l3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+                tiles = dq_stage._reinterpret(gl.float32, [4, G5, BLOCK_M, 8], l3)
+                tiles.index(b2).permute((1, 0, 2)).reshape([BLOCK_M, HALF]).store(dq)
+            else:
+                dq_stage.index(b2).store(dq)
             fence_async_shared()
             _barrier()
             mbarrier.arrive(dq_bars.index(b2), count=1)
@@ -287,10 +299,12 @@ def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, k
 
 @gluon.jit
 def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M: gl.constexpr,
-             CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, ROT: gl.constexpr):
+             CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, ROT: gl.constexpr, HEAD_DIM: gl.constexpr,
+             TMA: gl.constexpr):
     """dQ mode 4: one warp issues the TMA reduce-adds of the consumers' staging tiles (dq_bars 0-3:
     a tile is full, 4-7: its reduce has read it), so the consumers never wait on a bulk group."""
-    HALF: gl.constexpr = dq_desc.block_type.shape[1]
+    HALF: gl.constexpr = HEAD_DIM // 2
+    G5: gl.constexpr = HALF // 8 if TMA == 5 else 1  # TMA 5: a reduce an 8-column group
     m_clean, m_full = _ranges(n0, m_first, n_m, Sq, Sk, BLOCK_M, CAUSAL, NUM_CONS)
     start_n = n0 // (NUM_CONS * _KEYS)
     n_tiles = n_m - m_first
@@ -300,8 +314,12 @@ def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n
         for c in gl.static_range(NUM_CONS):
             b2 = c * 2 + t % 2
             mbarrier.wait(dq_bars.index(b2), (t // 2) & 1)
-            _tma_reduce_add(dq_desc, [row, c * HALF], dq_stage.index(b2))
-        _store_wait(NUM_CONS)  # at most this tile's reduces pending: the previous tile's have read theirs
+            if TMA == 5:
+                for g5 in gl.static_range(G5):
+                    _tma_reduce_add(dq_desc, [row, c * HALF + g5 * 8], dq_stage.index(b2 * G5 + g5))
+            else:
+                _tma_reduce_add(dq_desc, [row, c * HALF], dq_stage.index(b2))
+        _store_wait(NUM_CONS * G5)  # at most this tile's reduces pending: the previous tile's have read theirs
         if t > 0:
             for c in gl.static_range(NUM_CONS):
                 mbarrier.arrive(dq_bars.index(4 + c * 2 + (t - 1) % 2), count=1)
@@ -384,11 +402,15 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFS, _KEYS, BLOCK_M], DS_LAYOUT)
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (NUM_CONS * 2 if TMA == 4 else 1)
+    STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (
+        NUM_CONS * 2 if (TMA == 4 or TMA == 5) else 1)
     dq_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(8):
         mbarrier.init(dq_bars.index(b), count=1)
-    dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
+    if TMA == 5:  # a staging tile is [8-column group, row, 8]
+        dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS * (HEAD_DIM // 16), BLOCK_M, 8], dq_desc.layout)
+    else:
+        dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=NUM_CONS)
         mbarrier.init(ds_free.index(b), count=NUM_CONS)
@@ -400,7 +422,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=NUM_CONS)
     # The tuples spelled out: a tuple built by + in the kernel loses its constexprs.
-    if TMA == 4:
+    if TMA == 4 or TMA == 5:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
@@ -413,7 +435,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
                         q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
             (_fwriter, (dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, CAUSAL,
-                        NUM_CONS, ROT)),
+                        NUM_CONS, ROT, HEAD_DIM, TMA)),
         ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
     else:
         gl.warp_specialize([
@@ -464,7 +486,14 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
     # fp32 TMA box of the dQ accumulator: BLOCK_M rows x half of D (a tiny one when unused).
-    dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
+    if use_tma == 5:  # unswizzled boxes of 8 columns (the staging layout's groups)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        t2 = dq_acc.view(-1, D)
+        dqd = TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [bm, 8],
+                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    else:
+        dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
@@ -546,9 +575,9 @@ def ncu_cases():
 
     scale = D ** -0.5
     out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
-    for mode in (2, 4, 3):
+    for mode in (4, 5, 3):
         print(f"ncu case: dQ mode {mode}", flush=True)
-        fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False))
+        fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, 1))
         torch.cuda.synchronize()
 
 
@@ -557,16 +586,16 @@ def main(argv=None):
     p.add_argument("--shapes", default="quick", choices=("quick", "grid"))
     p.add_argument("--tiles", action="store_true", help="also BLOCK_M 32 x 3 stages")
     p.add_argument("--ncu", action="store_true",
-                   help="one launch each of dQ modes 2, 4 and 3 at B 4 H 16 S 4096 D 128, for Nsight Compute")
+                   help="one launch each of dQ modes 4, 5 and 3 at B 4 H 16 S 4096 D 128, for Nsight Compute")
     a = p.parse_args(argv)
     if a.ncu:
         return ncu_cases()
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
-    # tiles, 3 not written (timing only: its check fails), 4 TMA reduce by a writer warp, rotated order)
+    # tiles, 3 not written (timing only: its check fails), 4 TMA reduce by a writer warp, 5 as 4 from
+    # unswizzled 8-column staging groups (no bank conflicts), rotated order)
     # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
-    cfgs = [(64, 2, 240, True, False, 3, False, False, 0), (64, 2, 240, True, False, 3, False, False, 1),
-            (64, 2, 240, True, False, 4, False, False, 1), (64, 2, 240, True, False, 4, False, True, 1),
-            (64, 2, 240, True, False, 2, False, True, 1)]
+    cfgs = [(64, 2, 240, True, False, 3, False, False, 1), (64, 2, 240, True, False, 4, False, False, 1),
+            (64, 2, 240, True, False, 5, False, False, 1), (64, 2, 240, True, False, 5, True, False, 1)]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")

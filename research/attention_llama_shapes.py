@@ -99,7 +99,7 @@ def case(B, H, Hkv, S, D):
     with torch.no_grad():
         o2, lse = A._fwd_impl(q, k, v, None, None, True, D ** -0.5, base)
     # (dQ mode, dS^T to shared memory before dK's product, v6's LSE / Delta loads); research/attention_fused_bwd.py
-    for mode, order, stats, name in ((4, True, 1, "v7 writer warp, ordered"), (4, False, 1, "v7 writer warp"),
+    for mode, order, stats, name in ((4, False, 1, "v7 writer warp"), (5, False, 1, "v7 writer, 8-col groups"),
                                      (3, False, 1, "v7 ceiling (dQ not written)")):
         cfg = (64, 2, 240, True, False, mode, False, order, stats)
         try:
