@@ -327,6 +327,23 @@ def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n
 
 
 @gluon.jit
+def _fspan(lo, hi, dk, dv, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+           STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, SPLIT: gl.constexpr, VEC: gl.constexpr,
+           TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr, GROUP,
+           which: gl.constexpr):
+    """Positions [lo, hi) of a head's query-tile walk through ``_ftile`` (``args``: _fconsumer's state)."""
+    (t0, g, start_n, m_clean, m_full, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
+     lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
+    for p in range(lo, hi):
+        i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
+        dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
+                        lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo, Sq,
+                        Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, MASKED, SPLIT, VEC, TMA, ORDER,
+                        STATS, which)
+    return dk, dv
+
+
+@gluon.jit
 def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars, kv_bar, ready,
                empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
                qk_scale, sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -347,24 +364,15 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
     mbarrier.wait(kv_bar, 0)
     for g in range(GROUP):
         t0 = g * n_tiles - m_first
-        for p in range(m_first, m_clean):
-            i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
-            dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-                            lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
-                            Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT, VEC, TMA,
-                            ORDER, STATS, which)
-        for p in range(m_clean, m_full):
-            i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
-            dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-                            lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
-                            Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False, SPLIT, VEC, TMA,
-                            ORDER, STATS, which)
-        for p in range(m_full, n_m):
-            i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
-            dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-                            lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
-                            Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT, VEC, TMA,
-                            ORDER, STATS, which)
+        args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
+                empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
+        # Tiles crossing the diagonal (masked), the clean ones, the partial last one (masked).
+        dk, dv = _fspan(m_first, m_clean, dk, dv, args, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT,
+                        VEC, TMA, ROT, ORDER, STATS, GROUP, which)
+        dk, dv = _fspan(m_clean, m_full, dk, dv, args, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False, SPLIT,
+                        VEC, TMA, ROT, ORDER, STATS, GROUP, which)
+        dk, dv = _fspan(m_full, n_m, dk, dv, args, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT,
+                        VEC, TMA, ROT, ORDER, STATS, GROUP, which)
     rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     offs = ((kv_row - n0 + rows).to(gl.int64) * HEAD_DIM)[:, None] + cols[None, :]
