@@ -16,13 +16,16 @@ changed, in the same run as the baseline, so the next kernel work goes where the
                                into RMSNorm (forward adds and backward's gradient sums; the model's
                                loss changes, so its check is skipped)
     lm head chunk 4096 rows    linear_cross_entropy with CHUNK_BYTES = 1 GiB (4,096 rows at V 128,256)
+    fused add_norm ... all     research/llama_fusions.py's patches on top of tilewise, one at a time
+                               and all together (each one's prediction is in that file's docstring)
     liger                      apply_liger_kernel_to_llama, for reference
 
 Prediction: SDPA attention -1.5 to -2 ms, no adds -3 to -5 ms, chunk 4096 -2 to -3 ms; together ~8
 ms, short of the 10 ms: SwiGLU's epilogue fusion (7.9 ms of SwiGLU kernels at ~the copy roofline)
-would be needed too.
+would be needed too. The fusions (written after this prediction): add_norm -1.0 to -1.5 ms,
+add_norm_next another -1.0 to -1.5, qkv -1.5 to -3, gate_up -0.5 to +0.5; all ~-4 to -6 ms.
 
-Run on the GPU (~3 minutes; Liger's row needs its wheel):
+Run on the GPU (~5 minutes; Liger's row needs its wheel):
     . scripts/_wheels.sh
     PYTHONPATH=src:$PYTHONPATH python3 research/llama_step_ceilings.py [--shape 1x16384] [--profile]
 """
@@ -31,10 +34,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import pathlib
+import sys
 
 import torch
 
 from tilewise.bench.suites import llama as L
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import llama_fusions as F  # noqa: E402
 
 
 def _decoder_forward(adds: bool):
@@ -82,6 +90,8 @@ def variant(name, config, state, batches, groups=None):
             apply_tilewise(model, attention=name != "tilewise, SDPA attention")
         if name.startswith("decoder"):
             ml.LlamaDecoderLayer.forward = _decoder_forward(adds=name == "decoder re-written")
+        if name.startswith("fused "):
+            F.apply_fusions(model, **F.VARIANTS[name[len("fused "):]])
         chunk = 1 << 30 if name == "lm head chunk 4096 rows" else None
         with _chunk_bytes(chunk) if chunk else contextlib.nullcontext():
             ms, peak, loss0 = L._time_steps(step_model, opt, batches)
@@ -97,17 +107,18 @@ def variant(name, config, state, batches, groups=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4x4096", help="BxS (default 4x4096; the bench's other is 1x16384)")
-    p.add_argument("--profile", action="store_true", help="also device time by kernel group (tilewise, liger)")
+    p.add_argument("--profile", action="store_true",
+                   help="also device time by kernel group (tilewise, fused all, liger)")
     a = p.parse_args(argv)
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config, state, batches = L.inputs(B, S)
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
-             "lm head chunk 4096 rows", "liger"]
+             "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS] + ["liger"]
     rows, first, groups = {}, None, {}
     for name in names:
         try:
             rows[name] = variant(name, config, state, batches,
-                                 groups if a.profile and name in ("tilewise", "liger") else None)
+                                 groups if a.profile and name in ("tilewise", "fused all", "liger") else None)
         except ImportError as e:  # Liger's wheel not installed
             print(f"{name}: {e}", flush=True)
             continue

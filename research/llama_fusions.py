@@ -1,0 +1,483 @@
+"""Three fusions of the Llama decoder layer, as patches of transformers' forwards (issue 31's 10 ms).
+
+Why: `tilewise bench llama` at 768d022 (H200, 4 x 4096 tokens a step) has hf_tilewise 2 % under
+1.05x Liger. The step profile (bench/results/logs/llama-step-profile-c0709cc.log) has 113 bf16 add
+kernels a step (5.54 ms, 7 a layer, at ~4 TB/s: they are cheap each and many) that no kernel of
+ours or Liger's absorbs: two residual adds forward, their two gradient sums backward, and three sums
+of input gradients (dX of q / k / v: two; of gate / up: one, or a beta = 1 GEMM). Each fusion here
+removes some of them:
+
+    add_norm      the residual add before post_attention_layernorm and the norm, one kernel a
+                  direction (`add_rms_norm`): forward reads x and r, writes the sum and y; backward
+                  adds the residual path's gradient into dx. Per layer one add forward and one
+                  gradient sum backward go; the kernel gains one read and one write forward and one
+                  read backward. Predicted: -1.0 to -1.5 ms a step.
+    add_norm_next the same for the MLP's residual add and the *next* layer's input_layernorm (the
+                  model's final norm after the last layer): the layer hands its normed output to the
+                  next one (identity-checked, else the next layer norms as usual). With add_norm no
+                  residual add or residual gradient sum is left. Predicted: another -1.0 to -1.5 ms.
+    qkv           one projection GEMM for q, k and v (weights concatenated each step, 12 MiB), one
+                  RoPE launch over the fused output, and a backward that writes dq, dk (RoPE's
+                  transposed rotation) and dv into one (tokens, q + 2 kv) gradient: one dX GEMM with
+                  K = 3072 instead of three and two adds, one dW GEMM instead of three. Predicted:
+                  -1.5 to -3 ms (two adds and three launches a layer, the N = 512 GEMMs' tails).
+    gate_up       one GEMM for gate and up (weights concatenated each step, 64 MiB a layer: ~0.5 ms
+                  a step that fused parameters would not pay), SwiGLU on the two halves of each row,
+                  its backward writing one (tokens, 2 x intermediate) gradient: one dX GEMM with
+                  K = 16384 (no beta = 1 pass over dX), one dW GEMM. Predicted: -0.5 to +0.5 ms.
+
+On the GPU (~2 min; with `research/llama_step_ceilings.py`, which times each of them in one run):
+    PYTHONPATH=src python3 research/llama_fusions.py --check          # small model, fp32 and bf16
+On the CPU (Triton's interpreter, attention through the fp32 reference):
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 research/llama_fusions.py --check
+
+These patches are research: the integration (`apply_tilewise`) does none of this yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from tilewise.ops.norm.api import _programs
+from tilewise.ops.norm.configs import forward_launch_for, launch_for
+from tilewise.ops.norm.triton_kernels import _row_block
+from tilewise.ops.rope import triton_kernels as RK
+from tilewise.ops.rope.configs import launch_for as rope_launch_for
+from tilewise.runtime.triton_launch import launch as _launch
+
+# --------------------------------------------------------------------------- residual add + RMSNorm
+
+
+@triton.jit
+def _add_rms_norm_fwd_kernel(X, R, W, S, Y, RSTD, M, N, sx, sr, ss, sy, eps,
+                             BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    # s = x + r in the activations' dtype (as `residual + hidden_states`), then Llama's RMSNorm of s
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
+        x = tl.load(X + r64 * sx + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        r = tl.load(R + r64 * sr + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        s = (x + r).to(S.dtype.element_ty)
+        tl.store(S + r64 * ss + cols[None, :], s, mask=m)
+        s = s.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(s * s, 1) / N + eps)
+        xh = (s * rstd[:, None]).to(S.dtype.element_ty).to(tl.float32)
+        tl.store(Y + r64 * sy + cols[None, :], (xh * w[None, :]).to(Y.dtype.element_ty), mask=m)
+        tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _add_rms_norm_bwd_kernel(DY, DS, S, W, RSTD, DX, DW, M, N, sdy, sds, ss, sdx,
+                             BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_DS: tl.constexpr):
+    # dx = RMSNorm's input gradient + the sum's gradient from its other use (ds); one fp32 dW partial
+    # a program, summed afterwards in a fixed order
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], tl.float32)
+    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
+        s = tl.load(S + r64 * ss + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r64 * sdy + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        xh = s * rstd[:, None]
+        dxh = dy * w[None, :]
+        dx = rstd[:, None] * (dxh - xh * (tl.sum(dxh * xh, 1) / N)[:, None])
+        if HAS_DS:
+            dx += tl.load(DS + r64 * sds + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(DX + r64 * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m)
+        dw += tl.sum(dy * xh.to(S.dtype.element_ty).to(tl.float32), 0)
+    tl.store(DW + pid.to(tl.int64) * BLOCK + cols, dw, mask=cmask)
+
+
+def _rows(t):
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        calls["add_norm"] += 1
+        x2, r2 = _rows(x), _rows(residual)
+        M, N = x2.shape
+        w = weight.contiguous()
+        s = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        y = torch.empty((M, N), dtype=torch.promote_types(w.dtype, x.dtype), device=x.device)
+        rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
+        L = forward_launch_for(N)
+        _launch(_add_rms_norm_fwd_kernel, (_programs(M, L, x.get_device()),), x2, r2, w, s, y, rstd, M, N,
+                x2.stride(0), r2.stride(0), s.stride(0), y.stride(0), float(eps),
+                BLOCK=L.BLOCK, ROWS=L.ROWS, num_warps=L.warps)
+        ctx.save_for_backward(s, w, rstd)
+        ctx.shape = x.shape
+        return y.view(x.shape), s.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        s, w, rstd = ctx.saved_tensors
+        M, N = s.shape
+        if dy is None:
+            dy = torch.zeros_like(s)
+        dy2 = _rows(dy)
+        ds2 = _rows(ds) if ds is not None else dy2
+        dx = torch.empty((M, N), dtype=s.dtype, device=s.device)
+        L = launch_for(N)
+        P = _programs(M, L, s.get_device())
+        part = torch.empty((P, L.BLOCK), dtype=torch.float32, device=s.device)
+        _launch(_add_rms_norm_bwd_kernel, (P,), dy2, ds2, s, w, rstd, dx, part, M, N,
+                dy2.stride(0), ds2.stride(0), s.stride(0), dx.stride(0),
+                BLOCK=L.BLOCK, ROWS=L.ROWS, HAS_DS=ds is not None, num_warps=L.warps)
+        dx = dx.view(ctx.shape)
+        return dx, dx, part[:, :N].sum(0).to(w.dtype), None
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(RMSNorm(x + residual) Llama-style, x + residual), both (..., N); the sum in x's dtype."""
+    return _AddRMSNorm.apply(x, residual, weight, eps)
+
+
+# --------------------------------------------------------------------------- q, k, v: one GEMM, one RoPE
+
+
+def _rope_launch(q, k, qo, ko, cos, sin, backward):
+    # q, k, qo, ko: (B, H, S, D) views of any strides with unit last stride
+    B, Hq, S, D = q.shape
+    Hk = k.shape[1]
+    if cos.shape[0] != B:
+        cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    L = rope_launch_for(Hq, Hk, D // 2)
+    _launch(RK._rope_kernel, (B * S,), q, k, qo, ko, cos, sin, S, Hq, Hk, D // 2,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+            S * D, D, HB=L.HB, DB=L.DB, BACKWARD=backward, num_warps=L.warps)
+
+
+def _heads(t, B, S, H, D):
+    return t.unflatten(-1, (H, D)).transpose(1, 2)  # (B, S, H * D)-strided columns -> (B, H, S, D)
+
+
+class _QKVRope(torch.autograd.Function):
+    """qkv (B, S, (H + 2 Hkv) D), the fused projection's output -> RoPE'd q (B, H, S, D), k and v
+    (B, Hkv, S, D), each a (B, S, heads, D) buffer of its own (what the attention reads in place).
+    Backward writes dq, dk (rotated back) and dv into one gradient of qkv's layout."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, H, Hkv, D):
+        B, S, _ = qkv.shape
+        nq, nk = H * D, Hkv * D
+        q_in = _heads(qkv[..., :nq], B, S, H, D)
+        k_in = _heads(qkv[..., nq:nq + nk], B, S, Hkv, D)
+        qo = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
+        ko = torch.empty((B, S, Hkv, D), dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
+        _rope_launch(q_in, k_in, qo, ko, cos, sin, False)
+        v = qkv[..., nq + nk:].reshape(B, S, Hkv, D).contiguous().transpose(1, 2)  # sequence-major, read in place
+        ctx.save_for_backward(cos, sin)
+        ctx.dims = (H, Hkv, D)
+        return qo, ko, v
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        H, Hkv, D = ctx.dims
+        B, _, S, _ = dq.shape
+        nq, nk = H * D, Hkv * D
+        g = torch.empty((B, S, nq + 2 * nk), dtype=dq.dtype, device=dq.device)
+        dq = dq if dq.stride(-1) == 1 else dq.contiguous()
+        dk = dk if dk.stride(-1) == 1 else dk.contiguous()
+        _rope_launch(dq, dk, _heads(g[..., :nq], B, S, H, D), _heads(g[..., nq:nq + nk], B, S, Hkv, D),
+                     cos, sin, True)
+        _heads(g[..., nq + nk:], B, S, Hkv, D).copy_(dv)
+        return g, None, None, None, None, None
+
+
+def _rope_reference(qkv, cos, sin, H, Hkv, D):
+    from tilewise.ops.rope.api import reference
+
+    B, S, _ = qkv.shape
+    nq, nk = H * D, Hkv * D
+    q, k = reference(_heads(qkv[..., :nq], B, S, H, D), _heads(qkv[..., nq:nq + nk], B, S, Hkv, D), cos, sin)
+    return q, k, _heads(qkv[..., nq + nk:], B, S, Hkv, D)
+
+
+def _attend(impl):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama import modeling_llama as ml
+
+    return ml.eager_attention_forward if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def _attention_forward(original):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        if any(kwargs.get(n) is not None for n in ("cache", "past_key_values")) or position_embeddings is None:
+            return original(self, hidden_states, position_embeddings=position_embeddings,
+                            attention_mask=attention_mask, **kwargs)
+        for n in ("cache", "past_key_values", "cache_position", "use_cache"):
+            kwargs.pop(n, None)
+        p = (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([m.weight for m in p])
+        b = torch.cat([m.bias for m in p]) if p[0].bias is not None else None
+        qkv = F.linear(hidden_states, w, b)
+        calls["qkv"] += 1
+        D = self.head_dim
+        H, Hkv = self.q_proj.out_features // D, self.k_proj.out_features // D
+        cos, sin = position_embeddings
+        if qkv.device.type == "cpu" and not _interpreting():
+            q, k, v = _rope_reference(qkv, cos, sin, H, Hkv, D)
+        else:
+            q, k, v = _QKVRope.apply(qkv, cos, sin, H, Hkv, D)
+        dropout = self.attention_dropout if self.training else 0.0
+        out, weights = _attend(self.config._attn_implementation)(self, q, k, v, attention_mask, dropout=dropout,
+                                                                 scaling=self.scaling, **kwargs)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+    return forward
+
+
+def _interpreting() -> bool:
+    from tilewise import settings
+
+    return settings.triton_interpret()
+
+
+# --------------------------------------------------------------------------- gate and up: one GEMM
+
+
+@triton.jit
+def _swiglu_halves_kernel(GU, DY, Y, DGU, I, nblk, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
+    # row r of GU is [gate (I), up (I)]; y[r] = silu(gate) * up; backward writes [dgate, dup] into DGU
+    pid = tl.program_id(0)
+    r = (pid // nblk).to(tl.int64)
+    c = (pid % nblk) * BLOCK + tl.arange(0, BLOCK)
+    m = c < I
+    g = tl.load(GU + r * 2 * I + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(GU + r * 2 * I + I + c, mask=m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    if BACKWARD:
+        dy = tl.load(DY + r * I + c, mask=m, other=0.0).to(tl.float32)
+        tl.store(DGU + r * 2 * I + c, (dy * u * sig * (1.0 + g * (1.0 - sig))).to(DGU.dtype.element_ty), mask=m)
+        tl.store(DGU + r * 2 * I + I + c, (dy * g * sig).to(DGU.dtype.element_ty), mask=m)
+    else:
+        tl.store(Y + r * I + c, (g * sig * u).to(Y.dtype.element_ty), mask=m)
+
+
+SWIGLU_BLOCK = 1024  # 8 bf16 a thread at 4 warps: 16-byte accesses
+
+
+def _swiglu_halves_run(gu, dy=None):
+    T, I2 = gu.shape
+    inter = I2 // 2
+    nblk = triton.cdiv(inter, SWIGLU_BLOCK)
+    if dy is None:
+        y = torch.empty((T, inter), dtype=gu.dtype, device=gu.device)
+        _launch(_swiglu_halves_kernel, (T * nblk,), gu, gu, y, y, inter, nblk, BLOCK=SWIGLU_BLOCK,
+                BACKWARD=False, num_warps=4)
+        return y
+    dgu = torch.empty_like(gu)
+    _launch(_swiglu_halves_kernel, (T * nblk,), gu, dy, dy, dgu, inter, nblk, BLOCK=SWIGLU_BLOCK,
+            BACKWARD=True, num_warps=4)
+    return dgu
+
+
+class _SwiGLUHalves(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gu):
+        gu2 = gu.reshape(-1, gu.shape[-1]).contiguous()
+        ctx.save_for_backward(gu2)
+        ctx.shape = gu.shape
+        return _swiglu_halves_run(gu2).view(*gu.shape[:-1], gu.shape[-1] // 2)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (gu2,) = ctx.saved_tensors
+        return _swiglu_halves_run(gu2, dy.reshape(gu2.shape[0], -1).contiguous()).view(ctx.shape)
+
+
+def _mlp_forward(self, x):
+    w = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+    b = torch.cat([self.gate_proj.bias, self.up_proj.bias]) if self.gate_proj.bias is not None else None
+    gu = F.linear(x, w, b)
+    calls["gate_up"] += 1
+    if gu.device.type == "cpu" and not _interpreting():
+        g, u = gu.chunk(2, -1)
+        return self.down_proj(F.silu(g) * u)
+    return self.down_proj(_SwiGLUHalves.apply(gu))
+
+
+# --------------------------------------------------------------------------- the decoder layer
+
+
+def _decoder_forward(handoff: dict | None):
+    """LlamaDecoderLayer.forward with the post-attention residual add fused into its norm; with
+    ``handoff`` (a dict shared by the model's layers) the MLP's residual add fused into the next
+    layer's input norm too (``self._tw_next``: that norm's module)."""
+
+    def forward(self, hidden_states, **kwargs):
+        pre = handoff.pop(id(self), None) if handoff is not None else None
+        if pre is not None and pre[0] is hidden_states:
+            h = pre[1]
+        else:
+            h = self.input_layernorm(hidden_states)
+        h, _ = self.self_attn(hidden_states=h, **kwargs)
+        norm = self.post_attention_layernorm
+        h, residual = add_rms_norm(h, hidden_states, norm.weight, norm.variance_epsilon)
+        h = self.mlp(h)
+        nxt = getattr(self, "_tw_next", None) if handoff is not None else None
+        if nxt is None:
+            return residual + h
+        owner, nnorm = nxt
+        y, s = add_rms_norm(h, residual, nnorm.weight, nnorm.variance_epsilon)
+        handoff[id(owner)] = (s, y)
+        return s
+
+    return forward
+
+
+class _HandoffNorm(torch.nn.Module):
+    """The model's final norm, taking the last layer's handed-off output when it matches."""
+
+    def __init__(self, norm, handoff):
+        super().__init__()
+        self.norm = norm
+        self._handoff = handoff
+
+    @property
+    def weight(self):
+        return self.norm.weight
+
+    @property
+    def variance_epsilon(self):
+        return self.norm.variance_epsilon
+
+    def forward(self, hidden_states):
+        pre = self._handoff.pop(id(self), None)
+        return pre[1] if pre is not None and pre[0] is hidden_states else self.norm(hidden_states)
+
+
+def apply_fusions(model, *, add_norm=False, add_norm_next=False, qkv=False, gate_up=False):
+    """Patch ``model`` (a LlamaForCausalLM after ``apply_tilewise``) in place; the class forwards for
+    attention and MLP (module globals of transformers, as the bench's snapshot restores them), the
+    decoder layers' forward per instance."""
+    import types
+
+    from transformers.models.llama import modeling_llama as ml
+
+    if qkv:
+        ml.LlamaAttention.forward = _attention_forward(ml.LlamaAttention.forward)
+    if gate_up:
+        for m in model.modules():
+            if hasattr(m, "gate_proj") and hasattr(m, "up_proj") and hasattr(m, "down_proj"):
+                m.forward = types.MethodType(_mlp_forward, m)
+    if add_norm or add_norm_next:
+        layers = list(model.model.layers)
+        handoff = {} if add_norm_next else None
+        if add_norm_next:
+            model.model.norm = _HandoffNorm(model.model.norm, handoff)
+            for i, layer in enumerate(layers):
+                nxt = layers[i + 1] if i + 1 < len(layers) else model.model.norm
+                norm = nxt.input_layernorm if i + 1 < len(layers) else nxt.norm
+                object.__setattr__(layer, "_tw_next", (nxt, norm))  # not a submodule: no state-dict keys
+        for layer in layers:
+            layer.forward = types.MethodType(_decoder_forward(handoff), layer)
+    return model
+
+
+# --------------------------------------------------------------------------- check
+
+
+calls = {"add_norm": 0, "qkv": 0, "gate_up": 0}  # the check's proof that a patch ran
+
+
+def _check(device, dtype, variants):
+    import transformers
+
+    import tilewise.integrations.transformers as tw_hf
+    from tilewise.ops.attention.reference import reference as attention_reference
+
+    if device == "cpu":
+        tw_hf._attention = attention_reference
+    from tilewise.bench.suites import llama as L
+
+    config = transformers.LlamaConfig(vocab_size=211, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=256, attention_dropout=0.0, tie_word_embeddings=True,
+                                      use_cache=False)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for n, p in base.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    ids = torch.randint(0, config.vocab_size, (2, 77), generator=torch.Generator().manual_seed(1)).to(device)
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    ok = True
+
+    def run(fusions):
+        from tilewise.integrations.transformers import apply_tilewise
+
+        snap = L._snapshot()
+        calls.update(dict.fromkeys(calls, 0))
+        try:
+            model = apply_tilewise(copy.deepcopy(base)).train()
+            apply_fusions(model, **fusions)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            used = {k for k, v in calls.items() if v}
+            want = {k for k in ("add_norm", "qkv", "gate_up") if fusions.get(k)}
+            if used != want:
+                raise AssertionError(f"fusions {sorted(want)} asked for, {sorted(used)} ran")
+            return float(loss), {n.replace("norm.norm.", "norm."): p.grad.float()
+                                 for n, p in model.named_parameters() if p.grad is not None}
+        finally:
+            L._restore(snap)
+
+    ref_loss, ref_grads = run({})
+    print(f"  {device} {str(dtype)[6:]}: unfused loss {ref_loss:.6f}", flush=True)
+    for name, fusions in variants.items():
+        loss, grads = run(fusions)
+        worst = max(float((grads[n] - g).norm() / g.norm().clamp_min(1e-12)) for n, g in ref_grads.items())
+        missing = set(ref_grads) - set(grads)
+        good = abs(loss - ref_loss) <= tol * abs(ref_loss) and worst <= tol and not missing
+        ok &= good
+        print(f"  {device} {str(dtype)[6:]:<9} {name:<14} loss {loss:.6f}  "
+              f"worst grad rel. err. {worst:.2e}{'  MISSING ' + str(missing) if missing else ''}  "
+              f"{'ok' if good else 'FAIL'}", flush=True)
+    return ok
+
+
+VARIANTS = {"add_norm": dict(add_norm=True), "add_norm_next": dict(add_norm=True, add_norm_next=True),
+            "qkv": dict(qkv=True), "gate_up": dict(gate_up=True),
+            "all": dict(add_norm=True, add_norm_next=True, qkv=True, gate_up=True)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="each fusion against the unfused model: loss and every grad")
+    a = p.parse_args(argv)
+    if not a.check:
+        p.print_help()
+        return 0
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not _interpreting():
+        sys.exit("on the CPU run it under TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
+    ok = _check(device, torch.float32, VARIANTS)
+    if device == "cuda":
+        ok &= _check(device, torch.bfloat16, VARIANTS)
+    print("llama_fusions check:", "ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
