@@ -13,6 +13,11 @@ loss and gradients, then its forward + backward is timed (do_bench median) with 
 beyond the inputs. The baseline is PyTorch's logits + F.cross_entropy, and Liger's fused linear
 cross-entropy when its wheel is installed.
 
+Second run (added 2026-12-04, not run yet): 3,072 rows, the largest multiple of 1,024 whose peak stays
+under 1.5 GiB at H = 2,048 by the first run's slope (0.80 + 2 x 0.245 = 1.29 GiB): the candidate for a
+chunk chosen by a memory budget. Prediction: 41-42 ms at H = 2,048 if 2,048's slowdown is that size's
+alone, i.e. -2 to -3 ms of the Llama step.
+
 Run on the GPU: . scripts/_wheels.sh; PYTHONPATH=src:$PYTHONPATH python3 research/lce_chunk_sweep.py
 """
 
@@ -24,7 +29,7 @@ import triton
 from tilewise.ops.rowwise.linear_cross_entropy import linear_cross_entropy
 
 SHAPES = [(16384, 2048, 128256), (16384, 4096, 128256)]  # (N, H, V): Llama-3.2-1B, the issue's 8B-like
-CHUNKS = [1024, 2048, 4096, 8192]
+CHUNKS = [1024, 2048, 3072, 4096, 8192]
 
 
 def _run(fn, x, w, t):

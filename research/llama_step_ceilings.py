@@ -15,7 +15,8 @@ changed, in the same run as the baseline, so the next kernel work goes where the
     decoder without adds       the same without its two residual adds: the ceiling of fusing them
                                into RMSNorm (forward adds and backward's gradient sums; the model's
                                loss changes, so its check is skipped)
-    lm head chunk 4096 rows    linear_cross_entropy with CHUNK_BYTES = 1 GiB (4,096 rows at V 128,256)
+    lm head chunk 4096 rows    linear_cross_entropy with CHUNK_BYTES = 1 GiB (4,096 rows at V 128,256);
+                               and 3,072 rows, the most under issue 31's 1.5 GiB by lce_chunk_sweep's slope
     fused add_norm ... all     research/llama_fusions.py's patches on top of tilewise, one at a time
                                and all together (each one's prediction is in that file's docstring)
     liger                      apply_liger_kernel_to_llama, for reference
@@ -92,7 +93,8 @@ def variant(name, config, state, batches, groups=None):
             ml.LlamaDecoderLayer.forward = _decoder_forward(adds=name == "decoder re-written")
         if name.startswith("fused "):
             F.apply_fusions(model, **F.VARIANTS[name[len("fused "):]])
-        chunk = 1 << 30 if name == "lm head chunk 4096 rows" else None
+        # CHUNK_BYTES of bf16 logits for that many rows of the vocabulary
+        chunk = int(name.split()[3]) * config.vocab_size * 2 if name.startswith("lm head chunk") else None
         with _chunk_bytes(chunk) if chunk else contextlib.nullcontext():
             ms, peak, loss0 = L._time_steps(step_model, opt, batches)
             if groups is not None:
@@ -113,7 +115,7 @@ def main(argv=None):
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config, state, batches = L.inputs(B, S)
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
-             "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS] + ["liger"]
+             "lm head chunk 3072 rows", "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS] + ["liger"]
     rows, first, groups = {}, None, {}
     for name in names:
         try:
