@@ -19,6 +19,8 @@ changed, in the same run as the baseline, so the next kernel work goes where the
                                and 3,072 rows, the most under issue 31's 1.5 GiB by lce_chunk_sweep's slope
     fused add_norm ... all     research/llama_fusions.py's patches on top of tilewise, one at a time
                                and all together (each one's prediction is in that file's docstring)
+    tilewise residual_norm     apply_tilewise(residual_norm=True), where research/patches/add-rms-norm.patch
+                               is applied (the library's version of "fused add_norm_next")
     liger                      apply_liger_kernel_to_llama, for reference
 
 Prediction: SDPA attention -1.5 to -2 ms, no adds -3 to -5 ms, chunk 4096 -2 to -3 ms; together ~8
@@ -87,7 +89,9 @@ def variant(name, config, state, batches, groups=None):
     try:
         base = "hf_liger" if name == "liger" else "hf_sdpa"
         model, step_model, opt = L._build(base, config, state)  # a fresh config copy, weights loaded
-        if name != "liger":
+        if name == "tilewise residual_norm":  # research/patches/add-rms-norm.patch applied
+            apply_tilewise(model, residual_norm=True)
+        elif name != "liger":
             apply_tilewise(model, attention=name != "tilewise, SDPA attention")
         if name.startswith("decoder"):
             ml.LlamaDecoderLayer.forward = _decoder_forward(adds=name == "decoder re-written")
@@ -115,14 +119,15 @@ def main(argv=None):
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config, state, batches = L.inputs(B, S)
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
-             "lm head chunk 3072 rows", "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS] + ["liger"]
+             "lm head chunk 3072 rows", "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS]
+    names += ["tilewise residual_norm", "liger"]
     rows, first, groups = {}, None, {}
     for name in names:
         try:
             rows[name] = variant(name, config, state, batches,
                                  groups if a.profile and name in ("tilewise", "fused all", "liger") else None)
-        except ImportError as e:  # Liger's wheel not installed
-            print(f"{name}: {e}", flush=True)
+        except (ImportError, TypeError) as e:  # Liger's wheel not installed; apply_tilewise without residual_norm
+            print(f"{name}: not run ({type(e).__name__}: {e})", flush=True)
             continue
         ms, peak, loss0 = rows[name]
         first = loss0 if first is None else first
