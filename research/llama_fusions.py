@@ -20,11 +20,15 @@ removes some of them:
                   RoPE launch over the fused output, and a backward that writes dq, dk (RoPE's
                   transposed rotation) and dv into one (tokens, q + 2 kv) gradient: one dX GEMM with
                   K = 3072 instead of three and two adds, one dW GEMM instead of three. Predicted:
-                  -1.5 to -3 ms (two adds and three launches a layer, the N = 512 GEMMs' tails).
+                  -1.5 to -3 ms. Arithmetic at 4 x 4096 a layer: backward dX 3 GEMMs (~0.33 ms at
+                  ~650 TFLOP/s) + 2 adds (~0.1 ms) -> 1 GEMM (~0.31 ms) + dv's copy (~0.01 ms):
+                  ~-0.13 ms; forward and dW ~-0.01 each: ~-2.3 ms a step.
     gate_up       one GEMM for gate and up (weights concatenated each step, 64 MiB a layer: ~0.5 ms
                   a step that fused parameters would not pay), SwiGLU on the two halves of each row,
                   its backward writing one (tokens, 2 x intermediate) gradient: one dX GEMM with
-                  K = 16384 (no beta = 1 pass over dX), one dW GEMM. Predicted: -0.5 to +0.5 ms.
+                  K = 16384 (no beta = 1 pass over dX), one dW GEMM. Predicted: -0.5 to +0.5 ms
+                  (its GEMMs are large and near peak already; the weights' copy costs ~0.03 ms a
+                  layer, the beta = 1 read of dX it saves ~0.02 ms).
 
 On the GPU (~2 min; with `research/llama_step_ceilings.py`, which times each of them in one run):
     PYTHONPATH=src python3 research/llama_fusions.py --check          # small model, fp32 and bf16
