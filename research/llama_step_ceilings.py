@@ -19,8 +19,9 @@ changed, in the same run as the baseline, so the next kernel work goes where the
                                and 3,072 rows, the most under issue 31's 1.5 GiB by lce_chunk_sweep's slope
     fused add_norm ... all     research/llama_fusions.py's patches on top of tilewise, one at a time
                                and all together (each one's prediction is in that file's docstring)
-    tilewise residual_norm     apply_tilewise(residual_norm=True), where research/patches/add-rms-norm.patch
-                               is applied (the library's version of "fused add_norm_next")
+    tilewise + residual_norm   apply_tilewise(residual_norm=True), where research/patches/add-rms-norm.patch
+                               is applied (the library's version of "fused add_norm_next"); + fuse_qkv
+                               and both, where fuse-qkv.patch is applied too (the library's "fused qkv")
     liger                      apply_liger_kernel_to_llama, for reference
 
 Prediction: SDPA attention -1.5 to -2 ms, no adds -3 to -5 ms, chunk 4096 -2 to -3 ms; together ~8
@@ -89,8 +90,8 @@ def variant(name, config, state, batches, groups=None):
     try:
         base = "hf_liger" if name == "liger" else "hf_sdpa"
         model, step_model, opt = L._build(base, config, state)  # a fresh config copy, weights loaded
-        if name == "tilewise residual_norm":  # research/patches/add-rms-norm.patch applied
-            apply_tilewise(model, residual_norm=True)
+        if name.startswith("tilewise +"):  # research/patches/add-rms-norm.patch (and fuse-qkv.patch) applied
+            apply_tilewise(model, **{k: True for k in name.split("+")[1].split()})
         elif name != "liger":
             apply_tilewise(model, attention=name != "tilewise, SDPA attention")
         if name.startswith("decoder"):
@@ -120,7 +121,7 @@ def main(argv=None):
     config, state, batches = L.inputs(B, S)
     names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
              "lm head chunk 3072 rows", "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS]
-    names += ["tilewise residual_norm", "liger"]
+    names += ["tilewise + residual_norm", "tilewise + fuse_qkv", "tilewise + residual_norm fuse_qkv", "liger"]
     rows, first, groups = {}, None, {}
     for name in names:
         try:
