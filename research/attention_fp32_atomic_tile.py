@@ -14,12 +14,15 @@ within 15 % of 64 x 128 (both FMA-bound; the smaller key tile doubles dQ's atomi
 
 The forward and preprocess kernels are built first (with a tiny tile); then each tile, causal and
 not, is built in a fresh Triton cache (the first call's time is its build), checked against the
-float64 reference, and timed (median of 20 events after warm-up), B 2 H 16 S 2048.
-Run on the GPU (~5 minutes, most of it the first build): PYTHONPATH=src python3 research/attention_fp32_atomic_tile.py
+float64 reference, and timed (median of 20 events after warm-up), B 2 H 16 S 2048, not causal
+(``--causal``: causal too).
+Run on the GPU (~3 minutes, most of it the old tile's build):
+    PYTHONPATH=src python3 research/attention_fp32_atomic_tile.py [--causal]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import tempfile
@@ -39,14 +42,17 @@ def _call(tile, q, k, v, causal, grad):
     return torch.autograd.grad(out, (q, k, v), grad)
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--causal", action="store_true", help="causal too (another build of each tile, ~2.5 min more)")
+    modes = (False, True) if ap.parse_args(argv).causal else (False,)
     B, H, S, D = 2, 16, 2048, 128
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, grad = (torch.randn(B, H, S, D, device="cuda", generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    for causal in (False, True):  # the forward and preprocess builds, out of the timed first calls
+    for causal in modes:  # the forward and preprocess builds, out of the timed first calls
         _call((16, 32, 4, 1), q, k, v, causal, grad)
-    for causal in (False, True):
+    for causal in modes:
         qr, kr, vr = (t.detach().double().requires_grad_(True) for t in (q, k, v))
         ref = torch.autograd.grad(A.reference(qr, kr, vr, causal=causal), (qr, kr, vr), grad.double())
         for name, tile in TILES.items():
