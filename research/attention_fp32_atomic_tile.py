@@ -5,7 +5,7 @@ Why: the quick GPU tier's longest test is `test_gpu_tile_table_routes[atomic[128
 (tests/gpu_durations.json), almost all of it one Triton build: fp32 inputs take ``PREC="ieee"``, so
 the kernel's dots are FMAs, whose code grows with a thread's share of the tile. Compiled for sm_90
 under Triton 3.6 on the CI host with an empty cache (2026-12-04): 64 x 128 x 8 warps 109 s,
-64 x 64 x 4 107 s, 32 x 64 x 4 42 s, 32 x 128 x 8 37.5 s, 64 x 64 x 8 37 s, 32 x 64 x 8 14.4 s,
+64 x 64 x 4 107 s, 32 x 64 x 4 40 s, 32 x 128 x 8 37.5 s, 64 x 64 x 8 37 s, 32 x 64 x 8 14.4 s,
 16 x 128 x 8 15.2 s. The tier waits on that one test, so a smaller tile would take ~1 minute off each
 tier run; only fp32 inputs at D = 128 use the entry (2-byte inputs take ATOMIC_2BYTE).
 
