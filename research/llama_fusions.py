@@ -49,11 +49,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tilewise.ops.norm.api import _programs
+from tilewise.ops.norm.api import _programs, _rows
 from tilewise.ops.norm.configs import forward_launch_for, launch_for
 from tilewise.ops.norm.triton_kernels import _row_block
 from tilewise.ops.rope import triton_kernels as RK
 from tilewise.ops.rope.configs import launch_for as rope_launch_for
+from tilewise.settings import triton_interpret
 from tilewise.runtime.triton_launch import launch as _launch
 
 # --------------------------------------------------------------------------- residual add + RMSNorm
@@ -103,11 +104,6 @@ def _add_rms_norm_bwd_kernel(DY, DS, S, W, RSTD, DX, DW, M, N, sdy, sds, ss, sdx
         tl.store(DX + r64 * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m)
         dw += tl.sum(dy * xh.to(S.dtype.element_ty).to(tl.float32), 0)
     tl.store(DW + pid.to(tl.int64) * BLOCK + cols, dw, mask=cmask)
-
-
-def _rows(t):
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 class _AddRMSNorm(torch.autograd.Function):
@@ -238,7 +234,7 @@ def _attention_forward(original):
         D = self.head_dim
         H, Hkv = self.q_proj.out_features // D, self.k_proj.out_features // D
         cos, sin = position_embeddings
-        if qkv.device.type == "cpu" and not _interpreting():
+        if qkv.device.type == "cpu" and not triton_interpret():
             q, k, v = _rope_reference(qkv, cos, sin, H, Hkv, D)
         else:
             q, k, v = _QKVRope.apply(qkv, cos, sin, H, Hkv, D)
@@ -248,12 +244,6 @@ def _attention_forward(original):
         return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
 
     return forward
-
-
-def _interpreting() -> bool:
-    from tilewise import settings
-
-    return settings.triton_interpret()
 
 
 # --------------------------------------------------------------------------- gate and up: one GEMM
@@ -314,7 +304,7 @@ def _mlp_forward(self, x):
     b = torch.cat([self.gate_proj.bias, self.up_proj.bias]) if self.gate_proj.bias is not None else None
     gu = F.linear(x, w, b)
     calls["gate_up"] += 1
-    if gu.device.type == "cpu" and not _interpreting():
+    if gu.device.type == "cpu" and not triton_interpret():
         g, u = gu.chunk(2, -1)
         return self.down_proj(F.silu(g) * u)
     return self.down_proj(_SwiGLUHalves.apply(gu))
@@ -474,7 +464,7 @@ def main(argv=None):
         p.print_help()
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not _interpreting():
+    if device == "cpu" and not triton_interpret():
         sys.exit("on the CPU run it under TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
     ok = _check(device, torch.float32, VARIANTS)
     if device == "cuda":
