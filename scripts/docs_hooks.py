@@ -34,8 +34,8 @@ FAMILIES = {
                    "attention_window_fwd", "attention_window_fwd_bwd", "attention_varlen_fwd",
                    "attention_varlen_fwd_bwd", "attention_host_fwd_bwd"]),
     "embedding": ("Embedding", ["ops.embedding.api"], ["embedding_fwd", "embedding_fwd_bwd"]),
-    "norm": ("RMSNorm", ["ops.norm.api"], ["rmsnorm_fwd", "rmsnorm_fwd_bwd"]),
-    "rope": ("Rotary embeddings", ["ops.rope.api"], ["rope_fwd", "rope_fwd_bwd"]),
+    "norm": ("RMSNorm", ["ops.norm.api"], ["rmsnorm_fwd", "rmsnorm_fwd_bwd", "add_rmsnorm_fwd", "add_rmsnorm_fwd_bwd"]),
+    "rope": ("Rotary embeddings", ["ops.rope.api"], ["rope_fwd", "rope_fwd_bwd", "rope_qkv_fwd", "rope_qkv_fwd_bwd"]),
 }
 
 

@@ -330,6 +330,22 @@ def _rms_norm_ref(x, weight, eps, mode):
     return (weight.double() * h.to(x.dtype).double()).to(torch.promote_types(weight.dtype, x.dtype))
 
 
+def _rope_qkv_ref(qkv, cos, sin, num_heads, num_kv_heads):
+    if qkv.dim() != 3 or qkv.shape[-1] != (num_heads + 2 * num_kv_heads) * 8:
+        raise ValueError("reference: (B, S, (heads + 2 kv heads) * 8)")
+    nq, nk = num_heads * 8, num_kv_heads * 8
+    q, k, v = (qkv[..., a:b].unflatten(-1, (-1, 8)).transpose(1, 2) for a, b in ((0, nq), (nq, nq + nk),
+                                                                               (nq + nk, nq + 2 * nk)))
+    return (*_rope_ref(q, k, cos, sin), v)
+
+
+def _add_rms_norm_ref(x, residual, weight, eps=1e-6, mode="llama"):
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError("reference: residual of x's shape and dtype")
+    s = x + residual
+    return _rms_norm_ref(s, weight, eps, mode), s
+
+
 def _raise(e):
     raise e
 
@@ -531,6 +547,13 @@ def public_ops() -> list[Op]:
            tol={torch.float32: (1e-2, 1e-2)},  # a 16-bit x: the fp32 result carries the row's 16-bit rounding
            options={"eps": [("eps -1", -1.0), ("eps NaN", math.nan), ("eps 'x'", "x")],
                     "mode": [("mode 'rms'", "rms"), ("mode None", None)]}),
+        Op("add_rms_norm", tw.add_rms_norm, {"x": T((4, 3, 10)), "residual": T((4, 3, 10)), "weight": T((10,))},
+           _add_rms_norm_ref, tol={torch.float32: (1e-2, 1e-2)},
+           options={"eps": [("eps -1", -1.0), ("eps NaN", math.nan)], "mode": [("mode 'rms'", "rms")]}),
+        Op("apply_rotary_qkv", tw.apply_rotary_qkv, {"qkv": T((2, 5, 64)), "cos": T((1, 5, 8)), "sin": T((1, 5, 8)),
+                                                      "num_heads": 4, "num_kv_heads": 2}, _rope_qkv_ref,
+           options={"num_heads": [("num_heads 0", 0), ("num_heads 'x'", "x"), ("num_heads 3", 3)],
+                    "num_kv_heads": [("num_kv_heads -1", -1), ("num_kv_heads 1.5", 1.5)]}),
         Op("apply_rotary", tw.apply_rotary, {"q": T((2, 4, 5, 8)), "k": T((2, 2, 5, 8)), "cos": T((1, 5, 8)),
                                               "sin": T((1, 5, 8))}, _rope_ref),
         Op("swiglu", tw.swiglu, {"gate": T((4, 10)), "up": T((4, 10))},

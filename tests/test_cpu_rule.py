@@ -24,6 +24,12 @@ def _rope_half(t):
     return torch.cat([-t[..., h:], t[..., :h]], -1)
 
 
+def _qkv_rope(t, cos, sin):
+    """(B, S, 5 * 8) as 3 q heads, 1 k head, 1 v head of D = 8: q and k rotated, v as it is."""
+    q, k, v = (t[..., a:b].unflatten(-1, (-1, 8)).transpose(1, 2) for a, b in ((0, 24), (24, 32), (32, 40)))
+    return [x * cos[:, None] + _rope_half(x) * sin[:, None] for x in (q, k)] + [v]
+
+
 def _attention(q, k, v, causal):
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if causal:
@@ -94,6 +100,12 @@ def _cases(dev="cpu"):
     c["embedding"] = ([rnd(6, 4)], lambda w: tw.embedding(ids, w), lambda w: w[ids], [0])
     c["rms_norm"] = ([x, rnd(7)], tw.rms_norm, lambda t, w: w * t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6),
                      [0, 1])
+    c["add_rms_norm"] = ([x, y, rnd(7)], lambda a, b, w: torch.cat([t.flatten() for t in tw.add_rms_norm(a, b, w)]),
+                         lambda a, b, w: torch.cat([(w * (a + b) * torch.rsqrt((a + b).pow(2).mean(-1, keepdim=True)
+                                                                                + 1e-6)).flatten(), (a + b).flatten()]),
+                         [0, 1, 2])
+    c["apply_rotary_qkv"] = ([rnd(2, 9, 40)], lambda t: torch.cat([o.flatten() for o in tw.apply_rotary_qkv(
+        t, cos, sin, 3, 1)]), lambda t: torch.cat([o.flatten() for o in _qkv_rope(t, cos, sin)]), [0])
     c["apply_rotary"] = ([q[:, :, :, :], q[:, :2].clone()], lambda a, b: torch.cat(
         [t.flatten() for t in tw.apply_rotary(a, b, cos, sin)]),
         lambda a, b: torch.cat([(t * cos[:, None] + _rope_half(t) * sin[:, None]).flatten() for t in (a, b)]), [0, 1])
@@ -135,8 +147,8 @@ def test_cpu_gradients_match_float64(name):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=f"{name}: gradient of input {i}")
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "softmax", "cross_entropy", "flash_attention", "linear", "swiglu",
-                                  "apply_rotary", "linear_cross_entropy"])
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "softmax", "cross_entropy", "flash_attention", "linear",
+                                  "swiglu", "apply_rotary", "apply_rotary_qkv", "linear_cross_entropy"])
 def test_cpu_ops_trace_under_torch_compile(name):
     inputs, call, _, _ = CASES[name]
     torch._dynamo.reset()

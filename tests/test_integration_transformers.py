@@ -60,6 +60,16 @@ def _ids(B, S, seed=1, device="cpu"):
     return torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+def _same_training(ref, ours, lr, lo, rtol, atol):
+    """The two models' losses (``lr``, ``lo``: their outputs) and, after backward, every parameter's
+    gradient equal within (rtol, atol)."""
+    torch.testing.assert_close(lo.loss, lr.loss, rtol=rtol, atol=atol)
+    lr.loss.backward()
+    lo.loss.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=10 * rtol, atol=atol, msg=n)
+
+
 def test_registered():
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
@@ -253,11 +263,7 @@ def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
     lr = ref(ids, attention_mask=am, labels=labels, **kw)
     lo = ours(ids, attention_mask=am, labels=labels, **kw)
     assert lo.logits.shape[1] == 0  # no (tokens, vocab) logits in the fused path
-    torch.testing.assert_close(lo.loss, lr.loss, rtol=1e-5, atol=1e-5)
-    lr.loss.backward()
-    lo.loss.backward()
-    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
+    _same_training(ref, ours, lr, lo, 1e-5, 1e-5)
     ours.eval()
     with torch.no_grad():
         out = ours(ids, attention_mask=am, labels=labels)
@@ -276,6 +282,113 @@ def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
     ids = _ids(2, 16)
     torch._dynamo.reset()
     e = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+    assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
+
+
+@pytest.mark.parametrize("family,checkpointing", [("llama", False), ("mistral", False), ("qwen2", False),
+                                                   ("llama", True)])
+def test_residual_norm_matches_the_unfused_model(cpu_attention, monkeypatch, family, checkpointing):
+    """apply_tilewise(residual_norm=True) (add_rms_norm in Triton's interpreter): the loss, every
+    gradient and every layer's hidden state equal those of apply_tilewise without it; parameters and
+    state-dict keys unchanged; both adds of a layer fused (only the attention's under gradient
+    checkpointing, where the hand-off would cross the checkpoint)."""
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    calls = []
+    real = tw_hf.add_rms_norm
+    monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    config = _config(family, num_hidden_layers=3)
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa").train())
+    ours = copy.deepcopy(ref)
+    keys, params = list(ours.state_dict()), dict(ours.named_parameters())
+    tw_hf.apply_tilewise(ours, residual_norm=True)
+    assert list(ours.state_dict()) == keys and all(p is params[n] for n, p in ours.named_parameters())
+    if checkpointing:
+        for m in (ref, ours):
+            m.gradient_checkpointing_enable()
+    ids = _ids(2, 13)
+    lr, lo = ref(ids, labels=ids), ours(ids, labels=ids)
+    assert len(calls) == (3 if checkpointing else 6)
+    _same_training(ref, ours, lr, lo, 1e-6, 1e-6)
+    ours.eval()
+    ref.eval()
+    with torch.no_grad():
+        hr = ref(ids, output_hidden_states=True).hidden_states
+        ho = ours(ids, output_hidden_states=True).hidden_states
+    assert len(ho) == len(hr) == 4
+    for a, b in zip(ho, hr):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 5}),
+                                          ("qwen2", {"use_sliding_window": True, "sliding_window": 5,
+                                                     "max_window_layers": 1}),
+                                          ("llama", {"both": True})])
+def test_fuse_qkv_matches_the_unfused_model(cpu_attention, monkeypatch, family, extra):
+    """apply_tilewise(fuse_qkv=True) (apply_rotary_qkv in Triton's interpreter; Qwen2's q / k / v biases,
+    Mistral's and Qwen2's sliding windows): loss and every gradient equal apply_tilewise's without it;
+    parameters and state-dict keys unchanged; the fused forward ran in every layer; with residual_norm
+    too ("both")."""
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    calls = []
+    real = tw_hf.apply_rotary_qkv
+    monkeypatch.setattr(tw_hf, "apply_rotary_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    extra = dict(extra)
+    both = extra.pop("both", False)
+    ref = tw_hf.apply_tilewise(_model(_config(family, num_hidden_layers=3, **extra), "sdpa").train())
+    ours = copy.deepcopy(ref)
+    keys, params = list(ours.state_dict()), dict(ours.named_parameters())
+    tw_hf.apply_tilewise(ours, fuse_qkv=True, residual_norm=both)
+    assert list(ours.state_dict()) == keys and all(p is params[n] for n, p in ours.named_parameters())
+    ids = _ids(2, 13)
+    lr, lo = ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False)
+    assert len(calls) == 3
+    _same_training(ref, ours, lr, lo, 1e-6, 1e-6)
+
+
+def test_fuse_qkv_with_a_cache_runs_the_model_forward(cpu_attention, monkeypatch):
+    """With a KV cache (generate; a training forward that leaves use_cache on) the original attention
+    runs: the same tokens, the same loss; in training mode a warning says so, once a layer."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = tw_hf.apply_tilewise(_model(_config(), "sdpa"))
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), fuse_qkv=True)
+    ids = _ids(1, 6)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))
+    ours.train()
+    ref.train()
+    with pytest.warns(UserWarning, match="use_cache = False"):
+        lo = ours(ids, labels=ids, use_cache=True).loss
+    torch.testing.assert_close(lo, ref(ids, labels=ids, use_cache=True).loss)
+    with pytest.raises(ValueError, match="fuse_qkv=True does not apply to Qwen3"):
+        tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"), fuse_qkv=True)
+
+
+def test_fuse_qkv_compiles_without_graph_breaks(monkeypatch):
+    import torch._dynamo
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    model = _model(_config(), "sdpa").train()
+    tw_hf.apply_tilewise(model, attention=False, fuse_qkv=True, residual_norm=True)
+    ids = _ids(2, 16)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(model)(input_ids=ids, labels=ids, use_cache=False)
+    assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
+
+
+def test_residual_norm_compiles_without_graph_breaks(monkeypatch):
+    import torch._dynamo
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    model = _model(_config(), "sdpa").train()
+    tw_hf.apply_tilewise(model, attention=False, residual_norm=True)
+    ids = _ids(2, 16)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(model)(input_ids=ids, labels=ids, use_cache=False)
     assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
 
 
@@ -322,6 +435,30 @@ def test_gpu_llama_logits_and_grads_match_sdpa(monkeypatch):
     for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
         rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
         assert rel < 5e-2, (n, rel.item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fusions", [dict(residual_norm=True), dict(fuse_qkv=True),
+                                     dict(residual_norm=True, fuse_qkv=True)], ids=str)
+@pytest.mark.quick
+def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
+    """bf16 on CUDA, 3 layers: apply_tilewise with residual_norm (add_rms_norm's kernels, the hand-off)
+    and / or fuse_qkv (apply_rotary_qkv) against apply_tilewise without them: loss and every gradient
+    within bf16 noise."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=3, vocab_size=1000)
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train())
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), **fusions)
+    ids = torch.randint(0, 1000, (2, 333), device="cuda")
+    lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
+    assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
+    lr.backward()
+    lo.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
+        assert rel < 3e-2, (n, rel.item())
 
 
 @pytest.mark.gpu

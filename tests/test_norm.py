@@ -162,6 +162,114 @@ def test_gpu_forward_backward(shape, dtype, mode, monkeypatch):
         assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name}: relative error {err:.3g}"
 
 
+ADD_SHAPES = [(37, 100), (2, 3, 1000), (5, 1), (3, 2049), (3, 9000), (0, 64)]
+
+
+@pytest.mark.parametrize("shape", ADD_SHAPES, ids=str)
+@pytest.mark.parametrize("mode", N.MODES)
+@pytest.mark.parametrize("uses", ["both", "y", "s"])
+def test_triton_interpreter_add_rms_norm(shape, mode, uses):
+    """fp32 in the interpreter against the float64 reference: y and the sum; the gradients of x,
+    residual and weight when the loss uses y and s (the backward adds s's gradient in), y only, or s
+    only; the residual a strided slice."""
+    x, w = _inputs(shape, torch.float32, seed=sum(shape))
+    r = _inputs(shape, torch.float32, seed=sum(shape) + 1)[0]
+    wide = torch.zeros(*shape[:-1], shape[-1] + 5)
+    wide[..., 2:shape[-1] + 2] = r
+    rs = wide[..., 2:shape[-1] + 2]
+    xi, ri, wi = x.clone().requires_grad_(True), rs.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    xr, rr, wr = (t.double().requires_grad_(True) for t in (x, r, w))
+    y, s = tilewise.add_rms_norm(xi, ri, wi, 1e-6, mode=mode)
+    yr, sr = N.add_reference(xr, rr, wr, 1e-6, mode)
+    torch.testing.assert_close(y.double(), yr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s.double(), sr, rtol=1e-6, atol=1e-6)
+    gen = torch.Generator().manual_seed(1)
+    gy, gs = torch.randn(y.shape, generator=gen), torch.randn(s.shape, generator=gen)
+
+    def loss(a, b, dt):
+        return ((a * gy.to(dt)).sum() if uses != "s" else 0) + ((b * gs.to(dt)).sum() if uses != "y" else 0)
+
+    loss(y, s, torch.float32).backward()
+    loss(yr, sr, torch.float64).backward()
+    for name, a, b in (("x", xi, xr), ("residual", ri, rr)):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    if uses == "s":
+        assert wi.grad is None or not wi.grad.any()
+    else:
+        torch.testing.assert_close(wi.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_triton_interpreter_add_rms_norm_rounds_the_sum_as_the_model_does():
+    """bf16: s is x + residual rounded to bf16 (HF's ``residual + hidden_states``; within one rounding
+    here, the interpreter's float-to-bf16 conversion not being the GPU's, which the GPU test checks
+    bit for bit) and y the norm of that rounded s: rms_norm(s), bit for bit."""
+    x, w = _inputs((9, 130), torch.bfloat16, seed=4)
+    r = _inputs((9, 130), torch.bfloat16, seed=5)[0]
+    y, s = tilewise.add_rms_norm(x, r, w, 1e-5)
+    assert s.dtype == torch.bfloat16
+    torch.testing.assert_close(s.float(), (x.float() + r.float()), rtol=2 ** -7, atol=1e-6)
+    torch.testing.assert_close(y, tilewise.rms_norm(s, w, 1e-5), rtol=0, atol=0)
+
+
+def test_triton_interpreter_add_rms_norm_compiles():
+    x, w = _inputs((16, 48), torch.float32, seed=6)
+    r = _inputs((16, 48), torch.float32, seed=7)[0]
+    f = torch.compile(lambda a, b, c: [t * 2 for t in tilewise.add_rms_norm(a, b, c)], backend="aot_eager",
+                      fullgraph=True)
+    xi, ri, wi = (t.clone().requires_grad_(True) for t in (x, r, w))
+    y, s = f(xi, ri, wi)
+    (y.sum() + (s * s).sum()).backward()
+    xr, rr, wr = (t.clone().requires_grad_(True) for t in (x, r, w))
+    yr, sr = N.add_reference(xr, rr, wr)
+    (2 * yr.sum() + (4 * sr * sr).sum()).backward()
+    torch.testing.assert_close(y, 2 * yr, rtol=1e-5, atol=1e-5)
+    for a, b in ((xi, xr), (ri, rr), (wi, wr)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_add_rms_norm_rejects_bad_arguments():
+    x, w = _inputs((4, 8), torch.float32)
+    for r, msg in [(x[:, :5], "'residual' is \\(4, 5\\)"), (x.double(), "'residual' has dtype"),
+                   (x.half(), "'residual' is \\(4, 8\\) torch.float16"), ([1.0], "'residual' must be a torch.Tensor")]:
+        with pytest.raises(ValueError, match=msg):
+            tilewise.add_rms_norm(x, r, w)
+    with pytest.raises(ValueError, match="add_rms_norm: 'eps'"):
+        tilewise.add_rms_norm(x, x, w, -1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4097, 2048), (1000, 5120), (3, 7, 4096)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.quick(rotate="shape")
+def test_gpu_add_rms_norm(shape, dtype, monkeypatch):
+    """Against the fp32 reference at sizes not multiple of the launch tiles; outputs poisoned; the
+    loss uses y and s, so the backward's added gradient is checked."""
+    real_empty = torch.empty
+
+    def poisoned_empty(*a, **k):
+        t = real_empty(*a, **k)
+        return poison(t) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    x, w = _inputs(shape, dtype, seed=shape[0], device="cuda")
+    r = _inputs(shape, dtype, seed=shape[0] + 1, device="cuda")[0]
+    xi, ri, wi = (t.clone().requires_grad_(True) for t in (x, r, w))
+    y, s = N.add_rms_norm(xi, ri, wi, 1e-5)
+    assert torch.equal(s, x + r)
+    xr, rr, wr = (t.float().requires_grad_(True) for t in (x, r, w))
+    yr, sr = N.add_reference(xr, rr, wr, 1e-5)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(y.float(), yr, rtol=tol, atol=tol)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    gy, gs = (torch.randn(shape, device="cuda", generator=gen) for _ in range(2))
+    ((y.float() * gy).sum() + (s.float() * gs).sum()).backward()
+    ((yr * gy).sum() + (sr * gs).sum()).backward()
+    for name, a, b in (("dx", xi.grad, xr.grad), ("dresidual", ri.grad, rr.grad), ("dw", wi.grad, wr.grad)):
+        assert not torch.isnan(a).any(), name
+        err = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name}: relative error {err:.3g}"
+
+
 def test_triton_interpreter_strided_weight():
     """A weight that is a strided view (every other element, or expanded) reads as its values."""
     x, _ = _inputs((6, 40), torch.float32, seed=9)

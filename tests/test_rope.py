@@ -136,3 +136,93 @@ def test_gpu_forward_backward(shape, dtype):
     (rq * gq.float()).sum().add_((rk * gk.float()).sum()).backward()
     torch.testing.assert_close(qi.grad.float(), qr.grad, rtol=tol, atol=tol)
     torch.testing.assert_close(ki.grad.float(), kr.grad, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- apply_rotary_qkv
+
+
+def _qkv(B, S, Hq, Hk, D, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(B, S, (Hq + 2 * Hk) * D, generator=g, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 9, 4, 2, 8), (1, 5, 3, 3, 6), (2, 1, 2, 1, 4)], ids=str)
+@pytest.mark.parametrize("uses", ["all", "q"])
+def test_triton_interpreter_qkv_forward_backward(shape, uses):
+    """Against the float64 reference (the three column blocks, HF's RoPE on q and k): the outputs, each
+    (B, S, heads, D) in memory, and qkv's gradient with every output used or q alone."""
+    B, S, Hq, Hk, D = shape
+    qkv = _qkv(B, S, Hq, Hk, D, seed=S)
+    cos, sin = _llama3_cos_sin(B, S, D)
+    xi, xr = qkv.clone().requires_grad_(True), qkv.double().requires_grad_(True)
+    out = tilewise.apply_rotary_qkv(xi, cos, sin, Hq, Hk)
+    ref = R.qkv_reference(xr, cos.double(), sin.double(), Hq, Hk)
+    for o, r, h in zip(out, ref, (Hq, Hk, Hk)):
+        assert o.shape == (B, h, S, D) and o.transpose(1, 2).is_contiguous()
+        torch.testing.assert_close(o.double(), r, rtol=1e-5, atol=1e-5)
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(o.shape, generator=gen) for o in out]
+    n = 3 if uses == "all" else 1
+    sum((o * g).sum() for o, g in list(zip(out, grads))[:n]).backward()
+    sum((r * g.double()).sum() for r, g in list(zip(ref, grads))[:n]).backward()
+    torch.testing.assert_close(xi.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_interpreter_qkv_compiles():
+    qkv = _qkv(2, 7, 2, 1, 8, seed=8)
+    cos, sin = _llama3_cos_sin(1, 7, 8)
+    f = torch.compile(lambda x: [t * 2 for t in tilewise.apply_rotary_qkv(x, cos, sin, 2, 1)], backend="aot_eager",
+                      fullgraph=True)
+    xc, xr = qkv.clone().requires_grad_(True), qkv.clone().requires_grad_(True)
+    out = f(xc)
+    sum(o.sum() for o in out).backward()
+    ref = R.qkv_reference(xr, cos, sin, 2, 1)
+    sum((2 * r).sum() for r in ref).backward()
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, 2 * r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xc.grad, xr.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_qkv_rejects_bad_arguments():
+    qkv = _qkv(2, 5, 2, 1, 8)
+    cos, sin = _llama3_cos_sin(1, 5, 8)
+    for args, msg in [((qkv[..., :-1], cos, sin, 2, 1), "'qkv' has shape"),
+                      ((qkv[0], cos, sin, 2, 1), "'qkv' has shape"), ((qkv, cos, sin, 1, 2), "'qkv' has shape"),
+                      ((qkv, cos, sin, 0, 1), "'num_heads' must be"),
+                      ((qkv, cos, sin, 2, 1.0), "'num_kv_heads' must be"),
+                      ((qkv, cos[:, :4], sin, 2, 1), "apply_rotary_qkv: 'cos' has shape"),
+                      ((qkv.long(), cos, sin, 2, 1), "'qkv' has dtype")]:
+        with pytest.raises(ValueError, match=msg):
+            tilewise.apply_rotary_qkv(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 4097, 32, 8, 64), (1, 333, 24, 8, 128)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.quick(rotate="shape")
+def test_gpu_qkv_forward_backward(shape, dtype, monkeypatch):
+    """Against the fp32 reference at sizes not multiple of the launch tiles, outputs poisoned (an element
+    the kernel skips stays NaN); v equal to its column block bit for bit."""
+    from conftest import poison
+
+    real_empty = torch.empty
+    def poisoned_empty(*a, **k):
+        t = real_empty(*a, **k)
+        return poison(t) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    B, S, Hq, Hk, D = shape
+    qkv = _qkv(B, S, Hq, Hk, D, dtype, "cuda", seed=S)
+    cos, sin = _llama3_cos_sin(1, S, D, "cuda", dtype)
+    xi, xr = qkv.clone().requires_grad_(True), qkv.float().requires_grad_(True)
+    out = R.apply_rotary_qkv(xi, cos, sin, Hq, Hk)
+    ref = R.qkv_reference(xr, cos.float(), sin.float(), Hq, Hk)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.float(), r, rtol=tol, atol=tol)
+    assert torch.equal(out[2], R.qkv_reference(qkv, cos, sin, Hq, Hk)[2])
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    grads = [torch.randn(o.shape, device="cuda", generator=gen).to(dtype) for o in out]
+    sum((o.float() * g.float()).sum() for o, g in zip(out, grads)).backward()
+    sum((r * g.float()).sum() for r, g in zip(ref, grads)).backward()
+    torch.testing.assert_close(xi.grad.float(), xr.grad, rtol=tol, atol=tol)

@@ -37,8 +37,8 @@ _PUBLIC = {
     "ops.attention.api": ["flash_attention", "AttentionPolicy"],
     "ops.attention.varlen": ["flash_attention_varlen"],
     "ops.embedding.api": ["embedding"],
-    "ops.norm.api": ["rms_norm"],
-    "ops.rope.api": ["apply_rotary"],
+    "ops.norm.api": ["rms_norm", "add_rms_norm"],
+    "ops.rope.api": ["apply_rotary", "apply_rotary_qkv"],
     "nn.classifier": ["SentimentClassifier"],
 }
 _LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}

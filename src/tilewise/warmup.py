@@ -59,12 +59,16 @@ def _backward(y) -> None:
 
 
 def _pointwise_cuda(dtype: str) -> None:
-    """vector_add, elementwise map / zip (one NVRTC module per dtype holds every version), reduce
-    and masked_mean, forward and backward."""
+    """vector_add, elementwise map / zip, reduce and masked_mean, forward and backward; first every
+    kernel of elementwise.cu and reduce.cu for the dtype, each file as one module (a first call
+    without this compiles only the kernels it launches: runtime/lazy.py)."""
     import torch
 
     import tilewise as tw
+    from .ops.pointwise import elementwise, reduce
 
+    for m in (elementwise, reduce):
+        m._module(_dt(dtype), torch.cuda.current_device()).compile_all()
     tw.vector_add(_rand(4096, dtype), _rand(4096, dtype))
     x, row = _rand((256, 1024), dtype, grad=True), _rand(1024, dtype, grad=True)
     other = _rand((1024, 256), dtype, grad=True)
@@ -119,7 +123,9 @@ def _embedding() -> None:
     import torch
 
     import tilewise as tw
+    from .ops.embedding import api
 
+    api._module(torch.cuda.current_device()).compile_all()  # every kernel, one module (runtime/lazy.py)
     for dtype in FLOATS:
         w = _rand((1000, 64), dtype, grad=True)
         for id_dtype in (torch.int64, torch.int32):
@@ -136,8 +142,12 @@ def _rowwise() -> None:
     import torch
 
     import tilewise as tw
+    from .ops.rowwise import cluster
     from .ops.rowwise.cross_entropy import MAX_FUSED, check_targets, cross_entropy_capturable
 
+    dev = torch.cuda.current_device()
+    if cluster._cc_ok(dev):
+        cluster._module(dev).compile_all()  # every cluster kernel, one module (runtime/lazy.py)
     for dtype in FLOATS:
         for shape in ((64, 1000), (8, 65536)):
             for fn in (tw.softmax, tw.log_softmax):

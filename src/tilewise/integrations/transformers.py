@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import torch
 
@@ -46,8 +47,9 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from .. import settings
 from ..nn.layers import RMSNorm, SwiGLU
+from ..ops.norm.api import add_rms_norm
 from ..ops.attention.api import flash_attention
-from ..ops.rope.api import apply_rotary
+from ..ops.rope.api import apply_rotary, apply_rotary_qkv
 from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
 from ..ops.rope.api import reference as rope_reference
 
@@ -217,8 +219,114 @@ def _keep_hidden(state: dict):
     return hook
 
 
+def _decoder_forward(layer, nxt):
+    """A pre-norm decoder layer's forward (Llama's, Mistral's, Qwen2's, Qwen3's: norm, attention, add,
+    norm, MLP, add) with its residual adds inside ``add_rms_norm``: the attention's add with
+    post_attention_layernorm, the MLP's with ``nxt``'s norm. ``nxt``: (the module that runs next, its
+    input norm): the next layer and its input_layernorm, or the model's final norm after the last
+    layer; None: the MLP's add stays an add. The next module gets (sum, normed sum) as a hand-off and
+    uses it when its input is that sum (``_handoff_input``). Under gradient checkpointing or
+    torch.compile the MLP's add stays an add (the normed sum would cross the checkpoint's boundary)."""
+
+    def forward(self, hidden_states, **kwargs):
+        h = _handoff_input(self, hidden_states, self.input_layernorm)
+        h, _ = self.self_attn(hidden_states=h, **kwargs)
+        norm = self.post_attention_layernorm
+        h, residual = add_rms_norm(h, hidden_states, norm.weight, norm.variance_epsilon)
+        h = self.mlp(h)
+        if nxt is None or (self.training and getattr(self, "gradient_checkpointing", False)) or \
+                torch.compiler.is_compiling():
+            return residual + h
+        y, s = add_rms_norm(h, residual, nxt[1].weight, nxt[1].variance_epsilon)
+        nxt[0].__dict__["_tilewise_handoff"] = (s, y)  # a plain attribute: no module registration
+        return s
+
+    return types.MethodType(forward, layer)
+
+
+def _handoff_input(module, hidden_states, norm):
+    """``norm(hidden_states)``, or the normed sum the previous layer handed to ``module`` for it."""
+    handoff = None if torch.compiler.is_compiling() else module.__dict__.pop("_tilewise_handoff", None)
+    if handoff is not None and handoff[0] is hidden_states:
+        return handoff[1]
+    return norm(hidden_states)
+
+
+def _takes_handoff(norm) -> None:
+    """The model's final norm, made to take the last layer's hand-off (per instance: its class, its
+    parameters and its state-dict keys stay as they are)."""
+    if "_tilewise_own_forward" in norm.__dict__:
+        return
+    own = norm.forward
+    norm.__dict__["_tilewise_own_forward"] = own
+    norm.forward = types.MethodType(lambda self, hidden_states: _handoff_input(self, hidden_states, own), norm)
+
+
+def _fuse_residual_norms(model, family: str) -> None:
+    base = getattr(model, "model", model)
+    layers = list(getattr(base, "layers", ()))
+    if not layers or any(type(m).__name__.lower() != f"{family}decoderlayer" for m in layers):
+        raise ValueError(f"apply_tilewise: residual_norm=True needs {family} decoder layers in "
+                         f"'{type(base).__name__}.layers'")
+    final = getattr(base, "norm", None)
+    if final is not None:
+        _takes_handoff(final)
+    for i, layer in enumerate(layers):
+        nxt = (layers[i + 1], layers[i + 1].input_layernorm) if i + 1 < len(layers) else \
+            ((final, final) if final is not None else None)
+        layer.forward = _decoder_forward(layer, nxt)
+
+
+_CACHES = ("past_key_values", "past_key_value", "cache")  # the KV cache's keyword, by transformers version
+
+
+def _interface(module):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    impl = module.config._attn_implementation
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
+        return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)
+    return eager if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def _fused_qkv_forward(attn):
+    """A Llama / Mistral / Qwen2 attention's forward with q, k and v from one projection GEMM (the three
+    weights concatenated each call: 12 MiB a layer at Llama-3.2-1B's size) and ``apply_rotary_qkv``
+    (RoPE and the three attention inputs in one kernel; one input gradient, so one dX GEMM and no sums
+    of three). A call with a KV cache runs the original forward, with a warning in training mode, where
+    transformers builds a cache unless ``use_cache=False`` (the model's config or the call)."""
+    original = attn.forward
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        if position_embeddings is None or any(kwargs.get(n) is not None for n in _CACHES):
+            if self.training and not self.__dict__.get("_tilewise_warned"):
+                self.__dict__["_tilewise_warned"] = True
+                warnings.warn("apply_tilewise(fuse_qkv=True): a training forward was given a KV cache, so the "
+                              "model's own attention ran (unfused); set model.config.use_cache = False for "
+                              "training", stacklevel=2)
+            return original(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                            **kwargs)
+        for n in (*_CACHES, "cache_position"):  # consumed by the original forward, not passed on
+            kwargs.pop(n, None)
+        p = (self.q_proj, self.k_proj, self.v_proj)
+        bias = torch.cat([m.bias for m in p]) if p[0].bias is not None else None
+        qkv = torch.nn.functional.linear(hidden_states, torch.cat([m.weight for m in p]), bias)
+        heads, kv_heads = p[0].out_features // self.head_dim, p[1].out_features // self.head_dim
+        q, k, v = apply_rotary_qkv(qkv, *position_embeddings, heads, kv_heads)
+        # Qwen2 keeps its layer's window on the module, Mistral on the config, Llama has none
+        window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
+        dropout = self.attention_dropout if self.training else 0.0
+        out, weights = _interface(self)(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
+                                        sliding_window=window, **kwargs)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+    return types.MethodType(forward, attn)
+
+
 def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
-                   swiglu: bool = True, loss: bool = True) -> torch.nn.Module:
+                   swiglu: bool = True, loss: bool = True, residual_norm: bool = False,
+                   fuse_qkv: bool = False) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
@@ -234,6 +342,17 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                as one ``tilewise.linear_cross_entropy`` (no (tokens, vocab) logits; the output's logits
                then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, or a call
                with ``logits_to_keep``, runs the model's own head and loss.
+    residual_norm: each decoder layer's residual adds go into ``tilewise.add_rms_norm`` with the norm
+               that follows them (the next layer's input norm, or the model's final norm), so neither
+               add nor the sums of the residual stream's gradients runs as a kernel of its own. The
+               layers' and the final norm's forwards are replaced per instance (parameters and
+               state-dict keys unchanged). Off by default: not yet measured on a GPU.
+    fuse_qkv:  each attention's q, k and v come from one GEMM over the concatenated weights, through
+               ``tilewise.apply_rotary_qkv`` (Llama, Mistral, Qwen2; Qwen3's q / k norms sit between
+               the projections and RoPE, so it raises there). Parameters and state-dict keys unchanged;
+               calls with a KV cache (generation) run the model's own forward, so train with
+               ``use_cache=False`` (transformers builds a cache otherwise; a warning says so). Off by
+               default: not yet measured on a GPU.
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
@@ -255,6 +374,16 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
             setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj))
     if rope:
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
+    if residual_norm:
+        _fuse_residual_norms(model, family)
+    if fuse_qkv:
+        if family == "qwen3":
+            raise ValueError("apply_tilewise: fuse_qkv=True does not apply to Qwen3 (its q / k norms come between "
+                             "the projections and RoPE); pass fuse_qkv=False")
+        for _, _, attn in _children(model, "Attention", (family,)):
+            if "_tilewise_qkv" not in attn.__dict__:
+                attn.forward = _fused_qkv_forward(attn)
+                attn.__dict__["_tilewise_qkv"] = True
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
         state = {"keep": False}
         model.model.register_forward_hook(_keep_hidden(state))

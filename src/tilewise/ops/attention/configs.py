@@ -60,9 +60,11 @@ DQ = _tiles({32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2), 256
 # dQ that also stores dS for the bias gradient: the extra store spills 128 x 64 at D = 128
 # (tuning: "Deterministic backward tiles").
 DQ_BIAS = _tiles({**DQ, 128: (128, 32, 8, 2)})
-# The atomic backward (head dims <= ATOMIC_MAX_D): 64 x 128 spills a few cold registers at D = 128 yet
-# ran fastest, ptxas' spill count is not the cost (tuning: "Atomic backward tiles").
-ATOMIC = _tiles({32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2)})
+# The atomic backward (head dims <= ATOMIC_MAX_D): 64 x 128 spills a few cold registers yet ran fastest,
+# ptxas' spill count is not the cost (tuning: "Atomic backward tiles"). D = 128 here is fp32 alone
+# (2-byte inputs take ATOMIC_2BYTE): its ieee dots are FMAs, and 64 x 128's build took 156 s on the
+# H200's host, 32 x 64 x 8 warps' 14 s against 109 s on the CI host (tuning: "fp32 atomic build time").
+ATOMIC = _tiles({32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (32, 64, 8, 2)})
 # 2-byte inputs at D = 128 fit 3 stages, which ran faster than two (tuning: "Atomic backward tiles").
 ATOMIC_2BYTE = _tiles({128: (64, 128, 8, 3)})
 # + the dS store: spill-free 64 x 64 at D = 64; at D = 128 nothing tried is spill-free, the

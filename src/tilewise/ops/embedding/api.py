@@ -54,6 +54,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from ...runtime.lazy import LazyModule, load_lazy
 from .._checks import runs_reference
 from .configs import BLOCK_SCAN, BLOCK_SCAN_DEFAULT, BLOCK_SCAN_EXTRA, ONE_BLOCK_SORT, SCAN, SCAN_ROWS_PER_BLOCK, \
     SCAN_THREADS, SHMEM_OPT_IN, SORT_MAX_IDS, TORCH_SORT, backward_path, block_scan_config, block_scan_shmem, \
@@ -124,8 +125,9 @@ def module_names(extra: bool = False) -> list[str]:
 
 
 @functools.cache
-def _module(device_index: int, extra: bool = False) -> rt.Module:
-    return rt.load(_SRC, module_names(extra), device_index=device_index)
+def _module(device_index: int, extra: bool = False) -> LazyModule:
+    # each kernel compiled on its first use (runtime.cuda.LazyModule): a step launches 2-4 of the 41
+    return load_lazy(_SRC, module_names(extra), device_index=device_index)
 
 
 _kernels: dict[tuple, rt.Kernel] = {}

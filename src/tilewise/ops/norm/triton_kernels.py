@@ -1,7 +1,11 @@
 """RMSNorm's Triton kernels: y = w * cast(x * rstd) (Llama: the normalized row cast to x's dtype, then
 times the weight) or cast((offset + w) * x * rstd) (Gemma, offset 1), rstd = 1 / sqrt(mean(x^2) + eps),
 accumulated in fp32. Persistent programs walk blocks of ROWS rows; the backward leaves one fp32
-partial sum of dW per program, reduced afterwards in a fixed order (deterministic)."""
+partial sum of dW per program, reduced afterwards in a fixed order (deterministic).
+
+HAS_RESIDUAL (``add_rms_norm``): the forward normalizes s = x + r, rounded to x's dtype as a model's
+``residual + hidden_states`` is, and stores s; HAS_DS: the backward adds the gradient s gets from its
+other use (the residual stream) into dx, so no separate add runs in either direction."""
 
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ def _row_block(rb, M, cmask, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset,
-                         BLOCK: tl.constexpr, ROWS: tl.constexpr, CAST_FIRST: tl.constexpr):
+def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset, R, S, stride_r, stride_s,
+                         BLOCK: tl.constexpr, ROWS: tl.constexpr, CAST_FIRST: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     cmask = cols < N
@@ -27,6 +32,11 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset,
     for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
         x = tl.load(X + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            x = (x + tl.load(R + r64 * stride_r + cols[None, :], mask=m, other=0.0).to(tl.float32)).to(
+                S.dtype.element_ty)
+            tl.store(S + r64 * stride_s + cols[None, :], x, mask=m)
+            x = x.to(tl.float32)
         rstd = tl.math.rsqrt(tl.sum(x * x, 1) / N + eps)
         xh = x * rstd[:, None]
         if CAST_FIRST:  # as HF's LlamaRMSNorm: weight * hidden.to(input_dtype)
@@ -36,8 +46,8 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, M, N, stride_x, stride_y, eps, offset,
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, stride_dy, stride_x, stride_dx, offset,
-                         BLOCK: tl.constexpr, ROWS: tl.constexpr, CAST_FIRST: tl.constexpr):
+def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, stride_dy, stride_x, stride_dx, offset, DS, stride_ds,
+                         BLOCK: tl.constexpr, ROWS: tl.constexpr, CAST_FIRST: tl.constexpr, HAS_DS: tl.constexpr):
     # dxh = dy * w; dx = rstd * (dxh - xh * mean(dxh * xh)); this program's dW = sum of dy * xh
     # (xh cast to x's dtype first with CAST_FIRST, as the forward multiplied it).
     pid = tl.program_id(0)
@@ -53,6 +63,8 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, stride_dy, stride_x, stri
         xh = x * rstd[:, None]
         dxh = dy * w[None, :]
         dx = rstd[:, None] * (dxh - xh * (tl.sum(dxh * xh, 1) / N)[:, None])
+        if HAS_DS:
+            dx += tl.load(DS + r64 * stride_ds + cols[None, :], mask=m, other=0.0).to(tl.float32)
         tl.store(DX + r64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m)
         if CAST_FIRST:
             xh = xh.to(X.dtype.element_ty).to(tl.float32)

@@ -36,6 +36,7 @@ import torch
 
 from ...cost import Cost
 from ...runtime import cuda as rt
+from ...runtime.lazy import LazyModule, load_lazy
 from .._checks import runs_reference
 from .configs import COLUMNS_DEFAULT, COLUMNS_VERSION, ColumnsConfig
 from .layout import check_inputs, collapse, compiling, layout_tensor, layout_words, out_tensor
@@ -71,9 +72,9 @@ def _mm_name(kind, dtype, ltype):
 
 
 @functools.cache
-def _module(dtype: torch.dtype, device_index: int) -> rt.Module:
-    # One module per dtype with every kernel of reduce.cu: one NVRTC run.
-    return rt.load(_SRC, module_names(dtype), device_index=device_index)
+def _module(dtype: torch.dtype, device_index: int) -> LazyModule:
+    # Each kernel of reduce.cu compiled on its first use (runtime.cuda.LazyModule).
+    return load_lazy(_SRC, module_names(dtype), device_index=device_index)
 
 
 def module_names(dtype: torch.dtype) -> list[str]:
@@ -243,7 +244,7 @@ def _v5_kernel(functor, dtype, dev, cfg):
     k = _kernels.get(key)
     if k is None:
         mod = _module(dtype, dev)
-        if name not in mod.compiled.symbol_mapping:  # a config outside the package module: Sum and Max
+        if name not in mod:  # a config outside the package module: Sum and Max
             columns_prepare(dtype, [replace(cfg, waves=1, min_rows=1, fold="pass")], ("Sum", "Max"), dev)
             return _kernels[key]
         k = _kernels[key] = mod.kernel(name, _v5_params(dtype))

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ...runtime import cuda as rt
+from ...runtime.lazy import LazyModule, load_lazy
 from .configs import CONFIGS, EXTRA_BF16, EXTRA_FP32, ONE_EXP_CONFIGS, PIPE_KINDS, SHMEM_LIMIT, TMA_CONFIGS, \
     TMA_DEFAULT, capacity, max_row, one_exp_default, pick, pipe_configs, pipe_shmem, tma_shmem
 
@@ -82,7 +83,13 @@ def unsupported_reason(*ts: torch.Tensor, kind: str = "fwd") -> str | None:
 
 
 @functools.cache
-def _module(device_index: int) -> rt.Module:
+def _module(device_index: int) -> LazyModule:
+    # each kernel compiled on its first use (runtime/lazy.py): all 77 at once take ~13 s on the CI host
+    return load_lazy(_SRC, module_names(), device_index=device_index)
+
+
+def module_names() -> list[str]:
+    """Every kernel of cluster.cu the launchers use (duplicates dropped, first kept)."""
     names = []
     for (kind, size), cfgs in CONFIGS.items():
         types = ("__nv_bfloat16", "__half") if size == 2 else ("float",)
@@ -104,7 +111,7 @@ def _module(device_index: int) -> rt.Module:
             names.append(f"{_NAMES[kind + '_tma']}<__nv_bfloat16,{cl},{nt},{ch},{st},{mb}>")
         cl, nt, ch, st, mb = TMA_DEFAULT[(kind, size)]
         names.append(f"{_NAMES[kind + '_tma']}<__half,{cl},{nt},{ch},{st},{mb}>")
-    return rt.load(_SRC, list(dict.fromkeys(names)), device_index=device_index)
+    return list(dict.fromkeys(names))
 
 
 def _params(kind: str, dtype: torch.dtype):
