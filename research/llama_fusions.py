@@ -49,167 +49,18 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tilewise.ops.norm.api import _programs, _rows
-from tilewise.ops.norm.configs import forward_launch_for, launch_for
-from tilewise.ops.norm.triton_kernels import _row_block
-from tilewise.ops.rope import triton_kernels as RK
-from tilewise.ops.rope.configs import launch_for as rope_launch_for
+import tilewise
+from tilewise import apply_rotary_qkv
 from tilewise.settings import triton_interpret
 from tilewise.runtime.triton_launch import launch as _launch
 
-# --------------------------------------------------------------------------- residual add + RMSNorm
-
-
-@triton.jit
-def _add_rms_norm_fwd_kernel(X, R, W, S, Y, RSTD, M, N, sx, sr, ss, sy, eps,
-                             BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    # s = x + r in the activations' dtype (as `residual + hidden_states`), then Llama's RMSNorm of s
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < N
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
-        x = tl.load(X + r64 * sx + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        r = tl.load(R + r64 * sr + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        s = (x + r).to(S.dtype.element_ty)
-        tl.store(S + r64 * ss + cols[None, :], s, mask=m)
-        s = s.to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(s * s, 1) / N + eps)
-        xh = (s * rstd[:, None]).to(S.dtype.element_ty).to(tl.float32)
-        tl.store(Y + r64 * sy + cols[None, :], (xh * w[None, :]).to(Y.dtype.element_ty), mask=m)
-        tl.store(RSTD + rows, rstd, mask=rmask)
-
-
-@triton.jit
-def _add_rms_norm_bwd_kernel(DY, DS, S, W, RSTD, DX, DW, M, N, sdy, sds, ss, sdx,
-                             BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_DS: tl.constexpr):
-    # dx = RMSNorm's input gradient + the sum's gradient from its other use (ds); one fp32 dW partial
-    # a program, summed afterwards in a fixed order
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < N
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK], tl.float32)
-    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows, rmask, r64, m = _row_block(rb, M, cmask, ROWS)
-        s = tl.load(S + r64 * ss + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(DY + r64 * sdy + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
-        xh = s * rstd[:, None]
-        dxh = dy * w[None, :]
-        dx = rstd[:, None] * (dxh - xh * (tl.sum(dxh * xh, 1) / N)[:, None])
-        if HAS_DS:
-            dx += tl.load(DS + r64 * sds + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(DX + r64 * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m)
-        dw += tl.sum(dy * xh.to(S.dtype.element_ty).to(tl.float32), 0)
-    tl.store(DW + pid.to(tl.int64) * BLOCK + cols, dw, mask=cmask)
-
-
-class _AddRMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        calls["add_norm"] += 1
-        x2, r2 = _rows(x), _rows(residual)
-        M, N = x2.shape
-        w = weight.contiguous()
-        s = torch.empty((M, N), dtype=x.dtype, device=x.device)
-        y = torch.empty((M, N), dtype=torch.promote_types(w.dtype, x.dtype), device=x.device)
-        rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
-        L = forward_launch_for(N)
-        _launch(_add_rms_norm_fwd_kernel, (_programs(M, L, x.get_device()),), x2, r2, w, s, y, rstd, M, N,
-                x2.stride(0), r2.stride(0), s.stride(0), y.stride(0), float(eps),
-                BLOCK=L.BLOCK, ROWS=L.ROWS, num_warps=L.warps)
-        ctx.save_for_backward(s, w, rstd)
-        ctx.shape = x.shape
-        return y.view(x.shape), s.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy, ds):
-        s, w, rstd = ctx.saved_tensors
-        M, N = s.shape
-        if dy is None:
-            dy = torch.zeros_like(s)
-        dy2 = _rows(dy)
-        ds2 = _rows(ds) if ds is not None else dy2
-        dx = torch.empty((M, N), dtype=s.dtype, device=s.device)
-        L = launch_for(N)
-        P = _programs(M, L, s.get_device())
-        part = torch.empty((P, L.BLOCK), dtype=torch.float32, device=s.device)
-        _launch(_add_rms_norm_bwd_kernel, (P,), dy2, ds2, s, w, rstd, dx, part, M, N,
-                dy2.stride(0), ds2.stride(0), s.stride(0), dx.stride(0),
-                BLOCK=L.BLOCK, ROWS=L.ROWS, HAS_DS=ds is not None, num_warps=L.warps)
-        dx = dx.view(ctx.shape)
-        return dx, dx, part[:, :N].sum(0).to(w.dtype), None
+# The residual add + RMSNorm and the q / k / v RoPE are the library's (tilewise.add_rms_norm,
+# tilewise.apply_rotary_qkv); the patches below only wire them into the decoder.
 
 
 def add_rms_norm(x, residual, weight, eps):
-    """(RMSNorm(x + residual) Llama-style, x + residual), both (..., N); the sum in x's dtype."""
-    return _AddRMSNorm.apply(x, residual, weight, eps)
-
-
-# --------------------------------------------------------------------------- q, k, v: one GEMM, one RoPE
-
-
-def _rope_launch(q, k, qo, ko, cos, sin, backward):
-    # q, k, qo, ko: (B, H, S, D) views of any strides with unit last stride
-    B, Hq, S, D = q.shape
-    Hk = k.shape[1]
-    if cos.shape[0] != B:
-        cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
-    cos, sin = cos.contiguous(), sin.contiguous()
-    L = rope_launch_for(Hq, Hk, D // 2)
-    _launch(RK._rope_kernel, (B * S,), q, k, qo, ko, cos, sin, S, Hq, Hk, D // 2,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-            S * D, D, HB=L.HB, DB=L.DB, BACKWARD=backward, num_warps=L.warps)
-
-
-def _heads(t, B, S, H, D):
-    return t.unflatten(-1, (H, D)).transpose(1, 2)  # (B, S, H * D)-strided columns -> (B, H, S, D)
-
-
-class _QKVRope(torch.autograd.Function):
-    """qkv (B, S, (H + 2 Hkv) D), the fused projection's output -> RoPE'd q (B, H, S, D), k and v
-    (B, Hkv, S, D), each a (B, S, heads, D) buffer of its own (what the attention reads in place).
-    Backward writes dq, dk (rotated back) and dv into one gradient of qkv's layout."""
-
-    @staticmethod
-    def forward(ctx, qkv, cos, sin, H, Hkv, D):
-        B, S, _ = qkv.shape
-        nq, nk = H * D, Hkv * D
-        q_in = _heads(qkv[..., :nq], B, S, H, D)
-        k_in = _heads(qkv[..., nq:nq + nk], B, S, Hkv, D)
-        qo = torch.empty((B, S, H, D), dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
-        ko = torch.empty((B, S, Hkv, D), dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
-        _rope_launch(q_in, k_in, qo, ko, cos, sin, False)
-        v = qkv[..., nq + nk:].reshape(B, S, Hkv, D).contiguous().transpose(1, 2)  # sequence-major, read in place
-        ctx.save_for_backward(cos, sin)
-        ctx.dims = (H, Hkv, D)
-        return qo, ko, v
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        cos, sin = ctx.saved_tensors
-        H, Hkv, D = ctx.dims
-        B, _, S, _ = dq.shape
-        nq, nk = H * D, Hkv * D
-        g = torch.empty((B, S, nq + 2 * nk), dtype=dq.dtype, device=dq.device)
-        dq = dq if dq.stride(-1) == 1 else dq.contiguous()
-        dk = dk if dk.stride(-1) == 1 else dk.contiguous()
-        _rope_launch(dq, dk, _heads(g[..., :nq], B, S, H, D), _heads(g[..., nq:nq + nk], B, S, Hkv, D),
-                     cos, sin, True)
-        _heads(g[..., nq + nk:], B, S, Hkv, D).copy_(dv)
-        return g, None, None, None, None, None
-
-
-def _rope_reference(qkv, cos, sin, H, Hkv, D):
-    from tilewise.ops.rope.api import reference
-
-    B, S, _ = qkv.shape
-    nq, nk = H * D, Hkv * D
-    q, k = reference(_heads(qkv[..., :nq], B, S, H, D), _heads(qkv[..., nq:nq + nk], B, S, Hkv, D), cos, sin)
-    return q, k, _heads(qkv[..., nq + nk:], B, S, Hkv, D)
+    calls["add_norm"] += 1
+    return tilewise.add_rms_norm(x, residual, weight, eps)
 
 
 def _attend(impl):
@@ -234,10 +85,7 @@ def _attention_forward(original):
         D = self.head_dim
         H, Hkv = self.q_proj.out_features // D, self.k_proj.out_features // D
         cos, sin = position_embeddings
-        if qkv.device.type == "cpu" and not triton_interpret():
-            q, k, v = _rope_reference(qkv, cos, sin, H, Hkv, D)
-        else:
-            q, k, v = _QKVRope.apply(qkv, cos, sin, H, Hkv, D)
+        q, k, v = apply_rotary_qkv(qkv, cos, sin, H, Hkv)
         dropout = self.attention_dropout if self.training else 0.0
         out, weights = _attend(self.config._attn_implementation)(self, q, k, v, attention_mask, dropout=dropout,
                                                                  scaling=self.scaling, **kwargs)
