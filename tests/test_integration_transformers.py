@@ -5,6 +5,7 @@ On the CPU the attention call is the fp32 reference (same keywords as flash_atte
 RoPE and SwiGLU run in Triton's interpreter; on the GPU every kernel is the real one."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -285,6 +286,29 @@ def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
     assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
 
 
+UNFUSED = dict(residual_norm=False, fuse_qkv=False)  # apply_tilewise without the two decoder fusions
+
+
+def test_fusions_are_on_by_default_where_they_apply(cpu_attention, monkeypatch):
+    """apply_tilewise's defaults fuse the residual adds and q / k / v for Llama (a training forward with
+    labels builds no KV cache, so the fused path runs, with no warning), and leave Qwen3's q / k / v
+    alone (its q / k norms sit before RoPE) without raising."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    qkv, norms = [], []
+    real_qkv, real_norm = tw_hf.apply_rotary_qkv, tw_hf.add_rms_norm
+    monkeypatch.setattr(tw_hf, "apply_rotary_qkv", lambda *a, **k: qkv.append(1) or real_qkv(*a, **k))
+    monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
+    model = tw_hf.apply_tilewise(_model(_config(num_hidden_layers=2), "sdpa").train())
+    ids = _ids(2, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = model(ids, labels=ids)
+    assert (len(qkv), len(norms)) == (2, 4) and out.past_key_values is None
+    qwen3 = tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"))
+    assert not any("_tilewise_qkv" in m.__dict__ for m in qwen3.modules())
+
+
 @pytest.mark.parametrize("family,checkpointing", [("llama", False), ("mistral", False), ("qwen2", False),
                                                    ("llama", True)])
 def test_residual_norm_matches_the_unfused_model(cpu_attention, monkeypatch, family, checkpointing):
@@ -298,10 +322,10 @@ def test_residual_norm_matches_the_unfused_model(cpu_attention, monkeypatch, fam
     real = tw_hf.add_rms_norm
     monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     config = _config(family, num_hidden_layers=3)
-    ref = tw_hf.apply_tilewise(_model(config, "sdpa").train())
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa").train(), **UNFUSED)
     ours = copy.deepcopy(ref)
     keys, params = list(ours.state_dict()), dict(ours.named_parameters())
-    tw_hf.apply_tilewise(ours, residual_norm=True)
+    tw_hf.apply_tilewise(ours, residual_norm=True, fuse_qkv=False)
     assert list(ours.state_dict()) == keys and all(p is params[n] for n, p in ours.named_parameters())
     if checkpointing:
         for m in (ref, ours):
@@ -336,7 +360,7 @@ def test_fuse_qkv_matches_the_unfused_model(cpu_attention, monkeypatch, family, 
     monkeypatch.setattr(tw_hf, "apply_rotary_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
     extra = dict(extra)
     both = extra.pop("both", False)
-    ref = tw_hf.apply_tilewise(_model(_config(family, num_hidden_layers=3, **extra), "sdpa").train())
+    ref = tw_hf.apply_tilewise(_model(_config(family, num_hidden_layers=3, **extra), "sdpa").train(), **UNFUSED)
     ours = copy.deepcopy(ref)
     keys, params = list(ours.state_dict()), dict(ours.named_parameters())
     tw_hf.apply_tilewise(ours, fuse_qkv=True, residual_norm=both)
@@ -352,7 +376,7 @@ def test_fuse_qkv_with_a_cache_runs_the_model_forward(cpu_attention, monkeypatch
     runs: the same tokens, the same loss; in training mode a warning says so, once a layer."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
-    ref = tw_hf.apply_tilewise(_model(_config(), "sdpa"))
+    ref = tw_hf.apply_tilewise(_model(_config(), "sdpa"), **UNFUSED)
     ours = tw_hf.apply_tilewise(copy.deepcopy(ref), fuse_qkv=True)
     ids = _ids(1, 6)
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -449,8 +473,8 @@ def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
                      num_hidden_layers=3, vocab_size=1000)
-    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train())
-    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), **fusions)
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train(), **UNFUSED)
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), **{**UNFUSED, **fusions})
     ids = torch.randint(0, 1000, (2, 333), device="cuda")
     lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())

@@ -183,7 +183,8 @@ def _fused_loss_forward(original, state: dict):
     ``linear_cross_entropy``: the base model's last hidden state is kept by a forward hook registered
     once (``state``; registering one per call would break torch.compile's graph), the original forward
     keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss (labels shifted
-    by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given)."""
+    by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given). Such a forward builds
+    no KV cache unless the call asks for one (``use_cache=True``) or passes one."""
 
     def forward(self, *args, labels=None, **kwargs):
         shift = kwargs.pop("shift_labels", None)
@@ -192,6 +193,9 @@ def _fused_loss_forward(original, state: dict):
                 kwargs["shift_labels"] = shift
             return original(self, *args, labels=labels, **kwargs)
         n_items = kwargs.pop("num_items_in_batch", None)
+        # a training step has no use for a KV cache, and with one the fused q / k / v path stands aside
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
+            kwargs.setdefault("use_cache", False)
         state["keep"] = True
         try:
             out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
@@ -325,8 +329,8 @@ def _fused_qkv_forward(attn):
 
 
 def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
-                   swiglu: bool = True, loss: bool = True, residual_norm: bool = False,
-                   fuse_qkv: bool = False) -> torch.nn.Module:
+                   swiglu: bool = True, loss: bool = True, residual_norm: bool = True,
+                   fuse_qkv: bool | None = None) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
@@ -346,13 +350,13 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                that follows them (the next layer's input norm, or the model's final norm), so neither
                add nor the sums of the residual stream's gradients runs as a kernel of its own. The
                layers' and the final norm's forwards are replaced per instance (parameters and
-               state-dict keys unchanged). Off by default: not yet measured on a GPU.
+               state-dict keys unchanged).
     fuse_qkv:  each attention's q, k and v come from one GEMM over the concatenated weights, through
-               ``tilewise.apply_rotary_qkv`` (Llama, Mistral, Qwen2; Qwen3's q / k norms sit between
-               the projections and RoPE, so it raises there). Parameters and state-dict keys unchanged;
-               calls with a KV cache (generation) run the model's own forward, so train with
-               ``use_cache=False`` (transformers builds a cache otherwise; a warning says so). Off by
-               default: not yet measured on a GPU.
+               ``tilewise.apply_rotary_qkv``. None (the default): on for Llama, Mistral and Qwen2, off
+               for Qwen3, whose q / k norms sit between the projections and RoPE (True raises there).
+               Parameters and state-dict keys unchanged; calls with a KV cache (generation) run the
+               model's own forward: a training forward with labels and ``loss`` builds none, other
+               training forwards warn unless called with ``use_cache=False``.
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
@@ -376,6 +380,8 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
     if residual_norm:
         _fuse_residual_norms(model, family)
+    if fuse_qkv is None:
+        fuse_qkv = family != "qwen3"
     if fuse_qkv:
         if family == "qwen3":
             raise ValueError("apply_tilewise: fuse_qkv=True does not apply to Qwen3 (its q / k norms come between "
