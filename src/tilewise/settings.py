@@ -99,6 +99,11 @@ def bench_llama_profile() -> bool:
     return _switch(BENCH_LLAMA_PROFILE, False)
 
 
+def triton_cache_override() -> str | None:
+    """TRITON_CACHE_DIR where set (Triton's own default otherwise; read without importing Triton)."""
+    return _text("TRITON_CACHE_DIR")
+
+
 def git_sha() -> str | None:
     return _text(GIT_SHA)
 

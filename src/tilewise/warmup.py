@@ -30,7 +30,7 @@ from typing import Sequence
 from . import settings
 from ._jobs import (STDERR_TAIL, TASK_TIMEOUT_S, Job, Result, Task, child_command, default_jobs,  # noqa: F401
                     jobs_for, run_job, run_jobs, triton_cache_dir)
-from .sst2.config import SST2_VOCAB
+from .sst2.config import CLASSIFIER_PARTS, SST2_VOCAB
 
 FLOATS = ("float32", "float16", "bfloat16")
 HALVES = ("bfloat16", "float16")
@@ -263,7 +263,6 @@ def _train_workload() -> None:
     torch.cuda.synchronize()
 
 
-CLASSIFIER_PARTS = ("embedding", "fc1", "head")
 
 
 def _classifier_part(part: str) -> None:

@@ -10,12 +10,21 @@
     checkpoint  the output directory's lock, checkpoints written atomically and loaded safely
     commands    the CLI's options and entry points; predict / evaluate a checkpoint
     step_bench  a training step apart from a run, for the train_step bench suite
+    prewarm     the kernels compiled in child processes while ``tilewise train`` starts up
 """
 
-from .checkpoint import CheckpointError, OutputDirError, load_checkpoint
-from .commands import evaluate_checkpoint, predict
-from .config import TrainConfig
-from .loop import evaluate, train
+import importlib
 
-__all__ = ["CheckpointError", "OutputDirError", "TrainConfig", "evaluate", "evaluate_checkpoint",
-           "load_checkpoint", "predict", "train"]
+# Names are imported on first use: the CLI reads its options and starts the kernels' background
+# compile (prewarm.py) before torch's import, which the modules behind these names need.
+_LAZY = {"CheckpointError": "checkpoint", "OutputDirError": "checkpoint", "load_checkpoint": "checkpoint",
+         "evaluate_checkpoint": "commands", "predict": "commands", "TrainConfig": "config",
+         "evaluate": "loop", "train": "loop"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,14 +15,16 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import torch
-
-from . import dataset, ddp, loop
-from .checkpoint import OutputDirError, load_checkpoint
+from .. import settings
+from . import prewarm
 from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
+
+# torch and the modules that need it are imported where used: `tilewise train` starts its background
+# compiles (prewarm.py) before the seconds of torch's import, not after them.
 
 # --------------------------------------------------------------------------- train
 
@@ -40,7 +42,7 @@ def _buckets(s: str) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     p.add_argument("--data-dir", default=None,
-                   help=f"directory with train.tsv/dev.tsv (default: ${dataset.ENV_DATA_DIR}, ./.data/sst2, the cache)")
+                   help=f"directory with train.tsv/dev.tsv (default: ${settings.SST2_DIR}, ./.data/sst2, the cache)")
     p.add_argument("--download", action="store_true", help="fetch SST-2 through Hugging Face datasets if not found")
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -79,10 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="at most this many steps per epoch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or messages")
     p.add_argument("--no-plot", action="store_true", help="do not write loss_curve.png")
+    p.add_argument("--no-prewarm", action="store_true",
+                   help="compile the kernels in the first step, not in background processes while the data loads")
 
 
 # The options that turn a TrainConfig field off: option dest -> field.
-_NEGATED = {"no_progress": "progress", "no_plot": "plot"}
+_NEGATED = {"no_progress": "progress", "no_plot": "plot", "no_prewarm": "prewarm"}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -144,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
     worker abort (SIGABRT while Python collected garbage at shutdown, no Python frame) after
     training in 2 of about 10 runs of the gloo test, which turned a finished run into a failure."""
     code = _main(args)
-    if ddp.world_size() > 1:
+    if settings.distributed()[0] > 1:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -154,9 +158,15 @@ def main(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    started = time.perf_counter()  # start-up counts torch's import, which follows
     _enable_crash_reports()
+    cfg = config_from_args(args)
+    pre = prewarm.start_early(cfg)  # before torch's import (the children import it alongside)
+    from . import dataset, loop
+    from .checkpoint import OutputDirError
+
     try:
-        m = loop.train(config_from_args(args))
+        m = loop.train(cfg, prewarm=pre, started=started)
     except (dataset.MissingDataError, ValueError, FileNotFoundError, OutputDirError) as e:
         Console(stderr=True, highlight=False).print(f"tilewise train: {e}", markup=False, soft_wrap=True)
         return 2
@@ -187,19 +197,24 @@ def _main(args: argparse.Namespace) -> int:
 LABELS = ("negative", "positive")
 
 
-@torch.no_grad()
 def predict(checkpoint: str | Path, sentences: Sequence[str], device: str = "auto",
             backend: str = "auto") -> list[tuple[str, float]]:
     """(class name, its probability) for each sentence (whitespace-tokenized, lower-cased)."""
+    import torch
+
+    from . import dataset
+    from .checkpoint import load_checkpoint
+
     model, vocab, _ = load_checkpoint(checkpoint, device, backend)
     dev = next(model.parameters()).device
     split = dataset.Split("input", [s.lower().split() for s in sentences], [0] * len(sentences))
     enc = dataset.EncodedSplit(split, vocab)
     out = []
-    for b in enc.batches(256, device=dev):
-        probs = torch.softmax(model(b.ids, b.lengths).float(), -1)
-        p, k = probs.max(-1)
-        out += [(LABELS[int(i)], float(q)) for i, q in zip(k.tolist(), p.tolist())]
+    with torch.no_grad():
+        for b in enc.batches(256, device=dev):
+            probs = torch.softmax(model(b.ids, b.lengths).float(), -1)
+            p, k = probs.max(-1)
+            out += [(LABELS[int(i)], float(q)) for i, q in zip(k.tolist(), p.tolist())]
     return out
 
 
@@ -207,6 +222,9 @@ def evaluate_checkpoint(checkpoint: str | Path, data_dir: str | None = None, spl
                         device: str = "auto", backend: str = "auto") -> dict[str, float]:
     """Accuracy and mean loss of a checkpoint on a labelled split of SST-2. ``data_dir``: default the
     directory the checkpoint was trained from (its config's data_dir), else the usual search."""
+    from . import dataset, loop
+    from .checkpoint import load_checkpoint
+
     model, vocab, c = load_checkpoint(checkpoint, device, backend)
     if data_dir is None and c.get("data_dir") and Path(c["data_dir"]).is_dir():
         data_dir = c["data_dir"]

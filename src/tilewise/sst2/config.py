@@ -4,8 +4,10 @@ resolves to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: the CLI reads a TrainConfig before torch's import
+    import torch
 
 
 @dataclass
@@ -47,6 +49,7 @@ class TrainConfig:
     progress: bool = True
     max_steps: int | None = None       # stop each epoch after this many steps (tests, smoke runs)
     plot: bool = True                  # write loss_curve.png (matplotlib: ~0.5 s; sweeps turn it off)
+    prewarm: bool = True               # compile the kernels in child processes while the data loads (prewarm.py)
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -55,6 +58,9 @@ EVAL_BATCH_SIZE = 256
 # SST-2's training vocabulary at min_count 1: the embedding's rows wherever a run is stood in for
 # without the data (benches, warm-ups).
 SST2_VOCAB = 14819
+# The classifier's step split where its kernels are disjoint: `tilewise warmup`'s train.<part> tasks,
+# which `tilewise train` also runs in the background (prewarm.py).
+CLASSIFIER_PARTS = ("embedding", "fc1", "head")
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
@@ -84,6 +90,8 @@ def check_options(cfg: TrainConfig) -> None:
 
 def resolve_device_backend(cfg: TrainConfig) -> tuple[torch.device, str, list[str]]:
     """The device and backend to use, and notes to print. Raises ValueError on impossible asks."""
+    import torch
+
     notes = []
     has_cuda = torch.cuda.is_available()
     if cfg.device == "auto":

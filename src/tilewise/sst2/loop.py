@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -32,6 +32,9 @@ from .adamw import AdamW
 from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
                      resolve_device_backend)
 from .graph_step import GraphedStep
+
+if TYPE_CHECKING:
+    from .prewarm import Prewarm
 
 # --------------------------------------------------------------------------- schedule and weight average
 
@@ -241,7 +244,7 @@ def _console(cfg):
 # --------------------------------------------------------------------------- train
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | None = None) -> dict[str, Any]:
     """Train, evaluate each epoch, write metrics.json, loss_curve.png and checkpoint.pt in
     ``cfg.output_dir``; return the metrics. Under torchrun (``torchrun --nproc_per_node N -m
     tilewise train ...``) it trains data-parallel with DistributedDataParallel: each process takes
@@ -250,18 +253,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     ``metrics["startup"]``: ``setup_s``, seconds from this call to the first optimizer step's start
     (data, model, GloVe, graphs set up), and ``first_step_s``, that step's seconds with the device
-    synchronized (its compiles, autotuning and graph capture); None when no step ran."""
-    started = time.perf_counter()
-    cfg, dist, dist_notes = ddp.init_distributed(cfg)
+    synchronized (its compiles, autotuning and graph capture); None when no step ran. ``prewarm``:
+    the kernels' background compile the CLI started (``prewarm.start_early``), joined before the
+    first step. ``started``: the ``time.perf_counter()`` that ``setup_s`` counts from (the CLI's
+    start, before torch's import); default: this call."""
+    started = time.perf_counter() if started is None else started
+    try:
+        cfg, dist, dist_notes = ddp.init_distributed(cfg)
+    except BaseException:
+        if prewarm is not None:
+            prewarm.cancel()
+        raise
     try:
         with contextlib.ExitStack() as held:  # the output directory's lock
-            return _train(cfg, dist, dist_notes, held, started)
+            if prewarm is not None:  # a run that fails before its first step stops the children
+                held.callback(prewarm.cancel)
+            return _train(cfg, dist, dist_notes, held, started, prewarm)
     finally:
         ddp.shutdown(dist)
 
 
 def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack,
-           started: float) -> dict[str, Any]:
+           started: float, prewarm: Prewarm | None = None) -> dict[str, Any]:
     check_options(cfg)
     device, backend, notes = resolve_device_backend(cfg)
     if cfg.graph is None:  # auto: every op of the step is capturable, so a GPU replays graphs
@@ -324,6 +337,9 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         # lengths bound that to a few.
         buckets = default_buckets(cfg.max_len)
         notes.append(f"batches padded to the bucket lengths {buckets}")
+        con.print(notes[-1])
+    if prewarm is not None:  # the kernels' background compile (prewarm.py): joined before the first step
+        notes.append(prewarm.wait())
         con.print(notes[-1])
     graphed = GraphedStep(model, opt, cfg.batch_size, buckets, device) if cfg.graph else None
     fwd = ddp.wrap(model, dist, device)

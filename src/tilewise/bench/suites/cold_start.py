@@ -16,8 +16,8 @@ what a user would run instead, with its own fresh caches:
     train_100_steps          ``tilewise train --data-dir DIR --epochs 1 --max-steps 100
                              --embedding-init random`` (only when TILEWISE_SST2_DIR names the
                              data): the process's wall time, and the seconds to the end of its
-                             first step (the child's imports, torch's and the train command's
-                             included, + the ``startup`` that train records in metrics.json); the
+                             first step (the child's imports + the ``startup`` that train records
+                             in metrics.json, counted from the CLI's start: torch's import in it); the
                              tilewise backend with train's default optimizer (``tilewise_adamw``) vs
                              the torch backend with torch.optim's. Older rows that left torch's
                              import out say so in their shape (docs/design.md, "Start-up").
@@ -140,7 +140,7 @@ def _child_attention(backend: str, t0: float, extra: Sequence[str]) -> dict:
 
 def _child_train(backend: str, t0: float, extra: Sequence[str]) -> dict:
     from ... import cli
-    from ...sst2 import commands  # noqa: F401 - torch and the train command's imports, inside imports_s
+    from ...sst2 import commands  # noqa: F401 - the options (torch is imported in the run, inside setup_s)
 
     data_dir, out_dir = extra
     t_imp = time.perf_counter()
