@@ -289,10 +289,29 @@ def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
 UNFUSED = dict(residual_norm=False, fuse_qkv=False)  # apply_tilewise without the two decoder fusions
 
 
-def test_fusions_are_on_by_default_where_they_apply(cpu_attention, monkeypatch):
-    """apply_tilewise's defaults fuse the residual adds and q / k / v for Llama (a training forward with
-    labels builds no KV cache, so the fused path runs, with no warning), and leave Qwen3's q / k / v
-    alone (its q / k norms sit before RoPE) without raising."""
+def test_no_handoff_into_a_sharded_module(cpu_attention, monkeypatch):
+    """A next layer whose norm weight a sharding wrapper manages (FSDP's flattened views, DeepSpeed's
+    partitions, a freed storage) gets no hand-off: the MLP's add stays an add, and the loss and grads are
+    the unfused model's."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    calls = []
+    real = tw_hf.add_rms_norm
+    monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ref = tw_hf.apply_tilewise(_model(_config(num_hidden_layers=3), "sdpa").train(), **UNFUSED)
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), residual_norm=True, fuse_qkv=False)
+    ours.model.layers[1].input_layernorm.weight._fsdp_flattened = True
+    ours.model.layers[2].input_layernorm.weight.ds_id = 7
+    ids = _ids(2, 9)
+    lr, lo = ref(ids, labels=ids), ours(ids, labels=ids)
+    assert len(calls) == 3 + 1  # each layer's attention add, and only the last layer's hand-off (final norm)
+    _same_training(ref, ours, lr, lo, 1e-6, 1e-6)
+
+
+def test_default_fusions(cpu_attention, monkeypatch):
+    """apply_tilewise's defaults fuse q / k / v for Llama (a training forward with labels builds no KV
+    cache, so the fused path runs, with no warning), not the residual adds (opt-in), and leave Qwen3's
+    q / k / v alone (its q / k norms sit before RoPE) without raising."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     qkv, norms = [], []
@@ -304,7 +323,7 @@ def test_fusions_are_on_by_default_where_they_apply(cpu_attention, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         out = model(ids, labels=ids)
-    assert (len(qkv), len(norms)) == (2, 4) and out.past_key_values is None
+    assert (len(qkv), len(norms)) == (2, 0) and out.past_key_values is None
     qwen3 = tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"))
     assert not any("_tilewise_qkv" in m.__dict__ for m in qwen3.modules())
 
