@@ -8,7 +8,8 @@ in the elementwise group, fusable into RMSNorm), the lm head's chunk (43.9 -> 40
 in research/lce_chunk_sweep.py). Each variant here times the step with one of them removed or
 changed, in the same run as the baseline, so the next kernel work goes where the milliseconds are:
 
-    tilewise                   apply_tilewise(model), as the bench
+    tilewise                   apply_tilewise(model), as the bench (from 64d8770 its default fuses q / k / v)
+    tilewise, no fuse_qkv      apply_tilewise(model, fuse_qkv=False): the default before 64d8770
     tilewise, SDPA attention   apply_tilewise(model, attention=False): transformers' SDPA (cuDNN)
     decoder re-written         the decoder layer's forward as transformers writes it, through this
                                script's copy (the control for the next row)
@@ -17,11 +18,10 @@ changed, in the same run as the baseline, so the next kernel work goes where the
                                loss changes, so its check is skipped)
     lm head chunk 4096 rows    linear_cross_entropy with CHUNK_BYTES = 1 GiB (4,096 rows at V 128,256);
                                and 3,072 rows, the most under issue 31's 1.5 GiB by lce_chunk_sweep's slope
-    fused add_norm ... all     research/llama_fusions.py's patches on top of tilewise, one at a time
-                               and all together (each one's prediction is in that file's docstring)
-    tilewise + residual_norm   apply_tilewise(residual_norm=True), where research/patches/add-rms-norm.patch
-                               is applied (the library's version of "fused add_norm_next"); + fuse_qkv
-                               and both, where fuse-qkv.patch is applied too (the library's "fused qkv")
+    fused add_norm ... all     research/llama_fusions.py's patches on top of "tilewise, no fuse_qkv",
+                               one at a time and all together (predictions in that file's docstring)
+    tilewise + residual_norm   apply_tilewise(residual_norm=True): the library's "fused add_norm" and
+                               "fused add_norm_next" (opt-in since 09eb806)
     liger                      apply_liger_kernel_to_llama, for reference
 
 Prediction: SDPA attention -1.5 to -2 ms, no adds -3 to -5 ms, chunk 4096 -2 to -3 ms; together ~8
@@ -90,8 +90,10 @@ def variant(name, config, state, batches, groups=None):
     try:
         base = "hf_liger" if name == "liger" else "hf_sdpa"
         model, step_model, opt = L._build(base, config, state)  # a fresh config copy, weights loaded
-        if name.startswith("tilewise +"):  # research/patches/add-rms-norm.patch (and fuse-qkv.patch) applied
+        if name.startswith("tilewise +"):
             apply_tilewise(model, **{k: True for k in name.split("+")[1].split()})
+        elif name == "tilewise, no fuse_qkv" or name.startswith("fused "):  # the research qkv patch: not twice
+            apply_tilewise(model, fuse_qkv=False)
         elif name != "liger":
             apply_tilewise(model, attention=name != "tilewise, SDPA attention")
         if name.startswith("decoder"):
@@ -119,15 +121,15 @@ def main(argv=None):
     a = p.parse_args(argv)
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config, state, batches = L.inputs(B, S)
-    names = ["tilewise", "tilewise, SDPA attention", "decoder re-written", "decoder without adds",
-             "lm head chunk 3072 rows", "lm head chunk 4096 rows"] + [f"fused {v}" for v in F.VARIANTS]
-    names += ["tilewise + residual_norm", "tilewise + fuse_qkv", "tilewise + residual_norm fuse_qkv", "liger"]
+    names = ["tilewise", "tilewise, no fuse_qkv", "tilewise, SDPA attention", "decoder re-written",
+             "decoder without adds", "lm head chunk 3072 rows", "lm head chunk 4096 rows"]
+    names += [f"fused {v}" for v in F.VARIANTS] + ["tilewise + residual_norm", "liger"]
     rows, first, groups = {}, None, {}
     for name in names:
         try:
             rows[name] = variant(name, config, state, batches,
                                  groups if a.profile and name in ("tilewise", "fused all", "liger") else None)
-        except (ImportError, TypeError) as e:  # Liger's wheel not installed; apply_tilewise without residual_norm
+        except ImportError as e:  # Liger's wheel not installed
             print(f"{name}: not run ({type(e).__name__}: {e})", flush=True)
             continue
         ms, peak, loss0 = rows[name]
