@@ -263,8 +263,6 @@ def _train_workload() -> None:
     torch.cuda.synchronize()
 
 
-
-
 def _classifier_part(part: str) -> None:
     """One piece of the SST-2 classifier's step through the entry points its forward calls
     (nn/classifier.py), at every padded shape ``tilewise train`` runs with its default config:

@@ -194,7 +194,7 @@ def _fused_loss_forward(original, state: dict):
             return original(self, *args, labels=labels, **kwargs)
         n_items = kwargs.pop("num_items_in_batch", None)
         # a training step has no use for a KV cache, and with one the fused q / k / v path stands aside
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
+        if all(kwargs.get(n) is None for n in _CACHES):
             kwargs.setdefault("use_cache", False)
         state["keep"] = True
         try:

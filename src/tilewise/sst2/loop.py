@@ -260,17 +260,14 @@ def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | Non
     started = time.perf_counter() if started is None else started
     try:
         cfg, dist, dist_notes = ddp.init_distributed(cfg)
-    except BaseException:
-        if prewarm is not None:
-            prewarm.cancel()
-        raise
-    try:
-        with contextlib.ExitStack() as held:  # the output directory's lock
-            if prewarm is not None:  # a run that fails before its first step stops the children
-                held.callback(prewarm.cancel)
-            return _train(cfg, dist, dist_notes, held, started, prewarm)
+        try:
+            with contextlib.ExitStack() as held:  # the output directory's lock
+                return _train(cfg, dist, dist_notes, held, started, prewarm)
+        finally:
+            ddp.shutdown(dist)
     finally:
-        ddp.shutdown(dist)
+        if prewarm is not None:  # a run that failed before its first step stops the children (else: joined)
+            prewarm.cancel()
 
 
 def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack,

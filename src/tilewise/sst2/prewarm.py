@@ -56,9 +56,10 @@ def cuda_capability(ordinal: int = 0) -> tuple[int, int] | None:
 
 
 def _key(capability: tuple[int, int]) -> dict:
-    """What the caches' contents depend on, beside the kernels' sources (their version)."""
+    """What the caches' contents depend on, beside the kernels' sources (their version) and the kernel
+    cache itself (the marker is in it)."""
     return {"tilewise": __version__, "python": sys.executable, "capability": list(capability),
-            "cache": str(settings.cache_dir()), "triton_cache": settings.triton_cache_override()}
+            "triton_cache": settings.triton_cache_override()}
 
 
 def marker_path() -> Path:
@@ -80,14 +81,12 @@ def _ordinal(device: str) -> int | None:
     return int(idx) if head == "cuda" and idx.isdigit() else None
 
 
-def skip_reason(cfg: TrainConfig, world: int, capability: tuple[int, int] | None) -> str | None:
-    """Why a run of this config should not compile in the background, or None when it should."""
+def _config_reason(cfg: TrainConfig, world: int) -> str | None:
+    """``skip_reason``'s part that needs no device (checked before the driver is probed)."""
     if not cfg.prewarm:
         return "--no-prewarm"
     if cfg.backend == "torch":
         return "the torch backend compiles no tilewise kernels"
-    if capability is None:
-        return "no CUDA device"
     if world > 1:
         return "under torchrun"
     if settings.triton_interpret():
@@ -96,9 +95,17 @@ def skip_reason(cfg: TrainConfig, world: int, capability: tuple[int, int] | None
     differ = [f for f in KERNEL_FIELDS if getattr(cfg, f) != getattr(default, f)]
     if differ:
         return f"the tasks compile the default run's shapes; {', '.join(differ)} differ"
-    if _warmed(_key(capability)):
-        return "an earlier run warmed the kernel caches"
     return None
+
+
+def skip_reason(cfg: TrainConfig, world: int, capability: tuple[int, int] | None) -> str | None:
+    """Why a run of this config should not compile in the background, or None when it should."""
+    why = _config_reason(cfg, world)
+    if why is None and capability is None:
+        why = "no CUDA device"
+    if why is None and _warmed(_key(capability)):
+        why = "an earlier run warmed the kernel caches"
+    return why
 
 
 class Prewarm:
@@ -153,11 +160,12 @@ class Prewarm:
 
 def start_early(cfg: TrainConfig) -> Prewarm | None:
     """The running tasks, or None where ``skip_reason`` gives one. Imports neither torch nor Triton."""
-    if not cfg.prewarm or cfg.backend == "torch":  # before probing the driver
+    world = settings.distributed()[0]
+    if _config_reason(cfg, world) is not None:  # before probing the driver
         return None
     ordinal = _ordinal(cfg.device)
     capability = cuda_capability(ordinal) if ordinal is not None else None
-    if skip_reason(cfg, settings.distributed()[0], capability) is not None:
+    if skip_reason(cfg, world, capability) is not None:
         return None
     names = [f"train.{part}" for part in CLASSIFIER_PARTS]  # warmup.py's tasks, each in a child
     return Prewarm([Job(n, tuple(child_command(n))) for n in names], _key(capability))

@@ -126,7 +126,7 @@ def module_names(extra: bool = False) -> list[str]:
 
 @functools.cache
 def _module(device_index: int, extra: bool = False) -> LazyModule:
-    # each kernel compiled on its first use (runtime.cuda.LazyModule): a step launches 2-4 of the 41
+    # each kernel compiled on its first use (runtime/lazy.py): a step launches 2-4 of the 41
     return load_lazy(_SRC, module_names(extra), device_index=device_index)
 
 

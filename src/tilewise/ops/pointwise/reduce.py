@@ -73,7 +73,7 @@ def _mm_name(kind, dtype, ltype):
 
 @functools.cache
 def _module(dtype: torch.dtype, device_index: int) -> LazyModule:
-    # Each kernel of reduce.cu compiled on its first use (runtime.cuda.LazyModule).
+    # Each kernel of reduce.cu compiled on its first use (runtime/lazy.py).
     return load_lazy(_SRC, module_names(dtype), device_index=device_index)
 
 
