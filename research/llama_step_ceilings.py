@@ -70,12 +70,12 @@ def _decoder_forward(adds: bool):
 def _chunk_bytes(n):
     from tilewise.ops.rowwise import linear_cross_entropy as lce
 
-    old = lce.CHUNK_BYTES
-    lce.CHUNK_BYTES = n
+    old = lce.chunk_rows_for
+    lce.chunk_rows_for = lambda N, H, V, dtype, need=None: min(N, n // (V * dtype.itemsize))
     try:
         yield
     finally:
-        lce.CHUNK_BYTES = old
+        lce.chunk_rows_for = old
 
 
 def variant(name, config, state, batches, groups=None):

@@ -310,8 +310,9 @@ def test_no_handoff_into_a_sharded_module(cpu_attention, monkeypatch):
 
 def test_default_fusions(cpu_attention, monkeypatch):
     """apply_tilewise's defaults fuse q / k / v for Llama (a training forward with labels builds no KV
-    cache, so the fused path runs, with no warning), not the residual adds (opt-in), and leave Qwen3's
-    q / k / v alone (its q / k norms sit before RoPE) without raising."""
+    cache, so the fused path runs, with no warning) and the residual adds (two per layer: the attention's,
+    and the MLP's into the next norm or the final one), and leave Qwen3's q / k / v alone (its q / k
+    norms sit before RoPE) without raising."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     qkv, norms = [], []
@@ -323,7 +324,7 @@ def test_default_fusions(cpu_attention, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         out = model(ids, labels=ids)
-    assert (len(qkv), len(norms)) == (2, 0) and out.past_key_values is None
+    assert (len(qkv), len(norms)) == (2, 4) and out.past_key_values is None
     qwen3 = tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"))
     assert not any("_tilewise_qkv" in m.__dict__ for m in qwen3.modules())
 

@@ -118,9 +118,19 @@ def test_cpu_tensors_outside_the_interpreter_run_the_reference(monkeypatch):
 
 
 def test_chunk_rows_for():
-    assert L.chunk_rows_for(16384, 128256, torch.bfloat16) == 1024
-    assert L.chunk_rows_for(100, 128256, torch.bfloat16) == 100
-    assert L.chunk_rows_for(16384, 10 ** 7, torch.float32) == 128
+    bf16 = torch.bfloat16
+    # Llama-3.2-1B's head (H 2048): dx 64 MiB + dW 501 MiB leave 971 MiB, 3,969 rows -> 3,072
+    assert L.chunk_rows_for(16384, 2048, 128256, bf16) == 3072
+    # issue 31's shape (H 4096): dx 128 + dW 1002 MiB leave 406 MiB -> the 256 MiB floor, 1,024 rows
+    assert L.chunk_rows_for(16384, 4096, 128256, bf16) == 1024
+    assert L.chunk_rows_for(16384, 2048, 128256, bf16, (False, False, False)) == 4096  # no gradients held
+    assert L.chunk_rows_for(16384, 2048, 128256, bf16, (True, True, True)) == 3072
+    assert L.chunk_rows_for(100, 2048, 128256, bf16) == 100
+    assert L.chunk_rows_for(16384, 64, 10 ** 7, torch.float32) == 128
+    assert L.chunk_rows_for(16384, 2048, 32000, bf16) == 4096  # the floor: 256 MiB is 4,096 rows here
+    for N, H, V in ((16384, 2048, 128256), (16384, 4096, 128256), (8192, 1024, 65536)):
+        rows = L.chunk_rows_for(N, H, V, bf16)
+        assert rows % 128 == 0 and (rows * V * 2 + N * H * 2 + V * H * 2 <= 3 << 29 or rows * V * 2 <= 256 << 20)
 
 
 # ---- GPU --------------------------------------------------------------------------------------------
@@ -158,7 +168,7 @@ def test_gpu_memory_stays_below_the_logits():
     loss = L.linear_cross_entropy(x, w, t)
     loss.backward()
     peak = torch.cuda.max_memory_allocated() - base
-    chunk = L.chunk_rows_for(N, V, torch.bfloat16) * V * 2
+    chunk = L.chunk_rows_for(N, H, V, torch.bfloat16) * V * 2
     assert peak <= x.numel() * 2 + w.numel() * 2 + chunk + (4 << 20), peak
     assert peak < N * V * 2
 

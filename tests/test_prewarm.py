@@ -47,9 +47,10 @@ def test_skip_reason(cache, change, world, cap, want):
 def test_interpreter_and_marker_skip(cache, monkeypatch):
     cfg = TrainConfig()
     assert prewarm.skip_reason(cfg, 1, CAP) is None
-    p = prewarm.Prewarm([_job("a", "pass"), _job("b", "pass")], prewarm._key(CAP))
+    p = prewarm.Prewarm([_job("a", 'print("warming"); print(\'{"task": "a", "seconds": 1.25}\')'),
+                         _job("b", "pass")], prewarm._key(CAP))
     note = p.wait()
-    assert note.startswith("kernels compiled in the background: 2 tasks")
+    assert note.startswith("kernels compiled in the background: 2 tasks") and "the longest, a, 1.2 s" in note
     assert json.loads((cache / prewarm.MARKER).read_text()) == prewarm._key(CAP)
     assert "earlier run" in prewarm.skip_reason(cfg, 1, CAP)
     assert prewarm.skip_reason(cfg, 1, (8, 0)) is None  # another GPU: the marker's key differs
@@ -89,7 +90,7 @@ def test_a_run_that_fails_before_its_first_step_stops_the_children(cache, tmp_pa
 def test_the_background_tasks_are_warmups_tasks():
     from tilewise import warmup
 
-    assert [t.name for t in warmup.CLASSIFIER_TASKS] == [f"train.{p}" for p in prewarm.CLASSIFIER_PARTS]
+    assert [t.name for t in warmup.CLASSIFIER_TASKS] == [n for n, _, _ in prewarm.classifier_tasks()]
 
 
 def test_start_early_on_a_cpu_config_starts_nothing(cache):

@@ -41,7 +41,8 @@ def test_the_table_names_only_families_that_exist():
     # (the classifier's pieces share the machine: each holds one piece's small GEMMs; the whole step after them)
     assert all(t.alone for t in warmup.families()["gemm"])
     assert [t.name for t in warmup.WORKLOAD_TASKS if t.alone] == ["train"]
-    assert {t.name for t in warmup.WORKLOAD_TASKS if not t.alone} == {"train.embedding", "train.fc1", "train.head"}
+    assert {t.name for t in warmup.WORKLOAD_TASKS if not t.alone} == {
+        "train.embedding", *(f"train.{p}.{T}" for p in ("fc1", "head") for T in (16, 32, 64))}
     assert not any(t.alone for t in warmup.families()["transpose"])
 
 
@@ -162,10 +163,14 @@ def test_warmup_train_workload(tmp_path):
 
 
 def test_the_classifier_pieces_name_their_parts():
-    assert [t.name for t in warmup.CLASSIFIER_TASKS] == ["train.embedding", "train.fc1", "train.head"]
+    assert [t.name for t in warmup.CLASSIFIER_TASKS] == [
+        "train.embedding", "train.fc1.16", "train.fc1.32", "train.fc1.64", "train.head.16", "train.head.32",
+        "train.head.64"]
     assert list(warmup.CLASSIFIER_TASKS) == [t for t in warmup.WORKLOAD_TASKS if t.name.startswith("train.")]
     with pytest.raises(ValueError, match="part must be one of"):
         warmup._classifier_part("fc3")
+    with pytest.raises(ValueError, match="bucket must be one of"):
+        warmup._classifier_part("fc1", 48)
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ from typing import Sequence
 from . import settings
 from ._jobs import (STDERR_TAIL, TASK_TIMEOUT_S, Job, Result, Task, child_command, default_jobs,  # noqa: F401
                     jobs_for, run_job, run_jobs, triton_cache_dir)
-from .sst2.config import CLASSIFIER_PARTS, SST2_VOCAB
+from .sst2.config import CLASSIFIER_PARTS, SST2_VOCAB, TrainConfig, classifier_tasks, default_buckets
 
 FLOATS = ("float32", "float16", "bfloat16")
 HALVES = ("bfloat16", "float16")
@@ -243,7 +243,7 @@ def _train_workload() -> None:
 
     from .nn import functional as twf
     from .sst2 import step_bench
-    from .sst2.config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
+    from .sst2.config import EVAL_BATCH_SIZE
 
     cfg = TrainConfig()
     dev = torch.device("cuda")
@@ -263,18 +263,22 @@ def _train_workload() -> None:
     torch.cuda.synchronize()
 
 
-def _classifier_part(part: str) -> None:
+def _classifier_part(part: str, bucket: int | None = None) -> None:
     """One piece of the SST-2 classifier's step through the entry points its forward calls
-    (nn/classifier.py), at every padded shape ``tilewise train`` runs with its default config:
-    training batches forward and backward, evaluation batches forward. The pieces' kernels are
-    disjoint, so three processes compile (and the GEMMs autotune) side by side what one step would
-    do in turn. part: "embedding", "fc1" (linear + ReLU), "head" (pooling, output layer, loss)."""
+    (nn/classifier.py), at every padded shape ``tilewise train`` runs with its default config
+    (``bucket``: those of that length only): training batches forward and backward, evaluation
+    batches forward. The pieces' kernels are disjoint, so processes compile (and the GEMMs autotune)
+    side by side what one step would do in turn. part: "embedding", "fc1" (linear + ReLU), "head"
+    (pooling, output layer, loss)."""
     if part not in CLASSIFIER_PARTS:
         raise ValueError(f"_classifier_part: part must be one of {CLASSIFIER_PARTS}, got {part!r}")
+    if bucket is not None and bucket not in default_buckets(TrainConfig().max_len):
+        raise ValueError(f"_classifier_part: bucket must be one of {default_buckets(TrainConfig().max_len)}, "
+                         f"got {bucket!r}")
     import torch
 
     from .nn import functional as twf
-    from .sst2.config import EVAL_BATCH_SIZE, TrainConfig, default_buckets
+    from .sst2.config import EVAL_BATCH_SIZE
 
     cfg, dev = TrainConfig(), torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -286,6 +290,8 @@ def _classifier_part(part: str) -> None:
     w_emb, w1, b1, w2, b2 = rand(V, E), rand(H, E), rand(H), rand(2, H), rand(2)
     buckets = default_buckets(cfg.max_len)
     shapes = [(cfg.batch_size, T, True) for T in buckets] + [(EVAL_BATCH_SIZE, T, False) for T in buckets]
+    if bucket is not None:
+        shapes = [s for s in shapes if s[1] == bucket]
     for B, T, grad in shapes:
         with torch.set_grad_enabled(grad):
             if part == "embedding":
@@ -305,10 +311,11 @@ def _classifier_part(part: str) -> None:
 
 # The train workload's pieces: the classifier's step split where the kernels are disjoint, so their
 # compiles run side by side before the whole step (``train``) compiles whatever they missed.
+_PART_WHAT = {"embedding": "embedding", "fc1": "first layer + ReLU", "head": "pooling, output, loss"}
 CLASSIFIER_TASKS: tuple[Task, ...] = tuple(
-    Task(f"train.{part}", "train", f"the classifier's {what} at the default run's shapes",
-         partial(_classifier_part, part))
-    for part, what in (("embedding", "embedding"), ("fc1", "first layer + ReLU"), ("head", "pooling, output, loss")))
+    Task(name, "train", f"the classifier's {_PART_WHAT[part]} at the default run's "
+         + ("shapes" if bucket is None else f"length-{bucket} shapes"), partial(_classifier_part, part, bucket))
+    for name, part, bucket in classifier_tasks())
 
 
 FAMILY_TASKS: tuple[Task, ...] = (

@@ -346,7 +346,7 @@ def _fused_qkv_forward(attn):
 
 
 def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
-                   swiglu: bool = True, loss: bool = True, residual_norm: bool = False,
+                   swiglu: bool = True, loss: bool = True, residual_norm: bool = True,
                    fuse_qkv: bool | None = None) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
@@ -368,8 +368,7 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                add nor the sums of the residual stream's gradients runs as a kernel of its own. The
                layers' and the final norm's forwards are replaced per instance (parameters and
                state-dict keys unchanged). Where a sharding wrapper (FSDP, DeepSpeed ZeRO-3) holds the
-               next layer, its add stays an add. Off by default until that guard has run on a GPU
-               (its measured share of the Llama step: docs/tuning/norm.md).
+               next layer, its add stays an add (its measured share of the Llama step: docs/tuning/norm.md).
     fuse_qkv:  each attention's q, k and v come from one GEMM over the concatenated weights, through
                ``tilewise.apply_rotary_qkv``. None (the default): on for Llama, Mistral and Qwen2, off
                for Qwen3, whose q / k norms sit between the projections and RoPE (True raises there).

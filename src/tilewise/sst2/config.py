@@ -61,6 +61,9 @@ SST2_VOCAB = 14819
 # The classifier's step split where its kernels are disjoint: `tilewise warmup`'s train.<part> tasks,
 # which `tilewise train` also runs in the background (prewarm.py).
 CLASSIFIER_PARTS = ("embedding", "fc1", "head")
+# Parts split further, one task a bucket length: their GEMMs autotune per shape (the embedding's kernels
+# do not depend on the length).
+PER_BUCKET_PARTS = ("fc1", "head")
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
@@ -113,3 +116,11 @@ def resolve_device_backend(cfg: TrainConfig) -> tuple[torch.device, str, list[st
     if cfg.graph and device.type != "cuda":
         raise ValueError("--graph captures CUDA graphs and needs a CUDA device")
     return device, backend, notes
+
+
+def classifier_tasks() -> tuple[tuple[str, str, int | None], ...]:
+    """(task name, part, bucket length or None for all) of the classifier's warm-up tasks at the
+    default run's shapes: ``train.embedding``, then ``train.<part>.<T>`` for each bucket T."""
+    buckets = default_buckets(TrainConfig().max_len)
+    return (("train.embedding", "embedding", None),) + tuple(
+        (f"train.{p}.{T}", p, T) for p in PER_BUCKET_PARTS for T in buckets)

@@ -29,7 +29,7 @@ from typing import IO, Sequence
 from .. import __version__, settings
 from .._files import write_atomic
 from .._jobs import STDERR_TAIL, TASK_TIMEOUT_S, Job, child_command
-from .config import CLASSIFIER_PARTS, TrainConfig
+from .config import TrainConfig, classifier_tasks
 
 # The TrainConfig fields the tasks' shapes follow (their defaults are what the tasks compile for).
 KERNEL_FIELDS = ("batch_size", "embed_dim", "hidden", "max_len", "buckets")
@@ -117,9 +117,9 @@ class Prewarm:
         env = settings.child_environment()
         self._procs: list[tuple[str, subprocess.Popen, IO[bytes]]] = []
         for job in jobs:
-            err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child never blocks on it
+            err = tempfile.TemporaryFile()  # files, not pipes: a chatty child never blocks on them
             self._procs.append((job.name, subprocess.Popen(list(job.argv), env=env, stdin=subprocess.DEVNULL,
-                                                           stdout=subprocess.DEVNULL, stderr=err), err))
+                                                           stdout=err, stderr=err), err))
 
     def cancel(self) -> None:
         """Stop the children (the run failed before its first step)."""
@@ -132,7 +132,7 @@ class Prewarm:
     def wait(self) -> str:
         """Join the children; a line for the run's notes. Writes the marker when every task passed."""
         t_wait = time.perf_counter()
-        failed = []
+        failed, seconds = [], {}
         for name, p, err in self._procs:
             try:
                 code = p.wait(timeout=max(0.0, self._t0 + self._timeout - time.perf_counter()))
@@ -140,9 +140,12 @@ class Prewarm:
                 p.kill()
                 p.wait()
                 code = "timed out"
-            if code != 0:
-                err.seek(0)
-                lines = err.read()[-STDERR_TAIL:].decode(errors="replace").strip().splitlines()
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+            if code == 0:
+                seconds[name] = _task_seconds(text)
+            else:
+                lines = text[-STDERR_TAIL:].strip().splitlines()
                 failed.append(f"{name}: {code if code == 'timed out' else f'exit status {code}'}"
                               + (f", {lines[-1]}" if lines else ""))
             err.close()
@@ -154,8 +157,22 @@ class Prewarm:
             write_atomic(marker_path(), json.dumps(self._key).encode())
         except OSError:  # a read-only cache: the next run warms again
             pass
-        return f"kernels compiled in the background: {len(self._procs)} tasks in {now - self._t0:.1f} s, " \
+        slowest = max(seconds, key=lambda n: seconds[n] or 0.0, default=None)
+        longest = f" (the longest, {slowest}, {seconds[slowest] or 0.0:.1f} s after its imports)" if slowest else ""
+        return f"kernels compiled in the background: {len(self._procs)} tasks in {now - self._t0:.1f} s{longest}, " \
                f"{now - t_wait:.1f} s of it waited for"
+
+
+def _task_seconds(output: str) -> float | None:
+    """The seconds a warmup child prints for its task (one JSON line), or None."""
+    for line in reversed(output.splitlines()):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("seconds"), (int, float)):
+            return float(d["seconds"])
+    return None
 
 
 def start_early(cfg: TrainConfig) -> Prewarm | None:
@@ -167,5 +184,5 @@ def start_early(cfg: TrainConfig) -> Prewarm | None:
     capability = cuda_capability(ordinal) if ordinal is not None else None
     if skip_reason(cfg, world, capability) is not None:
         return None
-    names = [f"train.{part}" for part in CLASSIFIER_PARTS]  # warmup.py's tasks, each in a child
+    names = [name for name, _, _ in classifier_tasks()]  # warmup.py's tasks, each in a child
     return Prewarm([Job(n, tuple(child_command(n))) for n in names], _key(capability))

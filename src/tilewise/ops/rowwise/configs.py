@@ -18,6 +18,27 @@ import torch
 
 from ...runtime import cuda as rt
 
+# --------------------------------------------------------------------------- linear_cross_entropy's chunk
+
+# Rows of logits a chunk: as many as the op's memory beyond its inputs allows (dx, dW, db and one chunk:
+# issue 31's 1.5 GiB at N 16384, H 4096, V 128256), in 1,024-row steps up to 4,096 (8,192 measured no
+# faster), never under 256 MiB of logits (the old fixed chunk). docs/tuning/rowwise.md, "Chunk size sweep".
+LCE_EXTRA_BYTES = 3 << 29
+LCE_MIN_CHUNK_BYTES = 256 << 20
+LCE_ROW_STEP, LCE_MAX_ROWS = 1024, 4096
+
+
+def lce_chunk_rows(N: int, H: int, V: int, itemsize: int, dx: bool = True, dw: bool = True,
+                   db: bool = False) -> int:
+    """Rows a chunk for N rows of H against a (V, H) head of ``itemsize``-byte elements, with the
+    gradients asked for (dx: N x H, dW: V x H, db: V fp32) held beside the chunk."""
+    row = max(1, V * itemsize)
+    held = (N * H * itemsize if dx else 0) + (V * H * itemsize if dw else 0) + (V * 4 if db else 0)
+    least = max(128, (LCE_MIN_CHUNK_BYTES // row) // 128 * 128)
+    fits = max(0, LCE_EXTRA_BYTES - held) // row // LCE_ROW_STEP * LCE_ROW_STEP
+    return min(max(least, min(LCE_MAX_ROWS, fits)), max(1, N))
+
+
 # --------------------------------------------------------------------------- Triton kernels
 
 MAX_FUSED = 16384  # longest row v2_fused keeps in registers (32 fp32 values per thread at 16 warps)

@@ -22,10 +22,8 @@ import torch
 from ... import settings
 from ...cost import Cost
 from .._checks import runs_reference
-from .configs import MAX_FUSED
+from .configs import MAX_FUSED, lce_chunk_rows
 from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
-
-CHUNK_BYTES = 256 << 20  # one chunk's logits; ~1k rows of a 128k vocabulary in bf16
 
 
 def reference(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, softcap=None):
@@ -46,10 +44,10 @@ def cost(N: int, H: int, V: int, dtype: torch.dtype = torch.bfloat16) -> Cost:
     return Cost(6.0 * N * V * H, e * (3 * (N * H + V * H) + 4 * N * V + N * H + V * H))
 
 
-def chunk_rows_for(N: int, V: int, dtype: torch.dtype) -> int:
-    """Rows a chunk: CHUNK_BYTES of logits, a multiple of 128 (whole GEMM tiles), at least 128."""
-    rows = max(128, (CHUNK_BYTES // max(1, V * dtype.itemsize)) // 128 * 128)
-    return min(rows, max(1, N))
+def chunk_rows_for(N: int, H: int, V: int, dtype: torch.dtype, need=(True, True, False)) -> int:
+    """Rows a chunk (configs.lce_chunk_rows): the largest the memory budget allows beside the
+    gradients in ``need`` (dx, dW, db), a multiple of 128 (whole GEMM tiles)."""
+    return lce_chunk_rows(N, H, V, dtype.itemsize, *(bool(n) for n in need))
 
 
 def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap=None, cpu=False):
@@ -106,7 +104,7 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     dw = torch.zeros_like(weight) if need[1] else None
     db = torch.zeros(V, device=dev, dtype=torch.float32) if need[2] else None
     grad = any(need)
-    step = chunk_rows or chunk_rows_for(N, V, x2.dtype)
+    step = chunk_rows or chunk_rows_for(N, H, V, x2.dtype, need)
     # One chunk buffer for every chunk: a new tensor a chunk held two at the peak (the next product is
     # allocated before the last one is freed; 1631 MiB beyond the inputs at N 16384, H 4096, V 128256).
     buf = torch.empty(min(step, N), V, device=dev, dtype=x2.dtype)
@@ -217,7 +215,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     bias:       optional (V,).
     reduction:  "mean" (over the rows that count; NaN when none does) or "sum".
     label_smoothing: in [0, 1], as ``cross_entropy``.
-    chunk_rows: rows a chunk (default ``chunk_rows_for``: 256 MiB of logits).
+    chunk_rows: rows a chunk (default ``chunk_rows_for``: up to 4,096 within 1.5 GiB beyond the inputs).
     softcap:    None, or c > 0: the logits become c * tanh(logits / c) before the loss (Gemma 2's
                 ``final_logit_softcapping``); costs a chunk-sized fp32 buffer and two passes a chunk.
     Returns the loss, a 0-dim float32 tensor (as transformers' loss), differentiable in x, weight and bias; the
