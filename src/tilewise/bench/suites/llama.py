@@ -6,6 +6,9 @@ bf16, AdamW: tokens / s and peak memory for
     hf_liger         Liger-Kernel's apply_liger_kernel_to_llama (when its wheel is carried)
     hf_tilewise      tilewise.integrations.transformers.apply_tilewise (attention, RMSNorm, RoPE,
                      SwiGLU, the fused lm head + loss); its row's baseline: the fastest of the others
+    hf_tilewise_sdpa_attn  apply_tilewise(attention=False): the same with SDPA's attention (cuDNN's
+                     on the H200), what our attention costs or saves in the step (full runs); its
+                     baseline as hf_tilewise's
 
 Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary
 128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
@@ -39,6 +42,7 @@ from ...cost import Cost
 from ..harness import check, device_slug
 
 WARMUP, STEPS, PROFILED = 3, 10, 2
+OURS = ("hf_tilewise", "hf_tilewise_sdpa_attn")  # rows that name a baseline: the fastest of the others
 
 # First match wins: a kernel's name (lower case) -> its group in the step's device-time table.
 KERNEL_GROUPS = (
@@ -129,10 +133,10 @@ def _build(name, config, state, device="cuda"):
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama(model=model)
-    elif name == "hf_tilewise":
+    elif name in OURS:
         from ...integrations.transformers import apply_tilewise
 
-        apply_tilewise(model)
+        apply_tilewise(model, attention=name == "hf_tilewise")
     model.train()
     step_model = torch.compile(model) if name == "hf_compile" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.device(device).type == "cuda")
@@ -161,7 +165,8 @@ def run(r) -> None:
         return
     config = _config(r.quick)
     cases = [(2, 2048)] if r.quick else [(4, 4096), (1, 16384)]
-    names = ["hf_sdpa"] + ([] if r.quick else ["hf_compile"]) + ["hf_tilewise", "hf_liger"]
+    names = ["hf_sdpa"] + ([] if r.quick else ["hf_compile"]) + ["hf_tilewise", "hf_liger"] + (
+        [] if r.quick else ["hf_tilewise_sdpa_attn"])
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
@@ -203,10 +208,10 @@ def run(r) -> None:
             for line in group_table(groups):
                 r.log(line)
         # Only ours names a baseline: the fastest of what a user would otherwise run, in the same run.
-        others = {n: ms for n, ms in times.items() if n != "hf_tilewise"}
+        others = {n: ms for n, ms in times.items() if n not in OURS}
         best = min(others, key=others.get) if others else ""
         for name, ms in times.items():
-            base = best if name == "hf_tilewise" else ""
+            base = best if name in OURS else ""
             r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S), baseline=base,
                   baseline_ms=others.get(base) if base else None)
     out_dir = getattr(r, "out_dir", None)
@@ -293,7 +298,7 @@ def _plot(results, path):
     except ImportError:
         return None
     shapes = sorted({s for s, _ in results})
-    names = [n for n in ("hf_sdpa", "hf_compile", "hf_liger", "hf_tilewise") if any(k[1] == n for k in results)]
+    names = [n for n in ("hf_sdpa", "hf_compile", "hf_liger", *OURS) if any(k[1] == n for k in results)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(1, len(names))
     for j, (ax, what, scale, label) in enumerate(((axes[0], 0, 1e3, "tokens / s (thousands)"),
