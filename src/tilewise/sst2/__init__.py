@@ -3,6 +3,7 @@
 
     config      TrainConfig, its checks, the device and backend a run resolves to
     dataset     SST-2 TSV files, the vocabulary, padded (bucketed) batches, word dropout
+    datacache   the vocabulary and encoded splits kept on disk between runs (start-up)
     glove       GloVe 6B 50-d vectors for a vocabulary (the optional ``glove`` extra)
     loop        train(): the epoch and step loop, the lr schedule, the weight average, evaluation
     graph_step  one training step captured in a CUDA graph per batch shape

@@ -301,18 +301,45 @@ class EncodedSplit:
     def __init__(self, split: Split, vocab: Vocab, max_len: int | None = None):
         if max_len is not None and max_len < 1:
             raise ValueError(f"EncodedSplit: max_len must be >= 1, got {max_len}")
-        self.name = split.name
         seqs = [vocab.encode(s)[:max_len] if max_len else vocab.encode(s) for s in split.tokens]
-        n = len(seqs)
-        self.lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
-        L = int(self.lengths.max()) if n else 1
+        self._set(split.name, torch.tensor([i for s in seqs for i in s], dtype=torch.int64),
+                  torch.tensor([len(s) for s in seqs], dtype=torch.int64),
+                  torch.tensor(split.labels, dtype=torch.int64))
+
+    def _set(self, name: str, flat: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor) -> None:
+        self.name = name
+        self.lengths = lengths
+        L = int(lengths.max()) if lengths.numel() else 1
         # One flat tensor scattered under a length mask: building (n, L) from nested lists took 0.5 s of
         # a run's start-up for SST-2's training split.
-        flat = torch.tensor([i for s in seqs for i in s], dtype=torch.int64)
-        self.padded = torch.full((n, L), Vocab.pad_id, dtype=torch.int64)
-        self.padded[torch.arange(L) < self.lengths[:, None]] = flat
-        self.labels = torch.tensor(split.labels, dtype=torch.int64)
+        self.padded = torch.full((lengths.numel(), L), Vocab.pad_id, dtype=torch.int64)
+        self.padded[torch.arange(L) < lengths[:, None]] = flat
+        self.labels = labels
         self._on = {}  # device -> (padded, lengths, labels) copies
+
+    @classmethod
+    def from_ids(cls, name: str, flat: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
+                 vocab_size: int) -> "EncodedSplit":
+        """A split from its sentences' ids end to end (``flat``), their ``lengths`` and 0 / 1 ``labels``
+        (as ``ids()`` gives them; ``datacache`` stores them). ValueError on anything inconsistent: ids
+        outside the vocabulary, a length under 1, lengths that do not sum to the ids, other labels."""
+        flat, lengths, labels = (torch.as_tensor(t).to(torch.int64) for t in (flat, lengths, labels))
+        if flat.dim() != 1 or lengths.dim() != 1 or labels.shape != lengths.shape:
+            raise ValueError(f"EncodedSplit.from_ids: need 1-D ids, lengths and labels of one length; got "
+                             f"{tuple(flat.shape)}, {tuple(lengths.shape)}, {tuple(labels.shape)}")
+        if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.sum()) != flat.numel()):
+            raise ValueError("EncodedSplit.from_ids: every length must be >= 1 and the lengths must sum to the ids")
+        if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < vocab_size):
+            raise ValueError(f"EncodedSplit.from_ids: ids outside the vocabulary of {vocab_size}")
+        if labels.numel() and not bool(((labels == 0) | (labels == 1)).all()):
+            raise ValueError("EncodedSplit.from_ids: labels must be 0 or 1")
+        new = cls.__new__(cls)
+        new._set(name, flat, lengths, labels)
+        return new
+
+    def ids(self) -> torch.Tensor:
+        """Every sentence's ids end to end, in order (what ``from_ids`` takes back)."""
+        return self.padded[torch.arange(self.padded.shape[1]) < self.lengths[:, None]]
 
     def __len__(self) -> int:
         return int(self.labels.numel())

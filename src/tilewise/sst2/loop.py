@@ -27,7 +27,7 @@ import torch
 from .._files import write_atomic
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
-from . import checkpoint, dataset, ddp
+from . import checkpoint, datacache, dataset, ddp
 from .adamw import AdamW
 from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
                      resolve_device_backend)
@@ -192,6 +192,28 @@ def _encoded(data: dict, vocab: dataset.Vocab, max_len: int):
     return pair
 
 
+def _splits(cfg: TrainConfig, vocab: dataset.Vocab | None = None):
+    """(vocabulary, train, dev, dev token coverage) for ``cfg``: from the on-disk cache (datacache)
+    when the vocabulary is built from the data (not a resumed run's), else from the TSVs (then stored)."""
+    path = None
+    if vocab is None:
+        path = datacache.path_for(dataset.find_data_dir(cfg.data_dir, download=cfg.download), cfg.min_count,
+                                  cfg.max_len)
+        memo = _DATA_CACHE.setdefault("stored", {})  # a sweep's later runs: the same objects, no reload
+        hit = memo.get(path) or datacache.load(path)
+        if hit is not None:
+            memo.clear()
+            memo[path] = hit
+            return hit
+    data = _load_data(cfg.data_dir, cfg.download)
+    vocab = vocab if vocab is not None else _vocab(data, cfg.min_count)
+    train_set, dev_set = _encoded(data, vocab, cfg.max_len)
+    out = (vocab, train_set, dev_set, vocab.coverage(data["dev"].tokens))
+    if path is not None:
+        datacache.save(path, *out)
+    return out
+
+
 def _embedding_init(cfg: TrainConfig, vocab: dataset.Vocab, notes: list[str]) -> torch.Tensor | None:
     if cfg.embedding_init == "random":
         return None
@@ -291,19 +313,15 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         checkpoint.claim_output_dir(out, held)
     torch.manual_seed(cfg.seed)
 
-    data = _load_data(cfg.data_dir, cfg.download)
     ckpt_path = out / checkpoint.CHECKPOINT_NAME
     ckpt = None
     if cfg.resume:
         if not ckpt_path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
         ckpt = checkpoint.read_resumable(ckpt_path)
-        vocab = dataset.Vocab(ckpt["vocab"])
-    else:
-        vocab = _vocab(data, cfg.min_count)
-    train_set, dev_set = _encoded(data, vocab, cfg.max_len)
+    vocab, train_set, dev_set, coverage = _splits(cfg, dataset.Vocab(ckpt["vocab"]) if ckpt is not None else None)
     notes.append(f"SST-2: {len(train_set)} train / {len(dev_set)} dev sentences, vocabulary {len(vocab)} "
-                 f"(min count {cfg.min_count}), dev token coverage {100 * vocab.coverage(data['dev'].tokens):.1f}%")
+                 f"(min count {cfg.min_count}), dev token coverage {100 * coverage:.1f}%")
 
     init = None if ckpt is not None else _embedding_init(cfg, vocab, notes)
     model = SentimentClassifier(len(vocab), cfg.embed_dim, cfg.hidden, 2, cfg.dropout, backend,
