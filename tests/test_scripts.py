@@ -194,3 +194,23 @@ def test_device_step_keeps_each_steps_log_and_packs_them(tmp_path):
         assert {f"{name}/one.log", f"{name}/two.log", f"{name}/steps.txt"} <= names
         assert t.extractfile(f"{name}/one.log").read() == b"hi\n"
     subprocess.run(["rm", "-rf", f"/tmp/{name}"])
+
+
+def test_bench_run_needs_the_commit_and_a_suite(tmp_path):
+    """scripts/bench-run: refuses to run without TILEWISE_GIT_SHA or without a suite; with both it runs
+    ``tilewise bench`` from src/ (here ``--list``), whatever PYTHONPATH held."""
+    # A copy of the layout it uses, without this checkout's .whl/ (wheels built for the device's Python).
+    (tmp_path / "scripts").mkdir()
+    for name in ("bench-run", "_wheels.sh"):
+        shutil.copy2(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    script = str(tmp_path / "scripts" / "bench-run")
+    env = {k: v for k, v in os.environ.items() if k != "TILEWISE_GIT_SHA"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # python3: this interpreter
+    p = subprocess.run([script, str(tmp_path), "vector_add"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "TILEWISE_GIT_SHA" in p.stderr
+    env["TILEWISE_GIT_SHA"] = "abc1234"
+    assert subprocess.run([script, str(tmp_path)], env=env, capture_output=True, timeout=60).returncode == 2
+    p = subprocess.run([script, str(tmp_path), "--list"], env={**env, "PYTHONPATH": ""}, capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0 and "vector_add" in p.stdout, p.stderr[-2000:]
