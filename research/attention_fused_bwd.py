@@ -615,7 +615,9 @@ def main(argv=None):
         case(*shape, configs_=cfgs)
     if not cfgs:
         sys.exit(1)
-    shapes = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (2, 32, 8, 8192, 128, True)]
+    # Llama-3.2-1B's attention (D 64, GQA 32 / 8, causal) at the llama bench's two shapes first.
+    shapes = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True),
+              (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (2, 32, 8, 8192, 128, True)]
     if a.shapes == "grid":
         shapes += [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, True), (4, 16, 16, 4096, 64, False),
                    (4, 16, 16, 4096, 64, True)]
