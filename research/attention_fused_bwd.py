@@ -35,6 +35,10 @@ writer warp with the staging tile laid out as unswizzled 8-column groups ([group
 warp's 8-byte stores of 8 rows x 8 columns hit 64 consecutive words (no bank conflicts), reduced
 by 8 TMA boxes of [BLOCK_M, 8]; D 128 spill instructions 372 (mode 4) -> 302.
 
+Built again on 2026-12-04 with Triton 3.6 for sm_90 on the CPU (causal, STATS 1, split D), spill
+instructions: D 64 mode 4 12, mode 5 0; D 128 mode 4 574, mode 5 496. The quick shapes now start with
+the Llama ones (D 64, GQA 32 / 8, causal), where v7's ceiling (mode 3) was 1.79 ms against cuDNN's 1.89.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
