@@ -270,17 +270,18 @@ def _classifier_part(part: str, bucket: int | None = None) -> None:
     batches forward. The pieces' kernels are disjoint, so processes compile (and the GEMMs autotune)
     side by side what one step would do in turn. part: "embedding", "fc1" (linear + ReLU), "head"
     (pooling, output layer, loss)."""
+    cfg = TrainConfig()
+    buckets = default_buckets(cfg.max_len)
     if part not in CLASSIFIER_PARTS:
         raise ValueError(f"_classifier_part: part must be one of {CLASSIFIER_PARTS}, got {part!r}")
-    if bucket is not None and bucket not in default_buckets(TrainConfig().max_len):
-        raise ValueError(f"_classifier_part: bucket must be one of {default_buckets(TrainConfig().max_len)}, "
-                         f"got {bucket!r}")
+    if bucket is not None and bucket not in buckets:
+        raise ValueError(f"_classifier_part: bucket must be one of {buckets}, got {bucket!r}")
     import torch
 
     from .nn import functional as twf
     from .sst2.config import EVAL_BATCH_SIZE
 
-    cfg, dev = TrainConfig(), torch.device("cuda")
+    dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     E, H, V = cfg.embed_dim, cfg.hidden, SST2_VOCAB
 
@@ -288,7 +289,6 @@ def _classifier_part(part: str, bucket: int | None = None) -> None:
         return torch.randn(*shape, device=dev, generator=g).requires_grad_(grad)
 
     w_emb, w1, b1, w2, b2 = rand(V, E), rand(H, E), rand(H), rand(2, H), rand(2)
-    buckets = default_buckets(cfg.max_len)
     shapes = [(cfg.batch_size, T, True) for T in buckets] + [(EVAL_BATCH_SIZE, T, False) for T in buckets]
     if bucket is not None:
         shapes = [s for s in shapes if s[1] == bucket]

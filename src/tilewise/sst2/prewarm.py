@@ -98,14 +98,18 @@ def _config_reason(cfg: TrainConfig, world: int) -> str | None:
     return None
 
 
+def _device_reason(capability: tuple[int, int] | None) -> str | None:
+    """``skip_reason``'s part that needs the device (its capability keys the marker)."""
+    if capability is None:
+        return "no CUDA device"
+    if _warmed(_key(capability)):
+        return "an earlier run warmed the kernel caches"
+    return None
+
+
 def skip_reason(cfg: TrainConfig, world: int, capability: tuple[int, int] | None) -> str | None:
     """Why a run of this config should not compile in the background, or None when it should."""
-    why = _config_reason(cfg, world)
-    if why is None and capability is None:
-        why = "no CUDA device"
-    if why is None and _warmed(_key(capability)):
-        why = "an earlier run warmed the kernel caches"
-    return why
+    return _config_reason(cfg, world) or _device_reason(capability)
 
 
 class Prewarm:
@@ -182,7 +186,7 @@ def start_early(cfg: TrainConfig) -> Prewarm | None:
         return None
     ordinal = _ordinal(cfg.device)
     capability = cuda_capability(ordinal) if ordinal is not None else None
-    if skip_reason(cfg, world, capability) is not None:
+    if _device_reason(capability) is not None:
         return None
     names = [name for name, _, _ in classifier_tasks()]  # warmup.py's tasks, each in a child
     return Prewarm([Job(n, tuple(child_command(n))) for n in names], _key(capability))

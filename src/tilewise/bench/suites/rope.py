@@ -15,6 +15,13 @@ from ..harness import check
 from ._llama_ops import candidates, setup, time_rows
 
 
+def _cos_sin(S: int, D: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, S, D) cos and sin as HF's rotary embedding gives them, Llama 3's base frequency (500000)."""
+    inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+    emb = torch.cat([torch.arange(S, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]] * 2, -1)[None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def run(r) -> None:
     shapes = [(4, 32, 8, 4096, 128)] if r.quick else [(4, 32, 8, 4096, 128), (1, 32, 8, 16384, 128),
                                                        (8, 16, 16, 2048, 64)]
@@ -24,9 +31,7 @@ def run(r) -> None:
         shape = f"B={B},Hq={Hq},Hk={Hk},S={S},D={D}"
         q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype, generator=g)
         k = torch.randn(B, Hk, S, D, device="cuda", dtype=dtype, generator=g)
-        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
-        emb = torch.cat([torch.arange(S, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]] * 2, -1)[None]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = _cos_sin(S, D, dtype)
         rq, rk = op.reference(q.float(), k.float(), cos.float(), sin.float())
         cands = candidates(r, op.reference, compiled, op.apply_rotary, lig)
 
@@ -51,9 +56,7 @@ def _qkv_rows(r, shapes, dtype, g, lig) -> None:
     for B, S, Hq, Hk, D in shapes:
         shape = f"B={B},S={S},Hq={Hq},Hk={Hk},D={D}"
         qkv = torch.randn(B, S, (Hq + 2 * Hk) * D, device="cuda", dtype=dtype, generator=g)
-        inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
-        emb = torch.cat([torch.arange(S, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]] * 2, -1)[None]
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = _cos_sin(S, D, dtype)
         ref = op.qkv_reference(qkv.float(), cos.float(), sin.float(), Hq, Hk)
         liger_fn = None
         if lig is not None:
