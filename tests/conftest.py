@@ -10,6 +10,8 @@ import torch
 pytest_plugins = ["gpu_tiers", "gpu_ledger"]
 
 HAS_CUDA = torch.cuda.is_available()
+# The CLI called in-process must not move this process's bytecode (tests/test_bytecode.py turns it on)
+os.environ.setdefault("TILEWISE_BYTECODE_CACHE", "0")
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

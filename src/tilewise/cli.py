@@ -302,6 +302,13 @@ def cmd_warmup(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import _bytecode
+
+    try:  # first: the imports below (torch's above all) then read bytecode where the interpreter has none
+        _bytecode.enable()
+    except ValueError as e:
+        print(f"tilewise: {e}", file=sys.stderr)
+        return 2
     p = argparse.ArgumentParser(prog="tilewise", description="GPU kernels for LLM workloads, measured "
                                 "against the roofline of the GPU in hand.")
     sub = p.add_subparsers(dest="cmd")

@@ -7,6 +7,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | variable | effect |
 |---|---|
 | ``TILEWISE_CACHE_DIR`` | the kernel and dataset cache (default ``$XDG_CACHE_HOME/tilewise``, ``~/.cache/tilewise``) |
+| ``TILEWISE_BYTECODE_CACHE`` | ``auto`` (default), ``1``, ``0``: the CLI's bytecode in the cache (``_bytecode``) |
 | ``TILEWISE_CUDA_INCLUDE`` | a folder with ``cuda_fp16.h`` for NVRTC, tried before ``CUDA_HOME`` / ``CUDA_PATH`` |
 | ``TILEWISE_DEBUG_SYNC`` | ``1``: synchronize after every launch and name the kernel that failed (initial value) |
 | ``TILEWISE_FAST_LAUNCH`` | ``0``: Triton kernels launch through Triton's own path, not tilewise's bound launcher |
@@ -27,6 +28,7 @@ import os
 from pathlib import Path
 
 CACHE_DIR = "TILEWISE_CACHE_DIR"
+BYTECODE_CACHE = "TILEWISE_BYTECODE_CACHE"
 CUDA_INCLUDE = "TILEWISE_CUDA_INCLUDE"
 DEBUG_SYNC = "TILEWISE_DEBUG_SYNC"
 FAST_LAUNCH = "TILEWISE_FAST_LAUNCH"
@@ -56,6 +58,18 @@ def cache_dir() -> Path:
         return Path(os.environ[CACHE_DIR])
     base = _text("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tilewise"
+
+
+def bytecode_cache() -> str:
+    """``auto``, ``on`` or ``off`` (a switch's spellings: 1 / true / yes / on, 0 / false / no / off)."""
+    v = (_text(BYTECODE_CACHE) or "auto").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("0", "false", "no", "off"):
+        return "off"
+    if v != "auto":
+        raise ValueError(f"{BYTECODE_CACHE} must be auto, 1 or 0, got {os.environ[BYTECODE_CACHE]!r}")
+    return "auto"
 
 
 def cuda_include_candidates() -> list[str]:

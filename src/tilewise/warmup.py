@@ -456,6 +456,9 @@ def run(tasks: Sequence[Task], n_jobs: int, console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tilewise.warmup --task NAME``: run one task; one JSON line with its seconds."""
+    from . import _bytecode
+
+    _bytecode.enable()  # before the task imports torch (as the parent command did)
     p = argparse.ArgumentParser(prog="python -m tilewise.warmup")
     p.add_argument("--task", action="append", required=True, choices=sorted(TASKS))
     args = p.parse_args(argv)
