@@ -3,6 +3,7 @@ reads what the first wrote."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,31 @@ def test_the_command_line_rejects_a_bad_setting(monkeypatch, capsys):
     monkeypatch.setenv(settings.BYTECODE_CACHE, "sometimes")
     assert cli.main(["info"]) == 2
     assert "TILEWISE_BYTECODE_CACHE" in capsys.readouterr().err
+
+
+def test_train_reads_torch_from_the_cache_on_its_second_run(tmp_path):
+    """`tilewise train` under an interpreter without usable bytecode: the first run writes torch's
+    bytecode into the cache and says where in metrics.json; the second run's imports load it."""
+    from test_classifier import write_tiny_sst2
+
+    data = write_tiny_sst2(tmp_path / "sst2", n_train=64, n_dev=16)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cache = tmp_path / "cache"
+    env = settings.child_environment(cache_dir=cache, PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=str(empty))
+    env.pop(settings.BYTECODE_CACHE, None)
+    stamps = []
+    for run in ("first", "second"):
+        out = tmp_path / run
+        r = subprocess.run([sys.executable, "-m", "tilewise", "train", "--data-dir", str(data), "--epochs", "1",
+                            "--max-steps", "2", "--device", "cpu", "--embedding-init", "random", "--no-plot",
+                            "--no-progress", "--output-dir", str(out)],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["bytecode_prefix"] == str(cache / "bytecode")
+        torch_pyc = list((cache / "bytecode").rglob("torch/__init__.*.pyc"))
+        assert len(torch_pyc) == 1
+        stamps.append((torch_pyc[0].stat().st_mtime_ns, torch_pyc[0].read_bytes()))
+    assert stamps[1] == stamps[0]  # the second run read it, and did not compile and write it again
+    assert not list(empty.rglob("*.pyc"))

@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -443,6 +444,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         "best_epoch": max(history, key=lambda h: h["dev_accuracy"])["epoch"] if history else None,
         "final_dev_accuracy": history[-1]["dev_accuracy"] if history else None,
         "torch": torch.__version__, "world_size": world, "startup": startup,
+        "bytecode_prefix": sys.pycache_prefix,  # where this run read Python bytecode (tilewise._bytecode)
     }
     if not lead:
         return metrics
