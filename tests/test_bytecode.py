@@ -69,17 +69,28 @@ def test_usable_bytecode_is_found_written_or_missing(interpreter, monkeypatch):
 
 
 def test_auto_acts_only_without_usable_bytecode(interpreter, tmp_path, monkeypatch):
-    assert _bytecode.enable(mode="off", probe="twprobe") is None
+    assert _bytecode.enable(mode="off", probes=("twprobe",)) is None
     assert sys.pycache_prefix is None and sys.dont_write_bytecode
-    assert _bytecode.enable(mode="auto", probe="no_such_module_tw") is None  # nothing to judge by
-    got = _bytecode.enable(mode="auto", probe="twprobe")
+    assert _bytecode.enable(mode="auto", probes=("no_such_module_tw",)) is None  # nothing to judge by
+    got = _bytecode.enable(mode="auto", probes=("twprobe",))
     assert got == tmp_path / "cache" / "bytecode" and got.is_dir()
     assert sys.pycache_prefix == str(got) and not sys.dont_write_bytecode
 
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(sys, "dont_write_bytecode", False)  # the interpreter keeps its own: leave it
-    assert _bytecode.enable(mode="auto", probe="twprobe") is None and sys.pycache_prefix is None
-    assert _bytecode.enable(mode="on", probe="twprobe") == got  # asked for: always
+    assert _bytecode.enable(mode="auto", probes=("twprobe",)) is None and sys.pycache_prefix is None
+    assert _bytecode.enable(mode="on", probes=("twprobe",)) == got  # asked for: always
+
+
+def test_auto_acts_when_any_probe_lacks_bytecode(interpreter, tmp_path, monkeypatch):
+    import importlib.util
+
+    _package(interpreter, "twready")
+    pyc = Path(importlib.util.cache_from_source(str(interpreter / "twready" / "__init__.py")))
+    pyc.parent.mkdir()
+    pyc.write_bytes(b"")
+    assert _bytecode.enable(mode="auto", probes=("twready",)) is None
+    assert _bytecode.enable(mode="auto", probes=("twready", "twprobe")) == tmp_path / "cache" / "bytecode"
 
 
 def test_a_read_only_cache_leaves_the_interpreter_alone(interpreter, tmp_path, monkeypatch):
@@ -90,7 +101,7 @@ def test_a_read_only_cache_leaves_the_interpreter_alone(interpreter, tmp_path, m
         if os.access(ro, os.W_OK):
             pytest.skip("this user writes read-only folders (root)")
         monkeypatch.setenv(settings.CACHE_DIR, str(ro / "cache"))
-        assert _bytecode.enable(mode="on", probe="twprobe") is None
+        assert _bytecode.enable(mode="on", probes=("twprobe",)) is None
         assert sys.pycache_prefix is None
     finally:
         ro.chmod(0o700)
@@ -98,7 +109,7 @@ def test_a_read_only_cache_leaves_the_interpreter_alone(interpreter, tmp_path, m
 
 CHILD = textwrap.dedent("""
     from tilewise import _bytecode
-    print("folder", _bytecode.enable(probe="twprobe"))
+    print("folder", _bytecode.enable(probes=("twprobe",)))
     import twprobe.mod
     print("answer", twprobe.mod.f())
 """)

@@ -9,8 +9,8 @@ points ``sys.pycache_prefix`` into tilewise's cache folder and lets the process 
 next process reads the bytecode instead. The kernel cache's folder is the right home: an empty cache
 (a cold start) then really is cold, and clearing it clears this too.
 
-``TILEWISE_BYTECODE_CACHE``: ``auto`` (default) acts only when torch's bytecode is missing where the
-interpreter looks and the interpreter would not write it there; ``1`` always; ``0`` never. It is called
+``TILEWISE_BYTECODE_CACHE``: ``auto`` (default) acts only when torch's or sympy's bytecode is missing
+where the interpreter looks and the interpreter would not write it there; ``1`` always; ``0`` never. It is called
 at the start of the ``tilewise`` command and of each warmup child, never on ``import tilewise``.
 """
 
@@ -24,7 +24,9 @@ from pathlib import Path
 from . import settings
 
 SUBDIR = "bytecode"
-PROBE = "torch"  # the import that costs most; its bytecode stands for the rest of site-packages
+# The imports that cost most (sympy: autograd's and the optimizers' first use); their bytecode stands
+# for the rest of site-packages. Once the prefix is set every module's bytecode comes from it.
+PROBES = ("torch", "sympy")
 
 
 def _writable(folder: Path) -> bool:
@@ -35,7 +37,7 @@ def _writable(folder: Path) -> bool:
     return False
 
 
-def has_usable_bytecode(module: str = PROBE) -> bool | None:
+def has_usable_bytecode(module: str) -> bool | None:
     """True where the interpreter finds, or will write, the bytecode of ``module``'s top file;
     None where the module is not installed (or is not a source file)."""
     spec = importlib.util.find_spec(module)
@@ -52,13 +54,14 @@ def folder() -> Path:
     return settings.cache_dir() / SUBDIR
 
 
-def enable(mode: str | None = None, probe: str = PROBE) -> Path | None:
+def enable(mode: str | None = None, probes: tuple = PROBES) -> Path | None:
     """Point this process's bytecode at ``folder()`` where ``mode`` (default: the setting) asks for
-    it; returns the folder, or None where it left the interpreter as it was."""
+    it (``auto``: one of ``probes`` has no usable bytecode); returns the folder, or None where it left
+    the interpreter as it was."""
     mode = settings.bytecode_cache() if mode is None else mode
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"bytecode cache mode must be 'auto', 'on' or 'off', got {mode!r}")
-    if mode == "off" or (mode == "auto" and has_usable_bytecode(probe) is not False):
+    if mode == "off" or (mode == "auto" and all(has_usable_bytecode(m) is not False for m in probes)):
         return None
     target = folder()
     try:
