@@ -84,3 +84,14 @@ def test_kernel_groups_of_the_step_profile():
     assert lines[0].split() == ["device", "ms", "a", "step", "hf_liger", "hf_tilewise"]
     assert [ln.split()[0] for ln in lines[1:]] == ["other", "rms_norm", "rope", "total"]
     assert lines[-1].split()[1:] == ["1.00", "4.75"] and lines[1].split()[1:] == ["0.00", "0.25"]
+
+
+def test_candidates_can_be_chosen_by_name(monkeypatch):
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_CANDIDATES", raising=False)
+    assert S.candidates(False) == list(S.CANDIDATES)
+    assert "hf_compile" not in S.candidates(True)
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_CANDIDATES", "hf_liger, hf_sdpa,hf_tilewise")
+    assert S.candidates(False) == ["hf_sdpa", "hf_tilewise", "hf_liger"]  # the suite's order
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_CANDIDATES", "hf_sdpa,nope")
+    with pytest.raises(ValueError, match="TILEWISE_BENCH_LLAMA_CANDIDATES.*nope"):
+        S.candidates(False)

@@ -15,6 +15,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
 | ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
 | ``TILEWISE_BENCH_COLD_START_CASES`` | the cold_start bench's cases, comma-separated (``bench.suites.cold_start``) |
+| ``TILEWISE_BENCH_LLAMA_CANDIDATES`` | the llama bench's candidates, comma-separated (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
 | ``TRITON_CACHE_DIR`` | Triton's kernel cache (Triton reads it; ``child_environment`` sets it for a child) |
@@ -36,6 +37,7 @@ DIRECT_LAUNCH = "TILEWISE_DIRECT_LAUNCH"
 SST2_DIR = "TILEWISE_SST2_DIR"
 BENCH_ATTENTION_SHAPES = "TILEWISE_BENCH_ATTENTION_SHAPES"
 BENCH_COLD_START_CASES = "TILEWISE_BENCH_COLD_START_CASES"
+BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
 GIT_SHA = "TILEWISE_GIT_SHA"
 
@@ -107,6 +109,10 @@ def bench_attention_shapes() -> str | None:
 
 def bench_cold_start_cases() -> str | None:
     return _text(BENCH_COLD_START_CASES)
+
+
+def bench_llama_candidates() -> str | None:
+    return _text(BENCH_LLAMA_CANDIDATES)
 
 
 def bench_llama_profile() -> bool:

@@ -88,6 +88,25 @@ def group_table(by_name: dict) -> list:
     return lines
 
 
+CANDIDATES = ("hf_sdpa", "hf_compile", "hf_tilewise", "hf_liger", "hf_tilewise_sdpa_attn")
+FULL_ONLY = ("hf_compile", "hf_tilewise_sdpa_attn")  # left out of quick runs
+
+
+def candidates(quick: bool) -> list:
+    """The candidates to time, in order: ``TILEWISE_BENCH_LLAMA_CANDIDATES`` (comma-separated; a device
+    session short of time can leave out hf_compile's minutes of compiling), default all of
+    ``CANDIDATES``, less ``FULL_ONLY`` in quick runs. The first one's loss is every other's check."""
+    env = settings.bench_llama_candidates()
+    if not env:
+        return [n for n in CANDIDATES if not (quick and n in FULL_ONLY)]
+    chosen = [n.strip() for n in env.split(",") if n.strip()]
+    unknown = sorted(set(chosen) - set(CANDIDATES))
+    if unknown or not chosen:
+        raise ValueError(f"{settings.BENCH_LLAMA_CANDIDATES}={env!r}: unknown candidates {unknown}; "
+                         f"known: {', '.join(CANDIDATES)}")
+    return [n for n in CANDIDATES if n in chosen]
+
+
 def _config(quick: bool):
     import transformers
 
@@ -165,8 +184,7 @@ def run(r) -> None:
         return
     config = _config(r.quick)
     cases = [(2, 2048)] if r.quick else [(4, 4096), (1, 16384)]
-    names = ["hf_sdpa"] + ([] if r.quick else ["hf_compile"]) + ["hf_tilewise", "hf_liger"] + (
-        [] if r.quick else ["hf_tilewise_sdpa_attn"])
+    names = candidates(r.quick)
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
