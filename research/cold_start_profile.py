@@ -83,6 +83,9 @@ def main():
     p.add_argument("--buckets", default="64", help="sequence lengths, one step each (train pads to 16,32,64)")
     p.add_argument("--backend", default="tilewise", choices=("tilewise", "torch"))
     p.add_argument("--device", default="cuda")
+    # train's default; "torch" is torch.optim's, whose constructor imports torch._dynamo (logs up to 098b657
+    # timed that one: their "model + AdamW" 3.8-4.9 s warm is mostly that import, which train does not make)
+    p.add_argument("--optimizer", default="tilewise", choices=("tilewise", "torch"))
     a = p.parse_args()
     knobs.compilation.listener = _listener
     _wrap_nvrtc()
@@ -103,7 +106,7 @@ def main():
         sync()
         marks.append(("first tensor", time.perf_counter() - t))
     t = time.perf_counter()
-    model, opt = step_model(a.backend, a.mode, dropout=0.0, device=dev)
+    model, opt = step_model(a.backend, a.mode, dropout=0.0, device=dev, optimizer=a.optimizer)
     sync()
     marks.append(("model + AdamW", time.perf_counter() - t))
     for T in (int(x) for x in a.buckets.split(",")):

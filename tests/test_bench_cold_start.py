@@ -89,7 +89,7 @@ def _fake_children(monkeypatch, seconds: dict):
 
 
 def test_empty_then_median_of_warm_runs(monkeypatch):
-    calls = _fake_children(monkeypatch, {"torch": [4.0, 1.0, 1.2, 1.1], "tilewise": [20.0, 3.0, 1.0, 2.0]})
+    calls = _fake_children(monkeypatch, {"torch": [4.0, 1.0, 1.2, 1.1], "tilewise_adamw": [20.0, 3.0, 1.0, 2.0]})
     r = harness.Runner()
     cs.measure(r, [CLASSIFIER])
     assert len(calls) == 2 * (1 + cs.WARM_RUNS)
@@ -97,7 +97,7 @@ def test_empty_then_median_of_warm_runs(monkeypatch):
     assert len({c for b, c in calls if b == "torch"}) == 1 and len({c for _, c in calls}) == 2
     rows = {(x.variant, x.shape.rsplit(", ", 1)[1]): x for x in r.rows}
     assert rows["torch", "empty caches"].median_ms == 4000 and rows["torch", "warm caches"].median_ms == 1100
-    ours_empty, ours_warm = rows["tilewise", "empty caches"], rows["tilewise", "warm caches"]
+    ours_empty, ours_warm = rows["tilewise_adamw", "empty caches"], rows["tilewise_adamw", "warm caches"]
     assert ours_empty.median_ms == 20000 and ours_warm.median_ms == 2000  # median of 3, 1, 2
     assert ours_warm.baseline == "torch" and ours_warm.baseline_ms == 1100
     assert ours_warm.speedup == pytest.approx(0.55)
@@ -116,7 +116,7 @@ def test_a_failing_child_fails_the_suite_after_the_rest_ran(monkeypatch):
     r = harness.Runner()
     with pytest.raises(harness.CheckError, match="no sdpa"):
         cs.measure(r, [CLASSIFIER])
-    assert [(x.variant, x.baseline) for x in r.rows] == [("tilewise", "")] * 2  # ours kept, no baseline to name
+    assert [(x.variant, x.baseline) for x in r.rows] == [("tilewise_adamw", "")] * 2  # ours kept, no baseline
 
 
 def test_train_records_its_start_up(tmp_path):
@@ -161,3 +161,15 @@ def test_train_case_times_tilewise_beside_torch(monkeypatch, tmp_path):
     for ours in train.variants:
         assert walls[ours].median_ms == 7000 and walls[ours].baseline == "torch"
         assert walls[ours].baseline_ms == 10000
+
+
+def test_classifier_variants_build_the_model_as_train_does():
+    """Each classifier_step variant names the model's backend and train's optimizer for it (tilewise_adamw:
+    train's default), so its rows keep their meaning."""
+    from tilewise.sst2.config import TrainConfig
+
+    assert CLASSIFIER.variants == ("tilewise_adamw",)
+    assert cs.CLASSIFIER_VARIANTS["tilewise_adamw"] == ("tilewise", TrainConfig().optimizer)
+    assert cs.CLASSIFIER_VARIANTS["torch"] == ("torch", "torch")
+    for name, (backend, optimizer) in cs.CLASSIFIER_VARIANTS.items():
+        assert cs.TRAIN_VARIANTS[name] == ("--backend", backend, "--optimizer", optimizer)

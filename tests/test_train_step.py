@@ -110,6 +110,31 @@ def test_step_model_same_init_across_backends_and_modes():
         step_bench.build_step(a, ob, "jit", batch_size=4, seq_len=7, device="cpu")
 
 
+def test_step_model_optimizer_choice():
+    """optimizer="tilewise" builds train's default AdamW (same groups and hyper-parameters); another
+    value is an error naming the argument. In a fresh process it never imports torch._dynamo, which
+    torch.optim's constructor does."""
+    import subprocess
+    import sys
+
+    from tilewise.sst2.adamw import AdamW
+
+    _, ours = step_bench.step_model("tilewise", "graph", vocab_size=30, embed_dim=5, hidden=8, device="cpu",
+                                    optimizer="tilewise")
+    _, theirs = step_bench.step_model("tilewise", "graph", vocab_size=30, embed_dim=5, hidden=8, device="cpu")
+    assert isinstance(ours, AdamW) and isinstance(theirs, torch.optim.AdamW)
+    for key in ("lr", "weight_decay", "betas", "eps", "capturable"):
+        assert ours.param_groups[0][key] == theirs.param_groups[0][key], key
+    with pytest.raises(ValueError, match="optimizer"):
+        step_bench.step_model("torch", "eager", device="cpu", optimizer="sgd")
+    code = ("import sys; from tilewise.sst2 import step_bench; step_bench.step_model('tilewise', 'graph', "
+            "vocab_size=30, embed_dim=5, hidden=8, device='cpu', optimizer='{}'); "
+            "print('torch._dynamo' in sys.modules)")
+    out = [subprocess.run([sys.executable, "-c", code.format(o)], capture_output=True, text=True, check=True).stdout
+           for o in ("tilewise", "torch")]
+    assert [o.strip() for o in out] == ["False", "True"]
+
+
 def test_eager_step_trains_and_helpers_on_cpu():
     model, opt = step_bench.step_model("torch", "eager", vocab_size=30, embed_dim=5, hidden=8, dropout=0.0,
                                        device="cpu")

@@ -250,7 +250,8 @@ def _train_workload() -> None:
     buckets = default_buckets(cfg.max_len)
     model, opt = step_bench.step_model("tilewise", "graph", vocab_size=SST2_VOCAB, embed_dim=cfg.embed_dim,
                                        hidden=cfg.hidden, dropout=cfg.dropout, lr=cfg.lr,
-                                       weight_decay=cfg.weight_decay, seed=cfg.seed, device=dev)
+                                       weight_decay=cfg.weight_decay, seed=cfg.seed, device=dev,
+                                       optimizer=cfg.optimizer)
     step = step_bench.build_step(model, opt, "graph", batch_size=cfg.batch_size, seq_len=buckets[-1], device=dev)
     for T in buckets:
         step(step_bench.synthetic_batches(1, cfg.batch_size, T, SST2_VOCAB, device=dev)[0])

@@ -11,7 +11,8 @@ import torch
 
 from ..nn.classifier import SentimentClassifier
 from . import dataset
-from .config import SST2_VOCAB
+from .adamw import AdamW
+from .config import OPTIMIZERS, SST2_VOCAB
 from .graph_step import GraphedStep
 from .loop import eager_step, sync
 
@@ -51,17 +52,21 @@ def synthetic_batches(n_batches: int, batch_size: int = 64, seq_len: int = 64, v
 
 def step_model(backend: str, mode: str, *, vocab_size: int = SST2_VOCAB, embed_dim: int = 50, hidden: int = 256,
                num_classes: int = 2, dropout: float = 0.3, lr: float = 1e-3, weight_decay: float = 0.01,
-               seed: int = 0, device="cuda"):
+               seed: int = 0, device="cuda", optimizer: str = "torch"):
     """(model in train mode, AdamW) as ``train`` builds them; one ``seed`` gives every backend and
-    mode the same initial weights. AdamW is ``capturable`` for ``mode="graph"``; it is torch.optim's
-    for every backend, so the rows compare the backends' kernels (``train``'s default,
-    ``sst2.adamw.AdamW``, runs the same update)."""
+    mode the same initial weights. AdamW is ``capturable`` for ``mode="graph"``. ``optimizer``: "torch"
+    (default: torch.optim's for every backend, so the step rows compare the backends' kernels) or
+    "tilewise" (``sst2.adamw.AdamW``, ``train``'s default: the same update without the import of
+    torch._dynamo that constructing a torch.optim optimizer makes, seconds at start-up)."""
     if mode not in STEP_MODES:
         raise ValueError(f"step_model: mode must be one of {STEP_MODES}, got {mode!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"step_model: optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     torch.manual_seed(seed)
     model = SentimentClassifier(vocab_size, embed_dim, hidden, num_classes, dropout, backend).to(device)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, capturable=(mode == "graph"))
+    adamw = AdamW if optimizer == "tilewise" else torch.optim.AdamW
+    opt = adamw(model.parameters(), lr=lr, weight_decay=weight_decay, capturable=(mode == "graph"))
     return model, opt
 
 

@@ -10,7 +10,11 @@ what a user would run instead, with its own fresh caches:
 
     classifier_step          the SST-2 classifier built as ``tilewise train`` builds it (model,
                              AdamW, graph mode) and its first training step on a synthetic batch
-                             of 64 x 64: the tilewise backend vs the torch backend
+                             of 64 x 64: the tilewise backend with train's default optimizer
+                             (``tilewise_adamw``) vs the torch backend with torch.optim's. Older
+                             rows named ``tilewise`` timed torch.optim's AdamW for both, and with it
+                             an import of torch._dynamo that train does not make (docs/design.md,
+                             "Start-up")
     flash_attention_fwd_bwd  tilewise.flash_attention forward + backward at a Llama-like shape
                              vs F.scaled_dot_product_attention
     train_100_steps          ``tilewise train --data-dir DIR --epochs 1 --max-steps 100
@@ -56,10 +60,12 @@ ATTN = dict(B=1, H=32, Hkv=8, S=2048, D=128)  # Llama-3-8B-like heads, one 2k se
 # Random embeddings: GloVe's extract is kept in the tilewise cache folder, so with GloVe an empty cache
 # would also time rebuilding it (and the GloVe package is not on every GPU machine).
 TRAIN_ARGS = ("--epochs", "1", "--max-steps", "100", "--embedding-init", "random")
-# train_100_steps' variants as train options, the optimizer spelled out so a row keeps its meaning:
-# tilewise_adamw (train's default) with tilewise's AdamW, which skips torch.optim's import of torch._dynamo
+# The variants as train options, the optimizer spelled out so a row keeps its meaning: tilewise_adamw
+# (train's default) with tilewise's AdamW, which skips torch.optim's import of torch._dynamo
 TRAIN_VARIANTS = {"torch": ("--backend", "torch", "--optimizer", "torch"),
                   "tilewise_adamw": ("--backend", "tilewise", "--optimizer", "tilewise")}
+# The same for classifier_step's model: (backend, optimizer) per variant
+CLASSIFIER_VARIANTS = {"torch": ("torch", "torch"), "tilewise_adamw": ("tilewise", "tilewise")}
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case("classifier_step", f"B={B} T={T} E=50 H=256 V={V}", "float32", "torch",
-         (("build + first step", "first_s"),)),
+         (("build + first step", "first_s"),), ("tilewise_adamw",)),
     Case("flash_attention_fwd_bwd", "B={B} H={H} Hkv={Hkv} S={S} D={D} causal".format(**ATTN), "bfloat16",
          "torch_sdpa", (("forward + backward", "first_s"),)),
     Case("train_100_steps", " ".join(TRAIN_ARGS), "float32", "torch",
@@ -106,7 +112,8 @@ def _child_classifier(backend: str, t0: float, extra: Sequence[str]) -> dict:
 
     t_imp = time.perf_counter()
     dev = torch.device("cuda")
-    model, opt = step_bench.step_model(backend, "graph", vocab_size=V, device=dev)
+    model_backend, optimizer = CLASSIFIER_VARIANTS[backend]
+    model, opt = step_bench.step_model(model_backend, "graph", vocab_size=V, device=dev, optimizer=optimizer)
     step = step_bench.build_step(model, opt, "graph", batch_size=B, seq_len=T, device=dev)
     batch = step_bench.synthetic_batches(1, B, T, V, device=dev)[0]
     _sync()
