@@ -95,3 +95,47 @@ def test_candidates_can_be_chosen_by_name(monkeypatch):
     monkeypatch.setenv("TILEWISE_BENCH_LLAMA_CANDIDATES", "hf_sdpa,nope")
     with pytest.raises(ValueError, match="TILEWISE_BENCH_LLAMA_CANDIDATES.*nope"):
         S.candidates(False)
+
+
+def test_packed_documents_batches_and_cost(monkeypatch):
+    """TILEWISE_BENCH_LLAMA_PACKED=N: position_ids restart every N tokens (the row's last document shorter),
+    transformers finds the documents (its packed-sequence ids), and the attention FLOPs count the
+    documents' causal squares only; anything but a positive integer is an error naming the variable."""
+    from transformers import masking_utils
+
+    from tilewise import settings
+
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    plain, packed = S._batches(config, 2, 10, device="cpu"), S._batches(config, 2, 10, doc=4, device="cpu")
+    assert set(plain[0]) == {"input_ids", "labels"} and torch.equal(plain[0]["input_ids"], packed[0]["input_ids"])
+    pos = packed[0]["position_ids"]
+    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 0, 1]] * 2
+    assert masking_utils.find_packed_sequence_indices(pos).tolist() == [[0] * 4 + [1] * 4 + [2] * 2] * 2
+    whole, docs = S._cost(config, 2, 10), S._cost(config, 2, 10, doc=4)
+    attn = 12.0 * 2 * 2 * 32 / 2
+    assert whole.flops - docs.flops == pytest.approx(attn * (100 - (16 + 16 + 4)))
+    monkeypatch.delenv(settings.BENCH_LLAMA_PACKED, raising=False)
+    assert settings.bench_llama_packed() is None
+    monkeypatch.setenv(settings.BENCH_LLAMA_PACKED, "1024")
+    assert settings.bench_llama_packed() == 1024
+    for bad in ("0", "-5", "1k"):
+        monkeypatch.setenv(settings.BENCH_LLAMA_PACKED, bad)
+        with pytest.raises(ValueError, match="TILEWISE_BENCH_LLAMA_PACKED"):
+            settings.bench_llama_packed()
+
+
+def test_a_packed_step_runs_on_the_cpu():
+    """_step takes a batch as the model's keywords: a packed batch's loss differs from the unpacked one's
+    (attention stops at each document)."""
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    losses = []
+    for doc in (None, 3):
+        model.load_state_dict(state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        losses.append(float(S._step(model, opt, S._batches(config, 1, 12, doc, device="cpu")[0])))
+    assert losses[0] != losses[1]  # the same computation would give the same bits on the CPU

@@ -17,6 +17,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_BENCH_COLD_START_CASES`` | the cold_start bench's cases, comma-separated (``bench.suites.cold_start``) |
 | ``TILEWISE_BENCH_LLAMA_CANDIDATES`` | the llama bench's candidates, comma-separated (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
+| ``TILEWISE_BENCH_LLAMA_PACKED`` | a document length: the llama bench packs its rows with it (``bench.suites.llama``) |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
 | ``TRITON_CACHE_DIR`` | Triton's kernel cache (Triton reads it; ``child_environment`` sets it for a child) |
 | ``TRITON_INTERPRET`` | ``1``: Triton's interpreter runs the Triton kernels on CPU tensors (tests) |
@@ -39,6 +40,7 @@ BENCH_ATTENTION_SHAPES = "TILEWISE_BENCH_ATTENTION_SHAPES"
 BENCH_COLD_START_CASES = "TILEWISE_BENCH_COLD_START_CASES"
 BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
+BENCH_LLAMA_PACKED = "TILEWISE_BENCH_LLAMA_PACKED"
 GIT_SHA = "TILEWISE_GIT_SHA"
 
 
@@ -117,6 +119,21 @@ def bench_llama_candidates() -> str | None:
 
 def bench_llama_profile() -> bool:
     return _switch(BENCH_LLAMA_PROFILE, False)
+
+
+def bench_llama_packed() -> int | None:
+    """The document length the llama bench packs its rows with (``position_ids`` restarting every that
+    many tokens), None when unset; ValueError naming the variable for anything but a positive integer."""
+    text = _text(BENCH_LLAMA_PACKED)
+    if text is None:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{BENCH_LLAMA_PACKED}={text!r}: expected a document length in tokens, a positive integer")
+    return n
 
 
 def triton_cache_override() -> str | None:

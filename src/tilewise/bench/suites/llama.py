@@ -23,6 +23,11 @@ apply_rotary_pos_emb); every candidate's patches are undone before the next one 
 Each candidate is built from its own copy of the config (docs/tuning/bench.md, "llama: a config per
 candidate").
 
+Packed documents: with ``TILEWISE_BENCH_LLAMA_PACKED=N`` each row holds documents of N tokens back to back
+(``position_ids`` restarting every N tokens, no ``attention_mask``, as ``DataCollatorWithFlattening``
+gives): transformers then masks attention to each document, and the shapes read ``docs=N``. The
+TFLOP/s count attention within the documents only.
+
 Why one is faster: with ``TILEWISE_BENCH_LLAMA_PROFILE=1``, after its timed steps each candidate runs
 ``PROFILED`` more under torch.profiler, and the log gets a table of device ms a step by kernel group
 (``KERNEL_GROUPS``: attention, GEMM, RMSNorm, ...) for every candidate of a shape side by side. It is
@@ -162,9 +167,12 @@ def _build(name, config, state, device="cuda"):
     return model, step_model, opt
 
 
-def _cost(config, B, S) -> Cost:
+def _cost(config, B, S, doc=None) -> Cost:
+    """6 x parameters x tokens, plus attention's causal FLOPs: over each row, or (``doc``) over each
+    document of ``doc`` tokens (the row's last one shorter)."""
     n_params = sum(int(torch.Size(s).numel()) for s in _param_shapes(config))
-    attn = 12.0 * config.num_hidden_layers * B * S * S * config.hidden_size / 2
+    square = S * S if doc is None else (S // doc) * doc * doc + (S % doc) ** 2
+    attn = 12.0 * config.num_hidden_layers * B * square * config.hidden_size / 2
     return Cost(6.0 * n_params * B * S + attn, 0)
 
 
@@ -185,13 +193,14 @@ def run(r) -> None:
     config = _config(r.quick)
     cases = [(2, 2048)] if r.quick else [(4, 4096), (1, 16384)]
     names = candidates(r.quick)
+    doc = settings.bench_llama_packed()
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
     results = {}
     for B, S in cases:
-        shape = f"layers={config.num_hidden_layers},B={B},S={S}"
-        batches = _batches(config, B, S)
+        shape = f"layers={config.num_hidden_layers},B={B},S={S}" + (f",docs={doc}" if doc else "")
+        batches = _batches(config, B, S, doc)
         first_loss, times, groups = None, {}, {}
         for name in names:
             snap = _snapshot()
@@ -230,7 +239,7 @@ def run(r) -> None:
         best = min(others, key=others.get) if others else ""
         for name, ms in times.items():
             base = best if name in OURS else ""
-            r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S), baseline=base,
+            r.add("llama_train_step", name, shape, torch.bfloat16, ms, _cost(config, B, S, doc), baseline=base,
                   baseline_ms=others.get(base) if base else None)
     out_dir = getattr(r, "out_dir", None)
     if out_dir is not None and results:
@@ -239,20 +248,28 @@ def run(r) -> None:
             r.log(f"llama chart written to {png}")
 
 
-def _batches(config, B, S) -> list:
-    """The two (B, S) token batches a shape's candidates step on, seeded by the shape."""
-    g = torch.Generator(device="cuda").manual_seed(B * S)
-    return [torch.randint(0, config.vocab_size, (B, S), device="cuda", generator=g) for _ in range(2)]
+def _batches(config, B, S, doc=None, device="cuda") -> list:
+    """The two batches a shape's candidates step on (the model's keywords: (B, S) tokens, their labels
+    and, with ``doc``, ``position_ids`` restarting every ``doc`` tokens), seeded by the shape."""
+    g = torch.Generator(device=device).manual_seed(B * S)
+    out = []
+    for _ in range(2):
+        ids = torch.randint(0, config.vocab_size, (B, S), device=device, generator=g)
+        batch = {"input_ids": ids, "labels": ids}
+        if doc:
+            batch["position_ids"] = (torch.arange(S, device=device) % doc).expand(B, S)
+        out.append(batch)
+    return out
 
 
-def inputs(B: int, S: int, quick: bool = False) -> tuple:
-    """(config, shared weights, batches) as ``run`` makes them for a B x S shape: what research scripts
-    that step the bench's model start from."""
+def inputs(B: int, S: int, quick: bool = False, doc: int | None = None) -> tuple:
+    """(config, shared weights, batches) as ``run`` makes them for a B x S shape (``doc``: packed
+    documents of that length): what research scripts that step the bench's model start from."""
     config = _config(quick)
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
-    return config, state, _batches(config, B, S)
+    return config, state, _batches(config, B, S, doc)
 
 
 def transformers_state(config) -> dict:
@@ -263,8 +280,8 @@ def transformers_state(config) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _step(model, opt, ids):
-    loss = model(input_ids=ids, labels=ids).loss
+def _step(model, opt, batch):
+    loss = model(**batch).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
