@@ -436,6 +436,74 @@ def test_residual_norm_compiles_without_graph_breaks(monkeypatch):
     assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
 
 
+class _Halved(torch.nn.Linear):
+    """A Linear whose forward is not F.linear of its weight (as a LoRA or quantized layer's)."""
+
+    def forward(self, x):
+        return super().forward(x) * 0.5
+
+
+def _halved(m):
+    new = _Halved(m.in_features, m.out_features, bias=m.bias is not None)
+    new.load_state_dict(m.state_dict())
+    return new
+
+
+@pytest.mark.parametrize("where", ["q_proj", "v_proj hook", "lm_head"])
+def test_fused_paths_stand_aside_for_wrapped_layers(cpu_attention, monkeypatch, where):
+    """fuse_qkv and the fused loss read the projections' weights in place of calling them; where a
+    layer computes something else (here a Linear subclass, or a forward hook that changes the output,
+    as PEFT's LoRA layers and quantized linears do) the layers run, and the loss and gradients equal
+    the same model without apply_tilewise (before, the fused paths used the bare weights: with PEFT's LoRA on
+    every projection, a training loss of 4.579 against the LoRA model's 4.622)."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = _model(_config(tie_word_embeddings=False), "sdpa").train()
+    attn = ref.model.layers[0].self_attn
+    if where == "q_proj":
+        attn.q_proj = _halved(attn.q_proj)
+    elif where == "v_proj hook":
+        attn.v_proj.register_forward_hook(lambda m, i, o: o * 0.5)
+    else:
+        ref.lm_head = _halved(ref.lm_head)
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ids = _ids(2, 9)
+    _same_training(ref, ours, ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False),
+                   rtol=1e-4, atol=1e-5)
+
+
+def test_fused_paths_with_peft_lora(cpu_attention, monkeypatch):
+    """PEFT's LoRA on every projection and the lm head, added before or after apply_tilewise: the
+    training loss and the adapters' gradients equal the LoRA model without apply_tilewise."""
+    peft = pytest.importorskip("peft")
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+
+    def lora(m):
+        torch.manual_seed(3)  # init_lora_weights=False: random B, so the adapters change the output
+        return peft.get_peft_model(m, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                      init_lora_weights=False))
+
+    base = _model(_config(tie_word_embeddings=False), "sdpa")
+    ids = _ids(2, 9)
+    for before in (True, False):
+        ref = lora(copy.deepcopy(base)).train()
+        if before:
+            ours = copy.deepcopy(ref)
+            tw_hf.apply_tilewise(ours.base_model.model)
+        else:
+            ours = lora(tw_hf.apply_tilewise(copy.deepcopy(base))).train()
+        lr, lo = ref(input_ids=ids, labels=ids), ours(input_ids=ids, labels=ids)
+        torch.testing.assert_close(lo.loss, lr.loss, rtol=1e-4, atol=1e-5)
+        lr.loss.backward()
+        lo.loss.backward()
+        grads = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad}
+        for n, p in ours.named_parameters():
+            if p.requires_grad:
+                torch.testing.assert_close(p.grad, grads[n], rtol=1e-3, atol=1e-5, msg=n)
+
+
 def test_rotary_pos_emb_layouts():
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)

@@ -46,7 +46,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       "pip install 'tilewise[transformers]'") from e
 
 from .. import settings
-from ..nn.layers import RMSNorm, SwiGLU
+from ..nn.layers import RMSNorm, SwiGLU, is_plain_linear
 from ..ops.norm.api import add_rms_norm
 from ..ops.attention.api import flash_attention
 from ..ops.rope.api import apply_rotary, apply_rotary_qkv
@@ -188,7 +188,9 @@ def _fused_loss_forward(original, state: dict):
 
     def forward(self, *args, labels=None, **kwargs):
         shift = kwargs.pop("shift_labels", None)
-        if not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs:
+        # a head that is not a plain Linear (a LoRA adapter, a quantized layer, hooks) runs as itself
+        if (not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs
+                or not is_plain_linear(self.get_output_embeddings())):
             if shift is not None:
                 kwargs["shift_labels"] = shift
             return original(self, *args, labels=labels, **kwargs)
@@ -320,6 +322,10 @@ def _fused_qkv_forward(attn):
     original = attn.forward
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        p = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(is_plain_linear(m) for m in p):  # LoRA adapters, quantized layers, hooks: the layers run
+            return original(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                            **kwargs)
         if position_embeddings is None or any(kwargs.get(n) is not None for n in _CACHES):
             if self.training and not self.__dict__.get("_tilewise_warned"):
                 self.__dict__["_tilewise_warned"] = True
@@ -330,7 +336,6 @@ def _fused_qkv_forward(attn):
                             **kwargs)
         for n in (*_CACHES, "cache_position"):  # consumed by the original forward, not passed on
             kwargs.pop(n, None)
-        p = (self.q_proj, self.k_proj, self.v_proj)
         bias = torch.cat([m.bias for m in p]) if p[0].bias is not None else None
         qkv = torch.nn.functional.linear(hidden_states, torch.cat([m.weight for m in p]), bias)
         heads, kv_heads = p[0].out_features // self.head_dim, p[1].out_features // self.head_dim
@@ -361,8 +366,9 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                the model's ``hidden_act`` must be "silu".
     loss:      a ``<Family>ForCausalLM`` called with labels in training mode computes its lm head and loss
                as one ``tilewise.linear_cross_entropy`` (no (tokens, vocab) logits; the output's logits
-               then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, or a call
-               with ``logits_to_keep``, runs the model's own head and loss.
+               then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, a call
+               with ``logits_to_keep``, or a head that is not a plain Linear (PEFT's LoRA, a quantized
+               layer, forward hooks: ``tilewise.nn.layers.is_plain_linear``) runs the model's own head and loss.
     residual_norm: each decoder layer's residual adds go into ``tilewise.add_rms_norm`` with the norm
                that follows them (the next layer's input norm, or the model's final norm), so neither
                add nor the sums of the residual stream's gradients runs as a kernel of its own. The
@@ -374,7 +380,8 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
                for Qwen3, whose q / k norms sit between the projections and RoPE (True raises there).
                Parameters and state-dict keys unchanged; calls with a KV cache (generation) run the
                model's own forward: a training forward with labels and ``loss`` builds none, other
-               training forwards warn unless called with ``use_cache=False``.
+               training forwards warn unless called with ``use_cache=False``; so do calls where q, k or v
+               is not a plain Linear (LoRA adapters, quantized layers, hooks: they run as themselves).
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")

@@ -13,6 +13,14 @@ from ..ops.pointwise.swiglu import swiglu
 from ..ops.rope.api import apply_rotary
 
 
+def is_plain_linear(m: torch.nn.Module) -> bool:
+    """Whether ``m(x)`` is exactly ``F.linear(x, m.weight, m.bias)``: a ``torch.nn.Linear`` itself with no
+    forward hooks. A fused path that reads a layer's weight in place of calling it stands aside for
+    anything else: PEFT's LoRA layers, quantized linears and parametrizations compute more than the
+    weight says, and sharding hooks (DeepSpeed ZeRO-3) gather the weight only when the layer is called."""
+    return type(m) is torch.nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+
+
 class RMSNorm(torch.nn.Module):
     """``LlamaRMSNorm`` (``mode="llama"``; Mistral, Qwen2) or ``GemmaRMSNorm`` (``mode="gemma"``: the
     weight starts at 0 and scales by 1 + weight) on ``tilewise.rms_norm``. Same parameter name
