@@ -559,6 +559,8 @@ def public_ops() -> list[Op]:
         Op("swiglu", tw.swiglu, {"gate": T((4, 10)), "up": T((4, 10))},
            lambda gate, up: (F.silu(gate.double()) * up.double()).to(gate.dtype) if gate.dtype == up.dtype
            else _raise(TypeError("reference: one dtype"))),
+        Op("swiglu_packed", tw.swiglu_packed, {"gate_up": T((4, 10))},
+           lambda gate_up: (F.silu(gate_up.double()[..., :5]) * gate_up.double()[..., 5:]).to(gate_up.dtype)),
         Op("embedding", tw.embedding, {"ids": T((3, 4), torch.int64, _ints(10), index=True), "weight": T((10, 8))},
            lambda ids, weight, **kw: _embedding_ref(ids, weight),
            options={"padding_idx": [("padding_idx 10", 10), ("padding_idx -11", -11), ("padding_idx 'x'", "x"),

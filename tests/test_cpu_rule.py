@@ -75,6 +75,7 @@ def _cases(dev="cpu"):
                                                enumerate(lengths.tolist())]), [0])
     c["sigmoid3"] = ([x], tw.sigmoid3, lambda t: torch.sigmoid(torch.sigmoid(torch.sigmoid(t))), [0])
     c["swiglu"] = ([x, y], tw.swiglu, lambda a, b: F.silu(a) * b, [0, 1])
+    c["swiglu_packed"] = ([rnd(5, 8)], tw.swiglu_packed, lambda t: F.silu(t[..., :4]) * t[..., 4:], [0])
     c["transpose"] = ([rnd(3, 5, 7)], tw.transpose, lambda t: t.transpose(-1, -2), [])
     c["spmv"] = ([D, rnd(7)], tw.spmv, lambda A, b: A @ b, [])
     c["matmul"] = ([x, rnd(7, 3)], tw.matmul, torch.matmul, [])
@@ -148,7 +149,8 @@ def test_cpu_gradients_match_float64(name):
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "softmax", "cross_entropy", "flash_attention", "linear",
-                                  "swiglu", "apply_rotary", "apply_rotary_qkv", "linear_cross_entropy"])
+                                  "swiglu", "swiglu_packed", "apply_rotary", "apply_rotary_qkv",
+                                  "linear_cross_entropy"])
 def test_cpu_ops_trace_under_torch_compile(name):
     inputs, call, _, _ = CASES[name]
     torch._dynamo.reset()

@@ -286,7 +286,7 @@ def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
     assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
 
 
-UNFUSED = dict(residual_norm=False, fuse_qkv=False)  # apply_tilewise without the two decoder fusions
+UNFUSED = dict(residual_norm=False, fuse_qkv=False, fuse_gate_up=False)  # apply_tilewise without the fusions
 
 
 def test_no_handoff_into_a_sharded_module(cpu_attention, monkeypatch):
@@ -310,21 +310,24 @@ def test_no_handoff_into_a_sharded_module(cpu_attention, monkeypatch):
 
 def test_default_fusions(cpu_attention, monkeypatch):
     """apply_tilewise's defaults fuse q / k / v for Llama (a training forward with labels builds no KV
-    cache, so the fused path runs, with no warning) and the residual adds (two per layer: the attention's,
-    and the MLP's into the next norm or the final one), and leave Qwen3's q / k / v alone (its q / k
-    norms sit before RoPE) without raising."""
+    cache, so the fused path runs, with no warning), the residual adds (two per layer: the attention's,
+    and the MLP's into the next norm or the final one) and each MLP's gate / up GEMM, and leave Qwen3's
+    q / k / v alone (its q / k norms sit before RoPE) without raising."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
-    qkv, norms = [], []
-    real_qkv, real_norm = tw_hf.apply_rotary_qkv, tw_hf.add_rms_norm
+    import tilewise.nn.layers as layers
+
+    qkv, norms, packed = [], [], []
+    real_qkv, real_norm, real_packed = tw_hf.apply_rotary_qkv, tw_hf.add_rms_norm, layers.swiglu_packed
     monkeypatch.setattr(tw_hf, "apply_rotary_qkv", lambda *a, **k: qkv.append(1) or real_qkv(*a, **k))
     monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
+    monkeypatch.setattr(layers, "swiglu_packed", lambda *a, **k: packed.append(1) or real_packed(*a, **k))
     model = tw_hf.apply_tilewise(_model(_config(num_hidden_layers=2), "sdpa").train())
     ids = _ids(2, 7)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         out = model(ids, labels=ids)
-    assert (len(qkv), len(norms)) == (2, 4) and out.past_key_values is None
+    assert (len(qkv), len(norms), len(packed)) == (2, 4, 2) and out.past_key_values is None
     qwen3 = tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"))
     assert not any("_tilewise_qkv" in m.__dict__ for m in qwen3.modules())
 
@@ -410,6 +413,29 @@ def test_fuse_qkv_with_a_cache_runs_the_model_forward(cpu_attention, monkeypatch
         tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"), fuse_qkv=True)
 
 
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("llama", {"mlp_bias": True}), ("qwen2", {})])
+def test_fuse_gate_up_matches_the_unfused_model(cpu_attention, monkeypatch, family, extra):
+    """apply_tilewise(fuse_gate_up=True) (swiglu_packed in Triton's interpreter; Llama's MLP biases):
+    loss and every gradient equal apply_tilewise's without it; parameters and state-dict keys those of
+    the model; one packed activation a layer."""
+    import tilewise.nn.layers as layers
+
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    calls = []
+    real = layers.swiglu_packed
+    monkeypatch.setattr(layers, "swiglu_packed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    base = _model(_config(family, num_hidden_layers=3, **extra), "sdpa").train()
+    keys = list(base.state_dict())
+    ours = tw_hf.apply_tilewise(copy.deepcopy(base), **{**UNFUSED, "fuse_gate_up": True})
+    ref = tw_hf.apply_tilewise(base, **UNFUSED)
+    assert list(ours.state_dict()) == keys
+    ids = _ids(2, 13)
+    lr, lo = ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False)
+    assert len(calls) == 3
+    _same_training(ref, ours, lr, lo, 1e-5, 1e-5)
+
+
 def test_fuse_qkv_compiles_without_graph_breaks(monkeypatch):
     import torch._dynamo
 
@@ -449,7 +475,7 @@ def _halved(m):
     return new
 
 
-@pytest.mark.parametrize("where", ["q_proj", "v_proj hook", "lm_head"])
+@pytest.mark.parametrize("where", ["q_proj", "v_proj hook", "lm_head", "up_proj"])
 def test_fused_paths_stand_aside_for_wrapped_layers(cpu_attention, monkeypatch, where):
     """fuse_qkv and the fused loss read the projections' weights in place of calling them; where a
     layer computes something else (here a Linear subclass, or a forward hook that changes the output,
@@ -464,6 +490,8 @@ def test_fused_paths_stand_aside_for_wrapped_layers(cpu_attention, monkeypatch, 
         attn.q_proj = _halved(attn.q_proj)
     elif where == "v_proj hook":
         attn.v_proj.register_forward_hook(lambda m, i, o: o * 0.5)
+    elif where == "up_proj":  # fuse_gate_up's GEMM
+        ref.model.layers[1].mlp.up_proj = _halved(ref.model.layers[1].mlp.up_proj)
     else:
         ref.lm_head = _halved(ref.lm_head)
     ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
@@ -550,19 +578,20 @@ def test_gpu_llama_logits_and_grads_match_sdpa(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fusions", [dict(residual_norm=True), dict(fuse_qkv=True),
-                                     dict(residual_norm=True, fuse_qkv=True)], ids=str)
+@pytest.mark.parametrize("fusions", [dict(residual_norm=True), dict(fuse_qkv=True), dict(fuse_gate_up=True),
+                                     dict(residual_norm=True, fuse_qkv=True, fuse_gate_up=True)], ids=str)
 @pytest.mark.quick
 def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
-    """bf16 on CUDA, 3 layers: apply_tilewise with residual_norm (add_rms_norm's kernels, the hand-off)
-    and / or fuse_qkv (apply_rotary_qkv) against apply_tilewise without them: loss and every gradient
-    within bf16 noise."""
+    """bf16 on CUDA, 3 layers: apply_tilewise with residual_norm (add_rms_norm's kernels, the hand-off),
+    fuse_qkv (apply_rotary_qkv), fuse_gate_up (swiglu_packed) or all three against apply_tilewise
+    without them: loss and every gradient within bf16 noise."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
                      num_hidden_layers=3, vocab_size=1000)
-    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train(), **UNFUSED)
-    ours = tw_hf.apply_tilewise(copy.deepcopy(ref), **{**UNFUSED, **fusions})
+    base = _model(config, "sdpa", "cuda", torch.bfloat16).train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(base), **{**UNFUSED, **fusions})
+    ref = tw_hf.apply_tilewise(base, **UNFUSED)
     ids = torch.randint(0, 1000, (2, 333), device="cuda")
     lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())

@@ -26,7 +26,7 @@ _PUBLIC = {
     "ops.pointwise.elementwise": ["relu", "gelu", "sigmoid", "tanh", "exp", "log", "sin", "cos", "neg",
                                   "add", "sub", "mul", "div", "maximum", "pow"],
     "ops.pointwise.recompute": ["sigmoid3"],
-    "ops.pointwise.swiglu": ["swiglu"],
+    "ops.pointwise.swiglu": ["swiglu", "swiglu_packed"],
     "ops.transpose.api": ["transpose"],
     "ops.spmv.api": ["spmv", "CSR", "ELL", "JDS", "Panels"],
     "ops.gemm.sgemm": ["matmul"],

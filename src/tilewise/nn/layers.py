@@ -9,7 +9,7 @@ import torch
 from ..ops.attention.api import flash_attention
 from ..ops.gemm.api import linear
 from ..ops.norm.api import MODES, rms_norm
-from ..ops.pointwise.swiglu import swiglu
+from ..ops.pointwise.swiglu import swiglu, swiglu_packed
 from ..ops.rope.api import apply_rotary
 
 
@@ -54,24 +54,40 @@ class RMSNorm(torch.nn.Module):
 class SwiGLU(torch.nn.Module):
     """``LlamaMLP`` (Mistral's, Qwen2's): ``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the
     activation in one tilewise kernel (``swiglu``); the projections are torch's Linear (cuBLAS).
-    Same parameter names as transformers', so a state dict loads as is."""
+    Same parameter names as transformers', so a state dict loads as is.
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
+    fuse_gate_up: gate and up come from one GEMM over their weights concatenated each call (2 x I x H
+    elements copied, and kept for the backward), then ``swiglu_packed``; its one (..., 2 * I)
+    gradient makes the input gradient one GEMM too. The parameters stay two. Where gate or up is not
+    a plain Linear (``is_plain_linear``), they run as themselves."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None,
+                 fuse_gate_up: bool = False):
         super().__init__()
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
+        self.fuse_gate_up = fuse_gate_up
 
     @classmethod
-    def sharing(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear) -> "SwiGLU":
+    def sharing(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear,
+                fuse_gate_up: bool = False) -> "SwiGLU":
         """A SwiGLU holding these three Linear modules themselves (as ``RMSNorm.sharing``)."""
-        new = cls(gate_proj.in_features, gate_proj.out_features, device="meta")
+        new = cls(gate_proj.in_features, gate_proj.out_features, device="meta", fuse_gate_up=fuse_gate_up)
         new.gate_proj, new.up_proj, new.down_proj = gate_proj, up_proj, down_proj
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        g, u = self.gate_proj, self.up_proj
+        # the fused GEMM reads the weights: LoRA adapters, quantized layers and hooks must run themselves
+        if not self.fuse_gate_up or not (is_plain_linear(g) and is_plain_linear(u)):
+            return self.down_proj(swiglu(g(x), u(x)))
+        bias = torch.cat([g.bias, u.bias]) if g.bias is not None else None
+        return self.down_proj(swiglu_packed(torch.nn.functional.linear(x, torch.cat([g.weight, u.weight]), bias)))
+
+    def extra_repr(self) -> str:
+        return "fuse_gate_up=True" if self.fuse_gate_up else ""
 
 
 class Linear(torch.nn.Linear):

@@ -162,3 +162,5 @@ RECOMPUTE_BLOCK = 2048
 # at 4 warps x 32 lanes x 8 elements. Not yet measured on the H200 (docs/tuning/pointwise.md).
 SWIGLU_BLOCK = 1024
 SWIGLU_WARPS = 4
+# swiglu_packed: columns of one row a program (Llama's I = 8192 .. 14336 is 8 .. 14 programs a row).
+SWIGLU_PACKED_BLOCK = 1024

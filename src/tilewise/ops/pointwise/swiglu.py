@@ -4,9 +4,15 @@
     v2_fused:     one Triton kernel a direction: forward reads gate and up once and writes y; backward
                   reads dy, gate and up once and writes dgate and dup (silu recomputed, not stored).
                   Bound: bytes.
+
+``swiglu_packed(gate_up)`` takes both halves in one (..., 2 * I) tensor, the output of one GEMM over
+the concatenated gate and up weights, and its backward writes one (..., 2 * I) gradient, so the input
+gradient is one GEMM as well (no sum of two dX products).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +23,7 @@ from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import SWIGLU_BLOCK, SWIGLU_WARPS
+from .configs import SWIGLU_BLOCK, SWIGLU_PACKED_BLOCK, SWIGLU_WARPS
 
 @triton.jit
 def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
@@ -33,6 +39,26 @@ def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.con
         tl.store(DU + offs, (dy * silu).to(DU.dtype.element_ty), mask=m)
     else:
         tl.store(Y + offs, (silu * u).to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _swiglu_packed_kernel(GU, DY, Y, DGU, I, ld, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
+    # One program: BLOCK columns of one row; row r's gate at GU[r * ld + c], its up I further on.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < I
+    src = GU + row * ld + cols
+    g = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(src + I, mask=m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    silu = g * sig
+    if BACKWARD:
+        dy = tl.load(DY + row * I + cols, mask=m, other=0.0).to(tl.float32)
+        dst = DGU + row * (2 * I) + cols
+        tl.store(dst, (dy * u * sig * (1.0 + g * (1.0 - sig))).to(DGU.dtype.element_ty), mask=m)
+        tl.store(dst + I, (dy * silu).to(DGU.dtype.element_ty), mask=m)
+    else:
+        tl.store(Y + row * I + cols, (silu * u).to(Y.dtype.element_ty), mask=m)
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -128,3 +154,98 @@ def v1_reference(gate, up):
 
 
 VARIANTS = {"v1_reference": v1_reference, "v2_fused": swiglu}
+
+
+# --------------------------------------------------------------------------- packed halves
+
+
+def reference_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` with gate and up the first and second halves of the last dimension."""
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate) * up
+
+
+def _check_packed(gate_up, cpu=False):
+    check_kernel_inputs("swiglu_packed", {"gate_up": gate_up}, interpreter=True, cpu=cpu)
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(f"swiglu_packed: 'gate_up' must be (..., 2 * I), its last dimension even; got "
+                         f"{tuple(gate_up.shape)}")
+    if gate_up.shape[-1] // 2 > 65535 * SWIGLU_PACKED_BLOCK:  # the grid's second dimension
+        raise ValueError(f"swiglu_packed: 'gate_up' has I = {gate_up.shape[-1] // 2} columns a half; at most "
+                         f"{65535 * SWIGLU_PACKED_BLOCK}")
+
+
+def _rows(gate_up):
+    """(rows, 2 * I) with unit column stride (a view where the layout allows) and its row stride."""
+    x = gate_up.reshape(math.prod(gate_up.shape[:-1]), gate_up.shape[-1])
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x, (x.stride(0) if x.shape[0] > 1 else x.shape[1])
+
+
+def _run_packed(gate_up, dy=None):
+    x, ld = _rows(gate_up)
+    rows, i = x.shape[0], x.shape[1] // 2
+    grid = (rows, triton.cdiv(i, SWIGLU_PACKED_BLOCK))
+    if dy is None:
+        y = gate_up.new_empty(*gate_up.shape[:-1], i)
+        if y.numel():
+            _launch(_swiglu_packed_kernel, grid, x, x, y, x, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=False,
+                    num_warps=SWIGLU_WARPS)
+        return y
+    dy = dy.contiguous()
+    dgu = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+    if dgu.numel():
+        _launch(_swiglu_packed_kernel, grid, x, dy, x, dgu, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=True,
+                num_warps=SWIGLU_WARPS)
+    return dgu
+
+
+@torch.library.custom_op("tilewise::swiglu_packed", mutates_args=())
+def _packed_fwd_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return _run_packed(gate_up)
+
+
+@_packed_fwd_op.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@torch.library.custom_op("tilewise::swiglu_packed_bwd", mutates_args=())
+def _packed_bwd_op(dy: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    return _run_packed(gate_up, dy)
+
+
+@_packed_bwd_op.register_fake
+def _(dy, gate_up):
+    return torch.empty_like(gate_up, memory_format=torch.contiguous_format)
+
+
+def _packed_grad(ctx, dy):
+    (gate_up,) = ctx.saved_tensors
+    return _run_packed(gate_up, dy) if getattr(ctx, "eager", False) else _packed_bwd_op(dy, gate_up)
+
+
+_packed_fwd_op.register_autograd(_packed_grad, setup_context=_setup)
+
+
+_EagerPacked = eager_twin("_EagerPacked", _run_packed, _setup, _packed_grad)
+
+
+def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate_up`` (..., 2 * I) holds gate in its first I columns and up in
+    the last I (``torch.cat([gate, up], -1)``, or one GEMM over the concatenated weights), in one
+    kernel each way; the backward returns one (..., 2 * I) gradient.
+
+    gate_up: a CUDA float32 / float16 / bfloat16 tensor (rows may be strided, columns unit-stride
+             or it is copied); CPU tensors run the PyTorch reference.
+    Returns y (..., I), contiguous. Under ``torch.compile`` it is the custom op
+    ``torch.ops.tilewise.swiglu_packed``.
+    """
+    cpu = runs_reference("swiglu_packed", {"gate_up": gate_up}, interpreter=True)
+    _check_packed(gate_up, cpu=cpu)
+    if cpu:
+        return reference_packed(gate_up)
+    if torch.compiler.is_compiling():
+        return _packed_fwd_op(gate_up)
+    return _EagerPacked.apply(gate_up)
