@@ -202,3 +202,28 @@ def test_gpu_softcap_bf16():
     assert abs(got.item() - want.item()) <= 2e-2 * abs(want.item())
     for a, e in zip(g[:2], r[:2]):
         assert ((a.float() - e).norm() / e.norm()).item() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick
+def test_gpu_cluster_kernel_writes_over_the_logits(dtype, monkeypatch):
+    """V = 32000 (16-byte rows past MAX_FUSED): each chunk's cross-entropy runs on the v7 cluster kernel,
+    which writes the gradient over the logits it read; int32 targets, ignored rows, label smoothing,
+    'sum', chunks that do not divide N, against the fp32 reference. V = 32003 keeps v3_online."""
+    import tilewise.ops.rowwise.cluster as rc
+
+    calls = []
+    real = rc.cross_entropy_tma
+    monkeypatch.setattr(rc, "cross_entropy_tma", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for V, cluster in ((32000, True), (32003, False)):
+        calls.clear()
+        x, w, t, b = _inputs(1000, 512, V, dtype, "cuda", bias=True, ignore=77)
+        t = t.to(torch.int32)
+        kw = dict(reduction="sum", label_smoothing=0.1)
+        got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, chunk_rows=384, **kw), x, w, b)
+        want, r = _grads(lambda x, w, b: L.reference(x, w, t, b, **kw), x.float(), w.float(), b.float())
+        assert len(calls) == (3 if cluster else 0)
+        assert abs(got.item() - want.item()) <= 2e-2 * abs(want.item())
+        for a, e in zip(g, r):
+            assert ((a.float() - e).norm() / e.norm()).item() < 2e-2

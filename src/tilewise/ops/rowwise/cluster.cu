@@ -729,6 +729,8 @@ rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ targ
     const int s = it % S;
     const long long t = target[row];
     const bool valid = t != ignore_index;
+    // Read before the cluster barrier: dx may be x itself (linear_cross_entropy), written only after it.
+    const float xt = rank == 0 && threadIdx.x == 0 && valid ? tw::to_float(x[row * sx + t]) : 0.f;
     uint4 buf[CH];
     pipe.take(s, it, buf, sl);
     const float m = rc::packed_max<T, CL, NT, CH>(buf, sl);
@@ -770,8 +772,7 @@ rc_cross_entropy_tma(const T* __restrict__ x, const long long* __restrict__ targ
     if (rank == 0 && threadIdx.x == 0) {
       float l = 0.f;
       if (valid)
-        l = (pm == -INFINITY ? 0.f : pm) + logf(ps) - (1.f - smoothing) * tw::to_float(x[row * sx + t]) -
-            smoothing / (float)N * SX;
+        l = (pm == -INFINITY ? 0.f : pm) + logf(ps) - (1.f - smoothing) * xt - smoothing / (float)N * SX;
       loss[row] = l;
     }
     if (grad) {

@@ -228,7 +228,9 @@ def cross_entropy_tma(x: torch.Tensor, target: torch.Tensor, loss_rows: torch.Te
                       ignore_index: int, smoothing: float, grad_scale: float, config=None,
                       scale_dev: torch.Tensor | None = None) -> None:
     """As ``cross_entropy``, by the TMA-pipelined (v7) kernel: bf16 / fp16 logits (M, N), N up to the
-    config's capacity; ``tma_unsupported_reason(x, kind="ce")`` says what it takes."""
+    config's capacity; ``tma_unsupported_reason(x, kind="ce")`` says what it takes. ``dx`` may be
+    ``x`` itself (the gradient written over the logits: each row is read whole before any CTA of its
+    cluster writes)."""
     ts = (x,) if dx is None else (x, dx)
     why = tma_unsupported_reason(*ts, kind="ce", config=config)
     if why:

@@ -1,11 +1,12 @@
 """linear_cross_entropy: the LM head and its loss, ``cross_entropy(x @ weight.T + bias, target)``,
 without the (N, V) logits.
 
-The rows go in chunks: a chunk's logits (chunk x V, x's dtype) come from one GEMM, the
-cross-entropy kernel (v2_fused / v3_online's ``_ce_kernel``) writes their gradient over them in
-place, and two more GEMMs turn it into the chunk's dx rows and add its share of dW (and the column
-sums into db). Everything is computed in the forward, as the loss is the last op; backward scales
-the held gradients by the upstream gradient on the device (untouched when it is 1).
+The rows go in chunks: a chunk's logits (chunk x V, x's dtype) come from one GEMM, the cross-entropy
+kernel writes their gradient over them in place (v2_fused's ``_ce_kernel`` for rows in registers;
+past that the CUDA C cluster kernel, v7, which reads a chunk once, where it takes the chunk, else
+v3_online's two passes), and two more GEMMs turn it into the chunk's dx rows and add its share of dW
+(and the column sums into db). Everything is computed in the forward, as the loss is the last op;
+backward scales the held gradients by the upstream gradient on the device (untouched when it is 1).
 
 Memory beyond the inputs: one chunk of logits, dx (N x H) and dW (V x H, weight's dtype), db
 (V, fp32) when there is a bias; never N x V. Time: three GEMMs of 2 N V H FLOPs each (cuBLAS
@@ -22,6 +23,7 @@ import torch
 from ... import settings
 from ...cost import Cost
 from .._checks import runs_reference
+from . import cluster as rc
 from .configs import MAX_FUSED, lce_chunk_rows
 from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
 
@@ -109,6 +111,10 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     # allocated before the last one is freed; 1631 MiB beyond the inputs at N 16384, H 4096, V 128256).
     buf = torch.empty(min(step, N), V, device=dev, dtype=x2.dtype)
     b = None if bias is None else bias.to(x2.dtype)
+    # Rows past MAX_FUSED: v7 reads a chunk once where v3_online reads it twice (docs/tuning/rowwise.md,
+    # "Fused linear cross-entropy"); it takes int64 targets, which _count_valid has checked.
+    tma = V > MAX_FUSED and rc.tma_unsupported_reason(buf, buf, kind="ce") is None
+    t_cl = t.to(torch.int64) if tma else t
     for r0 in range(0, N, step):
         xc = x2[r0:r0 + step]
         logits = buf[:xc.shape[0]]
@@ -122,8 +128,12 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
         # The chunk's gradient is written unscaled (softmax - target, |g| >= ~1 / V) and 'mean''s 1 / n_valid
         # rides in the GEMMs' fp32 alpha: scaled first, float16 would flush most of it (~1 / (V n), below its
         # smallest subnormal; measured on the H200: dbias 2.9 % off at V 32k, n 923).
-        _rows_kernel(logits, t[r0:r0 + step], loss_rows[r0:r0 + step], logits if grad else None, 1.0,
-                     ignore_index, label_smoothing, one_pass=V <= MAX_FUSED)
+        if tma:
+            rc.cross_entropy_tma(logits, t_cl[r0:r0 + step], loss_rows[r0:r0 + step], logits if grad else None,
+                                 ignore_index, float(label_smoothing), 1.0)
+        else:
+            _rows_kernel(logits, t[r0:r0 + step], loss_rows[r0:r0 + step], logits if grad else None, 1.0,
+                         ignore_index, label_smoothing, one_pass=V <= MAX_FUSED)
         if softcap is not None and grad:
             torch.mul(logits, th.mul_(th).neg_().add_(1.0), out=logits)
         if dx is not None:
