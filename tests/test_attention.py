@@ -1579,8 +1579,8 @@ def sig_fwd(D, bn, bias):
     return {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]),
             "b_desc": td([64, bn]) if bias else td([64, D]), "out_ptr": "*bf16", "lse_ptr": "*fp32", "H": "i32",
             "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "bias_rows_b": "i32",
-            "bias_rows_h": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
-            "HAS_BIAS": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr",
+            "bias_rows_h": "i32", "HEAD_GROUP": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+            "CAUSAL": "constexpr", "HAS_BIAS": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr",
             "BATCH_FASTEST": "constexpr", "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
 
 def sig_persistent(D, bn):
@@ -1951,6 +1951,39 @@ def _check_v5_forward(q, k, v, causal, bias, **changes):
     assert not torch.isnan(out).any()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     torch.testing.assert_close(lse, ref_lse, rtol=0, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,config,groups", [
+    ((2, 6, 3, 2000, 2000, 64), (128, 2, 160, None, 3), (3, 4, 12)),  # 11 blocks of 192 rows a head
+    ((1, 8, 2, 2100, 2100, 128), None, (2, 8, None)),  # 17 blocks of 128: the default groups them (8)
+    ((2, 4, 4, 777, 1000, 128), None, (2, 8))], ids=str)
+@pytest.mark.quick(rotate="shape")
+def test_gpu_v5_causal_head_groups_change_the_order_only(shape, config, groups, poisoned_outputs):
+    """v5's causal grid launched block-major within head groups (``gluon_fwd._lpt``): every group size
+    (None: ``configs.causal_head_group``'s) gives head by head's output and LSE bit for bit, and those
+    match the fp32 reference; a group that does not divide B x H is refused."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + D)
+    _ws_or_skip(q)
+    scale = D ** -0.5
+
+    def run(group):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((B, H, Sq), float("nan"), device="cuda")
+        return ag.fwd(q, k, v, True, scale, out, lse, config=config, head_group=group)
+
+    base_out, base_lse = run(1)
+    ref, ref_lse = A.reference(q.float(), k.float(), v.float(), causal=True, return_lse=True)
+    assert ((base_out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    torch.testing.assert_close(base_lse, ref_lse, rtol=0, atol=2e-2)
+    for g in groups:
+        out, lse = run(g)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), g
+    with pytest.raises(ValueError, match="must divide"):
+        run(5)
 
 
 @pytest.mark.gpu

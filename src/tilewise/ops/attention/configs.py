@@ -134,13 +134,14 @@ def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
     return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
-# Blocks a head (query or key blocks of 128) where v6's causal kernels launch by head groups; outside,
-# head by head (measured: 0.95-0.98x at 1024 and 16384, 1.02-1.04x between; tuning: "v6 causal launch order").
+# Blocks a head (query or key blocks of 128; v5's forward: 128 or 192 query rows) where the causal Gluon
+# kernels launch by head groups; outside, head by head (v6 measured: 0.95-0.98x at 1024 and 16384,
+# 1.02-1.04x between; tuning: "v6 causal launch order"). v5's forward uses the same rule (not yet measured).
 CAUSAL_GROUPED_BLOCKS = (16, 64)
 
 
 def causal_head_group(heads: int, blocks: int, sms: int) -> int:
-    """Heads a causal v6 kernel launches as one group, block-major inside it (``gluon_bwd._lpt``; 1 is
+    """Heads a causal v5 / v6 kernel launches as one group, block-major inside it (``gluon_fwd._lpt``; 1 is
     head by head): within ``CAUSAL_GROUPED_BLOCKS``, the smallest divisor of ``heads`` whose group fills
     the SMs once (blocks x group >= sms). Each group then starts with its longest CTAs, so the tail is
     short ones, and about two groups' inputs are read at a time (L2)."""

@@ -49,7 +49,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, fill_kv, head_rc, kv_ring,
+    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, fill_kv, head_rc, kv_ring,
                             kv_tiles, row_len, unmasked_tiles)
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -87,19 +87,6 @@ if _GLUON:
             do_row, do_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
             _tma_load(q_desc, [q_row + i * BLOCK_M, q_col], ready.index(s), q_smem.index(s))
             _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
-
-    @gluon.jit
-    def _lpt(head_group):
-        """(block, head) of this CTA for a causal grid (blocks, heads): launch order (x fastest) taken
-        block-major within groups of ``head_group`` heads (``configs.causal_head_group``). A block's
-        work falls with its index; launched head by head, a head's longest CTAs were left for the tail
-        (a model of the schedule: the busiest SM 1.07-1.15x the mean at B * S = 16384, ~1.00-1.03x
-        this way), and a group keeps the heads read at a time (L2) to about two groups'."""
-        n_blocks = gl.num_programs(0)
-        pid = gl.program_id(0) + gl.program_id(1) * n_blocks
-        per = n_blocks * head_group
-        r = pid % per
-        return r // head_group, (pid // per) * head_group + r % head_group
 
     @gluon.jit
     def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,

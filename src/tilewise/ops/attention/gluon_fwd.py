@@ -225,7 +225,7 @@ if _GLUON:
 
     @gluon.jit
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
-                           bias_rows_b, bias_rows_h,
+                           bias_rows_b, bias_rows_h, HEAD_GROUP,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
                            BATCH_FASTEST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
@@ -233,9 +233,10 @@ if _GLUON:
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
-        if CAUSAL:  # the longest rows first
-            start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
+        if CAUSAL:  # the longest rows first: a head group's last rows, then the ones before, ...
+            start_m, bh = _lpt(HEAD_GROUP)
+            start_m = gl.num_programs(0) - 1 - start_m
         if BATCH_FASTEST:  # a bias shared by the batch: the B programs reading one bias tile run together
             nb = gl.num_programs(1) // H
             off_b = bh % nb
@@ -354,6 +355,20 @@ if _GLUON:
     def kv_head_row(bh, H, GROUP, Sk):
         """First row, in the (B * Hkv * Sk, D) K / V view, of query head ``bh``'s K / V head (GQA)."""
         return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
+
+    @gluon.jit
+    def _lpt(head_group):
+        """(block, head) of this CTA for a causal grid (blocks, heads): launch order (x fastest) taken
+        block-major within groups of ``head_group`` heads (``configs.causal_head_group``; 1 is head by
+        head, the grid's own order). A block's work grows or falls with its index; launched head by
+        head, a head's longest CTAs were left for the tail (a model of the schedule: the busiest SM
+        1.07-1.15x the mean at B * S = 16384, ~1.00-1.03x this way), and a group keeps the heads read
+        at a time (L2) to about two groups'. v5's causal forward and v6's kernels."""
+        n_blocks = gl.num_programs(0)
+        pid = gl.program_id(0) + gl.program_id(1) * n_blocks
+        per = n_blocks * head_group
+        r = pid % per
+        return r // head_group, (pid // per) * head_group + r % head_group
 
     @gluon.jit
     def head_rc(bh, b, h, S, D: gl.constexpr, SEQ: gl.constexpr):
@@ -686,14 +701,16 @@ def run(kernel, grid, args, meta, launch=None):
 
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
-        persistent=False, pingpong=False):
+        persistent=False, pingpong=False, head_group=None):
     """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each
     head-major or sequence-major (``layout.rows``: read and written in place); the caller checks
     the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
     (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
     consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
     ``persistent``: the persistent grid where it applies (no bias, two consumers, no maxnreg, no
-    ping-pong); ``pingpong``: the consumers take turns issuing their products."""
+    ping-pong); ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
+    causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
+    default ``configs.causal_head_group``'s."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, maxnreg, ncons = configs.ws_fwd_config(D, bias is not None, config)
@@ -719,7 +736,10 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
-    args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h)
+    group = head_group or (configs.causal_head_group(grid[1], grid[0], rt.sm_count(q.get_device())) if causal else 1)
+    if grid[1] % group:
+        raise ValueError(f"gluon_fwd.fwd: head_group {group} must divide B x H = {grid[1]}")
+    args = (qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, rows_b, rows_h, group)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), HAS_BIAS=bias is not None,
                 CONSUMER_REGS=regs, NUM_CONS=ncons, BATCH_FASTEST=batch_fastest, PINGPONG=bool(pingpong), num_warps=4)
     if layout:
