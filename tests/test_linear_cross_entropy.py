@@ -47,6 +47,27 @@ def test_triton_interpreter_against_fp64(N, H, V, chunk, case):
             torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("N,chunk", [(23, 5), (0, None)])
+def test_gradients_do_not_read_their_fresh_buffers(monkeypatch, N, chunk):
+    """dW and db start uninitialized and the first chunk writes them (beta = 0): NaN-poisoned
+    allocations must not reach the gradients; with no rows at all they are zeros."""
+    x, w, t, b = _inputs(N, 12, 29, bias=True, seed=7)
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
+    got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, reduction="sum", chunk_rows=chunk), x, w, b)
+    monkeypatch.undo()
+    want, r = _grads(lambda x, w, b: L.reference(x, w, t, b, "sum"), x.double(), w.double(), b.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for a, e in zip(g, r):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
+
+
 def test_leading_dims_and_strided_x():
     x, w, t, _ = _inputs(2 * 9, 12, 31, seed=3)
     wide = torch.zeros(2, 9, 15)

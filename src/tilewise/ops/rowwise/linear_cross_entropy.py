@@ -103,8 +103,11 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
     dev = x2.device
     loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
     dx = torch.empty_like(x2) if need[0] else None
-    dw = torch.zeros_like(weight) if need[1] else None
-    db = torch.zeros(V, device=dev, dtype=torch.float32) if need[2] else None
+    # dW and db are written by the first chunk (beta = 0: their contents are not read), so they start
+    # empty: a zero fill of dW is a V x H write, and the first addmm's read of it another (2 x 0.5 GB
+    # at Llama 3's V 128,256, H 2,048 in bf16). No rows, no chunk: zeros.
+    dw = (torch.empty_like if N else torch.zeros_like)(weight) if need[1] else None
+    db = (torch.empty if N else torch.zeros)(V, device=dev, dtype=torch.float32) if need[2] else None
     grad = any(need)
     step = chunk_rows or chunk_rows_for(N, H, V, x2.dtype, need)
     # One chunk buffer for every chunk: a new tensor a chunk held two at the peak (the next product is
@@ -138,10 +141,14 @@ def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chun
             torch.mul(logits, th.mul_(th).neg_().add_(1.0), out=logits)
         if dx is not None:
             torch.addmm(dx[r0:r0 + step], logits, weight, beta=0, alpha=scale, out=dx[r0:r0 + step])
+        first = r0 == 0
         if dw is not None:
-            dw.addmm_(logits.t(), xc, alpha=scale)
+            dw.addmm_(logits.t(), xc, beta=0 if first else 1, alpha=scale)
         if db is not None:
-            db.add_(logits.sum(0, dtype=torch.float32), alpha=scale)
+            if first:
+                torch.mul(logits.sum(0, dtype=torch.float32), scale, out=db)
+            else:
+                db.add_(logits.sum(0, dtype=torch.float32), alpha=scale)
     loss = loss_rows.sum()
     if reduction == "mean":
         loss = loss / n_valid if n_valid else loss * float("nan")  # as F.cross_entropy: NaN when nothing counts
