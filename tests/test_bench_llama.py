@@ -52,13 +52,13 @@ def test_candidates_built_after_tilewise_keep_their_attention():
     try:
         ours = S._build("hf_tilewise", config, state, device="cpu")[0]
         after = S._build("hf_sdpa", config, state, device="cpu")[0]
-        ours_sdpa = S._build("hf_tilewise_sdpa_attn", config, state, device="cpu")[0]
+        own = S._build("hf_tilewise_own_attn", config, state, device="cpu")[0]
     finally:
         S._restore(snap)
-    assert ours.config._attn_implementation == "tilewise"
+    assert ours.config._attn_implementation == "tilewise_auto"
     assert after.config._attn_implementation == "sdpa" and config._attn_implementation == "sdpa"
-    assert ours_sdpa.config._attn_implementation == "sdpa"
-    assert any(type(m).__name__ == "RMSNorm" and type(m).__module__.startswith("tilewise") for m in ours_sdpa.modules())
+    assert own.config._attn_implementation == "tilewise"
+    assert any(type(m).__name__ == "RMSNorm" and type(m).__module__.startswith("tilewise") for m in own.modules())
 
 
 def test_kernel_groups_of_the_step_profile():

@@ -77,6 +77,83 @@ def test_registered():
 
     assert AttentionInterface._global_mapping[tw_hf.NAME] is tw_hf.attention_forward
     assert AttentionMaskInterface._global_mapping[tw_hf.NAME] is tw_hf.mask_builder
+    assert AttentionInterface._global_mapping[tw_hf.AUTO_NAME] is tw_hf.auto_attention_forward
+    assert AttentionMaskInterface._global_mapping[tw_hf.AUTO_NAME] is tw_hf.mask_builder
+
+
+def test_prefer_sdpa_rules():
+    from tilewise.ops.attention.configs import SDPA_RULES, prefer_sdpa
+
+    h200 = (9, 0)
+    assert all(prefer_sdpa(h200, D, S, c, True) for D in (64, 128) for c in (False, True) for S in (1024, 16384))
+    assert prefer_sdpa(h200, 64, 4096, True, False) and not prefer_sdpa(h200, 64, 8192, True, False)
+    assert prefer_sdpa(h200, 128, 16384, False, False)
+    assert not prefer_sdpa(h200, 96, 4096, True, True)  # a head dim not measured: flash_attention
+    assert not prefer_sdpa((8, 0), 64, 4096, True, True)  # a GPU not measured: flash_attention
+    assert all(v is None or v > 0 for v in SDPA_RULES.values())
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Records the calls "tilewise_auto" gives to SDPA (the real function runs)."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append(dict(kw, shape=tuple(q.shape)))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_auto_attention_routes_by_the_rules(cpu_attention, sdpa_calls, monkeypatch):
+    """On a GPU the rules cover (here: an H200's capability given to the CPU tensors), a plain training
+    call at head dim 64 goes to SDPA, as does an inference one below S 8192; a padded batch, and any
+    call on a device without rules, goes to flash_attention. Logits agree with the model's own SDPA."""
+    config = _config(hidden_size=256, intermediate_size=320, num_attention_heads=4, num_key_value_heads=2)
+    ref = _model(config, "sdpa", dtype=torch.bfloat16)
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(tw_hf.AUTO_NAME)
+    ids = _ids(2, 12)
+    with torch.no_grad():
+        want = ref(ids).logits.float()
+    del sdpa_calls[:]
+    with torch.no_grad():  # the CPU has no rules: flash_attention (here its reference)
+        got = ours(ids).logits.float()
+    assert len(cpu_attention) == 2 and not sdpa_calls
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+    monkeypatch.setattr(tw_hf, "_capability", lambda device: (9, 0))
+    del cpu_attention[:]
+    with torch.no_grad():
+        got = ours(ids).logits.float()
+    assert not cpu_attention and len(sdpa_calls) == 2
+    assert all(c["is_causal"] and c["enable_gqa"] and c["shape"] == (2, 4, 12, 64) for c in sdpa_calls)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+    del sdpa_calls[:]
+    ours.train()
+    ours(ids, labels=ids).loss.backward()  # gradients follow: the forward + backward rule
+    assert not cpu_attention and len(sdpa_calls) == 2
+
+    del sdpa_calls[:]
+    am = torch.ones_like(ids)
+    am[0, :3] = 0
+    with torch.no_grad():
+        ours(ids, attention_mask=am)
+    assert len(cpu_attention) == 2 and not sdpa_calls  # padding: flash_attention's key mask
+
+
+def test_apply_tilewise_attention_keyword(monkeypatch):
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    for value, impl in (("auto", tw_hf.AUTO_NAME), (True, tw_hf.NAME), (False, "sdpa")):
+        model = tw_hf.apply_tilewise(_model(_config(), "sdpa"), attention=value)
+        assert model.config._attn_implementation == impl
+    assert tw_hf.apply_tilewise(_model(_config(), "sdpa")).config._attn_implementation == tw_hf.AUTO_NAME
+    with pytest.raises(ValueError, match="'attention'"):
+        tw_hf.apply_tilewise(_model(_config(), "sdpa"), attention="sdpa")
 
 
 def test_unpadded_causal_gets_no_mask(cpu_attention):
@@ -594,6 +671,37 @@ def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
     ref = tw_hf.apply_tilewise(base, **UNFUSED)
     ids = torch.randint(0, 1000, (2, 333), device="cuda")
     lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
+    assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
+    lr.backward()
+    lo.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
+        assert rel < 3e-2, (n, rel.item())
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_auto_attention_matches_flash_attention(monkeypatch):
+    """bf16 on CUDA, head dim 64, the default fusions (q / k / v from apply_rotary_qkv, sequence-major):
+    attention="auto" (SDPA where the rules say, on the H200 every training call here) against
+    attention=True (flash_attention at every call): loss and every gradient within bf16 noise, and the
+    auto model's calls went where the rules say."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    from tilewise.ops.attention.configs import prefer_sdpa
+
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=1000)
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train(), attention=True)
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    assert ours.config._attn_implementation == tw_hf.AUTO_NAME
+    routed = []
+    real = tw_hf._sdpa_wins
+    monkeypatch.setattr(tw_hf, "_sdpa_wins", lambda *a: routed.append(real(*a)) or routed[-1])
+    ids = torch.randint(0, 1000, (2, 1000), device="cuda")
+    lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
+    want = prefer_sdpa(torch.cuda.get_device_capability(), 64, 1000, True, True)
+    assert routed == [want, want]
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
     lr.backward()
     lo.backward()

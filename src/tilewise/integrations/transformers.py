@@ -25,11 +25,20 @@ What reaches ``flash_attention``:
   (bool: ``mask=``; float: ``bias=``).
 - Attention dropout is not implemented: a training call with dropout > 0 raises.
 
+``"tilewise_auto"`` (what ``apply_tilewise`` sets by default) runs each call on whichever of
+``flash_attention`` and PyTorch's ``scaled_dot_product_attention`` measured faster for it on this GPU
+(``ops/attention/configs.py``'s ``SDPA_RULES``, by compute capability, head dim, causality, length
+and whether gradients follow): SDPA only for plain self-attention (no padding or other mask, no window,
+softcap or attention sinks, Sq = Sk) on a measured GPU; everything else, and any GPU or head dim not
+measured, runs ``flash_attention`` as above. On the H200 a training call is SDPA's (cuDNN's) at every
+measured shape, until flash_attention's backward catches up (docs/tuning/attention.md, "Against SDPA").
+
 ``transformers`` is an optional dependency (``pip install tilewise[transformers]``).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 import warnings
@@ -48,12 +57,14 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import settings
 from ..nn.layers import RMSNorm, SwiGLU, is_plain_linear
 from ..ops.norm.api import add_rms_norm
+from ..ops.attention import configs as attention_configs
 from ..ops.attention.api import flash_attention
 from ..ops.rope.api import apply_rotary, apply_rotary_qkv
 from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
 from ..ops.rope.api import reference as rope_reference
 
 NAME = "tilewise"
+AUTO_NAME = "tilewise_auto"
 
 # What the attention calls; a module attribute so the CPU tests can put the reference in its place.
 _attention = flash_attention
@@ -100,13 +111,17 @@ def mask_builder(batch_size: int, **kw):
     return masking_utils.sdpa_mask(batch_size=batch_size, **kw)
 
 
+def _causal(module, is_causal=None) -> bool:
+    """The call's ``is_causal`` where given, else the module's (decoders' default: causal)."""
+    return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+
+
 def attention_args(module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling=None,
                    sliding_window=None, softcap=None, is_causal=None) -> dict:
     """The ``flash_attention`` keywords for one transformers attention call (shapes as transformers
     gives them: query (B, H, Sq, D), key (B, Hkv, Sk, D)); ``is_causal`` overrides the module's."""
     Sq, Sk = query.shape[2], key.shape[2]
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    args = {"scale": scaling, "causal": bool(causal), "softcap": softcap}
+    args = {"scale": scaling, "causal": _causal(module, is_causal), "softcap": softcap}
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             raise ValueError(f"tilewise attention: 'attention_mask' of type {type(attention_mask).__name__} is "
@@ -144,13 +159,52 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
     return out.transpose(1, 2).contiguous(), None
 
 
-def register(name: str = NAME) -> None:
-    """Register the attention and its mask builder under ``name`` (done once at import)."""
-    AttentionInterface.register(name, attention_forward)
+@torch.compiler.assume_constant_result  # under torch.compile: read once while tracing, a constant after
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device):
+    """The compute capability of a CUDA ``device``; None for other devices (SDPA_RULES has no entry)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _sdpa_wins(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal,
+               kwargs) -> bool:
+    """Whether "tilewise_auto" gives this call to SDPA: plain self-attention where SDPA_RULES says so."""
+    if (attention_mask is not None or sliding_window is not None or softcap is not None
+            or kwargs.get("s_aux") is not None or (dropout and module.training)
+            or query.shape[2] != key.shape[2] or query.dtype not in (torch.float16, torch.bfloat16)):
+        return False
+    capability = _capability(query.device)
+    if capability is None:
+        return False
+    backward = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    return attention_configs.prefer_sdpa(capability, query.shape[-1], query.shape[2], causal, backward)
+
+
+def auto_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                           dropout: float = 0.0, scaling=None, sliding_window=None, softcap=None, **kwargs):
+    """transformers' attention hook for ``"tilewise_auto"``: SDPA where ``_sdpa_wins``, else
+    ``attention_forward``; returns (out (B, Sq, H, D), None)."""
+    causal = _causal(module, kwargs.get("is_causal"))
+    if _sdpa_wins(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal, kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal,
+                                                               scale=scaling,
+                                                               enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+    return attention_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
+                             **kwargs)
+
+
+def register(name: str = NAME, forward=attention_forward) -> None:
+    """Register an attention hook (``attention_forward``, or ``auto_attention_forward`` under
+    ``AUTO_NAME``) and tilewise's mask builder under ``name`` (both done once at import)."""
+    AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, mask_builder)
 
 
 register()
+register(AUTO_NAME, auto_attention_forward)
 
 
 def rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
@@ -350,13 +404,16 @@ def _fused_qkv_forward(attn):
     return types.MethodType(forward, attn)
 
 
-def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, rope: bool = True,
+def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rms_norm: bool = True, rope: bool = True,
                    swiglu: bool = True, loss: bool = True, residual_norm: bool = True,
                    fuse_qkv: bool | None = None, fuse_gate_up: bool = True) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
-    attention: ``model.set_attn_implementation("tilewise")`` (see the module's doc for masks).
+    attention: "auto" (default): ``model.set_attn_implementation("tilewise_auto")``, each call on
+               flash_attention or SDPA, whichever measured faster for it on this GPU (the module's doc);
+               True: ``"tilewise"``, flash_attention always (see the module's doc for masks); False: the
+               model's own.
     rms_norm:  each ``<Family>RMSNorm`` becomes ``tilewise.nn.RMSNorm`` holding the same weight
                Parameter (optimizer state and state-dict keys unchanged).
     rope:      the family's ``apply_rotary_pos_emb`` becomes ``rotary_pos_emb`` (``tilewise.apply_rotary``).
@@ -394,11 +451,13 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool = True, rms_norm: 
     if family is None:
         raise ValueError(f"apply_tilewise: {type(model).__name__} ({module}) is not a Llama, Mistral, Qwen2 or "
                          f"Qwen3 model; attn_implementation='{NAME}' gives any model tilewise attention")
+    if attention not in (True, False, "auto"):
+        raise ValueError(f"apply_tilewise: 'attention' must be True, False or 'auto', got {attention!r}")
     if swiglu and getattr(model.config, "hidden_act", "silu") != "silu":
         raise ValueError(f"apply_tilewise: swiglu=True needs hidden_act='silu'; the model has "
                          f"{model.config.hidden_act!r} (pass swiglu=False)")
     if attention:
-        model.set_attn_implementation(NAME)
+        model.set_attn_implementation(AUTO_NAME if attention == "auto" else NAME)
     if rms_norm:
         for parent, name, old in _children(model, "RMSNorm", (family,), skip=RMSNorm):
             setattr(parent, name, RMSNorm.sharing(old.weight, old.variance_epsilon))

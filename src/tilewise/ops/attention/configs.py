@@ -302,3 +302,29 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
         backward = "two_kernel"
     return _policy(forward, rule[1] if rule is not None else None, (head_dim, causal) in WS_PERSISTENT_RULES,
                    head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D)
+
+
+# ---------------------------------------------------------------------------- against SDPA
+
+# Where PyTorch's SDPA (its own backend pick: cuDNN on sm_90) ran faster than flash_attention, for callers
+# that may run either (``integrations.transformers``' "tilewise_auto"): (compute capability, backward,
+# head dim, causal) -> the least sequence length from which flash_attention measured faster; None:
+# SDPA at every length measured. Forward + backward (backward=True) is SDPA everywhere on the H200 (0.67-0.93x
+# of cuDNN); the forward alone is ours at D = 64 from S = 8,192 (1.02-1.11x) (tuning: "Against SDPA").
+# Capabilities and head dims not here were not measured: flash_attention keeps them.
+SDPA_RULES = MappingProxyType({
+    ((9, 0), True, 64, False): None, ((9, 0), True, 64, True): None,
+    ((9, 0), True, 128, False): None, ((9, 0), True, 128, True): None,
+    ((9, 0), False, 64, False): 8192, ((9, 0), False, 64, True): 8192,
+    ((9, 0), False, 128, False): None, ((9, 0), False, 128, True): None})
+
+
+def prefer_sdpa(capability: tuple, head_dim: int, seq: int, causal: bool, backward: bool) -> bool:
+    """Whether SDPA measured faster than flash_attention for a self-attention call (Sq = Sk = ``seq``, no
+    mask, bias, window or score mod) on a GPU of ``capability``; ``backward``: its gradients will be
+    taken (the forward + backward decides). False where ``SDPA_RULES`` has no entry."""
+    key = (tuple(capability), bool(backward), head_dim, bool(causal))
+    if key not in SDPA_RULES:
+        return False
+    least = SDPA_RULES[key]
+    return least is None or seq < least
