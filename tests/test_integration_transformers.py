@@ -252,6 +252,28 @@ def _span(q_length, kv_length, q_offset=0):
     return dict(cache_position=torch.arange(q_offset, q_offset + q_length), kv_length=kv_length)
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_tilewise_attention_compiles(family, monkeypatch):
+    """torch.compile of a model on attn_implementation="tilewise" (Mistral: a sliding window): the mask
+    builder's look into transformers' mask functions crashed Dynamo (a closure cell it had read); now one
+    graph, no break, and the loss of the eager model."""
+    import torch._dynamo
+
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    kw = dict(sliding_window=5) if family == "mistral" else {}
+    model = _model(_config(family, **kw), "sdpa").train()
+    model.set_attn_implementation(tw_hf.NAME)
+    ids = _ids(2, 16)
+    want = model(input_ids=ids, labels=ids, use_cache=False).loss
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(model)(input_ids=ids, labels=ids, use_cache=False)
+    assert e.graph_break_count == 0 and e.graph_count == 1, [str(b.reason)[:200] for b in e.break_reasons]
+    got = torch.compile(model, backend="eager")(input_ids=ids, labels=ids, use_cache=False).loss
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_mask_builder_shapes():
     from transformers.masking_utils import causal_mask_function
 

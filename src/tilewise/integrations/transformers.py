@@ -96,8 +96,12 @@ def mask_builder(batch_size: int, **kw):
     bool mask of transformers' SDPA builder."""
     mask_function = kw.get("mask_function", masking_utils.causal_mask_function)
     attention_mask, kv_length = kw.get("attention_mask"), kw["kv_length"]
+    # Under torch.compile the closure inspection of _sliding_causal breaks Dynamo's tracing of the mask
+    # function later (a crash, not a graph break); there transformers ANDs a packed-sequence mask into
+    # every training mask anyway, so the window takes the dense path, as other masks do.
     plain = mask_function in (masking_utils.causal_mask_function, getattr(masking_utils, "bidirectional_mask_function",
-                                                                          None)) or _sliding_causal(mask_function)
+                                                                          None)) or (
+        not torch.compiler.is_compiling() and _sliding_causal(mask_function))
     q_length, q_offset = _query_span(kw)
     # Plain masks need the queries to be the last q_length keys (no cache, or a dynamic one).
     if plain and isinstance(q_offset, int) and kw.get("kv_offset", 0) == 0 and q_offset + q_length == kv_length:
