@@ -290,6 +290,21 @@ def test_mask_builder_shapes():
     assert dense[0, 0, 0].tolist() == [True] * 4 + [False] * 4
 
 
+def test_autocast_over_fp32_weights(cpu_attention, monkeypatch):
+    """transformers' Trainer with bf16=True: fp32 weights under autocast, so the attention's output is
+    bf16 and the residual stream fp32. apply_tilewise's defaults raised there (add_rms_norm takes one
+    dtype); now the residual adds run in the promoted dtype as transformers' layer does them, and the
+    loss and gradients match the untouched model's under the same autocast (bf16 noise)."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ref = _model(_config(), "sdpa").train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ids = _ids(2, 9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lr, lo = ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False)
+    _same_training(ref, ours, lr, lo, rtol=2e-2, atol=2e-2)
+
+
 def test_errors():
     module = torch.nn.Module()
     module.train()

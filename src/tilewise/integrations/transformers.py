@@ -291,12 +291,16 @@ def _decoder_forward(layer, nxt):
     layer; None: the MLP's add stays an add. The next module gets (sum, normed sum) as a hand-off and
     uses it when its input is that sum (``_handoff_input``). Under gradient checkpointing or
     torch.compile the MLP's add stays an add (the normed sum would cross the checkpoint's boundary),
-    and where the next module's weights are sharded (``_sharded``)."""
+    and where the next module's weights are sharded (``_sharded``). Under autocast over fp32 weights
+    (the attention's output in bf16, the residual stream in fp32) both adds stay adds."""
 
     def forward(self, hidden_states, **kwargs):
         h = _handoff_input(self, hidden_states, self.input_layernorm)
         h, _ = self.self_attn(hidden_states=h, **kwargs)
         norm = self.post_attention_layernorm
+        if h.dtype != hidden_states.dtype:  # autocast over fp32 weights: the adds in the promoted dtype, as
+            residual = hidden_states + h   # transformers' layer does them (add_rms_norm takes one dtype)
+            return residual + self.mlp(norm(residual))
         h, residual = add_rms_norm(h, hidden_states, norm.weight, norm.variance_epsilon)
         h = self.mlp(h)
         if nxt is None or (self.training and getattr(self, "gradient_checkpointing", False)) or \
