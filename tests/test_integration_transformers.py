@@ -305,6 +305,34 @@ def test_autocast_over_fp32_weights(cpu_attention, monkeypatch):
     _same_training(ref, ours, lr, lo, rtol=2e-2, atol=2e-2)
 
 
+def test_a_deep_copy_runs_its_own_weights(cpu_attention, monkeypatch):
+    """copy.deepcopy of a patched model (TRL's reference models, EMA copies) must run the copy's
+    weights: the patches held the original's modules in closures (the attention's own forward for the
+    KV-cache path, the final norm's forward, the next layer's norm), so a copy mixed in the original's
+    weights (logits off by 0.78 with a cache; the training loss too). The copy, its weights changed,
+    against a plain model with those weights; the original unchanged."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    plain = _model(_config(), "sdpa")
+    original = tw_hf.apply_tilewise(copy.deepcopy(plain))
+    ids = _ids(2, 9)
+    with torch.no_grad():
+        before = original(ids).logits
+    twin = copy.deepcopy(original)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.25)
+    plain.load_state_dict(twin.state_dict())
+    with torch.no_grad():  # eval with a KV cache: the attention's own forward
+        torch.testing.assert_close(twin(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+    twin.train()
+    plain.train()
+    _same_training(plain, twin, plain(ids, labels=ids, use_cache=False), twin(ids, labels=ids, use_cache=False),
+                   rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(original(ids).logits, before)
+
+
 def test_errors():
     module = torch.nn.Module()
     module.train()

@@ -236,81 +236,78 @@ def _children(model, suffix, families, skip=()):
                 yield parent, name, child
 
 
-def _fused_loss_forward(original, state: dict):
+def _fused_loss_forward(self, *args, labels=None, **kwargs):
     """The causal LM's forward with, in training with labels, the lm head and its loss in one
     ``linear_cross_entropy``: the base model's last hidden state is kept by a forward hook registered
-    once (``state``; registering one per call would break torch.compile's graph), the original forward
-    keeps zero positions of logits, and the loss follows transformers' ForCausalLMLoss (labels shifted
-    by one, -100 ignored, ``num_items_in_batch`` or ``shift_labels`` as given). Such a forward builds
-    no KV cache unless the call asks for one (``use_cache=True``) or passes one."""
-
-    def forward(self, *args, labels=None, **kwargs):
-        shift = kwargs.pop("shift_labels", None)
-        # a head that is not a plain Linear (a LoRA adapter, a quantized layer, hooks) runs as itself
-        if (not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs
-                or not is_plain_linear(self.get_output_embeddings())):
-            if shift is not None:
-                kwargs["shift_labels"] = shift
-            return original(self, *args, labels=labels, **kwargs)
-        n_items = kwargs.pop("num_items_in_batch", None)
-        # a training step has no use for a KV cache, and with one the fused q / k / v path stands aside
-        if all(kwargs.get(n) is None for n in _CACHES):
-            kwargs.setdefault("use_cache", False)
-        state["keep"] = True
-        try:
-            out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
-            hidden = state.pop("hidden")
-        finally:
-            state["keep"] = False
-        if shift is None:
-            shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
-        head = self.get_output_embeddings()
-        loss = linear_cross_entropy(hidden, head.weight, shift.to(hidden.device), head.bias,
-                                    reduction="mean" if n_items is None else "sum")
-        if n_items is not None:
-            loss = loss / n_items
-        if isinstance(out, tuple):
-            return (loss,) + out
-        return type(out)(loss=loss, **dict(out.items()))
-
-    return forward
-
-
-def _keep_hidden(state: dict):
-    def hook(module, inputs, output):
-        if state.get("keep"):
-            state["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-    return hook
+    once (``_keep_hidden``, into the base model's ``_tilewise_loss_state``; registering one per call
+    would break torch.compile's graph), the class's forward keeps zero positions of logits, and the
+    loss follows transformers' ForCausalLMLoss (labels shifted by one, -100 ignored,
+    ``num_items_in_batch`` or ``shift_labels`` as given). Such a forward builds no KV cache unless the
+    call asks for one (``use_cache=True``) or passes one. Bound per model; it holds no module, so
+    ``copy.deepcopy`` of the model gives the copy its own (the state lives on the model)."""
+    original, state = type(self).forward, self.model._tilewise_loss_state
+    shift = kwargs.pop("shift_labels", None)
+    # a head that is not a plain Linear (a LoRA adapter, a quantized layer, hooks) runs as itself
+    if (not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs
+            or not is_plain_linear(self.get_output_embeddings())):
+        if shift is not None:
+            kwargs["shift_labels"] = shift
+        return original(self, *args, labels=labels, **kwargs)
+    n_items = kwargs.pop("num_items_in_batch", None)
+    # a training step has no use for a KV cache, and with one the fused q / k / v path stands aside
+    if all(kwargs.get(n) is None for n in _CACHES):
+        kwargs.setdefault("use_cache", False)
+    state["keep"] = True
+    try:
+        out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
+        hidden = state.pop("hidden")
+    finally:
+        state["keep"] = False
+    if shift is None:
+        shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    head = self.get_output_embeddings()
+    loss = linear_cross_entropy(hidden, head.weight, shift.to(hidden.device), head.bias,
+                                reduction="mean" if n_items is None else "sum")
+    if n_items is not None:
+        loss = loss / n_items
+    if isinstance(out, tuple):
+        return (loss,) + out
+    return type(out)(loss=loss, **dict(out.items()))
 
 
-def _decoder_forward(layer, nxt):
+def _keep_hidden(module, inputs, output):
+    state = module._tilewise_loss_state
+    if state.get("keep"):
+        state["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+
+def _decoder_forward(self, hidden_states, **kwargs):
     """A pre-norm decoder layer's forward (Llama's, Mistral's, Qwen2's, Qwen3's: norm, attention, add,
     norm, MLP, add) with its residual adds inside ``add_rms_norm``: the attention's add with
-    post_attention_layernorm, the MLP's with ``nxt``'s norm. ``nxt``: (the module that runs next, its
-    input norm): the next layer and its input_layernorm, or the model's final norm after the last
-    layer; None: the MLP's add stays an add. The next module gets (sum, normed sum) as a hand-off and
-    uses it when its input is that sum (``_handoff_input``). Under gradient checkpointing or
+    post_attention_layernorm, the MLP's with ``nxt``'s norm. ``nxt`` (the layer's ``_tilewise_next``):
+    (the module that runs next, its input norm): the next layer and its input_layernorm, or the
+    model's final norm after the last layer; None: the MLP's add stays an add. Kept on the layer, not
+    in a closure, so that ``copy.deepcopy`` of the model points the copy's layers at the copy's. The
+    next module gets (sum, normed sum) as a hand-off and uses it when its input is that sum
+    (``_handoff_input``). Under gradient checkpointing or
     torch.compile the MLP's add stays an add (the normed sum would cross the checkpoint's boundary),
     and where the next module's weights are sharded (``_sharded``). Under autocast over fp32 weights
     (the attention's output in bf16, the residual stream in fp32) both adds stay adds."""
-
-    def forward(self, hidden_states, **kwargs):
-        h = _handoff_input(self, hidden_states, self.input_layernorm)
-        h, _ = self.self_attn(hidden_states=h, **kwargs)
-        norm = self.post_attention_layernorm
-        if h.dtype != hidden_states.dtype:  # autocast over fp32 weights: the adds in the promoted dtype, as
-            residual = hidden_states + h   # transformers' layer does them (add_rms_norm takes one dtype)
-            return residual + self.mlp(norm(residual))
-        h, residual = add_rms_norm(h, hidden_states, norm.weight, norm.variance_epsilon)
-        h = self.mlp(h)
-        if nxt is None or (self.training and getattr(self, "gradient_checkpointing", False)) or \
-                torch.compiler.is_compiling() or _sharded(nxt[0], nxt[1].weight):
-            return residual + h
-        y, s = add_rms_norm(h, residual, nxt[1].weight, nxt[1].variance_epsilon)
-        nxt[0].__dict__["_tilewise_handoff"] = (s, y)  # a plain attribute: no module registration
-        return s
-
-    return types.MethodType(forward, layer)
+    nxt = self.__dict__.get("_tilewise_next")
+    h = _handoff_input(self, hidden_states, self.input_layernorm)
+    h, _ = self.self_attn(hidden_states=h, **kwargs)
+    norm = self.post_attention_layernorm
+    if h.dtype != hidden_states.dtype:  # autocast over fp32 weights: the adds in the promoted dtype, as
+        residual = hidden_states + h   # transformers' layer does them (add_rms_norm takes one dtype)
+        return residual + self.mlp(norm(residual))
+    h, residual = add_rms_norm(h, hidden_states, norm.weight, norm.variance_epsilon)
+    h = self.mlp(h)
+    if nxt is None or (self.training and getattr(self, "gradient_checkpointing", False)) or \
+            torch.compiler.is_compiling() or _sharded(nxt[0], nxt[1].weight):
+        return residual + h
+    y, s = add_rms_norm(h, residual, nxt[1].weight, nxt[1].variance_epsilon)
+    nxt[0].__dict__["_tilewise_handoff"] = (s, y)  # a plain attribute: no module registration
+    return s
 
 
 def _sharded(owner, weight) -> bool:
@@ -329,22 +326,28 @@ def _sharded(owner, weight) -> bool:
         weight.untyped_storage().size() == 0
 
 
+def _handed_off(module, hidden_states):
+    """The normed sum the previous layer handed to ``module`` for ``hidden_states``, else None."""
+    handoff = None if torch.compiler.is_compiling() else module.__dict__.pop("_tilewise_handoff", None)
+    return handoff[1] if handoff is not None and handoff[0] is hidden_states else None
+
+
 def _handoff_input(module, hidden_states, norm):
     """``norm(hidden_states)``, or the normed sum the previous layer handed to ``module`` for it."""
-    handoff = None if torch.compiler.is_compiling() else module.__dict__.pop("_tilewise_handoff", None)
-    if handoff is not None and handoff[0] is hidden_states:
-        return handoff[1]
-    return norm(hidden_states)
+    y = _handed_off(module, hidden_states)
+    return norm(hidden_states) if y is None else y
+
+
+def _final_norm_forward(self, hidden_states):
+    """The model's final norm taking the last layer's hand-off; else its class's forward."""
+    y = _handed_off(self, hidden_states)
+    return type(self).forward(self, hidden_states) if y is None else y
 
 
 def _takes_handoff(norm) -> None:
     """The model's final norm, made to take the last layer's hand-off (per instance: its class, its
     parameters and its state-dict keys stay as they are)."""
-    if "_tilewise_own_forward" in norm.__dict__:
-        return
-    own = norm.forward
-    norm.__dict__["_tilewise_own_forward"] = own
-    norm.forward = types.MethodType(lambda self, hidden_states: _handoff_input(self, hidden_states, own), norm)
+    norm.forward = types.MethodType(_final_norm_forward, norm)
 
 
 def _fuse_residual_norms(model, family: str) -> None:
@@ -359,7 +362,8 @@ def _fuse_residual_norms(model, family: str) -> None:
     for i, layer in enumerate(layers):
         nxt = (layers[i + 1], layers[i + 1].input_layernorm) if i + 1 < len(layers) else \
             ((final, final) if final is not None else None)
-        layer.forward = _decoder_forward(layer, nxt)
+        layer.__dict__["_tilewise_next"] = nxt  # a plain attribute: no module registration
+        layer.forward = types.MethodType(_decoder_forward, layer)
 
 
 _CACHES = ("past_key_values", "past_key_value", "cache")  # the KV cache's keyword, by transformers version
@@ -375,41 +379,38 @@ def _interface(module):
     return eager if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
 
 
-def _fused_qkv_forward(attn):
+def _fused_qkv_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
     """A Llama / Mistral / Qwen2 attention's forward with q, k and v from one projection GEMM (the three
     weights concatenated each call: 12 MiB a layer at Llama-3.2-1B's size) and ``apply_rotary_qkv``
     (RoPE and the three attention inputs in one kernel; one input gradient, so one dX GEMM and no sums
     of three). A call with a KV cache runs the original forward, with a warning in training mode, where
-    transformers builds a cache unless ``use_cache=False`` (the model's config or the call)."""
-    original = attn.forward
-
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-        p = (self.q_proj, self.k_proj, self.v_proj)
-        if not all(is_plain_linear(m) for m in p):  # LoRA adapters, quantized layers, hooks: the layers run
-            return original(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
-                            **kwargs)
-        if position_embeddings is None or any(kwargs.get(n) is not None for n in _CACHES):
-            if self.training and not self.__dict__.get("_tilewise_warned"):
-                self.__dict__["_tilewise_warned"] = True
-                warnings.warn("apply_tilewise(fuse_qkv=True): a training forward was given a KV cache, so the "
-                              "model's own attention ran (unfused); set model.config.use_cache = False for "
-                              "training", stacklevel=2)
-            return original(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
-                            **kwargs)
-        for n in (*_CACHES, "cache_position"):  # consumed by the original forward, not passed on
-            kwargs.pop(n, None)
-        bias = torch.cat([m.bias for m in p]) if p[0].bias is not None else None
-        qkv = torch.nn.functional.linear(hidden_states, torch.cat([m.weight for m in p]), bias)
-        heads, kv_heads = p[0].out_features // self.head_dim, p[1].out_features // self.head_dim
-        q, k, v = apply_rotary_qkv(qkv, *position_embeddings, heads, kv_heads)
-        # Qwen2 keeps its layer's window on the module, Mistral on the config, Llama has none
-        window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
-        dropout = self.attention_dropout if self.training else 0.0
-        out, weights = _interface(self)(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
-                                        sliding_window=window, **kwargs)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
-
-    return types.MethodType(forward, attn)
+    transformers builds a cache unless ``use_cache=False`` (the model's config or the call). Bound per
+    attention module; the original forward is the class's, so a deep copy runs its own."""
+    original = type(self).forward
+    p = (self.q_proj, self.k_proj, self.v_proj)
+    if not all(is_plain_linear(m) for m in p):  # LoRA adapters, quantized layers, hooks: the layers run
+        return original(self, hidden_states, position_embeddings=position_embeddings,
+                        attention_mask=attention_mask, **kwargs)
+    if position_embeddings is None or any(kwargs.get(n) is not None for n in _CACHES):
+        if self.training and not self.__dict__.get("_tilewise_warned"):
+            self.__dict__["_tilewise_warned"] = True
+            warnings.warn("apply_tilewise(fuse_qkv=True): a training forward was given a KV cache, so the "
+                          "model's own attention ran (unfused); set model.config.use_cache = False for "
+                          "training", stacklevel=2)
+        return original(self, hidden_states, position_embeddings=position_embeddings,
+                        attention_mask=attention_mask, **kwargs)
+    for n in (*_CACHES, "cache_position"):  # consumed by the original forward, not passed on
+        kwargs.pop(n, None)
+    bias = torch.cat([m.bias for m in p]) if p[0].bias is not None else None
+    qkv = torch.nn.functional.linear(hidden_states, torch.cat([m.weight for m in p]), bias)
+    heads, kv_heads = p[0].out_features // self.head_dim, p[1].out_features // self.head_dim
+    q, k, v = apply_rotary_qkv(qkv, *position_embeddings, heads, kv_heads)
+    # Qwen2 keeps its layer's window on the module, Mistral on the config, Llama has none
+    window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
+    dropout = self.attention_dropout if self.training else 0.0
+    out, weights = _interface(self)(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
+                                    sliding_window=window, **kwargs)
+    return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
 
 
 def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rms_norm: bool = True, rope: bool = True,
@@ -484,12 +485,12 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                              "the projections and RoPE); pass fuse_qkv=False")
         for _, _, attn in _children(model, "Attention", (family,)):
             if "_tilewise_qkv" not in attn.__dict__:
-                attn.forward = _fused_qkv_forward(attn)
+                attn.forward = types.MethodType(_fused_qkv_forward, attn)
                 attn.__dict__["_tilewise_qkv"] = True
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
-        state = {"keep": False}
-        model.model.register_forward_hook(_keep_hidden(state))
-        model.forward = types.MethodType(_fused_loss_forward(type(model).forward, state), model)  # per model
+        model.model.__dict__["_tilewise_loss_state"] = {"keep": False}
+        model.model.register_forward_hook(_keep_hidden)
+        model.forward = types.MethodType(_fused_loss_forward, model)  # per model
         model._tilewise_loss = True
     return model
 
