@@ -300,9 +300,37 @@ def test_autocast_over_fp32_weights(cpu_attention, monkeypatch):
     ref = _model(_config(), "sdpa").train()
     ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
     ids = _ids(2, 9)
+    heads = []
+    real = tw_hf.linear_cross_entropy
+    monkeypatch.setattr(tw_hf, "linear_cross_entropy", lambda x, w, *a, **k: heads.append((x.dtype, w.dtype))
+                        or real(x, w, *a, **k))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lr, lo = ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False)
     _same_training(ref, ours, lr, lo, rtol=2e-2, atol=2e-2)
+    assert heads == [(torch.bfloat16, torch.bfloat16)]  # the lm head's GEMMs in autocast's dtype, not fp32
+
+
+def test_tilewise_attention_under_autocast_over_fp32_weights(monkeypatch):
+    """attn_implementation="tilewise" alone under autocast over fp32 weights: transformers' RoPE returns
+    fp32 q and k beside a bf16 v, and flash_attention raised on the mixed dtypes; the hook casts them to
+    autocast's dtype as autocast casts SDPA's inputs. flash_attention's own checks, then the reference
+    (Triton's interpreter computes bf16 attention wrongly); loss against the model's own SDPA."""
+    calls = []
+
+    def checked(q, k, v, **kw):
+        tw_hf.flash_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], **kw)  # its checks, on no rows
+        calls.append({t.dtype for t in (q, k, v)})
+        return attention_reference(q, k, v, **kw)
+
+    monkeypatch.setattr(tw_hf, "_attention", checked)
+    ref = _model(_config(), "sdpa").train()
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(tw_hf.NAME)
+    ids = _ids(2, 9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lr, lo = ref(ids, labels=ids, use_cache=False), ours(ids, labels=ids, use_cache=False)
+    _same_training(ref, ours, lr, lo, rtol=2e-2, atol=2e-2)
+    assert calls and all(c == {torch.bfloat16} for c in calls)
 
 
 def test_a_deep_copy_runs_its_own_weights(cpu_attention, monkeypatch):

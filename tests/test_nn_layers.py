@@ -29,6 +29,22 @@ def test_linear_matches_torch(activation):
         tnn.Linear(2, 2, activation="tanh")
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16])
+def test_linear_under_autocast_as_torch(x_dtype):
+    """fp32 parameters under autocast (float16 here: Triton's interpreter computes bfloat16 dots wrongly
+    on the CPU host): like torch's Linear, the output and the GEMM in autocast's dtype, for fp32 or
+    16-bit inputs (a 16-bit x beside the fp32 weight raised before)."""
+    torch.manual_seed(1)
+    ours = tnn.Linear(12, 9, activation="relu")
+    ref = torch.nn.Linear(12, 9)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 12).to(x_dtype)
+    with torch.autocast("cpu", dtype=torch.float16):
+        yo, yr = ours(x), F.relu(ref(x))
+    assert yo.dtype == yr.dtype == torch.float16
+    torch.testing.assert_close(yo.float(), yr.float(), rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
 def test_rotary_embedding_matches_transformers(scaling):
@@ -107,3 +123,17 @@ def test_gpu_layers_bf16():
     want = theirs(h, position_embeddings=(rc, rs), attention_mask=None)[0]
     got = ours(h.to(torch.bfloat16), cos.to(torch.bfloat16), sin.to(torch.bfloat16)).float()
     assert ((got - want).norm() / want.norm()).item() < 3e-2
+
+
+def test_fused_linear_cross_entropy_loss_under_autocast_as_torch():
+    """The loss module under autocast (float16 on the CPU host) over fp32 parameters: its GEMMs in
+    autocast's dtype, as torch's lm head would run (it raised on a 16-bit x beside the fp32 weight, and
+    ran fp32 GEMMs for an fp32 x); the loss against F.linear + F.cross_entropy under the same autocast."""
+    torch.manual_seed(2)
+    w = torch.randn(37, 16, requires_grad=True)
+    t = torch.randint(0, 37, (11,))
+    for x in (torch.randn(11, 16), torch.randn(11, 16).half()):
+        with torch.autocast("cpu", dtype=torch.float16):
+            got = tnn.FusedLinearCrossEntropyLoss()(w, x, t)
+            want = F.cross_entropy(F.linear(x, w).float(), t)
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)

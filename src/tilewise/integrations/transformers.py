@@ -56,6 +56,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from .. import settings
 from ..nn.layers import RMSNorm, SwiGLU, is_plain_linear
+from ..ops._autocast import autocast_inputs
 from ..ops.norm.api import add_rms_norm
 from ..ops.attention import configs as attention_configs
 from ..ops.attention.api import flash_attention
@@ -159,7 +160,8 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if kwargs.get("s_aux") is not None:
         raise ValueError("tilewise attention: attention sinks ('s_aux') are not supported")
     args = attention_args(module, query, key, attention_mask, scaling, sliding_window, softcap, kwargs.get("is_causal"))
-    out = _attention(query, key, value, **args)
+    # over fp32 weights transformers' RoPE hands over fp32 q and k beside a 16-bit v: autocast's dtype
+    out = _attention(*autocast_inputs(query, key, value), **args)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -266,7 +268,9 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     if shift is None:
         shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
     head = self.get_output_embeddings()
-    loss = linear_cross_entropy(hidden, head.weight, shift.to(hidden.device), head.bias,
+    # under autocast the lm head's GEMMs in its dtype, as the model's own head would run (not fp32)
+    hidden, weight, bias = autocast_inputs(hidden, head.weight, head.bias)
+    loss = linear_cross_entropy(hidden, weight, shift.to(hidden.device), bias,
                                 reduction="mean" if n_items is None else "sum")
     if n_items is not None:
         loss = loss / n_items
@@ -435,6 +439,7 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                then hold no positions, as Liger-Kernel's fused loss gives none). Eval mode, a call
                with ``logits_to_keep``, or a head that is not a plain Linear (PEFT's LoRA, a quantized
                layer, forward hooks: ``tilewise.nn.layers.is_plain_linear``) runs the model's own head and loss.
+               Under autocast its GEMMs run in autocast's dtype, as the model's own head would.
     residual_norm: each decoder layer's residual adds go into ``tilewise.add_rms_norm`` with the norm
                that follows them (the next layer's input norm, or the model's final norm), so neither
                add nor the sums of the residual stream's gradients runs as a kernel of its own. The

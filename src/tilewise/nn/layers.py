@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..ops._autocast import autocast_inputs
 from ..ops.attention.api import flash_attention
 from ..ops.gemm.api import linear
 from ..ops.norm.api import MODES, rms_norm
@@ -94,7 +95,9 @@ class Linear(torch.nn.Linear):
     """``torch.nn.Linear`` on ``tilewise.linear``: ``activation(x @ weight.T + bias)`` with the bias and
     the activation (None, "relu" or "gelu") applied in the GEMM's epilogue, not as separate passes.
     Same parameters as torch's (a state dict loads as is). x: (..., in_features) CUDA float16 /
-    bfloat16 / float32 (TF32) of the weight's dtype."""
+    bfloat16 / float32 (TF32) of the weight's dtype; under autocast, as torch's Linear, x, the weight and
+    the bias in autocast's dtype (the weight cast on every call: autocast's own cache of casts is not
+    reached from here)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device=None, dtype=None):
@@ -104,7 +107,7 @@ class Linear(torch.nn.Linear):
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.activation)
+        return linear(*autocast_inputs(x, self.weight, self.bias), self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}"

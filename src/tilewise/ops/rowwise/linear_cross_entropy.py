@@ -22,6 +22,7 @@ import torch
 
 from ... import settings
 from ...cost import Cost
+from .._autocast import autocast_inputs
 from .._checks import runs_reference
 from . import cluster as rc
 from .configs import MAX_FUSED, lce_chunk_rows
@@ -250,7 +251,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
-    """``linear_cross_entropy`` as a loss module: ``loss_fn(lm_head.weight, hidden, target, bias=None)``."""
+    """``linear_cross_entropy`` as a loss module: ``loss_fn(lm_head.weight, hidden, target, bias=None)``.
+    Under autocast, x, the weight and the bias in autocast's dtype, as torch's Linear would take them."""
 
     def __init__(self, reduction: str = "mean", ignore_index: int = -100, label_smoothing: float = 0.0):
         super().__init__()
@@ -258,6 +260,7 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
 
     def forward(self, weight: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        x, weight, bias = autocast_inputs(x, weight, bias)  # a module: autocast as for torch's Linear
         return linear_cross_entropy(x, weight, target, bias, reduction=self.reduction,
                                     ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
 
