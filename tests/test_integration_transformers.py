@@ -361,6 +361,46 @@ def test_a_deep_copy_runs_its_own_weights(cpu_attention, monkeypatch):
         torch.testing.assert_close(original(ids).logits, before)
 
 
+def test_the_patched_forward_keeps_its_signature(monkeypatch):
+    """transformers' Trainer keeps a dataset's columns by the names in ``inspect.signature(model.forward)``;
+    the fused loss's forward showed ``(*args, labels=None, **kwargs)``, so the Trainer dropped input_ids."""
+    import inspect
+
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)  # undone after the test
+    plain = _model(_config(), "sdpa")
+    ours = tw_hf.apply_tilewise(copy.deepcopy(plain))
+    assert inspect.signature(ours.forward) == inspect.signature(plain.forward)
+    assert {"input_ids", "attention_mask", "labels"} <= set(inspect.signature(ours.forward).parameters)
+
+
+def test_trainer_steps_match_the_unpatched_model(cpu_attention, monkeypatch, tmp_path):
+    """Three optimizer steps of transformers' Trainer (default column filtering, gradient accumulation
+    over two micro-batches, so num_items_in_batch) on apply_tilewise's model: the logged losses equal
+    the unpatched model's (it raised "You must specify exactly one of input_ids or inputs_embeds")."""
+    pytest.importorskip("accelerate")
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    rows = [{"input_ids": ids, "labels": ids} for ids in (_ids(1, 12, seed=i)[0] for i in range(16))]
+
+    def losses(patch):
+        model = _model(_config(), "sdpa")
+        if patch:
+            tw_hf.apply_tilewise(model)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / str(patch)), per_device_train_batch_size=4,
+                                              gradient_accumulation_steps=2, max_steps=3, learning_rate=1e-3,
+                                              logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                                              seed=0, data_seed=0)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    want = losses(False)
+    got = losses(True)
+    assert len(got) == len(want) == 3
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-4)
+
+
 def test_errors():
     module = torch.nn.Module()
     module.train()

@@ -279,6 +279,18 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     return type(out)(loss=loss, **dict(out.items()))
 
 
+def _signed_like(fn, like):
+    """``fn`` under ``like``'s signature (``__wrapped__``): the model's forward keeps its parameter names,
+    which transformers' Trainer reads to keep the dataset's columns (with ``(*args, **kwargs)`` it
+    dropped input_ids and attention_mask). Holds the class's function, no module."""
+
+    @functools.wraps(like)
+    def forward(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+
+    return forward
+
+
 def _keep_hidden(module, inputs, output):
     state = module._tilewise_loss_state
     if state.get("keep"):
@@ -495,7 +507,7 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
         model.model.__dict__["_tilewise_loss_state"] = {"keep": False}
         model.model.register_forward_hook(_keep_hidden)
-        model.forward = types.MethodType(_fused_loss_forward, model)  # per model
+        model.forward = types.MethodType(_signed_like(_fused_loss_forward, type(model).forward), model)  # per model
         model._tilewise_loss = True
     return model
 
