@@ -29,7 +29,7 @@ FAMILIES = {
                 ["softmax", "softmax_bwd", "log_softmax", "cross_entropy", "cross_entropy_fwd",
                  "cross_entropy_kernel", "linear_cross_entropy_fwd_bwd"]),
     "attention": ("Attention: FlashAttention-2 on Hopper", ["ops.attention.api", "ops.attention.varlen",
-                                                           "ops.attention.gluon_fwd"],
+                                                           "ops.attention.gluon_fwd", "ops.attention.plans"],
                   ["attention_fwd", "attention_fwd_bwd", "attention_bias_fwd", "attention_bias_fwd_bwd",
                    "attention_window_fwd", "attention_window_fwd_bwd", "attention_varlen_fwd",
                    "attention_varlen_fwd_bwd", "attention_host_fwd_bwd"]),

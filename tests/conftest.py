@@ -25,6 +25,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_attention_plans():
+    """No attention call plan (ops/attention/plans.py) carried from one test to the next: a test that
+    changes a route or a table must not replay a call planned before it."""
+    from tilewise.ops.attention import plans
+
+    plans.clear()
+    yield
+    plans.clear()
+
+
 @pytest.fixture
 def one_thread():
     """One CPU thread for the test: the CI machine's cores are shared, and more threads only contend

@@ -339,8 +339,24 @@ def bind(fn, grid, *args, run_pre_hook: bool = True, **kwargs) -> Bound | None:
     except TypeError:
         key = None
     launch(fn, grid, *args, **kwargs)
-    if key is None:
+    return _bound(fn, grid, key, args, kwargs, run_pre_hook) if key is not None else None
+
+
+def bound_for(fn, grid, *args, **kwargs) -> Bound | None:
+    """The ``Bound`` of a call ``launch`` has already made (its signature cached), without launching:
+    for a caller that launched through its own launcher (attention's call plans record the ordinary
+    path's launches). None where ``bind`` would give None, or where the signature is not cached (a
+    launcher that did not launch, or an autotuner's pre-hook that changed the arguments)."""
+    if not _ENABLED or _INTERPRET:
         return None
+    try:
+        key = _key(args, kwargs)
+    except TypeError:
+        return None
+    return _bound(fn, grid, key, args, kwargs, True)
+
+
+def _bound(fn, grid, key, args, kwargs, run_pre_hook) -> Bound | None:
     cache = _CACHES.get(fn)
     if cache is None or cache.broken:
         return None

@@ -469,13 +469,18 @@ def _host_rows(r) -> None:
     def ours():
         return torch.autograd.grad(op.flash_attention(*ins, causal=True), ins, go)
 
+    unplanned = op.default_policy(q, k, causal=True).replace(plans=False)
+
+    def ours_unplanned():  # every call decides again: what the call plans save (ops/attention/plans.py)
+        return torch.autograd.grad(op.flash_attention(*ins, causal=True, policy=unplanned), ins, go)
+
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.autograd.grad(F.scaled_dot_product_attention(*ins, is_causal=True), ins, go)
 
     shape = f"B={B},H={H},S={S},D={D},causal,host"
     times = {}
-    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours)):
+    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours), ("flash_attention_unplanned", ours_unplanned)):
         r.status(f"attention_host_fwd_bwd {name}")
         ms = _measured(r, name, shape, lambda fn=fn: host_ms(fn))
         if ms is None:

@@ -75,7 +75,7 @@ from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from .._checks import runs_reference
-from . import configs
+from . import configs, plans as _plans
 from .configs import AttentionPolicy, block_d, choose_policy
 from .layout import for_ws as _for_ws, rows as _tma_rows, seq_major_like as _seq_major_like
 from .routes import dense as _dense, tma_applies as _tma_applies, tma_bias_applies as _tma_bias_applies
@@ -284,7 +284,7 @@ def _dq_tma_applies(q, D) -> bool:
             and D in configs.ATOMIC_TMA and torch.cuda.get_device_capability(q.device)[0] >= 9)
 
 
-def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
+def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy, launcher):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from . import triton_kernels as K_
@@ -302,7 +302,7 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
         bd = TensorDescriptor(b2, list(b2.shape), list(b2.stride()), [bm, bn])
         rows_b, rows_h = bias_strides[0] // Sk, bias_strides[1] // Sk
         batch_fastest = B > 1 and rows_b == 0 and policy.bias_batch_fastest
-    _launch(K_._attn_fwd_tma_kernel, (-(-Sq // bm), B * H),
+    launcher(K_._attn_fwd_tma_kernel, (-(-Sq // bm), B * H),
         qd, kd, vd, bd, out, lse, H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, rows_b, rows_h, *out.stride(),
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, CAUSAL=causal, HAS_BIAS=bias is not None,
         BATCH_FASTEST=batch_fastest, num_warps=warps, num_stages=stages)
@@ -310,11 +310,13 @@ def _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy):
 
 
 def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=None, softcap=0.0, alibi=None,
-              diag=0, out_seq=False):
+              diag=0, out_seq=False, launcher=None):
     """``out_seq``: the output in sequence-major storage (every kernel but the band one writes
-    through its strides; eager plain calls only, ``layout.for_ws``)."""
+    through its strides; eager plain calls only, ``layout.for_ws``). ``launcher``: what every launch
+    goes through (default ``_launch``; ``plans`` records a call's launches with its own)."""
     from . import triton_kernels as K_
 
+    launcher = launcher or _launch
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     out = _empty_like_out(q, out_seq)
@@ -335,28 +337,28 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
     plain = band is None and not softcap and alibi is None
     if plain and policy.forward == "ws" and _ws_applies(q, k, v, mask, bias, bias_strides):
         from . import gluon_fwd as ag
-        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=_launch,
+        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=launcher,
                       config=configs.ws_fwd_config(D, bias is not None, policy.ws_config),
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
             and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):
         from . import gluon_fwd as ag
-        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=_launch, persistent=policy.ws_band_persistent,
+        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=launcher, persistent=policy.ws_band_persistent,
                            config=policy.ws_config)
     if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
-        return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy)
+        return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy, launcher)
     if (plain and bias is not None and mask is None and policy.bias_tma
             and _tma_bias_applies(q, k, v, bias, bias_strides)):
-        return _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy)
+        return _fwd_tma(q, k, v, causal, scale, out, lse, bias, bias_strides, policy, launcher)
     if plain and bias is not None and mask is None and B % 2 == 0 and bias_strides[0] == 0 and policy.bias_pair:
-        return _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy)
+        return _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy, launcher)
     bm, bn, warps, stages = policy.tile("fwd_bias" if bias is not None else "fwd", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
     mask8 = mask.view(torch.uint8) if mask is not None else None
     dummy = q
     grid = (-(-Sq // bm), B * H)
     batch_fastest = bias is not None and B > 1 and bias_strides[0] == 0 and policy.bias_batch_fastest
-    _launch(K_._attn_fwd_kernel, grid,
+    launcher(K_._attn_fwd_kernel, grid,
         q, k, v, out, lse,
         bias if bias is not None else dummy, mask8 if mask8 is not None else dummy,
         flags if flags is not None else dummy,
@@ -378,12 +380,12 @@ def _mod_args(softcap, alibi, diag, scale, dummy):
     return (softcap / scale if softcap else 1.0), slopes, diag
 
 
-def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy):
+def _fwd_bias_pair(q, k, v, bias_strides, bias, causal, scale, out, lse, policy, launcher):
     from . import triton_kernels as K_
 
     B, H, Sq, D = q.shape
     bm, bn, warps, stages = policy.tile("fwd_bias_pair", D)
-    _launch(K_._attn_fwd_bias_pair_kernel, (-(-Sq // bm), B // 2 * H),
+    launcher(K_._attn_fwd_bias_pair_kernel, (-(-Sq // bm), B // 2 * H),
         q, k, v, out, lse, bias, H, H // k.shape[1], Sq, k.shape[2], scale * 1.4426950408889634,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_strides[1:],
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=block_d(D), CAUSAL=causal,
@@ -398,12 +400,13 @@ def _empty_grad_like(t: torch.Tensor, like=False) -> torch.Tensor:
 
 
 def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad, policy: AttentionPolicy,
-              band=None, softcap=0.0, alibi=None, diag=0, grads_like=False):
+              band=None, softcap=0.0, alibi=None, diag=0, grads_like=False, launcher=None):
     """``grads_like``: the gradients v6 writes get q's, k's and v's strides (sequence-major ones too,
     so the caller's views back to (B, S, H, D) copy nothing); eager calls only. The others are
-    contiguous (the Triton kernels write dense rows)."""
+    contiguous (the Triton kernels write dense rows). ``launcher``: as ``_fwd_impl``'s."""
     from . import triton_kernels as K_
 
+    launcher = launcher or _launch
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     # A band or a score mod runs on the two-kernel backward alone.
@@ -437,7 +440,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     # The atomic (and ordered) path's fp32 dQ accumulator, zeroed by the preprocess kernel.
     dq_acc = None if not atomic else torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     pm = 64
-    _launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // pm), B * H),
+    launcher(K_._attn_bwd_preprocess_kernel, (-(-Sq // pm), B * H),
         out, do, dlse if dlse is not None else delta, delta, dq_acc if dq_acc is not None else delta,
         H, Sq, *out.stride(), *do.stride(),
         BLOCK_M=pm, HEAD_DIM=D, BLOCK_D=bd, HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None)
@@ -446,10 +449,10 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
         from . import gluon_bwd as gb
 
         memo: dict = {}  # the TMA descriptors both kernels use, built once
-        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=_launch, memo=memo,
+        gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=launcher, memo=memo,
                 config=configs.ws_bwd_dkdv_config(D, policy.ws_bwd_config))
         if policy.ws_bwd_dq:
-            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=_launch, memo=memo,
+            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=launcher, memo=memo,
                   config=configs.ws_bwd_dq_config(D, policy.ws_bwd_dq_config))
             return dq, dk, dv, dbias
 
@@ -483,7 +486,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
                 d3 = dq_acc.view(B * H, Sq, D)
                 dq_arg = TensorDescriptor(d3, list(d3.shape), list(d3.stride()), [1, bm, bd])
-            _launch(K_._attn_bwd_atomic_kernel, (-(-Sk // bn), B * Hkv),
+            launcher(K_._attn_bwd_atomic_kernel, (-(-Sk // bn), B * Hkv),
                 q, k, v, do, lse, delta, dk, dv, dq_arg, ds, bias_arg, mask_arg,
                 flags if flags is not None else dummy, sem,
                 H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *common,
@@ -514,7 +517,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     if not ws_bwd:  # (v6 launched its dK / dV kernel above)
         bm, bn, warps, stages = policy.tile("dkdv", D, q.dtype.itemsize)
         flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-        _launch(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
+        launcher(K_._attn_bwd_dkdv_kernel, (-(-Sk // bn), B * Hkv),
             q, k, v, do, lse, delta, dk, dv, bias_arg, mask_arg, flags if flags is not None else dummy,
             H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, *common,
             *(flags.stride() if flags is not None else (0, 0, 0, 0)),
@@ -524,7 +527,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
     bm, bn, warps, stages = policy.tile("dq_bias" if bias_grad else "dq", D)
     flags = _block_flags(mask, full, bm, bn) if mask is not None else None
-    _launch(K_._attn_bwd_dq_kernel, (-(-Sq // bm), B * H),
+    launcher(K_._attn_bwd_dq_kernel, (-(-Sq // bm), B * H),
         q, k, v, do, lse, delta, dq, ds, bias_arg, mask_arg, flags if flags is not None else dummy,
         H, H // Hkv, Sq, Sk, scale * 1.4426950408889634, scale, *(band or (0, 0)), *mods, dummy, dummy, 0, *common,
         *(flags.stride() if flags is not None else (0, 0, 0, 0)),
@@ -633,6 +636,13 @@ class _EagerFlash(torch.autograd.Function):
         return _backward(ctx, dout, dlse) + (None,)  # (out_seq)
 
 
+def _launch_now(fn, grid, *args, **kwargs):
+    return _launch(fn, grid, *args, **kwargs)  # the module's launcher at call time (tests record it)
+
+
+_IMPL = (_fwd_impl, _bwd_impl, _launch_now)  # what a plan's first call runs (``plans.Plan``)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
@@ -697,8 +707,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     Differentiable in q, k, v and bias. Under ``torch.compile`` it is the
     ``torch.library.custom_op`` ``torch.ops.tilewise.flash_attention_fwd`` (with a fake
     implementation and autograd); eager calls run the same kernels through an
-    ``autograd.Function``, without the custom-op dispatcher's host time.
+    ``autograd.Function``, without the custom-op dispatcher's host time. An eager call without mask,
+    bias, window or score mod replays the launches of an earlier call of its layout (``plans``: call
+    plans, off with ``policy.replace(plans=False)``).
     """
+    planned = None  # a plain eager call's plan key (``plans``): its later calls skip what follows
+    if (mask is None and bias is None and window is None and softcap is None and alibi_slopes is None
+            and not torch.compiler.is_compiling()):
+        planned = _plans.key(q, k, v, causal, scale, deterministic, policy, align)
+        plan = _plans.lookup(planned) if planned is not None else None
+        if plan is not None:
+            out, lse = plan(q, k, v)
+            return (out, lse) if return_lse else out
     cpu = runs_reference("flash_attention", {"q": q, "k": k, "v": v, "mask": mask, "bias": bias,
                                              "alibi_slopes": alibi_slopes}, interpreter=True)
     _check(q, k, v, mask, bias, scale, cpu=cpu)
@@ -729,11 +749,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     else:
         if policy is None:
             policy = default_policy(q, k, causal=causal, mask=mask, bias=bias, deterministic=deterministic)
-        out_seq = False
+        out_seq, given = False, (q, k, v)
         if policy.forward == "ws" or policy.backward == "ws":
             # v5 / v6 read q, k, v by TMA: head-major or sequence-major (transformers' transposed
             # (B, S, H, D)) in place, another strided view copied (v3's pointer kernels cost more).
             q, k, v, out_seq = _for_ws(q, k, v, band is None and not softcap and alibi is None)
+        if planned is not None and _plans.admit(planned, band is None and scale > 0 and q.numel() > 0 and Sk > 0):
+            out, lse = _plans.first_call(planned, given, q, k, v, out_seq, causal, scale, policy, _IMPL)
+            return (out, lse) if return_lse else out
         out, lse = _EagerFlash.apply(q, k, v, mask, bias, causal, scale, deterministic, policy, band, softcap, alibi,
                                      diag, out_seq)
     return (out, lse) if return_lse else out

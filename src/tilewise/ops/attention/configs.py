@@ -216,6 +216,8 @@ class AttentionPolicy:
     ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
     dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
     tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.
+    plans:         an eager call without mask, bias, window or score mod replays its layout's first call
+                   (``plans.py``); False: every call decides again.
     """
 
     # v4 without a bias is opt-in: its TMA loads ran slower than v3's pointer loads (tuning: "v4: TMA forward").
@@ -240,6 +242,8 @@ class AttentionPolicy:
     # Off: its best tile ran slower than pointer atomics (tuning: "dQ by TMA reduce-add").
     dq_tma: bool = False
     tiles: tuple = ()
+    # On: a planned forward + backward spends a fraction of the host time (tuning: "Call plans").
+    plans: bool = True
     # The fields as one string: how the torch.library custom ops (which take no objects) receive it.
     key: str = dataclasses.field(init=False, repr=False, compare=False)
 
