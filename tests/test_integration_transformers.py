@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tilewise.integrations.transformers as tw_hf  # noqa: E402
+from transformers import masking_utils  # noqa: E402
 from tilewise.ops.attention.reference import reference as attention_reference  # noqa: E402
 
 VOCAB = 97
@@ -59,6 +60,14 @@ def cpu_attention(monkeypatch):
 
 def _ids(B, S, seed=1, device="cpu"):
     return torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _assert_grads_close(ours, ref, rel_tol):
+    """Every parameter gradient of ``ours`` within ``rel_tol`` of ``ref``'s, as the relative error of the
+    whole tensor (bf16 noise on the GPU)."""
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
+        assert rel < rel_tol, (n, rel.item())
 
 
 def _same_training(ref, ours, lr, lo, rtol, atol):
@@ -205,20 +214,102 @@ def test_sliding_window_is_a_window(cpu_attention):
     assert all(c["window"] == (3, 0) and "mask" not in c for c in cpu_attention)
 
 
-def test_packed_sequences_fall_back_to_a_dense_mask(cpu_attention):
-    """position_ids that restart (packed documents, no attention_mask): transformers' own mask
-    function, built dense, the same logits as SDPA."""
+@pytest.fixture
+def cpu_varlen(monkeypatch):
+    """The packed path's varlen attention runs its reference (the CPU rule) and records each call's
+    offsets and keywords; transformers' dense SDPA mask builder raises."""
+    from tilewise.ops.attention.varlen import reference as varlen_reference
+
+    calls = []
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+        calls.append({"cu": cu_q.tolist(), "max": max_q, "shape": tuple(q.shape), **kw})
+        assert cu_q is cu_k and max_q == max_k
+        kw.pop("check_seqlens")
+        return varlen_reference(q, k, v, cu_q, cu_k, **kw)
+
+    def dense(*a, **k):
+        raise AssertionError("a dense mask was built for packed sequences")
+
+    monkeypatch.setattr(tw_hf, "_attention_varlen", fake)
+    monkeypatch.setattr(tw_hf.masking_utils, "sdpa_mask", dense)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_packed_sequences_run_as_varlen_documents(family, cpu_attention, cpu_varlen):
+    """position_ids that restart in each row (packed documents, no attention_mask; Mistral with its sliding
+    window): each row's documents reach flash_attention_varlen as sequences (offsets over the two rows,
+    no dense mask), and the logits and every gradient equal transformers' own SDPA model's."""
+    config = _config(family, **({"sliding_window": 3} if family == "mistral" else {}))
+    ref, ours = _pair(config)
+    ids = _ids(2, 14)
+    pos = torch.stack([torch.cat([torch.arange(5), torch.arange(6), torch.arange(3)]),
+                       torch.cat([torch.arange(9), torch.arange(5)])])
+    got = ours(ids, position_ids=pos, use_cache=False).logits  # (use_cache=False: packing is looked for
+    want = ref(ids, position_ids=pos, use_cache=False).logits  # only without a cache)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        causal = ref(ids, position_ids=pos, use_cache=True).logits  # packing not seen: one causal sequence
+    assert not torch.allclose(causal[0, 5:], want[0, 5:], atol=1e-3)  # the packing changes the answer
+    assert not cpu_attention and len(cpu_varlen) == 2  # one call a layer, none dense
+    window = (2, 0) if family == "mistral" else None
+    assert all(c["cu"] == [0, 5, 11, 14, 23, 28] and c["max"] == 9 and c["shape"] == (28, 4, 16)
+               and c["causal"] and c["window"] == window for c in cpu_varlen)
+    got.square().mean().backward()
+    want.square().mean().backward()
+    for (name, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_packed_documents_under_graph_capture_take_a_dense_mask(cpu_attention, cpu_varlen, monkeypatch):
+    """While a CUDA graph is captured (no host reads: no offsets) the documents become a dense
+    same-document mask with causal (and the window): the same logits, and no varlen call."""
+    monkeypatch.setattr(tw_hf, "_capturing", lambda t: True)
     ref, ours = _pair(_config())
-    ids = _ids(1, 14)
-    pos = torch.cat([torch.arange(5), torch.arange(6), torch.arange(3)])[None]
-    with torch.no_grad():  # (use_cache=False: transformers looks for packing only without a cache)
+    ids = _ids(2, 14)
+    pos = torch.stack([torch.cat([torch.arange(5), torch.arange(6), torch.arange(3)]),
+                       torch.cat([torch.arange(9), torch.arange(5)])])
+    with torch.no_grad():
         got = ours(ids, position_ids=pos, use_cache=False).logits
         want = ref(ids, position_ids=pos, use_cache=False).logits
-        causal = ref(ids, position_ids=pos, use_cache=True).logits  # packing not seen: one causal sequence
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert not torch.allclose(causal[0, 5:], want[0, 5:], atol=1e-3)  # the packing changes the answer
-    dense = [c for c in cpu_attention if "mask" in c]
-    assert len(dense) == 2 and all(c["mask"] == (1, 1, 14, 14) and not c["causal"] for c in dense)
+    assert not cpu_varlen and len(cpu_attention) == 2
+    assert all(c["mask"] == (2, 1, 14, 14) and c["causal"] for c in cpu_attention)
+
+
+def test_document_offsets_are_computed_once_a_forward(cpu_attention, cpu_varlen, monkeypatch):
+    """Every layer of a forward shares the document ids: one host copy (the longest length) a forward;
+    a new batch of ids, and a change to the same tensor, are read again."""
+    reads = []
+    nonzero = torch.Tensor.nonzero
+    monkeypatch.setattr(torch.Tensor, "nonzero", lambda self, *a, **k: reads.append(1) or nonzero(self, *a, **k))
+    docs = torch.tensor([[0, 0, 1, 1, 1, 2]])
+    first = tw_hf._document_offsets(docs)
+    assert tw_hf._document_offsets(docs) is first and len(reads) == 1
+    assert first[0].tolist() == [0, 2, 5, 6] and first[1] == 3 and first[0].dtype == torch.int32
+    docs[0, 5] = 1  # the same tensor, changed: its version moved
+    assert tw_hf._document_offsets(docs)[0].tolist() == [0, 2, 6] and len(reads) == 2
+    assert tw_hf._document_offsets(torch.tensor([[0, 1]]))[0].tolist() == [0, 1, 2] and len(reads) == 3
+
+
+def test_other_mask_functions_stay_dense(cpu_attention):
+    """Only transformers' packed-sequence mask (over causal or sliding causal) becomes documents: a mask
+    function of another shape, and one whose base is not causal, are not read as documents."""
+    pos = torch.tensor([[0, 1, 2, 0, 1]])
+    ids = masking_utils.find_packed_sequence_indices(pos)
+    packed = masking_utils.and_masks(masking_utils.remap_positions_for_packed_sequence(
+        masking_utils.causal_mask_function, pos), masking_utils.packed_sequence_mask_function(ids))
+    assert tw_hf._packed_documents(packed) is ids
+    # transformers 5.17 (the H200 machine's): the same without the positions' remap
+    assert tw_hf._packed_documents(masking_utils.and_masks(
+        masking_utils.causal_mask_function, masking_utils.packed_sequence_mask_function(ids))) is ids
+    bidirectional = masking_utils.and_masks(masking_utils.remap_positions_for_packed_sequence(
+        masking_utils.bidirectional_mask_function, pos), masking_utils.packed_sequence_mask_function(ids))
+    extra = masking_utils.and_masks(packed, masking_utils.causal_mask_function)
+    for fn in (bidirectional, extra, masking_utils.causal_mask_function,
+               masking_utils.and_masks(masking_utils.causal_mask_function, masking_utils.causal_mask_function)):
+        assert tw_hf._packed_documents(fn) is None
 
 
 def test_gemma2_softcap_and_sliding_layers(cpu_attention):
@@ -782,9 +873,34 @@ def test_gpu_llama_logits_and_grads_match_sdpa(monkeypatch):
         keep = am.bool()
         a, r = ours(ids, attention_mask=am).logits[keep].float(), ref(ids, attention_mask=am).logits[keep].float()
     assert (a - r).norm() / r.norm() < 2e-2
-    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
-        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
-        assert rel < 5e-2, (n, rel.item())
+    _assert_grads_close(ours, ref, 5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_packed_documents_match_sdpa(monkeypatch):
+    """bf16 on CUDA, the default fusions: two rows of packed documents of odd lengths (position_ids that
+    restart, no attention_mask) run as flash_attention_varlen sequences, one call a layer, with the loss
+    and every gradient of transformers' own SDPA model (packing found from position_ids) within bf16
+    noise."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=1000)
+    ref = _model(config, "sdpa", "cuda", torch.bfloat16).train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    calls = []
+    real = tw_hf._attention_varlen
+    monkeypatch.setattr(tw_hf, "_attention_varlen", lambda *a, **k: calls.append(a[3].tolist()) or real(*a, **k))
+    lengths = ([77, 1, 190, 33], [129, 172])
+    pos = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths]).cuda()
+    ids = torch.randint(0, 1000, pos.shape, device="cuda")
+    losses = [m(ids, position_ids=pos, labels=ids, use_cache=False).loss for m in (ref, ours)]
+    for loss in losses:
+        loss.backward()
+    assert len(calls) == 2 and calls[0] == [0, 77, 78, 268, 301, 430, 602]
+    assert abs(losses[1].item() - losses[0].item()) < 2e-2 * abs(losses[0].item())
+    _assert_grads_close(ours, ref, 5e-2)
 
 
 @pytest.mark.gpu
@@ -807,9 +923,7 @@ def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
     lr.backward()
     lo.backward()
-    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
-        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
-        assert rel < 3e-2, (n, rel.item())
+    _assert_grads_close(ours, ref, 3e-2)
 
 
 @pytest.mark.gpu
@@ -838,9 +952,7 @@ def test_gpu_auto_attention_matches_flash_attention(monkeypatch):
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
     lr.backward()
     lo.backward()
-    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
-        rel = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
-        assert rel < 3e-2, (n, rel.item())
+    _assert_grads_close(ours, ref, 3e-2)
 
 
 @pytest.mark.gpu

@@ -19,10 +19,15 @@ What reaches ``flash_attention``:
 - ``sliding_window`` (Mistral, Qwen2) becomes ``window=(sliding_window - 1, 0)``: transformers keeps
   key j for query i when i - j < sliding_window. Padding comes as the key mask, as above.
 - ``softcap`` (Gemma 2) and ``scaling`` pass through.
-- Any other mask (packed sequences found from ``position_ids``, a static cache's slots, a model's
-  own mask function) is built dense by transformers' SDPA mask builder and passed as ``mask=``:
-  correct, and slower (the mask is read tile by tile). A 4D mask the caller gives is used as is
-  (bool: ``mask=``; float: ``bias=``).
+- Packed sequences (documents back to back in a row, found by transformers from ``position_ids``
+  that restart, with no ``attention_mask``; e.g. ``DataCollatorWithFlattening``) run
+  ``flash_attention_varlen`` on the rows' documents: no (Sq, Sk) mask and no work across documents.
+  The mask builder hands the attention transformers' per-token document ids (a (B, S) integer
+  tensor) in place of a mask. Eager calls only: under ``torch.compile`` the builder does not look
+  inside mask functions, and packing takes the dense path below.
+- Any other mask (a static cache's slots, a model's own mask function) is built dense by
+  transformers' SDPA mask builder and passed as ``mask=``: correct, and slower (the mask is read
+  tile by tile). A 4D mask the caller gives is used as is (bool: ``mask=``; float: ``bias=``).
 - Attention dropout is not implemented: a training call with dropout > 0 raises.
 
 ``"tilewise_auto"`` (what ``apply_tilewise`` sets by default) runs each call on whichever of
@@ -60,6 +65,7 @@ from ..ops._autocast import autocast_inputs
 from ..ops.norm.api import add_rms_norm
 from ..ops.attention import configs as attention_configs
 from ..ops.attention.api import flash_attention
+from ..ops.attention.varlen import flash_attention_varlen
 from ..ops.rope.api import apply_rotary, apply_rotary_qkv
 from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
 from ..ops.rope.api import reference as rope_reference
@@ -67,8 +73,9 @@ from ..ops.rope.api import reference as rope_reference
 NAME = "tilewise"
 AUTO_NAME = "tilewise_auto"
 
-# What the attention calls; a module attribute so the CPU tests can put the reference in its place.
+# What the attention calls; module attributes so the CPU tests can put the references in their place.
 _attention = flash_attention
+_attention_varlen = flash_attention_varlen
 
 
 def _sliding_causal(fn) -> bool:
@@ -77,6 +84,31 @@ def _sliding_causal(fn) -> bool:
     parts = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if isinstance(c.cell_contents, tuple)]
     return (len(parts) == 1 and len(parts[0]) == 2 and parts[0][1] is masking_utils.causal_mask_function
             and getattr(parts[0][0], "__qualname__", "").startswith("sliding_window_overlay."))
+
+
+def _closure(fn) -> dict:
+    return dict(zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
+                    (c.cell_contents for c in (getattr(fn, "__closure__", None) or ()))))
+
+
+def _packed_documents(fn):
+    """The (B, S) document ids of transformers' packed-sequence mask, ``and_masks(base,
+    packed_sequence_mask_function(ids))`` with ``base`` causal or sliding causal, as transformers 5.17
+    builds it, or (5.25) that base inside ``remap_positions_for_packed_sequence(base, position_ids)``;
+    None for any other mask function. Within a document positions step by one, so a remapped causal (and
+    window) test is the plain one on token indices."""
+    parts = _closure(fn).get("mask_functions")
+    if not (isinstance(parts, tuple) and len(parts) == 2):
+        return None
+    base, same = parts
+    if not getattr(same, "__qualname__", "").startswith("packed_sequence_mask_function."):
+        return None
+    if getattr(base, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):
+        base = _closure(base).get("mask_function")
+    if base is not masking_utils.causal_mask_function and not _sliding_causal(base):
+        return None
+    ids = _closure(same).get("packed_sequence_mask")
+    return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() else None
 
 
 def _query_span(kw) -> tuple:
@@ -104,6 +136,11 @@ def mask_builder(batch_size: int, **kw):
                                                                           None)) or (
         not torch.compiler.is_compiling() and _sliding_causal(mask_function))
     q_length, q_offset = _query_span(kw)
+    if attention_mask is None and not torch.compiler.is_compiling() and isinstance(q_offset, int) and \
+            q_offset == 0 and kw.get("kv_offset", 0) == 0 and q_length == kv_length:
+        documents = _packed_documents(mask_function)
+        if documents is not None and documents.shape == (batch_size, kv_length):
+            return documents  # attention_forward runs each row's documents as varlen sequences
     # Plain masks need the queries to be the last q_length keys (no cache, or a dynamic one).
     if plain and isinstance(q_offset, int) and kw.get("kv_offset", 0) == 0 and q_offset + q_length == kv_length:
         if attention_mask is None:
@@ -159,10 +196,61 @@ def attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: tor
                          f"model config's attention_dropout to 0")
     if kwargs.get("s_aux") is not None:
         raise ValueError("tilewise attention: attention sinks ('s_aux') are not supported")
+    if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.dtype != torch.bool:
+        return _documents_forward(module, query, key, value, attention_mask, scaling, sliding_window, softcap,
+                                  kwargs.get("is_causal")), None
     args = attention_args(module, query, key, attention_mask, scaling, sliding_window, softcap, kwargs.get("is_causal"))
     # over fp32 weights transformers' RoPE hands over fp32 q and k beside a 16-bit v: autocast's dtype
     out = _attention(*autocast_inputs(query, key, value), **args)
     return out.transpose(1, 2).contiguous(), None
+
+
+_OFFSETS: dict = {}  # the last document ids' (cu_seqlens, longest): every layer of a forward shares them
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _document_offsets(documents: torch.Tensor) -> tuple:
+    """(cu_seqlens (n + 1,) int32, the longest document's length) of the documents of each row of
+    ``documents`` (B, S), back to back over the rows: one copy to the host per forward (kept for
+    the tensor the layers share)."""
+    hit = _OFFSETS.get("last")  # (tensor, its version, value): one entry, replaced whole
+    if hit is not None and hit[0] is documents and hit[1] == documents._version:
+        return hit[2]
+    B, S = documents.shape
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = starts.reshape(-1).nonzero().flatten()
+    cu = torch.cat([first, first.new_tensor([B * S])]).to(torch.int32)
+    value = (cu, int((cu[1:] - cu[:-1]).max()))
+    _OFFSETS["last"] = (documents, documents._version, value)
+    return value
+
+
+def _documents_forward(module, query, key, value, documents, scaling, sliding_window, softcap, is_causal):
+    """Packed rows (``documents``: (B, S) ids, from ``mask_builder``) through ``flash_attention_varlen``:
+    query (B, H, S, D) and key / value (B, Hkv, S, D) seen as (B * S, heads, D) (free for the sequence-
+    major tensors transformers' projections give); returns (B, S, H, D)."""
+    B, H, S, D = query.shape
+    if key.shape[2] != S or documents.shape != (B, S):
+        raise ValueError(f"tilewise attention: packed documents {tuple(documents.shape)} need queries and keys of "
+                         f"their length, got {S} and {key.shape[2]}")
+    causal = _causal(module, is_causal)
+    window = None
+    if sliding_window is not None:
+        window = (int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1)
+    if _capturing(documents):  # the offsets need host reads, which a CUDA graph's capture forbids
+        same = (documents[:, None, :, None] == documents[:, None, None, :])
+        out = _attention(*autocast_inputs(query, key, value), mask=same, causal=causal, scale=scaling,
+                         window=window, softcap=softcap)
+        return out.transpose(1, 2).contiguous()
+    cu, longest = _document_offsets(documents)
+    q, k, v = (t.transpose(1, 2).reshape(B * S, t.shape[1], D) for t in autocast_inputs(query, key, value))
+    out = _attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, scale=scaling, window=window,
+                            softcap=softcap, check_seqlens=False)
+    return out.view(B, S, H, D)
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: read once while tracing, a constant after
