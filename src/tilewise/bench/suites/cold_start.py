@@ -60,12 +60,12 @@ ATTN = dict(B=1, H=32, Hkv=8, S=2048, D=128)  # Llama-3-8B-like heads, one 2k se
 # Random embeddings: GloVe's extract is kept in the tilewise cache folder, so with GloVe an empty cache
 # would also time rebuilding it (and the GloVe package is not on every GPU machine).
 TRAIN_ARGS = ("--epochs", "1", "--max-steps", "100", "--embedding-init", "random")
-# The variants as train options, the optimizer spelled out so a row keeps its meaning: tilewise_adamw
+# Each variant's (backend, optimizer), the optimizer spelled out so a row keeps its meaning: tilewise_adamw
 # (train's default) with tilewise's AdamW, which skips torch.optim's import of torch._dynamo
-TRAIN_VARIANTS = {"torch": ("--backend", "torch", "--optimizer", "torch"),
-                  "tilewise_adamw": ("--backend", "tilewise", "--optimizer", "tilewise")}
-# The same for classifier_step's model: (backend, optimizer) per variant
 CLASSIFIER_VARIANTS = {"torch": ("torch", "torch"), "tilewise_adamw": ("tilewise", "tilewise")}
+# The same as train options
+TRAIN_VARIANTS = {name: ("--backend", backend, "--optimizer", optimizer)
+                  for name, (backend, optimizer) in CLASSIFIER_VARIANTS.items()}
 
 
 @dataclass(frozen=True)
