@@ -42,7 +42,7 @@ def test_the_table_names_only_families_that_exist():
     assert all(t.alone for t in warmup.families()["gemm"])
     assert [t.name for t in warmup.WORKLOAD_TASKS if t.alone] == ["train"]
     assert {t.name for t in warmup.WORKLOAD_TASKS if not t.alone} == {
-        "train.embedding", *(f"train.{p}.{T}" for p in ("fc1", "head") for T in (16, 32, 64))}
+        "train.embedding", *(f"train.fc1.{T}" for T in (16, 32, 64)), "train.pool", "train.out", "train.loss"}
     assert not any(t.alone for t in warmup.families()["transpose"])
 
 
@@ -164,8 +164,8 @@ def test_warmup_train_workload(tmp_path):
 
 def test_the_classifier_pieces_name_their_parts():
     assert [t.name for t in warmup.CLASSIFIER_TASKS] == [
-        "train.embedding", "train.fc1.16", "train.fc1.32", "train.fc1.64", "train.head.16", "train.head.32",
-        "train.head.64"]
+        "train.embedding", "train.fc1.16", "train.fc1.32", "train.fc1.64", "train.pool", "train.out",
+        "train.loss"]
     assert list(warmup.CLASSIFIER_TASKS) == [t for t in warmup.WORKLOAD_TASKS if t.name.startswith("train.")]
     with pytest.raises(ValueError, match="part must be one of"):
         warmup._classifier_part("fc3")
@@ -175,7 +175,7 @@ def test_the_classifier_pieces_name_their_parts():
 
 @pytest.mark.gpu
 def test_gpu_pieces_leave_nothing_for_the_whole_step(tmp_path):
-    # The three pieces compile (and tune) what the graphed training step and evaluation need: the whole
+    # The pieces compile (and tune) what the graphed training step and evaluation need: the whole
     # workload run after them in a fresh process adds no Triton kernel and no NVRTC module.
     env = settings.child_environment(tmp_path / "tw", tmp_path / "triton")
     pieces = [t.name for t in warmup.CLASSIFIER_TASKS]

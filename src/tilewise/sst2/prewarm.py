@@ -2,11 +2,11 @@
 
 With empty kernel caches the first training step compiled them one after another in the training
 process (11 Triton kernels and 7 CUDA C ones: ~7 s of the H200 machine's ~19 s to the first step).
-Here ``tilewise warmup``'s ``train.*`` tasks (the embedding, the first layer, the head: disjoint
-kernels at the default run's shapes) run as child processes, side by side, started by the CLI before
-it imports torch, so the children's imports and compiles overlap the parent's import, data and model
-set-up; ``wait`` joins them before the first step, which then finds its kernels (and the GEMMs'
-autotuning) in the caches.
+Here ``tilewise warmup``'s ``train.*`` tasks (the embedding, the first layer per bucket length, the
+pooling, the output layer, the loss: disjoint kernels at the default run's shapes) run as child
+processes, side by side, started by the CLI before it imports torch, so the children's imports and
+compiles overlap the parent's import, data and model set-up; ``wait`` joins them before the first
+step, which then finds its kernels (and the GEMMs' autotuning) in the caches.
 
 Skipped where it cannot help: no CUDA device (probed through the driver, without torch), the torch
 backend or the CPU asked for, under torchrun, a config whose kernel shapes differ from the default
