@@ -194,3 +194,18 @@ def test_gpu_pieces_leave_nothing_for_the_whole_step(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     new = sorted(files() - before)
     assert not new, f"the whole step compiled what the pieces missed: {new[:12]}"
+
+
+def test_triton_key_is_prefetched_in_a_thread():
+    """_startup.prefetch_triton_key: a daemon thread leaves Triton's installation hash cached for the
+    process's first kernel (warmup's children and `tilewise train` start it before their imports /
+    set-up)."""
+    from triton.runtime.cache import triton_key
+
+    from tilewise import _startup
+
+    triton_key.cache_clear()
+    t = _startup.prefetch_triton_key()
+    assert t.daemon
+    t.join(timeout=120)
+    assert not t.is_alive() and triton_key.cache_info().currsize == 1

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import settings
+from ._startup import prefetch_triton_key
 from ._jobs import (STDERR_TAIL, TASK_TIMEOUT_S, Job, Result, Task, child_command, default_jobs,  # noqa: F401
                     jobs_for, run_job, run_jobs, triton_cache_dir)
 from .sst2.config import CLASSIFIER_PARTS, SST2_VOCAB, TrainConfig, classifier_tasks, default_buckets
@@ -468,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tilewise.warmup")
     p.add_argument("--task", action="append", required=True, choices=sorted(TASKS))
     args = p.parse_args(argv)
+    prefetch_triton_key()  # beside the task's imports (torch's above all)
     for name in args.task:
         t0 = time.perf_counter()
         TASKS[name].fn()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .._files import write_atomic
+from .._startup import prefetch_triton_key
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
 from . import checkpoint, datacache, dataset, ddp
@@ -297,6 +298,8 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
            started: float, prewarm: Prewarm | None = None) -> dict[str, Any]:
     check_options(cfg)
     device, backend, notes = resolve_device_backend(cfg)
+    if backend == "tilewise" and device.type == "cuda":
+        prefetch_triton_key()  # while the data and the model are set up
     if cfg.graph is None:  # auto: every op of the step is capturable, so a GPU replays graphs
         cfg = replace(cfg, graph=device.type == "cuda")
         if cfg.graph:
