@@ -13,6 +13,10 @@ Run on the GPU from the repository root, with the second tree made by applying p
     TILEWISE_SST2_DIR=.data/sst2 python3 research/startup_ab.py A=src B=/tmp/b/src --rounds 3
 
 Prints one JSON line per measurement and a summary (medians over rounds) per tree.
+
+``--trace SRC``: instead, one `train` on empty caches and one on the caches it filled, each line of its
+output prefixed with the seconds since the process started, and metrics.json's start-up and epoch
+seconds: where a cold run's seconds after its first step go (eval, checkpoint, plot, exit).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 _MEASURE = ("import json; from tilewise.bench.suites import cold_start as c; "
             "case = next(x for x in c.CASES if x.name == 'train_100_steps'); "
@@ -38,11 +45,37 @@ def _run(src: str, code: str) -> str:
     return p.stdout
 
 
+def trace(src: str) -> None:
+    """One cold and one warm `train` with timestamped output lines (see the module's docstring)."""
+    data = os.environ["TILEWISE_SST2_DIR"]
+    with tempfile.TemporaryDirectory(prefix="startup-trace-") as d:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(src), TILEWISE_CACHE_DIR=f"{d}/tw",
+                   TRITON_CACHE_DIR=f"{d}/triton", PYTHONUNBUFFERED="1")
+        for run in ("empty", "warm"):
+            out = Path(d) / run
+            argv = [sys.executable, "-m", "tilewise", "train", "--data-dir", data, "--epochs", "1", "--max-steps",
+                    "100", "--embedding-init", "random", "--output-dir", str(out)]
+            t0 = time.perf_counter()
+            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for line in p.stdout:
+                print(f"[{run} {time.perf_counter() - t0:7.2f}] {line.rstrip()}", flush=True)
+            p.wait()
+            m = json.loads((out / "metrics.json").read_text())
+            print(f"[{run} {time.perf_counter() - t0:7.2f}] exit {p.returncode}; startup {m['startup']}; "
+                  f"train_seconds {m['epochs'][0]['train_seconds']:.2f}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trees", nargs=2, help="NAME=SRC_DIR, two of them")
+    ap.add_argument("trees", nargs="*", help="NAME=SRC_DIR, two of them")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trace", metavar="SRC", help="trace one tree's cold and warm run instead")
     a = ap.parse_args()
+    if a.trace:
+        trace(a.trace)
+        return 0
+    if len(a.trees) != 2:
+        ap.error("give two NAME=SRC_DIR trees (or --trace SRC)")
     trees = [t.split("=", 1) for t in a.trees]
     _run(trees[0][1], _PRIME)
     got: dict[str, list] = {name: [] for name, _ in trees}
