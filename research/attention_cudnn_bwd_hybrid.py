@@ -29,9 +29,8 @@ import tilewise
 from tilewise.ops.attention import cudnn_bwd, reference as R
 
 ATEN = torch.ops.aten
-SHAPES = [  # (B, H, Hkv, S, D, causal)
-    (1, 32, 8, 16384, 64, True), (4, 32, 8, 4096, 64, True), (2, 32, 8, 8192, 64, True),
-    (1, 32, 8, 16384, 128, True), (4, 16, 16, 4096, 64, False)]
+SHAPES = [  # (B, H, Hkv, S, D, causal): the llama bench's attention (Llama-3.2-1B heads) at its two shapes
+    (1, 32, 8, 16384, 64, True), (4, 32, 8, 4096, 64, True), (2, 32, 8, 8192, 64, True)]
 
 
 def bench(fn):
