@@ -16,6 +16,13 @@ What it does, per shape (q, k, v in transformers' layout: (B, S, H, D) storage v
    through SDPA's autograd, and the hybrid's forward + backward.
 
 Run on the GPU: PYTHONPATH=src python3 research/attention_cudnn_bwd_hybrid.py
+
+Measured (H200, 2026-12-05, code 2373afd, `bench/results/logs/attention-cudnn-bwd-hybrid-2373afd.log`): cuDNN's
+backward takes our O and LSE (LSE within 1.9e-6 of cuDNN's own, (B, H, S, 1); gradients within 3e-4 of
+cuDNN's whole path), but the pair is slower than cuDNN's forward + backward at all three shapes (0.90x,
+0.94x, 0.90x): our forward is 1.09x / 1.05x cuDNN's at S 16384 / 8192, and cuDNN's backward then takes
+~0.8 ms longer than after its own forward. The llama step at 1 x 16384 did not move (356.0 ms with the
+route in tilewise_auto, 356.2 without). Not landed; the route is `research/patches/cudnn-backward-policy.patch`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tilewise
-from tilewise.ops.attention import cudnn_bwd, reference as R
+from tilewise.ops.attention import reference as R
 
 ATEN = torch.ops.aten
 SHAPES = [  # (B, H, Hkv, S, D, causal): the llama bench's attention (Llama-3.2-1B heads) at its two shapes
@@ -43,7 +50,7 @@ def cudnn_fwd(q, k, v, causal, scale):
 
 
 class Hybrid(torch.autograd.Function):
-    """Our forward; cuDNN's backward on our O and LSE, through ``ops.attention.cudnn_bwd.backward``."""
+    """Our forward; cuDNN's backward on our O and LSE (cuDNN's (B, H, S, 1) layout of it)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
@@ -55,7 +62,11 @@ class Hybrid(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv, _ = cudnn_bwd.backward(do, q, k, v, out, lse, ctx.causal, ctx.scale)
+        seed = torch.empty((), dtype=torch.int64, device=q.device)  # dropout 0: never read
+        # No bias, no cumulative lengths: undefined tensors (None; an empty tensor reads as a 1-D bias).
+        dq, dk, dv = ATEN._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, out, lse.unsqueeze(-1), seed, seed, None, None, None, q.shape[2], k.shape[2], 0.0,
+            ctx.causal, scale=ctx.scale)
         return dq, dk, dv, None, None
 
 
