@@ -24,6 +24,10 @@ Every consumer of a CTA has the same n (key tiles are the CTA's), so the turns a
 ... for n + 1 turns each. P_{j-1} stays in registers until its product is waited on (the wgmma reads
 them asynchronously); O is rescaled only after its product completed.
 
+``attn_fwd_fa3_persistent_kernel`` runs the same consumers (no ping-pong) on v5's persistent grid (one CTA
+an SM walking work items, gluon_fwd's persistent loader): written after the first measurement (2373afd),
+compiled for sm_90 without spills, not yet run; the non-persistent kernel's SASS is the measured one's.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fa3_schedule.py [--compile-only]
 (the A/B against v5 and cuDNN at D = 128, B * S = 16384, H = 16, bf16, plain and causal, after a check
 against the fp32 reference); --compile-only builds the sm_90 kernels here (Triton >= 3.5, no GPU) and
@@ -80,15 +84,15 @@ def _softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout: gl.constexpr, BLOCK_N
 
 
 @gluon.jit
-def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, which: gl.constexpr,
+def _step(j, r, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, which: gl.constexpr,
           m_lo, Sk, qk_scale, zero, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
           STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
           dtype: gl.constexpr):
     """Loop body j >= 1: S_j and P_{j-1} V_{j-1} in one turn, softmax(S_j) beside them."""
-    s = j % STAGES
-    sp = (j - 1) % STAGES
-    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+    s = r % STAGES  # r: the ring fill of key tile j (j itself on v5's grid; more in a persistent CTA)
+    sp = (r - 1) % STAGES
+    mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
+    mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
     _turn(turn, j, which, PINGPONG)
     t = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
     acc = warpgroup_mma(p_op, v_smem.index(sp), acc, is_async=True)
@@ -104,45 +108,37 @@ def _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
 
 
 @gluon.jit
-def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
-              v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
-              o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-              NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+def _rows(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, which: gl.constexpr, m_lo, n_tiles, n_full,
+          slot, Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, HEAD_DIM: gl.constexpr,
+          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+          dtype: gl.constexpr):
+    """A consumer's 64 rows from ``m_lo`` over key tiles 0 .. n_tiles - 1 (the first n_full without a
+    test), the ring's fills slot .. slot + n_tiles - 1: (acc, m_i, l_i). Turns (PINGPONG) are counted
+    from 0: v5's grid only."""
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    m_lo = start_m * (64 * NUM_CONS) + which * 64
-    n_full = G.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
-    q = q_smem.index(which)
-    turn = q_bar  # entries 0, 1: the Q loads; 2, 3: the consumers' turns
     zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([64], gl.float32, layout=row_s)
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-    mbarrier.wait(q_bar.index(which), 0)
     # Tile 0 (masked: cheap once, and right whether or not it needs the test)
-    mbarrier.wait(k_ready.index(0), 0)
+    s0 = slot % STAGES
+    mbarrier.wait(k_ready.index(s0), (slot // STAGES) & 1)
     _turn(turn, 0, which, PINGPONG)
-    t = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    t = warpgroup_mma(q, k_smem.index(s0).permute((1, 0)), zero, use_acc=False, is_async=True)
     _pass(turn, which, PINGPONG)
     t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(s0), count=1)
     p, alpha, m_i, l_i = _softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, True)
     p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     for j in range(1, gl.maximum(n_full, 1)):
-        acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                    turn, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout, BLOCK_N, STAGES,
-                                    CAUSAL, False, PINGPONG, dtype)
+        acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                    v_empty, turn, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout, BLOCK_N,
+                                    STAGES, CAUSAL, False, PINGPONG, dtype)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        acc, p_op, m_i, l_i = _step(j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                    turn, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout, BLOCK_N, STAGES,
-                                    CAUSAL, True, PINGPONG, dtype)
-    last = n_tiles - 1
+        acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                    v_empty, turn, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout, BLOCK_N,
+                                    STAGES, CAUSAL, True, PINGPONG, dtype)
+    last = slot + n_tiles - 1
     sl = last % STAGES
     mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
     _turn(turn, n_tiles, which, PINGPONG)
@@ -150,8 +146,91 @@ def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_
     _pass(turn, which, PINGPONG)
     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))  # P stays live until read
     mbarrier.arrive(v_empty.index(sl), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
+              v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
+              o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
+              NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    m_lo = start_m * (64 * NUM_CONS) + which * 64
+    n_full = G.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
+    mbarrier.wait(q_bar.index(which), 0)
+    acc, m_i, l_i = _rows(q_smem.index(which), k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bar, which, m_lo,
+                          n_tiles, n_full, 0, Sk, qk_scale, s_layout, o_layout, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+                          PINGPONG, q_desc.dtype)
     G._finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
               HEAD_DIM)
+
+
+@gluon.jit
+def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+               out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+               LAYOUT: gl.constexpr, which: gl.constexpr):
+    """The persistent grid's consumer (gluon_fwd._pconsumer's walk over work items) with the overlap."""
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BM: gl.constexpr = 64 * NUM_CONS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    BH = total // n_m
+    q = q_smem.index(which)
+    slot = 0
+    it = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        start_m, bh = G._ptile(tile, n_m, BH, CAUSAL)
+        m_lo = start_m * BM + which * 64
+        n_tiles = G.kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+        n_full = G.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
+        mbarrier.wait(q_bar.index(which), it & 1)
+        acc, m_i, l_i = _rows(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_bar, which, m_lo, n_tiles,
+                              n_full, slot, Sk, qk_scale, s_layout, o_layout, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, False,
+                              q_desc.dtype)
+        mbarrier.arrive(q_empty.index(which), count=1)  # Q was last read by the final S (waited in _rows)
+        o_row, o_col = G.head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+        G._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, G.row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
+                  Sq, s_layout, o_layout, HEAD_DIM)
+        slot += n_tiles
+        it += 1
+
+
+@gluon.jit
+def attn_fwd_fa3_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
+                                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                   CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0):
+    """gluon_fwd.attn_fwd_ws_persistent_kernel with the overlapped consumers (no ping-pong)."""
+    NUM_CONS: gl.constexpr = 2
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BM: gl.constexpr = 64 * NUM_CONS
+    n_m = gl.cdiv(Sq, BM)
+    total = n_m * BH
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = G.kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_CONS):
+        mbarrier.init(q_bar.index(c), count=1)
+        mbarrier.init(q_empty.index(c), count=1)
+    gl.warp_specialize([
+        (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                      v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL,
+                      NUM_CONS, LAYOUT, 0)),
+        (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                      v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL,
+                      NUM_CONS, LAYOUT, 1)),
+        (G._ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                      v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL,
+                      NUM_CONS, LAYOUT, 0)),
+    ], [4, 1], [CONSUMER_REGS, 24])
 
 
 @gluon.jit
@@ -209,8 +288,9 @@ def attn_fwd_fa3_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, 
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, regs=232):
-    """out, lse of the schedule above (bf16 / fp16, D 64 / 128, head-major or sequence-major)."""
+def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, regs=232, persistent=False):
+    """out, lse of the schedule above (bf16 / fp16, D 64 / 128, head-major or sequence-major); ``persistent``:
+    on v5's persistent grid (one CTA an SM; no ping-pong)."""
     from tilewise.ops.attention import configs
     from tilewise.runtime import cuda as rt
 
@@ -221,11 +301,18 @@ def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, r
     lse = torch.empty(B, H, Sq, device=q.device, dtype=torch.float32)
     (q2, _), (k2, _), (v2, _) = (tma_view(t) for t in (q, k, v))
     qd, kd, vd = G._desc(q2, (64, D)), G._desc(k2, (block_n, D)), G._desc(v2, (block_n, D))
+    layout = seq_mask(q=q, k=k, v=v, o=out)
+    if persistent:
+        grid = (min(rt.sm_count(q.get_device()), -(-Sq // 128) * B * H),)
+        meta = dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, num_warps=4)
+        if layout:
+            meta["LAYOUT"] = layout
+        attn_fwd_fa3_persistent_kernel[grid](qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * G.LOG2E, B * H, **meta)
+        return out, lse
     grid = (-(-Sq // 128), B * H)
     group = configs.causal_head_group(grid[1], grid[0], rt.sm_count(q.get_device())) if causal else 1
     meta = dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, PINGPONG=bool(pingpong),
                 num_warps=4)
-    layout = seq_mask(q=q, k=k, v=v, o=out)
     if layout:
         meta["LAYOUT"] = layout
     attn_fwd_fa3_kernel[grid](qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * G.LOG2E, group, **meta)
@@ -249,6 +336,16 @@ def compile_only():
         layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
         return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
 
+    def build(kernel, sig, consts):
+        k = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+        return {"shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
+                "spills": len(re.findall(r"\b(LDL|STL)\b", sass))}
+
     out = {}
     for D in (64, 128):
         for causal in (False, True):
@@ -259,16 +356,15 @@ def compile_only():
                        "CONSUMER_REGS": "constexpr", "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
                 consts = {"BLOCK_N": 128, "STAGES": 2, "CAUSAL": causal, "CONSUMER_REGS": 232, "PINGPONG": pingpong,
                           "LAYOUT": 0}
-                k = triton.compile(GluonASTSource(attn_fwd_fa3_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": 4})
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(k.asm["cubin"])
-                    f.flush()
-                    sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
-                out[f"D{D}-causal{causal}-pingpong{pingpong}"] = {
-                    "shared": k.metadata.shared, "hgmma": len(re.findall(r"\bHGMMA", sass)),
-                    "spills": len(re.findall(r"\b(LDL|STL)\b", sass)),
-                    "regs": getattr(k, "n_regs", None)}
+                out[f"D{D}-causal{causal}-pingpong{pingpong}"] = build(attn_fwd_fa3_kernel, sig, consts)
+    for D in (64, 128):
+        for causal in (False, True):
+            sig = {"q_desc": td([64, D]), "k_desc": td([128, D]), "v_desc": td([128, D]), "out_ptr": "*bf16",
+                   "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+                   "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+                   "CONSUMER_REGS": "constexpr", "LAYOUT": "constexpr"}
+            consts = {"BLOCK_N": 128, "STAGES": 2, "CAUSAL": causal, "CONSUMER_REGS": 232, "LAYOUT": 0}
+            out[f"persistent-D{D}-causal{causal}"] = build(attn_fwd_fa3_persistent_kernel, sig, consts)
     print(json.dumps(out, indent=1))
 
 
@@ -300,7 +396,8 @@ def main():
                 ref = A.reference(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), causal=causal)
                 fns = {"v5": lambda: A.v5_flash2_ws(q, k, v, causal=causal),
                        "fa3_overlap": lambda: fwd_fa3(q, k, v, causal, pingpong=False)[0],
-                       "fa3_pingpong": lambda: fwd_fa3(q, k, v, causal, pingpong=True)[0]}
+                       "fa3_pingpong": lambda: fwd_fa3(q, k, v, causal, pingpong=True)[0],
+                       "fa3_persistent": lambda: fwd_fa3(q, k, v, causal, persistent=True)[0]}
                 for name, fn in fns.items():
                     err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
                     assert err < 2e-2, f"{name} D{D} S{S} causal={causal}: rel err {err:.3g}"
