@@ -27,6 +27,7 @@ them asynchronously); O is rescaled only after its product completed.
 ``attn_fwd_fa3_persistent_kernel`` runs the same consumers (no ping-pong) on v5's persistent grid (one CTA
 an SM walking work items, gluon_fwd's persistent loader): written after the first measurement (2373afd),
 compiled for sm_90 without spills, not yet run; the non-persistent kernel's SASS is the measured one's.
+``THREE`` (``fa3_three`` at D = 64): three consumers as v5's D = 64 config, also compiled and not yet run.
 
 Run on the GPU: PYTHONPATH=src python3 research/attention_fa3_schedule.py [--compile-only]
 (the A/B against v5 and cuDNN at D = 128, B * S = 16384, H = 16, bf16, plain and causal, after a check
@@ -236,10 +237,13 @@ def attn_fwd_fa3_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, 
 @gluon.jit
 def attn_fwd_fa3_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, HEAD_GROUP,
                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, LAYOUT: gl.constexpr = 0):
-    """v5's grid and loader (no bias, two consumers) with the schedule above."""
+                        CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, LAYOUT: gl.constexpr = 0,
+                        THREE: gl.constexpr = False):
+    """v5's grid and loader (no bias; two consumers, or THREE as v5's D = 64 config, without ping-pong)
+    with the schedule above."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    NUM_CONS: gl.constexpr = 2
+    NUM_CONS: gl.constexpr = 3 if THREE else 2
+    gl.static_assert(not (THREE and PINGPONG), "the turn barriers (q_bar 2, 3) are for two consumers")
     BM: gl.constexpr = 64 * NUM_CONS
     start_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -272,25 +276,47 @@ def attn_fwd_fa3_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, 
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=NUM_CONS)
         mbarrier.init(v_empty.index(s), count=NUM_CONS)
-    gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
-                     v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
-                     o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                     BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 0)),
-        (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
-                     v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
-                     o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                     BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 1)),
-        (G._loader, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
-                     v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
-                     o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                     BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 0)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    if THREE:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, False, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, False, 1)),
+            (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, False, 2)),
+            (G._loader, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, False, 0)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 1)),
+            (G._loader, (q_desc, k_desc, v_desc, q_desc, q_smem, k_smem, v_smem, q_smem, q_bar, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, 0, lse_row,
+                         o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
+                         BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, PINGPONG, 0)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, regs=232, persistent=False):
+def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, regs=232, persistent=False,
+            three=False):
     """out, lse of the schedule above (bf16 / fp16, D 64 / 128, head-major or sequence-major); ``persistent``:
-    on v5's persistent grid (one CTA an SM; no ping-pong)."""
+    on v5's persistent grid (one CTA an SM; no ping-pong); ``three``: three consumers (192 query rows a CTA,
+    160 registers each, as v5 at D = 64; no ping-pong)."""
     from tilewise.ops.attention import configs
     from tilewise.runtime import cuda as rt
 
@@ -309,10 +335,12 @@ def fwd_fa3(q, k, v, causal, scale=None, pingpong=True, block_n=128, stages=2, r
             meta["LAYOUT"] = layout
         attn_fwd_fa3_persistent_kernel[grid](qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * G.LOG2E, B * H, **meta)
         return out, lse
-    grid = (-(-Sq // 128), B * H)
+    grid = (-(-Sq // (192 if three else 128)), B * H)
     group = configs.causal_head_group(grid[1], grid[0], rt.sm_count(q.get_device())) if causal else 1
-    meta = dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, PINGPONG=bool(pingpong),
-                num_warps=4)
+    meta = dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=160 if three else regs,
+                PINGPONG=bool(pingpong) and not three, num_warps=4)
+    if three:
+        meta["THREE"] = True
     if layout:
         meta["LAYOUT"] = layout
     attn_fwd_fa3_kernel[grid](qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * G.LOG2E, group, **meta)
@@ -353,10 +381,14 @@ def compile_only():
                 sig = {"q_desc": td([64, D]), "k_desc": td([128, D]), "v_desc": td([128, D]), "out_ptr": "*bf16",
                        "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
                        "HEAD_GROUP": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
-                       "CONSUMER_REGS": "constexpr", "PINGPONG": "constexpr", "LAYOUT": "constexpr"}
+                       "CONSUMER_REGS": "constexpr", "PINGPONG": "constexpr", "LAYOUT": "constexpr",
+                       "THREE": "constexpr"}
                 consts = {"BLOCK_N": 128, "STAGES": 2, "CAUSAL": causal, "CONSUMER_REGS": 232, "PINGPONG": pingpong,
-                          "LAYOUT": 0}
+                          "LAYOUT": 0, "THREE": False}
                 out[f"D{D}-causal{causal}-pingpong{pingpong}"] = build(attn_fwd_fa3_kernel, sig, consts)
+            if D == 64:
+                consts = {**consts, "CONSUMER_REGS": 160, "PINGPONG": False, "THREE": True}
+                out[f"D64-causal{causal}-three"] = build(attn_fwd_fa3_kernel, sig, consts)
     for D in (64, 128):
         for causal in (False, True):
             sig = {"q_desc": td([64, D]), "k_desc": td([128, D]), "v_desc": td([128, D]), "out_ptr": "*bf16",
@@ -398,6 +430,8 @@ def main():
                        "fa3_overlap": lambda: fwd_fa3(q, k, v, causal, pingpong=False)[0],
                        "fa3_pingpong": lambda: fwd_fa3(q, k, v, causal, pingpong=True)[0],
                        "fa3_persistent": lambda: fwd_fa3(q, k, v, causal, persistent=True)[0]}
+                if D == 64:  # v5's D = 64 config has three consumers
+                    fns["fa3_three"] = lambda: fwd_fa3(q, k, v, causal, three=True)[0]
                 for name, fn in fns.items():
                     err = ((fn()[:1, :2].float() - ref).norm() / ref.norm()).item()
                     assert err < 2e-2, f"{name} D{D} S{S} causal={causal}: rel err {err:.3g}"
