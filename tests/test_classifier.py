@@ -198,7 +198,7 @@ def test_cli_prints_unexpected_failures(tmp_path, monkeypatch, capsys):
     commands.add_arguments(p)
     args = p.parse_args(["--no-progress", "--device", "cpu", "--output-dir", str(tmp_path / "o")])
 
-    def boom(cfg, prewarm=None, started=None):
+    def boom(cfg, prewarm=None, started=None, plotter=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(loop, "train", boom)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import settings
-from . import prewarm
+from . import plot, prewarm
 from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
 # torch and the modules that need it are imported where used: `tilewise train` starts its background
@@ -162,11 +162,13 @@ def _main(args: argparse.Namespace) -> int:
     _enable_crash_reports()
     cfg = config_from_args(args)
     pre = prewarm.start_early(cfg)  # before torch's import (the children import it alongside)
+    # loss_curve.png's child imports matplotlib while the run trains (rank 0 draws under torchrun)
+    plotter = plot.Plotter.start() if cfg.plot and settings.distributed()[1] == 0 else None
     from . import dataset, loop
     from .checkpoint import OutputDirError
 
     try:
-        m = loop.train(cfg, prewarm=pre, started=started)
+        m = loop.train(cfg, prewarm=pre, started=started, plotter=plotter)
     except (dataset.MissingDataError, ValueError, FileNotFoundError, OutputDirError) as e:
         Console(stderr=True, highlight=False).print(f"tilewise train: {e}", markup=False, soft_wrap=True)
         return 2
@@ -185,6 +187,9 @@ def _main(args: argparse.Namespace) -> int:
         for stream in (sys.stderr, sys.stdout):
             print(msg, file=stream, flush=True)
         return 1
+    finally:
+        if plotter is not None:
+            plotter.close()  # unused (a failed run, or the child already drew): ended, never left behind
     if not args.no_progress:
         Console(highlight=False).print(f"metrics: {Path(args.output_dir) / 'metrics.json'}; best dev accuracy "
                                        f"{100 * (m['best_dev_accuracy'] or 0):.2f}%")

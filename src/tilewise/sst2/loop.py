@@ -14,7 +14,6 @@ same buckets by default: its Triton GEMMs autotune once per shape.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import sys
@@ -29,13 +28,14 @@ from .._files import write_atomic
 from .._startup import prefetch_triton_key
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
-from . import checkpoint, datacache, dataset, ddp
+from . import checkpoint, datacache, dataset, ddp, plot
 from .adamw import AdamW
 from .config import (EVAL_BATCH_SIZE, LR_SCHEDULES, TrainConfig, check_options, default_buckets,
                      resolve_device_backend)
 from .graph_step import GraphedStep
 
 if TYPE_CHECKING:
+    from .plot import Plotter
     from .prewarm import Prewarm
 
 # --------------------------------------------------------------------------- schedule and weight average
@@ -268,7 +268,8 @@ def _console(cfg):
 # --------------------------------------------------------------------------- train
 
 
-def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | None = None,
+          plotter: Plotter | None = None) -> dict[str, Any]:
     """Train, evaluate each epoch, write metrics.json, loss_curve.png and checkpoint.pt in
     ``cfg.output_dir``; return the metrics. Under torchrun (``torchrun --nproc_per_node N -m
     tilewise train ...``) it trains data-parallel with DistributedDataParallel: each process takes
@@ -280,13 +281,14 @@ def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | Non
     synchronized (its compiles, autotuning and graph capture); None when no step ran. ``prewarm``:
     the kernels' background compile the CLI started (``prewarm.start_early``), joined before the
     first step. ``started``: the ``time.perf_counter()`` that ``setup_s`` counts from (the CLI's
-    start, before torch's import); default: this call."""
+    start, before torch's import); default: this call. ``plotter``: loss_curve.png's child
+    (``plot.Plotter``, started by the CLI), else the figure is drawn in this process."""
     started = time.perf_counter() if started is None else started
     try:
         cfg, dist, dist_notes = ddp.init_distributed(cfg)
         try:
             with contextlib.ExitStack() as held:  # the output directory's lock
-                return _train(cfg, dist, dist_notes, held, started, prewarm)
+                return _train(cfg, dist, dist_notes, held, started, prewarm, plotter)
         finally:
             ddp.shutdown(dist)
     finally:
@@ -295,7 +297,7 @@ def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | Non
 
 
 def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack,
-           started: float, prewarm: Prewarm | None = None) -> dict[str, Any]:
+           started: float, prewarm: Prewarm | None = None, plotter: Plotter | None = None) -> dict[str, Any]:
     check_options(cfg)
     device, backend, notes = resolve_device_backend(cfg)
     if backend == "tilewise" and device.type == "cuda":
@@ -453,39 +455,8 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
         return metrics
     write_atomic(out / "metrics.json", json.dumps(metrics, indent=2).encode())
     if cfg.plot:
-        _plot(step_losses, history, out / "loss_curve.png")
+        if plotter is not None:
+            plotter.write(step_losses, history, out / "loss_curve.png")
+        else:
+            plot.draw(step_losses, history, out / "loss_curve.png")
     return metrics
-
-
-def _plot(step_losses: list[float], history: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if step_losses:
-        ax.plot(range(1, len(step_losses) + 1), step_losses, lw=0.5, alpha=0.4, label="train loss (step)")
-        w = max(1, len(step_losses) // 100)
-        if w > 1:
-            sm = [sum(step_losses[i:i + w]) / w for i in range(0, len(step_losses) - w + 1, w)]
-            ax.plot([i + w for i in range(0, len(step_losses) - w + 1, w)], sm, lw=1.5, label=f"mean of {w}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy")
-    if history:
-        ax2 = ax.twinx()
-        steps, acc, total = [], [], 0
-        for h in history:
-            total += h["steps"]
-            steps.append(total)
-            acc.append(100 * h["dev_accuracy"])
-        ax2.plot(steps, acc, "o-", color="tab:green", label="dev accuracy")
-        ax2.set_ylabel("dev accuracy (%)")
-        ax2.legend(loc="upper right")
-    ax.legend(loc="upper left")
-    ax.set_title("SST-2 classifier")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getbuffer())
