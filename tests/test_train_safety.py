@@ -178,12 +178,27 @@ _HIDDEN = 4096  # a checkpoint of ~2.6 MB: its write is a good part of each 1-st
 
 
 def _start_training(data: Path, out: Path, env: dict) -> subprocess.Popen:
-    """A training process that saves a checkpoint after every step (1-step epochs) until killed."""
+    """A training process that saves a checkpoint after every step (1-step epochs) until killed. Its stderr
+    goes to ``<out>.stderr`` (beside the output directory), for the stacks of one that does not stop."""
     cmd = [sys.executable, "-m", "tilewise", "train", "--data-dir", str(data), "--epochs", "100000",
            "--max-steps", "1", "--batch-size", "16", "--lr", "1e-2", "--hidden", str(_HIDDEN), "--dropout", "0.1",
            "--embedding-init", "random", "--backend", "torch", "--device", "cpu", "--seed", "0",
            "--output-dir", str(out), "--no-progress", "--no-plot"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(f"{out}.stderr", "wb") as err:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _stop_stuck(proc: subprocess.Popen, out: Path, what: str) -> None:
+    """A run that outlived its signal: SIGTERM first (train's faulthandler dumps every thread's stack to
+    stderr), then SIGKILL; fail with where it was."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    tail = Path(f"{out}.stderr").read_text(errors="replace")[-3000:]
+    pytest.fail(f"{what}: still running 30 s after its signal; its stderr ends:\n{tail}")
 
 
 def _check_after_kill(tmp_path: Path, out: Path, what: str) -> bool:
@@ -229,13 +244,15 @@ def test_kills_during_training_leave_a_loadable_checkpoint(tmp_path):
             assert proc.poll() is None, f"training ended by itself (rc {proc.returncode}); seed {seed}"
             proc.send_signal(sig)
         for out, sig, early, proc, t0 in trials:
+            what = f"{out.name} {signal.Signals(sig).name} (early={early}), seed {seed}"
             try:
                 proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _stop_stuck(proc, out, what)
             finally:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            what = f"{out.name} {signal.Signals(sig).name} (early={early}), seed {seed}"
             present += _check_after_kill(tmp_path, out, what)
     assert present >= len(sigs) // 2, f"only {present} of {len(sigs)} runs got to a checkpoint; seed {seed}"
 
