@@ -384,3 +384,23 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, monkeypatch, schedule)
     assert saved["epochs"][1]["weight_decay"] == [0.1, 0.1] and saved["epochs"][1]["lr_end"] == m["epochs"][1]["lr_end"]
     groups = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.1, 0.1]
+
+
+def test_a_swallowed_sigint_still_stops_training():
+    """A SIGINT raised inside a finalizer is printed and dropped by Python; train's handler also
+    remembers it, so the loop stops at its next step (the CI saw a killed run go on training)."""
+    import gc
+    import signal as sig
+
+    with loop._sigint_remembered() as seen:
+        handler = sig.getsignal(sig.SIGINT)
+        assert handler is not sig.default_int_handler
+
+        class Finalized:
+            def __del__(self):
+                handler(sig.SIGINT, None)  # as if the signal arrived while this ran
+
+        Finalized()  # the KeyboardInterrupt is raised in __del__ and dropped
+        gc.collect()
+        assert seen == [sig.SIGINT]
+    assert sig.getsignal(sig.SIGINT) is sig.default_int_handler
