@@ -185,7 +185,10 @@ def _start_training(data: Path, out: Path, env: dict) -> subprocess.Popen:
            "--embedding-init", "random", "--backend", "torch", "--device", "cpu", "--seed", "0",
            "--output-dir", str(out), "--no-progress", "--no-plot"]
     with open(f"{out}.stderr", "wb") as err:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        # SIGINT at its default in the child: an ignored SIGINT (another test's, in this process) would be
+        # inherited across exec, and the run would never see its Ctrl-C
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 STUCK_S = 120.0  # seconds a signalled run may take to stop
@@ -392,6 +395,14 @@ def test_a_swallowed_sigint_still_stops_training():
     import gc
     import signal as sig
 
+    before = sig.signal(sig.SIGINT, sig.default_int_handler)  # as a fresh process has it
+    try:
+        _check_swallowed_sigint(sig, gc)
+    finally:
+        sig.signal(sig.SIGINT, before)
+
+
+def _check_swallowed_sigint(sig, gc):
     with loop._sigint_remembered() as seen:
         handler = sig.getsignal(sig.SIGINT)
         assert handler is not sig.default_int_handler
