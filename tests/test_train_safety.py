@@ -191,7 +191,7 @@ def _start_training(data: Path, out: Path, env: dict) -> subprocess.Popen:
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-STUCK_S = 120.0  # seconds a signalled run may take to stop
+STUCK_S = 30.0  # seconds a signalled run may take to stop
 
 
 def _stop_stuck(proc: subprocess.Popen, out: Path, what: str) -> None:
@@ -252,8 +252,6 @@ def test_kills_during_training_leave_a_loadable_checkpoint(tmp_path):
         for out, sig, early, proc, t0 in trials:
             what = f"{out.name} {signal.Signals(sig).name} (early={early}), seed {seed}"
             try:
-                # Generous: a signal waits for a checkpoint's fsync, which stalled past 30 s under the whole
-                # suite's disk writes (the stack showed write_atomic's os.fsync, in the CI simulation)
                 proc.wait(timeout=STUCK_S)
             except subprocess.TimeoutExpired:
                 _stop_stuck(proc, out, what)
@@ -388,30 +386,3 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, monkeypatch, schedule)
     groups = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.1, 0.1]
 
-
-def test_a_swallowed_sigint_still_stops_training():
-    """A SIGINT raised inside a finalizer is printed and dropped by Python; train's handler also
-    remembers it, so the loop stops at its next step (the CI saw a killed run go on training)."""
-    import gc
-    import signal as sig
-
-    before = sig.signal(sig.SIGINT, sig.default_int_handler)  # as a fresh process has it
-    try:
-        _check_swallowed_sigint(sig, gc)
-    finally:
-        sig.signal(sig.SIGINT, before)
-
-
-def _check_swallowed_sigint(sig, gc):
-    with loop._sigint_remembered() as seen:
-        handler = sig.getsignal(sig.SIGINT)
-        assert handler is not sig.default_int_handler
-
-        class Finalized:
-            def __del__(self):
-                handler(sig.SIGINT, None)  # as if the signal arrived while this ran
-
-        Finalized()  # the KeyboardInterrupt is raised in __del__ and dropped
-        gc.collect()
-        assert seen == [sig.SIGINT]
-    assert sig.getsignal(sig.SIGINT) is sig.default_int_handler

@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -298,29 +296,6 @@ def train(cfg: TrainConfig, prewarm: Prewarm | None = None, started: float | Non
             prewarm.cancel()
 
 
-@contextlib.contextmanager
-def _sigint_remembered():
-    """SIGINT raises KeyboardInterrupt as Python's own handler does, and is also remembered (the list
-    yielded): one that lands while a finalizer runs (a ``__del__`` or weakref callback, where Python
-    prints the exception and drops it) stops the run at its next step instead of being lost. The CI saw
-    a killed run train on past its SIGINT. Only in the main thread over Python's default handler."""
-    seen: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield seen
-        return
-
-    def on_sigint(signum, frame):
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held: contextlib.ExitStack,
            started: float, prewarm: Prewarm | None = None, plotter: Plotter | None = None) -> dict[str, Any]:
     check_options(cfg)
@@ -400,7 +375,6 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     total_steps = steps_per_epoch * cfg.epochs
     scheduled = cfg.lr_schedule != "constant" or cfg.freeze_embeddings_epochs > 0
     startup: dict[str, float] | None = None
-    interrupted = held.enter_context(_sigint_remembered())
     model.train()
     with Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} ex/s"),
@@ -414,8 +388,6 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
             for step, b in enumerate(train_set.batches(cfg.batch_size, shuffle=True, generator=gen,
                                                        buckets=buckets, device=device, shard=(rank, world),
                                                        word_dropout=cfg.word_dropout, dropout_generator=word_gen)):
-                if interrupted:  # a Ctrl-C that a finalizer swallowed (see _sigint_remembered)
-                    raise KeyboardInterrupt
                 if step >= steps_per_epoch:
                     break
                 if scheduled:
