@@ -1,0 +1,91 @@
+"""v6's stationary tiles as register A operands, against shared-memory operands, same run, same kernels.
+
+Why: a CTA of v6's dK / dV kernel keeps K and V for its whole life and a dQ CTA keeps Q and dO, yet S^T = K Q^T
+and dP^T = V dO^T (dQ's kernel: S = Q K^T, dP = dO V^T) read both operands from shared memory every tile. An
+m64 n64 k16 wgmma with both operands in shared memory reads 4 KB in the 32 cycles it takes at full rate, 128 B a
+cycle: the whole of an SM's shared-memory bandwidth, before the TMA fills, dS stores and the other products' B
+operands. With the stationary tile in registers the product reads 2 KB. Per consumer and tile, bytes read from
+shared memory by the products: dQ kernel 80 -> 48 KB at D 128 (40 -> 24 KB at D 64); dK / dV kernel at D 64
+48 -> 32 KB. At D 128, K and V in registers spill (Triton 3.6: 529-650 spill instructions against 200-345), so
+that variant is D 64 only; the dQ kernel builds without spills at both head dims.
+
+Prediction (before any GPU run): dQ kernel 5-10 % faster at D 64 and 128; dK / dV 3-8 % at D 64; the Llama-shape
+backward (B 4 H 32 / 8 S 4096 D 64 causal) 1.955 -> ~1.85 ms against cuDNN's ~1.84. Results bitwise equal to the
+shared-memory operands' (the same products).
+
+Needs research/patches/bwd-register-operands.patch applied. Each variant runs twice, alternating (A B A B), and
+reports the median of its two do_bench medians.
+Run on the GPU (~1-2 minutes): PYTHONPATH=src python3 research/attention_bwd_operands.py
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops.attention import api as A
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_bwd as gb
+
+# (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes first, then issue 30's D 128 grid points.
+SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
+          (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (2, 32, 8, 8192, 128, True),
+          (8, 16, 16, 2048, 128, True)]
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def configs_for(D):
+    """(dK / dV config, dQ config) of the two variants: the tables', then register operands."""
+    bm, st = C.WS_BWD_DKDV_TILES[D]
+    bn, st_q = C.WS_BWD_DQ_TILES[D]
+    regs = C.WS_BWD_CONSUMER_REGS
+    return {"smem": ((bm, st, regs, False), (bn, st_q, regs, False)),
+            "regs": ((bm, st, regs, D == 64), (bn, st_q, regs, True))}
+
+
+def main():
+    print("B H/Hkv S D causal | dK/dV smem -> regs | dQ smem -> regs | sum | cuDNN backward | check", flush=True)
+    for B, H, Hkv, S, D, causal in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(S + D + causal)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        scale = D ** -0.5
+        out, lse = A._fwd_impl(q, k, v, None, None, causal, scale, A.default_policy(q, k, causal=causal))
+        delta = (out.float() * do.float()).sum(-1).contiguous()
+        variants = configs_for(D)
+        grads, times = {}, {n: ([], []) for n in variants}
+        for n, (ckv, cq) in variants.items():
+            dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
+            gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, config=ckv)
+            gb.dq(q, k, v, do, lse, delta, causal, scale, dq, config=cq)
+            grads[n] = (dq, dk, dv)
+        for _ in range(2):  # A B A B
+            for n, (ckv, cq) in variants.items():
+                dq, dk, dv = grads[n]
+                times[n][0].append(bench(lambda dk=dk, dv=dv, ckv=ckv: gb.dkdv(q, k, v, do, lse, delta, causal, scale,
+                                                                             dk, dv, config=ckv)))
+                times[n][1].append(bench(lambda dq=dq, cq=cq: gb.dq(q, k, v, do, lse, delta, causal, scale, dq,
+                                                                    config=cq)))
+        same = all(torch.equal(a, b) for a, b in zip(grads["smem"], grads["regs"]))
+        finite = all(torch.isfinite(t).all().item() for t in grads["regs"])
+        qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hkv != H)
+        t_c = bench(lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True))
+        (a1, b1), (a2, b2) = ([statistics.median(x) for x in times[n]] for n in ("smem", "regs"))
+        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | "
+              f"{b1:.3f} -> {b2:.3f} ({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} "
+              f"(regs {t_c / (a2 + b2):.3f}x cuDNN) | {'bitwise equal' if same else 'DIFFER'}"
+              f"{'' if finite else ', NOT FINITE'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
