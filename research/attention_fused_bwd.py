@@ -39,12 +39,23 @@ Built again on 2026-12-04 with Triton 3.6 for sm_90 on the CPU (causal, STATS 1,
 instructions: D 64 mode 4 12, mode 5 0; D 128 mode 4 574, mode 5 496. The quick shapes now start with
 the Llama ones (D 64, GQA 32 / 8, causal), where v7's ceiling (mode 3) was 1.79 ms against cuDNN's 1.89.
 
+Prepared on 2026-12-05 without a GPU (compiled for sm_90 under Triton 3.6 on the CPU, not run): dQ mode 6,
+mode 4's writer warp with FA3's accumulator layout. A consumer stores its 64 x D/2 fp32 partial through a
+linear shared layout (``stage_layout6``) that puts it in register order, 16 bytes a thread a store (D 64:
+24 STS.128 where modes 4 / 5 have 50 STS.64; D 128: 48 against 98); the TMA unit reads the tile as plain
+rows, one box, into a padded accumulator where each (head, query tile, half of D) partial is contiguous,
+and a gather restores dQ's layout (``dq6_index``). Spill instructions (causal, STATS 1): D 64 0 (mode 4: 12),
+D 128 522 (mode 4: 574, mode 5: 496); shared memory 230,032 bytes at D 128, as mode 4's. Prediction: B 4
+H 16 S 4096 D 128 3.0-3.3 ms (mode 4 3.65, the ceiling 2.22, v6 3.10, cuDNN 2.72); the Llama D 64 shape
+1.9-2.0 ms (mode 4 2.18, ceiling 1.79, cuDNN 1.89). Its check against v6's gradients runs first.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -75,6 +86,19 @@ def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
 
 
 _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+
+
+@gluon.constexpr_function
+def stage_layout6(half):
+    """Mode 6: a staging tile's shared layout as the consumers store it, [64, half] fp32. Its bases say which
+    (row, column) of the BLOCK_M (64) x ``half`` dQ partial each bit of the offset stands for, in the wgmma
+    accumulator's register order: offset = r % 4 + 4 * lane + 128 * warp + 512 * (r // 4) for register r of a
+    thread (bit 0: column + 1, bit 1: row + 8, bits 2-6: the lane's columns + 2, + 4 and rows + 1, + 2, + 4,
+    bits 7-8: the warp's rows + 16, + 32, then columns + 8, ...). A warp's stores of 4 consecutive registers
+    land on 512 consecutive bytes (16-byte stores, no bank conflicts), and the TMA unit reads the tile as
+    plain rows: a partial is one contiguous box of the padded accumulator, FA3's layout."""
+    bases = [[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0]]
+    return gl.SharedLinearLayout(bases + [[0, 8 << j] for j in range(half.bit_length() - 4)])
 
 
 @gluon.jit
@@ -184,7 +208,7 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
             fence_async_shared()
             _barrier()
             _tma_reduce_add(dq_desc, [head_row + i * BLOCK_M, which * HALF], stage)
-        elif TMA == 4 or TMA == 5:
+        elif TMA == 4 or TMA == 5 or TMA == 6:
             # The writer warp owns the reduces: hand it the tile (two staging tiles a consumer) and go on.
             b2 = which * 2 + t % 2
             mbarrier.wait(dq_bars.index(4 + b2), ((t // 2) & 1) ^ 1)  # the reduce two tiles back has read it
@@ -195,7 +219,9 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
                 l3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
                 tiles = dq_stage._reinterpret(gl.float32, [4, G5, BLOCK_M, 8], l3)
                 tiles.index(b2).permute((1, 0, 2)).reshape([BLOCK_M, HALF]).store(dq)
-            else:
+            elif TMA == 6:  # the same bytes seen through a linear layout that puts the tile in register order
+                dq_stage.index(b2)._reinterpret(gl.float32, [BLOCK_M, HALF], stage_layout6(HALF)).store(dq)
+            else:  # 128B-swizzled rows
                 dq_stage.index(b2).store(dq)
             fence_async_shared()
             _barrier()
@@ -305,9 +331,11 @@ def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, k
 def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M: gl.constexpr,
              CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, ROT: gl.constexpr, HEAD_DIM: gl.constexpr,
              TMA: gl.constexpr):
-    """dQ mode 4: one warp issues the TMA reduce-adds of the consumers' staging tiles (dq_bars 0-3:
-    a tile is full, 4-7: its reduce has read it), so the consumers never wait on a bulk group."""
+    """dQ modes 4-6: one warp issues the TMA reduce-adds of the consumers' staging tiles (dq_bars 0-3:
+    a tile is full, 4-7: its reduce has read it), so the consumers never wait on a bulk group. Mode 6: a
+    staging tile's bytes are one contiguous box of the padded accumulator (``dq6_index``)."""
     HALF: gl.constexpr = HEAD_DIM // 2
+
     G5: gl.constexpr = HALF // 8 if TMA == 5 else 1  # TMA 5: a reduce an 8-column group
     m_clean, m_full = _ranges(n0, m_first, n_m, Sq, Sk, BLOCK_M, CAUSAL, NUM_CONS)
     start_n = n0 // (NUM_CONS * _KEYS)
@@ -321,6 +349,8 @@ def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n
             if TMA == 5:
                 for g5 in gl.static_range(G5):
                     _tma_reduce_add(dq_desc, [row, c * HALF + g5 * 8], dq_stage.index(b2 * G5 + g5))
+            elif TMA == 6:  # box (head, query tile, half) of the padded accumulator, BLOCK_M x HALF contiguous
+                _tma_reduce_add(dq_desc, [(((q_head0 + g) * n_m + i) * NUM_CONS + c) * BLOCK_M, 0], dq_stage.index(b2))
             else:
                 _tma_reduce_add(dq_desc, [row, c * HALF], dq_stage.index(b2))
         _store_wait(NUM_CONS * G5)  # at most this tile's reduces pending: the previous tile's have read theirs
@@ -415,12 +445,15 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (
-        NUM_CONS * 2 if (TMA == 4 or TMA == 5) else 1)
+        NUM_CONS * 2 if (TMA == 4 or TMA == 5 or TMA == 6) else 1)
     dq_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(8):
         mbarrier.init(dq_bars.index(b), count=1)
     if TMA == 5:  # a staging tile is [8-column group, row, 8]
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS * (HEAD_DIM // 16), BLOCK_M, 8], dq_desc.layout)
+    elif TMA == 6:  # plain rows for the TMA unit; the consumers store through ``stage_layout6``
+        l2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS, BLOCK_M, HEAD_DIM // 2], l2)
     else:
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
     for b in gl.static_range(2):
@@ -434,7 +467,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=NUM_CONS)
     # The tuples spelled out: a tuple built by + in the kernel loses its constexprs.
-    if TMA == 4 or TMA == 5:
+    if TMA == 4 or TMA == 5 or TMA == 6:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
@@ -470,6 +503,24 @@ def ds_layout(bm):
     return gl.NVMMASharedLayout.get_default_for([KEYS, bm], gl.bfloat16)
 
 
+def dq6_index(half):
+    """(64, half) long: each element's staging offset (the inverse of ``stage_layout6``'s bases)."""
+    bases = stage_layout6(half).offset_bases
+    idx = torch.empty(64, half, dtype=torch.long)
+    for off in range(64 * half):
+        r = sum(b[0] for i, b in enumerate(bases) if off >> i & 1)
+        c = sum(b[1] for i, b in enumerate(bases) if off >> i & 1)
+        idx[r, c] = off
+    return idx
+
+
+@functools.lru_cache(maxsize=None)
+def _dq6_gather(D, device):
+    """Flat offsets, within a query tile's 2 partials, of its (64, D) elements, row by row (``dq6_index``)."""
+    half = dq6_index(D // 2)
+    return torch.cat([half, half + 64 * (D // 2)], dim=1).view(-1).to(device)
+
+
 def _fp32_desc(t2, block):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -490,10 +541,17 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     order = bool(config[7]) if len(config) > 7 else False
     stats = int(config[8]) if len(config) > 8 else 0
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
+    n_m = -(-Sq // bm)
+    if use_tma == 6 and bm != 64:
+        raise ValueError(f"dQ mode 6 lays out 64-row partials, got BLOCK_M {bm}")
+    if use_tma == 6:  # padded: a (head, query tile, half of D) partial is bm x D / 2 contiguous floats
+        dq_acc = torch.zeros((B * H * n_m * 2 * bm, D // 2), dtype=torch.float32, device=q.device)
+    else:
+        dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    A._launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // 64), B * H), out, do, delta, delta, dq_acc, H, Sq,
-              *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D, BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=True)
+    A._launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // 64), B * H), out, do, delta, delta,
+              delta if use_tma == 6 else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
+              BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma != 6)
     memo: dict = {}
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
@@ -504,6 +562,11 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
         t2 = dq_acc.view(-1, D)
         dqd = TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [bm, 8],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    elif use_tma == 6:  # plain rows: the box is the staging tile's bytes as they are
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        dqd = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [bm, D // 2],
+                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     else:
         dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
@@ -512,6 +575,10 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
                 SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
                 num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
+    if use_tma == 6:  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
+        idx = _dq6_gather(D, str(q.device))
+        dq = dq_acc.view(B * H, n_m, 2 * bm * (D // 2))[:, :, idx].view(B, H, n_m * bm, D)[:, :, :Sq]
+        return (dq * scale).to(q.dtype), dk, dv
     dq = (dq_acc * scale).to(q.dtype)
     return dq, dk, dv
 
@@ -587,7 +654,7 @@ def ncu_cases():
 
     scale = D ** -0.5
     out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
-    for mode in (4, 5, 3):
+    for mode in (4, 5, 6, 3):
         print(f"ncu case: dQ mode {mode}", flush=True)
         fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, 1))
         torch.cuda.synchronize()
@@ -598,16 +665,18 @@ def main(argv=None):
     p.add_argument("--shapes", default="quick", choices=("quick", "grid"))
     p.add_argument("--tiles", action="store_true", help="also BLOCK_M 32 x 3 stages")
     p.add_argument("--ncu", action="store_true",
-                   help="one launch each of dQ modes 4, 5 and 3 at B 4 H 16 S 4096 D 128, for Nsight Compute")
+                   help="one launch each of dQ modes 4, 5, 6 and 3 at B 4 H 16 S 4096 D 128, for Nsight Compute")
     a = p.parse_args(argv)
     if a.ncu:
         return ncu_cases()
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
     # tiles, 3 not written (timing only: its check fails), 4 TMA reduce by a writer warp, 5 as 4 from
-    # unswizzled 8-column staging groups (no bank conflicts), rotated order)
+    # unswizzled 8-column staging groups (no bank conflicts), 6 as 4 from staging tiles in register order,
+    # one contiguous box each (FA3's layout; 16-byte stores), rotated order)
     # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
     cfgs = [(64, 2, 240, True, False, 3, False, False, 1), (64, 2, 240, True, False, 4, False, False, 1),
-            (64, 2, 240, True, False, 5, False, False, 1), (64, 2, 240, True, False, 5, True, False, 1)]
+            (64, 2, 240, True, False, 5, False, False, 1), (64, 2, 240, True, False, 6, False, False, 1),
+            (64, 2, 240, True, False, 6, True, False, 1)]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")
