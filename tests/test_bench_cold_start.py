@@ -173,3 +173,17 @@ def test_classifier_variants_build_the_model_as_train_does():
     assert cs.CLASSIFIER_VARIANTS["torch"] == ("torch", "torch")
     for name, (backend, optimizer) in cs.CLASSIFIER_VARIANTS.items():
         assert cs.TRAIN_VARIANTS[name] == ("--backend", backend, "--optimizer", optimizer)
+
+
+def test_train_child_ends_as_the_train_command_does(monkeypatch, capsys):
+    """The train case's child prints its result, then ends through ``cli.end_process`` (no interpreter
+    teardown), as `tilewise train` does, so the row's wall time is the command's; other cases exit as usual."""
+    from tilewise import cli
+
+    ended = []
+    monkeypatch.setattr(cli, "end_process", ended.append)
+    for case in ("train_100_steps", "classifier_step"):
+        monkeypatch.setitem(cs._CHILDREN, case, lambda backend, t0, extra: {"first_s": 1.0})
+        assert cs.child_main(0.0, [case, "torch"]) == 0
+        assert cs.parse_child(capsys.readouterr().out, case)["first_s"] == 1.0
+    assert ended == [0]

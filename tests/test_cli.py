@@ -93,3 +93,35 @@ def test_check_table_keeps_every_number_at_80_columns():
             assert any(cell in line.split() or f"{cell} " in line or line.rstrip().endswith(cell)
                        for line in text.splitlines()), (cell, text)
     assert "regs" in text and "spill st/ld B" in text
+
+
+def test_train_command_skips_teardown_with_its_outputs_complete(tmp_path):
+    """`tilewise train` (``cli.run``) ends with os._exit once its outputs are written: an atexit hook
+    registered before it never runs, while the printed summary, metrics.json, loss_curve.png and the
+    checkpoint are all there and whole; another command exits through the interpreter as usual."""
+    from test_classifier import write_tiny_sst2
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tiny_sst2(data)
+    canary, out = tmp_path / "atexit-ran", tmp_path / "run"
+    code = (f"import atexit, sys; atexit.register(lambda: open({str(canary)!r}, 'w').close()); "
+            f"from tilewise.cli import run; sys.exit(run())")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TILEWISE_CACHE_DIR": str(tmp_path / "c"), "COLUMNS": "200"}
+    argv = ["train", "--data-dir", str(data), "--epochs", "1", "--device", "cpu", "--embedding-init", "random",
+            "--output-dir", str(out)]
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "metrics:" in p.stdout and "best dev accuracy" in p.stdout  # flushed before the exit
+    assert not canary.exists(), "the interpreter's teardown ran"
+    import json
+
+    from tilewise.sst2 import checkpoint
+
+    assert json.loads((out / "metrics.json").read_text())["epochs"][0]["epoch"] == 1
+    png = (out / "loss_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and png.endswith(b"IEND\xaeB`\x82")
+    assert checkpoint.read_checkpoint(out / "checkpoint.pt")["epoch"] == 1
+    p = subprocess.run([sys.executable, "-c", code, "report", "--csv", str(tmp_path / "none.csv")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert canary.exists(), "a command other than train skipped the teardown"

@@ -380,5 +380,26 @@ def main(argv: list[str] | None = None) -> int:
     return args.fn(args)
 
 
+def end_process(code: int) -> None:
+    """Flush stdout and stderr and end the process now (``os._exit``), without the interpreter's teardown:
+    freeing torch's modules, the CUDA context and cuBLAS handles adds nothing to a finished run (~0.3 s a
+    ``train`` on the CPU host). Only for a process whose files are all written and closed."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run() -> int:
+    """The ``tilewise`` command (and ``python -m tilewise``): ``main``'s exit code. A ``train`` that returns
+    (its outputs written and closed, the plot child finished) ends through ``end_process``. Called
+    in-process (tests), ``main`` returns as usual."""
+    code = main()
+    if sys.argv[1:2] == ["train"]:
+        end_process(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
