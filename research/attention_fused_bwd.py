@@ -47,7 +47,10 @@ rows, one box, into a padded accumulator where each (head, query tile, half of D
 and a gather restores dQ's layout (``dq6_index``). Spill instructions (causal, STATS 1): D 64 0 (mode 4: 12),
 D 128 522 (mode 4: 574, mode 5: 496); shared memory 230,032 bytes at D 128, as mode 4's. Prediction: B 4
 H 16 S 4096 D 128 3.0-3.3 ms (mode 4 3.65, the ceiling 2.22, v6 3.10, cuDNN 2.72); the Llama D 64 shape
-1.9-2.0 ms (mode 4 2.18, ceiling 1.79, cuDNN 1.89). Its check against v6's gradients runs first.
+1.9-2.0 ms (mode 4 2.18, ceiling 1.79, cuDNN 1.89). Its check against v6's gradients runs first. Also
+prepared: K and V as register A operands (the config's 10th field, D 64 only; mode 6 then 57 spill
+instructions, mode 3 none), which halves what S^T's and dP^T's products read from shared memory
+(research/notes/attention.md, "Nineteenth session"): predicted 3-6 % off modes 3 and 6 at D 64.
 
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
@@ -116,7 +119,7 @@ def _red_add(ptrs, vals, keep, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr,
+def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr,
            dq_ptr, dq_desc, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale, st_layout: gl.constexpr,
            BLOCK_M: gl.constexpr,
            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
@@ -144,7 +147,7 @@ def _ftile(t, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free
     if STATS == 0:
         lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
     mbarrier.wait(ready.index(s), ph)
-    st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+    st = warpgroup_mma(k_a, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)  # k_a: K (smem or registers)
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
     pt = gl.exp2(st * qk_scale - lse[None, :])
@@ -366,11 +369,11 @@ def _fspan(lo, hi, dk, dv, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
            TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr, GROUP,
            which: gl.constexpr):
     """Positions [lo, hi) of a head's query-tile walk through ``_ftile`` (``args``: _fconsumer's state)."""
-    (t0, g, start_n, m_clean, m_full, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
+    (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
      lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
     for p in range(lo, hi):
         i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
-        dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
+        dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
                         lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo, Sq,
                         Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, MASKED, SPLIT, VEC, TMA, ORDER,
                         STATS, which)
@@ -383,7 +386,7 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
                qk_scale, sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, SPLIT: gl.constexpr, VEC: gl.constexpr,
                TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr,
-               which: gl.constexpr):
+               KV_REGS: gl.constexpr, which: gl.constexpr):
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -396,9 +399,14 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
     start_n = n0 // (NUM_CONS * _KEYS)
     n_tiles = n_m - m_first
     mbarrier.wait(kv_bar, 0)
+    k_a = k_smem.index(which)
+    if KV_REGS:  # K and V as register A operands of S^T's and dP^T's products (dQ's still reads K's smem)
+        kv_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
+        k_a = k_a.load(kv_op)
+        v_buf = v_buf.load(kv_op)
     for g in range(GROUP):
         t0 = g * n_tiles - m_first
-        args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
+        args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
                 empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
         # Tiles crossing the diagonal (masked), the clean ones, the partial last one (masked).
         dk, dv = _fspan(m_first, m_clean, dk, dv, args, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT,
@@ -421,7 +429,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
                              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, DS_LAYOUT: gl.constexpr, SPLIT: gl.constexpr,
                              VEC: gl.constexpr, TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr = False,
-                             STATS: gl.constexpr = 0, NUM_CONS: gl.constexpr = 2):
+                             STATS: gl.constexpr = 0, NUM_CONS: gl.constexpr = 2, KV_REGS: gl.constexpr = False):
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     start_n = gl.program_id(0)
     bhk = gl.program_id(1)
@@ -472,11 +480,11 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 0)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 1)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
                         q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
             (_fwriter, (dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, CAUSAL,
@@ -487,11 +495,11 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 0)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
                           n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, 1)),
+                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
                         q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -540,6 +548,7 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     bm, stages, regs, split, vec, use_tma, rot = config[:7]
     order = bool(config[7]) if len(config) > 7 else False
     stats = int(config[8]) if len(config) > 8 else 0
+    kv_regs = bool(config[9]) if len(config) > 9 else False
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     n_m = -(-Sq // bm)
     if use_tma == 6 and bm != 64:
@@ -573,7 +582,7 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
                 SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
-                num_warps=4)
+                KV_REGS=kv_regs, num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
     if use_tma == 6:  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
         idx = _dq6_gather(D, str(q.device))
@@ -585,6 +594,12 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
 
 def _err(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+
+
+def _kv_regs_skip(cfg, D):
+    """K and V in registers are meant for D 64: at D 128 dK, dV and both tiles do not fit (v6: 529-650 spill
+    instructions)."""
+    return len(cfg) > 9 and cfg[9] and D > 64
 
 
 def case(B, H, Hkv, S, D, causal, configs_, check=True):
@@ -617,6 +632,8 @@ def case(B, H, Hkv, S, D, causal, configs_, check=True):
         # fp32 reference on a slice of heads would be exact; compare with v6 (tested against fp32) instead.
         ref = torch.autograd.grad(out_v6, (q, k, v), go, retain_graph=True)
         for cfg in list(configs_):
+            if _kv_regs_skip(cfg, D):
+                continue
             try:
                 got = fused_bwd(q.detach(), k.detach(), v.detach(), out.detach(), go, lse, causal, scale, cfg)
             except Exception as e:  # noqa: BLE001 - a config that does not build: report, go on
@@ -632,6 +649,8 @@ def case(B, H, Hkv, S, D, causal, configs_, check=True):
     res["v6"] = bench(lambda: torch.autograd.grad(out_v6, (q, k, v), go, retain_graph=True))
     res["cudnn"] = bench(lambda: torch.autograd.grad(out_cudnn, (q, k, v), go, retain_graph=True))
     for cfg in configs_:
+        if _kv_regs_skip(cfg, D):
+            continue
         res[f"fused{cfg}"] = bench(lambda: fused_bwd(q.detach(), k.detach(), v.detach(), out.detach(), go, lse,
                                                      causal, scale, cfg))
     flops = 4 * B * H * S * S * D * 2.5 / (2 if causal else 1)
@@ -673,10 +692,13 @@ def main(argv=None):
     # tiles, 3 not written (timing only: its check fails), 4 TMA reduce by a writer warp, 5 as 4 from
     # unswizzled 8-column staging groups (no bank conflicts), 6 as 4 from staging tiles in register order,
     # one contiguous box each (FA3's layout; 16-byte stores), rotated order)
+    # (..., K and V as register A operands of S^T's and dP^T's products (D 64 only; mode 6: 57 spill
+    # instructions under Triton 3.6, mode 3: none))
     # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
     cfgs = [(64, 2, 240, True, False, 3, False, False, 1), (64, 2, 240, True, False, 4, False, False, 1),
             (64, 2, 240, True, False, 5, False, False, 1), (64, 2, 240, True, False, 6, False, False, 1),
-            (64, 2, 240, True, False, 6, True, False, 1)]
+            (64, 2, 240, True, False, 6, True, False, 1), (64, 2, 240, True, False, 6, False, False, 1, True),
+            (64, 2, 240, True, False, 3, False, False, 1, True)]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")
