@@ -139,3 +139,31 @@ def warm_clocks(n: int = 8192, reps: int = 50):
     for _ in range(reps):
         x @ x
     torch.cuda.synchronize()
+
+
+def v6_backward_inputs(B: int, H: int, Hkv: int, S: int, D: int, causal: bool, seed: int):
+    """bf16 q (B, H, S, D), k, v (B, Hkv, S, D) and dO from ``seed``, the library's forward (out, LSE) and
+    Delta = rowsum(out * dO): what v6's two kernels (``gluon_bwd.dkdv`` / ``dq``) take, with the scale.
+    For the v6 backward experiments (attention_causal_order, attention_bwd_operands)."""
+    from tilewise.ops.attention import api as A
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = D ** -0.5
+    out, lse = A._fwd_impl(q, k, v, None, None, causal, scale, A.default_policy(q, k, causal=causal))
+    delta = (out.float() * do.float()).sum(-1).contiguous()
+    return q, k, v, do, scale, lse, delta
+
+
+def cudnn_backward_ms(q, k, v, do, causal: bool, bench) -> float:
+    """SDPA's cuDNN backward (dQ, dK, dV from dO; GQA by ``enable_gqa``) timed by ``bench``, after one
+    forward with graph."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+    return bench(lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True))

@@ -23,13 +23,12 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilewise.ops.attention import api as A
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_bwd as gb
+
+from _timing import cudnn_backward_ms, v6_backward_inputs
 
 # (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes first, then issue 30's D 128 grid points.
 SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
@@ -53,13 +52,7 @@ def configs_for(D):
 def main():
     print("B H/Hkv S D causal | dK/dV smem -> regs | dQ smem -> regs | sum | cuDNN backward | check", flush=True)
     for B, H, Hkv, S, D, causal in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(S + D + causal)
-        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        scale = D ** -0.5
-        out, lse = A._fwd_impl(q, k, v, None, None, causal, scale, A.default_policy(q, k, causal=causal))
-        delta = (out.float() * do.float()).sum(-1).contiguous()
+        q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
         variants = configs_for(D)
         grads, times = {}, {n: ([], []) for n in variants}
         for n, (ckv, cq) in variants.items():
@@ -76,10 +69,7 @@ def main():
                                                                     config=cq)))
         same = all(torch.equal(a, b) for a, b in zip(grads["smem"], grads["regs"]))
         finite = all(torch.isfinite(t).all().item() for t in grads["regs"])
-        qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hkv != H)
-        t_c = bench(lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True))
+        t_c = cudnn_backward_ms(q, k, v, do, causal, bench)
         (a1, b1), (a2, b2) = ([statistics.median(x) for x in times[n]] for n in ("smem", "regs"))
         print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | "
               f"{b1:.3f} -> {b2:.3f} ({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} "

@@ -22,12 +22,11 @@ Run on the GPU: PYTHONPATH=src python3 research/attention_causal_order.py
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilewise.ops.attention import api as A
 from tilewise.ops.attention import gluon_bwd as gb
+
+from _timing import cudnn_backward_ms, v6_backward_inputs
 
 SHAPES = [(4, 32, 8, 4096, 64), (1, 32, 8, 16384, 64), (4, 16, 16, 4096, 64), (4, 16, 16, 4096, 128),
           (2, 32, 8, 8192, 128), (8, 16, 16, 2048, 128), (16, 16, 16, 1024, 128)]
@@ -41,13 +40,7 @@ def main():
     print("B H Hkv S D (causal) | dkdv head-by-head -> grouped | dq head-by-head -> grouped | v6 bwd kernels"
           " -> grouped | cuDNN backward", flush=True)
     for B, H, Hkv, S, D in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(S + D)
-        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        scale = D ** -0.5
-        out, lse = A._fwd_impl(q, k, v, None, None, True, scale, A.default_policy(q, k, causal=True))
-        delta = (out.float() * do.float()).sum(-1).contiguous()
+        q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, True, seed=S + D)
         res = {}
         for name, hg in (("old", 1), ("new", None)):
             dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
@@ -60,10 +53,7 @@ def main():
             res[name + "_t"] = (t_kv, t_q)
         same = all(torch.equal(a, b) for a, b in zip(res["old"], res["new"]))
         finite = all(torch.isfinite(t).all().item() for t in res["new"])
-        qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=Hkv != H)
-        t_c = bench(lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True))
+        t_c = cudnn_backward_ms(q, k, v, do, True, bench)
         (a1, b1), (a2, b2) = res["old_t"], res["new_t"]
         print(f"B{B} H{H}/{Hkv} S{S} D{D} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | {b1:.3f} -> {b2:.3f} "
               f"({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} | "
