@@ -7,11 +7,11 @@ cycle: the whole of an SM's shared-memory bandwidth, before the TMA fills, dS st
 operands. With the stationary tile in registers the product reads 2 KB. Per consumer and tile, bytes read from
 shared memory by the products: dQ kernel 80 -> 48 KB at D 128 (40 -> 24 KB at D 64); dK / dV kernel at D 64
 48 -> 32 KB. At D 128, K and V in registers spill (Triton 3.6: 529-650 spill instructions against 200-345), so
-that variant is D 64 only; the dQ kernel builds without spills at both head dims.
+there K alone (364-432; 96 -> 80 KB); the dQ kernel builds without spills at both head dims.
 
-Prediction (before any GPU run): dQ kernel 5-10 % faster at D 64 and 128; dK / dV 3-8 % at D 64; the Llama-shape
-backward (B 4 H 32 / 8 S 4096 D 64 causal) 1.955 -> ~1.85 ms against cuDNN's ~1.84. Results bitwise equal to the
-shared-memory operands' (the same products).
+Prediction (before any GPU run): dQ kernel 5-10 % faster at D 64 and 128; dK / dV 3-8 % at D 64, 0-4 % at
+D 128 (its extra spills may eat it); the Llama-shape backward (B 4 H 32 / 8 S 4096 D 64 causal) 1.955 -> ~1.85
+ms against cuDNN's ~1.84. Results bitwise equal to the shared-memory operands' (the same products).
 
 Needs research/patches/bwd-register-operands.patch applied. Each variant runs twice, alternating (A B A B), and
 reports the median of its two do_bench medians.
@@ -45,8 +45,8 @@ def configs_for(D):
     bm, st = C.WS_BWD_DKDV_TILES[D]
     bn, st_q = C.WS_BWD_DQ_TILES[D]
     regs = C.WS_BWD_CONSUMER_REGS
-    return {"smem": ((bm, st, regs, False), (bn, st_q, regs, False)),
-            "regs": ((bm, st, regs, D == 64), (bn, st_q, regs, True))}
+    return {"smem": ((bm, st, regs, 0), (bn, st_q, regs, 0)),
+            "regs": ((bm, st, regs, 2 if D == 64 else 1), (bn, st_q, regs, 2))}
 
 
 def main():
