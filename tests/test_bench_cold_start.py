@@ -180,6 +180,8 @@ def test_train_child_ends_as_the_train_command_does(monkeypatch, capsys):
     teardown), as `tilewise train` does, so the row's wall time is the command's; other cases exit as usual."""
     from tilewise import cli
 
+    for name in ("TILEWISE_FAST_EXIT", "CUDA_INJECTION64_PATH", "LD_PRELOAD"):  # no profiler here
+        monkeypatch.delenv(name, raising=False)
     ended = []
     monkeypatch.setattr(cli, "end_process", ended.append)
     for case in ("train_100_steps", "classifier_step"):

@@ -107,7 +107,9 @@ def test_train_command_skips_teardown_with_its_outputs_complete(tmp_path):
     canary, out = tmp_path / "atexit-ran", tmp_path / "run"
     code = (f"import atexit, sys; atexit.register(lambda: open({str(canary)!r}, 'w').close()); "
             f"from tilewise.cli import run; sys.exit(run())")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TILEWISE_CACHE_DIR": str(tmp_path / "c"), "COLUMNS": "200"}
+    tools = ("TILEWISE_FAST_EXIT", "CUDA_INJECTION64_PATH", "LD_PRELOAD")  # none in the child: it may exit fast
+    env = {k: v for k, v in os.environ.items() if k not in tools}
+    env.update(CUDA_VISIBLE_DEVICES="", TILEWISE_CACHE_DIR=str(tmp_path / "c"), COLUMNS="200")
     argv = ["train", "--data-dir", str(data), "--epochs", "1", "--device", "cpu", "--embedding-init", "random",
             "--output-dir", str(out)]
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300)
@@ -125,3 +127,22 @@ def test_train_command_skips_teardown_with_its_outputs_complete(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, "report", "--csv", str(tmp_path / "none.csv")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert canary.exists(), "a command other than train skipped the teardown"
+    canary.unlink()
+    p = subprocess.run([sys.executable, "-c", code, *argv[:-1], str(tmp_path / "run2")], capture_output=True,
+                       text=True, env={**env, "TILEWISE_FAST_EXIT": "0"}, timeout=300)
+    assert p.returncode == 0 and canary.exists(), "TILEWISE_FAST_EXIT=0 kept the teardown out"
+
+
+@pytest.mark.parametrize("env, fast", [({}, True), ({"TILEWISE_FAST_EXIT": "0"}, False),
+                                       ({"CUDA_INJECTION64_PATH": "/opt/nsys/libinj.so"}, False),
+                                       ({"LD_PRELOAD": "libjemalloc.so"}, False)])
+def test_fast_exit_only_without_a_tool_in_the_process(monkeypatch, env, fast):
+    """Nsight Systems / Compute inject into the process and flush their data at exit; a preloaded library
+    may too: ``train`` then exits through the interpreter's teardown."""
+    from tilewise import settings
+
+    for name in ("TILEWISE_FAST_EXIT", "CUDA_INJECTION64_PATH", "LD_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert settings.fast_exit() is fast

@@ -393,10 +393,13 @@ def end_process(code: int) -> None:
 
 def run() -> int:
     """The ``tilewise`` command (and ``python -m tilewise``): ``main``'s exit code. A ``train`` that returns
-    (its outputs written and closed, the plot child finished) ends through ``end_process``. Called
-    in-process (tests), ``main`` returns as usual."""
+    (its outputs written and closed, the plot child finished) ends through ``end_process``, unless
+    ``settings.fast_exit`` says a profiler or coverage needs the teardown. Called in-process (tests),
+    ``main`` returns as usual."""
+    from . import settings
+
     code = main()
-    if sys.argv[1:2] == ["train"]:
+    if sys.argv[1:2] == ["train"] and settings.fast_exit() and sys.gettrace() is None:
         end_process(code)
     return code
 

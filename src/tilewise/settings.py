@@ -19,6 +19,8 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PACKED`` | a document length: the llama bench packs its rows with it (``bench.suites.llama``) |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
+| ``TILEWISE_FAST_EXIT`` | ``0``: ``tilewise train`` exits through the interpreter's teardown (``cli.run``) |
+| ``CUDA_INJECTION64_PATH``, ``LD_PRELOAD`` | set (a profiler in the process): ``train`` exits through the teardown |
 | ``TRITON_CACHE_DIR`` | Triton's kernel cache (Triton reads it; ``child_environment`` sets it for a child) |
 | ``TRITON_INTERPRET`` | ``1``: Triton's interpreter runs the Triton kernels on CPU tensors (tests) |
 | ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` | torchrun's process group (SST-2 training) |
@@ -42,6 +44,7 @@ BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
 BENCH_LLAMA_PACKED = "TILEWISE_BENCH_LLAMA_PACKED"
 GIT_SHA = "TILEWISE_GIT_SHA"
+FAST_EXIT = "TILEWISE_FAST_EXIT"
 
 
 def _text(name: str) -> str | None:
@@ -143,6 +146,13 @@ def triton_cache_override() -> str | None:
 
 def git_sha() -> str | None:
     return _text(GIT_SHA)
+
+
+def fast_exit() -> bool:
+    """Whether a finished ``tilewise train`` may end with ``os._exit`` (``cli.run``): not when
+    TILEWISE_FAST_EXIT is off, nor when a tool rides in the process and flushes its data at exit (Nsight
+    Systems' and Nsight Compute's CUDA injection, anything preloaded)."""
+    return _switch(FAST_EXIT, True) and not _text("CUDA_INJECTION64_PATH") and not _text("LD_PRELOAD")
 
 
 def distributed() -> tuple[int, int, int]:

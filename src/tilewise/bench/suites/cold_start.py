@@ -170,7 +170,7 @@ def child_main(t0: float, argv: Sequence[str]) -> int:
     case, backend, *extra = argv
     out = _CHILDREN[case](backend, t0, extra)
     print(json.dumps({"cold_start": case, "backend": backend, **out}), flush=True)
-    if case == "train_100_steps":  # the process ends as the `tilewise train` command's does (cli.run)
+    if case == "train_100_steps" and settings.fast_exit():  # it ends as `tilewise train` does (cli.run)
         from ... import cli
 
         cli.end_process(0)
