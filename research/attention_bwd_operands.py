@@ -41,16 +41,21 @@ def bench(fn):
 
 
 def configs_for(D):
-    """(dK / dV config, dQ config) of the two variants: the tables', then register operands."""
+    """(dK / dV config, dQ config) of each variant: the tables', register operands, and at D 64 register
+    operands with dQ's key tiles of 128 (S and dP 64 registers each: spill-free with Q and dO in registers)."""
     bm, st = C.WS_BWD_DKDV_TILES[D]
     bn, st_q = C.WS_BWD_DQ_TILES[D]
     regs = C.WS_BWD_CONSUMER_REGS
-    return {"smem": ((bm, st, regs, 0), (bn, st_q, regs, 0)),
-            "regs": ((bm, st, regs, 2 if D == 64 else 1), (bn, st_q, regs, 2))}
+    out = {"smem": ((bm, st, regs, 0), (bn, st_q, regs, 0)),
+           "regs": ((bm, st, regs, 2 if D == 64 else 1), (bn, st_q, regs, 2))}
+    if D == 64:
+        out["regs_bn128"] = ((bm, st, regs, 2), (128, 2, regs, 2))
+    return out
 
 
 def main():
-    print("B H/Hkv S D causal | dK/dV smem -> regs | dQ smem -> regs | sum | cuDNN backward | check", flush=True)
+    print("B H/Hkv S D causal variant | dK/dV smem -> variant | dQ smem -> variant | sum | cuDNN backward | check",
+          flush=True)
     for B, H, Hkv, S, D, causal in SHAPES:
         q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
         variants = configs_for(D)
@@ -67,14 +72,16 @@ def main():
                                                                              dk, dv, config=ckv)))
                 times[n][1].append(bench(lambda dq=dq, cq=cq: gb.dq(q, k, v, do, lse, delta, causal, scale, dq,
                                                                     config=cq)))
-        same = all(torch.equal(a, b) for a, b in zip(grads["smem"], grads["regs"]))
-        finite = all(torch.isfinite(t).all().item() for t in grads["regs"])
         t_c = cudnn_backward_ms(q, k, v, do, causal, bench)
-        (a1, b1), (a2, b2) = ([statistics.median(x) for x in times[n]] for n in ("smem", "regs"))
-        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | "
-              f"{b1:.3f} -> {b2:.3f} ({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} "
-              f"(regs {t_c / (a2 + b2):.3f}x cuDNN) | {'bitwise equal' if same else 'DIFFER'}"
-              f"{'' if finite else ', NOT FINITE'}", flush=True)
+        a1, b1 = (statistics.median(x) for x in times["smem"])
+        for n in list(variants)[1:]:
+            same = all(torch.equal(a, b) for a, b in zip(grads["smem"], grads[n]))
+            finite = all(torch.isfinite(t).all().item() for t in grads[n])
+            a2, b2 = (statistics.median(x) for x in times[n])
+            print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} {n} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | "
+                  f"{b1:.3f} -> {b2:.3f} ({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} "
+                  f"({t_c / (a2 + b2):.3f}x cuDNN) | {'bitwise equal' if same else 'DIFFER'}"
+                  f"{'' if finite else ', NOT FINITE'}", flush=True)
 
 
 if __name__ == "__main__":
