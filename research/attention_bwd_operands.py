@@ -76,11 +76,13 @@ def main():
         a1, b1 = (statistics.median(x) for x in times["smem"])
         for n in list(variants)[1:]:
             same = all(torch.equal(a, b) for a, b in zip(grads["smem"], grads[n]))
+            err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                      for a, b in zip(grads[n], grads["smem"]))
             finite = all(torch.isfinite(t).all().item() for t in grads[n])
             a2, b2 = (statistics.median(x) for x in times[n])
             print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} {n} | {a1:.3f} -> {a2:.3f} ms ({a1 / a2:.3f}x) | "
                   f"{b1:.3f} -> {b2:.3f} ({b1 / b2:.3f}x) | {a1 + b1:.3f} -> {a2 + b2:.3f} | cuDNN {t_c:.3f} "
-                  f"({t_c / (a2 + b2):.3f}x cuDNN) | {'bitwise equal' if same else 'DIFFER'}"
+                  f"({t_c / (a2 + b2):.3f}x cuDNN) | {'bitwise equal' if same else f'differ: rel max {err:.1e}'}"
                   f"{'' if finite else ', NOT FINITE'}", flush=True)
 
 
