@@ -185,8 +185,8 @@ def _start_training(data: Path, out: Path, env: dict) -> subprocess.Popen:
            "--embedding-init", "random", "--backend", "torch", "--device", "cpu", "--seed", "0",
            "--output-dir", str(out), "--no-progress", "--no-plot"]
     with open(f"{out}.stderr", "wb") as err:
-        # SIGINT at its default in the child: an ignored SIGINT (another test's, in this process) would be
-        # inherited across exec, and the run would never see its Ctrl-C
+        # SIGINT at its default in the child: pytest started in the background by a non-interactive shell (a CI
+        # runner, `.ci/run &`) has SIGINT ignored, which exec keeps, and the run would never see its Ctrl-C
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
