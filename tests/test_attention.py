@@ -660,13 +660,14 @@ def test_choose_policy_keeps_the_rules():
         assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
         assert p.ws_persistent == ((D, causal) == (128, False)), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
+        assert p.ws_overlap == (D == 128 and Sq >= 4096), case  # v5's overlapped consumers (WS_OVERLAP_RULES)
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
             want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
         assert p.backward == want, case
         assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
-                                      ws_band=p.ws_band, backward=p.backward), case
+                                      ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap), case
 
 
 def test_policy_is_validated_and_round_trips_through_its_key():
@@ -679,7 +680,10 @@ def test_policy_is_validated_and_round_trips_through_its_key():
     assert p.tile("fwd", 64) == (32, 32, 4, 2) and p.tile("dq_bias", 64) == (16, 16, 4, 1)  # a bias kind: its plain one
     assert p.tile("dkdv", 64, 2) == C.DKDV_2BYTE[64] and p.tile("dkdv", 64, 4) == C.DKDV[64]
     assert p.replace(forward="ws").forward == "ws" and p.forward == "tma"
-    for bad in (dict(forward="v9"), dict(backward="fast"), dict(ordered_mode=3), dict(tiles={"fwd2": (1, 1, 1, 1)})):
+    persistent = A.AttentionPolicy(ws_overlap="persistent", ws_q_regs=True)
+    assert C.policy_from_key(persistent.key) == persistent
+    for bad in (dict(forward="v9"), dict(backward="fast"), dict(ordered_mode=3), dict(tiles={"fwd2": (1, 1, 1, 1)}),
+                dict(ws_overlap="sideways")):
         with pytest.raises(ValueError, match="AttentionPolicy"):
             A.AttentionPolicy(**bad)
     q, k, v = _inputs(1, 1, 1, 3, 3, 8, dtype=torch.float32)
@@ -944,6 +948,62 @@ V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no s
     # 528 work items: a persistent CTA walks ~4, its K / V ring and Q buffers running on across them
     "window_many_items": ((2, 8, 2, 4100, 4100, 64), dict(causal=True, window=(300, None))),
 }
+
+
+V5_OVERLAP_CASES = {  # v5's overlapped consumers: odd lengths (masked last tiles), Sq != Sk, GQA, one key tile
+    "plain_odd": ((2, 4, 2, 1000, 1000, 128), False),
+    "causal_odd": ((2, 4, 2, 1000, 1000, 128), True),
+    "causal_sq_lt_sk": ((1, 4, 4, 300, 1000, 128), True),
+    "plain_sq_gt_sk": ((1, 4, 1, 777, 333, 128), False),
+    "one_key_tile": ((2, 2, 2, 100, 100, 128), True),
+    "d64_causal": ((2, 4, 2, 1000, 1000, 64), True),
+    "d64_three_causal": ((2, 4, 2, 1000, 1000, 64), True, C.WS_THREE),  # three consumers (v5's D 64 tile)
+    "d64_three_plain_gqa": ((1, 8, 2, 777, 1500, 64), False, C.WS_THREE),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(V5_OVERLAP_CASES))
+@pytest.mark.parametrize("layout", ["head_major", "seq_major"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("q_regs", [False, True], ids=["q_smem", "q_regs"])
+@pytest.mark.parametrize("grid", ["grid", "persistent"])
+@pytest.mark.quick(rotate="dtype")
+def test_gpu_v5_overlap_forward(case, layout, dtype, q_regs, grid, poisoned_outputs, monkeypatch):
+    """v5 with overlapped consumers (``ws_overlap``: on v5's grid, or ``"persistent"`` on its persistent grid
+    where there are two consumers; with ``ws_q_regs`` Q as a register operand) against the fp32 reference,
+    poisoned outputs, and the backward from its LSE; the overlapped kernel ran. Q from registers and the
+    persistent walk compute each row as the grid kernel does: the same output and LSE, bit for bit."""
+    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_overlap as ao
+
+    (B, H, Hkv, Sq, Sk, D), causal, *config = V5_OVERLAP_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + 3 * Sk)
+    if layout == "seq_major":  # transformers' (B, S, H, D) storage seen as (B, H, S, D)
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    three = bool(config) and config[0][4] == 3
+    policy = A.default_policy(q, k, causal=causal).replace(forward="ws", ws_overlap=True,
+                                                           ws_config=config[0] if config else None)
+    if q_regs and three:
+        with pytest.raises(ValueError, match="ws_q_regs"):
+            A.flash_attention(q, k, v, causal=causal, policy=policy.replace(ws_q_regs=True))
+        return
+    run = functools.partial(A.flash_attention, causal=causal)
+    base = _run_fwd_bwd(functools.partial(run, policy=policy), q, k, v) if q_regs or grid == "persistent" else None
+    taken, kernels = [], []
+    real, real_run = ao.fwd, ag.run
+    monkeypatch.setattr(ao, "fwd", lambda *a, **kw_: taken.append(kw_.get("q_regs")) or real(*a, **kw_))
+    monkeypatch.setattr(ag, "run", lambda kernel, *a, **kw_: kernels.append(kernel) or real_run(kernel, *a, **kw_))
+    policy = policy.replace(ws_q_regs=q_regs, ws_overlap=True if grid == "grid" else "persistent")
+    ours = _run_fwd_bwd(functools.partial(run, policy=policy), q, k, v)
+    assert taken == [q_regs], "the forward did not run the overlapped kernel as asked"
+    persistent = grid == "persistent" and not three  # three consumers stay on v5's grid
+    assert (ao.attn_fwd_overlap_persistent_kernel in kernels) == persistent, kernels
+    assert (ao.attn_fwd_overlap_kernel in kernels) != persistent, kernels
+    ref = _run_fwd_bwd(functools.partial(A.reference, causal=causal), q.float(), k.float(), v.float())
+    _assert_close_to_fp32(ours, ref)
+    if base is not None:
+        assert torch.equal(ours["out"], base["out"]) and torch.equal(ours["lse"], base["lse"])
 
 
 @pytest.mark.gpu
@@ -1698,6 +1758,63 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"
         assert 0 < v["shared"] <= 227 * 1024, name
+
+
+_WS_OVERLAP_COMPILE_SM90 = r"""
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_overlap as ao
+
+cases = [(D, causal, layout, False, 2) for D, causal, layout in itertools.product((64, 128), (False, True), (0, 15))]
+cases += [(D, causal, 0, True, 2) for D, causal in itertools.product((64, 128), (False, True))]  # ws_q_regs
+cases += [(64, causal, 0, False, 3) for causal in (False, True)]  # three consumers (v5's D 64 tile)
+for D, causal, layout, q_regs, ncons in cases:
+    sig = {"q_desc": td([64, D]), "k_desc": td([128, D]), "v_desc": td([128, D]), "out_ptr": "*bf16",
+           "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+           "HEAD_GROUP": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+           "CONSUMER_REGS": "constexpr", "LAYOUT": "constexpr", "Q_REGS": "constexpr", "NUM_CONS": "constexpr"}
+    regs = C.WS_THREE[2] if ncons == 3 else 240 if q_regs else 232
+    consts = {"BLOCK_N": 128, "STAGES": 2, "CAUSAL": causal, "CONSUMER_REGS": regs, "LAYOUT": layout,
+              "Q_REGS": q_regs, "NUM_CONS": ncons}
+    name = f"overlap-D{D}-causal{causal}-layout{layout}" + ("-qregs" if q_regs else "")
+    name += "-three" if ncons == 3 else ""
+    out[name] = build(ao.attn_fwd_overlap_kernel, sig, consts)
+# ws_overlap="persistent": v5's persistent grid with the overlapped consumers
+persistent = [(D, c, False) for D in (64, 128) for c in (False, True)] + [(128, c, True) for c in (False, True)]
+for D, causal, q_regs in persistent:
+    sig = {"q_desc": td([64, D]), "k_desc": td([128, D]), "v_desc": td([128, D]), "out_ptr": "*bf16",
+           "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32", "BH": "i32",
+           "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr", "CONSUMER_REGS": "constexpr",
+           "LAYOUT": "constexpr", "Q_REGS": "constexpr"}
+    consts = {"BLOCK_N": 128, "STAGES": 2, "CAUSAL": causal, "CONSUMER_REGS": 240 if q_regs else 232, "LAYOUT": 0,
+              "Q_REGS": q_regs}
+    name = f"persistent-D{D}-causal{causal}" + ("-qregs" if q_regs else "")
+    out[name] = build(ao.attn_fwd_overlap_persistent_kernel, sig, consts)
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the kernel runs for real")
+def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
+    """v5 with overlapped consumers for sm_90 (fresh process, as v5's test): two S tiles, P and O live at
+    once fit the consumers' 232 registers (240 with Q in registers; three consumers at D 64 in 160): wgmma,
+    setmaxnreg, no spills, head- and sequence-major."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    if not ag.available():
+        pytest.skip("this Triton has no Gluon")
+    import triton
+
+    r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
+    assert len(r) == 20
+    # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
+    # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
+    older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
+    def limit(name):
+        if not name.endswith("-qregs"):
+            return 0
+        return 150 if not older else 16 if name.startswith("persistent") else 0
+
+    _check_sm90_builds(r, limit)
 
 
 _WS_BWD_COMPILE_SM90 = r"""

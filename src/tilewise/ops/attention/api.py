@@ -100,9 +100,7 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
     gradient written, pass both) once."""
     Hkv = H if Hkv is None else Hkv
     item = dtype.itemsize
-    flops = 4.0 * B * H * Sq * Sk * D
-    if causal:
-        flops /= 2
+    flops = 4.0 * B * H * Sq * Sk * D / (2 if causal else 1)
     q_bytes = B * H * Sq * D * item
     kv_bytes = 2 * B * Hkv * Sk * D * item
     lse_bytes = B * H * Sq * 4
@@ -336,9 +334,12 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
     # A band (window, bottom-right causal) or a score mod runs on the pointer kernel alone (below).
     plain = band is None and not softcap and alibi is None
     if plain and policy.forward == "ws" and _ws_applies(q, k, v, mask, bias, bias_strides):
-        from . import gluon_fwd as ag
-        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=launcher,
-                      config=configs.ws_fwd_config(D, bias is not None, policy.ws_config),
+        from . import gluon_fwd as ag, gluon_overlap as ao
+        cfg = configs.ws_fwd_config(D, bias is not None, policy.ws_config)
+        if policy.ws_overlap and not policy.ws_pingpong and ao.applies(bias, cfg):
+            return ao.fwd(q, k, v, causal, scale, out, lse, launch=launcher, config=cfg, q_regs=policy.ws_q_regs,
+                          persistent=policy.ws_overlap == "persistent")
+        return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=launcher, config=cfg,
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
             and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional, Union
 
 class Tile(NamedTuple):
     """A Triton kernel's launch tile."""
@@ -165,6 +165,10 @@ WS_FWD_RULES = MappingProxyType({
 # v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
 # (tuning: "v5 persistent grid").
 WS_PERSISTENT_RULES = frozenset({(128, False)})
+# v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
+# Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; with two consumers behind v5's
+# three at D = 64, three overlapped not yet run (tuning: "FA3's consumer schedule").
+WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
@@ -200,6 +204,13 @@ class AttentionPolicy:
                    None: two consumers with ``WS_FWD_TILES``' tile.
     ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias, two consumers).
     ws_pingpong:   v5's consumers take turns issuing their products.
+    ws_overlap:    v5 with overlapped consumers (``gluon_overlap.py``: S_j issued with P_{j-1} V_{j-1}, the
+                   softmax beside them) where it applies (no bias, two or three consumers); before
+                   ``ws_persistent``. ``"persistent"``: on v5's persistent grid where there are two (opt-in,
+                   not yet measured).
+    ws_q_regs:     those overlapped consumers keep Q in registers, the A operand of S's products (S then
+                   reads only K from shared memory; two consumers of 240 registers, else ValueError); opt-in,
+                   not yet measured.
     ws_band:       a band (sliding window, bottom-right causal) without mask, bias or score mods runs on
                    v5's band kernel where v5 applies (else v3's pointer kernel), with ``ws_config``'s
                    tile when it has two consumers.
@@ -226,6 +237,8 @@ class AttentionPolicy:
     ws_persistent: bool = False
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
+    ws_overlap: Union[bool, str] = False
+    ws_q_regs: bool = False
     ws_band: bool = False
     # Off: 2-4 % ahead of the band kernel's own grid at window 1024, 6-7 % behind at 4096 (tuning: "v5 band").
     ws_band_persistent: bool = False
@@ -252,6 +265,9 @@ class AttentionPolicy:
             raise ValueError(f"AttentionPolicy: forward must be one of {FORWARDS}, got {self.forward!r}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"AttentionPolicy: backward must be one of {BACKWARDS}, got {self.backward!r}")
+        if self.ws_overlap not in (False, True, "persistent"):
+            raise ValueError(f"AttentionPolicy: ws_overlap must be False, True or 'persistent', "
+                             f"got {self.ws_overlap!r}")
         if self.ordered_mode not in (1, 2):
             raise ValueError(f"AttentionPolicy: ordered_mode must be 1 or 2, got {self.ordered_mode!r}")
         tiles = dict(self.tiles)
@@ -280,16 +296,17 @@ def policy_from_key(key: str) -> AttentionPolicy:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair) -> AttentionPolicy:
+def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair, ws_overlap=False) -> AttentionPolicy:
     # One object per decision: choose_policy runs on every call, a policy's construction is not free.
     return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, ws_band=ws_band,
-                           backward=backward, bias_pair=bias_pair)
+                           backward=backward, bias_pair=bias_pair, ws_overlap=ws_overlap)
 
 
 def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
                   has_mask: bool = False, bias_grad: bool = False, deterministic: bool = True) -> AttentionPolicy:
     """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
-    opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim), the backward
+    opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim; v5's overlapped
+    consumers by ``WS_OVERLAP_RULES``), the backward
     by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6)
     and ``ORDERED_RULES``, else v3's two kernels."""
     causal = bool(causal)
@@ -304,8 +321,9 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
         backward = "ordered"
     else:
         backward = "two_kernel"
+    overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
     return _policy(forward, rule[1] if rule is not None else None, (head_dim, causal) in WS_PERSISTENT_RULES,
-                   head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D)
+                   head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D, overlap)
 
 
 # ---------------------------------------------------------------------------- against SDPA

@@ -111,6 +111,29 @@ if _GLUON:
             _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
+    def online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                       CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False, band_lo=0, band_hi=0):
+        """Key tile j's scores ``t`` for 64 query rows from ``m_lo``: with MASKED, keys past Sk (and, causal,
+        after the row; BAND, outside band_lo <= n - m <= band_hi) to -inf; then the online softmax in the
+        log2 domain, the scale in the exponent's FMA. Returns (p, alpha, m_new, l_new)."""
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            keep = offs_n[None, :] < Sk
+            if CAUSAL:
+                offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if BAND:
+                rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+                rel = offs_n[None, :] - rows[:, None]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
+            t = gl.where(keep, t, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(t * qk_scale - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+    @gluon.jit
     def _tile(j, slot, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
               Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
@@ -135,22 +158,8 @@ if _GLUON:
             fence_async_shared()  # the shared-memory read, ordered before the stage's next TMA fill
             t = gl.fma(b.to(gl.float32), 1.4426950408889634 / qk_scale, t)
         mbarrier.arrive(k_empty.index(s), count=1)
-        if MASKED:
-            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            keep = offs_n[None, :] < Sk
-            if CAUSAL:
-                offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if BAND:
-                rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-                rel = offs_n[None, :] - rows[:, None]
-                keep = keep & (rel >= band_lo) & (rel <= band_hi)
-            t = gl.where(keep, t, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(t * qk_scale - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p, alpha, m_new, l_i = online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED,
+                                              BAND, band_lo, band_hi)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_op = gl.convert_layout(p.to(v_buf.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
         mbarrier.wait(v_ready.index(s), ph)
