@@ -1597,6 +1597,34 @@ def test_gpu_v6_ws_bwd(shape, dtype, causal, ws_dq, poisoned_grads, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 64), (1, 4, 2, 1000, 33, 64), (1, 4, 1, 257, 300, 128),
+                                   (2, 3, 3, 33, 1000, 128)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape")
+def test_gpu_v6_register_operands(shape, causal, poisoned_grads, monkeypatch):
+    """v6 with its stationary tiles as register A operands (opt-in: the 4th field of ``ws_bwd_config``, K and
+    V at D 64, K at D 128; of ``ws_bwd_dq_config``, Q and dO): the same products as from shared memory, so
+    the gradients equal the default's bit for bit, and the fp32 reference's within tolerance."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + D + 5)
+    # K and V in registers at D 64; K alone at D 128 (both spill there: Triton 3.6, 529-650 spill instructions)
+    dkdv_regs = 2 if D == 64 else 1
+    base = _run_fwd_bwd(_tuned(A.flash_attention, backward="ws"), q, k, v, causal=causal)
+    launched = _record_launches(monkeypatch)
+    regs = _tuned(A.flash_attention, backward="ws", ws_bwd_config=(64, 2, 240, dkdv_regs),
+                  ws_bwd_dq_config=(64, 3, 240, 2))
+    ours = _run_fwd_bwd(regs, q, k, v, causal=causal)
+    assert launched.count(gb.attn_bwd_dkdv_ws_kernel) == 1 and launched.count(gb.attn_bwd_dq_ws_kernel) == 1
+    ref = _run_fwd_bwd(A.reference, q.float(), k.float(), v.float(), causal=causal)
+    for name in ("dq", "dk", "dv"):
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+        assert torch.equal(ours[name], base[name]), f"{name} differs from the shared-memory operands'"
+
+
+@pytest.mark.gpu
 def test_gpu_atomic_peak_memory_is_linear_in_s():
     def extra_peak(S):
         q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
@@ -1627,6 +1655,9 @@ def td(block):
     return f"tensordesc<bf16[{block[0]},{block[1]}],{layout!r}>"
 
 def build(kernel, sig, consts):
+    for p in kernel.params:  # constexprs left out take their defaults (a new opt-in flag leaves old cases as they were)
+        if p.is_constexpr and p.has_default and p.name not in sig:
+            sig, consts = {**sig, p.name: "constexpr"}, {**consts, p.name: p.default}
     k = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -1832,6 +1863,12 @@ for D, causal in itertools.product((64, 128), (False, True)):
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0}
     out[f"dq-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, consts)
+    # Opt-in: the stationary tiles as register A operands (Q and dO in dQ's kernel; K, and V at D 64, in dK / dV's).
+    out[f"dqregs-D{D}-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, sig, {**consts, "REG_OPS": 2})
+    bm, stages = C.WS_BWD_DKDV_TILES[D]  # K and V at D 64, K alone at D 128
+    consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
+              "NUM_CONS": 2, "LAYOUT": 0, "REG_OPS": 2 if D == 64 else 1}
+    out[f"kvregs{D}-D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig_dkdv(D, bm), consts)
 """
 
 
@@ -1848,8 +1885,8 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         pytest.skip("this Triton has no Gluon")
     limits = _dkdv_spill_limits()
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
-    assert len(r) == 8
-    _check_sm90_builds(r, lambda name: 0 if name.startswith("dq") else limits[name.split("-")[0]])
+    assert len(r) == 16
+    _check_sm90_builds(r, lambda name: 0 if name.startswith("dq-") else limits[name.split("-")[0]])
 
 
 def _dkdv_spill_limits() -> dict:
@@ -1858,7 +1895,11 @@ def _dkdv_spill_limits() -> dict:
     import triton
 
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
-    return {"D64": 0, "D128": 360} if older else {"D64": 40, "D128": 550}
+    # Register operands (opt-in): Triton 3.6 dQ none, dK / dV with K and V at D 64 0 / 4, with K at D 128
+    # 364 / 432; 3.9 dQ 0-10, dK / dV at D 64 193 / 133.
+    if older:
+        return {"D64": 0, "D128": 360, "kvregs64": 8, "kvregs128": 480, "dqregs": 0}
+    return {"D64": 40, "D128": 550, "kvregs64": 200, "kvregs128": 800, "dqregs": 16}
 
 
 def _check_sm90_builds(report: dict, spill_limit) -> None:

@@ -125,12 +125,12 @@ def ws_fwd_config(D: int, has_bias: bool, chosen: Optional[tuple] = None) -> tup
 
 
 def ws_bwd_dkdv_config(D: int, chosen: Optional[tuple] = None) -> tuple:
-    """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers)."""
+    """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers[, register operands: 1 K, 2 K and V])."""
     return tuple(chosen) if chosen is not None else (*WS_BWD_DKDV_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
 def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
-    """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers)."""
+    """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers[, register operands: 1 Q, 2 Q and dO])."""
     return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
@@ -223,7 +223,10 @@ class AttentionPolicy:
                    ``deterministic=False``), "ordered" (the fused kernel, dQ added in a fixed order;
                    GPU only, no mask). The fused kernel runs at head dims <= 128 only.
     ws_bwd_dq:     v6 also computes dQ (False: v3's dQ kernel after v6's dK / dV).
-    ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers); None: the tables.
+    ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers[, register
+                   operands]); None: the tables. A 4th field of 1 or 2 keeps the kernel's stationary tiles (K,
+                   then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in, not yet
+                   measured).
     ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
     dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
     tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.

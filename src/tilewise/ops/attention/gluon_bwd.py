@@ -69,7 +69,8 @@ if _GLUON:
     def _loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                 lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                 n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, which: gl.constexpr):
+                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
+                which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(NUM_CONS):
@@ -147,7 +148,8 @@ if _GLUON:
     def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                   lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                   n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, which: gl.constexpr):
+                  CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
+                  which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -171,6 +173,13 @@ if _GLUON:
             m_full = n_m
         n_tiles = n_m - m_first
         mbarrier.wait(kv_bar, 0)
+        # REG_OPS 1: K, 2: K and V as register A operands (S^T's, dP^T's products then read only Q / dO from
+        # shared memory)
+        if REG_OPS >= 1:
+            k_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
+            k_buf = k_buf.load(k_op)
+            if REG_OPS >= 2:
+                v_buf = v_buf.load(k_op)
         for g in range(GROUP):
             head_row = (q_head0 + g) * Sq
             t0 = g * n_tiles - m_first
@@ -210,7 +219,8 @@ if _GLUON:
     def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                                 H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0):
+                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0,
+                                REG_OPS: gl.constexpr = 0):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
@@ -250,15 +260,15 @@ if _GLUON:
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                         0)),
+                         REG_OPS, 0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                         1)),
+                         REG_OPS, 1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                       0)),
+                       REG_OPS, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -269,7 +279,7 @@ if _GLUON:
                    v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
                    v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   NUM_CONS: gl.constexpr, which: gl.constexpr):
+                   NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * _KEYS, q_col], qd_bar.index(c), q_smem.index(c))
@@ -313,7 +323,7 @@ if _GLUON:
                      v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
                      v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     NUM_CONS: gl.constexpr, which: gl.constexpr):
+                     NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -335,6 +345,13 @@ if _GLUON:
         do = do_smem.index(which)
         dq = gl.zeros([_KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
         mbarrier.wait(qd_bar.index(which), 0)
+        # REG_OPS 1: Q, 2: Q and dO as register A operands (S's, dP's products then read only K / V from
+        # shared memory)
+        if REG_OPS >= 1:
+            qd_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+            q = q.load(qd_op)
+            if REG_OPS >= 2:
+                do = do.load(qd_op)
         for j in range(n_full):
             dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
                           Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False)
@@ -350,7 +367,7 @@ if _GLUON:
     def attn_bwd_dq_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Sq, Sk,
                               qk_scale, sm_scale, HEAD_GROUP, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                               CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                              LAYOUT: gl.constexpr = 0):
+                              LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
         P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows."""
@@ -386,15 +403,15 @@ if _GLUON:
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 0)),
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 1)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                           k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                           k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
+                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -405,13 +422,14 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
-    consumer registers), default ``configs.ws_bwd_dkdv_config``'s. ``head_group``: causal launch
-    order's heads a group (``_lpt``; 1 is head by head), default ``configs.causal_head_group``'s."""
+    consumer registers[, register operands: 0, 1 (K) or 2 (K and V)]), default ``configs.ws_bwd_dkdv_config``'s.
+    ``head_group``: causal launch order's heads a group (``_lpt``; 1 is head by head), default
+    ``configs.causal_head_group``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bm, stages, regs = configs.ws_bwd_dkdv_config(D, config)
+    bm, stages, regs, *reg_ops = configs.ws_bwd_dkdv_config(D, config)
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     kd, vd = _desc(k2, (KEYS, D), memo), _desc(v2, (KEYS, D), memo)
     qd, dod = _desc(q2, (bm, D), memo), _desc(do2, (bm, D), memo)
@@ -419,6 +437,8 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if reg_ops and reg_ops[0]:
+        meta["REG_OPS"] = int(reg_ops[0])
     layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
     if layout:
         meta["LAYOUT"] = layout
@@ -428,13 +448,13 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None):
     """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
-    (BLOCK_N, STAGES, consumer registers), default ``configs.ws_bwd_dq_config``'s; ``head_group`` as
-    ``dkdv``'s."""
+    (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)]), default
+    ``configs.ws_bwd_dq_config``'s; ``head_group`` as ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages, regs = configs.ws_bwd_dq_config(D, config)
+    bn, stages, regs, *reg_ops = configs.ws_bwd_dq_config(D, config)
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     qd, dod = _desc(q2, (KEYS, D), memo), _desc(do2, (KEYS, D), memo)
     kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
@@ -442,6 +462,8 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if reg_ops and reg_ops[0]:
+        meta["REG_OPS"] = int(reg_ops[0])
     layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
     if layout:
         meta["LAYOUT"] = layout
