@@ -81,7 +81,7 @@ _attention_varlen = flash_attention_varlen
 def _sliding_causal(fn) -> bool:
     # transformers' sliding-window causal mask is and_masks(sliding_window_overlay(W), causal_mask_function);
     # the window itself reaches attention_forward as ``sliding_window``. Anything else is not this.
-    parts = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if isinstance(c.cell_contents, tuple)]
+    parts = [c for c in _closure(fn).values() if isinstance(c, tuple)]
     return (len(parts) == 1 and len(parts[0]) == 2 and parts[0][1] is masking_utils.causal_mask_function
             and getattr(parts[0][0], "__qualname__", "").startswith("sliding_window_overlay."))
 
