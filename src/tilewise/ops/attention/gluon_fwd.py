@@ -400,8 +400,14 @@ if _GLUON:
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
         """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
         without causal (a head's query tiles run together and share K / V in L2); causal, the
-        longest query tiles (the last ones) of every head first."""
+        longest query tiles (the last ones) of every head first, and every odd full round of
+        num_programs items walked backward (a snake), so the CTA that drew one round's longest item
+        draws the next round's shortest (a schedule model: busiest CTA 1.06x the mean -> 1.01x)."""
         if CAUSAL:
+            nprog = gl.num_programs(0)
+            r = tile // nprog
+            if (r % 2 == 1) & ((r + 1) * nprog <= n_m * BH):
+                tile = r * nprog + nprog - 1 - tile % nprog
             return n_m - 1 - tile // BH, tile % BH
         return tile % n_m, tile // n_m
 
