@@ -137,3 +137,82 @@ def test_fused_linear_cross_entropy_loss_under_autocast_as_torch():
             got = tnn.FusedLinearCrossEntropyLoss()(w, x, t)
             want = F.cross_entropy(F.linear(x, w).float(), t)
         torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+def _packed_case(bias, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(3, 7, 33, generator=g, device=device, dtype=dtype, requires_grad=True)
+    ws = [torch.randn(o, 33, generator=g, device=device, dtype=dtype, requires_grad=True) for o in (19, 19, 5)]
+    bs = [torch.randn(o, generator=g, device=device, dtype=dtype, requires_grad=True) for o in (19, 19, 5)]
+    return x, ws, bs if bias else None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_packed_is_the_concatenated_linear_without_keeping_the_concatenation(bias):
+    """``linear_packed``: the output and every gradient of F.linear(x, cat(weights), cat(biases)) (float64,
+    odd sizes, three weights); autograd keeps x and the weights themselves, never a new weight-sized tensor."""
+    from tilewise.nn.packed import linear_packed
+
+    x, ws, bs = _packed_case(bias)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = linear_packed(x, ws, bs)
+    ref = F.linear(x, torch.cat(ws), torch.cat(bs) if bias else None)
+    assert y.shape == (3, 7, 43) and torch.allclose(y, ref, rtol=1e-12, atol=1e-12)
+    assert saved and all(any(t.data_ptr() == p.data_ptr() for p in (x, *ws)) for t in saved), \
+        [tuple(t.shape) for t in saved]
+    go = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, *ws, *(bs or ())), go)
+    want = torch.autograd.grad(ref, (x, *ws, *(bs or ())), go)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_linear_packed_frozen_weights_fallbacks_and_errors():
+    """The gradients asked for, with frozen weights or a frozen input; under autocast, or with mixed dtypes,
+    it is the concatenated linear itself; a bias count that does not match the weights is an error naming
+    the function."""
+    from tilewise.nn.packed import linear_packed
+
+    x, ws, _ = _packed_case(False)
+    frozen = [w.detach() for w in ws]
+    (gx,) = torch.autograd.grad(linear_packed(x, frozen).sum(), (x,))
+    assert torch.allclose(gx, torch.cat(frozen).sum(0).expand_as(x))
+    y = linear_packed(x.detach(), ws)
+    gw = torch.autograd.grad(y.sum(), ws)
+    assert all(torch.allclose(g, x.detach().reshape(-1, 33).sum(0).expand_as(g)) for g in gw)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = linear_packed(x.float(), [w.float() for w in ws])
+        b = F.linear(x.float(), torch.cat([w.float() for w in ws]))
+    assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b)
+    with pytest.raises(RuntimeError):  # mixed dtypes: torch's own error, as the expression gives it
+        F.linear(x.float(), torch.cat(ws))
+    with pytest.raises(RuntimeError):
+        linear_packed(x.float(), ws)
+    with pytest.raises(ValueError, match="linear_packed"):
+        linear_packed(x, ws, [torch.zeros(19)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick
+def test_gpu_linear_packed(dtype):
+    """On the GPU (cuBLAS writing each weight's columns of a strided output): output and gradients against
+    the float64 concatenated linear, within the dtype's rounding, and poisoned memory never read."""
+    from tilewise.nn.packed import linear_packed
+
+    x, ws, bs = _packed_case(True, dtype=torch.float64, device="cuda", seed=1)
+    low = [t.detach().to(dtype).requires_grad_(True) for t in (x, *ws, *bs)]
+    y = linear_packed(low[0], low[1:4], low[4:])
+    ref = F.linear(x, torch.cat(ws), torch.cat(bs))
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    go = torch.randn_like(ref)
+    got = torch.autograd.grad(y, low, go.to(dtype))
+    want = torch.autograd.grad(ref, (x, *ws, *bs), go)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and ((a.double() - b).norm() / b.norm()).item() < 1e-2

@@ -12,6 +12,7 @@ from ..ops.gemm.api import linear
 from ..ops.norm.api import MODES, rms_norm
 from ..ops.pointwise.swiglu import swiglu, swiglu_packed
 from ..ops.rope.api import apply_rotary
+from .packed import linear_packed
 
 
 def is_plain_linear(m: torch.nn.Module) -> bool:
@@ -57,10 +58,10 @@ class SwiGLU(torch.nn.Module):
     activation in one tilewise kernel (``swiglu``); the projections are torch's Linear (cuBLAS).
     Same parameter names as transformers', so a state dict loads as is.
 
-    fuse_gate_up: gate and up come from one GEMM over their weights concatenated each call (2 x I x H
-    elements copied, and kept for the backward), then ``swiglu_packed``; its one (..., 2 * I)
-    gradient makes the input gradient one GEMM too. The parameters stay two. Where gate or up is not
-    a plain Linear (``is_plain_linear``), they run as themselves."""
+    fuse_gate_up: gate and up written side by side into one (..., 2 * I) output (``linear_packed``: no
+    concatenated weight kept for the backward), then ``swiglu_packed``; its one (..., 2 * I) gradient
+    makes the input gradient one GEMM too. The parameters stay two. Where gate or up is not a plain
+    Linear (``is_plain_linear``), they run as themselves."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None,
                  fuse_gate_up: bool = False):
@@ -84,8 +85,8 @@ class SwiGLU(torch.nn.Module):
         # the fused GEMM reads the weights: LoRA adapters, quantized layers and hooks must run themselves
         if not self.fuse_gate_up or not (is_plain_linear(g) and is_plain_linear(u)):
             return self.down_proj(swiglu(g(x), u(x)))
-        bias = torch.cat([g.bias, u.bias]) if g.bias is not None else None
-        return self.down_proj(swiglu_packed(torch.nn.functional.linear(x, torch.cat([g.weight, u.weight]), bias)))
+        biases = (g.bias, u.bias) if g.bias is not None else None
+        return self.down_proj(swiglu_packed(linear_packed(x, (g.weight, u.weight), biases)))
 
     def extra_repr(self) -> str:
         return "fuse_gate_up=True" if self.fuse_gate_up else ""
