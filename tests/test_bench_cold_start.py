@@ -176,14 +176,14 @@ def test_classifier_variants_build_the_model_as_train_does():
 
 
 def test_train_child_ends_as_the_train_command_does(monkeypatch, capsys):
-    """The train case's child prints its result, then ends through ``cli.end_process`` (no interpreter
+    """The train case's child prints its result, then ends through ``_startup.end_process`` (no interpreter
     teardown), as `tilewise train` does, so the row's wall time is the command's; other cases exit as usual."""
-    from tilewise import cli
+    from tilewise import _startup
 
     for name in ("TILEWISE_FAST_EXIT", "CUDA_INJECTION64_PATH", "LD_PRELOAD"):  # no profiler here
         monkeypatch.delenv(name, raising=False)
     ended = []
-    monkeypatch.setattr(cli, "end_process", ended.append)
+    monkeypatch.setattr(_startup, "end_process", ended.append)
     for case in ("train_100_steps", "classifier_step"):
         monkeypatch.setitem(cs._CHILDREN, case, lambda backend, t0, extra: {"first_s": 1.0})
         assert cs.child_main(0.0, [case, "torch"]) == 0

@@ -380,27 +380,16 @@ def main(argv: list[str] | None = None) -> int:
     return args.fn(args)
 
 
-def end_process(code: int) -> None:
-    """Flush stdout and stderr and end the process now (``os._exit``), without the interpreter's teardown:
-    freeing torch's modules, the CUDA context and cuBLAS handles adds nothing to a finished run (~0.3 s a
-    ``train`` on the CPU host). Only for a process whose files are all written and closed."""
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def run() -> int:
     """The ``tilewise`` command (and ``python -m tilewise``): ``main``'s exit code. A ``train`` that returns
-    (its outputs written and closed, the plot child finished) ends through ``end_process``, unless
-    ``settings.fast_exit`` says a profiler or coverage needs the teardown. Called in-process (tests),
+    (its outputs written and closed, the plot child finished) ends through ``_startup.end_process``, unless
+    a profiler or tracer needs the teardown (``_startup.skips_teardown``). Called in-process (tests),
     ``main`` returns as usual."""
-    from . import settings
+    from . import _startup
 
     code = main()
-    if sys.argv[1:2] == ["train"] and settings.fast_exit() and sys.gettrace() is None:
-        end_process(code)
+    if sys.argv[1:2] == ["train"] and _startup.skips_teardown():
+        _startup.end_process(code)
     return code
 
 

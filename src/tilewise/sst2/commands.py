@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -149,9 +148,9 @@ def main(args: argparse.Namespace) -> int:
     training in 2 of about 10 runs of the gloo test, which turned a finished run into a failure."""
     code = _main(args)
     if settings.distributed()[0] > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        from .._startup import end_process
+
+        end_process(code)
     return code
 
 

@@ -454,9 +454,6 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
     if not lead:
         return metrics
     write_atomic(out / "metrics.json", json.dumps(metrics, indent=2).encode())
-    if cfg.plot:
-        if plotter is not None:
-            plotter.write(step_losses, history, out / "loss_curve.png")
-        else:
-            plot.draw(step_losses, history, out / "loss_curve.png")
+    if cfg.plot:  # without a child (none started, or it is gone) the Plotter draws in this process
+        (plotter or plot.Plotter(None)).write(step_losses, history, out / "loss_curve.png")
     return metrics

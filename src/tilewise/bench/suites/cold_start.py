@@ -170,10 +170,11 @@ def child_main(t0: float, argv: Sequence[str]) -> int:
     case, backend, *extra = argv
     out = _CHILDREN[case](backend, t0, extra)
     print(json.dumps({"cold_start": case, "backend": backend, **out}), flush=True)
-    if case == "train_100_steps" and settings.fast_exit():  # it ends as `tilewise train` does (cli.run)
-        from ... import cli
+    if case == "train_100_steps":  # it ends as `tilewise train` does (cli.run)
+        from ... import _startup
 
-        cli.end_process(0)
+        if _startup.skips_teardown():
+            _startup.end_process(0)
     return 0
 
 
