@@ -612,17 +612,18 @@ def test_no_handoff_into_a_sharded_module(cpu_attention, monkeypatch):
 def test_default_fusions(cpu_attention, monkeypatch):
     """apply_tilewise's defaults fuse q / k / v for Llama (a training forward with labels builds no KV
     cache, so the fused path runs, with no warning), the residual adds (two per layer: the attention's,
-    and the MLP's into the next norm or the final one) and each MLP's gate / up GEMM, and leave Qwen3's
-    q / k / v alone (its q / k norms sit before RoPE) without raising."""
+    and the MLP's into the next norm or the final one) and each MLP's gate / up GEMM with its activation
+    recomputed in the backward (swiglu_mlp), and leave Qwen3's q / k / v alone (its q / k norms sit before
+    RoPE) without raising."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     import tilewise.nn.layers as layers
 
     qkv, norms, packed = [], [], []
-    real_qkv, real_norm, real_packed = tw_hf.apply_rotary_qkv, tw_hf.add_rms_norm, layers.swiglu_packed
+    real_qkv, real_norm, real_packed = tw_hf.apply_rotary_qkv, tw_hf.add_rms_norm, layers.swiglu_mlp
     monkeypatch.setattr(tw_hf, "apply_rotary_qkv", lambda *a, **k: qkv.append(1) or real_qkv(*a, **k))
     monkeypatch.setattr(tw_hf, "add_rms_norm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
-    monkeypatch.setattr(layers, "swiglu_packed", lambda *a, **k: packed.append(1) or real_packed(*a, **k))
+    monkeypatch.setattr(layers, "swiglu_mlp", lambda *a, **k: packed.append(1) or real_packed(*a, **k))
     model = tw_hf.apply_tilewise(_model(_config(num_hidden_layers=2), "sdpa").train())
     ids = _ids(2, 7)
     with warnings.catch_warnings():
@@ -714,21 +715,25 @@ def test_fuse_qkv_with_a_cache_runs_the_model_forward(cpu_attention, monkeypatch
         tw_hf.apply_tilewise(_model(transformers.Qwen3Config(**_config().to_dict()), "sdpa"), fuse_qkv=True)
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("family,extra", [("llama", {}), ("llama", {"mlp_bias": True}), ("qwen2", {})])
-def test_fuse_gate_up_matches_the_unfused_model(cpu_attention, monkeypatch, family, extra):
-    """apply_tilewise(fuse_gate_up=True) (swiglu_packed in Triton's interpreter; Llama's MLP biases):
-    loss and every gradient equal apply_tilewise's without it; parameters and state-dict keys those of
-    the model; one packed activation a layer."""
+def test_fuse_gate_up_matches_the_unfused_model(cpu_attention, monkeypatch, family, extra, recompute):
+    """apply_tilewise(fuse_gate_up=True) (swiglu_packed in Triton's interpreter; Llama's MLP biases), with
+    the activation kept or recomputed in the backward (recompute_swiglu): loss and every gradient equal
+    apply_tilewise's without it; parameters and state-dict keys those of the model; one packed
+    activation (or one swiglu_mlp) a layer."""
     import tilewise.nn.layers as layers
 
     modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
     calls = []
-    real = layers.swiglu_packed
-    monkeypatch.setattr(layers, "swiglu_packed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    name = "swiglu_mlp" if recompute else "swiglu_packed"
+    real = getattr(layers, name)
+    monkeypatch.setattr(layers, name, lambda *a, **k: calls.append(1) or real(*a, **k))
     base = _model(_config(family, num_hidden_layers=3, **extra), "sdpa").train()
     keys = list(base.state_dict())
-    ours = tw_hf.apply_tilewise(copy.deepcopy(base), **{**UNFUSED, "fuse_gate_up": True})
+    ours = tw_hf.apply_tilewise(copy.deepcopy(base), **{**UNFUSED, "fuse_gate_up": True,
+                                                         "recompute_swiglu": recompute})
     ref = tw_hf.apply_tilewise(base, **UNFUSED)
     assert list(ours.state_dict()) == keys
     ids = _ids(2, 13)

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tilewise
 import tilewise.nn as tnn
 
 
@@ -216,3 +217,102 @@ def test_gpu_linear_packed(dtype):
     want = torch.autograd.grad(ref, (x, *ws, *bs), go)
     for a, b in zip(got, want):
         assert torch.isfinite(a).all() and ((a.double() - b).norm() / b.norm()).item() < 1e-2
+
+
+def _mlp_case(bias, dtype=torch.float32, device="cpu", seed=3):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(3, 7, 33, generator=g, device=device, dtype=dtype, requires_grad=True)
+    ws = [torch.randn(s, generator=g, device=device, dtype=dtype) / 5 for s in ((45, 33), (45, 33), (33, 45))]
+    bs = [torch.randn(o, generator=g, device=device, dtype=dtype) for o in (45, 45, 33)] if bias else [None] * 3
+    return x, [w.requires_grad_(True) for w in ws], [b.requires_grad_(True) if bias else b for b in bs]
+
+
+def _mlp_reference(x, ws, bs):
+    gate = F.linear(x, ws[0], bs[0])
+    return F.linear(F.silu(gate) * F.linear(x, ws[1], bs[1]), ws[2], bs[2])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_mlp_recomputes_the_activation(bias):
+    """``swiglu_mlp`` (Triton's interpreter, fp32, odd sizes): output and every gradient against float64
+    autograd through the three linears; autograd keeps x, the (.., 2 I) gate / up output and the weights,
+    never the (.., I) activation; the module's ``recompute`` takes it and keeps the state-dict keys."""
+    from tilewise.nn.mlp import swiglu_mlp
+
+    x, ws, bs = _mlp_case(bias)
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = swiglu_mlp(x, *ws, *bs)
+    assert (3, 7, 45) not in shapes and (21, 45) not in shapes and (21, 90) in shapes, shapes
+    params = [x, *ws, *(bs if bias else ())]
+    ref = _mlp_reference(*[[t.double() if t is not None else None for t in v] if isinstance(v, list)
+                           else v.double() for v in (x, ws, bs)])
+    torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4)
+    go = torch.randn(y.shape, dtype=torch.float64)
+    got = torch.autograd.grad(y, params, go.float())
+    want = torch.autograd.grad(ref, params, go)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-4)
+    m = tnn.SwiGLU(33, 45, bias=bias, fuse_gate_up=True, recompute=True)
+    assert "recompute=True" in repr(m) and set(m.state_dict()) == set(tnn.SwiGLU(33, 45, bias=bias).state_dict())
+    with torch.no_grad():
+        for lin, w, b in zip((m.gate_proj, m.up_proj, m.down_proj), ws, bs):
+            lin.weight.copy_(w)
+            if bias:
+                lin.bias.copy_(b)
+    torch.testing.assert_close(m(x).double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_swiglu_mlp_frozen_fallbacks_and_errors():
+    """Frozen weights (only x's gradient) and a frozen input (only the weights'); under autocast it is the
+    unfused expression; mismatched shapes or one gate / up bias are errors naming the argument."""
+    from tilewise.nn.mlp import swiglu_mlp
+
+    x, ws, _ = _mlp_case(False, seed=4)
+    frozen = [w.detach() for w in ws]
+    (gx,) = torch.autograd.grad(swiglu_mlp(x, *frozen).sum(), (x,))
+    (gr,) = torch.autograd.grad(_mlp_reference(x, frozen, [None] * 3).sum(), (x,))
+    torch.testing.assert_close(gx, gr, rtol=1e-4, atol=1e-4)
+    gw = torch.autograd.grad(swiglu_mlp(x.detach(), *ws).sum(), ws)
+    gwr = torch.autograd.grad(_mlp_reference(x.detach(), ws, [None] * 3).sum(), ws)
+    for a, b in zip(gw, gwr):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = swiglu_mlp(x, *ws)
+    assert a.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="'b_gate' and 'b_up'"):
+        swiglu_mlp(x, *ws, torch.zeros(45))
+    with pytest.raises(ValueError, match="swiglu_mlp: shapes"):
+        swiglu_mlp(x, ws[0], ws[1], ws[2].t())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.quick
+def test_gpu_swiglu_mlp_equals_the_kept_activation(dtype):
+    """On the GPU: ``swiglu_mlp``'s output and gradients equal, bit for bit, those of the same layers with
+    the activation kept (``linear_packed`` + ``swiglu_packed`` + F.linear: the recomputed activation is
+    the forward's), and are within the dtype's rounding of float64 autograd; odd sizes."""
+    from tilewise.nn.mlp import swiglu_mlp
+    from tilewise.nn.packed import linear_packed
+
+    x, ws, bs = _mlp_case(True, dtype=torch.float64, device="cuda", seed=5)
+    low = [t.detach().to(dtype).requires_grad_(True) for t in (x, *ws, *bs)]
+    y = swiglu_mlp(*low)
+    kept = F.linear(tilewise.swiglu_packed(linear_packed(low[0], low[1:3], low[4:6])), low[3], low[6])
+    ref = _mlp_reference(x, ws, bs)
+    go = torch.randn_like(ref)
+    got = torch.autograd.grad(y, low, go.to(dtype))
+    same = torch.autograd.grad(kept, low, go.to(dtype))
+    assert torch.equal(y, kept) and all(torch.equal(a, b) for a, b in zip(got, same))
+    want = torch.autograd.grad(ref, (x, *ws, *bs), go)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and ((a.double() - b).norm() / b.norm()).item() < 2e-2
+

@@ -519,7 +519,8 @@ def _fused_qkv_forward(self, hidden_states, position_embeddings=None, attention_
 
 def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rms_norm: bool = True, rope: bool = True,
                    swiglu: bool = True, loss: bool = True, residual_norm: bool = True,
-                   fuse_qkv: bool | None = None, fuse_gate_up: bool = True) -> torch.nn.Module:
+                   fuse_qkv: bool | None = None, fuse_gate_up: bool = True,
+                   recompute_swiglu: bool = True) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
@@ -553,10 +554,14 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                model's own forward: a training forward with labels and ``loss`` builds none, other
                training forwards warn unless called with ``use_cache=False``; so do calls where q, k or v
                is not a plain Linear (LoRA adapters, quantized layers, hooks: they run as themselves).
-    fuse_gate_up: with ``swiglu``, each MLP's gate and up come from one GEMM over their concatenated
-               weights and ``tilewise.swiglu_packed`` (``tilewise.nn.SwiGLU``'s ``fuse_gate_up``); the
-               concatenation (2 x intermediate x hidden elements a layer) is kept for the backward.
-               Where gate or up is not a plain Linear, the two run as themselves.
+    fuse_gate_up: with ``swiglu``, each MLP's gate and up are written side by side into one output
+               (``tilewise.nn.packed.linear_packed``: no concatenated weight kept) and go through
+               ``tilewise.swiglu_packed`` (``tilewise.nn.SwiGLU``'s ``fuse_gate_up``). Where gate or up is
+               not a plain Linear, the two run as themselves.
+    recompute_swiglu: with ``fuse_gate_up``, each MLP's activation (tokens x intermediate) is not kept for
+               the backward but written again by SwiGLU's backward kernel (``tilewise.nn.mlp.swiglu_mlp``):
+               at Llama-3.2-1B's size and 16384 tokens, 4 GiB less at the step's peak for one more
+               write a layer in the backward (measured: docs/tuning/bench.md, "Peak memory").
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
@@ -577,7 +582,8 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
             setattr(parent, name, RMSNorm.sharing(old.weight, old.variance_epsilon))
     if swiglu:
         for parent, name, old in _children(model, "MLP", (family,)):
-            setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj, fuse_gate_up))
+            setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj, fuse_gate_up,
+                                                           recompute_swiglu))
     if rope:
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
     if residual_norm:

@@ -12,6 +12,7 @@ from ..ops.gemm.api import linear
 from ..ops.norm.api import MODES, rms_norm
 from ..ops.pointwise.swiglu import swiglu, swiglu_packed
 from ..ops.rope.api import apply_rotary
+from .mlp import swiglu_mlp
 from .packed import linear_packed
 
 
@@ -61,22 +62,26 @@ class SwiGLU(torch.nn.Module):
     fuse_gate_up: gate and up written side by side into one (..., 2 * I) output (``linear_packed``: no
     concatenated weight kept for the backward), then ``swiglu_packed``; its one (..., 2 * I) gradient
     makes the input gradient one GEMM too. The parameters stay two. Where gate or up is not a plain
-    Linear (``is_plain_linear``), they run as themselves."""
+    Linear (``is_plain_linear``), they run as themselves.
+    recompute: with ``fuse_gate_up``, the activation (..., I) is not kept for the backward but written
+    again by SwiGLU's backward kernel (``tilewise.nn.mlp.swiglu_mlp``): (tokens x I) elements less a layer
+    at the step's peak for one more write in the backward. Needs down_proj a plain Linear too."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None,
-                 fuse_gate_up: bool = False):
+                 fuse_gate_up: bool = False, recompute: bool = False):
         super().__init__()
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.gate_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.up_proj = torch.nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, **kw)
-        self.fuse_gate_up = fuse_gate_up
+        self.fuse_gate_up, self.recompute = fuse_gate_up, recompute
 
     @classmethod
     def sharing(cls, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear,
-                fuse_gate_up: bool = False) -> "SwiGLU":
+                fuse_gate_up: bool = False, recompute: bool = False) -> "SwiGLU":
         """A SwiGLU holding these three Linear modules themselves (as ``RMSNorm.sharing``)."""
-        new = cls(gate_proj.in_features, gate_proj.out_features, device="meta", fuse_gate_up=fuse_gate_up)
+        new = cls(gate_proj.in_features, gate_proj.out_features, device="meta", fuse_gate_up=fuse_gate_up,
+                  recompute=recompute)
         new.gate_proj, new.up_proj, new.down_proj = gate_proj, up_proj, down_proj
         return new
 
@@ -85,11 +90,14 @@ class SwiGLU(torch.nn.Module):
         # the fused GEMM reads the weights: LoRA adapters, quantized layers and hooks must run themselves
         if not self.fuse_gate_up or not (is_plain_linear(g) and is_plain_linear(u)):
             return self.down_proj(swiglu(g(x), u(x)))
+        d = self.down_proj
+        if self.recompute and is_plain_linear(d) and (g.bias is None) == (u.bias is None):
+            return swiglu_mlp(x, g.weight, u.weight, d.weight, g.bias, u.bias, d.bias)
         biases = (g.bias, u.bias) if g.bias is not None else None
-        return self.down_proj(swiglu_packed(linear_packed(x, (g.weight, u.weight), biases)))
+        return d(swiglu_packed(linear_packed(x, (g.weight, u.weight), biases)))
 
     def extra_repr(self) -> str:
-        return "fuse_gate_up=True" if self.fuse_gate_up else ""
+        return ", ".join(f"{k}=True" for k in ("fuse_gate_up", "recompute") if getattr(self, k))
 
 
 class Linear(torch.nn.Linear):

@@ -42,8 +42,10 @@ def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.con
 
 
 @triton.jit
-def _swiglu_packed_kernel(GU, DY, Y, DGU, I, ld, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
+def _swiglu_packed_kernel(GU, DY, Y, DGU, I, ld, BLOCK: tl.constexpr, BACKWARD: tl.constexpr,
+                          STORE_Y: tl.constexpr):
     # One program: BLOCK columns of one row; row r's gate at GU[r * ld + c], its up I further on.
+    # STORE_Y: the backward writes y again too, for a caller that did not keep the forward's (swiglu_mlp).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -57,7 +59,7 @@ def _swiglu_packed_kernel(GU, DY, Y, DGU, I, ld, BLOCK: tl.constexpr, BACKWARD: 
         dst = DGU + row * (2 * I) + cols
         tl.store(dst, (dy * u * sig * (1.0 + g * (1.0 - sig))).to(DGU.dtype.element_ty), mask=m)
         tl.store(dst + I, (dy * silu).to(DGU.dtype.element_ty), mask=m)
-    else:
+    if STORE_Y or not BACKWARD:
         tl.store(Y + row * I + cols, (silu * u).to(Y.dtype.element_ty), mask=m)
 
 
@@ -183,22 +185,24 @@ def _rows(gate_up):
     return x, (x.stride(0) if x.shape[0] > 1 else x.shape[1])
 
 
-def _run_packed(gate_up, dy=None):
+def _run_packed(gate_up, dy=None, keep_y=False):
+    """y (forward); with ``dy`` the gradient (..., 2 * I), and with ``keep_y`` (dgu, y): y recomputed by
+    the backward kernel, bitwise the forward's."""
     x, ld = _rows(gate_up)
     rows, i = x.shape[0], x.shape[1] // 2
     grid = (rows, triton.cdiv(i, SWIGLU_PACKED_BLOCK))
+    y = gate_up.new_empty(*gate_up.shape[:-1], i) if dy is None or keep_y else x
     if dy is None:
-        y = gate_up.new_empty(*gate_up.shape[:-1], i)
         if y.numel():
             _launch(_swiglu_packed_kernel, grid, x, x, y, x, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=False,
-                    num_warps=SWIGLU_WARPS)
+                    STORE_Y=False, num_warps=SWIGLU_WARPS)
         return y
     dy = dy.contiguous()
     dgu = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
     if dgu.numel():
-        _launch(_swiglu_packed_kernel, grid, x, dy, x, dgu, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=True,
-                num_warps=SWIGLU_WARPS)
-    return dgu
+        _launch(_swiglu_packed_kernel, grid, x, dy, y, dgu, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=True,
+                STORE_Y=keep_y, num_warps=SWIGLU_WARPS)
+    return (dgu, y) if keep_y else dgu
 
 
 @torch.library.custom_op("tilewise::swiglu_packed", mutates_args=())
