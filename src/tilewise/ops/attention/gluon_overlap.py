@@ -220,9 +220,6 @@ if ag.available():
                     o_stride, start_m, n_tiles, Sq, Sk, qk_scale, BLOCK_N, STAGES, CAUSAL, False, NUM_CONS, False, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
 
-
-if ag.available():
-
     @gluon.jit
     def attn_fwd_overlap_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -272,27 +269,21 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     qd, kd, vd = ag._desc(q2, (ag.ROWS, D)), ag._desc(k2, (bn, D)), ag._desc(v2, (bn, D))
     if q_regs and ncons == 3:  # Triton 3.6 at D 64: 85-118 spill instructions at 160 or 168 registers
         raise ValueError("ws_q_regs: Q in registers needs two consumers (ws_config's 5th field), got three")
+    meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, num_warps=4)
+    if q_regs:
+        meta.update(Q_REGS=True, CONSUMER_REGS=max(regs, 240))
     layout = seq_mask(q=q, k=k, v=v, o=out)
+    if layout:
+        meta["LAYOUT"] = layout
     if persistent and ncons == 2:
         total = -(-Sq // (ag.ROWS * 2)) * B * H
-        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=max(regs, 240) if q_regs else regs,
-                    num_warps=4)
-        if q_regs:
-            meta["Q_REGS"] = True
-        if layout:
-            meta["LAYOUT"] = layout
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ag.ROWS * ncons)), B * H)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], rt.sm_count(q.get_device())) if causal else 1)
     args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, group)
-    meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, num_warps=4)
     if ncons == 3:
         meta["NUM_CONS"] = 3
-    if q_regs:
-        meta.update(Q_REGS=True, CONSUMER_REGS=max(regs, 240))
-    if layout:
-        meta["LAYOUT"] = layout
     ag.run(attn_fwd_overlap_kernel, grid, args, meta, launch)
     return out, lse
