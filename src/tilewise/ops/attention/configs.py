@@ -163,11 +163,12 @@ WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
     (64, False, False): (4096, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
 # v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
-# (tuning: "v5 persistent grid").
+# (tuning: "v5 persistent grid"); the overlapped consumers there run on it too (ahead of their own grid
+# by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the persistent overlap").
 WS_PERSISTENT_RULES = frozenset({(128, False)})
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
-# Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; with two consumers behind v5's
-# three at D = 64, three overlapped not yet run (tuning: "FA3's consumer schedule").
+# Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; at D = 64 behind v5's three
+# consumers with two or three overlapped (tuning: "FA3's consumer schedule").
 WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
@@ -324,9 +325,10 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
         backward = "ordered"
     else:
         backward = "two_kernel"
+    persistent = (head_dim, causal) in WS_PERSISTENT_RULES
     overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
-    return _policy(forward, rule[1] if rule is not None else None, (head_dim, causal) in WS_PERSISTENT_RULES,
-                   head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D, overlap)
+    return _policy(forward, rule[1] if rule is not None else None, persistent, head_dim in WS_BAND_HEAD_DIMS,
+                   backward, head_dim <= BIAS_PAIR_MAX_D, "persistent" if overlap and persistent else overlap)
 
 
 # ---------------------------------------------------------------------------- against SDPA
