@@ -53,12 +53,16 @@ def test_candidates_built_after_tilewise_keep_their_attention():
         ours = S._build("hf_tilewise", config, state, device="cpu")[0]
         after = S._build("hf_sdpa", config, state, device="cpu")[0]
         own = S._build("hf_tilewise_own_attn", config, state, device="cpu")[0]
+        keep = S._build("hf_tilewise_keep_act", config, state, device="cpu")[0]
     finally:
         S._restore(snap)
     assert ours.config._attn_implementation == "tilewise_auto"
     assert after.config._attn_implementation == "sdpa" and config._attn_implementation == "sdpa"
     assert own.config._attn_implementation == "tilewise"
     assert any(type(m).__name__ == "RMSNorm" and type(m).__module__.startswith("tilewise") for m in own.modules())
+    mlps = {n: [m.recompute for m in model.modules() if type(m).__name__ == "SwiGLU"] for n, model in
+            (("ours", ours), ("keep", keep))}
+    assert mlps == {"ours": [True], "keep": [False]}  # hf_tilewise_keep_act: the activation kept
 
 
 def test_kernel_groups_of_the_step_profile():

@@ -10,6 +10,9 @@ bf16, AdamW: tokens / s and peak memory for
     hf_tilewise_own_attn  apply_tilewise(attention=True): the same with flash_attention at every call,
                      what our attention costs or saves in the step (full runs); its baseline as
                      hf_tilewise's
+    hf_tilewise_keep_act  apply_tilewise(recompute_swiglu=False): the MLPs keep their SwiGLU activation
+                     for the backward instead of recomputing it, the time and memory that trade moves
+                     (full runs); its baseline as hf_tilewise's
 
 Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary
 128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
@@ -48,7 +51,11 @@ from ...cost import Cost
 from ..harness import check, device_slug
 
 WARMUP, STEPS, PROFILED = 3, 10, 2
-OURS = ("hf_tilewise", "hf_tilewise_own_attn")  # rows that name a baseline: the fastest of the others
+# rows that name a baseline: the fastest of the others
+OURS = ("hf_tilewise", "hf_tilewise_own_attn", "hf_tilewise_keep_act")
+# apply_tilewise's keywords for each of OURS
+TILEWISE_OPTIONS = {"hf_tilewise": {}, "hf_tilewise_own_attn": {"attention": True},
+                    "hf_tilewise_keep_act": {"recompute_swiglu": False}}
 
 # First match wins: a kernel's name (lower case) -> its group in the step's device-time table.
 KERNEL_GROUPS = (
@@ -94,8 +101,8 @@ def group_table(by_name: dict) -> list:
     return lines
 
 
-CANDIDATES = ("hf_sdpa", "hf_compile", "hf_tilewise", "hf_liger", "hf_tilewise_own_attn")
-FULL_ONLY = ("hf_compile", "hf_tilewise_own_attn")  # left out of quick runs
+CANDIDATES = ("hf_sdpa", "hf_compile", "hf_tilewise", "hf_liger", "hf_tilewise_own_attn", "hf_tilewise_keep_act")
+FULL_ONLY = ("hf_compile", "hf_tilewise_own_attn", "hf_tilewise_keep_act")  # left out of quick runs
 
 
 def candidates(quick: bool) -> list:
@@ -161,7 +168,7 @@ def _build(name, config, state, device="cuda"):
     elif name in OURS:
         from ...integrations.transformers import apply_tilewise
 
-        apply_tilewise(model, **({"attention": True} if name == "hf_tilewise_own_attn" else {}))
+        apply_tilewise(model, **TILEWISE_OPTIONS[name])
     model.train()
     step_model = torch.compile(model) if name == "hf_compile" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.device(device).type == "cuda")
