@@ -11,9 +11,9 @@ import importlib
 
 from .cost import Cost
 
-try:  # the installed distribution's version (setuptools-scm: from git tags)
-    from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError, version as _version
 
+try:  # the installed distribution's version (setuptools-scm: from git tags)
     __version__ = _version("tilewise")
 except PackageNotFoundError:  # a source tree on sys.path without an install
     __version__ = "0+unknown"
