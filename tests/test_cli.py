@@ -146,3 +146,24 @@ def test_fast_exit_only_without_a_tool_in_the_process(monkeypatch, env, fast):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert settings.fast_exit() is fast
+
+
+def test_the_command_imports_numpy_before_torch(tmp_path):
+    """``cli.run`` imports numpy before anything imports torch: torch imports numpy from C++ and turns an
+    exception raised inside that import into a warning, so a Ctrl-C landing there was lost (the kill test
+    saw a `train` run on after its SIGINT). The first of the two a `train` asks for is numpy."""
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def spy(name, *a, **k):\n"
+            "    top = name.split('.')[0]\n"
+            "    if top in ('numpy', 'torch') and not hasattr(builtins, '_first'):\n"
+            "        builtins._first = top\n"
+            "        print('FIRST', top, flush=True)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = spy\n"
+            "from tilewise.cli import run\n"
+            "sys.exit(run())\n")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TILEWISE_FAST_EXIT": "0"}
+    p = subprocess.run([sys.executable, "-c", code, "train", "--data-dir", str(tmp_path / "none"), "--device", "cpu",
+                        "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and "FIRST numpy" in p.stdout, (p.stdout, p.stderr[-2000:])

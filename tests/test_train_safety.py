@@ -386,3 +386,29 @@ def test_resume_applies_new_lr_and_weight_decay(tmp_path, monkeypatch, schedule)
     groups = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.1, 0.1]
 
+
+
+def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_step():
+    """``_startup.latched_interrupts``: a SIGINT whose KeyboardInterrupt something swallowed (CPython's weakref
+    callbacks, torch's C++ import of numpy) is raised again by ``raise_if_interrupted`` (train's every step);
+    outside the block, or without one, nothing is pending, and Python's own handler is back."""
+    from tilewise import _startup
+
+    _startup.raise_if_interrupted()  # nothing pending
+    with pytest.raises(KeyboardInterrupt):
+        with _startup.latched_interrupts():
+            _startup.raise_if_interrupted()
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass  # swallowed, as start-up code did
+            _startup.raise_if_interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with _startup.latched_interrupts():  # a new block starts with nothing pending
+        _startup.raise_if_interrupted()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a caller's choice is left alone
+    try:
+        with _startup.latched_interrupts():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import settings
+from .._startup import latched_interrupts
 from . import plot, prewarm
 from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
@@ -146,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
     (under torchrun) leaves with os._exit once its outputs are written and flushed: the CI saw a
     worker abort (SIGABRT while Python collected garbage at shutdown, no Python frame) after
     training in 2 of about 10 runs of the gloo test, which turned a finished run into a failure."""
-    code = _main(args)
+    with latched_interrupts():  # a Ctrl-C that start-up code swallows still stops the run at its next step
+        code = _main(args)
     if settings.distributed()[0] > 1:
         from .._startup import end_process
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .._files import write_atomic
-from .._startup import prefetch_triton_key
+from .._startup import prefetch_triton_key, raise_if_interrupted
 from ..nn import functional as twf
 from ..nn.classifier import SentimentClassifier
 from . import checkpoint, datacache, dataset, ddp, plot
@@ -390,6 +390,7 @@ def _train(cfg: TrainConfig, dist: ddp.Dist | None, dist_notes: list[str], held:
                                                        word_dropout=cfg.word_dropout, dropout_generator=word_gen)):
                 if step >= steps_per_epoch:
                     break
+                raise_if_interrupted()  # a Ctrl-C swallowed where it landed (_startup.latched_interrupts)
                 if scheduled:
                     _set_lrs(opt, group_lrs(cfg, epoch, epoch * steps_per_epoch + step, total_steps))
                 first = startup is None
