@@ -148,10 +148,11 @@ def test_fast_exit_only_without_a_tool_in_the_process(monkeypatch, env, fast):
     assert settings.fast_exit() is fast
 
 
-def test_the_command_imports_numpy_before_torch(tmp_path):
-    """``cli.run`` imports numpy before anything imports torch: torch imports numpy from C++ and turns an
-    exception raised inside that import into a warning, so a Ctrl-C landing there was lost (the kill test
-    saw a `train` run on after its SIGINT). The first of the two a `train` asks for is numpy."""
+def test_train_imports_numpy_before_torch(tmp_path):
+    """``tilewise train`` imports numpy before anything imports torch (once its children have started):
+    torch imports numpy from C++ and turns an exception raised inside that import into a warning, so a
+    Ctrl-C landing there was lost (the kill test saw a `train` run on after its SIGINT). The first of the
+    two a `train` asks for is numpy."""
     code = ("import builtins, sys\n"
             "real = builtins.__import__\n"
             "def spy(name, *a, **k):\n"

@@ -385,11 +385,6 @@ def run() -> int:
     (its outputs written and closed, the plot child finished) ends through ``_startup.end_process``, unless
     a profiler or tracer needs the teardown (``_startup.skips_teardown``). Called in-process (tests),
     ``main`` returns as usual."""
-    # numpy before torch: torch imports numpy from C++ and turns any exception raised inside that import
-    # into a warning, so a Ctrl-C landing there (2 of 40 early ones on a loaded 2-core host) was lost and
-    # the run went on, with torch's NumPy support off. Imported here, it raises as any import does.
-    import numpy  # noqa: F401
-
     from . import _startup
 
     code = main()

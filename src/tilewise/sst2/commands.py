@@ -165,6 +165,11 @@ def _main(args: argparse.Namespace) -> int:
     pre = prewarm.start_early(cfg)  # before torch's import (the children import it alongside)
     # loss_curve.png's child imports matplotlib while the run trains (rank 0 draws under torchrun)
     plotter = plot.Plotter.start() if cfg.plot and settings.distributed()[1] == 0 else None
+    # numpy before torch (after the children above have started): torch imports numpy from C++ and turns
+    # any exception raised inside that import into a warning, so a Ctrl-C landing there was lost (and
+    # torch's NumPy support with it). Imported here, it raises as any import does.
+    import numpy  # noqa: F401
+
     from . import dataset, loop
     from .checkpoint import OutputDirError
 
