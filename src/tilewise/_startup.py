@@ -60,8 +60,9 @@ def latched_interrupts():
     and also records it, so that ``raise_if_interrupted`` raises it again where it was swallowed. CPython
     drops an exception raised in a weakref callback (importlib's module locks have one) and torch's C++
     import of numpy turns one into a warning; a `train` signalled during its start-up then trained on (the
-    kill test: 1 of 60 early SIGINTs on a loaded 2-core host). Only where SIGINT has Python's default
-    handler (not where a caller ignores or handles it) and in the main thread; restored on the way out."""
+    kill test; 3 of 100 early SIGINTs on a loaded 2-core host, research/train_sigint.py). Only where SIGINT
+    has Python's default handler (not where a caller ignores or handles it) and in the main thread;
+    restored on the way out."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield

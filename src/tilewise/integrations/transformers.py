@@ -583,7 +583,7 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
     if swiglu:
         for parent, name, old in _children(model, "MLP", (family,)):
             setattr(parent, name, SwiGLU.sharing(old.gate_proj, old.up_proj, old.down_proj, fuse_gate_up,
-                                                           recompute_swiglu))
+                                                 recompute_swiglu))
     if rope:
         sys.modules[module].apply_rotary_pos_emb = rotary_pos_emb
     if residual_norm:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import settings
-from .._startup import latched_interrupts
+from .._startup import end_process, latched_interrupts
 from . import plot, prewarm
 from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
@@ -150,8 +150,6 @@ def main(args: argparse.Namespace) -> int:
     with latched_interrupts():  # a Ctrl-C that start-up code swallows still stops the run at its next step
         code = _main(args)
     if settings.distributed()[0] > 1:
-        from .._startup import end_process
-
         end_process(code)
     return code
 
