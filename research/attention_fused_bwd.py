@@ -664,7 +664,7 @@ def case(B, H, Hkv, S, D, causal, configs_, check=True):
     return res
 
 
-def ncu_cases():
+def ncu_cases(modes=(4, 5, 6, 3)):
     """For Nsight Compute: are the dQ adds limited by the L2 (lts throughput, red sectors) or by the
     consumers waiting (stall at the bulk-group wait / the writer's barrier)? Run on the GPU:
         ncu --clock-control none --kernel-name attn_bwd_fused_ws_kernel --set full \\
@@ -678,7 +678,7 @@ def ncu_cases():
 
     scale = D ** -0.5
     out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
-    for mode in (4, 5, 6, 3):
+    for mode in modes:
         print(f"ncu case: dQ mode {mode}", flush=True)
         fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, 1))
         torch.cuda.synchronize()
@@ -695,7 +695,7 @@ def main(argv=None):
     p.add_argument("--d128-first", action="store_true", help="the D 128 shapes before the Llama ones")
     a = p.parse_args(argv)
     if a.ncu:
-        return ncu_cases()
+        return ncu_cases(tuple(int(m) for m in a.modes.split(",")) if a.modes else (4, 5, 6, 3))
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
     # tiles, 3 not written (timing only: its check fails; the compiler drops the dQ product, so it times 4 of
     # the 5 products), 7 computed and kept live but not written (the true ceiling), 4 TMA reduce by a writer
