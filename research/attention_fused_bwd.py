@@ -284,6 +284,97 @@ def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds
 
 
 @gluon.jit
+def _front(t, real, k_a, v_buf, q_smem, do_smem, ready, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+           STAGES: gl.constexpr):
+    """Mode 8: issue tile t's S^T and dP^T products (before the tile ahead of it stages its dQ). Past the
+    last tile (``real`` false) the products run on whatever the buffers hold, unwaited and unused: the
+    accumulator handles that a loop carries cannot be made otherwise (one product pair a CTA, ~1.5 %)."""
+    s = t % STAGES
+    if real:
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+    zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
+    st = warpgroup_mma(k_a, q_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_buf, do_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+    return st, dpt
+
+
+@gluon.jit
+def _ftile8(t, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
+            empty, lse_ptr, delta_ptr, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale,
+            st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+            CAUSAL: gl.constexpr, MASKED: gl.constexpr, which: gl.constexpr):
+    """Mode 8: mode 4's tile (split D, writer warp, 128B-swizzled staging) with its S^T and dP^T issued by the
+    tile before (``st``, ``dpt``), and the next tile's issued once dV's and dK's products are done, before
+    this tile's dQ is waited for and staged: the staging store, its fence and the hand-over then run while
+    the tensor cores have the next tile's products (both consumers reach the staging at the same time)."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col: gl.constexpr = gl.SliceLayout(0, st_layout)
+    HALF: gl.constexpr = HEAD_DIM // 2
+    half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                          instr_shape=[16, HALF, 16])
+    s = t % STAGES
+    q_buf = q_smem.index(s)
+    do_buf = do_smem.index(s)
+    offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
+    lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if MASKED:
+        offs_n = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, st_layout))
+        keep = (offs_m[None, :] < Sq) & (offs_n[:, None] < Sk)
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :])
+        pt = gl.where(keep, pt, 0.0)
+    pt_op = gl.convert_layout(pt.to(do_buf.dtype), a_layout)
+    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
+    dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+    dst = (pt * (dpt - delta[None, :])).to(q_buf.dtype)
+    dst_op = gl.convert_layout(dst, a_layout)
+    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
+    b = t % 2
+    bph = (t // 2) & 1
+    mbarrier.wait(ds_free.index(b), bph ^ 1)
+    ds_smem.index(b * 2 + which).store(dst)
+    fence_async_shared()
+    _barrier()
+    mbarrier.arrive(ds_ready.index(b), count=1)
+    mbarrier.wait(ds_ready.index(b), bph)
+    dq = warpgroup_mma(ds_smem.index(b * 2).permute((1, 0)), k_smem.index(0).slice(which * HALF, HALF, dim=1),
+                       gl.zeros([BLOCK_M, HALF], gl.float32, layout=half_layout), use_acc=False, is_async=True)
+    dq = warpgroup_mma(ds_smem.index(b * 2 + 1).permute((1, 0)), k_smem.index(1).slice(which * HALF, HALF, dim=1),
+                       dq, is_async=True)
+    dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=2, deps=(dv, dk, pt_op, dst_op))
+    st_n, dpt_n = _front(t + 1, t + 1 < n_total, k_a, v_buf, q_smem, do_smem, ready, st_layout, BLOCK_M, STAGES)
+    dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq,))
+    mbarrier.arrive(ds_free.index(b), count=1)
+    mbarrier.arrive(empty.index(s), count=1)
+    b2 = which * 2 + t % 2
+    mbarrier.wait(dq_bars.index(4 + b2), ((t // 2) & 1) ^ 1)  # the reduce two tiles back has read it
+    dq_stage.index(b2).store(dq)
+    fence_async_shared()
+    _barrier()
+    mbarrier.arrive(dq_bars.index(b2), count=1)
+    return dk, dv, st_n, dpt_n
+
+
+@gluon.jit
+def _fspan8(lo, hi, dk, dv, st, dpt, n_total, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, GROUP,
+            which: gl.constexpr):
+    """Mode 8's ``_fspan``: the next tile's S^T and dP^T carried from one tile to the next."""
+    (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
+     lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
+    for p in range(lo, hi):
+        dk, dv, st, dpt = _ftile8(t0 + p, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem,
+                                  ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_stage, dq_bars,
+                                  (q_head0 + g) * Sq, p, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM,
+                                  STAGES, CAUSAL, MASKED, which)
+    return dk, dv, st, dpt
+
+
+@gluon.jit
 def _ranges(n0, m_first, n_m, Sq, Sk, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr):
     """v6's query-tile ranges of a CTA: [m_first, m_clean) cross the causal diagonal, [m_clean, m_full)
     need no test, [m_full, n_m) is the partial last tile; every tile is tested when the keys pass Sk."""
@@ -409,7 +500,21 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
         kv_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
         k_a = k_a.load(kv_op)
         v_buf = v_buf.load(kv_op)
-    for g in range(GROUP):
+    if TMA == 8:  # the first tile's S^T and dP^T issued ahead; each tile issues the next one's
+        n_total = GROUP * n_tiles
+        st, dpt = _front(0, n_total > 0, k_a, v_buf, q_smem, do_smem, ready, st_layout, BLOCK_M, STAGES)
+        for g in range(GROUP):
+            args = (g * n_tiles - m_first, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem,
+                    ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0,
+                    key_lo, Sq, Sk, qk_scale)
+            dk, dv, st, dpt = _fspan8(m_first, m_clean, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
+                                      STAGES, CAUSAL, True, GROUP, which)
+            dk, dv, st, dpt = _fspan8(m_clean, m_full, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
+                                      STAGES, CAUSAL, False, GROUP, which)
+            dk, dv, st, dpt = _fspan8(m_full, n_m, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
+                                      STAGES, CAUSAL, True, GROUP, which)
+        st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+    for g in range(GROUP if TMA != 8 else 0):
         t0 = g * n_tiles - m_first
         args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
                 empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
@@ -458,7 +563,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (
-        NUM_CONS * 2 if (TMA == 4 or TMA == 5 or TMA == 6) else 1)
+        NUM_CONS * 2 if (TMA == 4 or TMA == 5 or TMA == 6 or TMA == 8) else 1)
     dq_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(8):
         mbarrier.init(dq_bars.index(b), count=1)
@@ -480,7 +585,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=NUM_CONS)
     # The tuples spelled out: a tuple built by + in the kernel loses its constexprs.
-    if TMA == 4 or TMA == 5 or TMA == 6:
+    if TMA == 4 or TMA == 5 or TMA == 6 or TMA == 8:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
@@ -582,7 +687,7 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
         dqd = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [bm, D // 2],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     else:
-        dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
+        dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4, 8) else (8, 8))
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
