@@ -302,11 +302,11 @@ def _front(t, real, k_a, v_buf, q_smem, do_smem, ready, st_layout: gl.constexpr,
 def _ftile8(t, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
             empty, lse_ptr, delta_ptr, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale,
             st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-            CAUSAL: gl.constexpr, MASKED: gl.constexpr, which: gl.constexpr):
-    """Mode 8: mode 4's tile (split D, writer warp, 128B-swizzled staging) with its S^T and dP^T issued by the
-    tile before (``st``, ``dpt``), and the next tile's issued once dV's and dK's products are done, before
-    this tile's dQ is waited for and staged: the staging store, its fence and the hand-over then run while
-    the tensor cores have the next tile's products (both consumers reach the staging at the same time)."""
+            CAUSAL: gl.constexpr, MASKED: gl.constexpr, TMA: gl.constexpr, which: gl.constexpr):
+    """Modes 8 and 9 (9: mode 6's staging layout): mode 4's tile (split D, writer warp, 128B-swizzled staging) with its
+    S^T and dP^T issued by the tile before (``st``, ``dpt``), and the next tile's issued once dV's and dK's products
+    are done, before this tile's dQ is waited for and staged: the staging store, its fence and the hand-over then
+    run while the tensor cores have the next tile's products (both consumers reach the staging at the same time)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -352,7 +352,10 @@ def _ftile8(t, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds
     mbarrier.arrive(empty.index(s), count=1)
     b2 = which * 2 + t % 2
     mbarrier.wait(dq_bars.index(4 + b2), ((t // 2) & 1) ^ 1)  # the reduce two tiles back has read it
-    dq_stage.index(b2).store(dq)
+    if TMA == 9:
+        dq_stage.index(b2)._reinterpret(gl.float32, [BLOCK_M, HALF], stage_layout6(HALF)).store(dq)
+    else:
+        dq_stage.index(b2).store(dq)
     fence_async_shared()
     _barrier()
     mbarrier.arrive(dq_bars.index(b2), count=1)
@@ -362,7 +365,7 @@ def _ftile8(t, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds
 @gluon.jit
 def _fspan8(lo, hi, dk, dv, st, dpt, n_total, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, GROUP,
-            which: gl.constexpr):
+            TMA: gl.constexpr, which: gl.constexpr):
     """Mode 8's ``_fspan``: the next tile's S^T and dP^T carried from one tile to the next."""
     (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
      lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
@@ -370,7 +373,7 @@ def _fspan8(lo, hi, dk, dv, st, dpt, n_total, args, st_layout: gl.constexpr, BLO
         dk, dv, st, dpt = _ftile8(t0 + p, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem,
                                   ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_stage, dq_bars,
                                   (q_head0 + g) * Sq, p, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM,
-                                  STAGES, CAUSAL, MASKED, which)
+                                  STAGES, CAUSAL, MASKED, TMA, which)
     return dk, dv, st, dpt
 
 
@@ -448,7 +451,7 @@ def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n
             if TMA == 5:
                 for g5 in gl.static_range(G5):
                     _tma_reduce_add(dq_desc, [row, c * HALF + g5 * 8], dq_stage.index(b2 * G5 + g5))
-            elif TMA == 6:  # box (head, query tile, half) of the padded accumulator, BLOCK_M x HALF contiguous
+            elif TMA == 6 or TMA == 9:  # box (head, query tile, half) of the padded accumulator, contiguous
                 _tma_reduce_add(dq_desc, [(((q_head0 + g) * n_m + i) * NUM_CONS + c) * BLOCK_M, 0], dq_stage.index(b2))
             else:
                 _tma_reduce_add(dq_desc, [row, c * HALF], dq_stage.index(b2))
@@ -500,7 +503,7 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
         kv_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
         k_a = k_a.load(kv_op)
         v_buf = v_buf.load(kv_op)
-    if TMA == 8:  # the first tile's S^T and dP^T issued ahead; each tile issues the next one's
+    if TMA == 8 or TMA == 9:  # the first tile's S^T and dP^T issued ahead; each tile issues the next one's
         n_total = GROUP * n_tiles
         st, dpt = _front(0, n_total > 0, k_a, v_buf, q_smem, do_smem, ready, st_layout, BLOCK_M, STAGES)
         for g in range(GROUP):
@@ -508,13 +511,13 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
                     ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0,
                     key_lo, Sq, Sk, qk_scale)
             dk, dv, st, dpt = _fspan8(m_first, m_clean, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, True, GROUP, which)
+                                      STAGES, CAUSAL, True, GROUP, TMA, which)
             dk, dv, st, dpt = _fspan8(m_clean, m_full, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, False, GROUP, which)
+                                      STAGES, CAUSAL, False, GROUP, TMA, which)
             dk, dv, st, dpt = _fspan8(m_full, n_m, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, True, GROUP, which)
+                                      STAGES, CAUSAL, True, GROUP, TMA, which)
         st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-    for g in range(GROUP if TMA != 8 else 0):
+    for g in range(GROUP if TMA < 8 else 0):
         t0 = g * n_tiles - m_first
         args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
                 empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
@@ -563,13 +566,13 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (
-        NUM_CONS * 2 if (TMA == 4 or TMA == 5 or TMA == 6 or TMA == 8) else 1)
+        NUM_CONS * 2 if (TMA >= 4 and TMA != 7) else 1)
     dq_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(8):
         mbarrier.init(dq_bars.index(b), count=1)
     if TMA == 5:  # a staging tile is [8-column group, row, 8]
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS * (HEAD_DIM // 16), BLOCK_M, 8], dq_desc.layout)
-    elif TMA == 6:  # plain rows for the TMA unit; the consumers store through ``stage_layout6``
+    elif TMA == 6 or TMA == 9:  # plain rows for the TMA unit; the consumers store through ``stage_layout6``
         l2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS, BLOCK_M, HEAD_DIM // 2], l2)
     else:
@@ -585,7 +588,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=NUM_CONS)
     # The tuples spelled out: a tuple built by + in the kernel loses its constexprs.
-    if TMA == 4 or TMA == 5 or TMA == 6 or TMA == 8:
+    if TMA >= 4 and TMA != 7:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
@@ -661,16 +664,16 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     kv_regs = bool(config[9]) if len(config) > 9 else False
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     n_m = -(-Sq // bm)
-    if use_tma == 6 and bm != 64:
+    if use_tma in (6, 9) and bm != 64:
         raise ValueError(f"dQ mode 6 lays out 64-row partials, got BLOCK_M {bm}")
-    if use_tma == 6:  # padded: a (head, query tile, half of D) partial is bm x D / 2 contiguous floats
+    if use_tma in (6, 9):  # padded: a (head, query tile, half of D) partial is bm x D / 2 contiguous floats
         dq_acc = torch.zeros((B * H * n_m * 2 * bm, D // 2), dtype=torch.float32, device=q.device)
     else:
         dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     A._launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // 64), B * H), out, do, delta, delta,
-              delta if use_tma == 6 else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
-              BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma != 6)
+              delta if use_tma in (6, 9) else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
+              BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma not in (6, 9))
     memo: dict = {}
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
@@ -681,7 +684,7 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
         t2 = dq_acc.view(-1, D)
         dqd = TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [bm, 8],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-    elif use_tma == 6:  # plain rows: the box is the staging tile's bytes as they are
+    elif use_tma in (6, 9):  # plain rows: the box is the staging tile's bytes as they are
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         dqd = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [bm, D // 2],
@@ -694,7 +697,7 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
                 SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
                 KV_REGS=kv_regs, num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
-    if use_tma == 6:  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
+    if use_tma in (6, 9):  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
         idx = _dq6_gather(D, str(q.device))
         dq = dq_acc.view(B * H, n_m, 2 * bm * (D // 2))[:, :, idx].view(B, H, n_m * bm, D)[:, :, :Sq]
         return (dq * scale).to(q.dtype), dk, dv
@@ -807,6 +810,8 @@ def main(argv=None):
     # warp, 5 as 4 from
     # unswizzled 8-column staging groups (no bank conflicts), 6 as 4 from staging tiles in register order,
     # one contiguous box each (FA3's layout; 16-byte stores), rotated order)
+    # (8: mode 4 with the next tile's S^T and dP^T issued before this tile's dQ is staged; 9: mode 8 with mode 6's
+    # staging layout)
     # (..., K and V as register A operands of S^T's and dP^T's products (D 64 only; mode 6: 57 spill
     # instructions under Triton 3.6, mode 3: none))
     # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
