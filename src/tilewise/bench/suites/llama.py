@@ -40,6 +40,7 @@ off by default until a run shows that profiling one candidate leaves the next on
 
 from __future__ import annotations
 
+import gc
 import re
 import statistics
 from pathlib import Path
@@ -211,6 +212,7 @@ def run(r) -> None:
         first_loss, times, groups = None, {}, {}
         for name in names:
             snap = _snapshot()
+            before = torch.cuda.memory_allocated()
             try:
                 r.status(f"llama {shape} {name}")
                 try:
@@ -236,7 +238,14 @@ def run(r) -> None:
                 del model, step_model, opt
             finally:
                 _restore(snap)
+                # A model whose patched modules hold it in a reference cycle outlives `del` until the cycle
+                # collector runs, and was counted in the next candidates' peak memory (2.3 GiB, a model's
+                # weights, in some runs and not others).
+                gc.collect()
                 torch.cuda.empty_cache()
+                left = torch.cuda.memory_allocated() - before
+                if left > 64 << 20:
+                    r.log(f"  llama {shape} {name}: {left / 2 ** 30:.2f} GiB still allocated after it")
         if groups:
             r.log(f"  llama {shape}: where the device time goes ({PROFILED} profiled steps after the timed ones)")
             for line in group_table(groups):
