@@ -52,6 +52,12 @@ prepared: K and V as register A operands (the config's 10th field, D 64 only; mo
 instructions, mode 3 none), which halves what S^T's and dP^T's products read from shared memory
 (research/notes/attention.md, "Nineteenth session"): predicted 3-6 % off modes 3 and 6 at D 64.
 
+Measured 2026-12-05 (H100, bench/results/logs/attention-fused-bwd-0d82c74.log; research/notes/attention.md,
+"Twenty-first session"): mode 3 had lost dQ's product as dead code (its SASS: 96 of mode 4's 144 m64n64 HGMMAs),
+so every "ceiling" above timed 4 of the 5 products. Mode 7 (dQ kept live, never written) is the real bound:
+2.818 ms at B 4 H 16 S 4096 D 128 against cuDNN's 2.717 and v6's 3.106; 0.92-0.99x cuDNN at every quick shape.
+Modes 8 / 9 (the next tile's S^T and dP^T issued before this tile's dQ is staged) ran 1.2-1.4x slower than mode 4.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
