@@ -56,7 +56,8 @@ Measured 2026-12-05 (H100, bench/results/logs/attention-fused-bwd-0d82c74.log; r
 "Twenty-first session"): mode 3 had lost dQ's product as dead code (its SASS: 96 of mode 4's 144 m64n64 HGMMAs),
 so every "ceiling" above timed 4 of the 5 products. Mode 7 (dQ kept live, never written) is the real bound:
 2.818 ms at B 4 H 16 S 4096 D 128 against cuDNN's 2.717 and v6's 3.106; 0.92-0.99x cuDNN at every quick shape.
-Modes 8 / 9 (the next tile's S^T and dP^T issued before this tile's dQ is staged) ran 1.2-1.4x slower than mode 4.
+Modes 8 / 9 (the next tile's S^T and dP^T issued before this tile's dQ is staged) ran 1.2-1.4x slower than mode 4;
+their code is at commit 0d82c74, removed after.
 
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
@@ -290,100 +291,6 @@ def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds
 
 
 @gluon.jit
-def _front(t, real, k_a, v_buf, q_smem, do_smem, ready, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-           STAGES: gl.constexpr):
-    """Mode 8: issue tile t's S^T and dP^T products (before the tile ahead of it stages its dQ). Past the
-    last tile (``real`` false) the products run on whatever the buffers hold, unwaited and unused: the
-    accumulator handles that a loop carries cannot be made otherwise (one product pair a CTA, ~1.5 %)."""
-    s = t % STAGES
-    if real:
-        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-    zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
-    st = warpgroup_mma(k_a, q_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_buf, do_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-    return st, dpt
-
-
-@gluon.jit
-def _ftile8(t, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
-            empty, lse_ptr, delta_ptr, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale,
-            st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-            CAUSAL: gl.constexpr, MASKED: gl.constexpr, TMA: gl.constexpr, which: gl.constexpr):
-    """Modes 8 and 9 (9: mode 6's staging layout): mode 4's tile (split D, writer warp, 128B-swizzled staging) with its
-    S^T and dP^T issued by the tile before (``st``, ``dpt``), and the next tile's issued once dV's and dK's products
-    are done, before this tile's dQ is waited for and staged: the staging store, its fence and the hand-over then
-    run while the tensor cores have the next tile's products (both consumers reach the staging at the same time)."""
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    col: gl.constexpr = gl.SliceLayout(0, st_layout)
-    HALF: gl.constexpr = HEAD_DIM // 2
-    half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                          instr_shape=[16, HALF, 16])
-    s = t % STAGES
-    q_buf = q_smem.index(s)
-    do_buf = do_smem.index(s)
-    offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
-    lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
-    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-    pt = gl.exp2(st * qk_scale - lse[None, :])
-    if MASKED:
-        offs_n = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, st_layout))
-        keep = (offs_m[None, :] < Sq) & (offs_n[:, None] < Sk)
-        if CAUSAL:
-            keep = keep & (offs_n[:, None] <= offs_m[None, :])
-        pt = gl.where(keep, pt, 0.0)
-    pt_op = gl.convert_layout(pt.to(do_buf.dtype), a_layout)
-    dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
-    dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
-    dst = (pt * (dpt - delta[None, :])).to(q_buf.dtype)
-    dst_op = gl.convert_layout(dst, a_layout)
-    dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
-    b = t % 2
-    bph = (t // 2) & 1
-    mbarrier.wait(ds_free.index(b), bph ^ 1)
-    ds_smem.index(b * 2 + which).store(dst)
-    fence_async_shared()
-    _barrier()
-    mbarrier.arrive(ds_ready.index(b), count=1)
-    mbarrier.wait(ds_ready.index(b), bph)
-    dq = warpgroup_mma(ds_smem.index(b * 2).permute((1, 0)), k_smem.index(0).slice(which * HALF, HALF, dim=1),
-                       gl.zeros([BLOCK_M, HALF], gl.float32, layout=half_layout), use_acc=False, is_async=True)
-    dq = warpgroup_mma(ds_smem.index(b * 2 + 1).permute((1, 0)), k_smem.index(1).slice(which * HALF, HALF, dim=1),
-                       dq, is_async=True)
-    dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=2, deps=(dv, dk, pt_op, dst_op))
-    st_n, dpt_n = _front(t + 1, t + 1 < n_total, k_a, v_buf, q_smem, do_smem, ready, st_layout, BLOCK_M, STAGES)
-    dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq,))
-    mbarrier.arrive(ds_free.index(b), count=1)
-    mbarrier.arrive(empty.index(s), count=1)
-    b2 = which * 2 + t % 2
-    mbarrier.wait(dq_bars.index(4 + b2), ((t // 2) & 1) ^ 1)  # the reduce two tiles back has read it
-    if TMA == 9:
-        dq_stage.index(b2)._reinterpret(gl.float32, [BLOCK_M, HALF], stage_layout6(HALF)).store(dq)
-    else:
-        dq_stage.index(b2).store(dq)
-    fence_async_shared()
-    _barrier()
-    mbarrier.arrive(dq_bars.index(b2), count=1)
-    return dk, dv, st_n, dpt_n
-
-
-@gluon.jit
-def _fspan8(lo, hi, dk, dv, st, dpt, n_total, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, GROUP,
-            TMA: gl.constexpr, which: gl.constexpr):
-    """Mode 8's ``_fspan``: the next tile's S^T and dP^T carried from one tile to the next."""
-    (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-     lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
-    for p in range(lo, hi):
-        dk, dv, st, dpt = _ftile8(t0 + p, n_total, st, dpt, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem,
-                                  ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_stage, dq_bars,
-                                  (q_head0 + g) * Sq, p, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM,
-                                  STAGES, CAUSAL, MASKED, TMA, which)
-    return dk, dv, st, dpt
-
-
-@gluon.jit
 def _ranges(n0, m_first, n_m, Sq, Sk, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr):
     """v6's query-tile ranges of a CTA: [m_first, m_clean) cross the causal diagonal, [m_clean, m_full)
     need no test, [m_full, n_m) is the partial last tile; every tile is tested when the keys pass Sk."""
@@ -457,7 +364,7 @@ def _fwriter(dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n
             if TMA == 5:
                 for g5 in gl.static_range(G5):
                     _tma_reduce_add(dq_desc, [row, c * HALF + g5 * 8], dq_stage.index(b2 * G5 + g5))
-            elif TMA == 6 or TMA == 9:  # box (head, query tile, half) of the padded accumulator, contiguous
+            elif TMA == 6:  # box (head, query tile, half) of the padded accumulator, BLOCK_M x HALF contiguous
                 _tma_reduce_add(dq_desc, [(((q_head0 + g) * n_m + i) * NUM_CONS + c) * BLOCK_M, 0], dq_stage.index(b2))
             else:
                 _tma_reduce_add(dq_desc, [row, c * HALF], dq_stage.index(b2))
@@ -509,21 +416,7 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
         kv_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
         k_a = k_a.load(kv_op)
         v_buf = v_buf.load(kv_op)
-    if TMA == 8 or TMA == 9:  # the first tile's S^T and dP^T issued ahead; each tile issues the next one's
-        n_total = GROUP * n_tiles
-        st, dpt = _front(0, n_total > 0, k_a, v_buf, q_smem, do_smem, ready, st_layout, BLOCK_M, STAGES)
-        for g in range(GROUP):
-            args = (g * n_tiles - m_first, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem,
-                    ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0,
-                    key_lo, Sq, Sk, qk_scale)
-            dk, dv, st, dpt = _fspan8(m_first, m_clean, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, True, GROUP, TMA, which)
-            dk, dv, st, dpt = _fspan8(m_clean, m_full, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, False, GROUP, TMA, which)
-            dk, dv, st, dpt = _fspan8(m_full, n_m, dk, dv, st, dpt, n_total, args, st_layout, BLOCK_M, HEAD_DIM,
-                                      STAGES, CAUSAL, True, GROUP, TMA, which)
-        st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-    for g in range(GROUP if TMA < 8 else 0):
+    for g in range(GROUP):
         t0 = g * n_tiles - m_first
         args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
                 empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
@@ -572,13 +465,13 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     STAGE_BUFS: gl.constexpr = NUM_CONS * TMA if (TMA == 1 or TMA == 2) else (
-        NUM_CONS * 2 if (TMA >= 4 and TMA != 7) else 1)
+        NUM_CONS * 2 if (TMA == 4 or TMA == 5 or TMA == 6) else 1)
     dq_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(8):
         mbarrier.init(dq_bars.index(b), count=1)
     if TMA == 5:  # a staging tile is [8-column group, row, 8]
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS * (HEAD_DIM // 16), BLOCK_M, 8], dq_desc.layout)
-    elif TMA == 6 or TMA == 9:  # plain rows for the TMA unit; the consumers store through ``stage_layout6``
+    elif TMA == 6:  # plain rows for the TMA unit; the consumers store through ``stage_layout6``
         l2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         dq_stage = gl.allocate_shared_memory(gl.float32, [STAGE_BUFS, BLOCK_M, HEAD_DIM // 2], l2)
     else:
@@ -594,7 +487,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=NUM_CONS)
     # The tuples spelled out: a tuple built by + in the kernel loses its constexprs.
-    if TMA >= 4 and TMA != 7:
+    if TMA == 4 or TMA == 5 or TMA == 6:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
                           kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
@@ -670,16 +563,16 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     kv_regs = bool(config[9]) if len(config) > 9 else False
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     n_m = -(-Sq // bm)
-    if use_tma in (6, 9) and bm != 64:
+    if use_tma == 6 and bm != 64:
         raise ValueError(f"dQ mode 6 lays out 64-row partials, got BLOCK_M {bm}")
-    if use_tma in (6, 9):  # padded: a (head, query tile, half of D) partial is bm x D / 2 contiguous floats
+    if use_tma == 6:  # padded: a (head, query tile, half of D) partial is bm x D / 2 contiguous floats
         dq_acc = torch.zeros((B * H * n_m * 2 * bm, D // 2), dtype=torch.float32, device=q.device)
     else:
         dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     A._launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // 64), B * H), out, do, delta, delta,
-              delta if use_tma in (6, 9) else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
-              BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma not in (6, 9))
+              delta if use_tma == 6 else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
+              BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma != 6)
     memo: dict = {}
     kd, vd = _desc(k.view(-1, D), (KEYS, D), memo), _desc(v.view(-1, D), (KEYS, D), memo)
     qd, dod = _desc(q.view(-1, D), (bm, D), memo), _desc(do.view(-1, D), (bm, D), memo)
@@ -690,20 +583,20 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
         t2 = dq_acc.view(-1, D)
         dqd = TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [bm, 8],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-    elif use_tma in (6, 9):  # plain rows: the box is the staging tile's bytes as they are
+    elif use_tma == 6:  # plain rows: the box is the staging tile's bytes as they are
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         dqd = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [bm, D // 2],
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     else:
-        dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4, 8) else (8, 8))
+        dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
                 SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
                 KV_REGS=kv_regs, num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
-    if use_tma in (6, 9):  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
+    if use_tma == 6:  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
         idx = _dq6_gather(D, str(q.device))
         dq = dq_acc.view(B * H, n_m, 2 * bm * (D // 2))[:, :, idx].view(B, H, n_m * bm, D)[:, :, :Sq]
         return (dq * scale).to(q.dtype), dk, dv
@@ -816,8 +709,8 @@ def main(argv=None):
     # warp, 5 as 4 from
     # unswizzled 8-column staging groups (no bank conflicts), 6 as 4 from staging tiles in register order,
     # one contiguous box each (FA3's layout; 16-byte stores), rotated order)
-    # (8: mode 4 with the next tile's S^T and dP^T issued before this tile's dQ is staged; 9: mode 8 with mode 6's
-    # staging layout)
+    # (8 and 9, the next tile's S^T and dP^T issued before this tile's dQ is staged, ran at 0d82c74 and were
+    # removed: 1.2-1.4x slower than mode 4)
     # (..., K and V as register A operands of S^T's and dP^T's products (D 64 only; mode 6: 57 spill
     # instructions under Triton 3.6, mode 3: none))
     # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
