@@ -394,6 +394,11 @@ def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_step():
     outside the block, or without one, nothing is pending, and Python's own handler is back."""
     from tilewise import _startup
 
+    # The block's precondition, made here: Python's own handler, SIGINT not blocked. One CI run of the whole
+    # suite (one process) saw no KeyboardInterrupt here, which neither a rerun of the suite nor of this file
+    # reproduced; the state it started from is in the message if it comes back.
+    before = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _startup.raise_if_interrupted()  # nothing pending
     with pytest.raises(KeyboardInterrupt):
         with _startup.latched_interrupts():
@@ -403,6 +408,7 @@ def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_step():
             except KeyboardInterrupt:
                 pass  # swallowed, as start-up code did
             _startup.raise_if_interrupted()
+        pytest.fail(f"no KeyboardInterrupt; SIGINT's handler and blocked set before the test: {before!r}")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with _startup.latched_interrupts():  # a new block starts with nothing pending
         _startup.raise_if_interrupted()
