@@ -168,3 +168,17 @@ def test_train_imports_numpy_before_torch(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, "train", "--data-dir", str(tmp_path / "none"), "--device", "cpu",
                         "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 2 and "FIRST numpy" in p.stdout, (p.stdout, p.stderr[-2000:])
+
+
+def test_every_command_runs_inside_the_interrupt_latch(monkeypatch):
+    """A command runs inside ``_startup.latched_interrupts`` (a swallowed Ctrl-C is raised again at its
+    next check), and Python's own SIGINT handler is back after it."""
+    import signal
+
+    from tilewise import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "cmd_report", lambda args: seen.append(signal.getsignal(signal.SIGINT)) or 0)
+    assert cli.main(["report"]) == 0
+    assert seen and seen[0] is not signal.default_int_handler and callable(seen[0])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

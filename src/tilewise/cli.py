@@ -107,6 +107,7 @@ def cmd_bench(args) -> int:
 
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from . import _startup
     from .bench import harness, report
     from .runtime import device as dev
 
@@ -125,6 +126,7 @@ def cmd_bench(args) -> int:
         steps: list[tuple[float, str]] = []  # (start, what): where a long suite spends its time
 
         def status(what: str) -> None:
+            _startup.raise_if_interrupted()
             steps.append((time.perf_counter(), what))
             prog.update(task, description=what)
 
@@ -377,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd is None:  # `tilewise` alone: what it can do
         p.print_help()
         return 0
-    return args.fn(args)
+    from . import _startup
+
+    # A Ctrl-C that an import swallows (torch's of numpy, importlib's lock callbacks) is raised again at the
+    # command's next check (train's steps, bench's cases) instead of being lost.
+    with _startup.latched_interrupts():
+        return args.fn(args)
 
 
 def run() -> int:
