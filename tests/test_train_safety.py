@@ -394,9 +394,9 @@ def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_step():
     outside the block, or without one, nothing is pending, and Python's own handler is back."""
     from tilewise import _startup
 
-    # The block's precondition, made here: Python's own handler, SIGINT not blocked. One CI run of the whole
-    # suite (one process) saw no KeyboardInterrupt here, which neither a rerun of the suite nor of this file
-    # reproduced; the state it started from is in the message if it comes back.
+    # The block's precondition, made here: Python's own handler, SIGINT not blocked. A suite started in the
+    # background by a non-interactive shell (`cmd &`) ignores SIGINT, and the latch then leaves it alone:
+    # one CI simulation run that way saw no KeyboardInterrupt here. The state found is in the message.
     before = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _startup.raise_if_interrupted()  # nothing pending
