@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import settings
-from .._startup import end_process, latched_interrupts
+from .._startup import end_process
 from . import plot, prewarm
 from .config import LR_SCHEDULES, OPTIMIZERS, TrainConfig
 
@@ -147,8 +147,7 @@ def main(args: argparse.Namespace) -> int:
     (under torchrun) leaves with os._exit once its outputs are written and flushed: the CI saw a
     worker abort (SIGABRT while Python collected garbage at shutdown, no Python frame) after
     training in 2 of about 10 runs of the gloo test, which turned a finished run into a failure."""
-    with latched_interrupts():  # a Ctrl-C that start-up code swallows still stops the run at its next step
-        code = _main(args)
+    code = _main(args)  # cli.main runs it inside _startup.latched_interrupts (loop's steps check it)
     if settings.distributed()[0] > 1:
         end_process(code)
     return code
