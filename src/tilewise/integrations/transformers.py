@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import types
 import warnings
 
 import torch
@@ -333,9 +332,10 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     would break torch.compile's graph), the class's forward keeps zero positions of logits, and the
     loss follows transformers' ForCausalLMLoss (labels shifted by one, -100 ignored,
     ``num_items_in_batch`` or ``shift_labels`` as given). Such a forward builds no KV cache unless the
-    call asks for one (``use_cache=True``) or passes one. Bound per model; it holds no module, so
-    ``copy.deepcopy`` of the model gives the copy its own (the state lives on the model)."""
-    original, state = type(self).forward, self.model._tilewise_loss_state
+    call asks for one (``use_cache=True``) or passes one. The forward of a subclass made for the model's
+    class (``_override_forward``); it holds no module, so ``copy.deepcopy`` of the model gives the copy its
+    own (the state lives on the model)."""
+    original, state = _class_forward(self), self.model._tilewise_loss_state
     shift = kwargs.pop("shift_labels", None)
     # a head that is not a plain Linear (a LoRA adapter, a quantized layer, hooks) runs as itself
     if (not self.training or (labels is None and shift is None) or "logits_to_keep" in kwargs
@@ -377,6 +377,36 @@ def _signed_like(fn, like):
         return fn(self, *args, **kwargs)
 
     return forward
+
+
+_SUBCLASSES: dict = {}  # (class, forward, signed) -> its subclass with that forward
+
+
+def _override_forward(module, fn, signed: bool = False) -> None:
+    """``module`` runs ``fn`` as its forward from now on, through a subclass of its class made once for
+    them (name, qualname and module kept: save_pretrained writes the name; isinstance holds). Not a bound
+    method in the module's ``__dict__``: that held the module, so a patched model was a reference cycle
+    and outlived ``del`` until the cycle collector ran (its GPU memory with it). ``signed``: under the
+    class forward's signature (``_signed_like``)."""
+    base = type(module)
+    if getattr(base, "_tilewise_forward", None) is fn:  # applied before (apply_tilewise called again)
+        return
+    key = (base, fn, signed)
+    sub = _SUBCLASSES.get(key)
+    if sub is None:
+        forward = _signed_like(fn, base.forward) if signed else fn
+        sub = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__, "_tilewise_base": base,
+                                            "_tilewise_forward": fn})
+        _SUBCLASSES[key] = sub
+    module.__class__ = sub
+
+
+def _class_forward(module):
+    """The forward ``module``'s class had before ``_override_forward`` (also under a wrapper's subclass,
+    as FSDP2's fully_shard makes)."""
+    cls = type(module)
+    return getattr(cls, "_tilewise_base", cls).forward
 
 
 def _keep_hidden(module, inputs, output):
@@ -445,13 +475,13 @@ def _handoff_input(module, hidden_states, norm):
 def _final_norm_forward(self, hidden_states):
     """The model's final norm taking the last layer's hand-off; else its class's forward."""
     y = _handed_off(self, hidden_states)
-    return type(self).forward(self, hidden_states) if y is None else y
+    return _class_forward(self)(self, hidden_states) if y is None else y
 
 
 def _takes_handoff(norm) -> None:
-    """The model's final norm, made to take the last layer's hand-off (per instance: its class, its
-    parameters and its state-dict keys stay as they are)."""
-    norm.forward = types.MethodType(_final_norm_forward, norm)
+    """The model's final norm, made to take the last layer's hand-off (per instance: a subclass of its class
+    with the class's name; its parameters and its state-dict keys stay as they are)."""
+    _override_forward(norm, _final_norm_forward)
 
 
 def _fuse_residual_norms(model, family: str) -> None:
@@ -467,7 +497,7 @@ def _fuse_residual_norms(model, family: str) -> None:
         nxt = (layers[i + 1], layers[i + 1].input_layernorm) if i + 1 < len(layers) else \
             ((final, final) if final is not None else None)
         layer.__dict__["_tilewise_next"] = nxt  # a plain attribute: no module registration
-        layer.forward = types.MethodType(_decoder_forward, layer)
+        _override_forward(layer, _decoder_forward)
 
 
 _CACHES = ("past_key_values", "past_key_value", "cache")  # the KV cache's keyword, by transformers version
@@ -488,9 +518,9 @@ def _fused_qkv_forward(self, hidden_states, position_embeddings=None, attention_
     weights concatenated each call: 12 MiB a layer at Llama-3.2-1B's size) and ``apply_rotary_qkv``
     (RoPE and the three attention inputs in one kernel; one input gradient, so one dX GEMM and no sums
     of three). A call with a KV cache runs the original forward, with a warning in training mode, where
-    transformers builds a cache unless ``use_cache=False`` (the model's config or the call). Bound per
-    attention module; the original forward is the class's, so a deep copy runs its own."""
-    original = type(self).forward
+    transformers builds a cache unless ``use_cache=False`` (the model's config or the call). Per attention
+    module (``_override_forward``); the original forward is the class's, so a deep copy runs its own."""
+    original = _class_forward(self)
     p = (self.q_proj, self.k_proj, self.v_proj)
     if not all(is_plain_linear(m) for m in p):  # LoRA adapters, quantized layers, hooks: the layers run
         return original(self, hidden_states, position_embeddings=position_embeddings,
@@ -544,9 +574,10 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
     residual_norm: each decoder layer's residual adds go into ``tilewise.add_rms_norm`` with the norm
                that follows them (the next layer's input norm, or the model's final norm), so neither
                add nor the sums of the residual stream's gradients runs as a kernel of its own. The
-               layers' and the final norm's forwards are replaced per instance (parameters and
-               state-dict keys unchanged). Where a sharding wrapper (FSDP, DeepSpeed ZeRO-3) holds the
-               next layer, its add stays an add (its measured share of the Llama step: docs/tuning/norm.md).
+               layers' and the final norm's forwards are replaced per instance, by a subclass of the
+               same name (parameters and state-dict keys unchanged). Where a sharding wrapper (FSDP,
+               DeepSpeed ZeRO-3) holds the next layer, its add stays an add (its measured share of the
+               Llama step: docs/tuning/norm.md).
     fuse_qkv:  each attention's q, k and v come from one GEMM over the concatenated weights, through
                ``tilewise.apply_rotary_qkv``. None (the default): on for Llama, Mistral and Qwen2, off
                for Qwen3, whose q / k norms sit between the projections and RoPE (True raises there).
@@ -596,12 +627,12 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                              "the projections and RoPE); pass fuse_qkv=False")
         for _, _, attn in _children(model, "Attention", (family,)):
             if "_tilewise_qkv" not in attn.__dict__:
-                attn.forward = types.MethodType(_fused_qkv_forward, attn)
+                _override_forward(attn, _fused_qkv_forward)
                 attn.__dict__["_tilewise_qkv"] = True
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
         model.model.__dict__["_tilewise_loss_state"] = {"keep": False}
         model.model.register_forward_hook(_keep_hidden)
-        model.forward = types.MethodType(_signed_like(_fused_loss_forward, type(model).forward), model)  # per model
+        _override_forward(model, _fused_loss_forward, signed=True)
         model._tilewise_loss = True
     return model
 

@@ -207,11 +207,11 @@ class AttentionPolicy:
     ws_pingpong:   v5's consumers take turns issuing their products.
     ws_overlap:    v5 with overlapped consumers (``gluon_overlap.py``: S_j issued with P_{j-1} V_{j-1}, the
                    softmax beside them) where it applies (no bias, two or three consumers); before
-                   ``ws_persistent``. ``"persistent"``: on v5's persistent grid where there are two (opt-in,
-                   not yet measured).
+                   ``ws_persistent``. ``"persistent"``: on v5's persistent grid where there are two (the
+                   default where ``WS_PERSISTENT_RULES`` and ``WS_OVERLAP_RULES`` both hold).
     ws_q_regs:     those overlapped consumers keep Q in registers, the A operand of S's products (S then
-                   reads only K from shared memory; two consumers of 240 registers, else ValueError); opt-in,
-                   not yet measured.
+                   reads only K from shared memory; two consumers of 240 registers, else ValueError); opt-in:
+                   within noise of Q in shared memory on the H100 (tuning: "Register operands").
     ws_band:       a band (sliding window, bottom-right causal) without mask, bias or score mods runs on
                    v5's band kernel where v5 applies (else v3's pointer kernel), with ``ws_config``'s
                    tile when it has two consumers.
@@ -226,8 +226,8 @@ class AttentionPolicy:
     ws_bwd_dq:     v6 also computes dQ (False: v3's dQ kernel after v6's dK / dV).
     ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers[, register
                    operands]); None: the tables. A 4th field of 1 or 2 keeps the kernel's stationary tiles (K,
-                   then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in, not yet
-                   measured).
+                   then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in: slower
+                   on the H100, tuning: "Register operands").
     ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
     dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
     tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.
