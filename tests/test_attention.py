@@ -1877,9 +1877,9 @@ for D, causal in itertools.product((64, 128), (False, True)):
 def test_v6_ws_bwd_kernel_compiles_for_sm90():
     """v6's dK / dV and dQ kernels compiled for sm_90 with the installed Triton (fresh process, as
     v5's): wgmma, setmaxnreg, shared memory within a block's 227 KB; dQ without spills; dK / dV
-    at BLOCK_M 64 within what was seen (spill instructions, plain / causal, with ``query_stats``'
-    loads and the causal launch order: Triton 3.6 D = 64 none, D = 128 200 / 345, the configuration
-    measured fastest on the H200; Triton 3.9 D = 64 20 / 0, D = 128 482 / 487, not measured on a GPU)."""
+    at BLOCK_M 64 within what was seen (spill instructions, plain / causal, with LSE and Delta staged in
+    shared memory by the loader and the causal launch order: Triton 3.6 D = 64 none, D = 128 85 / 94
+    (200 / 345 when each consumer loaded and converted them); Triton 3.9 D = 64 none, D = 128 252 / 157)."""
     from tilewise.ops.attention import gluon_bwd as gb
 
     if not gb.available():

@@ -66,7 +66,7 @@ def available() -> bool:
 if _GLUON:
 
     @gluon.jit
-    def _loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+    def _loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
                 lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                 n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
@@ -77,12 +77,23 @@ if _GLUON:
             _tma_load(k_desc, [k_row + c * _KEYS, k_col], kv_bar, k_smem.index(c))
             _tma_load(v_desc, [v_row + c * _KEYS, v_col], kv_bar, v_smem.index(c))
         n_tiles = n_m - m_first
+        stat_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+        offs = gl.arange(0, BLOCK_M, layout=stat_layout)
         for t in range(GROUP * n_tiles):
             g = t // n_tiles
             i = m_first + t % n_tiles
             s = t % STAGES
             ph = (t // STAGES) & 1
+            # The tile's LSE (log2 units, 0 where -inf or past Sq) and Delta go to the stage's shared memory
+            # with Q and dO: loaded before the wait, published by the expect's arrive.
+            rows = i * BLOCK_M + offs
+            head_row = (q_head0 + g) * Sq
+            lse = gl.load(lse_ptr + head_row + rows, mask=rows < Sq, other=0.0)
+            delta = gl.load(delta_ptr + head_row + rows, mask=rows < Sq, other=0.0)
+            lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
             mbarrier.wait(empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
+            stats.index(2 * s).store(lse)
+            stats.index(2 * s + 1).store(delta)
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             q_row, q_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
             do_row, do_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
@@ -107,7 +118,7 @@ if _GLUON:
         return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
 
     @gluon.jit
-    def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr, head_row, i, key_lo,
+    def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo,
               Sq, Sk, qk_scale, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -120,8 +131,9 @@ if _GLUON:
         do_buf = do_smem.index(s)
         zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
         offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
-        lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
         mbarrier.wait(ready.index(s), ph)
+        lse = stats.index(2 * s).load(col)
+        delta = stats.index(2 * s + 1).load(col)
         st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
@@ -145,7 +157,7 @@ if _GLUON:
         return dk, dv
 
     @gluon.jit
-    def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+    def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
                   lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                   n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
@@ -181,19 +193,15 @@ if _GLUON:
             if REG_OPS >= 2:
                 v_buf = v_buf.load(k_op)
         for g in range(GROUP):
-            head_row = (q_head0 + g) * Sq
             t0 = g * n_tiles - m_first
             for i in range(m_first, m_clean):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
-                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
                                True)
             for i in range(m_clean, m_full):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
-                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
                                False)
             for i in range(m_full, n_m):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, lse_ptr, delta_ptr,
-                               head_row, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
                                True)
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
@@ -247,6 +255,9 @@ if _GLUON:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], v_desc.layout)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        # per stage: the query tile's LSE and Delta (rows 2s, 2s + 1)
+        stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -258,15 +269,15 @@ if _GLUON:
         # one is the consumer's index (the loader ignores it).
         gl.warp_specialize([
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
                          REG_OPS, 0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
                          REG_OPS, 1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                       lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
+                       stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
                        REG_OPS, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
