@@ -5,9 +5,10 @@
 # S 4096, bf16, non-causal; D 128 and 64 for v6 / cuDNN, D 128 for v7.
 # Three passes: the sections (speed of light, pipes, stalls, instruction mix, with their bodies), the raw
 # tensor-pipe and stall metrics by regex, and the per-opcode instruction counts.
-# Run on the GPU from the repository root: research/attention_bwd_ncu.sh OUTDIR
+# Run on the GPU from the repository root: research/attention_bwd_ncu.sh OUTDIR ["metrics opcodes"]
 set -uo pipefail
-out=${1:?usage: $0 OUTDIR}
+out=${1:?usage: $0 OUTDIR [PASSES]}
+passes=${2:-"sections metrics opcodes"}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 NCU="ncu --clock-control none"
@@ -20,11 +21,11 @@ SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section War
 METRICS="regex:sm__pipe_tensor.*pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum"
 OURS='regex:attn_bwd_dkdv_ws|attn_bwd_dq_ws|bprop'
 FUSED='attn_bwd_fused_ws_kernel'
-for pass in sections metrics opcodes; do
+for pass in $passes; do
   case $pass in
     sections) args=$SECTIONS ;;
     metrics) args="--metrics $METRICS" ;;
-    opcodes) args="--metrics sass__inst_executed_per_opcode --print-metric-instances values" ;;
+    opcodes) args="--metrics sass__inst_executed_per_opcode --print-metric-instances details" ;;
   esac
   # shellcheck disable=SC2086
   timeout 200 $NCU --kernel-name "$OURS" $args python3 research/attention_kernel_profile.py --ncu \
