@@ -1,6 +1,7 @@
 """v6's dK / dV kernel with each query tile's LSE and Delta staged in shared memory by the loader warp, against
 the kernel that loads them in each consumer (``query_stats``: a blocked load, then a layout conversion through
-shared memory), same run, same inputs.
+shared memory); and v6's dQ kernel releasing its K and V stages together (one warpgroup barrier a tile fewer)
+against releasing V first; same run, same inputs.
 
 Why (issue 30's profile, `bench/results/logs/attention-bwd-ncu-11b6ded/`, H100): the largest stall of both v6
 kernels is "barrier" (5.0 cycles an issued instruction in dK / dV at D 128, cuDNN's 1.56). The sm_90 SASS (Triton
@@ -9,8 +10,8 @@ round trips, one before the stage's release (Triton's mbarrier arrive is precede
 the loader writing LSE and Delta next to Q and dO, the consumers read them after the stage's ready wait: two
 BAR.SYNCs a tile (46 -> 28 in the kernel), spill instructions at D 128 200 -> 85, at D 64 none before or after.
 
-Prediction (before the GPU run): dK / dV 3-8 % faster at D 128, 2-5 % at D 64; gradients bitwise equal (the same
-values reach the same arithmetic).
+Prediction (before the GPU run): dK / dV 3-8 % faster at D 128, 2-5 % at D 64; dQ 1-3 %; gradients bitwise equal
+(the same values reach the same arithmetic).
 
 The kernel before the change is loaded from BASE (default .ab/gluon_bwd_base.py: `git show
 <commit>:src/tilewise/ops/attention/gluon_bwd.py > .ab/gluon_bwd_base.py`; .ab/ is git-ignored, carry it) as a
@@ -52,8 +53,8 @@ def load_base(path):
 def main():
     base = load_base(sys.argv[1] if len(sys.argv) > 1 else ".ab/gluon_bwd_base.py")
     warm_clocks()
-    print(f"{torch.cuda.get_device_name()}: B H/Hkv S D causal | dK/dV base -> staged ms (x) | dQ ms | "
-          "v6 backward base -> staged | cuDNN backward | bitwise", flush=True)
+    print(f"{torch.cuda.get_device_name()}: B H/Hkv S D causal | dK/dV base -> staged ms (x) | "
+          "dQ base -> new ms (x) | v6 backward base -> new | cuDNN backward (x new) | bitwise", flush=True)
     for B, H, Hkv, S, D, causal in SHAPES:
         q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
         mods = {"base": base, "staged": gb}
@@ -62,23 +63,26 @@ def main():
             dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
             m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
             grads[n] = (dk, dv)
+        for n, m in mods.items():
+            dq = torch.full_like(q, float("nan"))
+            m.dq(q, k, v, do, lse, delta, causal, scale, dq)
+            grads[n] = (*grads[n], dq)
         same = all(torch.equal(a, b) for a, b in zip(grads["base"], grads["staged"]))
         err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                   for a, b in zip(grads["staged"], grads["base"]))
         assert err < 1e-2 and all(torch.isfinite(t).all() for t in grads["staged"]), (B, H, S, D, causal, err)
-        times = {n: [] for n in mods}
+        times = {n: ([], []) for n in mods}
         for _ in range(2):  # A B A B
             for n, m in mods.items():
-                dk, dv = grads[n]
-                times[n].append(bench(lambda m=m, dk=dk, dv=dv: m.dkdv(q, k, v, do, lse, delta, causal, scale,
-                                                                       dk, dv)))
-        dq = torch.empty_like(q)
-        t_dq = bench(lambda: gb.dq(q, k, v, do, lse, delta, causal, scale, dq))
+                dk, dv, dq = grads[n]
+                times[n][0].append(bench(lambda m=m, dk=dk, dv=dv: m.dkdv(q, k, v, do, lse, delta, causal, scale,
+                                                                          dk, dv)))
+                times[n][1].append(bench(lambda m=m, dq=dq: m.dq(q, k, v, do, lse, delta, causal, scale, dq)))
         t_c = cudnn_backward_ms(q, k, v, do, causal, bench)
-        a, b = (statistics.median(times[n]) for n in mods)
-        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | {a:.3f} -> {b:.3f} ({a / b:.3f}x) | {t_dq:.3f} | "
-              f"{a + t_dq:.3f} -> {b + t_dq:.3f} | {t_c:.3f} ({t_c / (b + t_dq):.3f}x) | {same} (err {err:.1e})",
-              flush=True)
+        (a, a_q), (b, b_q) = ((statistics.median(x) for x in times[n]) for n in mods)
+        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | {a:.3f} -> {b:.3f} ({a / b:.3f}x) | "
+              f"{a_q:.3f} -> {b_q:.3f} ({a_q / b_q:.3f}x) | {a + a_q:.3f} -> {b + b_q:.3f} | "
+              f"{t_c:.3f} ({t_c / (b + b_q):.3f}x) | {same} (err {err:.1e})", flush=True)
 
 
 if __name__ == "__main__":
