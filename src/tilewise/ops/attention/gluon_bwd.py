@@ -195,14 +195,14 @@ if _GLUON:
         for g in range(GROUP):
             t0 = g * n_tiles - m_first
             for i in range(m_first, m_clean):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
-                               True)
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
+                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True)
             for i in range(m_clean, m_full):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
-                               False)
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
+                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False)
             for i in range(m_full, n_m):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
-                               True)
+                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
+                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True)
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         keep = (rows < Sk)[:, None]
@@ -269,13 +269,13 @@ if _GLUON:
         # one is the consumer's index (the loader ignores it).
         gl.warp_specialize([
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
-                         m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                         REG_OPS, 0)),
+                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
+                         HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
+                         LAYOUT, REG_OPS, 0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
-                         m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                         REG_OPS, 1)),
+                         stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
+                         HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
+                         LAYOUT, REG_OPS, 1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
