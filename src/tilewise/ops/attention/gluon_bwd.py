@@ -321,14 +321,12 @@ if _GLUON:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             p = gl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
         ds = p * (dp - delta[:, None])
         ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
         dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
-        # Both stages released together: each arrive costs a warpgroup barrier (Triton's lowering), and V's
-        # earlier release bought nothing with three stages in the ring.
-        mbarrier.arrive(v_empty.index(s), count=1)
-        mbarrier.arrive(k_empty.index(s), count=1)
+        mbarrier.arrive(k_empty.index(s), count=1)  # K read by both of its products
         return dq
 
     @gluon.jit
