@@ -15,7 +15,7 @@ Prediction (before the GPU run): dK / dV 3-8 % faster at D 128, 2-5 % at D 64; d
 
 The kernel before the change is loaded from BASE (default .ab/gluon_bwd_base.py: `git show
 <commit>:src/tilewise/ops/attention/gluon_bwd.py > .ab/gluon_bwd_base.py`; .ab/ is git-ignored, carry it) as a
-module of the attention package. Each variant twice, alternating (A B A B), the median of its two medians.
+module of the attention package. Each variant twice, in the order A B B A, the median of its two medians.
 Run on the GPU: PYTHONPATH=src python3 research/attention_v6_stats_ab.py [BASE]
 """
 
@@ -72,8 +72,8 @@ def main():
                   for a, b in zip(grads["staged"], grads["base"]))
         assert err < 1e-2 and all(torch.isfinite(t).all() for t in grads["staged"]), (B, H, S, D, causal, err)
         times = {n: ([], []) for n in mods}
-        for _ in range(2):  # A B A B
-            for n, m in mods.items():
+        for r in range(2):  # A B B A: a drift within a round (clocks, heat) falls on both
+            for n, m in (list(mods.items()) if r == 0 else list(mods.items())[::-1]):
                 dk, dv, dq = grads[n]
                 times[n][0].append(bench(lambda m=m, dk=dk, dv=dv: m.dkdv(q, k, v, do, lse, delta, causal, scale,
                                                                           dk, dv)))
