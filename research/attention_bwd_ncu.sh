@@ -32,7 +32,7 @@ for pass in $passes; do
     > "$out/v6-cudnn-$pass.log" 2>&1
   echo "v6/cuDNN $pass rc=$?"
   # shellcheck disable=SC2086
-  timeout 200 $NCU --kernel-name "$FUSED" $args python3 research/attention_fused_bwd.py --ncu --modes 7,4 \
+  timeout 200 $NCU --kernel-name "$FUSED" $args python3 research/attention_fused_bwd.py --ncu --modes 7,4 --stats 1,2 \
     > "$out/v7-$pass.log" 2>&1
   echo "v7 $pass rc=$?"
 done

@@ -59,6 +59,14 @@ so every "ceiling" above timed 4 of the 5 products. Mode 7 (dQ kept live, never 
 Modes 8 / 9 (the next tile's S^T and dP^T issued before this tile's dQ is staged) ran 1.2-1.4x slower than mode 4;
 their code is at commit 0d82c74, removed after.
 
+Prepared 2026-12-05 (twenty-second session, compiled for sm_90 on the CPU, not run): STATS 2, the LSE / Delta
+staging that made v6's dK / dV kernel 1.04-1.13x faster (the loader stores each query tile's LSE and Delta into
+the stage's shared memory; docs/tuning/attention.md, "v6 dK / dV: LSE and Delta staged by the loader"). Triton 3.6
+SASS: D 128 mode 7 spill instructions 385 -> 225, BAR.SYNC 72 -> 54; mode 4 372 -> 209; D 64 causal 4 / 12 -> 0 / 0.
+Nsight Compute put mode 7 at 57.5 % tensor pipe with 40 M spill requests (cuDNN 65.3 %). Prediction: mode 7
+2.53 -> ~2.3 ms under ncu (B 4 H 16 S 4096 D 128; cuDNN 2.35), mode 4 3.42 -> ~3.2 (the adds remain). Run:
+`--modes 7,4 --stats 1,2 --d128-first`, then `research/attention_bwd_ncu.sh` with `--stats 1,2`.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 
@@ -126,9 +134,9 @@ def _red_add(ptrs, vals, keep, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty, lse_ptr, delta_ptr,
-           dq_ptr, dq_desc, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale, st_layout: gl.constexpr,
-           BLOCK_M: gl.constexpr,
+def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty, stats, lse_ptr,
+           delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, head_row, i, key_lo, Sq, Sk, qk_scale,
+           st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
            SPLIT: gl.constexpr, VEC: gl.constexpr, TMA: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr,
            which: gl.constexpr):
@@ -143,7 +151,10 @@ def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds
     do_buf = do_smem.index(s)
     zero = gl.zeros([_KEYS, BLOCK_M], gl.float32, layout=st_layout)
     offs_m = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col)
-    if STATS == 1:  # v6's loads (one element a thread, converted): fewer hoisted addresses to spill
+    if STATS == 2:  # staged in shared memory by the loader (v6's dK / dV kernel), read after the ready wait
+        lse = gl.zeros([BLOCK_M], gl.float32, layout=col)
+        delta = gl.zeros([BLOCK_M], gl.float32, layout=col)
+    elif STATS == 1:  # one element a thread, converted through shared memory (v6's earlier query_stats)
         lse, delta = query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col, BLOCK_M, MASKED)
     elif MASKED:
         lse = gl.load(lse_ptr + head_row + offs_m, mask=offs_m < Sq, other=0.0)
@@ -154,6 +165,9 @@ def _ftile(t, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds
     if STATS == 0:
         lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
     mbarrier.wait(ready.index(s), ph)
+    if STATS == 2:
+        lse = stats.index(2 * s).load(col)
+        delta = stats.index(2 * s + 1).load(col)
     st = warpgroup_mma(k_a, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)  # k_a: K (smem or registers)
     dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
@@ -321,9 +335,9 @@ def _order(pos, g, start_n, m_clean, m_full, GROUP, ROT: gl.constexpr):
 
 
 @gluon.jit
-def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row, q_head0,
-             m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-             NUM_CONS: gl.constexpr, ROT: gl.constexpr):
+def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats, lse_ptr,
+             delta_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+             CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, ROT: gl.constexpr, STATS: gl.constexpr):
     mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for c in gl.static_range(NUM_CONS):
         _tma_load(k_desc, [kv_row + c * _KEYS, 0], kv_bar, k_smem.index(c))
@@ -335,7 +349,17 @@ def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, k
         i, g = _order(m_first + t % n_tiles, t // n_tiles, start_n, m_clean, m_full, GROUP, ROT)
         s = t % STAGES
         ph = (t // STAGES) & 1
-        mbarrier.wait(empty.index(s), ph ^ 1)
+        if STATS == 2:  # as v6's loader: the tile's LSE (log2, 0 where -inf or past Sq) and Delta with Q and dO
+            stat_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+            rows = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=stat_layout)
+            lse = gl.load(lse_ptr + (q_head0 + g) * Sq + rows, mask=rows < Sq, other=0.0)
+            delta = gl.load(delta_ptr + (q_head0 + g) * Sq + rows, mask=rows < Sq, other=0.0)
+            lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+            mbarrier.wait(empty.index(s), ph ^ 1)
+            stats.index(2 * s).store(lse)
+            stats.index(2 * s + 1).store(delta)
+        else:
+            mbarrier.wait(empty.index(s), ph ^ 1)
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         row = (q_head0 + g) * Sq + i * BLOCK_M
         _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
@@ -382,20 +406,20 @@ def _fspan(lo, hi, dk, dv, args, st_layout: gl.constexpr, BLOCK_M: gl.constexpr,
            which: gl.constexpr):
     """Positions [lo, hi) of a head's query-tile walk through ``_ftile`` (``args``: _fconsumer's state)."""
     (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-     lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
+     stats, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale) = args
     for p in range(lo, hi):
         i, gg = _order(p, g, start_n, m_clean, m_full, GROUP, ROT)
         dk, dv = _ftile(t0 + p, dk, dv, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready, empty,
-                        lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo, Sq,
-                        Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, MASKED, SPLIT, VEC, TMA, ORDER,
+                        stats, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, (q_head0 + gg) * Sq, i, key_lo,
+                        Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, MASKED, SPLIT, VEC, TMA, ORDER,
                         STATS, which)
     return dk, dv
 
 
 @gluon.jit
 def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars, kv_bar, ready,
-               empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0,
-               qk_scale, sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+               empty, stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk,
+               n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, SPLIT: gl.constexpr, VEC: gl.constexpr,
                TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr, STATS: gl.constexpr,
                KV_REGS: gl.constexpr, which: gl.constexpr):
@@ -419,7 +443,7 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
     for g in range(GROUP):
         t0 = g * n_tiles - m_first
         args = (t0, g, start_n, m_clean, m_full, k_smem, v_buf, k_a, q_smem, do_smem, ds_smem, ds_ready, ds_free, ready,
-                empty, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
+                empty, stats, lse_ptr, delta_ptr, dq_ptr, dq_desc, dq_stage, dq_bars, q_head0, key_lo, Sq, Sk, qk_scale)
         # Tiles crossing the diagonal (masked), the clean ones, the partial last one (masked).
         dk, dv = _fspan(m_first, m_clean, dk, dv, args, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, SPLIT,
                         VEC, TMA, ROT, ORDER, STATS, GROUP, which)
@@ -479,6 +503,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     for b in gl.static_range(2):
         mbarrier.init(ds_ready.index(b), count=NUM_CONS)
         mbarrier.init(ds_free.index(b), count=NUM_CONS)
+    stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -490,30 +515,32 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     if TMA == 4 or TMA == 5 or TMA == 6:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
-                          kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
-                          n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
+                          kv_bar, ready, empty, stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0,
+                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                          NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
-                          kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
-                          n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
-            (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
-                        q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
+                          kv_bar, ready, empty, stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0,
+                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                          NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
+            (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
+                        lse_ptr, delta_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
+                        NUM_CONS, ROT, STATS)),
             (_fwriter, (dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, CAUSAL,
                         NUM_CONS, ROT, HEAD_DIM, TMA)),
         ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
     else:
         gl.warp_specialize([
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
-                          kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
-                          n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
+                          kv_bar, ready, empty, stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0,
+                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                          NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 0)),
             (_fconsumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_desc, dq_stage, dq_bars,
-                          kv_bar, ready, empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0, m_first,
-                          n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, NUM_CONS,
-                          SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
-            (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, kv_row,
-                        q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL, NUM_CONS, ROT)),
+                          kv_bar, ready, empty, stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, kv_row, q_head0,
+                          m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                          NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
+            (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
+                        lse_ptr, delta_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
+                        NUM_CONS, ROT, STATS)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -671,7 +698,7 @@ def case(B, H, Hkv, S, D, causal, configs_, check=True):
     return res
 
 
-def ncu_cases(modes=(4, 5, 6, 3)):
+def ncu_cases(modes=(4, 5, 6, 3), stats=(1,)):
     """For Nsight Compute: are the dQ adds limited by the L2 (lts throughput, red sectors) or by the
     consumers waiting (stall at the bulk-group wait / the writer's barrier)? Run on the GPU:
         ncu --clock-control none --kernel-name attn_bwd_fused_ws_kernel --set full \\
@@ -686,9 +713,10 @@ def ncu_cases(modes=(4, 5, 6, 3)):
     scale = D ** -0.5
     out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
     for mode in modes:
-        print(f"ncu case: dQ mode {mode}", flush=True)
-        fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, 1))
-        torch.cuda.synchronize()
+        for st in stats:
+            print(f"ncu case: dQ mode {mode} STATS {st}", flush=True)
+            fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, st))
+            torch.cuda.synchronize()
 
 
 def main(argv=None):
@@ -698,11 +726,16 @@ def main(argv=None):
     p.add_argument("--ncu", action="store_true",
                    help="one launch each of dQ modes 4, 5, 6 and 3 at B 4 H 16 S 4096 D 128, for Nsight Compute")
     p.add_argument("--modes", default="",
-                   help="comma-separated dQ modes to time (STATS 1, split D, no rotation), e.g. 3,7,4,6")
+                   help="comma-separated dQ modes to time (split D, no rotation; --stats), e.g. 3,7,4,6")
+    p.add_argument("--stats", default="1",
+                   help="with --modes or --ncu: comma-separated LSE / Delta loads, each mode with each: 1 each "
+                        "consumer loads and converts them (v6's earlier query_stats), 2 the loader stages them in "
+                        "shared memory (v6's dK / dV kernel now)")
     p.add_argument("--d128-first", action="store_true", help="the D 128 shapes before the Llama ones")
     a = p.parse_args(argv)
+    stats = tuple(int(x) for x in a.stats.split(","))
     if a.ncu:
-        return ncu_cases(tuple(int(m) for m in a.modes.split(",")) if a.modes else (4, 5, 6, 3))
+        return ncu_cases(tuple(int(m) for m in a.modes.split(",")) if a.modes else (4, 5, 6, 3), stats)
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
     # tiles, 3 not written (timing only: its check fails; the compiler drops the dQ product, so it times 4 of
     # the 5 products), 7 computed and kept live but not written (the true ceiling), 4 TMA reduce by a writer
@@ -713,13 +746,14 @@ def main(argv=None):
     # removed: 1.2-1.4x slower than mode 4)
     # (..., K and V as register A operands of S^T's and dP^T's products (D 64 only; mode 6: 57 spill
     # instructions under Triton 3.6, mode 3: none))
-    # (..., dS^T to shared memory before dK's product (ORDER), v6's LSE / Delta loads (STATS 1))
+    # (..., dS^T to shared memory before dK's product (ORDER), LSE / Delta loads (STATS 1: each consumer's,
+    # converted through shared memory; 2: staged in shared memory by the loader))
     cfgs = [(64, 2, 240, True, False, 3, False, False, 1), (64, 2, 240, True, False, 4, False, False, 1),
             (64, 2, 240, True, False, 5, False, False, 1), (64, 2, 240, True, False, 6, False, False, 1),
             (64, 2, 240, True, False, 6, True, False, 1), (64, 2, 240, True, False, 6, False, False, 1, True),
             (64, 2, 240, True, False, 3, False, False, 1, True)]
     if a.modes:
-        cfgs = [(64, 2, 240, True, False, int(m), False, False, 1) for m in a.modes.split(",")]
+        cfgs = [(64, 2, 240, True, False, int(m), False, False, st) for m in a.modes.split(",") for st in stats]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")
