@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 30's backward profile, side by side under Nsight Compute: v6 (the library's deterministic
 # backward: attn_bwd_dkdv_ws + attn_bwd_dq_ws), v7's bound (research/attention_fused_bwd.py dQ mode 7:
-# dQ live, never written) and v7 with its dQ adds (mode 4), and cuDNN's backward (bprop). B 4 H 16
-# S 4096, bf16, non-causal; D 128 and 64 for v6 / cuDNN, D 128 for v7.
+# dQ live, never written) and v7 with its dQ adds (mode 4), each with LSE / Delta loaded by the consumers
+# (STATS 1) and staged by the loader (STATS 2), and cuDNN's backward (bprop). B 4 H 16 S 4096, bf16,
+# non-causal, D 128 and 64.
 # Three passes: the sections (speed of light, pipes, stalls, instruction mix, with their bodies), the raw
 # tensor-pipe and stall metrics by regex, and the per-opcode instruction counts.
 # Run on the GPU from the repository root: research/attention_bwd_ncu.sh OUTDIR ["metrics opcodes"]
@@ -32,7 +33,7 @@ for pass in $passes; do
     > "$out/v6-cudnn-$pass.log" 2>&1
   echo "v6/cuDNN $pass rc=$?"
   # shellcheck disable=SC2086
-  timeout 200 $NCU --kernel-name "$FUSED" $args python3 research/attention_fused_bwd.py --ncu --modes 7,4 --stats 1,2 \
+  timeout 200 $NCU --kernel-name "$FUSED" $args python3 research/attention_fused_bwd.py --ncu --modes 7,4 --stats 1,2 --ncu-dims 128,64 \
     > "$out/v7-$pass.log" 2>&1
   echo "v7 $pass rc=$?"
 done

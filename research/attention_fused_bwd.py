@@ -698,25 +698,26 @@ def case(B, H, Hkv, S, D, causal, configs_, check=True):
     return res
 
 
-def ncu_cases(modes=(4, 5, 6, 3), stats=(1,)):
+def ncu_cases(modes=(4, 5, 6, 3), stats=(1,), dims=(128,)):
     """For Nsight Compute: are the dQ adds limited by the L2 (lts throughput, red sectors) or by the
     consumers waiting (stall at the bulk-group wait / the writer's barrier)? Run on the GPU:
         ncu --clock-control none --kernel-name attn_bwd_fused_ws_kernel --set full \\
             python3 research/attention_fused_bwd.py --ncu
     """
-    B, H, S, D = 4, 16, 4096, 128
-    g = torch.Generator(device="cuda").manual_seed(D)
-    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     from tilewise.ops.attention import api as A
     from tilewise.ops.attention.api import _fwd_impl
 
-    scale = D ** -0.5
-    out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
-    for mode in modes:
-        for st in stats:
-            print(f"ncu case: dQ mode {mode} STATS {st}", flush=True)
-            fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, st))
-            torch.cuda.synchronize()
+    B, H, S = 4, 16, 4096
+    for D in dims:
+        g = torch.Generator(device="cuda").manual_seed(D)
+        q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        scale = D ** -0.5
+        out, lse = _fwd_impl(q, k, v, None, None, False, scale, A.default_policy(q, k))
+        for mode in modes:
+            for st in stats:
+                print(f"ncu case: D {D} dQ mode {mode} STATS {st}", flush=True)
+                fused_bwd(q, k, v, out, do, lse, False, scale, (64, 2, 240, True, False, mode, False, False, st))
+                torch.cuda.synchronize()
 
 
 def main(argv=None):
@@ -731,11 +732,13 @@ def main(argv=None):
                    help="with --modes or --ncu: comma-separated LSE / Delta loads, each mode with each: 1 each "
                         "consumer loads and converts them (v6's earlier query_stats), 2 the loader stages them in "
                         "shared memory (v6's dK / dV kernel now)")
+    p.add_argument("--ncu-dims", default="128", help="with --ncu: comma-separated head dims (B 4 H 16 S 4096)")
     p.add_argument("--d128-first", action="store_true", help="the D 128 shapes before the Llama ones")
     a = p.parse_args(argv)
     stats = tuple(int(x) for x in a.stats.split(","))
     if a.ncu:
-        return ncu_cases(tuple(int(m) for m in a.modes.split(",")) if a.modes else (4, 5, 6, 3), stats)
+        return ncu_cases(tuple(int(m) for m in a.modes.split(",")) if a.modes else (4, 5, 6, 3), stats,
+                         tuple(int(d) for d in a.ncu_dims.split(",")))
     # (BLOCK_M, STAGES, regs, split D, vector reds, dQ by: 0 reds, 1 / 2 TMA reduce with 1 / 2 staging
     # tiles, 3 not written (timing only: its check fails; the compiler drops the dQ product, so it times 4 of
     # the 5 products), 7 computed and kept live but not written (the true ceiling), 4 TMA reduce by a writer
