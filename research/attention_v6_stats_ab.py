@@ -60,13 +60,10 @@ def main():
         mods = {"base": base, "staged": gb}
         grads = {}
         for n, m in mods.items():
-            dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+            dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
             m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
-            grads[n] = (dk, dv)
-        for n, m in mods.items():
-            dq = torch.full_like(q, float("nan"))
             m.dq(q, k, v, do, lse, delta, causal, scale, dq)
-            grads[n] = (*grads[n], dq)
+            grads[n] = (dk, dv, dq)
         same = all(torch.equal(a, b) for a, b in zip(grads["base"], grads["staged"]))
         err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                   for a, b in zip(grads["staged"], grads["base"]))
