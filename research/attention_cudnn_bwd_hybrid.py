@@ -15,7 +15,16 @@ What it does, per shape (q, k, v in transformers' layout: (B, S, H, D) storage v
 3. times (triton do_bench, median, L2 flushed): cuDNN forward, our forward, cuDNN forward + backward
    through SDPA's autograd, and the hybrid's forward + backward.
 
-Run on the GPU: PYTHONPATH=src python3 research/attention_cudnn_bwd_hybrid.py
+Run on the GPU: PYTHONPATH=src python3 research/attention_cudnn_bwd_hybrid.py [--inputs]
+
+--inputs: where the ~0.8 ms goes. cuDNN's backward op alone, on the same q, k, v, dO, with each (O, LSE)
+pair: cuDNN forward's own, ours, the two mixes, and cuDNN's own with a dummy philox seed / offset (as the
+hybrid passes); then both whole forward + backward paths. Rounds alternate the order (A B B A), medians of
+the rounds' do_bench medians. Prediction (2026-12-05, before the run): the op's time depends on its inputs'
+values or layout only through O and LSE's strides and alignment, which match (same strides printed above);
+so the backward op alone ties across the pairs (within 2 %) and the gap is outside it (our forward's
+autograd path, e.g. a copy or a different kernel with return_lse) -- if the op itself is slower on our
+pair, the mixes say which of O or LSE does it.
 
 Measured (H200, 2026-12-05, code 2373afd, `bench/results/logs/attention-cudnn-bwd-hybrid-2373afd.log`): cuDNN's
 backward takes our O and LSE (LSE within 1.9e-6 of cuDNN's own, (B, H, S, 1); gradients within 3e-4 of
@@ -132,5 +141,82 @@ def main():
               f"hybrid {t_hfb:.3f} ({t_cfb / t_hfb:.3f}x)", flush=True)
 
 
+def inputs():
+    import sys
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    shapes = SHAPES[:1] if "--first" in sys.argv else SHAPES[:2]
+    for B, H, Hkv, S, D, causal in shapes:
+        label = f"B{B} H{H} Hkv{Hkv} S{S} D{D}{' causal' if causal else ''}"
+        scale = D ** -0.5
+
+        def make(h):
+            return torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+        q, k, v, do = make(H), make(Hkv), make(Hkv), make(H)
+        with torch.no_grad():
+            res = cudnn_fwd(q, k, v, causal, scale)
+            oc, lsec, seed_c, off_c = res[0], res[1], res[6], res[7]
+            ours, lse = tilewise.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+        lse4 = lse.unsqueeze(-1)
+        dummy = torch.empty((), dtype=torch.int64, device=q.device)
+        for name, t in (("cuDNN O", oc), ("our O", ours), ("cuDNN LSE", lsec), ("our LSE", lse4)):
+            print(f"{label}: {name} {tuple(t.shape)} strides {t.stride()} ptr%1024 {t.data_ptr() % 1024} "
+                  f"storage {t.untyped_storage().nbytes()} B", flush=True)
+        print(f"  philox seed {seed_c.dtype} {seed_c.device} {tuple(seed_c.shape)}, offset {off_c.dtype} "
+              f"{off_c.device} {tuple(off_c.shape)}", flush=True)
+        pairs = {"cuDNN O + LSE": (oc, lsec, seed_c, off_c), "our O + LSE": (ours, lse4, dummy, dummy),
+                 "our O, cuDNN LSE": (ours, lsec, dummy, dummy), "cuDNN O, our LSE": (oc, lse4, dummy, dummy),
+                 "cuDNN O + LSE, dummy seed": (oc, lsec, dummy, dummy)}
+
+        def bwd_of(o, lse_, seed, off):
+            def fn():
+                return ATEN._scaled_dot_product_cudnn_attention_backward(
+                    do, q, k, v, o, lse_, seed, off, None, None, None, S, S, 0.0, causal, scale=scale)
+            return fn
+        fns = {name: bwd_of(*p) for name, p in pairs.items()}
+        ref = [t.float() for t in fns["cuDNN O + LSE"]()]
+        for name, fn in fns.items():
+            got = fn()
+            print(f"  {name}: dq, dk, dv vs cuDNN's own pair " +
+                  ", ".join(f"{rel(a, b):.2g}" for a, b in zip(got, ref)), flush=True)
+        cl = [t.detach().requires_grad_() for t in (q, k, v)]
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+        def cudnn_fb():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(*cl, is_causal=causal, scale=scale, enable_gqa=H != Hkv).backward(do)
+
+        def hybrid_fb():
+            Hybrid.apply(*leaves, causal, scale).backward(do)
+        fns["fwd+bwd: cuDNN (SDPA autograd)"] = cudnn_fb
+        fns["fwd+bwd: hybrid"] = hybrid_fb
+        with torch.no_grad():
+            fns["fwd: cuDNN op"] = lambda: cudnn_fwd(q, k, v, causal, scale)
+            fns["fwd: ours, return_lse"] = lambda: tilewise.flash_attention(q, k, v, causal=causal, scale=scale,
+                                                                            return_lse=True)
+        names = list(fns)
+        times = {n: [] for n in names}
+        for r in range(4):
+            for n in (names if r in (0, 3) else names[::-1]):
+                if n.startswith("fwd:"):
+                    with torch.no_grad():
+                        times[n].append(bench(fns[n]))
+                else:
+                    times[n].append(bench(fns[n]))
+        def mid(ts):
+            ts = sorted(ts)
+            return (ts[1] + ts[2]) / 2
+        base = mid(times["cuDNN O + LSE"])
+        for n in names:
+            med = mid(times[n])
+            print(f"  {n:32s} {med:.3f} ms (rounds {', '.join(f'{t:.3f}' for t in times[n])})"
+                  + (f"  {med / base:.3f}x the op on cuDNN's pair" if not n.startswith("fwd") else ""), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--inputs" in sys.argv:
+        inputs()
+    else:
+        main()
