@@ -80,7 +80,7 @@ import torch
 
 from tilewise.ops.attention import configs
 
-from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load, load_query_stats
+from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load, query_stats
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -131,23 +131,6 @@ def _red_add(ptrs, vals, keep, VEC: gl.constexpr):
             "=r,=r,l,l,f,f,r,r", [ptrs.to(gl.int64, bitcast=True), vals, keep], dtype=gl.int32, is_pure=False, pack=2)
     else:
         gl.atomic_add(ptrs, vals, mask=keep != 0, sem="relaxed")
-
-
-@gluon.jit
-def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr, MASKED: gl.constexpr):
-    """STATS 1: LSE (log2 units; 0 where -inf) and Delta of query tile ``i`` in S^T's column layout ``col``,
-    loaded one element a thread by each consumer, then converted through shared memory (v6's dK / dV kernel did
-    this until its loader staged them). Loaded in ``col`` directly, each thread's 16 addresses a tensor (64-bit)
-    were hoisted out of the query loop and spilled to local memory."""
-    offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [4], [0]))
-    if MASKED:
-        lse = gl.load(lse_ptr + head_row + offs, mask=offs < Sq, other=0.0)
-        delta = gl.load(delta_ptr + head_row + offs, mask=offs < Sq, other=0.0)
-    else:
-        lse = gl.load(lse_ptr + head_row + offs)
-        delta = gl.load(delta_ptr + head_row + offs)
-    lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-    return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
 
 
 @gluon.jit
@@ -366,8 +349,12 @@ def _floader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, k
         i, g = _order(m_first + t % n_tiles, t // n_tiles, start_n, m_clean, m_full, GROUP, ROT)
         s = t % STAGES
         ph = (t // STAGES) & 1
-        if STATS == 2:  # as v6's loader: the tile's LSE and Delta with Q and dO
-            lse, delta = load_query_stats(lse_ptr, delta_ptr, (q_head0 + g) * Sq, i, Sq, BLOCK_M)
+        if STATS == 2:  # as v6's loader: the tile's LSE (log2, 0 where -inf or past Sq) and Delta with Q and dO
+            stat_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+            rows = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=stat_layout)
+            lse = gl.load(lse_ptr + (q_head0 + g) * Sq + rows, mask=rows < Sq, other=0.0)
+            delta = gl.load(delta_ptr + (q_head0 + g) * Sq + rows, mask=rows < Sq, other=0.0)
+            lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
             mbarrier.wait(empty.index(s), ph ^ 1)
             stats.index(2 * s).store(lse)
             stats.index(2 * s + 1).store(delta)

@@ -9,9 +9,7 @@ kernels are split (``gl.warp_specialize``) into a TMA loader warp and two consum
 ``attn_bwd_dkdv_ws_kernel``: a CTA owns 64 x 2 keys of one K/V head.
     loader     K and V rows (once), then Q and dO tiles of BLOCK_M query rows, query head after
                query head of the GQA group, into a ring of STAGES stages, each refilled when both
-               consumers released it; with each tile its LSE and Delta, stored by the loader into the
-               stage's shared memory (read there by the consumers in S^T's column layout: no per-tile
-               layout conversion, whose shared-memory round trips cost four warpgroup barriers).
+               consumers released it.
     consumer c keys 64c .. 64c + 63; per query tile (wgmma; P^T and dS^T from registers):
                    S^T  = K Q^T, dP^T = V dO^T        (64 x BLOCK_M, both issued before waiting)
                    P^T  = exp2(S^T * scale log2e - LSE log2e)
@@ -79,14 +77,20 @@ if _GLUON:
             _tma_load(k_desc, [k_row + c * _KEYS, k_col], kv_bar, k_smem.index(c))
             _tma_load(v_desc, [v_row + c * _KEYS, v_col], kv_bar, v_smem.index(c))
         n_tiles = n_m - m_first
+        stat_layout: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+        offs = gl.arange(0, BLOCK_M, layout=stat_layout)
         for t in range(GROUP * n_tiles):
             g = t // n_tiles
             i = m_first + t % n_tiles
             s = t % STAGES
             ph = (t // STAGES) & 1
-            # The tile's LSE and Delta go to the stage's shared memory with Q and dO: loaded before the
-            # wait, published by the expect's arrive.
-            lse, delta = load_query_stats(lse_ptr, delta_ptr, (q_head0 + g) * Sq, i, Sq, BLOCK_M)
+            # The tile's LSE (log2 units, 0 where -inf or past Sq) and Delta go to the stage's shared memory
+            # with Q and dO: loaded before the wait, published by the expect's arrive.
+            rows = i * BLOCK_M + offs
+            head_row = (q_head0 + g) * Sq
+            lse = gl.load(lse_ptr + head_row + rows, mask=rows < Sq, other=0.0)
+            delta = gl.load(delta_ptr + head_row + rows, mask=rows < Sq, other=0.0)
+            lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
             mbarrier.wait(empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
             stats.index(2 * s).store(lse)
             stats.index(2 * s + 1).store(delta)
@@ -97,13 +101,21 @@ if _GLUON:
             _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
 
     @gluon.jit
-    def load_query_stats(lse_ptr, delta_ptr, head_row, i, Sq, BLOCK_M: gl.constexpr):
-        """LSE (log2 units; 0 where -inf or past Sq) and Delta of query tile ``i``, two elements a lane of
-        one warp (the loader's), for the stage's shared memory."""
-        rows = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([2], [32], [1], [0]))
-        lse = gl.load(lse_ptr + head_row + rows, mask=rows < Sq, other=0.0)
-        delta = gl.load(delta_ptr + head_row + rows, mask=rows < Sq, other=0.0)
-        return gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634), delta
+    def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,
+                    MASKED: gl.constexpr):
+        """LSE (log2 units; 0 where -inf) and Delta of query tile ``i``, in S^T's column layout ``col``.
+        Loaded one element a thread, then converted: loaded in ``col`` directly, each thread's 16
+        addresses a tensor (64-bit) were hoisted out of the query loop and spilled to local memory."""
+        blk: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=blk)
+        if MASKED:
+            lse = gl.load(lse_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+            delta = gl.load(delta_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+        else:
+            lse = gl.load(lse_ptr + head_row + offs)
+            delta = gl.load(delta_ptr + head_row + offs)
+        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
 
     @gluon.jit
     def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo,
