@@ -5,8 +5,9 @@ backend, forward only, bf16, H = 16, B * S = 16384 tokens as the bench: D 64 / 1
 each version checked against the fp32 reference on heads 0-1 of batch 0 first. The result picks
 ``attention._WS_RULES``.
 Run on the GPU: PYTHONPATH=src python3 research/attention_ws_ab.py [--bias-paths | --d64 |
---pingpong | --persistent] (the bias forward's routes at S = 1024 and 2048; D = 64 with two and three
-consumers; v5 with and without ping-pong; v5 on its own grid and on a persistent one) instead.
+--pingpong | --persistent | --persistent3] (the bias forward's routes at S = 1024 and 2048; D = 64 with
+two and three consumers; v5 with and without ping-pong; v5 on its own grid and on a persistent one; D = 64's
+three consumers on both grids) instead.
 """
 
 import torch
@@ -211,6 +212,49 @@ def persistent():
                 print(f"D={D:3d} S={S:5d} B={B:2d} {'causal' if causal else 'plain':6s}: {line}", flush=True)
 
 
+def persistent3():
+    """D = 64's three consumers (``configs.WS_THREE``, the default from Sq = 4096) on v5's grid and on the
+    persistent grid (one CTA an SM, 192-row work items; measured before only with two consumers:
+    tuning, "v5 persistent grid"), against cuDNN: H 16 at S 4096 / 8192 / 16384 and the llama bench's
+    GQA 32 / 8 shapes, plain and causal. Rounds in the order A B B A (a variant timed later in a round
+    ran slower at long shapes: tuning, "v6 dK / dV: LSE and Delta staged by the loader"); the median
+    of the rounds' middle two. The persistent output is checked against the grid's first.
+    Prediction (2026-12-05, before the run): causal 2-5 % faster on the persistent grid from S 4096
+    (two consumers gained 4.5 % there), plain within 2 % either way (two consumers: -1 %)."""
+    from tilewise.ops.attention import configs as C
+
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    warm_up()
+    shapes = [(4, 16, 16, 4096), (2, 16, 16, 8192), (1, 16, 16, 16384), (4, 32, 8, 4096), (1, 32, 8, 16384)]
+    for B, H, Hkv, S in shapes:
+        q = torch.randn(B, H, S, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, S, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        for causal in (False, True):
+            base = A.default_policy(q, k, causal=causal).replace(forward="ws", ws_config=C.WS_THREE)
+
+            def ours(pers, base=base, causal=causal):
+                policy = base.replace(ws_persistent=pers)
+                return lambda: A.flash_attention(q, k, v, causal=causal, policy=policy)
+
+            def cudnn(causal=causal):
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != Hkv)
+            fns = {"cudnn": cudnn, "grid": ours(False), "persistent": ours(True)}
+            a, b = fns["grid"]().float(), fns["persistent"]().float()
+            err = ((a - b).norm() / a.norm()).item()
+            assert err < 1e-3, f"persistent vs grid {err:.3g}"
+            times = {n: [] for n in fns}
+            names = list(fns)
+            for r in range(4):
+                for n in (names if r in (0, 3) else names[::-1]):
+                    times[n].append(bench(fns[n]))
+            med = {n: sum(sorted(ts)[1:3]) / 2 for n, ts in times.items()}
+            line = " | ".join(f"{n} {med[n] * 1e3:7.1f} us ({med['cudnn'] / med[n]:.3f}x cudnn)" for n in names)
+            print(f"B={B} H={H}/{Hkv} S={S:5d} {'causal' if causal else 'plain':6s}: {line} | persistent / grid "
+                  f"{med['grid'] / med['persistent']:.3f}x | rel diff {err:.1e}", flush=True)
+
+
 if __name__ == "__main__":
     import sys
 
@@ -220,6 +264,8 @@ if __name__ == "__main__":
         d64()
     elif "--pingpong" in sys.argv:
         pingpong()
+    elif "--persistent3" in sys.argv:
+        persistent3()
     elif "--persistent" in sys.argv:
         persistent()
     else:

@@ -203,7 +203,7 @@ class AttentionPolicy:
                    warp-specialized Gluon kernel, sm_90).
     ws_config:     v5's (BLOCK_N, STAGES, consumer registers, maxnreg or None, consumers 2 / 3);
                    None: two consumers with ``WS_FWD_TILES``' tile.
-    ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias, two consumers).
+    ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias; two or three consumers).
     ws_pingpong:   v5's consumers take turns issuing their products.
     ws_overlap:    v5 with overlapped consumers (``gluon_overlap.py``: S_j issued with P_{j-1} V_{j-1}, the
                    softmax beside them) where it applies (no bias, two or three consumers); before

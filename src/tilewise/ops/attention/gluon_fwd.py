@@ -491,10 +491,10 @@ if _GLUON:
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's
         loads (and its Q) overlap this item's last products and epilogue, as cuDNN's persistent
-        kernel does. No bias, two consumers. Work items: ``_ptile``."""
+        kernel does. No bias; two consumers, or three (D = 64's v5 config). Work items: ``_ptile``."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
-        gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
+        gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH  # work items: query tiles x (batch x head)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
@@ -504,17 +504,33 @@ if _GLUON:
         for c in gl.static_range(NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        gl.warp_specialize([
-            (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
-                          v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                          CAUSAL, NUM_CONS, LAYOUT, 0)),
-            (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
-                          v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                          CAUSAL, NUM_CONS, LAYOUT, 1)),
-            (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
-                        v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES,
-                        CAUSAL, NUM_CONS, LAYOUT, 0)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if NUM_CONS == 2:
+            gl.warp_specialize([
+                (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                              v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                              v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                            v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                              v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                              v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                              v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 2)),
+                (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                            v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
 if _GLUON:
@@ -656,7 +672,7 @@ if _GLUON:
         else one CTA a query tile (grid (query tiles, BH))."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
-        gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
+        gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
@@ -722,8 +738,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
     (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
     consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
-    ``persistent``: the persistent grid where it applies (no bias, two consumers, no maxnreg, no
-    ping-pong); ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
+    ``persistent``: the persistent grid where it applies (no bias, no maxnreg, no ping-pong; two or three
+    consumers); ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
     causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
     default ``configs.causal_head_group``'s."""
     B, H, Sq, D = q.shape
@@ -741,11 +757,11 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
-    if bias is None and ncons == 2 and maxnreg is None and not pingpong and persistent:
-        total = -(-Sq // (ROWS * 2)) * B * H
+    if bias is None and maxnreg is None and not pingpong and persistent:
+        total = -(-Sq // (ROWS * ncons)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
-        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
         if layout:
             meta["LAYOUT"] = layout
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
