@@ -25,6 +25,10 @@ values or layout only through O and LSE's strides and alignment, which match (sa
 so the backward op alone ties across the pairs (within 2 %) and the gap is outside it (our forward's
 autograd path, e.g. a copy or a different kernel with return_lse) -- if the op itself is slower on our
 pair, the mixes say which of O or LSE does it.
+Measured (H100, 599ce19, `bench/results/logs/attention-cudnn-bwd-inputs-599ce19.log`): the op alone within 2 % on
+every pair (6.506 / 6.608 ms at 1 x 16384, 1.981 / 1.964 at 4 x 4096); the hybrid's forward + backward 8.804
+against cuDNN's path 9.190 ms at 1 x 16384 (1.044x), 2.743 / 2.749 at 4 x 4096. The H200's 0.8 ms did not come
+back on the H100.
 
 Measured (H200, 2026-12-05, code 2373afd, `bench/results/logs/attention-cudnn-bwd-hybrid-2373afd.log`): cuDNN's
 backward takes our O and LSE (LSE within 1.9e-6 of cuDNN's own, (B, H, S, 1); gradients within 3e-4 of

@@ -67,6 +67,12 @@ Nsight Compute put mode 7 at 57.5 % tensor pipe with 40 M spill requests (cuDNN 
 2.53 -> ~2.3 ms under ncu (B 4 H 16 S 4096 D 128; cuDNN 2.35), mode 4 3.42 -> ~3.2 (the adds remain). Run:
 `--modes 7,4 --stats 1,2 --d128-first`, then `research/attention_bwd_ncu.sh` with `--stats 1,2`.
 
+Measured 2026-12-05 (twenty-third session, H100, bench/results/logs/attention-fused-bwd-stats2-599ce19.log;
+docs/tuning/attention.md, "v7 with staged stats"): STATS 2 took mode 7 at B 4 H 16 S 4096 D 128 from 2.817 to
+2.420 ms (cuDNN 2.664: the bound is now 1.10x cuDNN; under ncu 2.56 -> 2.00 ms, tensor pipe 57 -> 74 %), mode 4
+from 3.659 to 3.370; at the Llama 1 x 16384 shape mode 4 6.407 ms against v6's 6.670 and cuDNN's 6.273. Writing
+dQ still costs 0.95 ms at D 128, with 37.5 M spill requests (mode 7 17.2 M) and L2 throughput as cuDNN's.
+
 Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
 """
 

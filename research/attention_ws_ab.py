@@ -220,7 +220,9 @@ def persistent3():
     ran slower at long shapes: tuning, "v6 dK / dV: LSE and Delta staged by the loader"); the median
     of the rounds' middle two. The persistent output is checked against the grid's first.
     Prediction (2026-12-05, before the run): causal 2-5 % faster on the persistent grid from S 4096
-    (two consumers gained 4.5 % there), plain within 2 % either way (two consumers: -1 %)."""
+    (two consumers gained 4.5 % there), plain within 2 % either way (two consumers: -1 %).
+    Measured (H100, a2733c6, `bench/results/logs/attention-ws-persistent3-a2733c6.log`): plain 1.000-1.030x the
+    grid, causal 0.948-1.032x (slower at H 16 S 4096 / 8192, faster at the GQA 4 x 4096 shape)."""
     from tilewise.ops.attention import configs as C
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
