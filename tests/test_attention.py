@@ -1657,8 +1657,8 @@ def td(block):
 
 def build(kernel, sig, consts):
     for p in kernel.params:  # constexprs left out take their defaults (a new opt-in flag leaves old cases as they were)
-        if p.is_constexpr and p.has_default and p.name not in sig:
-            sig, consts = {**sig, p.name: "constexpr"}, {**consts, p.name: p.default}
+        if p.is_constexpr and p.has_default and p.name not in sig:  # a value in consts is kept
+            sig, consts = {**sig, p.name: "constexpr"}, {p.name: p.default, **consts}
     k = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
