@@ -105,6 +105,19 @@ def interleaved_rounds(title: str, cands: dict, call, ref, flops: float, bench, 
     return med
 
 
+def abba_ms(fns: dict, bench, rounds: int = 4) -> tuple[dict, dict]:
+    """Each fn of ``fns`` (name -> fn) timed by ``bench`` in rounds whose order alternates A B, B A, B A, A B
+    (a variant timed later in a round ran slower at long shapes: docs/tuning/attention.md, "v6 dK / dV: LSE and
+    Delta staged by the loader"). Returns (name -> the mean of the rounds' middle two, name -> every round's)."""
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 4 in (0, 3) else names[::-1]):
+            times[n].append(bench(fns[n]))
+    mid = {n: sum(sorted(ts)[rounds // 2 - 1:rounds // 2 + 1]) / 2 for n, ts in times.items()}
+    return mid, times
+
+
 def per_call_us(fn, n: int = 2000) -> float:
     """Host microseconds per call of ``fn`` over n back-to-back calls after one warm-up call (no
     sync: for pieces of a launch path whose kernels are shorter than their host cost)."""

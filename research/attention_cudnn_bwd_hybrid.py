@@ -147,6 +147,8 @@ def main():
 
 def inputs():
     import sys
+
+    from _timing import abba_ms
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(1)
     shapes = SHAPES[:1] if "--first" in sys.argv else SHAPES[:2]
@@ -194,27 +196,14 @@ def inputs():
             Hybrid.apply(*leaves, causal, scale).backward(do)
         fns["fwd+bwd: cuDNN (SDPA autograd)"] = cudnn_fb
         fns["fwd+bwd: hybrid"] = hybrid_fb
-        with torch.no_grad():
-            fns["fwd: cuDNN op"] = lambda: cudnn_fwd(q, k, v, causal, scale)
-            fns["fwd: ours, return_lse"] = lambda: tilewise.flash_attention(q, k, v, causal=causal, scale=scale,
-                                                                            return_lse=True)
-        names = list(fns)
-        times = {n: [] for n in names}
-        for r in range(4):
-            for n in (names if r in (0, 3) else names[::-1]):
-                if n.startswith("fwd:"):
-                    with torch.no_grad():
-                        times[n].append(bench(fns[n]))
-                else:
-                    times[n].append(bench(fns[n]))
-        def mid(ts):
-            ts = sorted(ts)
-            return (ts[1] + ts[2]) / 2
-        base = mid(times["cuDNN O + LSE"])
-        for n in names:
-            med = mid(times[n])
-            print(f"  {n:32s} {med:.3f} ms (rounds {', '.join(f'{t:.3f}' for t in times[n])})"
-                  + (f"  {med / base:.3f}x the op on cuDNN's pair" if not n.startswith("fwd") else ""), flush=True)
+        fns["fwd: cuDNN op"] = torch.no_grad()(lambda: cudnn_fwd(q, k, v, causal, scale))
+        fns["fwd: ours, return_lse"] = torch.no_grad()(
+            lambda: tilewise.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True))
+        med, times = abba_ms(fns, bench)
+        for n in fns:
+            print(f"  {n:32s} {med[n]:.3f} ms (rounds {', '.join(f'{t:.3f}' for t in times[n])})"
+                  + (f"  {med[n] / med['cuDNN O + LSE']:.3f}x the op on cuDNN's pair" if not n.startswith("fwd")
+                     else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -223,6 +223,7 @@ def persistent3():
     (two consumers gained 4.5 % there), plain within 2 % either way (two consumers: -1 %).
     Measured (H100, a2733c6, `bench/results/logs/attention-ws-persistent3-a2733c6.log`): plain 1.000-1.030x the
     grid, causal 0.948-1.032x (slower at H 16 S 4096 / 8192, faster at the GQA 4 x 4096 shape)."""
+    from _timing import abba_ms
     from tilewise.ops.attention import configs as C
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
@@ -246,13 +247,8 @@ def persistent3():
             a, b = fns["grid"]().float(), fns["persistent"]().float()
             err = ((a - b).norm() / a.norm()).item()
             assert err < 1e-3, f"persistent vs grid {err:.3g}"
-            times = {n: [] for n in fns}
-            names = list(fns)
-            for r in range(4):
-                for n in (names if r in (0, 3) else names[::-1]):
-                    times[n].append(bench(fns[n]))
-            med = {n: sum(sorted(ts)[1:3]) / 2 for n, ts in times.items()}
-            line = " | ".join(f"{n} {med[n] * 1e3:7.1f} us ({med['cudnn'] / med[n]:.3f}x cudnn)" for n in names)
+            med, _ = abba_ms(fns, bench)
+            line = " | ".join(f"{n} {med[n] * 1e3:7.1f} us ({med['cudnn'] / med[n]:.3f}x cudnn)" for n in fns)
             print(f"B={B} H={H}/{Hkv} S={S:5d} {'causal' if causal else 'plain':6s}: {line} | persistent / grid "
                   f"{med['grid'] / med['persistent']:.3f}x | rel diff {err:.1e}", flush=True)
 
