@@ -86,7 +86,7 @@ import torch
 
 from tilewise.ops.attention import configs
 
-from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load, query_stats
+from tilewise.ops.attention.gluon_bwd import KEYS, LOG2E, _tma_load
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -137,6 +137,25 @@ def _red_add(ptrs, vals, keep, VEC: gl.constexpr):
             "=r,=r,l,l,f,f,r,r", [ptrs.to(gl.int64, bitcast=True), vals, keep], dtype=gl.int32, is_pure=False, pack=2)
     else:
         gl.atomic_add(ptrs, vals, mask=keep != 0, sem="relaxed")
+
+
+@gluon.jit
+def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,
+                MASKED: gl.constexpr):
+    """STATS 1: LSE (log2 units; 0 where -inf) and Delta of query tile ``i``, in S^T's column layout ``col``,
+    loaded one element a thread by each consumer, then converted through shared memory (v6's dK / dV kernel did
+    this until its loader staged them). Loaded in ``col`` directly, each thread's 16 64-bit addresses a tensor
+    were hoisted out of the query loop and spilled to local memory."""
+    blk: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=blk)
+    if MASKED:
+        lse = gl.load(lse_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+        delta = gl.load(delta_ptr + head_row + offs, mask=offs < Sq, other=0.0)
+    else:
+        lse = gl.load(lse_ptr + head_row + offs)
+        delta = gl.load(delta_ptr + head_row + offs)
+    lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+    return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
 
 
 @gluon.jit

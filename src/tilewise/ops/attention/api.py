@@ -410,13 +410,14 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     launcher = launcher or _launch
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    # A band or a score mod runs on the two-kernel backward alone.
+    # A score mod runs on the two-kernel backward alone, a band too unless ws_bwd_band gives it to v6.
     plain = band is None and not softcap and alibi is None
-    if plain and policy.backward == "ws" and _tma_rows(do) is None:
+    v6_band = band is not None and not softcap and alibi is None and policy.ws_bwd_band
+    if (plain or v6_band) and policy.backward == "ws" and _tma_rows(do) is None:
         # v6 reads dO by TMA, head-major or sequence-major in place (the gradient of an output the
         # caller transposed back to (B, S, H, D) is sequence-major); another layout is copied.
         do = do.contiguous()
-    ws_bwd = plain and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
+    ws_bwd = (plain or v6_band) and policy.backward == "ws" and _ws_bwd_applies(q, k, v, do, mask, bias)
     # Every element of dQ, dK, dV is stored by the kernels (rows with no live key store 0).
     dq = _empty_grad_like(q, grads_like and ws_bwd and policy.ws_bwd_dq)
     dk = _empty_grad_like(k, grads_like and ws_bwd)
@@ -451,10 +452,10 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
 
         memo: dict = {}  # the TMA descriptors both kernels use, built once
         gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=launcher, memo=memo,
-                config=configs.ws_bwd_dkdv_config(D, policy.ws_bwd_config))
+                config=configs.ws_bwd_dkdv_config(D, policy.ws_bwd_config), band=band)
         if policy.ws_bwd_dq:
             gb.dq(q, k, v, do, lse, delta, causal, scale, dq, launch=launcher, memo=memo,
-                  config=configs.ws_bwd_dq_config(D, policy.ws_bwd_dq_config))
+                  config=configs.ws_bwd_dq_config(D, policy.ws_bwd_dq_config), band=band)
             return dq, dk, dv, dbias
 
     mask8 = mask.view(torch.uint8) if mask is not None else None

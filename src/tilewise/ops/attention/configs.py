@@ -224,6 +224,9 @@ class AttentionPolicy:
                    ``deterministic=False``), "ordered" (the fused kernel, dQ added in a fixed order;
                    GPU only, no mask). The fused kernel runs at head dims <= 128 only.
     ws_bwd_dq:     v6 also computes dQ (False: v3's dQ kernel after v6's dK / dV).
+    ws_bwd_band:   a band (sliding window, bottom-right causal) without mask, bias or score mods runs v6's
+                   backward with ``backward="ws"`` where v6 applies (else v3's two kernels); opt-in, not yet
+                   measured.
     ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers[, register
                    operands]); None: the tables. A 4th field of 1 or 2 keeps the kernel's stationary tiles (K,
                    then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in: slower
@@ -253,6 +256,7 @@ class AttentionPolicy:
     bias_batch_fastest: bool = True
     backward: str = "two_kernel"
     ws_bwd_dq: bool = True
+    ws_bwd_band: bool = False
     ws_bwd_config: Optional[tuple] = None
     ws_bwd_dq_config: Optional[tuple] = None
     ordered_mode: int = 1

@@ -49,8 +49,8 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, fill_kv, head_rc, kv_ring,
-                            kv_tiles, row_len, unmasked_tiles)
+    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, band_tiles, fill_kv, head_rc,
+                            kv_ring, kv_tiles, row_len, unmasked_tiles)
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels
@@ -70,7 +70,7 @@ if _GLUON:
                 lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                 n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                which: gl.constexpr):
+                band_lo, band_hi, BAND: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(NUM_CONS):
@@ -101,26 +101,11 @@ if _GLUON:
             _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
 
     @gluon.jit
-    def query_stats(lse_ptr, delta_ptr, head_row, i, Sq, col: gl.constexpr, BLOCK_M: gl.constexpr,
-                    MASKED: gl.constexpr):
-        """LSE (log2 units; 0 where -inf) and Delta of query tile ``i``, in S^T's column layout ``col``.
-        Loaded one element a thread, then converted: loaded in ``col`` directly, each thread's 16
-        addresses a tensor (64-bit) were hoisted out of the query loop and spilled to local memory."""
-        blk: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=blk)
-        if MASKED:
-            lse = gl.load(lse_ptr + head_row + offs, mask=offs < Sq, other=0.0)
-            delta = gl.load(delta_ptr + head_row + offs, mask=offs < Sq, other=0.0)
-        else:
-            lse = gl.load(lse_ptr + head_row + offs)
-            delta = gl.load(delta_ptr + head_row + offs)
-        lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-        return gl.convert_layout(lse, col), gl.convert_layout(delta, col)
-
-    @gluon.jit
     def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo,
               Sq, Sk, qk_scale, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False,
+              band_lo=0, band_hi=0):
+        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -143,6 +128,9 @@ if _GLUON:
             keep = (offs_m[None, :] < Sq) & (offs_n[:, None] < Sk)
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :])
+            if BAND:
+                rel = offs_n[:, None] - offs_m[None, :]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
             pt = gl.where(keep, pt, 0.0)
         pt_op = gl.convert_layout(pt.to(do_buf.dtype), a_layout)
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
@@ -161,7 +149,7 @@ if _GLUON:
                   lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                   n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                  which: gl.constexpr):
+                  band_lo, band_hi, BAND: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -174,12 +162,19 @@ if _GLUON:
         dv = gl.zeros([_KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
         # Query tiles [m_first, m_clean) cross the causal diagonal of this CTA's keys, [m_clean, m_full)
         # need no test, [m_full, n_m) is the partial last tile; a CTA whose keys pass Sk tests all.
-        # m_first <= m_clean <= m_full <= n_m always (e.g. causal with Sk > Sq: no tile at all).
+        # m_first <= m_clean <= m_full <= n_m always (e.g. causal with Sk > Sq: no tile at all). With
+        # BAND, n_m is the end of the band's tiles, and [m_clean, m_full) the tiles inside the band for
+        # every row and every key of the CTA: rows m >= n0 + 127 - band_hi and m <= n0 - band_lo.
         if CAUSAL:
             m_clean = gl.minimum(gl.maximum(gl.cdiv(n0 + NUM_CONS * _KEYS - 1, BLOCK_M), m_first), n_m)
+        elif BAND:
+            m_clean = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(n0 + NUM_CONS * _KEYS - 1 - band_hi, 0), BLOCK_M),
+                                            m_first), n_m)
         else:
             m_clean = m_first
         m_full = gl.minimum(gl.maximum(Sq // BLOCK_M, m_clean), n_m)
+        if BAND:
+            m_full = gl.maximum(gl.minimum(m_full, gl.maximum(n0 - band_lo + 1, 0) // BLOCK_M), m_clean)
         if n0 + NUM_CONS * _KEYS > Sk:
             m_clean = n_m
             m_full = n_m
@@ -196,13 +191,15 @@ if _GLUON:
             t0 = g * n_tiles - m_first
             for i in range(m_first, m_clean):
                 dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
-                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True)
+                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, BAND, band_lo,
+                               band_hi)
             for i in range(m_clean, m_full):
                 dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
                                Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False)
             for i in range(m_full, n_m):
                 dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
-                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True)
+                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, BAND, band_lo,
+                               band_hi)
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         keep = (rows < Sk)[:, None]
@@ -225,10 +222,13 @@ if _GLUON:
 
     @gluon.jit
     def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                                H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP,
+                                H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0,
-                                REG_OPS: gl.constexpr = 0):
+                                REG_OPS: gl.constexpr = 0, BAND: gl.constexpr = False):
+        """dK, dV of 64 x NUM_CONS keys of one K / V head over its query heads (GQA). BAND (not with
+        CAUSAL): only the query tiles the band reaches from these keys, rows n0 - band_hi ..
+        n0 + 127 - band_lo."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
@@ -250,6 +250,9 @@ if _GLUON:
         if CAUSAL:
             m_first = n0 // BLOCK_M
         n_m = gl.cdiv(Sq, BLOCK_M)
+        if BAND:  # n_m becomes the end of the band's query tiles
+            m_first = gl.maximum(n0 - band_hi, 0) // BLOCK_M
+            n_m = gl.minimum(gl.cdiv(gl.maximum(n0 + NUM_CONS * _KEYS - band_lo, 0), BLOCK_M), n_m)
         m_first = gl.minimum(m_first, n_m)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], v_desc.layout)
@@ -271,15 +274,15 @@ if _GLUON:
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, 0)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, 0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, 1)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, 1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                       REG_OPS, 0)),
+                       REG_OPS, band_lo, band_hi, BAND, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -290,18 +293,23 @@ if _GLUON:
                    v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
                    v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, which: gl.constexpr):
+                   NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
+                   which: gl.constexpr, JOINT: gl.constexpr = False):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * _KEYS, q_col], qd_bar.index(c), q_smem.index(c))
             _tma_load(do_desc, [do_row + c * _KEYS, do_col], qd_bar.index(c), do_smem.index(c))
-        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
-                n_tiles, 0, BLOCK_N, STAGES)
+        # JOINT: k_empty frees the stage's K and V (the V wait on it passes at once)
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, k_empty if JOINT else v_empty, k_row, k_col,
+                v_row, v_col, n_tiles, 0, BLOCK_N, STAGES)
 
     @gluon.jit
     def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
                  qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False,
+                 band_lo=0, band_hi=0, t_lo=0, JOINT: gl.constexpr = False):
+        # BAND (with MASKED): ring fill j is key tile t_lo + j; keep key n for query m where
+        # band_lo <= n - m <= band_hi.
         s = j % STAGES
         ph = (j // STAGES) & 1
         k_buf = k_smem.index(s)
@@ -315,13 +323,19 @@ if _GLUON:
         p = gl.exp2(st * qk_scale - lse[:, None])
         if MASKED:
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            if BAND:
+                offs_n += t_lo * BLOCK_N
             offs_m = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, s_layout))
             keep = (offs_n[None, :] < Sk) & (offs_m[:, None] < Sq)
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            if BAND:
+                rel = offs_n[None, :] - offs_m[:, None]
+                keep = keep & (rel >= band_lo) & (rel <= band_hi)
             p = gl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
-        mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
+        if not JOINT:  # JOINT: K and V freed together below (two warpgroup barriers a tile, not four)
+            mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
         ds = p * (dp - delta[:, None])
         ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
         dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
@@ -334,7 +348,8 @@ if _GLUON:
                      v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row, k_col, v_row,
                      v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, which: gl.constexpr):
+                     NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
+                     which: gl.constexpr, JOINT: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -350,6 +365,14 @@ if _GLUON:
         # Key tiles [0, n_full) need no test; [n_full, n_tiles) the bounds (and causal) test; every
         # tile is tested when this consumer's rows pass Sq.
         n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
+        if BAND:
+            # Fills [0, a) and [n_full, n_tiles) test the band (and bounds); [a, n_full) are key tiles inside
+            # the band for all 64 rows (keys n >= m_lo + 63 + band_lo and n <= m_lo + band_hi) and inside Sk.
+            a = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(m_lo + _KEYS - 1 + band_lo, 0), BLOCK_N) - t_lo, 0), n_tiles)
+            n_full = gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N) - t_lo
+            n_full = gl.maximum(gl.minimum(n_full, n_tiles), a)
+            if m_lo + _KEYS > Sq:
+                a = 0
         if m_lo + _KEYS > Sq:
             n_full = 0
         q = q_smem.index(which)
@@ -363,12 +386,25 @@ if _GLUON:
             q = q.load(qd_op)
             if REG_OPS >= 2:
                 do = do.load(qd_op)
-        for j in range(n_full):
-            dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
-                          Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False)
-        for j in range(n_full, n_tiles):
-            dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq,
-                          Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True)
+        if BAND:
+            for j in range(a):
+                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
+                              band_hi, t_lo, JOINT=JOINT)
+            for j in range(a, n_full):
+                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, False, JOINT=JOINT)
+            for j in range(n_full, n_tiles):
+                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
+                              band_hi, t_lo, JOINT=JOINT)
+        else:
+            for j in range(n_full):
+                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False, JOINT=JOINT)
+            for j in range(n_full, n_tiles):
+                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True, JOINT=JOINT)
         rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = dq_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         ptrs = dq_ptr + ((dq_row + rows).to(gl.int64) * dq_stride)[:, None] + cols[None, :]
@@ -376,12 +412,14 @@ if _GLUON:
 
     @gluon.jit
     def attn_bwd_dq_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr, H, GROUP, Sq, Sk,
-                              qk_scale, sm_scale, HEAD_GROUP, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                              LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0):
+                              qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi, BLOCK_N: gl.constexpr,
+                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0,
+                              BAND: gl.constexpr = False, JOINT: gl.constexpr = False):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
-        P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows."""
+        P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows.
+        BAND (not with CAUSAL): only the key tiles the band reaches from these rows (``band_tiles``)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = _KEYS * NUM_CONS
         start_m = gl.program_id(0)
@@ -403,7 +441,13 @@ if _GLUON:
         dq_row, dq_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_DQ)
         dq_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_DQ)
         lse_row = bh * Sq
-        n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+        if BAND:  # the ring starts at the band's first key tile
+            t_lo, n_tiles = band_tiles(m0, Sk, band_lo, band_hi, BM, BLOCK_N)
+            k_row += t_lo * BLOCK_N
+            v_row += t_lo * BLOCK_N
+        else:
+            t_lo = 0
+            n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
@@ -414,19 +458,23 @@ if _GLUON:
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 0)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
+                            0, JOINT)),
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 1)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
+                            1, JOINT)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                           k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                           k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, 0)),
+                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
+                          0, JOINT)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None):
+def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None,
+         band=None):
     """dK, dV into ``dk``, ``dv`` (k's shape) from 16-bit q, k, v, do (B, H or Hkv, S, D), the
     forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. q, k, v, do, dk and dv
     each head-major or sequence-major (``layout.rows``: read and written in place); the caller
@@ -435,7 +483,8 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
     consumer registers[, register operands: 0, 1 (K) or 2 (K and V)]), default ``configs.ws_bwd_dkdv_config``'s.
     ``head_group``: causal launch order's heads a group (``_lpt``; 1 is head by head), default
-    ``configs.causal_head_group``'s."""
+    ``configs.causal_head_group``'s. ``band``: (lo, hi) as ``reference.band`` (causal False): only the
+    (query, key) pairs with lo <= key - query <= hi."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -446,8 +495,10 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     qd, dod = _desc(q2, (bm, D), memo), _desc(do2, (bm, D), memo)
     grid = (-(-Sk // (2 * KEYS)), B * Hkv)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
-    args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
+    args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if band is not None:
+        meta["BAND"] = True
     if reg_ops and reg_ops[0]:
         meta["REG_OPS"] = int(reg_ops[0])
     layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
@@ -457,10 +508,11 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     return dk, dv
 
 
-def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None):
+def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None,
+       band=None):
     """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
     (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)]), default
-    ``configs.ws_bwd_dq_config``'s; ``head_group`` as ``dkdv``'s."""
+    ``configs.ws_bwd_dq_config``'s; ``head_group`` and ``band`` as ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -471,8 +523,10 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
     grid = (-(-Sq // (2 * KEYS)), B * H)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
-    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group)
+    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
+    if band is not None:
+        meta["BAND"] = True
     if reg_ops and reg_ops[0]:
         meta["REG_OPS"] = int(reg_ops[0])
     layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
