@@ -41,7 +41,7 @@ def main():
             q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
             k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
             do = torch.randn_like(q)
-            base = A.default_policy(q, k, causal=True).replace(backward="ws")
+            base = A.default_policy(q, k, causal=True).replace(backward="ws", ws_bwd_band=False)
             full_fn, _ = fwd_bwd(q, k, v, do, base, causal=True)
             t_full = bench(full_fn)
             for left in (1024, 4096):

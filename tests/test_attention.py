@@ -1622,7 +1622,7 @@ def test_gpu_v6_band_backward(case, dtype, poisoned_grads, monkeypatch):
     (B, H, Hkv, Sq, Sk, D), kw = V6_BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=dtype, device="cuda", seed=Sq + 2 * Sk + D)
     _ws_or_skip(q)
-    base = A.default_policy(q, k, causal=kw.get("causal", False)).replace(backward="ws")
+    base = A.default_policy(q, k, causal=kw.get("causal", False)).replace(backward="ws", ws_bwd_band=False)
     triton_ = _run_fwd_bwd(functools.partial(A.flash_attention, policy=base, **kw), q, k, v)
     launched = _record_launches(monkeypatch)
     run = functools.partial(A.flash_attention, policy=base.replace(ws_bwd_band=True), **kw)
@@ -1918,7 +1918,7 @@ for D, causal in itertools.product((64, 128), (False, True)):
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0, "REG_OPS": 2 if D == 64 else 1}
     out[f"kvregs{D}-D{D}-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig_dkdv(D, bm), consts)
-for D in (64, 128):  # opt-in (ws_bwd_band): a band (window, bottom-right causal), causal off
+for D in (64, 128):  # ws_bwd_band: a band (window, bottom-right causal), causal off
     bm, stages = C.WS_BWD_DKDV_TILES[D]
     consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": False, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0, "BAND": True}

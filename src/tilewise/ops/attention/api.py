@@ -689,9 +689,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
             the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
             2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
             queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run their
-            backward on v3's two kernels (not v6 nor the atomic backward); their forward runs on v5's
-            band kernel at D = 128 without mask, bias or score mods (``AttentionPolicy.ws_band``),
-            else on v3's.
+            backward, without mask, bias or score mods, on v6's kernels over the band's tiles where
+            the policy's backward is "ws" (``AttentionPolicy.ws_bwd_band``), else on v3's two kernels
+            (never the atomic backward); their forward on v5's band kernel at D = 128 without mask,
+            bias or score mods (``AttentionPolicy.ws_band``), else on v3's.
     softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
             before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
     alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the

@@ -294,20 +294,19 @@ if _GLUON:
                    v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
-                   which: gl.constexpr, JOINT: gl.constexpr = False):
+                   which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * _KEYS, q_col], qd_bar.index(c), q_smem.index(c))
             _tma_load(do_desc, [do_row + c * _KEYS, do_col], qd_bar.index(c), do_smem.index(c))
-        # JOINT: k_empty frees the stage's K and V (the V wait on it passes at once)
-        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, k_empty if JOINT else v_empty, k_row, k_col,
-                v_row, v_col, n_tiles, 0, BLOCK_N, STAGES)
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
+                n_tiles, 0, BLOCK_N, STAGES)
 
     @gluon.jit
     def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
                  qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False,
-                 band_lo=0, band_hi=0, t_lo=0, JOINT: gl.constexpr = False):
+                 band_lo=0, band_hi=0, t_lo=0):
         # BAND (with MASKED): ring fill j is key tile t_lo + j; keep key n for query m where
         # band_lo <= n - m <= band_hi.
         s = j % STAGES
@@ -334,8 +333,7 @@ if _GLUON:
                 keep = keep & (rel >= band_lo) & (rel <= band_hi)
             p = gl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
-        if not JOINT:  # JOINT: K and V freed together below (two warpgroup barriers a tile, not four)
-            mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
+        mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
         ds = p * (dp - delta[:, None])
         ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
         dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
@@ -349,7 +347,7 @@ if _GLUON:
                      v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
-                     which: gl.constexpr, JOINT: gl.constexpr = False):
+                     which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -390,21 +388,21 @@ if _GLUON:
             for j in range(a):
                 dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
                               Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
-                              band_hi, t_lo, JOINT=JOINT)
+                              band_hi, t_lo)
             for j in range(a, n_full):
                 dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, False, JOINT=JOINT)
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, False)
             for j in range(n_full, n_tiles):
                 dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
                               Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
-                              band_hi, t_lo, JOINT=JOINT)
+                              band_hi, t_lo)
         else:
             for j in range(n_full):
                 dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False, JOINT=JOINT)
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False)
             for j in range(n_full, n_tiles):
                 dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True, JOINT=JOINT)
+                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True)
         rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = dq_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         ptrs = dq_ptr + ((dq_row + rows).to(gl.int64) * dq_stride)[:, None] + cols[None, :]
@@ -415,7 +413,7 @@ if _GLUON:
                               qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0,
-                              BAND: gl.constexpr = False, JOINT: gl.constexpr = False):
+                              BAND: gl.constexpr = False):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
         P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows.
@@ -458,18 +456,15 @@ if _GLUON:
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
-                            0, JOINT)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 0)),
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
-                            1, JOINT)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 1)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                           k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                           k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
-                          0, JOINT)),
+                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 

@@ -89,7 +89,7 @@ if _GLUON:
                 v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
                 o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr, JOINT: gl.constexpr = False):
+                NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(c), q_smem.index(c))
@@ -106,7 +106,7 @@ if _GLUON:
             else:
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
             _tma_load(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(s), k_smem.index(s))
-            mbarrier.wait((k_empty if JOINT else v_empty).index(s), ph ^ 1)  # JOINT: k_empty frees K and V
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
 
@@ -138,12 +138,13 @@ if _GLUON:
               Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
               NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr,
-              BAND: gl.constexpr = False, band_lo=0, band_hi=0, JOINT: gl.constexpr = False):
+              BAND: gl.constexpr = False, band_lo=0, band_hi=0):
         # Key tile j of the query tile; ``slot`` counts the ring's fills (j, or more in a persistent CTA).
         # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi.
         s = slot % STAGES
         ph = (slot // STAGES) & 1
-        k_buf, v_buf = k_smem.index(s), v_smem.index(s)
+        k_buf = k_smem.index(s)
+        v_buf = v_smem.index(s)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         mbarrier.wait(k_ready.index(s), ph)
         if PINGPONG:  # the consumers take turns issuing their products (round robin)
@@ -156,8 +157,7 @@ if _GLUON:
             b = b_smem.index(s * NUM_CONS + which).load(s_layout)
             fence_async_shared()  # the shared-memory read, ordered before the stage's next TMA fill
             t = gl.fma(b.to(gl.float32), 1.4426950408889634 / qk_scale, t)
-        if not JOINT:  # JOINT: K and V freed together after P V (two warpgroup barriers a tile, not four)
-            mbarrier.arrive(k_empty.index(s), count=1)
+        mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_new, l_i = online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED,
                                               BAND, band_lo, band_hi)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -169,14 +169,14 @@ if _GLUON:
         if PINGPONG:
             mbarrier.arrive(turn.index(NUM_CONS + (which + 1) % NUM_CONS), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive((k_empty if JOINT else v_empty).index(s), count=1)
+        mbarrier.arrive(v_empty.index(s), count=1)
         return acc, m_new, l_i
 
     @gluon.jit
     def _consume(which: gl.constexpr, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                  out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                 HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, JOINT: gl.constexpr = False):
+                 HAS_BIAS: gl.constexpr, NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr):
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -195,11 +195,11 @@ if _GLUON:
         for j in range(n_full):
             acc, m_i, l_i = _tile(j, j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL,
-                                  HAS_BIAS, False, NUM_CONS, PINGPONG, turn, FIRST, JOINT=JOINT)
+                                  HAS_BIAS, False, NUM_CONS, PINGPONG, turn, FIRST)
         for j in range(n_full, n_tiles):
             acc, m_i, l_i = _tile(j, j, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, CAUSAL,
-                                  HAS_BIAS, True, NUM_CONS, PINGPONG, turn, FIRST, JOINT=JOINT)
+                                  HAS_BIAS, True, NUM_CONS, PINGPONG, turn, FIRST)
         _finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
                 HEAD_DIM)
 
@@ -227,10 +227,10 @@ if _GLUON:
                   v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
                   o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr, JOINT: gl.constexpr = False):
+                  NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, which: gl.constexpr):
         _consume(which, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
                  lse_row, o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale, q_desc.block_type.shape[1],
-                 BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, JOINT)
+                 BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG)
 
     @gluon.jit
     def attn_fwd_ws_kernel(q_desc, k_desc, v_desc, b_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale,
@@ -238,7 +238,7 @@ if _GLUON:
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            HAS_BIAS: gl.constexpr, CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
                            BATCH_FASTEST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-                           LAYOUT: gl.constexpr = 0, JOINT: gl.constexpr = False):
+                           LAYOUT: gl.constexpr = 0):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         start_m = gl.program_id(0)
@@ -294,34 +294,34 @@ if _GLUON:
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 1)),
                 (_consumer, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 2, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 2)),
                 (_loader, (q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty,
                   v_ready, v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row,
                   o_row, o_col, o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
-                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0, JOINT)),
+                  BLOCK_N, STAGES, CAUSAL, HAS_BIAS, NUM_CONS, PINGPONG, 0)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
