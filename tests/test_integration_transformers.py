@@ -979,12 +979,39 @@ def test_gpu_auto_attention_matches_flash_attention(monkeypatch):
     ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
     assert ours.config._attn_implementation == tw_hf.AUTO_NAME
     routed = []
-    real = tw_hf._sdpa_wins
-    monkeypatch.setattr(tw_hf, "_sdpa_wins", lambda *a: routed.append(real(*a)) or routed[-1])
+    real = tw_hf._auto_route
+    monkeypatch.setattr(tw_hf, "_auto_route", lambda *a: routed.append(real(*a)) or routed[-1])
     ids = torch.randint(0, 1000, (2, 1000), device="cuda")
     lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
-    want = prefer_sdpa(torch.cuda.get_device_capability(), 64, 1000, True, True)
+    want = "sdpa" if prefer_sdpa(torch.cuda.get_device_capability(), 64, 1000, True, True) else None
     assert routed == [want, want]
+    assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
+    lr.backward()
+    lo.backward()
+    _assert_grads_close(ours, ref, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_auto_attention_cudnn_backward_route(monkeypatch):
+    """Where our forward is the faster one and cuDNN's backward is (configs.cudnn_backward_pays; on the
+    H200 head dim 64 from S = 8192), "tilewise_auto" runs our forward with cuDNN's backward: loss and every
+    gradient as attention=True's (flash_attention at every call) within bf16 noise."""
+    from tilewise.ops.attention.configs import cudnn_backward_pays
+
+    S = 8192
+    if not cudnn_backward_pays(torch.cuda.get_device_capability(), 64, S, True):
+        pytest.skip("no measured rule sends this GPU's calls to cuDNN's backward")
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=1000, max_position_embeddings=S)
+    ref = tw_hf.apply_tilewise(_model(config, "sdpa", "cuda", torch.bfloat16).train(), attention=True)
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    routed = []
+    real = tw_hf._auto_route
+    monkeypatch.setattr(tw_hf, "_auto_route", lambda *a: routed.append(real(*a)) or routed[-1])
+    ids = torch.randint(0, 1000, (1, S), device="cuda")
+    lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
+    assert routed == ["cudnn_bwd", "cudnn_bwd"]
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
     lr.backward()
     lo.backward()

@@ -35,8 +35,10 @@ What reaches ``flash_attention``:
 (``ops/attention/configs.py``'s ``SDPA_RULES``, by compute capability, head dim, causality, length
 and whether gradients follow): SDPA only for plain self-attention (no padding or other mask, no window,
 softcap or attention sinks, Sq = Sk) on a measured GPU; everything else, and any GPU or head dim not
-measured, runs ``flash_attention`` as above. On the H200 a training call is SDPA's (cuDNN's) at every
-measured shape, until flash_attention's backward catches up (docs/tuning/attention.md, "Against SDPA").
+measured, runs ``flash_attention`` as above. On the H200 a training call takes cuDNN's backward at every
+measured shape, until flash_attention's backward catches up: with our forward where that is the faster one
+(``configs.cudnn_backward_pays``: the policy's backward "cudnn"), else SDPA's whole (docs/tuning/attention.md,
+"Against SDPA").
 
 ``transformers`` is an optional dependency (``pip install tilewise[transformers]``).
 """
@@ -261,29 +263,48 @@ def _capability(device: torch.device):
     return torch.cuda.get_device_capability(device)
 
 
-def _sdpa_wins(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal,
-               kwargs) -> bool:
-    """Whether "tilewise_auto" gives this call to SDPA: plain self-attention where SDPA_RULES says so."""
+def _auto_route(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal, kwargs):
+    """Where "tilewise_auto" sends this call: None (``attention_forward``), "sdpa", or "cudnn_bwd" (our
+    forward with cuDNN's backward, where ours is the faster forward and SDPA's the faster backward).
+    Only plain self-attention goes elsewhere than ``attention_forward``."""
     if (attention_mask is not None or sliding_window is not None or softcap is not None
             or kwargs.get("s_aux") is not None or (dropout and module.training)
             or query.shape[2] != key.shape[2] or query.dtype not in (torch.float16, torch.bfloat16)):
-        return False
+        return None
     capability = _capability(query.device)
     if capability is None:
-        return False
+        return None
     backward = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    return attention_configs.prefer_sdpa(capability, query.shape[-1], query.shape[2], causal, backward)
+    D, S = query.shape[-1], query.shape[2]
+    if not attention_configs.prefer_sdpa(capability, D, S, causal, backward):
+        return None
+    if backward and attention_configs.cudnn_backward_pays(capability, D, S, causal):
+        return "cudnn_bwd"
+    return "sdpa"
+
+
+@functools.lru_cache(maxsize=64)
+def _cudnn_bwd_policy(head_dim: int, seq: int, causal: bool):
+    """The default policy's forward with cuDNN's backward (``AttentionPolicy(backward="cudnn")``)."""
+    return attention_configs.choose_policy(head_dim, seq, seq, causal=causal, deterministic=False).replace(
+        backward="cudnn")
 
 
 def auto_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
                            dropout: float = 0.0, scaling=None, sliding_window=None, softcap=None, **kwargs):
-    """transformers' attention hook for ``"tilewise_auto"``: SDPA where ``_sdpa_wins``, else
-    ``attention_forward``; returns (out (B, Sq, H, D), None)."""
+    """transformers' attention hook for ``"tilewise_auto"``: SDPA, or our forward with cuDNN's backward, where
+    ``_auto_route`` says, else ``attention_forward``; returns (out (B, Sq, H, D), None)."""
     causal = _causal(module, kwargs.get("is_causal"))
-    if _sdpa_wins(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal, kwargs):
+    route = _auto_route(module, query, key, value, attention_mask, dropout, sliding_window, softcap, causal, kwargs)
+    if route == "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal,
                                                                scale=scaling,
                                                                enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+    if route == "cudnn_bwd":  # SDPA's cuDNN backward is not reproducible either: deterministic=False is no change
+        policy = _cudnn_bwd_policy(query.shape[-1], query.shape[2], causal)
+        out = _attention(*autocast_inputs(query, key, value), causal=causal, scale=scaling, deterministic=False,
+                         policy=policy)
         return out.transpose(1, 2).contiguous(), None
     return attention_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
                              **kwargs)

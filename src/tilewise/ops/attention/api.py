@@ -75,7 +75,7 @@ from ... import settings
 from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from .._checks import runs_reference
-from . import configs, plans as _plans
+from . import configs, cudnn_bwd as _cudnn_bwd, plans as _plans
 from .configs import AttentionPolicy, block_d, choose_policy
 from .layout import for_ws as _for_ws, rows as _tma_rows, seq_major_like as _seq_major_like
 from .routes import dense as _dense, tma_applies as _tma_applies, tma_bias_applies as _tma_bias_applies
@@ -412,6 +412,8 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, mask, bias, causal, scale, bias_grad,
     Hkv, Sk = k.shape[1], k.shape[2]
     # A score mod runs on the two-kernel backward alone, a band too unless ws_bwd_band gives it to v6.
     plain = band is None and not softcap and alibi is None
+    if policy.backward == "cudnn" and _cudnn_bwd.applies(q, k, v, dlse, mask, bias, plain and not diag):
+        return _cudnn_bwd.backward(do, q, k, v, out, lse, causal, scale, contiguous=not grads_like)
     v6_band = band is not None and not softcap and alibi is None and policy.ws_bwd_band
     if (plain or v6_band) and policy.backward == "ws" and _tma_rows(do) is None:
         # v6 reads dO by TMA, head-major or sequence-major in place (the gradient of an output the
@@ -731,8 +733,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         if not isinstance(policy, AttentionPolicy):
             raise ValueError(f"flash_attention: 'policy' must be an AttentionPolicy or None, "
                              f"got {type(policy).__name__}")
-        if deterministic and policy.backward == "atomic":
-            raise ValueError("flash_attention: the policy's atomic backward is not deterministic; "
+        if deterministic and policy.backward in ("atomic", "cudnn"):
+            raise ValueError(f"flash_attention: the policy's {policy.backward} backward is not deterministic; "
                              "pass deterministic=False")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     causal = bool(causal)

@@ -188,7 +188,7 @@ ATOMIC_MAX_D = 128
 # ---------------------------------------------------------------------------- the policy
 
 FORWARDS = ("pointer", "tma", "ws")
-BACKWARDS = ("two_kernel", "ws", "atomic", "ordered")
+BACKWARDS = ("two_kernel", "ws", "atomic", "ordered", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +222,9 @@ class AttentionPolicy:
     backward:      "two_kernel" (v3: dK/dV and dQ kernels, deterministic), "ws" (v6: those kernels in
                    Gluon, deterministic), "atomic" (one fused kernel, dQ by fp32 atomics: needs
                    ``deterministic=False``), "ordered" (the fused kernel, dQ added in a fixed order;
-                   GPU only, no mask). The fused kernel runs at head dims <= 128 only.
+                   GPU only, no mask). The fused kernel runs at head dims <= 128 only. "cudnn":
+                   PyTorch's cuDNN attention backward on this forward's O and LSE (``cudnn_bwd.py``:
+                   plain calls, fp16 / bf16, D <= 128; not reproducible: needs ``deterministic=False``).
     ws_bwd_dq:     v6 also computes dQ (False: v3's dQ kernel after v6's dK / dV).
     ws_bwd_band:   a band (sliding window, bottom-right causal) without mask, bias or score mods runs v6's
                    backward with ``backward="ws"`` where v6 applies (False: v3's two kernels).
@@ -359,3 +361,11 @@ def prefer_sdpa(capability: tuple, head_dim: int, seq: int, causal: bool, backwa
         return False
     least = SDPA_RULES[key]
     return least is None or seq < least
+
+
+def cudnn_backward_pays(capability: tuple, head_dim: int, seq: int, causal: bool) -> bool:
+    """Whether a self-attention call whose gradients follow should run our forward with cuDNN's backward
+    (policy backward "cudnn"): where ``SDPA_RULES`` put the backward on SDPA but the forward alone on us."""
+    return (prefer_sdpa(capability, head_dim, seq, causal, True)
+            and not prefer_sdpa(capability, head_dim, seq, causal, False)
+            and (tuple(capability), False, head_dim, bool(causal)) in SDPA_RULES)

@@ -45,8 +45,9 @@ def key(q, k, v, causal, scale, deterministic, policy, align):
     """The plan key of a plain call, or None where plans do not apply to it."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
-    if (policy is not None and not getattr(policy, "plans", False)) or type(deterministic) is not bool:
-        return None
+    if (policy is not None and (not getattr(policy, "plans", False) or policy.backward == "cudnn")
+            or type(deterministic) is not bool):
+        return None  # (a cuDNN backward is no launch a plan could record)
     if not (scale is None or type(scale) is float) or type(align) is not str:
         return None
     # The current device too: the launches go to its stream, as the ordinary path's do.
