@@ -92,3 +92,18 @@ def test_version_check_with_grouped_kv_heads(causal):
 
     with pytest.raises(CheckError):
         S._check_version("wrong", wrong, q, k, v, None, causal, go, False)
+
+
+def test_varlen_rows_time_flex_first():
+    """``_row_against_flex`` names Flex as a row's baseline only once Flex's time is in, so the varlen rows'
+    cases must put Flex first (they did not: flash_attention_varlen's rows named no baseline, and the README
+    could not show them)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(S._varlen_rows)))
+    cases = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "cases" for t in n.targets)]
+    assert len(cases) == 1 and isinstance(cases[0], ast.Dict)
+    assert [k.value for k in cases[0].keys][:2] == ["flex_attention", "flash_attention_varlen"]
