@@ -151,7 +151,7 @@ def test_gpu_cudnn_backward_under_torch_compile():
     go = torch.randn(out.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda").to(out.dtype)
     (out.float() * go.float()).sum().backward()
     ref_out, ref = _reference(q, k, v, True)
-    assert _rel(out, ref_out) < 1e-2 and torch.equal(out, eager_out)
+    assert _rel(out, ref_out) < 1e-2 and _rel(out, eager_out) < 1e-3  # the same forward kernels, any layout
     for name, leaf, e, r in zip(("dq", "dk", "dv"), leaves, eager, ref):
         a = leaf.grad
         assert a.shape == leaf.shape and a.dtype == leaf.dtype and torch.isfinite(a).all(), name
