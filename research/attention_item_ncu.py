@@ -1,0 +1,60 @@
+"""Where the D = 128 forward's short rows lose to cuDNN (issue 30: B 8 H 16 S 2048 forward 0.825x on the
+H100, against ~0.98x at S 16384): one launch each, under Nsight Compute, of the library's forward, v5's grid
+kernel and cuDNN's, at S 2048 (plain and causal) and at S 16384 (plain), bf16, B x S = 16384.
+
+Arithmetic on fa956a6's rows (research/notes/attention.md, "Twenty-fourth session") put the gap in a fixed
+cost of ~3-5 key-tile times a work item (128 query rows). What to read: cuDNN's kernel (grid, threads, shared
+memory, registers: its tile and item count) against ours; tensor-pipe busy and the stall mix of each; and, in
+the source page of our persistent kernel, which SASS lines the samples fall on at an item's start (Q's wait,
+the first S) and end (_finish's stores).
+Inputs are random (never zeros); every case runs once before the profiler starts, so compiles are outside it.
+Run on the GPU: research/attention_item_ncu.sh OUTDIR
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops.attention import api as A
+
+
+def cases():
+    out = []
+    for B, S, causal in ((8, 2048, False), (8, 2048, True), (1, 16384, False)):
+        H, D = 16, 128
+        g = torch.Generator(device="cuda").manual_seed(S + causal)
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        route = A.default_policy(q, k, causal=causal)
+        tag = f"B{B} S{S}{' causal' if causal else ''}"
+
+        def ours(q=q, k=k, v=v, causal=causal):
+            return A.flash_attention(q, k, v, causal=causal)
+
+        def grid(q=q, k=k, v=v, causal=causal, route=route):
+            return A.flash_attention(q, k, v, causal=causal,
+                                     policy=route.replace(forward="ws", ws_persistent=False, ws_overlap=False))
+
+        def cudnn(q=q, k=k, v=v, causal=causal):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        out += [(f"{tag} flash_attention", ours), (f"{tag} cudnn", cudnn)]
+        if S == 2048:
+            out.append((f"{tag} v5 grid", grid))
+    return out
+
+
+def main():
+    todo = cases()
+    for _, fn in todo:
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in todo:
+        print(f"ncu case: {name}", flush=True)
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()

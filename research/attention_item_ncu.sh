@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# research/attention_item_ncu.py under Nsight Compute: one report (--set full, source counters), then its
+# details page (every case) and the SASS source pages of our persistent kernel, v5's grid kernel and cuDNN's
+# forward at S 2048 as CSV (gzipped). The report itself stays in /tmp (too large to bring back).
+# Run on the GPU from the repository root: research/attention_item_ncu.sh OUTDIR
+set -uo pipefail
+out=${1:?usage: $0 OUTDIR}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+rep=/tmp/attention-item-ncu
+ncu --version > "$out/ncu-version.txt" 2>&1
+timeout 400 ncu --clock-control none --profile-from-start off --kernel-name 'regex:attn_fwd|fprop|flash|sdpa' \
+  --set full --import-source yes -f -o "$rep" python3 research/attention_item_ncu.py > "$out/profile.log" 2>&1
+echo "profile rc=$?"
+ncu -i "$rep.ncu-rep" --page details --print-details all > "$out/details.txt" 2>&1
+echo "details rc=$?"
+ncu -i "$rep.ncu-rep" --page raw --csv > "$out/raw.csv" 2>&1; gzip -f "$out/raw.csv"
+# one source page per profiled launch (ids in the order of the cases)
+for id in 0 1 2 3 4 5 6 7; do
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass --launch-skip "$id" --launch-count 1 \
+    > "$out/sass-$id.csv" 2> "$out/sass-$id.err"
+  echo "sass $id rc=$? lines=$(wc -l < "$out/sass-$id.csv")"
+  gzip -f "$out/sass-$id.csv"
+done
