@@ -60,6 +60,15 @@ def test_shape_table_parses_grouped_query_items():
             S.parse_shapes(bad, 16384)
 
 
+def test_dtype_list_parses_names_and_rejects_others():
+    import torch
+    assert S.parse_dtypes("bfloat16") == [torch.bfloat16]
+    assert S.parse_dtypes(" fp16, bfloat16 ,float16") == [torch.float16, torch.bfloat16]
+    for bad in ("", ",", "float32", "bf16,half"):
+        with pytest.raises(ValueError, match="TILEWISE_BENCH_ATTENTION_DTYPES"):
+            S.parse_dtypes(bad)
+
+
 def test_check_heads_take_a_whole_query_group():
     assert S.check_heads(16, 16) == (2, 2)
     assert S.check_heads(32, 8) == (4, 1)

@@ -14,6 +14,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_DIRECT_LAUNCH`` | ``0``: the bound launcher calls Triton's launcher, not its raw C entry point |
 | ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
 | ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
+| ``TILEWISE_BENCH_ATTENTION_DTYPES`` | the attention bench's dtypes, e.g. ``bfloat16,float16`` (default bfloat16) |
 | ``TILEWISE_BENCH_COLD_START_CASES`` | the cold_start bench's cases, comma-separated (``bench.suites.cold_start``) |
 | ``TILEWISE_BENCH_LLAMA_CANDIDATES`` | the llama bench's candidates, comma-separated (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
@@ -39,6 +40,7 @@ FAST_LAUNCH = "TILEWISE_FAST_LAUNCH"
 DIRECT_LAUNCH = "TILEWISE_DIRECT_LAUNCH"
 SST2_DIR = "TILEWISE_SST2_DIR"
 BENCH_ATTENTION_SHAPES = "TILEWISE_BENCH_ATTENTION_SHAPES"
+BENCH_ATTENTION_DTYPES = "TILEWISE_BENCH_ATTENTION_DTYPES"
 BENCH_COLD_START_CASES = "TILEWISE_BENCH_COLD_START_CASES"
 BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
@@ -110,6 +112,10 @@ def sst2_dir() -> Path | None:
 
 def bench_attention_shapes() -> str | None:
     return _text(BENCH_ATTENTION_SHAPES)
+
+
+def bench_attention_dtypes() -> str | None:
+    return _text(BENCH_ATTENTION_DTYPES)
 
 
 def bench_cold_start_cases() -> str | None:

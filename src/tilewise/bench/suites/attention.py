@@ -216,6 +216,16 @@ def _optional_row(r, name, fn, q, k, v, bias, causal, go, backward, *, opname, s
         r.add(opname, name, shape, dtype, ms, cost, baseline=base, baseline_ms=base_ms)
 
 
+def parse_dtypes(env: str) -> list:
+    """``TILEWISE_BENCH_ATTENTION_DTYPES``: comma-separated "bfloat16" / "bf16" / "float16" / "fp16", in order."""
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    items = [i.strip().lower() for i in env.split(",") if i.strip()]
+    if not items or any(i not in names for i in items):
+        raise ValueError(f"TILEWISE_BENCH_ATTENTION_DTYPES={env!r}: expected comma-separated bfloat16 / float16 "
+                         "(or bf16 / fp16), e.g. 'bfloat16,float16'")
+    return list(dict.fromkeys(names[i] for i in items))
+
+
 def parse_shapes(env: str, tokens: int) -> list[tuple[int, int, int, int]]:
     """``TILEWISE_BENCH_ATTENTION_SHAPES``: comma-separated "SxD" (H = Hkv = 16) or "SxDxHxHkv" items,
     S dividing ``tokens`` and Hkv dividing H, as (S, D, H, Hkv)."""
@@ -249,12 +259,12 @@ def run(r) -> None:
         shapes = parse_shapes(env, TOKENS)
     modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
              ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
-    dtype = torch.bfloat16
+    dtypes = parse_dtypes(settings.bench_attention_dtypes() or "bfloat16")
     baselines = {"sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
                  "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION)}
     flex = _flex()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for S, D, H, Hkv in shapes:
+    for (S, D, H, Hkv), dtype in ((s, d) for s in shapes for d in dtypes):
         B = TOKENS // S
         q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(2))
