@@ -8,8 +8,10 @@ memory, registers: its tile and item count) against ours; tensor-pipe busy and t
 the source page of our persistent kernel, which SASS lines the samples fall on at an item's start (Q's wait,
 the first S) and end (_finish's stores).
 Inputs are random (never zeros); every case runs once before the profiler starts, so compiles are outside it.
-Run on the GPU: research/attention_item_ncu.sh OUTDIR
+Run on the GPU: research/attention_item_ncu.sh OUTDIR (python3 research/attention_item_ncu.py [NAME PART]: some cases)
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -44,7 +46,8 @@ def cases():
 
 
 def main():
-    todo = cases()
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # run only the cases whose name contains it
+    todo = [(n, fn) for n, fn in cases() if only in n]
     for _, fn in todo:
         fn()
     torch.cuda.synchronize()

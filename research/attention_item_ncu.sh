@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # research/attention_item_ncu.py under Nsight Compute: one report (--set full, source counters), then its
 # details page (every case) and the SASS source pages of our persistent kernel, v5's grid kernel and cuDNN's
-# forward at S 2048 as CSV (gzipped). The report itself stays in /tmp (too large to bring back).
+# forward at B 8 S 2048 plain as CSV (gzipped). The report itself stays in /tmp (too large to bring back).
 # Run on the GPU from the repository root: research/attention_item_ncu.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR}
@@ -15,10 +15,13 @@ echo "profile rc=$?"
 ncu -i "$rep.ncu-rep" --page details --print-details all > "$out/details.txt" 2>&1
 echo "details rc=$?"
 ncu -i "$rep.ncu-rep" --page raw --csv > "$out/raw.csv" 2>&1; gzip -f "$out/raw.csv"
-# one source page per profiled launch (ids in the order of the cases)
-for id in 0 1 2 3 4 5 6 7; do
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass --launch-skip "$id" --launch-count 1 \
-    > "$out/sass-$id.csv" 2> "$out/sass-$id.err"
-  echo "sass $id rc=$? lines=$(wc -l < "$out/sass-$id.csv")"
-  gzip -f "$out/sass-$id.csv"
+# the SASS source pages, one profiled run each (filtering an imported report by launch is not relied on)
+i=0
+for case in "B8 S2048 flash_attention" "B8 S2048 v5 grid" "B8 S2048 cudnn"; do
+  i=$((i + 1))
+  timeout 150 ncu --clock-control none --profile-from-start off --kernel-name 'regex:attn_fwd|fprop|flash|sdpa' \
+    --section SourceCounters --page source --csv --print-source sass \
+    python3 research/attention_item_ncu.py "$case" > "$out/sass-$i.csv" 2> "$out/sass-$i.err"
+  echo "sass $i ($case) rc=$? lines=$(wc -l < "$out/sass-$i.csv")"
+  gzip -f "$out/sass-$i.csv"
 done
