@@ -69,6 +69,20 @@ def test_dtype_list_parses_names_and_rejects_others():
             S.parse_dtypes(bad)
 
 
+def test_lean_runs_the_grid_rows_only(monkeypatch):
+    from tilewise import settings
+
+    monkeypatch.delenv(settings.BENCH_ATTENTION_LEAN, raising=False)
+    assert not settings.bench_attention_lean()
+    assert [m[0] for m in S.grid_modes(False)] == ["attention_fwd", "attention_fwd_bwd", "attention_bias_fwd",
+                                                    "attention_bias_fwd_bwd"]
+    assert S.sdpa_baselines(False) == ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+    monkeypatch.setenv(settings.BENCH_ATTENTION_LEAN, "1")
+    assert settings.bench_attention_lean()
+    assert S.grid_modes(True) == [("attention_fwd", False, False), ("attention_fwd_bwd", True, False)]
+    assert S.sdpa_baselines(True) == ("sdpa_cudnn",)
+
+
 def test_check_heads_take_a_whole_query_group():
     assert S.check_heads(16, 16) == (2, 2)
     assert S.check_heads(32, 8) == (4, 1)

@@ -15,6 +15,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
 | ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
 | ``TILEWISE_BENCH_ATTENTION_DTYPES`` | the attention bench's dtypes, e.g. ``bfloat16,float16`` (default bfloat16) |
+| ``TILEWISE_BENCH_ATTENTION_LEAN`` | ``1``: the attention bench's grid rows only (cuDNN, Flex, ``flash_attention``) |
 | ``TILEWISE_BENCH_COLD_START_CASES`` | the cold_start bench's cases, comma-separated (``bench.suites.cold_start``) |
 | ``TILEWISE_BENCH_LLAMA_CANDIDATES`` | the llama bench's candidates, comma-separated (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
@@ -41,6 +42,7 @@ DIRECT_LAUNCH = "TILEWISE_DIRECT_LAUNCH"
 SST2_DIR = "TILEWISE_SST2_DIR"
 BENCH_ATTENTION_SHAPES = "TILEWISE_BENCH_ATTENTION_SHAPES"
 BENCH_ATTENTION_DTYPES = "TILEWISE_BENCH_ATTENTION_DTYPES"
+BENCH_ATTENTION_LEAN = "TILEWISE_BENCH_ATTENTION_LEAN"
 BENCH_COLD_START_CASES = "TILEWISE_BENCH_COLD_START_CASES"
 BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
@@ -116,6 +118,10 @@ def bench_attention_shapes() -> str | None:
 
 def bench_attention_dtypes() -> str | None:
     return _text(BENCH_ATTENTION_DTYPES)
+
+
+def bench_attention_lean() -> bool:
+    return _switch(BENCH_ATTENTION_LEAN, False)
 
 
 def bench_cold_start_cases() -> str | None:

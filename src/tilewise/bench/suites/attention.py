@@ -27,6 +27,9 @@ forward block sizes of v3/v4 (variants ``v3_flash2[BM,BN,w,s]``), the dK/dV and 
 deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
 (``v3_flash2_atomic[atomic=...]``). ``TILEWISE_BENCH_ATTENTION_SHAPES="4096x64,8192x128x32x8"``
 (S x D at H 16, or S x D x H x Hkv) times those shapes instead (without the S = 4096 sweeps in quick runs).
+``TILEWISE_BENCH_ATTENTION_DTYPES="bfloat16,float16"`` adds fp16 rows (default bf16 only);
+``TILEWISE_BENCH_ATTENTION_LEAN=1`` times only issue 30's grid rows: sdpa_cudnn, flex_attention and
+flash_attention, forward and forward + backward, no bias, window, varlen or host rows (``scripts/attention-grid``).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
 the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
@@ -257,11 +260,12 @@ def run(r) -> None:
     env = settings.bench_attention_shapes()  # e.g. "4096x64,8192x128x32x8": part of the grid
     if env:
         shapes = parse_shapes(env, TOKENS)
-    modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
-             ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
+    lean = settings.bench_attention_lean()
+    modes = grid_modes(lean)
     dtypes = parse_dtypes(settings.bench_attention_dtypes() or "bfloat16")
-    baselines = {"sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
-                 "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+    baselines = {name: _sdpa(backends[name]) for name in sdpa_baselines(lean)}
     flex = _flex()
     g = torch.Generator(device="cuda").manual_seed(0)
     for (S, D, H, Hkv), dtype in ((s, d) for s in shapes for d in dtypes):
@@ -298,11 +302,14 @@ def run(r) -> None:
                     times[name] = _time(fn, q, k, v, bias, causal, go, backward)
                     r.add(opname, name, shape, dtype, times[name], cost)
                 base = best_baseline(times)
+                row = dict(opname=opname, shape=shape, dtype=dtype, cost=cost, base=base, base_ms=times.get(base))
+                if lean:  # issue 30's grid: what a caller gets, against cuDNN and Flex
+                    _optional_row(r, "flash_attention", _ours_default, q, k, v, bias, causal, go, backward, **row)
+                    continue
                 r.status(f"{opname} {shape} v3_flash2")
                 _check_version("v3_flash2", _ours, q, k, v, bias, causal, go, backward)
                 ms = _time(_ours, q, k, v, bias, causal, go, backward)
                 r.add(opname, "v3_flash2", shape, dtype, ms, cost, baseline=base, baseline_ms=times.get(base))
-                row = dict(opname=opname, shape=shape, dtype=dtype, cost=cost, base=base, base_ms=times.get(base))
                 if D in (64, 128):  # e.g. a Triton without Gluon, or not sm_90: logged, no row
                     _optional_row(r, "v5_flash2_ws", _ours_ws, q, k, v, bias, causal, go, backward, **row)
                 _optional_row(r, "flash_attention", _ours_default, q, k, v, bias, causal, go, backward, **row)
@@ -322,9 +329,23 @@ def run(r) -> None:
                 del bias
         del q, k, v, go
         torch.cuda.empty_cache()
-    _window_rows(r, flex)
-    _varlen_rows(r, flex)
-    _host_rows(r)
+    if not lean:
+        _window_rows(r, flex)
+        _varlen_rows(r, flex)
+        _host_rows(r)
+
+
+def grid_modes(lean: bool) -> list[tuple[str, bool, bool]]:
+    """(op name, backward, with a bias) of each mode a shape runs; ``lean`` (TILEWISE_BENCH_ATTENTION_LEAN):
+    the forward and forward + backward without a bias, issue 30's grid."""
+    modes = [("attention_fwd", False, False), ("attention_fwd_bwd", True, False),
+             ("attention_bias_fwd", False, True), ("attention_bias_fwd_bwd", True, True)]
+    return modes[:2] if lean else modes
+
+
+def sdpa_baselines(lean: bool) -> tuple[str, ...]:
+    """The SDPA backends timed as baselines; ``lean``: cuDNN's alone (what sm_90 callers get)."""
+    return ("sdpa_cudnn",) if lean else ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 
 
 def _window_rows(r, flex) -> None:
