@@ -14,23 +14,26 @@ LM head's chunked dX / dW 0-5 % faster with a timed pick; the whole step's GEMMs
 Shapes: Llama-3.2-1B (hidden 2048, 32 / 8 heads of 64, intermediate 8192, vocab 128256), 16384 tokens a
 step (both of the bench's shapes), the LM head in the fused loss's chunks of 3072 rows; layouts as the step
 passes them (x @ W^T with W's storage; weight gradients g^T @ x). Each output compared with torch's
-default (relative error < 1e-2) before timing; rounds interleaved (A B C D, D C B A, ...), the median of
-the rounds' medians; the table gives ms, TFLOP/s and each variant against torch's default, then the
-step's sum (layer GEMMs x 16, the head's x 16384 / 3072).
+default (relative error < 1e-2) before timing; rounds in the order A B, B A, B A, A B (``_timing.abba_ms``),
+the mean of the middle two rounds' medians; the table gives ms, TFLOP/s and each variant against torch's
+default, then the step's sum (layer GEMMs x 16, the head's x 16384 / 3072).
 Run on the GPU: source scripts/_wheels.sh; PYTHONPATH=src python3 research/llama_gemm_algos.py [--rounds 4]
 """
 import argparse
-import statistics
 
 import torch
 
-from _timing import median_event_ms
+from _timing import abba_ms, median_event_ms
 
 TOK, HID, HEADS, KV, HD, INTER, VOCAB, CHUNK, LAYERS = 16384, 2048, 32, 8, 64, 8192, 128256, 3072, 16
 
 
+def bench(fn):
+    return median_event_ms(fn, reps=30, warmup=3)
+
+
 def cases(g):
-    """(name, calls a step, flops, fn(out_or_None) -> tensor, (A, B) as lt_matmul takes them)."""
+    """(name, calls a step, flops, A, B, strided output or None): the step's product A @ B as it passes them."""
     def rnd(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05
 
@@ -124,13 +127,8 @@ def main():
             except Exception as e:  # noqa: BLE001 - a variant that does not run here is reported
                 print(f"  {name}: {n} failed: {type(e).__name__}: {str(e)[:120]}")
         torch.cuda.tunable.tuning_enable(False)  # tuned once above; timing only from here
-        names = list(ok)
-        per = {n: [] for n in names}
-        for r in range(args.rounds):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                per[n].append(median_event_ms(ok[n], reps=30, warmup=3))
+        med, _ = abba_ms(ok, bench, args.rounds)
         torch.cuda.tunable.tuning_enable(True)
-        med = {n: statistics.median(v) for n, v in per.items()}
         rows.append((calls, med))
         base = med.get("torch")
         cells = [f"{med[n]:.4f} {flops / med[n] / 1e9:5.0f}" + (f" {base / med[n]:.3f}x" if base else "")
@@ -163,16 +161,10 @@ def packed_dx(g, rounds):
         torch.mm(g2[:, :INTER], wg, out=out)
         return out.addmm_(g2[:, INTER:], wu)
 
-    ref = (g2.double() @ torch.cat((wg, wu)).double())
-    errs = {}
-    for n, fn in (("cat + one GEMM", cat_one), ("two GEMMs", two)):
-        errs[n] = ((fn().double() - ref).norm() / ref.norm()).item()
-    per = {n: [] for n in errs}
+    ref = g2.double() @ torch.cat((wg, wu)).double()
     fns = {"cat + one GEMM": cat_one, "two GEMMs": two}
-    for r in range(rounds):
-        for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            per[n].append(median_event_ms(fns[n], reps=30, warmup=3))
-    med = {n: statistics.median(v) for n, v in per.items()}
+    errs = {n: ((fn().double() - ref).norm() / ref.norm()).item() for n, fn in fns.items()}
+    med, _ = abba_ms(fns, bench, rounds)
     print("gate|up dX (16384 x 2048 from K = 16384), ms / relative error against fp64:")
     for n in fns:
         print(f"  {n:16} {med[n]:.4f}  {errs[n]:.2e}  ({LAYERS * (med['cat + one GEMM'] - med[n]):+.2f} ms a step)")

@@ -66,15 +66,13 @@ def trace_of(name, config, state, batches, warmup, steps):
 
 
 def innermost(ops, starts, t):
-    """The innermost CPU op whose range holds time t (ops sorted by start), or None."""
-    best = None
+    """The innermost CPU op whose range holds time t (ops sorted by start: the latest-starting one that holds
+    it, looking back at most 400 ops), or None."""
     i = bisect.bisect_right(starts, t)
-    for j in range(i - 1, max(-1, i - 400), -1):
-        o = ops[j]
-        if o["ts"] <= t <= o["ts"] + o.get("dur", 0) and (best is None or o["ts"] >= best["ts"]):
-            best = o
-            break
-    return best
+    for o in reversed(ops[max(0, i - 400):i]):
+        if t <= o["ts"] + o.get("dur", 0):
+            return o
+    return None
 
 
 def gaps(trace, steps, min_gap_us, top):
@@ -106,7 +104,7 @@ def gaps(trace, steps, min_gap_us, top):
             where = op["name"] if op is not None else "?"
             by_cause[(cause, where)] += gap
             found.append((gap, cause, where, prev["name"], k["name"]))
-        busy += max(0.0, kend - max(k["ts"], end)) if kend > end else 0.0
+        busy += max(0.0, kend - max(k["ts"], end))  # the union of the kernels' intervals
         end = max(end, kend)
         prev = k
     span = end - kernels[0]["ts"]

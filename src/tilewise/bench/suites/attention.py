@@ -28,8 +28,9 @@ deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
 (``v3_flash2_atomic[atomic=...]``). ``TILEWISE_BENCH_ATTENTION_SHAPES="4096x64,8192x128x32x8"``
 (S x D at H 16, or S x D x H x Hkv) times those shapes instead (without the S = 4096 sweeps in quick runs).
 ``TILEWISE_BENCH_ATTENTION_DTYPES="bfloat16,float16"`` adds fp16 rows (default bf16 only);
-``TILEWISE_BENCH_ATTENTION_LEAN=1`` times only issue 30's grid rows: sdpa_cudnn, flex_attention and
-flash_attention, forward and forward + backward, no bias, window, varlen or host rows (``scripts/attention-grid``).
+``TILEWISE_BENCH_ATTENTION_LEAN=1`` times only issue 30's grid rows: sdpa_cudnn, flex_attention (forward only
+in quick runs, as always) and flash_attention, forward and forward + backward, no bias, window, varlen or host
+rows (``scripts/attention-grid``).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
 the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
