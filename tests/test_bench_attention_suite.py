@@ -1,6 +1,7 @@
 """The attention bench suite's guard around a version that may not run here (bench/suites/attention.py)."""
 
 import pytest
+import torch
 
 from tilewise.bench.harness import CheckError
 from tilewise.bench.suites import attention as S
@@ -130,3 +131,13 @@ def test_varlen_rows_time_flex_first():
              and any(isinstance(t, ast.Name) and t.id == "cases" for t in n.targets)]
     assert len(cases) == 1 and isinstance(cases[0], ast.Dict)
     assert [k.value for k in cases[0].keys][:2] == ["flex_attention", "flash_attention_varlen"]
+
+
+def test_autograd_floor_allocates_what_attention_returns():
+    """The host row's floor (``_AllocOnly``) gives an output and gradients of attention's shapes and launches
+    nothing: what any Python autograd attention must at least do."""
+    q, k, v = (torch.randn(1, h, 5, 8, requires_grad=True) for h in (4, 2, 2))
+    out = S._AllocOnly.apply(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]

@@ -31,6 +31,9 @@ deterministic backward (``v3_flash2[dkdv=...]``) and the atomic backward's tiles
 ``TILEWISE_BENCH_ATTENTION_LEAN=1`` times only issue 30's grid rows: sdpa_cudnn, flex_attention (forward only
 in quick runs, as always) and flash_attention, forward and forward + backward, no bias, window, varlen or host
 rows (``scripts/attention-grid``).
+Full and quick runs (not lean) end with the window, varlen and host rows; the host rows
+(``attention_host_fwd_bwd``: the host's time a small eager forward + backward; ``attention_graph_fwd_bwd``:
+its device time from a CUDA graph) are issue 30's host-time target (``_host_rows``).
 Every version is checked first: its output (and dQ, dK, dV, dBias) on batch 0, heads 0-1 against
 the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 MiB per tensor).
 """
@@ -488,11 +491,32 @@ def host_ms(fn, calls: int = 100) -> float:
     return statistics.median(out)
 
 
+class _AllocOnly(torch.autograd.Function):
+    """The least a Python attention with autograd costs the host: its forward allocates out and the LSE,
+    its backward the three gradients, and no kernel runs (the host row's ``autograd_floor``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        ctx.lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _host_rows(r) -> None:
     """Host time of an eager forward + backward (autograd, every launch) at a small shape where the
-    GPU work is a few microseconds (issue 30: <= 40 us beyond the GPU time), beside SDPA's cuDNN
-    backend; the row's time is the host's per call, its baseline SDPA's host time."""
+    GPU work is tens of microseconds (issue 30: <= 40 us of CPU time beyond the GPU time), beside SDPA's
+    cuDNN backend. Rows: ``attention_host_fwd_bwd`` (the host's time a call, its baseline SDPA's;
+    ``autograd_floor``: ``_AllocOnly``, what any Python autograd op costs this host at least) and
+    ``attention_graph_fwd_bwd`` (the same call's device time, replayed from a CUDA graph so the host is
+    out of it); the log gives their difference: the time a call adds beyond its GPU time."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..harness import time_ms_graph
 
     B, H, S, D, dtype = 1, 16, 256, 128, torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -511,16 +535,28 @@ def _host_rows(r) -> None:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.autograd.grad(F.scaled_dot_product_attention(*ins, is_causal=True), ins, go)
 
+    def floor():
+        return torch.autograd.grad(_AllocOnly.apply(*ins), ins, go)
+
     shape = f"B={B},H={H},S={S},D={D},causal,host"
     times = {}
-    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours), ("flash_attention_unplanned", ours_unplanned)):
+    for name, fn in (("sdpa_cudnn", cudnn), ("flash_attention", ours), ("flash_attention_unplanned", ours_unplanned),
+                     ("autograd_floor", floor)):
         r.status(f"attention_host_fwd_bwd {name}")
         ms = _measured(r, name, shape, lambda fn=fn: host_ms(fn))
         if ms is None:
             continue
         times[name] = ms
-        base = "sdpa_cudnn" if name != "sdpa_cudnn" and "sdpa_cudnn" in times else ""
-        r.add("attention_host_fwd_bwd", name, shape, dtype, times[name], None, baseline=base,
+        base = "sdpa_cudnn" if name not in ("sdpa_cudnn", "autograd_floor") and "sdpa_cudnn" in times else ""
+        r.add("attention_host_fwd_bwd", name, shape, dtype, ms, None, baseline=base,
               baseline_ms=times.get(base) if base else None)
-        r.log(f"  attention_host_fwd_bwd {name}: {times[name] * 1e3:.1f} us of host time a call "
-              f"(GPU time: {time_ms(fn) * 1e3:.1f} us)")
+        if name == "autograd_floor":
+            r.log(f"  attention_host_fwd_bwd autograd_floor: {ms * 1e3:.1f} us of host time a call (no kernel)")
+            continue
+        gpu = _measured(r, name, shape, lambda fn=fn: time_ms_graph(fn))
+        if gpu is not None:
+            r.add("attention_graph_fwd_bwd", name, shape, dtype, gpu, None)
+        r.log(f"  attention_host_fwd_bwd {name}: {ms * 1e3:.1f} us of host time a call, "
+              + (f"{gpu * 1e3:.1f} us of device time (graph): {(ms - gpu) * 1e3:+.1f} us beyond it"
+                 if gpu is not None else "device time not measured"))
+
