@@ -21,12 +21,13 @@ from tilewise.ops.attention import api as A
 
 def cases():
     out = []
-    for B, S, causal in ((8, 2048, False), (8, 2048, True), (1, 16384, False)):
-        H, D = 16, 128
+    # and D 64 at B 4 S 4096 (research/attention_exp2_poly.py: is MUFU (the XU pipe) as busy as the tensor pipe?)
+    for B, S, causal, D in ((8, 2048, False, 128), (8, 2048, True, 128), (1, 16384, False, 128), (4, 4096, False, 64)):
+        H = 16
         g = torch.Generator(device="cuda").manual_seed(S + causal)
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         route = A.default_policy(q, k, causal=causal)
-        tag = f"B{B} S{S}{' causal' if causal else ''}"
+        tag = f"B{B} S{S}{' causal' if causal else ''}{' D64' if D == 64 else ''}"
 
         def ours(q=q, k=k, v=v, causal=causal):
             return A.flash_attention(q, k, v, causal=causal)

@@ -1,0 +1,138 @@
+"""v5's forward at D 64 with part of the softmax's exp2 on the FMA pipe (a polynomial) instead of MUFU, against
+v5 as it is; same run, same inputs, cuDNN beside.
+
+Why (arithmetic, sm_90): MUFU.EX2 runs 16 lanes a clock an SM, the tensor pipe 4096 bf16 FLOP a clock. A
+consumer's key tile of 64 rows x 128 keys costs 8192 exp2 (512 MUFU clocks) and 2 x 64 x 128 x D x 2 FLOP of
+products: 512 tensor clocks at D 64, 1024 at D 128. So at D 64 the exp2 alone keeps the MUFU pipe as busy as
+the tensor pipe (at D 128 half as busy): both must overlap perfectly for the products to run at the tensor
+pipe's rate, and any two consumers doing their softmax at the same time queue on MUFU while the tensor pipe
+idles. v5 at D 64 ran its tensor pipe 48.7-53.6 % busy under Nsight Compute (attention-ncu-fwd-8d1d3f3.log).
+FlashAttention-4 computes part of its exponentials with a polynomial on the FMA pipe for the same reason.
+
+What: 2^x as round(x) by the 1.5 x 2^23 magic-number add (no F2I / FRND, which are not FMA-pipe
+instructions), 2^f on f in [-0.5, 0.5] by a degree-3 polynomial fitted for relative error (7.5e-5 at most in
+fp32, below P's bf16 rounding of 2^-9), round(x) added into the exponent bits; x clamped at -126 first. It
+runs on every EVERY-th unmasked key tile of a row (``j % EVERY == EVERY - 1``), MUFU on the rest and on every
+masked tile (the -inf of masked keys must give 0, and 2^-126 is not 0: a fully masked row's l must stay 0).
+Issue-slot arithmetic (D 64, three consumers a SM sub-partition, ~5 issue slots an element besides exp2): the
+polynomial's ~8 instructions an element keep the issue rate under the tensor pipe's time up to 1 tile in ~3;
+so EVERY 4 and 3 are measured, 2 as the point past it.
+
+The variant is gluon_fwd.py's source with the one exp2 line of ``online_softmax`` replaced, loaded as a module
+of the attention package (tilewise.ops.attention.gluon_fwd_poly<EVERY>), so nothing in src/ changes. Outputs
+are compared with v5's (not bitwise: the polynomial is not MUFU's rounding) and with the fp32 reference.
+
+Prediction (before the GPU run): at D 64, EVERY 4: 3-8 % faster where the forward is furthest from the tensor
+pipe's rate (S 4096-16384, plain and causal, H 16 and GQA 32 / 8); EVERY 2 slower than EVERY 4 (issue-bound);
+at D 128 (MUFU half as busy) within +-2 % or slower. If MUFU is not what the D 64 consumers wait on, every
+variant is within noise or slower, and that settles it.
+
+Run on the GPU: PYTHONPATH=src python3 research/attention_exp2_poly.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_fwd as ag
+from tilewise.ops.attention import reference as R
+
+from _timing import warm_clocks
+
+EVERY = (4, 3, 2)
+# (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes first (D 64, GQA 32 / 8), then issue 30's grid at D 64,
+# and two D 128 points (MUFU half as busy there: the control).
+SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
+          (4, 16, 16, 4096, 64, True), (2, 16, 16, 8192, 64, False), (1, 16, 16, 16384, 64, False),
+          (1, 16, 16, 16384, 64, True), (4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, True)]
+LINE = "        p = gl.exp2(t * qk_scale - m_safe[:, None])\n"
+# 2^f, f in [-0.5, 0.5]: c0 + c1 f + c2 f^2 + c3 f^3, least relative error (fitted in fp64, evaluated in fp32)
+POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
+NEW = f"""        x = t * qk_scale - m_safe[:, None]
+        if MASKED:
+            p = gl.exp2(x)
+        elif j % _EVERY == _EVERY - 1:  # research/attention_exp2_poly.py: this tile's exp2 on the FMA pipe
+            x = gl.maximum(x, -126.0)
+            r = x + 12582912.0  # 1.5 * 2**23: r's low mantissa bits hold round(x)
+            f = x - (r - 12582912.0)
+            c = (({POLY[3]!r} * f + {POLY[2]!r}) * f + {POLY[1]!r}) * f + {POLY[0]!r}
+            p = (c.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+        else:
+            p = gl.exp2(x)
+"""
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def load_variant(every: int):
+    """gluon_fwd.py with ``online_softmax``'s exp2 line replaced (see the module doc), as a package module."""
+    src = open(ag.__file__).read()
+    assert src.count(LINE) == 1, "gluon_fwd.online_softmax's exp2 line moved: update LINE"
+    src = src.replace(LINE, NEW).replace("\nif _GLUON:\n", f"\nif _GLUON:\n    _EVERY = gl.constexpr({every})\n", 1)
+    path = os.path.join(tempfile.mkdtemp(prefix="exp2poly"), f"gluon_fwd_poly{every}.py")
+    with open(path, "w") as fh:
+        fh.write(src)
+    name = f"tilewise.ops.attention.gluon_fwd_poly{every}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    mods = {"v5": ag, **{f"poly{e}": load_variant(e) for e in EVERY}}
+    warm_clocks()
+    print(f"{torch.cuda.get_device_name()}: B H/Hkv S D causal | ms: " + " ".join(mods) +
+          " | x v5 | cuDNN ms (x v5) | max err vs v5, vs fp32", flush=True)
+    for B, H, Hkv, S, D, causal in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(S + D + causal)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        scale = D ** -0.5
+        config = C.WS_THREE if D == 64 else None  # v5's own choice at each head dim (configs.WS_FWD_RULES)
+        outs = {}
+        for n, m in mods.items():
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+            m.fwd(q, k, v, causal, scale, out, lse, config=config)
+            outs[n] = (out, lse)
+        kv = 2 if H == Hkv else 1  # query heads 0 and 1 read K / V heads 0 and 1, or (GQA) both head 0
+        ref = R.reference(q[:1, :2].float(), k[:1, :kv].float(), v[:1, :kv].float(), causal=causal, scale=scale)
+        errs = {}
+        for n, (out, lse) in outs.items():
+            assert torch.isfinite(out).all() and not torch.isnan(lse).any(), (n, B, H, S, D, causal)
+            to_v5 = ((out.float() - outs["v5"][0].float()).abs().max() / outs["v5"][0].float().abs().max()).item()
+            to_ref = ((out[:1, :2].float() - ref).norm() / ref.norm()).item()
+            assert to_ref < 2e-2, (n, to_ref)
+            errs[n] = (to_v5, to_ref)
+        times = {n: [] for n in mods}
+        for r in range(2):  # A B C D, D C B A: a drift within a round falls on all
+            for n in (list(mods) if r == 0 else list(mods)[::-1]):
+                out, lse = outs[n]
+                times[n].append(bench(lambda m=mods[n], out=out, lse=lse: m.fwd(q, k, v, causal, scale, out, lse,
+                                                                               config=config)))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t_c = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                               enable_gqa=H != Hkv))
+        med = {n: statistics.median(t) for n, t in times.items()}
+        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | " + " ".join(f"{med[n]:.3f}" for n in mods) + " | " +
+              " ".join(f"{med['v5'] / med[n]:.3f}" for n in mods if n != "v5") +
+              f" | {t_c:.3f} ({t_c / med['v5']:.3f}) | " +
+              " ".join(f"{n} {a:.1e}, {b:.1e}" for n, (a, b) in errs.items() if n != "v5"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
