@@ -27,7 +27,12 @@ pipe's rate (S 4096-16384, plain and causal, H 16 and GQA 32 / 8); EVERY 2 slowe
 at D 128 (MUFU half as busy) within +-2 % or slower. If MUFU is not what the D 64 consumers wait on, every
 variant is within noise or slower, and that settles it.
 
-Run on the GPU: PYTHONPATH=src python3 research/attention_exp2_poly.py
+Backward (``--backward``): v6's dK / dV and dQ kernels recompute P = exp2(S - LSE) a tile, against three (dQ: S,
+dP, dS K) or four products (dK / dV): at D 64 MUFU 2/3 and 1/2 as busy as the tensor pipe. The same polynomial
+on every 4th / 2nd tile (all tiles: masked entries are zeroed after exp2 there), D 64 shapes and one D 128
+control. Prediction: dQ 2-6 % faster at D 64, dK / dV 0-3 %; D 128 within noise.
+
+Run on the GPU: PYTHONPATH=src python3 research/attention_exp2_poly.py [--backward]
 """
 
 from __future__ import annotations
@@ -76,20 +81,89 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def load_variant(every: int):
-    """gluon_fwd.py with ``online_softmax``'s exp2 line replaced (see the module doc), as a package module."""
-    src = open(ag.__file__).read()
-    assert src.count(LINE) == 1, "gluon_fwd.online_softmax's exp2 line moved: update LINE"
-    src = src.replace(LINE, NEW).replace("\nif _GLUON:\n", f"\nif _GLUON:\n    _EVERY = gl.constexpr({every})\n", 1)
-    path = os.path.join(tempfile.mkdtemp(prefix="exp2poly"), f"gluon_fwd_poly{every}.py")
+def _poly_block(x: str, pad: str, p: str, cond: str) -> str:
+    """Source lines computing ``p`` = 2^``x`` by the polynomial when ``cond`` holds, else by MUFU (exp2)."""
+    return (f"{pad}x_ = {x}\n"
+            f"{pad}if {cond}:  # research/attention_exp2_poly.py: this tile's exp2 on the FMA pipe\n"
+            f"{pad}    x_ = gl.maximum(x_, -126.0)\n"
+            f"{pad}    r_ = x_ + 12582912.0  # 1.5 * 2**23: r_'s low mantissa bits hold round(x_)\n"
+            f"{pad}    f_ = x_ - (r_ - 12582912.0)\n"
+            f"{pad}    c_ = (({POLY[3]!r} * f_ + {POLY[2]!r}) * f_ + {POLY[1]!r}) * f_ + {POLY[0]!r}\n"
+            f"{pad}    {p} = (c_.to(gl.int32, bitcast=True) + (r_.to(gl.int32, bitcast=True) << 23)).to(gl.float32, "
+            f"bitcast=True)\n"
+            f"{pad}else:\n"
+            f"{pad}    {p} = gl.exp2(x_)\n")
+
+
+def load_variant(every: int, module=None, edits=None):
+    """``module``'s source (default gluon_fwd.py) with each ``edits`` line (old line -> new source) replaced and
+    ``_EVERY`` defined, loaded as a module of the attention package (``<name>_poly<EVERY>``)."""
+    module = module or ag
+    edits = edits if edits is not None else {LINE: NEW}
+    src = open(module.__file__).read()
+    for old, new in edits.items():
+        assert src.count(old) == 1, f"{module.__name__}: the exp2 line moved: {old.strip()}"
+        src = src.replace(old, new)
+    src = src.replace("\nif _GLUON:\n", f"\nif _GLUON:\n    _EVERY = gl.constexpr({every})\n", 1)
+    short = module.__name__.rsplit(".", 1)[1]
+    path = os.path.join(tempfile.mkdtemp(prefix="exp2poly"), f"{short}_poly{every}.py")
     with open(path, "w") as fh:
         fh.write(src)
-    name = f"tilewise.ops.attention.gluon_fwd_poly{every}"
+    name = f"tilewise.ops.attention.{short}_poly{every}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+# v6's two exp2 lines: dK / dV's P^T (tile t of the key block's query walk) and dQ's P (ring fill j); masked
+# entries are zeroed by a gl.where after either, so every tile may take the polynomial.
+BWD_EDITS = {
+    "        pt = gl.exp2(st * qk_scale - lse[None, :])\n":
+        _poly_block("st * qk_scale - lse[None, :]", "        ", "pt", "t % _EVERY == _EVERY - 1"),
+    "        p = gl.exp2(st * qk_scale - lse[:, None])\n":
+        _poly_block("st * qk_scale - lse[:, None]", "        ", "p", "j % _EVERY == _EVERY - 1"),
+}
+BWD_SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
+              (4, 16, 16, 4096, 128, True)]
+
+
+def backward():
+    """v6's dK / dV and dQ kernels with the polynomial on every EVERY-th tile (4 and 2) against v6, cuDNN's
+    backward beside; gradients against v6's (not bitwise)."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    from _timing import cudnn_backward_ms, v6_backward_inputs
+
+    mods = {"v6": gb, **{f"poly{e}": load_variant(e, gb, BWD_EDITS) for e in (4, 2)}}
+    warm_clocks()
+    print(f"{torch.cuda.get_device_name()} (backward): B H/Hkv S D causal | dK/dV ms: " + " ".join(mods) +
+          " | dQ ms: " + " ".join(mods) + " | cuDNN backward | max err vs v6", flush=True)
+    for B, H, Hkv, S, D, causal in BWD_SHAPES:
+        q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
+        grads = {}
+        for n, m in mods.items():
+            dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
+            m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
+            m.dq(q, k, v, do, lse, delta, causal, scale, dq)
+            grads[n] = (dk, dv, dq)
+        err = {n: max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                      for a, b in zip(g, grads["v6"])) for n, g in grads.items()}
+        assert all(e < 2e-2 for e in err.values()) and all(torch.isfinite(t).all() for g in grads.values()
+                                                              for t in g), (B, H, S, D, causal, err)
+        times = {n: ([], []) for n in mods}
+        for r in range(2):
+            for n in (list(mods) if r == 0 else list(mods)[::-1]):
+                m, (dk, dv, dq) = mods[n], grads[n]
+                times[n][0].append(bench(lambda m=m, dk=dk, dv=dv: m.dkdv(q, k, v, do, lse, delta, causal, scale,
+                                                                          dk, dv)))
+                times[n][1].append(bench(lambda m=m, dq=dq: m.dq(q, k, v, do, lse, delta, causal, scale, dq)))
+        t_c = cudnn_backward_ms(q, k, v, do, causal, bench)
+        med = {n: [statistics.median(x) for x in t] for n, t in times.items()}
+        print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} | " + " ".join(f"{med[n][0]:.3f}" for n in mods) +
+              " | " + " ".join(f"{med[n][1]:.3f}" for n in mods) + f" | {t_c:.3f} | " +
+              " ".join(f"{n} {e:.1e}" for n, e in err.items() if n != "v6"), flush=True)
 
 
 def main():
@@ -135,4 +209,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    backward() if "--backward" in sys.argv[1:] else main()
