@@ -291,6 +291,52 @@ def _interpreter_matches_reference(q, k, v, kw, mask_bias_seed=None):
     _compare(ours, ref, 1e-5)
 
 
+WIDE_WINDOW_CASES = {  # windows that keep every pair a plain call keeps: they run as no window
+    "causal_window_as_wide": ((1, 2, 1, 64, 64, 32), dict(causal=True, window=(63, None))),
+    "causal_window_past_the_keys": ((1, 2, 2, 40, 70, 32), dict(causal=True, window=(500, 0))),
+    "window_both_sides_past": ((1, 2, 1, 50, 45, 32), dict(window=(49, 44))),
+    "bottom_right_one_query": ((1, 2, 1, 1, 70, 32), dict(causal=True, align="bottom_right")),
+}
+
+
+def test_call_band_keeps_the_pairs_band_keeps():
+    """``call_band`` (what the kernels get): on random lengths, windows and alignments the same (query, key)
+    pairs as the attend map written out; no band where a window is as wide as the sequence (with causal
+    where the pairs are top-left causal's), and each outcome seen often."""
+    import random
+    from tilewise.ops.attention.reference import ALIGNS, call_band
+
+    g = random.Random(7)
+    seen = {(True, False): 0, (True, True): 0, (False, False): 0}
+    for _ in range(3000):
+        sq, sk, causal, align = g.randint(1, 40), g.randint(1, 40), g.random() < 0.5, g.choice(ALIGNS)
+        left = g.choice([None, g.randint(0, 45)])
+        right = g.choice([None, 0]) if causal else g.choice([None, g.randint(0, 45)])
+        window = None if g.random() < 0.2 else (left, right)
+        b, c = call_band(causal, window, align, sq, sk)
+        if b is None:
+            got = torch.ones(sq, sk, dtype=torch.bool)
+            got = got.tril() if c else got
+        else:
+            rel = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]
+            got = (rel >= b[0]) & (rel <= b[1])
+        assert torch.equal(got, _band_keep(sq, sk, causal, window, align)), (sq, sk, causal, window, align, b, c)
+        seen[(b is None, c)] += 1
+    assert min(seen.values()) > 100, seen
+    assert call_band(True, (4095, 0), "top_left", 4096, 4096) == (None, True)  # Mistral's window at S 4096
+    assert call_band(True, (1023, 0), "top_left", 4096, 4096) == ([-1023, 0], False)
+    assert call_band(True, None, "bottom_right", 1, 70) == (None, False)
+
+
+@pytest.mark.parametrize("case", sorted(WIDE_WINDOW_CASES))
+def test_triton_interpreter_wide_window_runs_as_no_window(case):
+    """A window as wide as the sequence on the plain kernels (``call_band``): against the reference with
+    the window."""
+    (B, H, Hkv, Sq, Sk, D), kw = WIDE_WINDOW_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq + 3 * Sk)
+    _interpreter_matches_reference(q, k, v, kw)
+
+
 def test_band_arguments_are_checked():
     q, k, v = _inputs(1, 1, 1, 8, 8, 32, dtype=torch.float32)
     for bad, msg in [(dict(window=(1,)), "'window' must be"), (dict(window=(-1, 2)), "'window' must be"),
@@ -942,6 +988,22 @@ def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
     _assert_close_to_fp32(ours, ref)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.quick(rotate="D")
+def test_gpu_wide_window_runs_as_no_window(D, poisoned_outputs):
+    """Mistral's window at a length within it (``call_band``: plain causal's kernels): against the fp32
+    reference with the window, and bitwise equal to the causal call without one."""
+    q, k, v = _inputs(1, 4, 2, 2049, 2049, D, dtype=torch.bfloat16, device="cuda", seed=D + 11)
+    kw = dict(causal=True, window=(4095, 0))
+    ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
+    plain = _run_fwd_bwd(functools.partial(A.flash_attention, causal=True), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    _assert_close_to_fp32(ours, ref)
+    for name in ("out", "dq", "dk", "dv"):
+        assert torch.equal(ours[name], plain[name]), name
+
+
 V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no score mods), and a long window
     **{n: c for n, c in GPU_BAND_CASES.items()
        if c[0][-1] in (64, 128) and not {"softcap", "alibi_slopes"} & set(c[1])},
@@ -1014,14 +1076,14 @@ def test_gpu_v5_overlap_forward(case, layout, dtype, q_regs, grid, poisoned_outp
 def test_gpu_v5_band_forward(case, persistent, poisoned_outputs, monkeypatch):
     """v5's band forward (``ws_band``; the default at D = 128) on its own grid and on the persistent one
     against the fp32 reference, with poisoned outputs; the backward (v3's two kernels) from its LSE."""
-    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_band
 
     (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
     policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_band_persistent=persistent)
     taken = []
-    real = ag.fwd_band
-    monkeypatch.setattr(ag, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
+    real = gluon_band.fwd_band
+    monkeypatch.setattr(gluon_band, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, policy=policy, **kw), q, k, v)
     assert taken == [persistent], "the band forward did not run on v5's band kernel"
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
@@ -1827,12 +1889,18 @@ for causal in (False, True):  # the persistent grid with D = 64's three consumer
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
               "LAYOUT": 0}
     out[f"persistent3-D64-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig_persistent(64, bn), consts)
+for causal in (False, True):  # the persistent grid with two Q buffers a consumer (Q_BUFS, opt-in)
+    bn, stages = C.WS_FWD_TILES[(128, False)]
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
+              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2}
+    sig = {**sig_persistent(128, bn), "Q_BUFS": "constexpr"}
+    out[f"persistent-qbufs2-D128-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
 
 _WS_BAND_COMPILE_SM90 = r"""
 from tilewise.ops.attention import configs as C
-from tilewise.ops.attention import gluon_fwd as ag
+from tilewise.ops.attention import gluon_band as ag
 
 for D, persistent, bn64 in [(64, False, False), (64, True, False), (128, False, False), (128, True, False),
                             (128, False, True)]:
@@ -1869,7 +1937,8 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     """v5 compiled for sm_90 with the installed Triton (in a fresh process: under TRITON_INTERPRET
     the standard library's functions are interpreter objects that Gluon cannot compile), D 64 / 128,
     with and without bias, causal or not, two consumers (and three at D = 64), two ping-pong
-    variants (opt-in) and the persistent grid (opt-in; two consumers, and three at D = 64): wgmma (HGMMA),
+    variants (opt-in) and the persistent grid (opt-in; two consumers, and three at D = 64; two Q buffers at
+    D = 128): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
     from tilewise.ops.attention import gluon_fwd as ag
@@ -1879,7 +1948,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     import triton
 
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 20
+    assert len(r) == 22
     # The persistent grid's three consumers: spill-free under Triton 3.6 (the GPU machine's), 19 spill
     # instructions under 3.9 at 160 registers a consumer.
     newer = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7)
@@ -2305,6 +2374,39 @@ def test_gpu_v5_ws_persistent_three_consumers(shape, causal, poisoned_outputs, m
     _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_config=C.WS_THREE)
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 777, 128), (1, 2, 2, 1, 64, 128),
+                                   (2, 16, 16, 2048, 2048, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
+def test_gpu_v5_ws_persistent_two_q_buffers(shape, causal, poisoned_outputs, monkeypatch):
+    """The persistent grid with two Q buffers a consumer (the kernel's Q_BUFS = 2: the next work item's Q
+    loads while this one runs) gives the bits of one buffer: odd sizes, GQA, one row, more work items
+    than SMs, so each buffer is reused (phases past the first)."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 19)
+    _ws_or_skip(q)
+    launched = _record_launches(monkeypatch)
+    policy = A.default_policy(q, k, causal=causal).replace(
+        forward="ws", ws_persistent=True, ws_overlap=False, ws_config=C.WS_THREE if D == 64 else None)
+    one = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)
+    recording = A._launch
+
+    def two_buffers(fn, grid, *args, **kwargs):
+        if fn is ag.attn_fwd_ws_persistent_kernel:
+            kwargs = {**kwargs, "Q_BUFS": 2}
+        return recording(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(A, "_launch", two_buffers)
+    two = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)
+    assert launched == [ag.attn_fwd_ws_persistent_kernel] * 2
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
+    assert ((two[0].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 @pytest.mark.gpu
