@@ -399,9 +399,11 @@ if _GLUON:
 
     @gluon.jit
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
-        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major without causal (a
-        head's query tiles share K / V in L2); causal, every head's longest (last) query tiles first, every odd
-        full round of num_programs items walked backward (a snake: busiest CTA 1.06x the mean -> 1.01x)."""
+        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
+        without causal (a head's query tiles run together and share K / V in L2); causal, the
+        longest query tiles (the last ones) of every head first, and every odd full round of
+        num_programs items walked backward (a snake), so the CTA that drew one round's longest item
+        draws the next round's shortest (a schedule model: busiest CTA 1.06x the mean -> 1.01x)."""
         if CAUSAL:
             nprog = gl.num_programs(0)
             r = tile // nprog
@@ -417,7 +419,6 @@ if _GLUON:
                  LAYOUT: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
-        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS  # Q buffers a consumer (the kernel's Q_BUFS)
         BH = total // n_m
         slot = 0
         it = 0
@@ -431,11 +432,11 @@ if _GLUON:
             k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
             v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
-            for c in gl.static_range(NUM_CONS):  # Q buffer b was freed by the work item QB items back
-                b = (it % QB) * NUM_CONS + c
-                mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)
-                mbarrier.expect(q_bar.index(b), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(b), q_smem.index(b))
+            for c in gl.static_range(NUM_CONS):
+                # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
+                mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
+                mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(c), q_smem.index(c))
             fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
                     n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
@@ -453,21 +454,19 @@ if _GLUON:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
         BH = total // n_m
+        q = q_smem.index(which)
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
-            b = (it % QB) * NUM_CONS + which
-            q = q_smem.index(b)
             m_lo = start_m * BM + which * 64
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([64], gl.float32, layout=row_s)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-            mbarrier.wait(q_bar.index(b), (it // QB) & 1)
+            mbarrier.wait(q_bar.index(which), it & 1)
             for j in range(n_full):
                 acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
                                       v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
@@ -477,7 +476,8 @@ if _GLUON:
                                       v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
                                       STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
             # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
-            mbarrier.arrive(q_empty.index(b), count=1)
+            # (the next work item's Q load overlaps this epilogue).
+            mbarrier.arrive(q_empty.index(which), count=1)
             o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
                     Sq, s_layout, o_layout, HEAD_DIM)
@@ -488,21 +488,21 @@ if _GLUON:
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1):
+                                      LAYOUT: gl.constexpr = 0):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
-        round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
-        overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
-        config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). Work items: ``_ptile``."""
+        round robin; BH = B x H): the K / V ring runs on across work items, so the next item's
+        loads (and its Q) overlap this item's last products and epilogue, as cuDNN's persistent
+        kernel does. No bias; two consumers, or three (D = 64's v5 config). Work items: ``_ptile``."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH  # work items: query tiles x (batch x head)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFS * NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
-        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(Q_BUFS * NUM_CONS):
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         if NUM_CONS == 2:
