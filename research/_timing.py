@@ -170,6 +170,18 @@ def v6_backward_inputs(B: int, H: int, Hkv: int, S: int, D: int, causal: bool, s
     return q, k, v, do, scale, lse, delta
 
 
+def v6_grads(mods: dict, q, k, v, do, lse, delta, causal: bool, scale: float) -> dict:
+    """{name: (dK, dV, dQ)} of each module's ``dkdv`` and ``dq`` (gluon_bwd or a variant of it) from the same
+    inputs, into NaN-poisoned outputs (attention_v6_stats_ab, attention_exp2_poly --backward)."""
+    grads = {}
+    for n, m in mods.items():
+        dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
+        m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
+        m.dq(q, k, v, do, lse, delta, causal, scale, dq)
+        grads[n] = (dk, dv, dq)
+    return grads
+
+
 def cudnn_backward_ms(q, k, v, do, causal: bool, bench) -> float:
     """SDPA's cuDNN backward (dQ, dK, dV from dO; GQA by ``enable_gqa``) timed by ``bench``, after one
     forward with graph."""

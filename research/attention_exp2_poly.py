@@ -134,7 +134,7 @@ def backward():
     backward beside; gradients against v6's (not bitwise)."""
     from tilewise.ops.attention import gluon_bwd as gb
 
-    from _timing import cudnn_backward_ms, v6_backward_inputs
+    from _timing import cudnn_backward_ms, v6_backward_inputs, v6_grads
 
     mods = {"v6": gb, **{f"poly{e}": load_variant(e, gb, BWD_EDITS) for e in (4, 2)}}
     warm_clocks()
@@ -142,12 +142,7 @@ def backward():
           " | dQ ms: " + " ".join(mods) + " | cuDNN backward | max err vs v6", flush=True)
     for B, H, Hkv, S, D, causal in BWD_SHAPES:
         q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
-        grads = {}
-        for n, m in mods.items():
-            dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
-            m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
-            m.dq(q, k, v, do, lse, delta, causal, scale, dq)
-            grads[n] = (dk, dv, dq)
+        grads = v6_grads(mods, q, k, v, do, lse, delta, causal, scale)
         err = {n: max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                       for a, b in zip(g, grads["v6"])) for n, g in grads.items()}
         assert all(e < 2e-2 for e in err.values()) and all(torch.isfinite(t).all() for g in grads.values()

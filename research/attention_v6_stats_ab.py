@@ -30,7 +30,7 @@ import triton
 
 from tilewise.ops.attention import gluon_bwd as gb
 
-from _timing import cudnn_backward_ms, v6_backward_inputs, warm_clocks
+from _timing import cudnn_backward_ms, v6_backward_inputs, v6_grads, warm_clocks
 
 # (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes, then issue 30's grid points at D 64 / 128.
 SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
@@ -58,12 +58,7 @@ def main():
     for B, H, Hkv, S, D, causal in SHAPES:
         q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D + causal)
         mods = {"base": base, "staged": gb}
-        grads = {}
-        for n, m in mods.items():
-            dk, dv, dq = (torch.full_like(t, float("nan")) for t in (k, v, q))
-            m.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv)
-            m.dq(q, k, v, do, lse, delta, causal, scale, dq)
-            grads[n] = (dk, dv, dq)
+        grads = v6_grads(mods, q, k, v, do, lse, delta, causal, scale)
         same = all(torch.equal(a, b) for a, b in zip(grads["base"], grads["staged"]))
         err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
                   for a, b in zip(grads["staged"], grads["base"]))
