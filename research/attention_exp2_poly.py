@@ -63,18 +63,6 @@ SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4
 LINE = "        p = gl.exp2(t * qk_scale - m_safe[:, None])\n"
 # 2^f, f in [-0.5, 0.5]: c0 + c1 f + c2 f^2 + c3 f^3, least relative error (fitted in fp64, evaluated in fp32)
 POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
-NEW = f"""        x = t * qk_scale - m_safe[:, None]
-        if MASKED:
-            p = gl.exp2(x)
-        elif j % _EVERY == _EVERY - 1:  # research/attention_exp2_poly.py: this tile's exp2 on the FMA pipe
-            x = gl.maximum(x, -126.0)
-            r = x + 12582912.0  # 1.5 * 2**23: r's low mantissa bits hold round(x)
-            f = x - (r - 12582912.0)
-            c = (({POLY[3]!r} * f + {POLY[2]!r}) * f + {POLY[1]!r}) * f + {POLY[0]!r}
-            p = (c.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
-        else:
-            p = gl.exp2(x)
-"""
 
 
 def bench(fn):
@@ -93,6 +81,11 @@ def _poly_block(x: str, pad: str, p: str, cond: str) -> str:
             f"bitcast=True)\n"
             f"{pad}else:\n"
             f"{pad}    {p} = gl.exp2(x_)\n")
+
+
+# The forward's masked tiles keep MUFU: their -inf keys must give 0, and a fully masked row's l must stay 0.
+NEW = ("        if MASKED:\n            p = gl.exp2(t * qk_scale - m_safe[:, None])\n        else:\n"
+       + _poly_block("t * qk_scale - m_safe[:, None]", " " * 12, "p", "j % _EVERY == _EVERY - 1"))
 
 
 def load_variant(every: int, module=None, edits=None):

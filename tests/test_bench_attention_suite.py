@@ -62,7 +62,6 @@ def test_shape_table_parses_grouped_query_items():
 
 
 def test_dtype_list_parses_names_and_rejects_others():
-    import torch
     assert S.parse_dtypes("bfloat16") == [torch.bfloat16]
     assert S.parse_dtypes(" fp16, bfloat16 ,float16") == [torch.float16, torch.bfloat16]
     for bad in ("", ",", "float32", "bf16,half"):

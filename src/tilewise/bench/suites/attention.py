@@ -40,6 +40,8 @@ the fp32 reference. Inputs are far larger than L2 (16384 x 16 x 128 bf16 = 64 Mi
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -272,7 +274,7 @@ def run(r) -> None:
     baselines = {name: _sdpa(backends[name]) for name in sdpa_baselines(lean)}
     flex = _flex()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for (S, D, H, Hkv), dtype in ((s, d) for s in shapes for d in dtypes):
+    for (S, D, H, Hkv), dtype in itertools.product(shapes, dtypes):
         B = TOKENS // S
         q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=g) for _ in range(2))
