@@ -111,9 +111,7 @@ def cost(B: int, H: int, Sq: int, Sk: int, D: int, dtype: torch.dtype = torch.bf
     return Cost(3.5 * flops, fwd_bytes + bwd_bytes + bias_bytes)
 
 
-# ----------------------------------------------------------------------------------------------
-# Input checks
-# ----------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------- Input checks
 
 
 def _check(q, k, v, mask, bias, scale, cpu=False):
@@ -197,9 +195,7 @@ def _check_broadcast(name, t, full, device):
                          f"(B, H, Sq, Sk) = {full}")
 
 
-# ----------------------------------------------------------------------------------------------
-# Policy
-# ----------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------- Policy
 
 def default_policy(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False, mask: Optional[torch.Tensor] = None,
                    bias: Optional[torch.Tensor] = None, deterministic: bool = True) -> AttentionPolicy:
@@ -226,9 +222,7 @@ def _changed(policy: AttentionPolicy, changes: tuple) -> AttentionPolicy:
     return policy.replace(**dict(changes))
 
 
-# ----------------------------------------------------------------------------------------------
-# Launchers
-# ----------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------- Launchers
 
 def _as4(t: torch.Tensor) -> torch.Tensor:
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
@@ -548,9 +542,7 @@ def _reduce_dbias(ds, bias, direct):
     return ds.reshape(bias.shape) if direct else ds.sum_to_size(_as4(bias).shape).reshape(bias.shape).to(bias.dtype)
 
 
-# ----------------------------------------------------------------------------------------------
-# torch.library custom ops (eager, autograd, torch.compile)
-# ----------------------------------------------------------------------------------------------
+# ----------------------------------------------------- torch.library custom ops (eager, autograd, torch.compile)
 
 @torch.library.custom_op("tilewise::flash_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
@@ -647,9 +639,7 @@ def _launch_now(fn, grid, *args, **kwargs):
 _IMPL = (_fwd_impl, _bwd_impl, _launch_now)  # what a plan's first call runs (``plans.Plan``)
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- Public API
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
