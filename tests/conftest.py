@@ -2,7 +2,9 @@
 the kernels on a GPU (the quick tier; tiers, shards and the kernel ledger: gpu_tiers.py,
 gpu_ledger.py). Without a GPU, Triton kernels run in the interpreter."""
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +83,11 @@ def compiles_for_sm90_without_spills(src, names) -> None:
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill with NaN so that an element the kernel never wrote fails the comparison."""
     return t.fill_(float("nan"))
+
+
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts are not a package), freshly executed."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

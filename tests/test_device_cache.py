@@ -2,7 +2,6 @@
 folders for the next run, with Triton's group files pointed at the new folder, timing data and IR dumps left
 out, parts under the device tool's file size, and archives that reach outside refused."""
 
-import importlib.util
 import io
 import json
 import os
@@ -10,15 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("device_cache", ROOT / "scripts" / "device_cache.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_script
 
 
 def _triton_entry(root: Path, key: str, name: str, cubin: bytes):
@@ -34,7 +25,7 @@ def _triton_entry(root: Path, key: str, name: str, cubin: bytes):
 
 
 def test_seed_round_trip_points_triton_groups_at_the_new_folder(tmp_path):
-    dc = _module()
+    dc = load_script("device_cache")
     tri, tw = tmp_path / "run1" / "triton", tmp_path / "run1" / "tilewise"
     _triton_entry(tri, "KEYA", "attn_fwd", os.urandom(5000))
     _triton_entry(tri, "KEYB", "add", os.urandom(300))
@@ -64,7 +55,7 @@ def test_seed_round_trip_points_triton_groups_at_the_new_folder(tmp_path):
 
 
 def test_an_entry_missing_its_binary_is_dropped_so_triton_compiles_it(tmp_path):
-    dc = _module()
+    dc = load_script("device_cache")
     tri = tmp_path / "triton"
     _triton_entry(tri, "KEYA", "k", b"cubin")
     seed = tmp_path / "seed"
@@ -82,7 +73,7 @@ def test_an_entry_missing_its_binary_is_dropped_so_triton_compiles_it(tmp_path):
 
 @pytest.mark.parametrize("bad", ["../evil", "/etc/evil", "triton/../../evil", "other/x", "link"])
 def test_restore_refuses_members_outside_the_caches(tmp_path, bad):
-    dc = _module()
+    dc = load_script("device_cache")
     seed = tmp_path / "seed"
     seed.mkdir()
     with tarfile.open(seed / "seed-1.tgz", "w:gz") as t:
@@ -99,7 +90,7 @@ def test_restore_refuses_members_outside_the_caches(tmp_path, bad):
 
 
 def test_export_keeps_parts_under_the_size_and_the_largest_entries_within_the_budget(tmp_path, monkeypatch):
-    dc = _module()
+    dc = load_script("device_cache")
     monkeypatch.setattr(dc, "PART_BYTES", 300_000)
     monkeypatch.setattr(dc, "MARGIN", 60_000)
     tri = tmp_path / "triton"

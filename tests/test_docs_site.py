@@ -1,18 +1,16 @@
 """The documentation site's generated pages (scripts/docs_hooks.py; CI builds the site with mkdocs --strict)."""
 
 import tilewise
+from conftest import load_script
 
 
 def test_docs_site_has_a_page_for_every_op_family():
     """scripts/docs_hooks.py (the mkdocs site's generated pages): every package under tilewise/ops is a
     family page, every module it cites imports and has a docstring, every public name is in the API page."""
-    import importlib.util
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("docs_hooks", root / "scripts" / "docs_hooks.py")
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
+    hooks = load_script("docs_hooks")
     families = {p.name for p in (root / "src" / "tilewise" / "ops").iterdir()
                 if p.is_dir() and (p / "__init__.py").exists()}
     assert families == set(hooks.FAMILIES)

@@ -1,13 +1,13 @@
 """scripts/llama_convergence.py on the CPU: a tiny model, a few steps, RMSNorm / RoPE / SwiGLU and the
 fused loss in Triton's interpreter (attention stays transformers' own: flash_attention needs CUDA)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 pytest.importorskip("transformers")
 
@@ -15,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("llama_convergence", ROOT / "scripts" / "llama_convergence.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llama_convergence")
 
 
 def test_tiny_run_writes_its_record(tmp_path, monkeypatch):
