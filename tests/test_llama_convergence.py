@@ -3,16 +3,12 @@ fused loss in Triton's interpreter (attention stays transformers' own: flash_att
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import load_script
 
 pytest.importorskip("transformers")
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _script():
     return load_script("llama_convergence")
