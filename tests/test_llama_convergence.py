@@ -10,6 +10,7 @@ from conftest import load_script
 
 pytest.importorskip("transformers")
 
+
 def _script():
     return load_script("llama_convergence")
 
