@@ -1,6 +1,6 @@
 """Carry the kernel caches of one device run into the next: a fresh device machine compiles every Triton,
 Gluon and NVRTC kernel of the quick tier again (on the H200 the tier took 235 s cold and 87 s warm,
-docs/design.md), out of a session's 30 minutes of device time.
+docs/design.md), out of a session's 30 minutes of device time. ``scripts/_seed.sh`` runs it in a call.
 
     python3 scripts/device_cache.py export --triton DIR --tilewise DIR --out DIR [--budget-mib 24]
     python3 scripts/device_cache.py restore --seed DIR --triton DIR --tilewise DIR

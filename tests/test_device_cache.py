@@ -107,3 +107,30 @@ def test_export_keeps_parts_under_the_size_and_the_largest_entries_within_the_bu
         with tarfile.open(p) as t:
             kept |= {m.name.split("/")[1] for m in t.getmembers()}
     assert "K39" in kept and "K00" not in kept  # the largest kernels first; the budget cut the smallest
+
+
+def test_seed_script_shares_one_seeded_cache_and_exports_it(tmp_path):
+    """scripts/_seed.sh sourced in a call: the caches unpacked from .cache/device-seed, the seed named for
+    gpu-check's record, and seed_export writing $OUT/seed; with no seed, empty caches said so."""
+    import shutil
+    import subprocess
+
+    dc = load_script("device_cache")
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("_seed.sh", "device_cache.py"):
+        shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / name, repo / "scripts" / name)
+    tri = tmp_path / "made" / "triton"
+    _triton_entry(tri, "KEYA", "k", b"cubin")
+    env = dict(os.environ, TILEWISE_SEED_ROOT=str(tmp_path / "seeded"), OUT=str(tmp_path / "out"))
+    script = 'source scripts/_seed.sh; echo "T=$TRITON_CACHE_DIR"; echo "S=$TILEWISE_CACHE_SEED"; seed_export'
+
+    none = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=True)
+    assert "S=emptied first (no seed carried)" in none.stdout
+
+    dc.export(tri, tmp_path / "none", repo / ".cache" / "device-seed", budget_bytes=1 << 20)
+    run = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=True)
+    assert f"T={tmp_path / 'seeded' / 'triton'}" in run.stdout
+    assert "S=seeded (device_cache restore: 1 parts; Triton 1 entries (0 dropped)" in run.stdout
+    assert (tmp_path / "seeded" / "triton" / "KEYA" / "k.cubin").read_bytes() == b"cubin"
+    assert (tmp_path / "out" / "seed" / "seed-1.tgz").is_file()
