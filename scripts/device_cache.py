@@ -45,7 +45,8 @@ def _entries(triton: Path, tilewise: Path):
             rel = f.relative_to(tilewise)
             if f.is_file() and rel.parts[0] not in TIMING and not f.name.startswith("."):
                 out.append((f.stat().st_size, [(f, f"tilewise/{rel.as_posix()}")]))
-    return sorted(out, key=lambda e: -e[0])
+    # An entry larger than half a part could push its part past the device tool's 16 MiB: compiled again instead.
+    return sorted((e for e in out if e[0] <= PART_BYTES // 2), key=lambda e: -e[0])
 
 
 def export(triton: Path, tilewise: Path, out: Path, budget_bytes: int) -> int:
