@@ -111,7 +111,8 @@ def test_export_keeps_parts_under_the_size_and_the_largest_entries_within_the_bu
 
 def test_seed_script_shares_one_seeded_cache_and_exports_it(tmp_path):
     """scripts/_seed.sh sourced in a call: the caches unpacked from .cache/device-seed, the seed named for
-    gpu-check's record, and seed_export writing $OUT/seed; with no seed, empty caches said so."""
+    gpu-check's record, and seed_export writing $OUT/seed; with no seed, empty caches said so; on a machine
+    still warm from a call, its caches kept."""
     import shutil
     import subprocess
 
@@ -129,8 +130,14 @@ def test_seed_script_shares_one_seeded_cache_and_exports_it(tmp_path):
     assert "S=emptied first (no seed carried)" in none.stdout
 
     dc.export(tri, tmp_path / "none", repo / ".cache" / "device-seed", budget_bytes=1 << 20)
+    shutil.rmtree(tmp_path / "seeded")  # a fresh machine
     run = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=True)
     assert f"T={tmp_path / 'seeded' / 'triton'}" in run.stdout
     assert "S=seeded (device_cache restore: 1 parts; Triton 1 entries (0 dropped)" in run.stdout
     assert (tmp_path / "seeded" / "triton" / "KEYA" / "k.cubin").read_bytes() == b"cubin"
     assert (tmp_path / "out" / "seed" / "seed-1.tgz").is_file()
+    # a second call on the same (warm) machine keeps the caches it finds
+    (tmp_path / "seeded" / "triton" / "KEYB").mkdir()
+    again = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=True)
+    assert "then kept from the machine's last call" in again.stdout
+    assert (tmp_path / "seeded" / "triton" / "KEYB").is_dir()
