@@ -1,0 +1,146 @@
+"""Record a device call's results in the repository (run here, after the call; commit yourself):
+
+    python3 scripts/record_run.py FILES_AT NAME --commit SHA [--log STEP=LOGNAME ...] [--no-readme]
+
+FILES_AT: the folder the device tool put the call's $OUT files in; NAME: the ``scripts/device-step`` name
+whose archive (``NAME.tgz``: /tmp/NAME on the device) holds the steps. SHA: the commit the call ran (the
+device copy has no .git, so gpu-check and bench-run name it from TILEWISE_GIT_SHA).
+
+- A gpu-check tier (``NAME/<step>/verified.json``): when its record is ok, ``verified.json`` and
+  ``gpu-coverage.json`` into bench/results/, its durations folded into tests/gpu_durations.json and its pytest
+  log kept as bench/results/logs/gpu-check-quick-SHA.log; when not, the log alone, as ...-SHA-failed.log.
+- Bench rows (``NAME/**/csv/*.csv`` from ``scripts/bench-run``): appended to bench/results/<the same file name>
+  (the header must match), then the README's table redrawn from NVIDIA_H200.csv if that file took rows.
+- ``--log STEP=LOGNAME``: the step's log (``NAME/STEP.log``) kept as bench/results/logs/LOGNAME-SHA.log.
+- Cache seeds (``FILES_AT/seed/seed-*.tgz``, ``scripts/_seed.sh``): they replace .cache/device-seed/.
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _extract(archive: Path, name: str, dest: Path) -> Path:
+    """The archive's NAME/ tree under ``dest`` (regular files and folders under NAME/ only)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            outside = m.name.startswith("/") or ".." in parts or not parts or parts[0] != name
+            if outside or not (m.isfile() or m.isdir()):
+                raise ValueError(f"record_run: refusing archive member {m.name!r} of {archive}")
+            target = dest.joinpath(*parts)
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(m) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return dest / name
+
+
+def _tiers(run: Path, root: Path, sha: str, said: list):
+    for rec_path in sorted(run.glob("*/verified.json")):
+        tier = rec_path.parent
+        rec = json.loads(rec_path.read_text())
+        logs = root / "bench" / "results" / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        if rec.get("commit") != sha:
+            raise ValueError(f"record_run: {rec_path} names commit {rec.get('commit')!r}, not {sha!r}")
+        if not rec.get("ok"):
+            shutil.copy(tier / "pytest.log", logs / f"gpu-check-quick-{sha}-failed.log")
+            said.append(f"tier {tier.name}: NOT ok ({rec.get('quick_tier')}); its log only, as -failed")
+            continue
+        shutil.copy(rec_path, root / "bench" / "results" / "verified.json")
+        shutil.copy(tier / "gpu-coverage.json", root / "bench" / "results" / "gpu-coverage.json")
+        shutil.copy(tier / "pytest.log", logs / f"gpu-check-quick-{sha}.log")
+        path = os.pathsep.join([str(root / "src"), str(ROOT / "src")])
+        merged = subprocess.run([sys.executable, str(root / "tests" / "gpu_tiers.py"), "merge",
+                                 str(tier / "durations.jsonl")], cwd=root, capture_output=True, text=True,
+                                env=dict(os.environ, PYTHONPATH=path))
+        if merged.returncode:
+            raise RuntimeError(f"record_run: merging durations failed:\n{merged.stderr}")
+        said.append(f"tier {tier.name}: ok {rec.get('quick_tier', {}).get('passed')} passed on {rec.get('device')}; "
+                    f"verified.json, gpu-coverage.json, durations, log")
+
+
+def _rows(run: Path, root: Path, said: list) -> bool:
+    h200 = False
+    for src in sorted(run.glob("**/csv/*.csv")):
+        with open(src, newline="") as f:
+            rows = list(csv.reader(f))
+        if len(rows) < 2:
+            continue
+        dest = root / "bench" / "results" / src.name
+        if dest.exists():
+            with open(dest, newline="") as f:
+                header = next(csv.reader(f))
+            if header != rows[0]:
+                raise ValueError(f"record_run: {src}'s header differs from {dest}'s")
+            with open(dest, "a", newline="") as f:
+                csv.writer(f, lineterminator="\n").writerows(rows[1:])
+        else:
+            with open(dest, "w", newline="") as f:
+                csv.writer(f, lineterminator="\n").writerows(rows)
+        said.append(f"{len(rows) - 1} rows from {src.relative_to(run)} into {dest.relative_to(root)}")
+        h200 |= src.name == "NVIDIA_H200.csv"
+    return h200
+
+
+def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: Path = ROOT) -> list:
+    said = []
+    archive = files_at / f"{name}.tgz"
+    with tempfile.TemporaryDirectory() as tmp:
+        if archive.exists():
+            run = _extract(archive, name, Path(tmp))
+            _tiers(run, root, sha, said)
+            if _rows(run, root, said) and readme:
+                subprocess.run([sys.executable, "-m", "tilewise", "report", "--csv", "bench/results/NVIDIA_H200.csv",
+                                "--readme", "README.md"], cwd=root, check=True,
+                               env=dict(os.environ, PYTHONPATH=str(root / "src")))
+                said.append("README table redrawn")
+            for spec in logs:
+                step, _, logname = spec.partition("=")
+                if not logname:
+                    raise ValueError(f"record_run: --log takes STEP=LOGNAME, got {spec!r}")
+                dest = root / "bench" / "results" / "logs" / f"{logname}-{sha}.log"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(run / f"{step}.log", dest)
+                said.append(f"log {step} -> {dest.relative_to(root)}")
+        else:
+            said.append(f"no {archive.name} in {files_at}")
+    seeds = sorted((files_at / "seed").glob("seed-*.tgz"))
+    if seeds:
+        keep = root / ".cache" / "device-seed"
+        keep.mkdir(parents=True, exist_ok=True)
+        for old in keep.glob("seed-*.tgz"):
+            old.unlink()  # every part is restored: old ones would ride along
+        for s in seeds:
+            shutil.copy(s, keep / s.name)
+        said.append(f"{len(seeds)} seed parts into .cache/device-seed "
+                    f"({sum(s.stat().st_size for s in seeds) / 2**20:.1f} MiB)")
+    return said
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files_at", type=Path)
+    ap.add_argument("name")
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--log", action="append", default=[], metavar="STEP=LOGNAME")
+    ap.add_argument("--no-readme", action="store_true")
+    a = ap.parse_args(argv)
+    for line in record(a.files_at, a.name, a.commit, a.log, not a.no_readme):
+        print("record_run:", line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
