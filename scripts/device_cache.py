@@ -37,13 +37,13 @@ def _entries(triton: Path, tilewise: Path):
     out = []
     if triton.is_dir():
         for d in sorted(p for p in triton.iterdir() if p.is_dir()):
-            files = [f for f in sorted(d.iterdir()) if f.is_file() and f.suffix not in PRUNE]
+            files = [f for f in sorted(d.iterdir()) if f.is_file() and not f.is_symlink() and f.suffix not in PRUNE]
             if files:
                 out.append((sum(f.stat().st_size for f in files), [(f, f"triton/{d.name}/{f.name}") for f in files]))
     if tilewise.is_dir():
         for f in sorted(tilewise.rglob("*")):
             rel = f.relative_to(tilewise)
-            if f.is_file() and rel.parts[0] not in TIMING and not f.name.startswith("."):
+            if f.is_file() and not f.is_symlink() and rel.parts[0] not in TIMING and not f.name.startswith("."):
                 out.append((f.stat().st_size, [(f, f"tilewise/{rel.as_posix()}")]))
     # An entry larger than half a part could push its part past the device tool's 16 MiB: compiled again instead.
     return sorted((e for e in out if e[0] <= PART_BYTES // 2), key=lambda e: -e[0])
@@ -102,14 +102,19 @@ def restore(seed: Path, triton: Path, tilewise: Path) -> int:
     tilewise.mkdir(parents=True, exist_ok=True)
     os.chmod(tilewise, 0o700)  # tilewise loads cubins only from a folder that is this user's alone
     roots = {"triton": triton, "tilewise": tilewise}
+    broken = 0
     for p in parts:
-        with tarfile.open(p, "r:gz") as tar:
-            for m in _safe_members(tar):
-                parts_ = Path(m.name).parts
-                dest = roots[parts_[0]].joinpath(*parts_[1:])
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(m) as src, open(dest, "wb") as dst:
-                    dst.write(src.read())
+        try:
+            with tarfile.open(p, "r:gz") as tar:
+                for m in _safe_members(tar):
+                    parts_ = Path(m.name).parts
+                    dest = roots[parts_[0]].joinpath(*parts_[1:])
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(m) as src, open(dest, "wb") as dst:
+                        dst.write(src.read())
+        except (tarfile.TarError, EOFError, OSError) as e:  # a damaged part: what it held compiles again
+            print(f"device_cache restore: {p.name} unreadable ({e}); going on without the rest of it")
+            broken += 1
     groups = dropped = 0
     for grp in triton.glob("*/__grp__*.json"):
         data = json.loads(grp.read_text())
@@ -124,8 +129,8 @@ def restore(seed: Path, triton: Path, tilewise: Path) -> int:
         tmp.replace(grp)
         groups += 1
     files = sum(1 for f in tilewise.rglob("*") if f.is_file())
-    print(f"device_cache restore: {len(parts)} parts; Triton {groups} entries ({dropped} dropped), "
-          f"tilewise {files} files")
+    print(f"device_cache restore: {len(parts)} parts{f' ({broken} damaged)' if broken else ''}; Triton {groups} "
+          f"entries ({dropped} dropped), tilewise {files} files")
     return 0
 
 

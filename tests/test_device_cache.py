@@ -141,3 +141,16 @@ def test_seed_script_shares_one_seeded_cache_and_exports_it(tmp_path):
     again = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=True)
     assert "then kept from the machine's last call" in again.stdout
     assert (tmp_path / "seeded" / "triton" / "KEYB").is_dir()
+
+
+def test_a_damaged_part_is_skipped_and_the_others_restored(tmp_path, capsys):
+    dc = load_script("device_cache")
+    tri = tmp_path / "triton"
+    _triton_entry(tri, "KEYA", "k", b"cubin")
+    seed = tmp_path / "seed"
+    dc.main(["export", "--triton", str(tri), "--tilewise", str(tmp_path / "none"), "--out", str(seed)])
+    (seed / "seed-2.tgz").write_bytes((seed / "seed-1.tgz").read_bytes()[:40])  # truncated
+    new = tmp_path / "new"
+    assert dc.main(["restore", "--seed", str(seed), "--triton", str(new), "--tilewise", str(tmp_path / "tw")]) == 0
+    assert "2 parts (1 damaged); Triton 1 entries" in capsys.readouterr().out
+    assert (new / "KEYA" / "k.cubin").read_bytes() == b"cubin"
