@@ -58,6 +58,9 @@ def _tiers(run: Path, root: Path, sha: str, said: list):
             shutil.copy(tier / "pytest.log", logs / f"gpu-check-quick-{sha}-failed.log")
             said.append(f"tier {tier.name}: NOT ok ({rec.get('quick_tier')}); its log only, as -failed")
             continue
+        missing = [f for f in ("gpu-coverage.json", "pytest.log", "durations.jsonl") if not (tier / f).is_file()]
+        if missing:  # nothing copied: a record without its coverage would fail CI's coverage check
+            raise ValueError(f"record_run: tier {tier.name} is ok but lacks {', '.join(missing)}")
         shutil.copy(rec_path, root / "bench" / "results" / "verified.json")
         shutil.copy(tier / "gpu-coverage.json", root / "bench" / "results" / "gpu-coverage.json")
         shutil.copy(tier / "pytest.log", logs / f"gpu-check-quick-{sha}.log")

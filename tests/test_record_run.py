@@ -76,13 +76,15 @@ def test_a_red_tier_keeps_only_its_log(tmp_path):
     assert not (root / "tests" / "gpu_durations.json").exists()
 
 
-@pytest.mark.parametrize("case", ["header", "commit", "outside"])
+@pytest.mark.parametrize("case", ["header", "commit", "outside", "no coverage"])
 def test_record_refuses_what_does_not_fit(tmp_path, case):
     rr = load_script("record_run")
     root = _repo(tmp_path)
+    partial = {k: v for k, v in _tier(True).items() if not k.endswith("gpu-coverage.json")}
     members = {"header": {"o1/b/csv/NVIDIA_H200.csv": "op,other\nx,y\n"}, "commit": _tier(True, sha="fff0000"),
-               "outside": {"o2/evil.txt": "x"}}[case]
+               "outside": {"o2/evil.txt": "x"}, "no coverage": partial}[case]
     _archive(tmp_path / "files", "o1", members)
     with pytest.raises(ValueError):
         rr.record(tmp_path / "files", "o1", "abc1234", [], readme=False, root=root)
     assert (root / "bench" / "results" / "NVIDIA_H200.csv").read_text().count("\n") == 2
+    assert not (root / "bench" / "results" / "verified.json").exists()
