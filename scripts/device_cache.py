@@ -22,6 +22,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -84,13 +85,23 @@ def export(triton: Path, tilewise: Path, out: Path, budget_bytes: int) -> int:
     return 0
 
 
-def _safe_members(tar: tarfile.TarFile):
-    for m in tar.getmembers():
-        parts = Path(m.name).parts
-        if not m.isfile() or m.name.startswith("/") or ".." in parts or len(parts) < 2 \
-                or parts[0] not in ("triton", "tilewise"):
-            raise ValueError(f"refusing archive member {m.name!r}")
-        yield m
+def extract(archive: Path, roots: dict) -> int:
+    """The regular files of a .tgz ``archive`` written under ``roots[first path component]`` (folders are
+    made as needed); anything else (a link, a device), an absolute path, ``..`` or another first component
+    raises ValueError before a file is written. Returns the files written. Shared with record_run.py."""
+    with tarfile.open(archive, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if not m.isdir()]
+        for m in members:
+            parts = Path(m.name).parts
+            if not m.isfile() or m.name.startswith("/") or ".." in parts or len(parts) < 2 or parts[0] not in roots:
+                raise ValueError(f"refusing archive member {m.name!r} of {archive.name}")
+        for m in members:
+            parts = Path(m.name).parts
+            dest = Path(roots[parts[0]]).joinpath(*parts[1:])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(m) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return len(members)
 
 
 def restore(seed: Path, triton: Path, tilewise: Path) -> int:
@@ -101,17 +112,10 @@ def restore(seed: Path, triton: Path, tilewise: Path) -> int:
     triton.mkdir(parents=True, exist_ok=True)
     tilewise.mkdir(parents=True, exist_ok=True)
     os.chmod(tilewise, 0o700)  # tilewise loads cubins only from a folder that is this user's alone
-    roots = {"triton": triton, "tilewise": tilewise}
     broken = 0
     for p in parts:
         try:
-            with tarfile.open(p, "r:gz") as tar:
-                for m in _safe_members(tar):
-                    parts_ = Path(m.name).parts
-                    dest = roots[parts_[0]].joinpath(*parts_[1:])
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    with tar.extractfile(m) as src, open(dest, "wb") as dst:
-                        dst.write(src.read())
+            extract(p, {"triton": triton, "tilewise": tilewise})
         except (tarfile.TarError, EOFError, OSError) as e:  # a damaged part: what it held compiles again
             print(f"device_cache restore: {p.name} unreadable ({e}); going on without the rest of it")
             broken += 1

@@ -21,29 +21,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _extract(archive: Path, name: str, dest: Path) -> Path:
-    """The archive's NAME/ tree under ``dest`` (regular files and folders under NAME/ only)."""
-    with tarfile.open(archive, "r:gz") as tar:
-        for m in tar.getmembers():
-            parts = Path(m.name).parts
-            outside = m.name.startswith("/") or ".." in parts or not parts or parts[0] != name
-            if outside or not (m.isfile() or m.isdir()):
-                raise ValueError(f"record_run: refusing archive member {m.name!r} of {archive}")
-            target = dest.joinpath(*parts)
-            if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(m) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    return dest / name
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from device_cache import extract  # noqa: E402 - a sibling script, not a package
 
 
 def _tiers(run: Path, root: Path, sha: str, said: list):
@@ -102,7 +85,8 @@ def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: 
     archive = files_at / f"{name}.tgz"
     with tempfile.TemporaryDirectory() as tmp:
         if archive.exists():
-            run = _extract(archive, name, Path(tmp))
+            extract(archive, {name: Path(tmp) / name})
+            run = Path(tmp) / name
             _tiers(run, root, sha, said)
             if _rows(run, root, said) and readme:
                 subprocess.run([sys.executable, "-m", "tilewise", "report", "--csv", "bench/results/NVIDIA_H200.csv",

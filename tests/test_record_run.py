@@ -27,6 +27,9 @@ def _repo(tmp_path) -> Path:
 def _archive(files_at: Path, name: str, members: dict):
     files_at.mkdir(parents=True, exist_ok=True)
     with tarfile.open(files_at / f"{name}.tgz", "w:gz") as tar:
+        top = tarfile.TarInfo(name)  # as `tar czf NAME.tgz -C /tmp NAME` writes it: the folder first
+        top.type = tarfile.DIRTYPE
+        tar.addfile(top)
         for path, text in members.items():
             data = text.encode()
             info = tarfile.TarInfo(path)
