@@ -36,6 +36,7 @@ FAMILIES = {
     "embedding": ("Embedding", ["ops.embedding.api"], ["embedding_fwd", "embedding_fwd_bwd"]),
     "norm": ("RMSNorm", ["ops.norm.api"], ["rmsnorm_fwd", "rmsnorm_fwd_bwd", "add_rmsnorm_fwd", "add_rmsnorm_fwd_bwd"]),
     "rope": ("Rotary embeddings", ["ops.rope.api"], ["rope_fwd", "rope_fwd_bwd", "rope_qkv_fwd", "rope_qkv_fwd_bwd"]),
+    "optim": ("Optimizers: AdamW", ["ops.optim.api"], ["adamw"]),
 }
 
 

@@ -87,7 +87,12 @@ def train(a) -> dict:
 
     mesh = init_device_mesh(device.type, (world,))
     model = build(a, device, mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=cuda)
+    if a.optimizer == "tilewise":
+        import tilewise
+
+        opt = tilewise.AdamW(model.parameters(), lr=a.lr)  # each rank updates its shards (DTensor local tensors)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, fused=cuda)
     losses, times = [], []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -161,6 +166,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", choices=("hf", "tilewise", "liger"), default="tilewise")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--optimizer", choices=("torch", "tilewise"), default="torch",
+                   help="torch.optim.AdamW (fused on CUDA) or tilewise.AdamW")
     p.add_argument("--parts", default=",".join(PARTS), help="with --variant tilewise: what apply_tilewise swaps")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=2048)

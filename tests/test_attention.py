@@ -291,6 +291,52 @@ def _interpreter_matches_reference(q, k, v, kw, mask_bias_seed=None):
     _compare(ours, ref, 1e-5)
 
 
+WIDE_WINDOW_CASES = {  # windows that keep every pair a plain call keeps: they run as no window
+    "causal_window_as_wide": ((1, 2, 1, 64, 64, 32), dict(causal=True, window=(63, None))),
+    "causal_window_past_the_keys": ((1, 2, 2, 40, 70, 32), dict(causal=True, window=(500, 0))),
+    "window_both_sides_past": ((1, 2, 1, 50, 45, 32), dict(window=(49, 44))),
+    "bottom_right_one_query": ((1, 2, 1, 1, 70, 32), dict(causal=True, align="bottom_right")),
+}
+
+
+def test_call_band_keeps_the_pairs_band_keeps():
+    """``call_band`` (what the kernels get): on random lengths, windows and alignments the same (query, key)
+    pairs as the attend map written out; no band where a window is as wide as the sequence (with causal
+    where the pairs are top-left causal's), and each outcome seen often."""
+    import random
+    from tilewise.ops.attention.reference import ALIGNS, call_band
+
+    g = random.Random(7)
+    seen = {(True, False): 0, (True, True): 0, (False, False): 0}
+    for _ in range(3000):
+        sq, sk, causal, align = g.randint(1, 40), g.randint(1, 40), g.random() < 0.5, g.choice(ALIGNS)
+        left = g.choice([None, g.randint(0, 45)])
+        right = g.choice([None, 0]) if causal else g.choice([None, g.randint(0, 45)])
+        window = None if g.random() < 0.2 else (left, right)
+        b, c = call_band(causal, window, align, sq, sk)
+        if b is None:
+            got = torch.ones(sq, sk, dtype=torch.bool)
+            got = got.tril() if c else got
+        else:
+            rel = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]
+            got = (rel >= b[0]) & (rel <= b[1])
+        assert torch.equal(got, _band_keep(sq, sk, causal, window, align)), (sq, sk, causal, window, align, b, c)
+        seen[(b is None, c)] += 1
+    assert min(seen.values()) > 100, seen
+    assert call_band(True, (4095, 0), "top_left", 4096, 4096) == (None, True)  # Mistral's window at S 4096
+    assert call_band(True, (1023, 0), "top_left", 4096, 4096) == ([-1023, 0], False)
+    assert call_band(True, None, "bottom_right", 1, 70) == (None, False)
+
+
+@pytest.mark.parametrize("case", sorted(WIDE_WINDOW_CASES))
+def test_triton_interpreter_wide_window_runs_as_no_window(case):
+    """A window as wide as the sequence on the plain kernels (``call_band``): against the reference with
+    the window."""
+    (B, H, Hkv, Sq, Sk, D), kw = WIDE_WINDOW_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, seed=Sq + 3 * Sk)
+    _interpreter_matches_reference(q, k, v, kw)
+
+
 def test_band_arguments_are_checked():
     q, k, v = _inputs(1, 1, 1, 8, 8, 32, dtype=torch.float32)
     for bad, msg in [(dict(window=(1,)), "'window' must be"), (dict(window=(-1, 2)), "'window' must be"),
@@ -942,6 +988,22 @@ def test_gpu_band_fwd_bwd(case, dtype, poisoned_outputs):
     _assert_close_to_fp32(ours, ref)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.quick(rotate="D")
+def test_gpu_wide_window_runs_as_no_window(D, poisoned_outputs):
+    """Mistral's window at a length within it (``call_band``: plain causal's kernels): against the fp32
+    reference with the window, and bitwise equal to the causal call without one."""
+    q, k, v = _inputs(1, 4, 2, 2049, 2049, D, dtype=torch.bfloat16, device="cuda", seed=D + 11)
+    kw = dict(causal=True, window=(4095, 0))
+    ours = _run_fwd_bwd(functools.partial(A.flash_attention, **kw), q, k, v)
+    plain = _run_fwd_bwd(functools.partial(A.flash_attention, causal=True), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    _assert_close_to_fp32(ours, ref)
+    for name in ("out", "dq", "dk", "dv"):
+        assert torch.equal(ours[name], plain[name]), name
+
+
 V5_BAND_CASES = {  # the GPU band cases v5's band kernel takes (D 64 / 128, no score mods), and a long window
     **{n: c for n, c in GPU_BAND_CASES.items()
        if c[0][-1] in (64, 128) and not {"softcap", "alibi_slopes"} & set(c[1])},
@@ -1014,14 +1076,14 @@ def test_gpu_v5_overlap_forward(case, layout, dtype, q_regs, grid, poisoned_outp
 def test_gpu_v5_band_forward(case, persistent, poisoned_outputs, monkeypatch):
     """v5's band forward (``ws_band``; the default at D = 128) on its own grid and on the persistent one
     against the fp32 reference, with poisoned outputs; the backward (v3's two kernels) from its LSE."""
-    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_band
 
     (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 1)
     policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_band_persistent=persistent)
     taken = []
-    real = ag.fwd_band
-    monkeypatch.setattr(ag, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
+    real = gluon_band.fwd_band
+    monkeypatch.setattr(gluon_band, "fwd_band", lambda *a, **kw_: taken.append(kw_["persistent"]) or real(*a, **kw_))
     ours = _run_fwd_bwd(functools.partial(A.flash_attention, policy=policy, **kw), q, k, v)
     assert taken == [persistent], "the band forward did not run on v5's band kernel"
     ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
@@ -1832,7 +1894,7 @@ for causal in (False, True):  # the persistent grid with D = 64's three consumer
 
 _WS_BAND_COMPILE_SM90 = r"""
 from tilewise.ops.attention import configs as C
-from tilewise.ops.attention import gluon_fwd as ag
+from tilewise.ops.attention import gluon_band as ag
 
 for D, persistent, bn64 in [(64, False, False), (64, True, False), (128, False, False), (128, True, False),
                             (128, False, True)]:

@@ -102,6 +102,21 @@ def test_replayed_calls_launch_what_the_ordinary_path_launches(case):
         assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
 
 
+def test_a_window_as_wide_as_the_sequence_launches_what_plain_causal_launches():
+    """Mistral's window (sliding_window - 1, 0) at a length within it, or any wider, is causal itself: the
+    same kernels and arguments as the causal call without a window (the band kernels, not faked here, would
+    fail the call)."""
+    ins, go = _make(1, 4, 2, 2048, 128, "seq", 0)
+    logs = []
+    with fake_launches() as log:
+        off = A.default_policy(ins[0], ins[1], causal=True).replace(plans=False)
+        for window in (None, None, (2047, 0), (5000, None)):  # the first: Triton's dispatch logs fewer values
+            log.clear()
+            torch.autograd.grad(A.flash_attention(*ins, causal=True, window=window, policy=off), ins, go)
+            logs.append(_canonical(log, dict(zip("qkv", ins))))
+    assert logs[1] and logs[2] == logs[1] and logs[3] == logs[1]
+
+
 def test_a_call_that_does_not_replay_stays_on_the_ordinary_path(monkeypatch):
     """A launcher that leaves nothing to relaunch (here: one that records and launches nothing) makes
     the key the ordinary path's for good: every later call goes through it, each launch seen."""

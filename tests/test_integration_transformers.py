@@ -603,6 +603,41 @@ def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
     assert out.logits.shape == (3, 11, VOCAB) and out.loss is not None
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_embedding_gradient_goes_sparse_into_the_heads(cpu_attention, monkeypatch, tied):
+    """With the embedding tied to the lm head, a fused-loss training forward asks F.embedding for a sparse
+    gradient (rows of its tokens), which autograd adds into the head's dense one: the parameter's .grad is
+    dense and every gradient equals the untouched model's. Untied, in eval, or with sparse_embedding_grad=False:
+    the embedding runs as it is. The module's own flag is back to False after each forward."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    asked = []
+    real = torch.nn.functional.embedding
+
+    def embedding(*a, **k):
+        asked.append(a[6] if len(a) > 6 else k.get("sparse", False))
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "embedding", embedding)
+    ref = _model(_config(tie_word_embeddings=tied), "sdpa").train()
+    assert (ref.get_input_embeddings().weight is ref.get_output_embeddings().weight) == tied
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ids = _ids(2, 9)
+    lr = ref(ids, labels=ids)
+    asked.clear()
+    lo = ours(ids, labels=ids)
+    assert asked == [tied] and not ours.get_input_embeddings().sparse
+    _same_training(ref, ours, lr, lo, 1e-5, 1e-5)
+    assert ours.get_input_embeddings().weight.grad.layout == torch.strided
+    asked.clear()
+    off = tw_hf.apply_tilewise(copy.deepcopy(ref), sparse_embedding_grad=False)
+    off(ids, labels=ids)
+    ours.eval()
+    with torch.no_grad():
+        ours(ids, labels=ids)
+    assert asked == [False, False]
+
+
 def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):
     """torch._dynamo.explain over a training forward of the patched model (norm, rope, swiglu and the
     fused loss are custom ops; the loss's hidden-state hook is registered once): one graph, no break."""
@@ -959,6 +994,28 @@ def test_gpu_fusions_match_the_unfused_model(monkeypatch, fusions):
     assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
     lr.backward()
     lo.backward()
+    _assert_grads_close(ours, ref, 3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_tied_embedding_sparse_gradient_matches_the_dense_one(monkeypatch):
+    """bf16 on CUDA, the embedding tied to the head (Llama-3.2-1B's layout): the fused loss's sparse embedding
+    gradient added into the head's dense one on the GPU gives the loss and gradients of sparse_embedding_grad=False
+    (dense bf16 + sparse bf16 in place: the parameter's .grad dense, within bf16 noise)."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=1000, tie_word_embeddings=True)
+    base = _model(config, "sdpa", "cuda", torch.bfloat16).train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(base))
+    ref = tw_hf.apply_tilewise(base, sparse_embedding_grad=False)
+    ids = torch.randint(0, 1000, (2, 333), device="cuda")
+    lr, lo = ref(ids, labels=ids, use_cache=False).loss, ours(ids, labels=ids, use_cache=False).loss
+    assert abs(lo.item() - lr.item()) < 1e-2 * abs(lr.item())
+    lr.backward()
+    lo.backward()
+    assert ours.get_input_embeddings().weight.grad.layout == torch.strided
     _assert_grads_close(ours, ref, 3e-2)
 
 

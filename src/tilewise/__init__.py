@@ -39,6 +39,7 @@ _PUBLIC = {
     "ops.embedding.api": ["embedding"],
     "ops.norm.api": ["rms_norm", "add_rms_norm"],
     "ops.rope.api": ["apply_rotary", "apply_rotary_qkv"],
+    "ops.optim.api": ["AdamW"],
     "nn.classifier": ["SentimentClassifier"],
 }
 _LAZY = {name: mod for mod, names in _PUBLIC.items() for name in names}

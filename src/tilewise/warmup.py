@@ -173,6 +173,16 @@ def _norm() -> None:
                 _backward(tw.rms_norm(_rand((64, n), dtype, grad=True), _rand(n, dtype, grad=True), mode=mode))
 
 
+def _optim() -> None:
+    import tilewise as tw
+
+    for dtype in FLOATS:
+        params = [_rand(n, dtype, grad=True) for n in (4096, 1000)]  # the element count 16-divisible and not
+        for p in params:
+            p.grad = _rand(p.shape[0], dtype)
+        tw.AdamW(params).step()
+
+
 def _rope() -> None:
     import torch
 
@@ -335,6 +345,7 @@ FAMILY_TASKS: tuple[Task, ...] = (
     Task("rowwise", "rowwise", "softmax, log_softmax, cross_entropy, linear_cross_entropy", _rowwise),
     Task("norm", "norm", "rms_norm, llama and gemma modes", _norm),
     Task("rope", "rope", "apply_rotary", _rope),
+    Task("optim", "optim", "AdamW's fused update", _optim),
     *(Task(f"attention.{d}", "attention", "flash_attention, flash_attention_varlen", partial(_attention, d))
       for d in HALVES),
     Task("gemm", "gemm", "gemm on each route, linear with each epilogue, matmul", _gemm, alone=True),

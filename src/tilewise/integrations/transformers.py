@@ -368,12 +368,17 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     # a training step has no use for a KV cache, and with one the fused q / k / v path stands aside
     if all(kwargs.get(n) is None for n in _CACHES):
         kwargs.setdefault("use_cache", False)
+    embed = _sparse_embedding(self) if state.get("sparse_embedding") else None
     state["keep"] = True
+    if embed is not None:
+        embed.sparse = True
     try:
         out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
         hidden = state.pop("hidden")
     finally:
         state["keep"] = False
+        if embed is not None:
+            embed.sparse = False
     if shift is None:
         shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
     head = self.get_output_embeddings()
@@ -386,6 +391,23 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     if isinstance(out, tuple):
         return (loss,) + out
     return type(out)(loss=loss, **dict(out.items()))
+
+
+def _sparse_embedding(model):
+    """The input embedding whose gradient may be sparse in this forward: its weight is the lm head's (tied), so
+    the head's dense gradient from ``linear_cross_entropy`` reaches their shared gradient first and autograd adds
+    the embedding's rows into it in place, instead of a dense (vocab, hidden) gradient zeroed, scattered into
+    and added (~2.6 GB of traffic a step at Llama-3.2-1B's size). None under torch.compile, without gradients,
+    for a sharded weight (FSDP units reduce dense gradients) or an embedding that is not a plain nn.Embedding."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return None
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if type(embed) is not torch.nn.Embedding or embed.sparse or head is None:
+        return None
+    w = embed.weight
+    if w is not head.weight or not w.requires_grad or type(w) is not torch.nn.Parameter or _sharded(embed, w):
+        return None
+    return embed
 
 
 def _signed_like(fn, like):
@@ -571,7 +593,7 @@ def _fused_qkv_forward(self, hidden_states, position_embeddings=None, attention_
 def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rms_norm: bool = True, rope: bool = True,
                    swiglu: bool = True, loss: bool = True, residual_norm: bool = True,
                    fuse_qkv: bool | None = None, fuse_gate_up: bool = True,
-                   recompute_swiglu: bool = True) -> torch.nn.Module:
+                   recompute_swiglu: bool = True, sparse_embedding_grad: bool = True) -> torch.nn.Module:
     """Run ``model`` (a Llama, Mistral, Qwen2 or Qwen3 model of transformers, built from a config or
     loaded with ``from_pretrained``) on tilewise kernels, in place; returns the model.
 
@@ -614,6 +636,9 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                the backward but written again by SwiGLU's backward kernel (``tilewise.nn.mlp.swiglu_mlp``):
                at Llama-3.2-1B's size and 16384 tokens, 4 GiB less at the step's peak for one more
                write a layer in the backward (measured: docs/tuning/bench.md, "Peak memory").
+    sparse_embedding_grad: with ``loss`` and the input embedding tied to the lm head, the embedding's gradient
+               of a fused-loss forward is sparse (its tokens' rows), added in place into the head's dense one
+               (``_sparse_embedding``); the parameter's ``.grad`` stays dense.
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")
@@ -651,7 +676,7 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                 _override_forward(attn, _fused_qkv_forward)
                 attn.__dict__["_tilewise_qkv"] = True
     if loss and type(model).__name__.endswith("ForCausalLM") and not getattr(model, "_tilewise_loss", False):
-        model.model.__dict__["_tilewise_loss_state"] = {"keep": False}
+        model.model.__dict__["_tilewise_loss_state"] = {"keep": False, "sparse_embedding": sparse_embedding_grad}
         model.model.register_forward_hook(_keep_hidden)
         _override_forward(model, _fused_loss_forward, signed=True)
         model._tilewise_loss = True

@@ -13,6 +13,9 @@ bf16, AdamW: tokens / s and peak memory for
     hf_tilewise_keep_act  apply_tilewise(recompute_swiglu=False): the MLPs keep their SwiGLU activation
                      for the backward instead of recomputing it, the time and memory that trade moves
                      (full runs); its baseline as hf_tilewise's
+    hf_tilewise_adamw  hf_tilewise with ``tilewise.AdamW`` (one fused pass a parameter) where the others
+                     run torch's fused AdamW: the optimizer's share of the step (full runs, or by name in
+                     TILEWISE_BENCH_LLAMA_CANDIDATES); its baseline as hf_tilewise's
 
 Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermediate 8192, vocabulary
 128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
@@ -54,7 +57,8 @@ from ..harness import check, device_slug
 WARMUP, STEPS, PROFILED = 3, 10, 2
 # Ours, by apply_tilewise's keywords: the rows that name a baseline (the fastest of the others)
 TILEWISE_OPTIONS = {"hf_tilewise": {}, "hf_tilewise_own_attn": {"attention": True},
-                    "hf_tilewise_keep_act": {"recompute_swiglu": False}}
+                    "hf_tilewise_keep_act": {"recompute_swiglu": False}, "hf_tilewise_adamw": {}}
+TILEWISE_ADAMW = ("hf_tilewise_adamw",)  # apply_tilewise's defaults and tilewise.AdamW for torch's fused AdamW
 OURS = tuple(TILEWISE_OPTIONS)
 
 # First match wins: a kernel's name (lower case) -> its group in the step's device-time table.
@@ -101,8 +105,9 @@ def group_table(by_name: dict) -> list:
     return lines
 
 
-CANDIDATES = ("hf_sdpa", "hf_compile", "hf_tilewise", "hf_liger", "hf_tilewise_own_attn", "hf_tilewise_keep_act")
-FULL_ONLY = ("hf_compile", "hf_tilewise_own_attn", "hf_tilewise_keep_act")  # left out of quick runs
+CANDIDATES = ("hf_sdpa", "hf_compile", "hf_tilewise", "hf_liger", "hf_tilewise_own_attn", "hf_tilewise_keep_act",
+              "hf_tilewise_adamw")
+FULL_ONLY = ("hf_compile", "hf_tilewise_own_attn", "hf_tilewise_keep_act", "hf_tilewise_adamw")  # not in quick runs
 
 
 def candidates(quick: bool) -> list:
@@ -171,7 +176,12 @@ def _build(name, config, state, device="cuda"):
         apply_tilewise(model, **TILEWISE_OPTIONS[name])
     model.train()
     step_model = torch.compile(model) if name == "hf_compile" else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.device(device).type == "cuda")
+    if name in TILEWISE_ADAMW:
+        from ...ops.optim.api import AdamW
+
+        opt = AdamW(model.parameters(), lr=1e-5)  # torch's defaults otherwise, as the line below
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=torch.device(device).type == "cuda")
     return model, step_model, opt
 
 

@@ -80,7 +80,7 @@ from .configs import AttentionPolicy, block_d, choose_policy
 from .layout import for_ws as _for_ws, rows as _tma_rows, seq_major_like as _seq_major_like
 from .routes import dense as _dense, tma_applies as _tma_applies, tma_bias_applies as _tma_bias_applies
 from .routes import ws_applies as _ws_applies, ws_bwd_applies as _ws_bwd_applies
-from .reference import ALIGNS, band as _band_of, reference, reference_tiled
+from .reference import ALIGNS, call_band as _call_band, reference, reference_tiled
 
 __all__ = ["AttentionPolicy", "VARIANTS", "choose_policy", "cost", "default_policy", "flash_attention", "reference",
            "reference_tiled"]
@@ -337,9 +337,9 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
             and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):
-        from . import gluon_fwd as ag
-        return ag.fwd_band(q, k, v, band, scale, out, lse, launch=launcher, persistent=policy.ws_band_persistent,
-                           config=policy.ws_config)
+        from . import gluon_band
+        return gluon_band.fwd_band(q, k, v, band, scale, out, lse, launch=launcher,
+                                   persistent=policy.ws_band_persistent, config=policy.ws_config)
     if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy, launcher)
     if (plain and bias is not None and mask is None and policy.bias_tma
@@ -680,11 +680,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     align:  where query i's diagonal key is when Sq != Sk: "top_left" (j = i; SDPA's ``is_causal``,
             the default, unchanged from earlier releases) or "bottom_right" (j = i + Sk - Sq; FA2 >=
             2.1 and SDPA's ``causal_lower_right``: the last query sees every key, as when new
-            queries attend to a KV cache). Windows and bottom-right causal with Sq != Sk run their
-            backward, without mask, bias or score mods, on v6's kernels over the band's tiles where
-            the policy's backward is "ws" (``AttentionPolicy.ws_bwd_band``), else on v3's two kernels
-            (never the atomic backward); their forward on v5's band kernel at D = 128 without mask,
-            bias or score mods (``AttentionPolicy.ws_band``), else on v3's.
+            queries attend to a KV cache). A band (window, bottom-right causal with Sq != Sk) without
+            mask, bias or score mods runs on v5's band kernel at D = 128 (``ws_band``) and v6's backward
+            where the policy's is "ws" (``ws_bwd_band``), else on v3's kernels; a window as wide as the
+            sequence runs as no window.
     softcap: a float > 0: the scores scale * q.k become softcap * tanh(scale * q.k / softcap) (Gemma 2),
             before ``bias``, ALiBi and the masks. v3 kernels only, as windows.
     alibi_slopes: (H,) or (B, H) float tensor on q's device: adds -slope[b, h] * |j - i - diag| to the
@@ -734,9 +733,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         return reference(q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, return_lse=return_lse,
                          window=window, align=align, softcap=softcap, alibi_slopes=alibi_slopes)
     Sq, Sk = q.shape[2], k.shape[2]
-    band = _band_of(causal, window, align, Sq, Sk)
-    if band is not None:
-        band, causal = list(band), False  # the band holds the causal edge
+    band, causal = _call_band(causal, window, align, Sq, Sk)  # a band holds the causal edge
     softcap, diag = float(softcap or 0.0), (Sk - Sq if align == "bottom_right" else 0)
     if torch.compiler.is_compiling():  # the policy travels as its key; "" = chosen inside the ops
         out, lse = _fwd_op(q, k, v, mask, bias, causal, scale, deterministic, policy.key if policy is not None else "",

@@ -49,8 +49,9 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, band_tiles, fill_kv, head_rc,
-                            kv_ring, kv_tiles, row_len, unmasked_tiles)
+    from .gluon_band import band_tiles
+    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, fill_kv, head_rc, kv_ring,
+                            kv_tiles, row_len, unmasked_tiles)
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels

@@ -16,8 +16,9 @@ from ... import settings
 from .._custom import eager_twin
 from . import configs
 from .._checks import runs_reference
-from .api import _band_of, _check_band, _check_mods, _launch, _mod_args
+from .api import _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
+from .reference import band as _band_of
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
