@@ -673,6 +673,7 @@ def test_empty_and_zero_keys():
 # attention_gluon.PERSISTENT_RULES, read off that code), on the grid of test_choose_policy_keeps_the_rules.
 # v5 forward, no mask: (D, Sq, causal, bias).
 _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, True, False),
+                  (64, 2048, False, False),  # v5 from Sq 2048 at D 64 without causal or bias (2026-12-06)
                   (128, 1000, False, False), (128, 1000, False, True), (128, 1000, True, False),
                   (128, 1024, False, False), (128, 1024, False, True), (128, 1024, True, False),
                   (128, 2048, False, False), (128, 2048, False, True), (128, 2048, True, False),

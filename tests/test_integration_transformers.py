@@ -603,6 +603,40 @@ def test_fused_loss_matches_transformers_loss(cpu_attention, monkeypatch, mode):
     assert out.logits.shape == (3, 11, VOCAB) and out.loss is not None
 
 
+def test_fused_loss_counts_its_targets_before_the_forward(cpu_attention, monkeypatch):
+    """The fused loss's target count (a host read) is made before the base model's forward is queued and handed to
+    linear_cross_entropy, which then reads it instead of counting after the forward (draining the GPU's queue);
+    the loss and gradients stay the untouched model's."""
+    modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    order, handed = [], []
+    real_count, real_lce = tw_hf.TargetCount, tw_hf.linear_cross_entropy
+
+    class Count(real_count):
+        def __init__(self, *a, **k):
+            order.append("count")
+            super().__init__(*a, **k)
+
+    def lce(*a, **k):
+        handed.append(k.get("target_count"))
+        return real_lce(*a, **k)
+
+    monkeypatch.setattr(tw_hf, "TargetCount", Count)
+    monkeypatch.setattr(tw_hf, "linear_cross_entropy", lce)
+    ref = _model(_config(), "sdpa").train()
+    ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
+    ours.model.register_forward_pre_hook(lambda *_: order.append("forward"))
+    ids = _ids(2, 10)
+    labels = ids.clone()
+    labels[1, :3] = -100
+    lr = ref(ids, labels=labels)
+    lo = ours(ids, labels=labels)
+    assert order == ["count", "forward"]
+    # shifted labels: the last position of each row and labels[1, 1:3] do not count
+    assert len(handed) == 1 and isinstance(handed[0], real_count) and handed[0].result() == 2 * 9 - 2
+    _same_training(ref, ours, lr, lo, 1e-5, 1e-5)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_tied_embedding_gradient_goes_sparse_into_the_heads(cpu_attention, monkeypatch, tied):
     """With the embedding tied to the lm head, a fused-loss training forward asks F.embedding for a sparse

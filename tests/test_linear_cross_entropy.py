@@ -138,6 +138,39 @@ def test_cpu_tensors_outside_the_interpreter_run_the_reference(monkeypatch):
     torch.testing.assert_close(L.linear_cross_entropy(x, w, t, softcap=5.0), L.reference(x, w, t, softcap=5.0))
 
 
+def test_target_count_stands_in_for_the_loss_count(monkeypatch):
+    """A TargetCount made before the call gives the loss and gradients of counting inside it, bit for bit, and the
+    loss then does not count (``_count_valid`` is not reached); ignored rows and 'mean' make the count matter."""
+    x, w, t, b = _inputs(29, 16, 41, bias=True, ignore=9, seed=5)
+    want, r = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, chunk_rows=8), x, w, b)
+    count = L.TargetCount(t, 41)
+    assert count.result() == 20
+    monkeypatch.setattr(L, "_count_valid", lambda *a, **k: pytest.fail("counted again"))
+    got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, chunk_rows=8, target_count=count), x, w, b)
+    assert torch.equal(got, want)
+    for a, e in zip(g, r):
+        assert torch.equal(a, e)
+
+
+def test_target_count_errors():
+    x, w, t, _ = _inputs(6, 8, 10)
+    count = L.TargetCount(t, 10)
+    for kw, what in ((dict(target=t.clone()), "same tensor"), (dict(ignore_index=-1), "ignore_index = -1"),
+                     (dict(w=w[:7]), "V = weight.shape"), (dict(count=object()), "must be a TargetCount")):
+        with pytest.raises(ValueError, match=what):
+            L.linear_cross_entropy(x, kw.get("w", w), kw.get("target", t), ignore_index=kw.get("ignore_index", -100),
+                                   target_count=kw.get("count", count))
+    bad = torch.full_like(t, 10)
+    with pytest.raises(ValueError, match=r"1?6 target\(s\) out of range \[0, 10\).*e.g. 10"):
+        L.linear_cross_entropy(x, w, bad, target_count=L.TargetCount(bad, 10))
+    with pytest.raises(ValueError, match="'target' must be an integer tensor"):
+        L.TargetCount(t.float(), 10)
+    with pytest.raises(ValueError, match="'V' must be >= 1"):
+        L.TargetCount(t, 0)
+    with pytest.raises(ValueError, match="'ignore_index' must be an int"):
+        L.TargetCount(t, 10, ignore_index=1.5)
+
+
 def test_chunk_rows_for():
     bf16 = torch.bfloat16
     # Llama-3.2-1B's head (H 2048): dx 64 MiB + dW 501 MiB leave 971 MiB, 3,969 rows -> 3,072
@@ -172,6 +205,28 @@ def test_gpu_against_fp32_reference(dtype, variant):
     assert abs(got.item() - want.item()) <= tol * abs(want.item())
     for a, e in zip(g, r):  # (float16 dbias, ~1 / V a class: 2.9 % off when the kernel wrote scaled gradients)
         assert ((a.float() - e).norm() / e.norm()).item() < (1e-3 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+def test_gpu_target_count_made_early_gives_the_same_loss():
+    """bf16 on CUDA: a TargetCount made before other work is queued (a chain of GEMMs standing in for the model's
+    forward) gives the loss and gradients of counting in the loss, bit for bit, and reads its count after the
+    queued work without waiting for it to finish (its event is done first)."""
+    x, w, t, b = _inputs(1000, 256, 5003, torch.bfloat16, "cuda", bias=True, ignore=111, seed=9)
+    want, r = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, chunk_rows=384), x, w, b)
+    count = L.TargetCount(t, 5003)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(20):  # ~3 ms of queued GEMMs
+        a = a @ a / 64
+    done = torch.cuda.Event()
+    done.record()
+    assert count.result() == 889
+    assert not done.query()  # the count came back while the GEMMs were still running
+    got, g = _grads(lambda x, w, b: L.linear_cross_entropy(x, w, t, b, chunk_rows=384, target_count=count), x, w, b)
+    assert torch.equal(got, want)
+    for p, e in zip(g, r):
+        assert torch.equal(p, e)
 
 
 @pytest.mark.gpu

@@ -68,7 +68,7 @@ from ..ops.attention import configs as attention_configs
 from ..ops.attention.api import flash_attention
 from ..ops.attention.varlen import flash_attention_varlen
 from ..ops.rope.api import apply_rotary, apply_rotary_qkv
-from ..ops.rowwise.linear_cross_entropy import linear_cross_entropy
+from ..ops.rowwise.linear_cross_entropy import TargetCount, linear_cross_entropy
 from ..ops.rope.api import reference as rope_reference
 
 NAME = "tilewise"
@@ -369,6 +369,12 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     if all(kwargs.get(n) is None for n in _CACHES):
         kwargs.setdefault("use_cache", False)
     embed = _sparse_embedding(self) if state.get("sparse_embedding") else None
+    if shift is None:
+        shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    head = self.get_output_embeddings()
+    # counted before the forward is queued, so the loss reads the count without draining the stream
+    target = shift.to(head.weight.device)
+    count = None if torch.compiler.is_compiling() else TargetCount(target, head.weight.shape[0])
     state["keep"] = True
     if embed is not None:
         embed.sparse = True
@@ -379,13 +385,12 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
         state["keep"] = False
         if embed is not None:
             embed.sparse = False
-    if shift is None:
-        shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
-    head = self.get_output_embeddings()
     # under autocast the lm head's GEMMs in its dtype, as the model's own head would run (not fp32)
     hidden, weight, bias = autocast_inputs(hidden, head.weight, head.bias)
-    loss = linear_cross_entropy(hidden, weight, shift.to(hidden.device), bias,
-                                reduction="mean" if n_items is None else "sum")
+    if target.device != hidden.device:  # the head and the last hidden state on different devices
+        target, count = target.to(hidden.device), None
+    loss = linear_cross_entropy(hidden, weight, target, bias, reduction="mean" if n_items is None else "sum",
+                                target_count=count)
     if n_items is not None:
         loss = loss / n_items
     if isinstance(out, tuple):

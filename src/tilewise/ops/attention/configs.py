@@ -157,11 +157,12 @@ def causal_head_group(heads: int, blocks: int, sms: int) -> int:
 # ---------------------------------------------------------------------------- routing rules
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
-# at every length; D = 64 with three consumers from Sq = 4096 (shorter runs keep v3's resident CTAs);
-# causal with a bias is not measured (tuning: "v5 forward routes").
+# at every length; D = 64 with three consumers from Sq = 2048 without causal or bias (1.09x v3 there), from
+# 4096 with either (shorter runs keep v3's resident CTAs); causal with a bias is not measured (tuning:
+# "v5 forward routes").
 WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
-    (64, False, False): (4096, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
+    (64, False, False): (2048, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
 # v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
 # (tuning: "v5 persistent grid"); the overlapped consumers there run on it too (ahead of their own grid
 # by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the persistent overlap").

@@ -209,22 +209,35 @@ def _check(logits, target, reduction, ignore_index, label_smoothing, cpu=False):
         raise ValueError("cross_entropy: 'logits' has no classes (C = 0)")
 
 
-def _count_valid(target: torch.Tensor, C: int, ignore_index: int, what: str = "cross_entropy",
-                 classes: str = "'logits' has C = {C} classes") -> int:
-    """Number of rows that count; raises on a target outside [0, C) other than ignore_index (the
-    message: ``what``, then ``classes`` formatted with C). One small reduction and one host sync
-    (tens of us; the logits take ~1 ms at 8192 x 128k)."""
-    if target.numel() == 0:
-        return 0
+def _bad_targets(t: torch.Tensor, C: int, ignore_index: int) -> torch.Tensor:
+    return (t != ignore_index) & ((t < 0) | (t >= C))
+
+
+def _target_counts(target: torch.Tensor, C: int, ignore_index: int) -> torch.Tensor:
+    """(targets out of range, rows that count) as one int64 tensor of 2, on target's device (no sync)."""
     t = target.long()
-    keep = t != ignore_index
-    bad = keep & ((t < 0) | (t >= C))
-    n_bad, n_valid = torch.stack([bad.sum(), keep.sum()]).tolist()
+    return torch.stack([_bad_targets(t, C, ignore_index).sum(), (t != ignore_index).sum()])
+
+
+def _checked_count(n_bad: int, n_valid: int, target: torch.Tensor, C: int, ignore_index: int, what: str,
+                   classes: str) -> int:
+    """n_valid, or the error naming the first bad target (the message: ``what``, then ``classes`` with C)."""
     if n_bad:
-        first = t[bad][0].item()
+        t = target.long()
+        first = t[_bad_targets(t, C, ignore_index)][0].item()
         raise ValueError(f"{what}: {n_bad} target(s) out of range [0, {C}) ({classes.format(C=C)}) and not "
                          f"ignore_index={ignore_index}, e.g. {first}")
     return n_valid
+
+
+def _count_valid(target: torch.Tensor, C: int, ignore_index: int, what: str = "cross_entropy",
+                 classes: str = "'logits' has C = {C} classes") -> int:
+    """Number of rows that count; raises on a target outside [0, C) other than ignore_index. One small
+    reduction and one host sync (tens of us; the logits take ~1 ms at 8192 x 128k)."""
+    if target.numel() == 0:
+        return 0
+    n_bad, n_valid = _target_counts(target, C, ignore_index).tolist()
+    return _checked_count(n_bad, n_valid, target, C, ignore_index, what, classes)
 
 
 def _launch_cluster(logits, target, reduction, ignore_index, label_smoothing, compute_grad, variant, policy):

@@ -26,7 +26,7 @@ from .._autocast import autocast_inputs
 from .._checks import runs_reference
 from . import cluster as rc
 from .configs import MAX_FUSED, lce_chunk_rows
-from .cross_entropy import _count_valid, _rows_kernel, scale_unless_one
+from .cross_entropy import _checked_count, _count_valid, _rows_kernel, _target_counts, scale_unless_one
 
 
 def reference(x, weight, target, bias=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, softcap=None):
@@ -94,12 +94,66 @@ def _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_s
         raise ValueError(f"linear_cross_entropy: 'chunk_rows' must be an int >= 1 or None, got {chunk_rows!r}")
 
 
-def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need, softcap=None):
-    """loss (fp32 scalar), dx, dW, db (None where not needed) for an upstream gradient of 1."""
+_CLASSES = "'target' indexes the rows of 'weight', which has V = {C}"
+
+
+class TargetCount:
+    """The rows of ``target`` that count for ``linear_cross_entropy`` (not ``ignore_index``), counted on the
+    target's device when made, read on the host when the loss needs them; a target outside [0, V) raises then.
+
+    Why: the loss scales its gradients by 1 / (rows that count), a host number. Counted inside the loss, the
+    host waits for everything queued before the count, the whole forward, and then the GPU idles while the
+    host launches the loss's first GEMM (~0.5 ms a step in the llama bench, docs/tuning/bench.md, "llama: the
+    stream's idle time"). Made as soon as the labels are known, before the forward is queued, the count's copy
+    to pinned memory is done long before the loss reads it: the host waits for that copy, the forward stays
+    queued. ``apply_tilewise``'s fused loss does this.
+
+        count = TargetCount(target, weight.shape[0])   # before the model's forward
+        loss = linear_cross_entropy(x, weight, target, target_count=count)
+
+    target: the tensor later passed as ``linear_cross_entropy``'s target (the same object); V: the head's rows.
+    """
+
+    def __init__(self, target: torch.Tensor, V: int, ignore_index: int = -100):
+        if not isinstance(target, torch.Tensor) or target.dtype.is_floating_point or target.is_complex():
+            raise ValueError(f"TargetCount: 'target' must be an integer tensor, got "
+                             f"{target.dtype if isinstance(target, torch.Tensor) else type(target).__name__}")
+        for name, v in (("V", V), ("ignore_index", ignore_index)):
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise ValueError(f"TargetCount: '{name}' must be an int, got {v!r}")
+        if V < 1:
+            raise ValueError(f"TargetCount: 'V' must be >= 1, got {V}")
+        self.target, self.V, self.ignore_index = target, int(V), int(ignore_index)
+        self._event = None
+        counts = _target_counts(target.reshape(-1), self.V, self.ignore_index)
+        if counts.is_cuda:  # copied behind the count kernels; result() waits for this copy alone
+            self._host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(counts, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(counts.device))
+        else:
+            self._host = counts
+
+    def result(self) -> int:
+        """The rows that count; raises ValueError on a target outside [0, V) other than ignore_index."""
+        if self._event is not None:
+            self._event.synchronize()
+        n_bad, n_valid = self._host.tolist()
+        return _checked_count(n_bad, n_valid, self.target.reshape(-1), self.V, self.ignore_index,
+                              "linear_cross_entropy", _CLASSES)
+
+    def made_for(self, target: torch.Tensor, V: int, ignore_index: int) -> bool:
+        return self.target is target and self.V == V and self.ignore_index == ignore_index
+
+
+def _forward(x2, weight, t, bias, reduction, ignore_index, label_smoothing, chunk_rows, need, softcap=None,
+             n_valid=-1):
+    """loss (fp32 scalar), dx, dW, db (None where not needed) for an upstream gradient of 1. n_valid: the rows
+    that count if known (``TargetCount``), else -1: counted here (raises on a bad target; one host sync)."""
     N, H = x2.shape
     V = weight.shape[0]
-    n_valid = _count_valid(t, V, ignore_index, "linear_cross_entropy",  # raises on a bad target (one host sync)
-                           "'target' indexes the rows of 'weight', which has V = {C}")
+    if n_valid < 0:
+        n_valid = _count_valid(t, V, ignore_index, "linear_cross_entropy", _CLASSES)
     scale = 1.0 / n_valid if reduction == "mean" and n_valid else 1.0
     dev = x2.device
     loss_rows = torch.empty(N, device=dev, dtype=torch.float32)
@@ -168,17 +222,17 @@ def _rows_of(x, weight, target):
 @torch.library.custom_op("tilewise::linear_cross_entropy_fwd", mutates_args=())
 def _lce_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
             reduction: str, ignore_index: int, label_smoothing: float, chunk_rows: int, softcap: float,
-            need: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            need: list[bool], n_valid: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     x2, w, t = _rows_of(x, weight, target)
     loss, dx, dw, db = _forward(x2, w, t, bias, reduction, ignore_index, label_smoothing, chunk_rows or None,
-                                tuple(need), softcap or None)
+                                tuple(need), softcap or None, n_valid)
     return (loss, dx.view(x.shape) if dx is not None else x.new_empty(0),
             dw if dw is not None else weight.new_empty(0),
             db if db is not None else x.new_empty(0, dtype=torch.float32))
 
 
 @_lce_op.register_fake
-def _(x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap, need):
+def _(x, weight, target, bias, reduction, ignore_index, label_smoothing, chunk_rows, softcap, need, n_valid=-1):
     return (x.new_empty((), dtype=torch.float32), torch.empty_like(x) if need[0] else x.new_empty(0),
             torch.empty_like(weight) if need[1] else weight.new_empty(0),
             x.new_empty((weight.shape[0],) if need[2] else (0,), dtype=torch.float32))
@@ -205,7 +259,7 @@ def _grad(ctx, dloss, *_):
                                "gradients written by the forward were handed out by the first backward")
         dx, dw, db = ctx.holder
         ctx.holder = []
-    nones = (None,) * 6
+    nones = (None,) * 7  # reduction .. need, n_valid
     if dloss is None:
         return (None, None, None, None) + nones
     plain = ctx.compiled or torch.compiler.is_compiling() or type(dloss) is not torch.Tensor
@@ -223,7 +277,7 @@ _lce_op.register_autograd(_grad, setup_context=_setup)
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, *, reduction: str = "mean", ignore_index: int = -100,
                          label_smoothing: float = 0.0, chunk_rows: int | None = None,
-                         softcap: float | None = None) -> torch.Tensor:
+                         softcap: float | None = None, target_count: TargetCount | None = None) -> torch.Tensor:
     """``cross_entropy(x @ weight.T + bias, target)`` in chunks of rows, never holding the (N, V) logits.
 
     x:          (..., H) CUDA tensor, float32 / float16 / bfloat16 (the last hidden states). CPU
@@ -236,18 +290,28 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     chunk_rows: rows a chunk (default ``chunk_rows_for``: up to 4,096 within 1.5 GiB beyond the inputs).
     softcap:    None, or c > 0: the logits become c * tanh(logits / c) before the loss (Gemma 2's
                 ``final_logit_softcapping``); costs a chunk-sized fp32 buffer and two passes a chunk.
+    target_count: None, or a ``TargetCount(target, V, ignore_index)`` made earlier for this very target: the
+                count and the check of the targets are read from it, without waiting for the work queued since
+                (not under torch.compile, where the loss counts as without it).
     Returns the loss, a 0-dim float32 tensor (as transformers' loss), differentiable in x, weight and bias; the
     gradients are computed in this call (memory: dx, dW and db, and one chunk of logits).
     """
     cpu = runs_reference("linear_cross_entropy", {"x": x, "weight": weight, "target": target, "bias": bias},
                          interpreter=True)
     _check(x, weight, target, bias, reduction, chunk_rows, ignore_index, label_smoothing, softcap, cpu=cpu)
+    if target_count is not None and (not isinstance(target_count, TargetCount)
+                                     or not target_count.made_for(target, weight.shape[0], int(ignore_index))):
+        raise ValueError("linear_cross_entropy: 'target_count' must be a TargetCount made for this call's target "
+                         f"(the same tensor), V = weight.shape[0] = {weight.shape[0]} and ignore_index = "
+                         f"{ignore_index}")
     if cpu:  # the one CPU rule: logits in fp32, differentiable by PyTorch
         return reference(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), softcap)
     need = [x.requires_grad and torch.is_grad_enabled(), weight.requires_grad and torch.is_grad_enabled(),
             bias is not None and bias.requires_grad and torch.is_grad_enabled()]
+    # an int argument would be a guarded constant under torch.compile: there the op counts for itself
+    n_valid = -1 if target_count is None or torch.compiler.is_compiling() else target_count.result()
     return _lce_op(x, weight, target, bias, reduction, int(ignore_index), float(label_smoothing), int(chunk_rows or 0),
-                   float(softcap or 0.0), need)[0]
+                   float(softcap or 0.0), need, n_valid)[0]
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
