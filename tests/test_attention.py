@@ -730,8 +730,10 @@ def test_policy_is_validated_and_round_trips_through_its_key():
     assert p.replace(forward="ws").forward == "ws" and p.forward == "tma"
     persistent = A.AttentionPolicy(ws_overlap="persistent", ws_q_regs=True)
     assert C.policy_from_key(persistent.key) == persistent
+    two = A.AttentionPolicy(ws_persistent=True, ws_q_buffers=2)
+    assert C.policy_from_key(two.key) == two and two.ws_q_buffers == 2
     for bad in (dict(forward="v9"), dict(backward="fast"), dict(ordered_mode=3), dict(tiles={"fwd2": (1, 1, 1, 1)}),
-                dict(ws_overlap="sideways")):
+                dict(ws_overlap="sideways"), dict(ws_q_buffers=3), dict(ws_q_buffers=True)):
         with pytest.raises(ValueError, match="AttentionPolicy"):
             A.AttentionPolicy(**bad)
     q, k, v = _inputs(1, 1, 1, 3, 3, 8, dtype=torch.float32)
@@ -1890,6 +1892,12 @@ for causal in (False, True):  # the persistent grid with D = 64's three consumer
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
               "LAYOUT": 0}
     out[f"persistent3-D64-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig_persistent(64, bn), consts)
+for causal in (False, True):  # the persistent grid with two Q buffers a consumer (Q_BUFS, opt-in)
+    bn, stages = C.WS_FWD_TILES[(128, False)]
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
+              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2}
+    sig = {**sig_persistent(128, bn), "Q_BUFS": "constexpr"}
+    out[f"persistent-qbufs2-D128-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
 
@@ -1932,7 +1940,8 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     """v5 compiled for sm_90 with the installed Triton (in a fresh process: under TRITON_INTERPRET
     the standard library's functions are interpreter objects that Gluon cannot compile), D 64 / 128,
     with and without bias, causal or not, two consumers (and three at D = 64), two ping-pong
-    variants (opt-in) and the persistent grid (opt-in; two consumers, and three at D = 64): wgmma (HGMMA),
+    variants (opt-in) and the persistent grid (opt-in; two consumers, and three at D = 64; two Q buffers at
+    D = 128): wgmma (HGMMA),
     setmaxnreg moving registers between the partitions, no local-memory spills, shared memory
     within the 227 KB of a block."""
     from tilewise.ops.attention import gluon_fwd as ag
@@ -1942,7 +1951,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     import triton
 
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 20
+    assert len(r) == 22
     # The persistent grid's three consumers: spill-free under Triton 3.6 (the GPU machine's), 19 spill
     # instructions under 3.9 at 160 registers a consumer.
     newer = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7)
@@ -2368,6 +2377,40 @@ def test_gpu_v5_ws_persistent_three_consumers(shape, causal, poisoned_outputs, m
     _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_config=C.WS_THREE)
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 777, 128), (1, 2, 2, 1, 64, 128),
+                                   (2, 16, 16, 2048, 2048, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
+def test_gpu_v5_ws_persistent_two_q_buffers(shape, causal, poisoned_outputs, monkeypatch):
+    """The persistent grid with two Q buffers a consumer (``ws_q_buffers=2``, the kernel's Q_BUFS: the next
+    work item's Q loads while this one runs) gives the bits of one buffer: odd sizes, GQA, one row, more work
+    items than SMs, so each buffer is reused (phases past the first), and with causal items that have no
+    unmasked key tile (the first query tile; Sk < 128), which read Q through a stale descriptor before the fix."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 19)
+    _ws_or_skip(q)
+    launched = _record_launches(monkeypatch)
+    q_bufs = []
+    recording = A._launch
+
+    def seen(fn, grid, *args, **kwargs):
+        q_bufs.append(kwargs.get("Q_BUFS", 1))
+        return recording(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(A, "_launch", seen)
+    policy = A.default_policy(q, k, causal=causal).replace(
+        forward="ws", ws_persistent=True, ws_overlap=False, ws_config=C.WS_THREE if D == 64 else None)
+    one = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)
+    two = A.flash_attention(q, k, v, causal=causal, policy=policy.replace(ws_q_buffers=2), return_lse=True)
+    assert launched == [ag.attn_fwd_ws_persistent_kernel] * 2 and q_bufs == [1, 2]
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
+    assert ((two[0].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 @pytest.mark.gpu

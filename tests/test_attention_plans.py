@@ -200,3 +200,23 @@ def test_gpu_planned_calls_match_the_ordinary_path(case, monkeypatch):
             else:
                 assert torch.equal(a, b), (case, seed, name, (a.float() - b.float()).abs().max())
     assert P.stats()["hits"] == 2 and P.stats()["plans"] == 1
+
+
+def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
+    """``ws_q_buffers=2`` launches v5's persistent kernel with Q_BUFS = 2; one buffer passes none, so the
+    default build's launch (and its compiled kernel) stays what it was."""
+    ins, _ = _make(2, 4, 4, 1000, 128, "head", 5)
+    seen = []
+    with fake_launches():
+        real = A._launch
+
+        def spy(fn, grid, *args, **kwargs):
+            seen.append((getattr(fn, "__name__", str(fn)), kwargs.get("Q_BUFS")))
+            return real(fn, grid, *args, **kwargs)
+        monkeypatch.setattr(A, "_launch", spy)
+        base = A.default_policy(ins[0], ins[1]).replace(forward="ws", ws_persistent=True, ws_overlap=False,
+                                                        plans=False)
+        with torch.no_grad():
+            A.flash_attention(*ins, policy=base)
+            A.flash_attention(*ins, policy=base.replace(ws_q_buffers=2))
+    assert seen == [("attn_fwd_ws_persistent_kernel", None), ("attn_fwd_ws_persistent_kernel", 2)]

@@ -334,7 +334,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
             return ao.fwd(q, k, v, causal, scale, out, lse, launch=launcher, config=cfg, q_regs=policy.ws_q_regs,
                           persistent=policy.ws_overlap == "persistent")
         return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=launcher, config=cfg,
-                      persistent=policy.ws_persistent, pingpong=policy.ws_pingpong)
+                      persistent=policy.ws_persistent, pingpong=policy.ws_pingpong, q_buffers=policy.ws_q_buffers)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"
             and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):
         from . import gluon_band

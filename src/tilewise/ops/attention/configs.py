@@ -205,6 +205,8 @@ class AttentionPolicy:
     ws_config:     v5's (BLOCK_N, STAGES, consumer registers, maxnreg or None, consumers 2 / 3);
                    None: two consumers with ``WS_FWD_TILES``' tile.
     ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias; two or three consumers).
+    ws_q_buffers:  Q buffers a consumer on that grid (1 or 2; 2: the next work item's Q loads while this one
+                   runs; not the overlapped kernel's).
     ws_pingpong:   v5's consumers take turns issuing their products.
     ws_overlap:    v5 with overlapped consumers (``gluon_overlap.py``: S_j issued with P_{j-1} V_{j-1}, the
                    softmax beside them) where it applies (no bias, two or three consumers); before
@@ -244,6 +246,8 @@ class AttentionPolicy:
     forward: str = "pointer"
     ws_config: Optional[tuple] = None
     ws_persistent: bool = False
+    # 1 until measured with the fix of its causal fault (docs/tuning/attention.md, "Two Q buffers").
+    ws_q_buffers: int = 1
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
     ws_overlap: Union[bool, str] = False
@@ -279,6 +283,8 @@ class AttentionPolicy:
         if self.ws_overlap not in (False, True, "persistent"):
             raise ValueError(f"AttentionPolicy: ws_overlap must be False, True or 'persistent', "
                              f"got {self.ws_overlap!r}")
+        if self.ws_q_buffers not in (1, 2) or isinstance(self.ws_q_buffers, bool):
+            raise ValueError(f"AttentionPolicy: ws_q_buffers must be 1 or 2, got {self.ws_q_buffers!r}")
         if self.ordered_mode not in (1, 2):
             raise ValueError(f"AttentionPolicy: ordered_mode must be 1 or 2, got {self.ordered_mode!r}")
         tiles = dict(self.tiles)

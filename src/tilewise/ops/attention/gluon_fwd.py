@@ -112,22 +112,32 @@ if _GLUON:
             _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
+    def _mask(t, j, m_lo, Sk, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              BAND: gl.constexpr, band_lo, band_hi):
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = offs_n[None, :] < Sk
+        if CAUSAL:
+            offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        if BAND:
+            rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+            rel = offs_n[None, :] - rows[:, None]
+            keep = keep & (rel >= band_lo) & (rel <= band_hi)
+        return gl.where(keep, t, float("-inf"))
+
+    @gluon.jit
     def online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                       CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False, band_lo=0, band_hi=0):
+                       CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False, band_lo=0, band_hi=0,
+                       n_full=0):
         """Key tile j's scores ``t`` for 64 query rows from ``m_lo``: with MASKED, keys past Sk (and, causal,
-        after the row; BAND, outside band_lo <= n - m <= band_hi) to -inf; then the online softmax in the
-        log2 domain, the scale in the exponent's FMA. Returns (p, alpha, m_new, l_new)."""
-        if MASKED:
-            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            keep = offs_n[None, :] < Sk
-            if CAUSAL:
-                offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            if BAND:
-                rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-                rel = offs_n[None, :] - rows[:, None]
-                keep = keep & (rel >= band_lo) & (rel <= band_hi)
-            t = gl.where(keep, t, float("-inf"))
+        after the row; BAND, outside band_lo <= n - m <= band_hi) to -inf (MASKED 2: only from tile n_full on,
+        tested at run time); then the online softmax in the log2 domain, the scale in the exponent's FMA.
+        Returns (p, alpha, m_new, l_new)."""
+        if MASKED == 2:
+            if j >= n_full:
+                t = _mask(t, j, m_lo, Sk, s_layout, BLOCK_N, CAUSAL, BAND, band_lo, band_hi)
+        elif MASKED:
+            t = _mask(t, j, m_lo, Sk, s_layout, BLOCK_N, CAUSAL, BAND, band_lo, band_hi)
         m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(t * qk_scale - m_safe[:, None])
@@ -139,9 +149,10 @@ if _GLUON:
               Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr, MASKED: gl.constexpr,
               NUM_CONS: gl.constexpr, PINGPONG: gl.constexpr, turn, FIRST: gl.constexpr,
-              BAND: gl.constexpr = False, band_lo=0, band_hi=0):
+              BAND: gl.constexpr = False, band_lo=0, band_hi=0, n_full=0):
         # Key tile j of the query tile; ``slot`` counts the ring's fills (j, or more in a persistent CTA).
-        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi.
+        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi. MASKED 2: the
+        # mask from tile n_full on, tested at run time (online_softmax).
         s = slot % STAGES
         ph = (slot // STAGES) & 1
         k_buf = k_smem.index(s)
@@ -160,7 +171,7 @@ if _GLUON:
             t = gl.fma(b.to(gl.float32), 1.4426950408889634 / qk_scale, t)
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_new, l_i = online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED,
-                                              BAND, band_lo, band_hi)
+                                              BAND, band_lo, band_hi, n_full)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_op = gl.convert_layout(p.to(v_buf.dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
         mbarrier.wait(v_ready.index(s), ph)
@@ -399,11 +410,9 @@ if _GLUON:
 
     @gluon.jit
     def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
-        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major
-        without causal (a head's query tiles run together and share K / V in L2); causal, the
-        longest query tiles (the last ones) of every head first, and every odd full round of
-        num_programs items walked backward (a snake), so the CTA that drew one round's longest item
-        draws the next round's shortest (a schedule model: busiest CTA 1.06x the mean -> 1.01x)."""
+        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major without causal (a
+        head's query tiles share K / V in L2); causal, every head's longest (last) query tiles first, every odd
+        full round of num_programs items walked backward (a snake: busiest CTA 1.06x the mean -> 1.01x)."""
         if CAUSAL:
             nprog = gl.num_programs(0)
             r = tile // nprog
@@ -419,6 +428,7 @@ if _GLUON:
                  LAYOUT: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
+        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS  # Q buffers a consumer (the kernel's Q_BUFS)
         BH = total // n_m
         slot = 0
         it = 0
@@ -432,11 +442,11 @@ if _GLUON:
             k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
             v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
-            for c in gl.static_range(NUM_CONS):
-                # A consumer frees its Q buffer after its last S = Q K^T of the previous work item.
-                mbarrier.wait(q_empty.index(c), (it & 1) ^ 1)
-                mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(c), q_smem.index(c))
+            for c in gl.static_range(NUM_CONS):  # Q buffer b was freed by the work item QB items back
+                b = (it % QB) * NUM_CONS + c
+                mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)
+                mbarrier.expect(q_bar.index(b), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(b), q_smem.index(b))
             fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
                     n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
@@ -454,30 +464,41 @@ if _GLUON:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
         BH = total // n_m
-        q = q_smem.index(which)
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
+            b = (it % QB) * NUM_CONS + which
+            q = q_smem.index(b)
             m_lo = start_m * BM + which * 64
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([64], gl.float32, layout=row_s)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-            mbarrier.wait(q_bar.index(which), it & 1)
-            for j in range(n_full):
-                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
-                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
-                                      STAGES, CAUSAL, False, False, NUM_CONS, False, q_bar, 0)
-            for j in range(n_full, n_tiles):
-                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
-                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
-                                      STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
+            mbarrier.wait(q_bar.index(b), (it // QB) & 1)
+            if QB == 1:
+                for j in range(n_full):
+                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                          STAGES, CAUSAL, False, False, NUM_CONS, False, q_bar, 0)
+                for j in range(n_full, n_tiles):
+                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                          STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
+            else:
+                # One loop and one copy of the tile's products, the mask a branch inside (MASKED 2): with two
+                # copies (two loops, or a branch around two _tile calls) ptxas (Triton 3.6) computed a
+                # descriptor in one copy only and the other read it stale (Q's, then V's; compute-sanitizer:
+                # shared reads out of bounds), which the one buffer's constant Q address had hidden.
+                for j in range(n_tiles):
+                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                          STAGES, CAUSAL, False, 2, NUM_CONS, False, q_bar, 0, n_full=n_full)
             # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
-            # (the next work item's Q load overlaps this epilogue).
-            mbarrier.arrive(q_empty.index(which), count=1)
+            mbarrier.arrive(q_empty.index(b), count=1)
             o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
                     Sq, s_layout, o_layout, HEAD_DIM)
@@ -488,21 +509,21 @@ if _GLUON:
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                                      LAYOUT: gl.constexpr = 0):
+                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
-        round robin; BH = B x H): the K / V ring runs on across work items, so the next item's
-        loads (and its Q) overlap this item's last products and epilogue, as cuDNN's persistent
-        kernel does. No bias; two consumers, or three (D = 64's v5 config). Work items: ``_ptile``."""
+        round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
+        overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
+        config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). Work items: ``_ptile``."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH  # work items: query tiles x (batch x head)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFS * NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
-        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(NUM_CONS):
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(Q_BUFS * NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         if NUM_CONS == 2:
@@ -571,14 +592,15 @@ def run(kernel, grid, args, meta, launch=None):
 
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
-        persistent=False, pingpong=False, head_group=None):
+        persistent=False, pingpong=False, head_group=None, q_buffers=1):
     """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each
     head-major or sequence-major (``layout.rows``: read and written in place); the caller checks
     the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
     (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
     consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
     ``persistent``: the persistent grid where it applies (no bias, no maxnreg, no ping-pong; two or three
-    consumers); ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
+    consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads during this one);
+    ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
     causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
     default ``configs.causal_head_group``'s."""
     B, H, Sq, D = q.shape
@@ -603,6 +625,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
         if layout:
             meta["LAYOUT"] = layout
+        if q_buffers != 1:  # the default build's launch stays as it was
+            meta["Q_BUFS"] = q_buffers
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
