@@ -15,8 +15,11 @@ Q_BUFS = 1 builds byte for byte main's).
 Measured (H100, f38f538, the consumer's two loops): without causal bitwise equal and 1.021-1.036x at D 128
 S 1024-4096 and D 64 S 2048; causal wrong, from ptxas (docs/tuning/attention.md, "Two Q buffers"). Since then
 the two-buffer consumer runs one loop; predicted: the same gains, causal bitwise equal and 1.00-1.03x.
-The B side is the policy's ``ws_q_buffers=2``; the policy pins the persistent kernel (no overlap, no call
-plans). Rounds A B B A, the mean of the middle two rounds' do_bench medians.
+Measured (H100, a07282b, one loop with one copy of the products): causal bitwise equal, 0.973x; without causal
+1.018-1.065x at D 128 S 1024-4096, 1.035x at D 64 S 2048 (logs/attention-q-bufs-ab-a07282b.log). The
+"default" column is the library's route (after that run: two buffers at D 128 plain below S 4096; D 64 on v5's
+grid), for the D 64 rule. The B side is the policy's ``ws_q_buffers=2``; the policy pins the persistent kernel
+(no overlap, no call plans). Rounds A B B A, the mean of the middle two rounds' do_bench medians.
 Run on the GPU: PYTHONPATH=src python3 research/attention_q_bufs_ab.py
 """
 import torch
@@ -31,7 +34,8 @@ from tilewise.ops.attention import configs as C
 # (B, H, Hkv, S, D, causal), B x S = 16384
 SHAPES = [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False), (8, 32, 8, 2048, 128, False),
           (4, 16, 16, 4096, 128, False), (8, 16, 16, 2048, 128, True), (8, 16, 16, 2048, 64, False),
-          (4, 32, 8, 4096, 64, False)]
+          (4, 32, 8, 4096, 64, False), (16, 16, 16, 1024, 64, False), (4, 16, 16, 4096, 64, False),
+          (2, 16, 16, 8192, 64, False)]
 
 
 def bench(fn):
@@ -46,7 +50,7 @@ def main():
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         policy = A.default_policy(q, k, causal=causal).replace(
-            forward="ws", ws_persistent=True, ws_overlap=False, plans=False,
+            forward="ws", ws_persistent=True, ws_overlap=False, plans=False, ws_q_buffers=1,
             ws_config=C.WS_THREE if D == 64 else None)
 
         def one(q=q, k=k, v=v, causal=causal, policy=policy):
@@ -58,15 +62,18 @@ def main():
         def cudnn(q=q, k=k, v=v, causal=causal):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != Hkv)
-        fns = {"one Q buffer": one, "two Q buffers": two, "cudnn": cudnn}
-        a, b, c = (fn() for fn in fns.values())
+        def default(q=q, k=k, v=v, causal=causal):  # the library's route (choose_policy), call plans on
+            return A.flash_attention(q, k, v, causal=causal)
+        fns = {"one Q buffer": one, "two Q buffers": two, "default": default, "cudnn": cudnn}
+        a, b, d, c = (fn() for fn in fns.values())
         same = torch.equal(a, b)
         err = ((b.float() - c.float()).norm() / c.float().norm()).item()
         med, _ = abba_ms(fns, bench)
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
         print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal}: " + ", ".join(
             f"{n} {ms:.4f} ms ({flops / ms / 1e9:.0f} TF, x cuDNN {med['cudnn'] / ms:.3f})" for n, ms in med.items())
-            + f" | two / one {med['one Q buffer'] / med['two Q buffers']:.3f}x, bitwise equal {same}, "
+            + f" | two / one {med['one Q buffer'] / med['two Q buffers']:.3f}x, two / default "
+              f"{med['default'] / med['two Q buffers']:.3f}x, bitwise equal {same}, "
               f"vs cuDNN {err:.1e}", flush=True)
 
 

@@ -709,13 +709,16 @@ def test_choose_policy_keeps_the_rules():
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
         assert p.ws_overlap == (D == 128 and Sq >= 4096 and ("persistent" if not causal else True)), case
+        # two Q buffers where the persistent grid runs v5 itself (not the overlapped kernel): D 128 plain
+        assert p.ws_q_buffers == (2 if (D, causal) == (128, False) and Sq < 4096 else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
             want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
         assert p.backward == want, case
         assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
-                                      ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap), case
+                                      ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap,
+                                      ws_q_buffers=p.ws_q_buffers), case
 
 
 def test_policy_is_validated_and_round_trips_through_its_key():
