@@ -681,7 +681,8 @@ _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, 
 # v5's config where the rules have one, whether or not v5 runs: (D, causal, bias).
 _WS_THREE_BEFORE = {(64, False, False), (64, False, True), (64, True, False)}
 # v6 backward, deterministic, no mask or bias: (D, Sq, Sk, causal).
-_WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (128, 1000, 1000, False),
+_WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (64, 2048, 2048, False), (64, 2048, 2048, True),
+                  (128, 1000, 1000, False),
                   (128, 1024, 4096, False), (128, 2048, 2048, False), (128, 2048, 2048, True),
                   (128, 4096, 1024, False), (128, 4096, 4096, False), (128, 4096, 4096, True)}
 

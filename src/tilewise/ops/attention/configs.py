@@ -179,8 +179,8 @@ WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (short causal
-# calls are host-bound) (tuning: "v6 backward routes").
-WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096})
+# calls are host-bound; D 64 at S 1024) (tuning: "v6 backward routes", "D 64 from Sq 2048").
+WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 2048, (64, True): 2048})
 # The ordered deterministic fused backward, (head dim, bias gradient): slower than the two kernels
 # everywhere measured, so opt-in only (tuning: "Ordered dQ").
 ORDERED_RULES: frozenset = frozenset()
