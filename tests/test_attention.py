@@ -2389,7 +2389,7 @@ def test_gpu_v5_ws_persistent_two_q_buffers(shape, causal, poisoned_outputs, mon
     """The persistent grid with two Q buffers a consumer (``ws_q_buffers=2``, the kernel's Q_BUFS: the next
     work item's Q loads while this one runs) gives the bits of one buffer: odd sizes, GQA, one row, more work
     items than SMs, so each buffer is reused (phases past the first), and with causal items that have no
-    unmasked key tile (the first query tile; Sk < 128), which read Q through a stale descriptor before the fix."""
+    unmasked key tile (the first query tile; Sk < 128), whose masked tile read stale descriptors before the fix."""
     from tilewise.ops.attention import gluon_fwd as ag
 
     B, H, Hkv, Sq, Sk, D = shape
