@@ -2378,7 +2378,6 @@ def test_gpu_v5_ws_persistent_three_consumers(shape, causal, poisoned_outputs, m
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 777, 128), (1, 2, 2, 1, 64, 128),
                                    (2, 16, 16, 2048, 2048, 64)],

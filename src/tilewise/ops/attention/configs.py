@@ -246,7 +246,8 @@ class AttentionPolicy:
     forward: str = "pointer"
     ws_config: Optional[tuple] = None
     ws_persistent: bool = False
-    # 1 until measured with the fix of its causal fault (docs/tuning/attention.md, "Two Q buffers").
+    # 1: two were 1.02-1.07x at D 128 without causal and slower with causal; the rule that makes them a default
+    # has not passed the GPU tier yet (docs/tuning/attention.md, "Two Q buffers ... fixed").
     ws_q_buffers: int = 1
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
