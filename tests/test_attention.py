@@ -674,6 +674,7 @@ def test_empty_and_zero_keys():
 # v5 forward, no mask: (D, Sq, causal, bias).
 _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, True, False),
                   (64, 2048, False, False),  # v5 from Sq 2048 at D 64 without causal or bias (2026-12-06)
+                  (64, 1024, False, False),  # and from 1024, on the persistent grid with two Q buffers
                   (128, 1000, False, False), (128, 1000, False, True), (128, 1000, True, False),
                   (128, 1024, False, False), (128, 1024, False, True), (128, 1024, True, False),
                   (128, 2048, False, False), (128, 2048, False, True), (128, 2048, True, False),
@@ -681,7 +682,8 @@ _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, 
 # v5's config where the rules have one, whether or not v5 runs: (D, causal, bias).
 _WS_THREE_BEFORE = {(64, False, False), (64, False, True), (64, True, False)}
 # v6 backward, deterministic, no mask or bias: (D, Sq, Sk, causal).
-_WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (128, 1000, 1000, False),
+_WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (64, 2048, 2048, False), (64, 2048, 2048, True),
+                  (128, 1000, 1000, False),
                   (128, 1024, 4096, False), (128, 2048, 2048, False), (128, 2048, 2048, True),
                   (128, 4096, 1024, False), (128, 4096, 4096, False), (128, 4096, 4096, True)}
 
@@ -705,17 +707,20 @@ def test_choose_policy_keeps_the_rules():
         ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
         assert p.forward == ("ws" if ws else "pointer"), case
         assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
-        assert p.ws_persistent == ((D, causal) == (128, False)), case
+        assert p.ws_persistent == (D in (64, 128) and not causal), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
         assert p.ws_overlap == (D == 128 and Sq >= 4096 and ("persistent" if not causal else True)), case
+        # two Q buffers where the persistent grid runs v5 itself (not the overlapped kernel): D 128 plain
+        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal and (D == 64 or Sq < 4096) else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
             want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
         assert p.backward == want, case
         assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
-                                      ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap), case
+                                      ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap,
+                                      ws_q_buffers=p.ws_q_buffers), case
 
 
 def test_policy_is_validated_and_round_trips_through_its_key():
@@ -2163,7 +2168,7 @@ def test_gluon_descriptors_built_once_per_backward():
     assert b.block_shape == [32, 64] and c.base is other and d.shape == [100, 64] and a.shape == [300, 64]
 
 def test_v6_ws_bwd_rules_and_cpu_never():
-    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 4096
+    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 2048
     both ways); never on CPU tensors, even when the policy asks."""
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
 
@@ -2173,7 +2178,8 @@ def test_v6_ws_bwd_rules_and_cpu_never():
     assert bwd(128, False, 1, 1) == "ws" and bwd(128, True, 2048, 4096) == "ws"
     assert bwd(128, True, 1024, 1024) == "two_kernel"
     assert bwd(64, True, 4096, 4096) == "ws" and bwd(64, False, 8192, 4096) == "ws"
-    assert bwd(64, False, 2048, 8192) == "two_kernel" and bwd(64, True, 8192, 1024) == "two_kernel"
+    assert bwd(64, False, 2048, 8192) == "ws" and bwd(64, True, 2048, 2048) == "ws"
+    assert bwd(64, False, 1024, 8192) == "two_kernel" and bwd(64, True, 8192, 1024) == "two_kernel"
     assert bwd(96, False, 8192, 8192) == "two_kernel"
     assert not A._ws_bwd_applies(q, k, v, q, None, None)  # CPU tensors
 
@@ -2187,7 +2193,8 @@ def test_v5_ws_applies_only_where_it_can_run():
         return p.forward, p.ws_config
 
     assert fwd(128, False, False, 1) == ("ws", None)
-    assert fwd(64, False, False, 1024) == ("pointer", C.WS_THREE)  # short sequences: v3
+    assert fwd(64, False, False, 1000) == ("pointer", C.WS_THREE)  # short sequences: v3
+    assert fwd(64, False, False, 1024) == ("ws", C.WS_THREE)  # from 1024 on the persistent grid
     assert fwd(64, False, False, 4096) == ("ws", C.WS_THREE)
     assert fwd(64, False, True, 2048)[0] == "pointer" and fwd(64, False, True, 4096)[0] == "ws"
     assert fwd(128, True, True, 8192)[0] == "pointer"  # causal + bias: not measured, v4
@@ -2402,7 +2409,7 @@ def test_gpu_v5_ws_persistent_two_q_buffers(shape, causal, poisoned_outputs, mon
         q_bufs.append(kwargs.get("Q_BUFS", 1))
         return recording(fn, grid, *args, **kwargs)
     monkeypatch.setattr(A, "_launch", seen)
-    policy = A.default_policy(q, k, causal=causal).replace(  # one buffer pinned (the A side of the comparison)
+    policy = A.default_policy(q, k, causal=causal).replace(  # one buffer pinned (D 128 plain's default is two)
         forward="ws", ws_persistent=True, ws_overlap=False, ws_config=C.WS_THREE if D == 64 else None,
         ws_q_buffers=1)
     one = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)

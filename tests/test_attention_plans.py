@@ -204,7 +204,8 @@ def test_gpu_planned_calls_match_the_ordinary_path(case, monkeypatch):
 
 def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
     """``ws_q_buffers=2`` launches v5's persistent kernel with Q_BUFS = 2; one buffer passes none, so the
-    default build's launch (and its compiled kernel) stays what it was."""
+    one-buffer build's launch (and its compiled kernel) stays what it was. The default policy at D 128
+    without causal takes two (``WS_Q_BUFFER_RULES``)."""
     ins, _ = _make(2, 4, 4, 1000, 128, "head", 5)
     seen = []
     with fake_launches():
@@ -216,7 +217,8 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
         monkeypatch.setattr(A, "_launch", spy)
         base = A.default_policy(ins[0], ins[1]).replace(forward="ws", ws_persistent=True, ws_overlap=False,
                                                         plans=False)
+        assert base.ws_q_buffers == 2
         with torch.no_grad():
+            A.flash_attention(*ins, policy=base.replace(ws_q_buffers=1))
             A.flash_attention(*ins, policy=base)
-            A.flash_attention(*ins, policy=base.replace(ws_q_buffers=2))
     assert seen == [("attn_fwd_ws_persistent_kernel", None), ("attn_fwd_ws_persistent_kernel", 2)]

@@ -157,16 +157,21 @@ def causal_head_group(heads: int, blocks: int, sms: int) -> int:
 # ---------------------------------------------------------------------------- routing rules
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
-# at every length; D = 64 with three consumers from Sq = 2048 without causal or bias (1.09x v3 there), from
-# 4096 with either (shorter runs keep v3's resident CTAs); causal with a bias is not measured (tuning:
-# "v5 forward routes").
+# at every length; D = 64 with three consumers from Sq = 1024 without causal or bias (on the persistent grid
+# with two Q buffers, below: 1.05x v3 at S 1024), from 4096 with either (shorter runs keep v3's resident
+# CTAs); causal with a bias is not measured (tuning: "v5 forward routes", "Two Q buffers ... fixed").
 WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
-    (64, False, False): (2048, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
-# v5's persistent grid (no bias, two consumers): ahead of v5's own grid at D = 128 without causal only
-# (tuning: "v5 persistent grid"); the overlapped consumers there run on it too (ahead of their own grid
-# by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the persistent overlap").
-WS_PERSISTENT_RULES = frozenset({(128, False)})
+    (64, False, False): (1024, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
+# v5's persistent grid (no bias): ahead of v5's own grid without causal (tuning: "v5 persistent grid"; at
+# D = 64 with two Q buffers, 1.01-1.04x the grid at S 2048-8192); the overlapped consumers at D = 128 run on it
+# too (ahead of their own grid by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the
+# persistent overlap").
+WS_PERSISTENT_RULES = frozenset({(128, False), (64, False)})
+# Two Q buffers a consumer on that grid (the next item's Q loads during this one), by (head dim, causal):
+# 1.02-1.07x one buffer at D 128 without causal, S 1024-4096, 1.00-1.07x at D 64 (three consumers), bitwise
+# equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers").
+WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False)})
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
 # Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; at D = 64 behind v5's three
 # consumers with two or three overlapped (tuning: "FA3's consumer schedule").
@@ -175,8 +180,8 @@ WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (short causal
-# calls are host-bound) (tuning: "v6 backward routes").
-WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 4096, (64, True): 4096})
+# calls are host-bound; D 64 at S 1024) (tuning: "v6 backward routes", "D 64 from Sq 2048").
+WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 2048, (64, True): 2048})
 # The ordered deterministic fused backward, (head dim, bias gradient): slower than the two kernels
 # everywhere measured, so opt-in only (tuning: "Ordered dQ").
 ORDERED_RULES: frozenset = frozenset()
@@ -246,8 +251,7 @@ class AttentionPolicy:
     forward: str = "pointer"
     ws_config: Optional[tuple] = None
     ws_persistent: bool = False
-    # 1: two were 1.02-1.07x at D 128 without causal and slower with causal; the rule that makes them a default
-    # has not passed the GPU tier yet (docs/tuning/attention.md, "Two Q buffers ... fixed").
+    # 1 here; choose_policy's default takes 2 where WS_Q_BUFFER_RULES say (tuning: "Two Q buffers").
     ws_q_buffers: int = 1
     # Off: turn-taking only added waits, slower or equal everywhere measured (tuning: "v5 ping-pong").
     ws_pingpong: bool = False
@@ -314,10 +318,11 @@ def policy_from_key(key: str) -> AttentionPolicy:
 
 
 @functools.lru_cache(maxsize=64)
-def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair, ws_overlap=False) -> AttentionPolicy:
+def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair, ws_overlap=False,
+            ws_q_buffers=1) -> AttentionPolicy:
     # One object per decision: choose_policy runs on every call, a policy's construction is not free.
     return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, ws_band=ws_band,
-                           backward=backward, bias_pair=bias_pair, ws_overlap=ws_overlap)
+                           backward=backward, bias_pair=bias_pair, ws_overlap=ws_overlap, ws_q_buffers=ws_q_buffers)
 
 
 def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
@@ -341,8 +346,10 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
         backward = "two_kernel"
     persistent = (head_dim, causal) in WS_PERSISTENT_RULES
     overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
+    q_buffers = 2 if persistent and not overlap and (head_dim, causal) in WS_Q_BUFFER_RULES else 1
     return _policy(forward, rule[1] if rule is not None else None, persistent, head_dim in WS_BAND_HEAD_DIMS,
-                   backward, head_dim <= BIAS_PAIR_MAX_D, "persistent" if overlap and persistent else overlap)
+                   backward, head_dim <= BIAS_PAIR_MAX_D, "persistent" if overlap and persistent else overlap,
+                   q_buffers)
 
 
 # ---------------------------------------------------------------------------- against SDPA
