@@ -20,8 +20,13 @@ Measured (H100, a07282b, one loop with one copy of the products): causal bitwise
 "default" column is the library's route (after that run: two buffers at D 128 plain below S 4096; D 64 on v5's
 grid), for the D 64 rule. The B side is the policy's ``ws_q_buffers=2``; the policy pins the persistent kernel
 (no overlap, no call plans). Rounds A B B A, the mean of the middle two rounds' do_bench medians.
-Run on the GPU: PYTHONPATH=src python3 research/attention_q_bufs_ab.py
+Run on the GPU: PYTHONPATH=src python3 research/attention_q_bufs_ab.py [--overlap]
+--overlap: the same for the overlapped consumers on the persistent grid (D 128's route from S 4096). Prediction
+(2026-12-06, before a run): 1.02-1.04x one buffer at S 2048-4096, 1.01-1.02x from 8192 (an item's fixed cost is a
+smaller share of a longer item), causal 0.97-1.00x; S 2048 ahead of v5's persistent kernel with two buffers.
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,6 +41,9 @@ SHAPES = [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False), (8, 32,
           (4, 16, 16, 4096, 128, False), (8, 16, 16, 2048, 128, True), (8, 16, 16, 2048, 64, False),
           (4, 32, 8, 4096, 64, False), (16, 16, 16, 1024, 64, False), (4, 16, 16, 4096, 64, False),
           (2, 16, 16, 8192, 64, False)]
+# --overlap: the overlapped consumers on the persistent grid (ws_overlap="persistent", D 128 from S 4096 by default)
+OVERLAP_SHAPES = [(8, 16, 16, 2048, 128, False), (4, 16, 16, 4096, 128, False), (4, 32, 8, 4096, 128, False),
+                  (2, 16, 16, 8192, 128, False), (1, 16, 16, 16384, 128, False), (2, 16, 16, 8192, 128, True)]
 
 
 def bench(fn):
@@ -43,14 +51,16 @@ def bench(fn):
 
 
 def main():
-    print(torch.cuda.get_device_name(), flush=True)
+    overlap = "--overlap" in sys.argv[1:]
+    print(torch.cuda.get_device_name(), "(the overlapped consumers)" if overlap else "", flush=True)
     warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(11)
-    for B, H, Hkv, S, D, causal in SHAPES:
+    for B, H, Hkv, S, D, causal in OVERLAP_SHAPES if overlap else SHAPES:
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         policy = A.default_policy(q, k, causal=causal).replace(
-            forward="ws", ws_persistent=True, ws_overlap=False, plans=False, ws_q_buffers=1,
+            forward="ws", ws_persistent=True, ws_overlap="persistent" if overlap else False, plans=False,
+            ws_q_buffers=1,
             ws_config=C.WS_THREE if D == 64 else None)
 
         def one(q=q, k=k, v=v, causal=causal, policy=policy):

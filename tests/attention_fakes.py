@@ -28,9 +28,10 @@ class _Kernel:
 
 
 def _kernels():
-    from tilewise.ops.attention import gluon_bwd, gluon_fwd, triton_kernels as K
+    from tilewise.ops.attention import gluon_bwd, gluon_fwd, gluon_overlap, triton_kernels as K
 
-    return (gluon_fwd.attn_fwd_ws_kernel, gluon_fwd.attn_fwd_ws_persistent_kernel, gluon_bwd.attn_bwd_dkdv_ws_kernel,
+    return (gluon_fwd.attn_fwd_ws_kernel, gluon_fwd.attn_fwd_ws_persistent_kernel,
+            gluon_overlap.attn_fwd_overlap_persistent_kernel, gluon_bwd.attn_bwd_dkdv_ws_kernel,
             gluon_bwd.attn_bwd_dq_ws_kernel, K._attn_fwd_kernel, K._attn_fwd_tma_kernel, K._attn_bwd_preprocess_kernel,
             K._attn_bwd_dkdv_kernel, K._attn_bwd_dq_kernel, K._attn_bwd_atomic_kernel)
 
@@ -52,7 +53,7 @@ def fake_launches(sm_count: int = 132):
     """Yields the launch log: (kernel name, values) per launch, the first launch of a signature with
     its positional arguments only (Triton's dispatch), later ones with every parameter's value."""
     from tilewise import settings
-    from tilewise.ops.attention import api, gluon_bwd, gluon_fwd, plans, routes
+    from tilewise.ops.attention import api, gluon_bwd, gluon_fwd, gluon_overlap, plans, routes
     from tilewise.runtime import triton_launch as TL
 
     log: list = []
@@ -68,7 +69,9 @@ def fake_launches(sm_count: int = 132):
             for name in ("_ws_applies", "ws_applies", "_ws_bwd_applies", "ws_bwd_applies"):
                 if hasattr(mod, name):
                     patch(mock.patch.object(mod, name, lambda *a, **k: True))
-        patch(mock.patch.object(gluon_fwd, "rt", type("rt", (), {"sm_count": staticmethod(lambda *a: sm_count)})))
+        fake_rt = type("rt", (), {"sm_count": staticmethod(lambda *a: sm_count)})
+        patch(mock.patch.object(gluon_fwd, "rt", fake_rt))
+        patch(mock.patch.object(gluon_overlap, "rt", fake_rt))
         patch(mock.patch.object(gluon_bwd, "sm_count", lambda *a: sm_count))
         patch(mock.patch.object(plans, "PLANS", {}))
         for fn in _kernels():

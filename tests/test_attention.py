@@ -683,6 +683,7 @@ _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, 
 _WS_THREE_BEFORE = {(64, False, False), (64, False, True), (64, True, False)}
 # v6 backward, deterministic, no mask or bias: (D, Sq, Sk, causal).
 _WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (64, 2048, 2048, False), (64, 2048, 2048, True),
+                  (64, 1024, 4096, False), (64, 4096, 1024, False),
                   (128, 1000, 1000, False),
                   (128, 1024, 4096, False), (128, 2048, 2048, False), (128, 2048, 2048, True),
                   (128, 4096, 1024, False), (128, 4096, 4096, False), (128, 4096, 4096, True)}
@@ -1992,6 +1993,9 @@ for D, causal, q_regs in persistent:
               "Q_REGS": q_regs}
     name = f"persistent-D{D}-causal{causal}" + ("-qregs" if q_regs else "")
     out[name] = build(ao.attn_fwd_overlap_persistent_kernel, sig, consts)
+    if D == 128:  # two Q buffers a consumer (ws_q_buffers=2): one copy of the products, 32 KB more shared memory
+        out[name + "-qbufs2"] = build(ao.attn_fwd_overlap_persistent_kernel, {**sig, "Q_BUFS": "constexpr"},
+                                      {**consts, "Q_BUFS": 2})
 """
 
 
@@ -2007,13 +2011,13 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 20
+    assert len(r) == 24  # 20, and two Q buffers at D 128 (causal or not, Q in shared memory or registers)
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
     def limit(name):
-        if not name.endswith("-qregs"):
+        if "-qregs" not in name:
             return 0
         return 150 if not older else 16 if name.startswith("persistent") else 0
 
@@ -2168,8 +2172,8 @@ def test_gluon_descriptors_built_once_per_backward():
     assert b.block_shape == [32, 64] and c.base is other and d.shape == [100, 64] and a.shape == [300, 64]
 
 def test_v6_ws_bwd_rules_and_cpu_never():
-    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 2048
-    both ways); never on CPU tensors, even when the policy asks."""
+    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 1024
+    without causal, 2048 with); never on CPU tensors, even when the policy asks."""
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
 
     def bwd(D, causal, Sq, Sk):
@@ -2179,7 +2183,8 @@ def test_v6_ws_bwd_rules_and_cpu_never():
     assert bwd(128, True, 1024, 1024) == "two_kernel"
     assert bwd(64, True, 4096, 4096) == "ws" and bwd(64, False, 8192, 4096) == "ws"
     assert bwd(64, False, 2048, 8192) == "ws" and bwd(64, True, 2048, 2048) == "ws"
-    assert bwd(64, False, 1024, 8192) == "two_kernel" and bwd(64, True, 8192, 1024) == "two_kernel"
+    assert bwd(64, False, 1024, 8192) == "ws" and bwd(64, False, 1000, 8192) == "two_kernel"
+    assert bwd(64, True, 8192, 1024) == "two_kernel"
     assert bwd(96, False, 8192, 8192) == "two_kernel"
     assert not A._ws_bwd_applies(q, k, v, q, None, None)  # CPU tensors
 
@@ -2415,6 +2420,34 @@ def test_gpu_v5_ws_persistent_two_q_buffers(shape, causal, poisoned_outputs, mon
     one = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)
     two = A.flash_attention(q, k, v, causal=causal, policy=policy.replace(ws_q_buffers=2), return_lse=True)
     assert launched == [ag.attn_fwd_ws_persistent_kernel] * 2 and q_bufs == [1, 2]
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
+    assert ((two[0].float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 777, 128), (1, 2, 2, 1, 64, 128),
+                                   (2, 16, 16, 4096, 4096, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_regs", [False, True])
+@pytest.mark.quick(rotate="shape", per=2)
+def test_gpu_overlap_persistent_two_q_buffers(shape, causal, q_regs, poisoned_outputs, monkeypatch):
+    """The overlapped consumers on the persistent grid with two Q buffers a consumer (``ws_overlap="persistent"``,
+    ``ws_q_buffers=2``; one copy of the key tile's products, the mask tested at run time) give the bits of one
+    buffer: odd sizes, GQA, one row (no unmasked tile), more work items than SMs (each buffer reused), Q in
+    shared memory or in registers."""
+    from tilewise.ops.attention import gluon_overlap as ao
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 23)
+    _ws_or_skip(q)
+    launched = _record_launches(monkeypatch)
+    policy = A.default_policy(q, k, causal=causal).replace(
+        forward="ws", ws_persistent=True, ws_overlap="persistent", ws_q_regs=q_regs, ws_q_buffers=1, ws_config=None)
+    one = A.flash_attention(q, k, v, causal=causal, policy=policy, return_lse=True)
+    two = A.flash_attention(q, k, v, causal=causal, policy=policy.replace(ws_q_buffers=2), return_lse=True)
+    assert launched == [ao.attn_fwd_overlap_persistent_kernel] * 2
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
     ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
     assert ((two[0].float() - ref).norm() / ref.norm()).item() < 1e-2

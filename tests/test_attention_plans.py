@@ -203,9 +203,10 @@ def test_gpu_planned_calls_match_the_ordinary_path(case, monkeypatch):
 
 
 def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
-    """``ws_q_buffers=2`` launches v5's persistent kernel with Q_BUFS = 2; one buffer passes none, so the
-    one-buffer build's launch (and its compiled kernel) stays what it was. The default policy at D 128
-    without causal takes two (``WS_Q_BUFFER_RULES``)."""
+    """``ws_q_buffers=2`` launches v5's persistent kernel, and the overlapped consumers' (``ws_overlap=
+    "persistent"``), with Q_BUFS = 2; one buffer passes none, so the one-buffer builds' launches (and their
+    compiled kernels) stay what they were. The default policy at D 128 without causal takes two
+    (``WS_Q_BUFFER_RULES``)."""
     ins, _ = _make(2, 4, 4, 1000, 128, "head", 5)
     seen = []
     with fake_launches():
@@ -218,7 +219,11 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
         base = A.default_policy(ins[0], ins[1]).replace(forward="ws", ws_persistent=True, ws_overlap=False,
                                                         plans=False)
         assert base.ws_q_buffers == 2
+        over = base.replace(ws_overlap="persistent", ws_q_buffers=1)  # the overlapped consumers on the same grid
         with torch.no_grad():
             A.flash_attention(*ins, policy=base.replace(ws_q_buffers=1))
             A.flash_attention(*ins, policy=base)
-    assert seen == [("attn_fwd_ws_persistent_kernel", None), ("attn_fwd_ws_persistent_kernel", 2)]
+            A.flash_attention(*ins, policy=over)
+            A.flash_attention(*ins, policy=over.replace(ws_q_buffers=2))
+    assert seen == [("attn_fwd_ws_persistent_kernel", None), ("attn_fwd_ws_persistent_kernel", 2),
+                    ("attn_fwd_overlap_persistent_kernel", None), ("attn_fwd_overlap_persistent_kernel", 2)]

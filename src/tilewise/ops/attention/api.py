@@ -48,7 +48,7 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                no mask or bias): a TMA loader warp streams Q / dO (dK / dV kernel) or K / V (dQ
                kernel) tiles to two consumer warpgroups of 64 keys / query rows. The default
                backward where ``configs.WS_BWD_RULES`` say (D = 128, with causal from S = 2048; D = 64
-               from S = 2048), else v3's.
+               from S = 1024, with causal from 2048), else v3's.
                bound: tensor-core FLOPs: 7 matmuls a tile pair, as v3's two kernels (S and dP
                are computed in both), where the fused atomic kernel does 5.
 
@@ -332,7 +332,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
         cfg = configs.ws_fwd_config(D, bias is not None, policy.ws_config)
         if policy.ws_overlap and not policy.ws_pingpong and ao.applies(bias, cfg):
             return ao.fwd(q, k, v, causal, scale, out, lse, launch=launcher, config=cfg, q_regs=policy.ws_q_regs,
-                          persistent=policy.ws_overlap == "persistent")
+                          persistent=policy.ws_overlap == "persistent", q_buffers=policy.ws_q_buffers)
         return ag.fwd(q, k, v, causal, scale, out, lse, bias, bias_strides, launch=launcher, config=cfg,
                       persistent=policy.ws_persistent, pingpong=policy.ws_pingpong, q_buffers=policy.ws_q_buffers)
     if (band is not None and not softcap and alibi is None and bias is None and policy.forward == "ws"

@@ -180,8 +180,9 @@ WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (short causal
-# calls are host-bound; D 64 at S 1024) (tuning: "v6 backward routes", "D 64 from Sq 2048").
-WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 2048, (64, True): 2048})
+# calls are host-bound; D 64 causal at S 1024) (tuning: "v6 backward routes", "D 64 from Sq 2048", "D 64
+# backward at S 1024").
+WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 2048, (64, False): 1024, (64, True): 2048})
 # The ordered deterministic fused backward, (head dim, bias gradient): slower than the two kernels
 # everywhere measured, so opt-in only (tuning: "Ordered dQ").
 ORDERED_RULES: frozenset = frozenset()
@@ -211,7 +212,7 @@ class AttentionPolicy:
                    None: two consumers with ``WS_FWD_TILES``' tile.
     ws_persistent: v5 on the persistent grid (one CTA an SM) where it applies (no bias; two or three consumers).
     ws_q_buffers:  Q buffers a consumer on that grid (1 or 2; 2: the next work item's Q loads while this one
-                   runs; not the overlapped kernel's).
+                   runs), v5's or the overlapped consumers' (``ws_overlap="persistent"``).
     ws_pingpong:   v5's consumers take turns issuing their products.
     ws_overlap:    v5 with overlapped consumers (``gluon_overlap.py``: S_j issued with P_{j-1} V_{j-1}, the
                    softmax beside them) where it applies (no bias, two or three consumers); before

@@ -34,9 +34,9 @@ if ag.available():
     @gluon.jit
     def _step(j, r, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, which: gl.constexpr,
               m_lo, Sk, qk_scale, zero, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, dtype: gl.constexpr):
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, dtype: gl.constexpr, n_full=0):
         """Key tile j >= 1, the ring's fill r: S_j and P_{j-1} V_{j-1} issued together, softmax(S_j) while
-        they run."""
+        they run. MASKED 2: the mask from tile n_full on, tested at run time (``gluon_fwd.online_softmax``)."""
         s = r % STAGES
         sp = (r - 1) % STAGES
         mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
@@ -45,7 +45,8 @@ if ag.available():
         acc = warpgroup_mma(p_op, v_smem.index(sp), acc, is_async=True)
         t = warpgroup_mma_wait(num_outstanding=1, deps=(t,))  # S_j (issued first) done; P V may still run
         mbarrier.arrive(k_empty.index(s), count=1)
-        p, alpha, m_i, l_i = ag.online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED)
+        p, alpha, m_i, l_i = ag.online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED,
+                                               n_full=n_full)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))  # P stays live until read
         mbarrier.arrive(v_empty.index(sp), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -56,22 +57,24 @@ if ag.available():
     def _rows(q, q_bar, q_phase, q_empty, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, which: gl.constexpr,
               m_lo, n_tiles, slot, Sk, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-              Q_REGS: gl.constexpr, RELEASE_Q: gl.constexpr, dtype: gl.constexpr):
+              Q_REGS: gl.constexpr, RELEASE_Q: gl.constexpr, dtype: gl.constexpr, qb, ONE_LOOP: gl.constexpr = False):
         """A consumer's 64 query rows from ``m_lo`` (its Q tile ``q`` in shared memory, ready at
         ``q_bar``'s phase ``q_phase``) over key tiles 0 .. n_tiles - 1, the ring's fills slot .. slot +
         n_tiles - 1 (v5's grid: 0 ..): (acc, m_i, l_i). Q_REGS: Q read into registers first; with
-        RELEASE_Q its buffer is then handed back at once (``q_empty``: a persistent CTA's next Q)."""
+        RELEASE_Q its buffer is then handed back at once (``q_empty``: a persistent CTA's next Q). ``qb``:
+        Q's buffer, its barriers' index (``which`` with one buffer). ONE_LOOP: one copy of the key
+        tile's products, the mask tested at run time (two Q buffers: ``gluon_fwd._pconsumer`` says why)."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         n_full = ag.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-        mbarrier.wait(q_bar.index(which), q_phase)
+        mbarrier.wait(q_bar.index(qb), q_phase)
         if Q_REGS:  # Q as the register A operand of S's products: they read only K from shared memory
             q = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
             if RELEASE_Q:  # the arrive's lowering syncs the warpgroup first (bar.sync): every warp's loads are done
-                mbarrier.arrive(q_empty.index(which), count=1)
+                mbarrier.arrive(q_empty.index(qb), count=1)
         # Tile 0 (masked: cheap once, and right whether or not it needs the test)
         s0 = slot % STAGES
         mbarrier.wait(k_ready.index(s0), (slot // STAGES) & 1)
@@ -80,14 +83,20 @@ if ag.available():
         mbarrier.arrive(k_empty.index(s0), count=1)
         p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, True)
         p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-        for j in range(1, gl.maximum(n_full, 1)):
-            acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
-                                        v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
-                                        BLOCK_N, STAGES, CAUSAL, False, dtype)
-        for j in range(gl.maximum(n_full, 1), n_tiles):
-            acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
-                                        v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
-                                        BLOCK_N, STAGES, CAUSAL, True, dtype)
+        if ONE_LOOP:
+            for j in range(1, n_tiles):
+                acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
+                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
+                                            BLOCK_N, STAGES, CAUSAL, 2, dtype, n_full)
+        else:
+            for j in range(1, gl.maximum(n_full, 1)):
+                acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
+                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
+                                            BLOCK_N, STAGES, CAUSAL, False, dtype)
+            for j in range(gl.maximum(n_full, 1), n_tiles):
+                acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
+                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
+                                            BLOCK_N, STAGES, CAUSAL, True, dtype)
         last = slot + n_tiles - 1
         sl = last % STAGES
         mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
@@ -112,7 +121,7 @@ if ag.available():
         m_lo = start_m * (64 * NUM_CONS) + which * 64
         acc, m_i, l_i = _rows(q_smem.index(which), q_bar, 0, q_bar, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                               which, m_lo, n_tiles, 0, Sk, qk_scale, s_layout, o_layout, HEAD_DIM, BLOCK_N, STAGES,
-                              CAUSAL, Q_REGS, False, q_desc.dtype)
+                              CAUSAL, Q_REGS, False, q_desc.dtype, which)
         ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
                    HEAD_DIM)
 
@@ -123,13 +132,14 @@ if ag.available():
                            NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, Q_REGS: gl.constexpr,
                            which: gl.constexpr):
         """The persistent grid's consumer (gluon_fwd._pconsumer's walk over work items, its loader's ring
-        running on across items) with the overlapped schedule."""
+        running on across items, its Q buffers: ``q_smem.shape``) with the overlapped schedule."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
+        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS  # Q buffers a consumer (the kernel's Q_BUFS)
         BH = total // n_m
         slot = 0
         it = 0
@@ -137,13 +147,14 @@ if ag.available():
             start_m, bh = ag._ptile(tile, n_m, BH, CAUSAL)
             m_lo = start_m * BM + which * 64
             n_tiles = ag.kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+            b = (it % QB) * NUM_CONS + which
             # With Q_REGS the Q buffer goes back as soon as Q is in registers (the next item's load overlaps
             # this one), else after the final S (waited in _rows).
-            acc, m_i, l_i = _rows(q_smem.index(which), q_bar, it & 1, q_empty, k_smem, v_smem, k_ready, k_empty,
+            acc, m_i, l_i = _rows(q_smem.index(b), q_bar, (it // QB) & 1, q_empty, k_smem, v_smem, k_ready, k_empty,
                                   v_ready, v_empty, which, m_lo, n_tiles, slot, Sk, qk_scale, s_layout, o_layout,
-                                  HEAD_DIM, BLOCK_N, STAGES, CAUSAL, Q_REGS, True, q_desc.dtype)
+                                  HEAD_DIM, BLOCK_N, STAGES, CAUSAL, Q_REGS, True, q_desc.dtype, b, QB > 1)
             if not Q_REGS:
-                mbarrier.arrive(q_empty.index(which), count=1)
+                mbarrier.arrive(q_empty.index(b), count=1)
             o_row, o_col = ag.head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             o_stride = ag.row_len(H, HEAD_DIM, LAYOUT & SEQ_O)
             ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
@@ -224,18 +235,19 @@ if ag.available():
     def attn_fwd_overlap_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                            CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
-                                           Q_REGS: gl.constexpr = False):
+                                           Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
-        overlapped consumers; two consumers, no bias."""
+        overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
+        during this one)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         n_m = gl.cdiv(Sq, 64 * NUM_CONS)
         total = n_m * BH
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFS * NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ag.kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
-        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(NUM_CONS):
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(Q_BUFS * NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         gl.warp_specialize([
@@ -257,11 +269,12 @@ def applies(bias, config) -> bool:
 
 
 def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=None, q_regs=False,
-        persistent=False):
+        persistent=False, q_buffers=1):
     """As ``gluon_fwd.fwd`` for a call ``applies`` accepts: into ``out`` and ``lse``; ``config`` v5's
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
-    34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers)."""
+    34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers), with ``q_buffers``
+    Q buffers a consumer."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -276,6 +289,8 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     if layout:
         meta["LAYOUT"] = layout
     if persistent and ncons == 2:
+        if q_buffers != 1:  # the one-buffer build's launch stays as it was
+            meta["Q_BUFS"] = q_buffers
         total = -(-Sq // (ag.ROWS * 2)) * B * H
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
