@@ -24,6 +24,10 @@ Run on the GPU: PYTHONPATH=src python3 research/attention_q_bufs_ab.py [--overla
 --overlap: the same for the overlapped consumers on the persistent grid (D 128's route from S 4096). Prediction
 (2026-12-06, before a run): 1.02-1.04x one buffer at S 2048-4096, 1.01-1.02x from 8192 (an item's fixed cost is a
 smaller share of a longer item), causal 0.97-1.00x; S 2048 ahead of v5's persistent kernel with two buffers.
+Measured (H100, d153f64): 1.005x at S 2048, 0.985-0.995x from 4096; the overlap with one buffer 1.017x the default
+(v5 persistent, two buffers) at S 2048. Hence the overlap rule from S 2048; the "v5 persistent QB2" column is
+that former route, S 1024 and GQA S 2048 for the next rule (prediction: the overlap 1.01-1.02x it at S 2048,
+about even at 1024).
 """
 import sys
 
@@ -42,7 +46,8 @@ SHAPES = [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False), (8, 32,
           (4, 32, 8, 4096, 64, False), (16, 16, 16, 1024, 64, False), (4, 16, 16, 4096, 64, False),
           (2, 16, 16, 8192, 64, False)]
 # --overlap: the overlapped consumers on the persistent grid (ws_overlap="persistent", D 128 from S 4096 by default)
-OVERLAP_SHAPES = [(8, 16, 16, 2048, 128, False), (4, 16, 16, 4096, 128, False), (4, 32, 8, 4096, 128, False),
+OVERLAP_SHAPES = [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, False), (8, 32, 8, 2048, 128, False),
+                  (4, 16, 16, 4096, 128, False), (4, 32, 8, 4096, 128, False),
                   (2, 16, 16, 8192, 128, False), (1, 16, 16, 16384, 128, False), (2, 16, 16, 8192, 128, True)]
 
 
@@ -75,7 +80,10 @@ def main():
         def default(q=q, k=k, v=v, causal=causal):  # the library's route (choose_policy), call plans on
             return A.flash_attention(q, k, v, causal=causal)
         fns = {"one Q buffer": one, "two Q buffers": two, "default": default, "cudnn": cudnn}
-        a, b, d, c = (fn() for fn in fns.values())
+        if overlap:  # v5's own persistent kernel with two Q buffers: the route below the overlap rule
+            fns["v5 persistent QB2"] = lambda q=q, k=k, v=v, causal=causal, policy=policy.replace(
+                ws_overlap=False, ws_q_buffers=2): A.flash_attention(q, k, v, causal=causal, policy=policy)
+        a, b, d, c = (fns[n]() for n in ("one Q buffer", "two Q buffers", "default", "cudnn"))
         same = torch.equal(a, b)
         err = ((b.float() - c.float()).norm() / c.float().norm()).item()
         med, _ = abba_ms(fns, bench)
@@ -84,7 +92,9 @@ def main():
             f"{n} {ms:.4f} ms ({flops / ms / 1e9:.0f} TF, x cuDNN {med['cudnn'] / ms:.3f})" for n, ms in med.items())
             + f" | two / one {med['one Q buffer'] / med['two Q buffers']:.3f}x, two / default "
               f"{med['default'] / med['two Q buffers']:.3f}x, bitwise equal {same}, "
-              f"vs cuDNN {err:.1e}", flush=True)
+              f"vs cuDNN {err:.1e}"
+            + (f", one / v5 persistent QB2 {med['v5 persistent QB2'] / med['one Q buffer']:.3f}x" if overlap else ""),
+            flush=True)
 
 
 if __name__ == "__main__":

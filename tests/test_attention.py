@@ -711,9 +711,10 @@ def test_choose_policy_keeps_the_rules():
         assert p.ws_persistent == (D in (64, 128) and not causal), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
-        assert p.ws_overlap == (D == 128 and Sq >= 4096 and ("persistent" if not causal else True)), case
+        assert p.ws_overlap == (D == 128 and Sq >= (4096 if causal else 2048)
+                                and ("persistent" if not causal else True)), case
         # two Q buffers where the persistent grid runs v5 itself (not the overlapped kernel): D 128 plain
-        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal and (D == 64 or Sq < 4096) else 1), case
+        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal and (D == 64 or Sq < 2048) else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
@@ -2601,7 +2602,7 @@ def test_gpu_strided_inputs_run_v5_v6(case, poisoned_outputs, poisoned_grads, mo
     go = torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16()
     # the persistent grid takes two consumers (the rules give D = 64 three)
     two = dict(ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)) if persistent and D == 64 else {}
-    # v5's own kernels (the overlapped consumers, the D = 128 default from S 4096, have their own test)
+    # v5's own kernels (the overlapped consumers, the D = 128 default from S 2048, have their own test)
     fa = _tuned(A.flash_attention, forward="ws", backward="ws", ws_persistent=persistent, ws_overlap=False, **two)
     # No copy or clone while the attention runs forward and backward (after a first, compiling,
     # call), and the layouts come back.

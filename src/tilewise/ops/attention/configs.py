@@ -173,9 +173,10 @@ WS_PERSISTENT_RULES = frozenset({(128, False), (64, False)})
 # equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers").
 WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False)})
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
-# Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; at D = 64 behind v5's three
-# consumers with two or three overlapped (tuning: "FA3's consumer schedule").
-WS_OVERLAP_RULES = MappingProxyType({(128, False): 4096, (128, True): 4096})
+# Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; without causal on the persistent
+# grid from 2048 (1.017x v5's with two Q buffers there); at D = 64 behind v5's three consumers with two or
+# three overlapped (tuning: "FA3's consumer schedule", "The overlap at S 2048").
+WS_OVERLAP_RULES = MappingProxyType({(128, False): 2048, (128, True): 4096})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
