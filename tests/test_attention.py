@@ -711,10 +711,10 @@ def test_choose_policy_keeps_the_rules():
         assert p.ws_persistent == (D in (64, 128) and not causal), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
-        assert p.ws_overlap == (D == 128 and Sq >= (4096 if causal else 2048)
+        assert p.ws_overlap == (D == 128 and Sq >= (4096 if causal else 1024)
                                 and ("persistent" if not causal else True)), case
-        # two Q buffers where the persistent grid runs v5 itself (not the overlapped kernel): D 128 plain
-        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal and (D == 64 or Sq < 2048) else 1), case
+        # two Q buffers on the persistent grid (v5's, or the overlapped consumers', which then chain their items)
+        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
@@ -1997,6 +1997,10 @@ for D, causal, q_regs in persistent:
     if D == 128:  # two Q buffers a consumer (ws_q_buffers=2): one copy of the products, 32 KB more shared memory
         out[name + "-qbufs2"] = build(ao.attn_fwd_overlap_persistent_kernel, {**sig, "Q_BUFS": "constexpr"},
                                       {**consts, "Q_BUFS": 2})
+    if D == 128 and not causal and not q_regs:  # the items chained (fwd(chain=True))
+        out[name + "-chain"] = build(ao.attn_fwd_overlap_persistent_kernel,
+                                     {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr"},
+                                     {**consts, "Q_BUFS": 2, "CHAIN": True})
 """
 
 
@@ -2012,12 +2016,14 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 24  # 20, and two Q buffers at D 128 (causal or not, Q in shared memory or registers)
+    assert len(r) == 25  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
     def limit(name):
+        if name.endswith("-chain"):  # Triton 3.6: a scalar stored and reloaded twice an item
+            return 8
         if "-qregs" not in name:
             return 0
         return 150 if not older else 16 if name.startswith("persistent") else 0
@@ -2455,6 +2461,40 @@ def test_gpu_overlap_persistent_two_q_buffers(shape, causal, q_regs, poisoned_ou
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 4, 2, 1031, 1031, 128), (2, 16, 16, 2048, 777, 128), (1, 2, 2, 1, 64, 128),
+                                   (2, 16, 16, 4096, 4096, 128), (1, 3, 3, 300, 128, 128), (2, 4, 4, 1000, 999, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("seq_major", [False, True])
+@pytest.mark.quick(rotate="shape", per=3)
+def test_gpu_overlap_persistent_chain(shape, seq_major):
+    """The overlapped persistent consumers with their work items chained (``gluon_overlap.fwd(chain=True)``:
+    an item's epilogue beside the next item's first product, a spare Q / K tile after the last item) give the
+    bits of the unchained kernel with two Q buffers, into outputs filled with NaN first: odd sizes, GQA, one
+    row, one key tile an item, more items than SMs, sequence-major storage, D 64 with two consumers."""
+    from tilewise.ops.attention import gluon_overlap as ao
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 29)
+    _ws_or_skip(q)
+    if seq_major:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    cfg = (128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)
+
+    def run(chain):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((B, H, Sq), float("nan"), device="cuda")
+        ao.fwd(q, k, v, False, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
+        return out, lse
+
+    plain, chained = run(False), run(True)
+    assert torch.equal(plain[0], chained[0]) and torch.equal(plain[1], chained[1])
+    ref = A.reference(q.float(), k.float(), v.float())
+    assert ((chained[0].float() - ref).norm() / ref.norm()).item() < 1e-2
+    with pytest.raises(ValueError, match="chain"):
+        ao.fwd(q, k, v, True, D ** -0.5, chained[0], chained[1], config=cfg, persistent=True, q_buffers=2, chain=True)
+
+
+@pytest.mark.gpu
 def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid
     without causal and v5's grid with it, backward v6's two Gluon kernels (with causal from
@@ -2602,7 +2642,7 @@ def test_gpu_strided_inputs_run_v5_v6(case, poisoned_outputs, poisoned_grads, mo
     go = torch.randn(B, S, H, D, device="cuda", generator=g).bfloat16()
     # the persistent grid takes two consumers (the rules give D = 64 three)
     two = dict(ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)) if persistent and D == 64 else {}
-    # v5's own kernels (the overlapped consumers, the D = 128 default from S 2048, have their own test)
+    # v5's own kernels (the overlapped consumers, the D = 128 default from S 1024, have their own test)
     fa = _tuned(A.flash_attention, forward="ws", backward="ws", ws_persistent=persistent, ws_overlap=False, **two)
     # No copy or clone while the attention runs forward and backward (after a first, compiling,
     # call), and the layouts come back.

@@ -206,14 +206,15 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
     """``ws_q_buffers=2`` launches v5's persistent kernel, and the overlapped consumers' (``ws_overlap=
     "persistent"``), with Q_BUFS = 2; one buffer passes none, so the one-buffer builds' launches (and their
     compiled kernels) stay what they were. The default policy at D 128 without causal takes two
-    (``WS_Q_BUFFER_RULES``)."""
+    (``WS_Q_BUFFER_RULES``). The overlapped kernel with two chains its items (CHAIN) where it can: not
+    with causal."""
     ins, _ = _make(2, 4, 4, 1000, 128, "head", 5)
     seen = []
     with fake_launches():
         real = A._launch
 
         def spy(fn, grid, *args, **kwargs):
-            seen.append((getattr(fn, "__name__", str(fn)), kwargs.get("Q_BUFS")))
+            seen.append((getattr(fn, "__name__", str(fn)), kwargs.get("Q_BUFS"), kwargs.get("CHAIN")))
             return real(fn, grid, *args, **kwargs)
         monkeypatch.setattr(A, "_launch", spy)
         base = A.default_policy(ins[0], ins[1]).replace(forward="ws", ws_persistent=True, ws_overlap=False,
@@ -225,5 +226,7 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
             A.flash_attention(*ins, policy=base)
             A.flash_attention(*ins, policy=over)
             A.flash_attention(*ins, policy=over.replace(ws_q_buffers=2))
-    assert seen == [("attn_fwd_ws_persistent_kernel", None), ("attn_fwd_ws_persistent_kernel", 2),
-                    ("attn_fwd_overlap_persistent_kernel", None), ("attn_fwd_overlap_persistent_kernel", 2)]
+            A.flash_attention(*ins, causal=True, policy=over.replace(ws_q_buffers=2))
+    assert seen == [("attn_fwd_ws_persistent_kernel", None, None), ("attn_fwd_ws_persistent_kernel", 2, None),
+                    ("attn_fwd_overlap_persistent_kernel", None, None),
+                    ("attn_fwd_overlap_persistent_kernel", 2, True), ("attn_fwd_overlap_persistent_kernel", 2, None)]

@@ -170,13 +170,15 @@ WS_FWD_RULES = MappingProxyType({
 WS_PERSISTENT_RULES = frozenset({(128, False), (64, False)})
 # Two Q buffers a consumer on that grid (the next item's Q loads during this one), by (head dim, causal):
 # 1.02-1.07x one buffer at D 128 without causal, S 1024-4096, 1.00-1.07x at D 64 (three consumers), bitwise
-# equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers").
+# equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers"). The overlapped consumers with two chain their
+# items (gluon_overlap.fwd): 1.01-1.04x one buffer's (tuning: "Chained work items").
 WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False)})
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
 # Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; without causal on the persistent
-# grid from 2048 (1.017x v5's with two Q buffers there); at D = 64 behind v5's three consumers with two or
-# three overlapped (tuning: "FA3's consumer schedule", "The overlap at S 2048").
-WS_OVERLAP_RULES = MappingProxyType({(128, False): 2048, (128, True): 4096})
+# grid from 2048 (1.017x v5's with two Q buffers there), from 1024 with its items chained (two Q buffers:
+# 1.032x v5's there); at D = 64 behind v5's three consumers with two or three overlapped (tuning: "FA3's
+# consumer schedule", "The overlap at S 2048", "Chained work items").
+WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 4096})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
@@ -348,7 +350,7 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
         backward = "two_kernel"
     persistent = (head_dim, causal) in WS_PERSISTENT_RULES
     overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
-    q_buffers = 2 if persistent and not overlap and (head_dim, causal) in WS_Q_BUFFER_RULES else 1
+    q_buffers = 2 if persistent and (head_dim, causal) in WS_Q_BUFFER_RULES else 1
     return _policy(forward, rule[1] if rule is not None else None, persistent, head_dim in WS_BAND_HEAD_DIMS,
                    backward, head_dim <= BIAS_PAIR_MAX_D, "persistent" if overlap and persistent else overlap,
                    q_buffers)

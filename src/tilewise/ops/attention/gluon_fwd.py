@@ -506,6 +506,58 @@ if _GLUON:
             it += 1
 
     @gluon.jit
+    def chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                       v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh, m_lo, zero, s_layout: gl.constexpr,
+                       o_layout: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr,
+                       which: gl.constexpr):
+        """A chained consumer's item end: the last key tile's P V (ring fill ``last``) issued with the next
+        item's S_0 (fill ``slot``, item ``it``'s Q buffer: past the last item, the loader's spare), the item's
+        epilogue while S_0 runs. Returns (S_0, waited; its Q buffer; the next item's batch x head and first
+        row)."""
+        HEAD_DIM: gl.constexpr = q_smem.shape[2]
+        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
+        sl = last % STAGES
+        mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(sl), acc, is_async=True)
+        b = (it % QB) * NUM_CONS + which
+        s0 = slot % STAGES
+        mbarrier.wait(q_bar.index(b), (it // QB) & 1)
+        mbarrier.wait(k_ready.index(s0), (slot // STAGES) & 1)
+        t = warpgroup_mma(q_smem.index(b), k_smem.index(s0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
+        mbarrier.arrive(v_empty.index(sl), count=1)
+        o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
+                s_layout, o_layout, HEAD_DIM)
+        start_m, bh = _ptile(tile + gl.num_programs(0), n_m, BH, False)  # past the last item: rows no one stores
+        t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        return t, b, bh, start_m * (64 * NUM_CONS) + which * 64
+
+    @gluon.jit
+    def _chain_ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                       v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                       LAYOUT: gl.constexpr, which: gl.constexpr):
+        """``_ploader``'s walk (no causal), then a spare Q tile a consumer and one K tile (rows 0 of the
+        views, always in bounds) in the next buffer and ring fill: a chained consumer's S_0 after its last
+        item reads them (``_chain_pconsumer``, ``gluon_overlap._chain_pconsumer``)."""
+        _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                 out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT,
+                 which)
+        QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
+        it = gl.cdiv(total - gl.program_id(0), gl.num_programs(0))  # items this CTA walked
+        slot = it * kv_tiles(0, Sk, 64 * NUM_CONS, BLOCK_N, False)
+        for c in gl.static_range(NUM_CONS):
+            b = (it % QB) * NUM_CONS + c
+            mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(b), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [0, 0], q_bar.index(b), q_smem.index(b))
+        s = slot % STAGES
+        mbarrier.wait(k_empty.index(s), ((slot // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [0, 0], k_ready.index(s), k_smem.index(s))
+
+    @gluon.jit
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,

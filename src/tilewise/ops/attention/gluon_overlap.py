@@ -163,6 +163,65 @@ if ag.available():
             it += 1
 
     @gluon.jit
+    def _chain_pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                         NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, Q_REGS: gl.constexpr,
+                         which: gl.constexpr):
+        """``_overlap_pconsumer`` with its work items chained (no causal, two Q buffers): an item's last
+        P V and the next item's S_0 are issued together, and the item's epilogue (normalize, store O and
+        the log-sum-exp) runs while S_0 does, so the tensor cores are not idle between items. After the
+        last item the loader supplies a Q and a K tile that nobody needs (``gluon_fwd._chain_ploader``): its S_0 is
+        computed and dropped, which keeps the loop free of branches around the products (the ptxas fault of
+        ``gluon_fwd._pconsumer``)."""
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        dtype: gl.constexpr = q_desc.dtype
+        BH = total // n_m
+        nprog = gl.num_programs(0)
+        zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        n_tiles = ag.kv_tiles(0, Sk, BM, BLOCK_N, False)  # every item's, without causal
+        start_m, bh = ag._ptile(gl.program_id(0), n_m, BH, False)
+        m_lo = start_m * BM + which * 64
+        b = which  # item 0's Q buffer
+        mbarrier.wait(q_bar.index(b), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        t = warpgroup_mma(q_smem.index(b), k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([64], gl.float32, layout=row_s)
+        p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False, True)
+        p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        slot = 0
+        it = 0
+        for tile in range(gl.program_id(0), total, nprog):
+            n_full = ag.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, False)
+            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            for j in range(1, n_tiles):
+                acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q_smem.index(b), k_smem, v_smem,
+                                            k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk, qk_scale, zero,
+                                            s_layout, o_layout, BLOCK_N, STAGES, False, 2, dtype, n_full)
+            mbarrier.arrive(q_empty.index(b), count=1)  # Q's last S was waited on (tile 0's or the loop's)
+            last = slot + n_tiles - 1
+            it += 1
+            slot += n_tiles
+            t, b, bh, m_lo = ag.chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem,
+                                               q_bar, k_ready, v_ready, v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh,
+                                               m_lo, zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which)
+            mbarrier.arrive(k_empty.index(slot % STAGES), count=1)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([64], gl.float32, layout=row_s)
+            p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False,
+                                                   True)
+            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+    @gluon.jit
     def attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, HEAD_GROUP,
                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
@@ -235,10 +294,12 @@ if ag.available():
     def attn_fwd_overlap_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                            CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
-                                           Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1):
+                                           Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1,
+                                           CHAIN: gl.constexpr = False):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
         overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
-        during this one)."""
+        during this one). CHAIN (two buffers, no causal, Q in shared memory): items chained, the epilogue
+        beside the next item's first product (``_chain_pconsumer``)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         n_m = gl.cdiv(Sq, 64 * NUM_CONS)
@@ -250,17 +311,31 @@ if ag.available():
         for c in gl.static_range(Q_BUFS * NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        gl.warp_specialize([
-            (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
-                                  v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                                  STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0)),
-            (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
-                                  v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                                  STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1)),
-            (ag._ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
-                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL,
-                           NUM_CONS, LAYOUT, 0)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if CHAIN:
+            gl.static_assert(Q_BUFS == 2 and not CAUSAL and not Q_REGS, "CHAIN: two Q buffers, no causal")
+            gl.warp_specialize([
+                (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                    k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0)),
+                (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                    k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1)),
+                (ag._chain_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                     k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                     total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                      k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0)),
+                (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                      k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1)),
+                (ag._ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
+                               STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def applies(bias, config) -> bool:
@@ -269,12 +344,14 @@ def applies(bias, config) -> bool:
 
 
 def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=None, q_regs=False,
-        persistent=False, q_buffers=1):
+        persistent=False, q_buffers=1, chain=None):
     """As ``gluon_fwd.fwd`` for a call ``applies`` accepts: into ``out`` and ``lse``; ``config`` v5's
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
     34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers), with ``q_buffers``
-    Q buffers a consumer."""
+    Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, no
+    causal, Q in shared memory), by default wherever that holds (bitwise equal to the unchained kernel, 1.01-1.04x
+    it on an H100); ``chain=False`` keeps them apart (the A/B's side)."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -288,9 +365,16 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     layout = seq_mask(q=q, k=k, v=v, o=out)
     if layout:
         meta["LAYOUT"] = layout
+    chainable = persistent and ncons == 2 and q_buffers == 2 and not causal and not q_regs
+    if chain is None:
+        chain = chainable
+    if chain and not chainable:
+        raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no causal, no q_regs")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
+        if chain:
+            meta["CHAIN"] = True
         total = -(-Sq // (ag.ROWS * 2)) * B * H
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
