@@ -206,8 +206,8 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
     """``ws_q_buffers=2`` launches v5's persistent kernel, and the overlapped consumers' (``ws_overlap=
     "persistent"``), with Q_BUFS = 2; one buffer passes none, so the one-buffer builds' launches (and their
     compiled kernels) stay what they were. The default policy at D 128 without causal takes two
-    (``WS_Q_BUFFER_RULES``). The overlapped kernel with two chains its items (CHAIN) where it can: not
-    with causal."""
+    (``WS_Q_BUFFER_RULES``). Either kernel with two chains its items (CHAIN) where it can: not with
+    causal."""
     ins, _ = _make(2, 4, 4, 1000, 128, "head", 5)
     seen = []
     with fake_launches():
@@ -227,6 +227,6 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
             A.flash_attention(*ins, policy=over)
             A.flash_attention(*ins, policy=over.replace(ws_q_buffers=2))
             A.flash_attention(*ins, causal=True, policy=over.replace(ws_q_buffers=2))
-    assert seen == [("attn_fwd_ws_persistent_kernel", None, None), ("attn_fwd_ws_persistent_kernel", 2, None),
+    assert seen == [("attn_fwd_ws_persistent_kernel", None, None), ("attn_fwd_ws_persistent_kernel", 2, True),
                     ("attn_fwd_overlap_persistent_kernel", None, None),
                     ("attn_fwd_overlap_persistent_kernel", 2, True), ("attn_fwd_overlap_persistent_kernel", 2, None)]

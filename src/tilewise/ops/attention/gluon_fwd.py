@@ -534,6 +534,71 @@ if _GLUON:
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64
 
     @gluon.jit
+    def _chain_pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
+                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                         LAYOUT: gl.constexpr, which: gl.constexpr):
+        """``_pconsumer`` with its items chained (no causal, two Q buffers): tile j's P V issued with tile j + 1's
+        S (an item's last with the next item's S_0: ``chain_item_end``), both waited before the softmax; bitwise
+        ``_tile``'s. Past the last item, the loader's spare tiles (``_chain_ploader``): no branch around products."""
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        BM: gl.constexpr = 64 * NUM_CONS
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        BH = total // n_m
+        nprog = gl.num_programs(0)
+        zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        n_tiles = kv_tiles(0, Sk, BM, BLOCK_N, False)  # every item's, without causal
+        start_m, bh = _ptile(gl.program_id(0), n_m, BH, False)
+        m_lo = start_m * BM + which * 64
+        b = which  # item 0's Q buffer
+        mbarrier.wait(q_bar.index(b), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        t = warpgroup_mma(q_smem.index(b), k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        slot = 0
+        it = 0
+        for tile in range(gl.program_id(0), total, nprog):
+            n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, False)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([64], gl.float32, layout=row_s)
+            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+            for j in range(n_tiles - 1):  # tile j's S is in t, waited
+                r = slot + j
+                s = r % STAGES
+                mbarrier.arrive(k_empty.index(s), count=1)
+                p, alpha, m_i, l_i = online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False,
+                                                    2, n_full=n_full)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                mbarrier.wait(v_ready.index(s), (r // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+                s1 = (r + 1) % STAGES
+                mbarrier.wait(k_ready.index(s1), ((r + 1) // STAGES) & 1)
+                t = warpgroup_mma(q_smem.index(b), k_smem.index(s1).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
+                mbarrier.arrive(v_empty.index(s), count=1)
+                t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+            mbarrier.arrive(q_empty.index(b), count=1)  # Q's last S was waited on
+            last = slot + n_tiles - 1
+            sl = last % STAGES
+            mbarrier.arrive(k_empty.index(sl), count=1)
+            p, alpha, m_i, l_i = online_softmax(t, n_tiles - 1, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N,
+                                                False, 2, n_full=n_full)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+            it += 1
+            slot += n_tiles
+            t, b, bh, m_lo = chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem, q_bar,
+                                            k_ready, v_ready, v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh, m_lo,
+                                            zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which)
+
+    @gluon.jit
     def _chain_ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                        v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
@@ -561,11 +626,12 @@ if _GLUON:
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1):
+                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1, CHAIN: gl.constexpr = False):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
         overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
-        config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). Work items: ``_ptile``."""
+        config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). CHAIN (two buffers, no causal):
+        the items chained (``_chain_pconsumer``). Work items: ``_ptile``."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
@@ -578,7 +644,36 @@ if _GLUON:
         for c in gl.static_range(Q_BUFS * NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        if NUM_CONS == 2:
+        if CHAIN:
+            gl.static_assert(Q_BUFS == 2 and not CAUSAL, "CHAIN: two Q buffers, no causal")
+            if NUM_CONS == 2:
+                gl.warp_specialize([
+                    (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                        k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                        total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                    (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                        k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                        total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                    (_chain_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                      k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                ], [4, 1], [CONSUMER_REGS, 24])
+            else:
+                gl.warp_specialize([
+                    (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                        k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                        total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                    (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                        k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                        total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                    (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                        k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                        total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 2)),
+                    (_chain_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                                      k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        elif NUM_CONS == 2:
             gl.warp_specialize([
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
@@ -644,7 +739,7 @@ def run(kernel, grid, args, meta, launch=None):
 
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
-        persistent=False, pingpong=False, head_group=None, q_buffers=1):
+        persistent=False, pingpong=False, head_group=None, q_buffers=1, chain=None):
     """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each
     head-major or sequence-major (``layout.rows``: read and written in place); the caller checks
     the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
@@ -652,6 +747,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
     ``persistent``: the persistent grid where it applies (no bias, no maxnreg, no ping-pong; two or three
     consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads during this one);
+    ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default wherever that
+    holds (bitwise equal to the unchained kernel); ``chain=False`` keeps them apart (the A/B's side).
     ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
     causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
     default ``configs.causal_head_group``'s."""
@@ -670,6 +767,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
+    if chain and not (bias is None and maxnreg is None and not pingpong and persistent):
+        raise ValueError("chain: needs the persistent grid (persistent=True; no bias, maxnreg or ping-pong)")
     if bias is None and maxnreg is None and not pingpong and persistent:
         total = -(-Sq // (ROWS * ncons)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
@@ -679,6 +778,11 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
             meta["LAYOUT"] = layout
         if q_buffers != 1:  # the default build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
+        chain = (q_buffers == 2 and not causal) if chain is None else chain
+        if chain and (q_buffers != 2 or causal):
+            raise ValueError("chain: needs q_buffers=2 and no causal")
+        if chain:
+            meta["CHAIN"] = True
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)
