@@ -2387,7 +2387,9 @@ def test_gpu_v5_ws_persistent(shape, causal, poisoned_outputs, monkeypatch):
     _ws_or_skip(q)
     launched = _record_launches(monkeypatch)
     # two consumers at D = 64 too
-    _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2))
+    # the overlap off: from Sq 1024 at D = 128 the route takes the overlapped consumers instead
+    _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_overlap=False,
+                      ws_config=(128, 2, C.WS_FWD_CONSUMER_REGS, None, 2))
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
 
@@ -2406,7 +2408,7 @@ def test_gpu_v5_ws_persistent_three_consumers(shape, causal, poisoned_outputs, m
     q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 17)
     _ws_or_skip(q)
     launched = _record_launches(monkeypatch)
-    _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_config=C.WS_THREE)
+    _check_v5_forward(q, k, v, causal, None, ws_persistent=True, ws_overlap=False, ws_config=C.WS_THREE)
     assert launched == [ag.attn_fwd_ws_persistent_kernel]
 
 
