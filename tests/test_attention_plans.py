@@ -8,6 +8,7 @@ import torch
 
 from attention_fakes import fake_launches
 from tilewise.ops.attention import api as A
+from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import plans as P
 
 
@@ -230,3 +231,23 @@ def test_two_q_buffers_reach_the_persistent_launch(monkeypatch):
     assert seen == [("attn_fwd_ws_persistent_kernel", None, None), ("attn_fwd_ws_persistent_kernel", 2, True),
                     ("attn_fwd_overlap_persistent_kernel", None, None),
                     ("attn_fwd_overlap_persistent_kernel", 2, True), ("attn_fwd_overlap_persistent_kernel", 2, None)]
+
+
+def test_three_consumers_keep_their_items_apart(monkeypatch):
+    """D 64's route (v5's persistent kernel, three consumers, two Q buffers) does not chain its items: chained
+    they measured 0.93-0.99x at S 1024-2048 (``configs.WS_CHAIN_CONSUMERS``); D 128's two consumers do."""
+    seen = []
+    real = A._launch
+
+    def spy(fn, grid, *args, **kwargs):
+        seen.append((getattr(fn, "__name__", str(fn)), kwargs.get("NUM_CONS"), kwargs.get("CHAIN")))
+        return real(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(A, "_launch", spy)
+    for D in (64, 128):
+        ins, _ = _make(2, 4, 4, 1000, D, "head", 7)
+        with fake_launches():
+            policy = A.default_policy(ins[0], ins[1]).replace(forward="ws", ws_persistent=True, ws_overlap=False,
+                                                              plans=False, ws_q_buffers=2)
+            with torch.no_grad():
+                A.flash_attention(*ins, policy=policy.replace(ws_config=C.WS_THREE if D == 64 else None))
+    assert seen == [("attn_fwd_ws_persistent_kernel", 3, None), ("attn_fwd_ws_persistent_kernel", 2, True)]

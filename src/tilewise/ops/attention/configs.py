@@ -173,6 +173,10 @@ WS_PERSISTENT_RULES = frozenset({(128, False), (64, False)})
 # equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers"). The overlapped consumers with two chain their
 # items (gluon_overlap.fwd): 1.01-1.04x one buffer's (tuning: "Chained work items").
 WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False)})
+# v5's persistent kernel chains its items by default (gluon_fwd.fwd) with these consumer counts: two (D 128)
+# 1.025x unchained at S 1024; three (D 64) lose, 0.93-0.99x at S 1024-2048, even at 4096 (H100; tuning:
+# "Chained work items").
+WS_CHAIN_CONSUMERS = frozenset({2})
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
 # Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; without causal on the persistent
 # grid from 2048 (1.017x v5's with two Q buffers there), from 1024 with its items chained (two Q buffers:

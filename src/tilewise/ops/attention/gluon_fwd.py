@@ -748,7 +748,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     ``persistent``: the persistent grid where it applies (no bias, no maxnreg, no ping-pong; two or three
     consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads during this one);
     ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default wherever that
-    holds (bitwise equal to the unchained kernel); ``chain=False`` keeps them apart (the A/B's side).
+    holds with ``configs.WS_CHAIN_CONSUMERS`` (bitwise equal to the unchained kernel); ``False``: apart.
     ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
     causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
     default ``configs.causal_head_group``'s."""
@@ -778,7 +778,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
             meta["LAYOUT"] = layout
         if q_buffers != 1:  # the default build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
-        chain = (q_buffers == 2 and not causal) if chain is None else chain
+        chain = (q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS) if chain is None else chain
         if chain and (q_buffers != 2 or causal):
             raise ValueError("chain: needs q_buffers=2 and no causal")
         if chain:
