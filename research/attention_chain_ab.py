@@ -16,6 +16,9 @@ causal from S 1024) and D 128's two. v5 waits for each product before its softma
 the next S run back to back (v5 issued them a softmax apart) besides the epilogue beside the next item's S_0.
 Prediction (2026-12-06, before a run): 1.02-1.05x at D 64 S 1024-2048 (short items: the fixed cost is a larger
 share), 1.01-1.02x from 4096; D 128 1.02-1.04x at S 1024; bitwise equal.
+Measured (H100, 55ff61e): the overlap 1.019-1.041x; --v5 at D 64 (three consumers) 0.933x (S 1024), 0.962x (GQA 1024),
+0.974x (2048), 0.991x (GQA 2048), 1.003x (4096), 1.016x (8192): a miss, so v5 chains with two consumers only
+(configs.WS_CHAIN_CONSUMERS); D 128 1.025x at S 1024 (docs/tuning/attention.md, "Chained work items", "Landed").
 Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5]
 """
 import sys

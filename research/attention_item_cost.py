@@ -11,6 +11,9 @@ Outputs compared with cuDNN's (relative error < 2e-2) before timing; rounds A B 
 Prediction (2026-12-05, before any run; from fa956a6's rows by arithmetic, research/notes/attention.md,
 "Twenty-fourth session"): at D 128 our intercept 3-5 key-tile times (~5-8 us) a round, cuDNN's under 1, the
 slopes within 3 % of each other.
+Prediction (2026-12-06, thirty-first session, with the items chained: the default and the persistent overlap at
+D 128 are then one kernel): c 3.80 -> 2.3-2.8 us a round (the next item's S_0 and the epilogue now run beside the
+last P V), t unchanged (~1.70); D 64 unchanged (v5's three consumers do not chain).
 Run on the GPU: PYTHONPATH=src python3 research/attention_item_cost.py
 """
 import torch
