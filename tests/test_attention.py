@@ -684,9 +684,9 @@ _WS_THREE_BEFORE = {(64, False, False), (64, False, True), (64, True, False)}
 # v6 backward, deterministic, no mask or bias: (D, Sq, Sk, causal).
 _WS_BWD_BEFORE = {(64, 4096, 4096, False), (64, 4096, 4096, True), (64, 2048, 2048, False), (64, 2048, 2048, True),
                   (64, 1024, 4096, False), (64, 4096, 1024, False),
-                  (128, 1000, 1000, False),
-                  (128, 1024, 4096, False), (128, 2048, 2048, False), (128, 2048, 2048, True),
-                  (128, 4096, 1024, False), (128, 4096, 4096, False), (128, 4096, 4096, True)}
+                  (128, 1000, 1000, False), (128, 1000, 1000, True),  # D 128 causal from 512 (2026-12-06)
+                  (128, 1024, 4096, False), (128, 1024, 4096, True), (128, 2048, 2048, False), (128, 2048, 2048, True),
+                  (128, 4096, 1024, False), (128, 4096, 1024, True), (128, 4096, 4096, False), (128, 4096, 4096, True)}
 
 
 def test_choose_policy_keeps_the_rules():
@@ -2192,7 +2192,7 @@ def test_gluon_descriptors_built_once_per_backward():
     assert b.block_shape == [32, 64] and c.base is other and d.shape == [100, 64] and a.shape == [300, 64]
 
 def test_v6_ws_bwd_rules_and_cpu_never():
-    """v6 by default where the rules say (D = 128, from S = 2048 with causal; D = 64 from S = 1024
+    """v6 by default where the rules say (D = 128, from S = 512 with causal; D = 64 from S = 1024
     without causal, 2048 with); never on CPU tensors, even when the policy asks."""
     q, k, v = (t.bfloat16() for t in _inputs(1, 2, 2, 8, 8, 64, dtype=torch.float32))
 
@@ -2200,7 +2200,8 @@ def test_v6_ws_bwd_rules_and_cpu_never():
         return C.choose_policy(D, Sq, Sk, causal=causal).backward
 
     assert bwd(128, False, 1, 1) == "ws" and bwd(128, True, 2048, 4096) == "ws"
-    assert bwd(128, True, 1024, 1024) == "two_kernel"
+    assert bwd(128, True, 1024, 1024) == "ws" and bwd(128, True, 512, 4096) == "ws"
+    assert bwd(128, True, 511, 4096) == "two_kernel"
     assert bwd(64, True, 4096, 4096) == "ws" and bwd(64, False, 8192, 4096) == "ws"
     assert bwd(64, False, 2048, 8192) == "ws" and bwd(64, True, 2048, 2048) == "ws"
     assert bwd(64, False, 1024, 8192) == "ws" and bwd(64, False, 1000, 8192) == "two_kernel"
@@ -2523,7 +2524,7 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
 def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid
     without causal and v5's grid with it, backward v6's two Gluon kernels (with causal from
-    S = 2048, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
+    S = 512, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
     deterministic=False the atomic kernel; a mask v3's kernels."""
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_bwd as gb
@@ -2539,7 +2540,7 @@ def test_gpu_default_routes(monkeypatch):
     atomic = functools.partial(A.flash_attention, deterministic=False)
     q2, k2, v2 = _inputs(1, 2, 1, 2100, 2050, 128, dtype=torch.bfloat16, device="cuda", seed=51)
     cases = [("D128", A.flash_attention, (q, k, v), dict(causal=False), [ag.attn_fwd_ws_persistent_kernel] + v6),
-             ("D128 causal S1000", A.flash_attention, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel] + v3[1:]),
+             ("D128 causal S1000", A.flash_attention, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
              ("D128 causal S2050", A.flash_attention, (q2, k2, v2), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
              ("D128 atomic", atomic, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel, K._attn_bwd_atomic_kernel]),
              ("D128 mask", A.flash_attention, (q, k, v), dict(mask=mask), v3),
