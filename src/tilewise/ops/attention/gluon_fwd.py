@@ -451,6 +451,7 @@ if _GLUON:
                     n_tiles, slot, BLOCK_N, STAGES)
             slot += n_tiles
             it += 1
+        return slot  # the ring's fills (``_chain_ploader``'s spare goes next)
 
     @gluon.jit
     def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
@@ -509,7 +510,7 @@ if _GLUON:
     def chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                        v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh, m_lo, zero, s_layout: gl.constexpr,
                        o_layout: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr,
-                       which: gl.constexpr):
+                       which: gl.constexpr, CAUSAL: gl.constexpr = False):
         """A chained consumer's item end: the last key tile's P V (ring fill ``last``) issued with the next
         item's S_0 (fill ``slot``, item ``it``'s Q buffer: past the last item, the loader's spare), the item's
         epilogue while S_0 runs. Returns (S_0, waited; its Q buffer; the next item's batch x head and first
@@ -529,7 +530,7 @@ if _GLUON:
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
         _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
                 s_layout, o_layout, HEAD_DIM)
-        start_m, bh = _ptile(tile + gl.num_programs(0), n_m, BH, False)  # past the last item: rows no one stores
+        start_m, bh = _ptile(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last item: rows no one stores
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64
 
@@ -603,15 +604,14 @@ if _GLUON:
                        v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
                        LAYOUT: gl.constexpr, which: gl.constexpr):
-        """``_ploader``'s walk (no causal), then a spare Q tile a consumer and one K tile (rows 0 of the
-        views, always in bounds) in the next buffer and ring fill: a chained consumer's S_0 after its last
-        item reads them (``_chain_pconsumer``, ``gluon_overlap._chain_pconsumer``)."""
-        _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                 out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                 which)
+        """``_ploader``'s walk, then a spare Q tile a consumer and one K tile (rows 0, in bounds) in the next
+        buffer and ring fill, read by a chained consumer's S_0 after its last item (``_chain_pconsumer``s)."""
+        slot = _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                        v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N, STAGES, CAUSAL,
+                        NUM_CONS, LAYOUT, which)  # the ring's fills so far
         QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
         it = gl.cdiv(total - gl.program_id(0), gl.num_programs(0))  # items this CTA walked
-        slot = it * kv_tiles(0, Sk, 64 * NUM_CONS, BLOCK_N, False)
+        slot = slot if CAUSAL else it * kv_tiles(0, Sk, 64 * NUM_CONS, BLOCK_N, False)  # (the measured build's)
         for c in gl.static_range(NUM_CONS):
             b = (it % QB) * NUM_CONS + c
             mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)

@@ -168,7 +168,7 @@ if ag.available():
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, Q_REGS: gl.constexpr,
                          which: gl.constexpr):
-        """``_overlap_pconsumer`` with its work items chained (no causal, two Q buffers): an item's last
+        """``_overlap_pconsumer`` with its work items chained (two Q buffers; causal too): an item's last
         P V and the next item's S_0 are issued together, and the item's epilogue (normalize, store O and
         the log-sum-exp) runs while S_0 does, so the tensor cores are not idle between items. After the
         last item the loader supplies a Q and a K tile that nobody needs (``gluon_fwd._chain_ploader``): its S_0 is
@@ -186,7 +186,7 @@ if ag.available():
         nprog = gl.num_programs(0)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         n_tiles = ag.kv_tiles(0, Sk, BM, BLOCK_N, False)  # every item's, without causal
-        start_m, bh = ag._ptile(gl.program_id(0), n_m, BH, False)
+        start_m, bh = ag._ptile(gl.program_id(0), n_m, BH, CAUSAL)
         m_lo = start_m * BM + which * 64
         b = which  # item 0's Q buffer
         mbarrier.wait(q_bar.index(b), 0)
@@ -196,28 +196,30 @@ if ag.available():
         mbarrier.arrive(k_empty.index(0), count=1)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
-        p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False, True)
+        p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, True)
         p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, nprog):
-            n_full = ag.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, False)
+            if CAUSAL:  # this item's length (the snake's query tile)
+                n_tiles = ag.kv_tiles(ag._ptile(tile, n_m, BH, True)[0], Sk, BM, BLOCK_N, True)
+            n_full = ag.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
             for j in range(1, n_tiles):
                 acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q_smem.index(b), k_smem, v_smem,
                                             k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk, qk_scale, zero,
-                                            s_layout, o_layout, BLOCK_N, STAGES, False, 2, dtype, n_full)
+                                            s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, 2, dtype, n_full)
             mbarrier.arrive(q_empty.index(b), count=1)  # Q's last S was waited on (tile 0's or the loop's)
             last = slot + n_tiles - 1
             it += 1
             slot += n_tiles
             t, b, bh, m_lo = ag.chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem,
                                                q_bar, k_ready, v_ready, v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh,
-                                               m_lo, zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which)
+                                               m_lo, zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which, CAUSAL)
             mbarrier.arrive(k_empty.index(slot % STAGES), count=1)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([64], gl.float32, layout=row_s)
-            p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False,
+            p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL,
                                                    True)
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
 
@@ -298,7 +300,7 @@ if ag.available():
                                            CHAIN: gl.constexpr = False):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
         overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
-        during this one). CHAIN (two buffers, no causal, Q in shared memory): items chained, the epilogue
+        during this one). CHAIN (two buffers, Q in shared memory): items chained, the epilogue
         beside the next item's first product (``_chain_pconsumer``)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -312,7 +314,7 @@ if ag.available():
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         if CHAIN:
-            gl.static_assert(Q_BUFS == 2 and not CAUSAL and not Q_REGS, "CHAIN: two Q buffers, no causal")
+            gl.static_assert(Q_BUFS == 2 and not Q_REGS, "CHAIN: two Q buffers, Q in shared memory")
             gl.warp_specialize([
                 (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                     k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
@@ -349,9 +351,9 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
     34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers), with ``q_buffers``
-    Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, no
-    causal, Q in shared memory), by default wherever that holds (bitwise equal to the unchained kernel, 1.01-1.04x
-    it on an H100); ``chain=False`` keeps them apart (the A/B's side)."""
+    Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
+    shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
+    1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -365,11 +367,11 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     layout = seq_mask(q=q, k=k, v=v, o=out)
     if layout:
         meta["LAYOUT"] = layout
-    chainable = persistent and ncons == 2 and q_buffers == 2 and not causal and not q_regs
-    if chain is None:
-        chain = chainable
+    chainable = persistent and ncons == 2 and q_buffers == 2 and not q_regs
+    if chain is None:  # causal chained is opt-in until measured
+        chain = chainable and not causal
     if chain and not chainable:
-        raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no causal, no q_regs")
+        raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
