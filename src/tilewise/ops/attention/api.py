@@ -49,7 +49,7 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                kernels warp-specialized in Gluon (``gluon_bwd.py``, sm_90, D 64 / 128,
                no mask or bias): a TMA loader warp streams Q / dO (dK / dV kernel) or K / V (dQ
                kernel) tiles to two consumer warpgroups of 64 keys / query rows. The default
-               backward where ``configs.WS_BWD_RULES`` say (D = 128, with causal from S = 2048; D = 64
+               backward where ``configs.WS_BWD_RULES`` say (D = 128, with causal from S = 512; D = 64
                from S = 1024, with causal from 2048), else v3's.
                bound: tensor-core FLOPs: 7 matmuls a tile pair, as v3's two kernels (S and dP
                are computed in both), where the fused atomic kernel does 5.

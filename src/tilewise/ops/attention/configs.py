@@ -187,7 +187,7 @@ WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 4096})
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (D 64 causal at S 1024).
-# D 128 causal from 512: 1.27-1.33x v3's at S 512-1024 on an H100 since call plans (was host-bound) (tuning:
+# D 128 causal from 512: 1.27-1.34x v3's at S 512-1024 on an H100 since call plans (was host-bound) (tuning:
 # "v6 backward routes", "D 64 from Sq 2048", "D 64 backward at S 1024").
 WS_BWD_RULES = MappingProxyType({(128, False): 1, (128, True): 512, (64, False): 1024, (64, True): 2048})
 # The ordered deterministic fused backward, (head dim, bias gradient): slower than the two kernels

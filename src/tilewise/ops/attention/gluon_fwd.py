@@ -767,9 +767,10 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
         batch_fastest = B > 1 and rows_b == 0
     else:
         bd = qd  # unused
-    if chain and not (bias is None and maxnreg is None and not pingpong and persistent):
-        raise ValueError("chain: needs the persistent grid (persistent=True; no bias, maxnreg or ping-pong)")
-    if bias is None and maxnreg is None and not pingpong and persistent:
+    on_persistent = bias is None and maxnreg is None and not pingpong and persistent
+    if chain and not (on_persistent and q_buffers == 2 and not causal):
+        raise ValueError("chain: needs persistent=True (no bias, maxnreg or ping-pong), q_buffers=2, no causal")
+    if on_persistent:
         total = -(-Sq // (ROWS * ncons)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
@@ -778,9 +779,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
             meta["LAYOUT"] = layout
         if q_buffers != 1:  # the default build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
-        chain = (q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS) if chain is None else chain
-        if chain and (q_buffers != 2 or causal):
-            raise ValueError("chain: needs q_buffers=2 and no causal")
+        if chain is None:
+            chain = q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS
         if chain:
             meta["CHAIN"] = True
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
