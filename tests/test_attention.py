@@ -2329,7 +2329,7 @@ def _check_v5_forward(q, k, v, causal, bias, **changes):
     ((2, 4, 4, 777, 1000, 128), None, (2, 8))], ids=str)
 @pytest.mark.quick(rotate="shape")
 def test_gpu_v5_causal_head_groups_change_the_order_only(shape, config, groups, poisoned_outputs):
-    """v5's causal grid launched block-major within head groups (``gluon_fwd._lpt``): every group size
+    """v5's causal grid launched block-major within head groups (``gluon_items.lpt_block_head``): every group size
     (None: ``configs.causal_head_group``'s) gives head by head's output and LSE bit for bit, and those
     match the fp32 reference; a group that does not divide B x H is refused."""
     from tilewise.ops.attention import gluon_fwd as ag

@@ -141,10 +141,10 @@ CAUSAL_GROUPED_BLOCKS = (16, 64)
 
 
 def causal_head_group(heads: int, blocks: int, sms: int) -> int:
-    """Heads a causal v5 / v6 kernel launches as one group, block-major inside it (``gluon_fwd._lpt``; 1 is
-    head by head): within ``CAUSAL_GROUPED_BLOCKS``, the smallest divisor of ``heads`` whose group fills
-    the SMs once (blocks x group >= sms). Each group then starts with its longest CTAs, so the tail is
-    short ones, and about two groups' inputs are read at a time (L2)."""
+    """Heads a causal v5 / v6 kernel launches as one group, block-major inside it
+    (``gluon_items.lpt_block_head``; 1 is head by head): within ``CAUSAL_GROUPED_BLOCKS``, the smallest
+    divisor of ``heads`` whose group fills the SMs once (blocks x group >= sms). Each group then starts
+    with its longest CTAs, so the tail is short ones, and about two groups' inputs are read at a time (L2)."""
     lo, hi = CAUSAL_GROUPED_BLOCKS
     if not lo <= blocks <= hi:
         return 1

@@ -50,8 +50,9 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
     from .gluon_band import band_tiles
-    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, _lpt, fill_kv, head_rc, kv_ring,
-                            kv_tiles, row_len, unmasked_tiles)
+    from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, fill_kv, head_rc, kv_ring, kv_tiles,
+                            row_len, unmasked_tiles)
+    from .gluon_items import lpt_block_head
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _KEYS = gl.constexpr(KEYS)  # KEYS, visible inside the kernels
@@ -234,7 +235,7 @@ if _GLUON:
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
         if CAUSAL:  # longest first: a head group's first key blocks, then their second, ...
-            start_n, bhk = _lpt(HEAD_GROUP)
+            start_n, bhk = lpt_block_head(HEAD_GROUP)
         HK = H // GROUP
         off_b = bhk // HK
         off_hk = bhk % HK
@@ -424,7 +425,7 @@ if _GLUON:
         start_m = gl.program_id(0)
         bh = gl.program_id(1)
         if CAUSAL:  # longest first: a head group's last rows, then the ones before, ...
-            start_m, bh = _lpt(HEAD_GROUP)
+            start_m, bh = lpt_block_head(HEAD_GROUP)
             start_m = gl.num_programs(0) - 1 - start_m
         m0 = start_m * BM
         off_b = bh // H
@@ -478,7 +479,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
     consumer registers[, register operands: 0, 1 (K) or 2 (K and V)]), default ``configs.ws_bwd_dkdv_config``'s.
-    ``head_group``: causal launch order's heads a group (``_lpt``; 1 is head by head), default
+    ``head_group``: causal launch order's heads a group (``gluon_items.lpt_block_head``; 1 is head by head), default
     ``configs.causal_head_group``'s. ``band``: (lo, hi) as ``reference.band`` (causal False): only the
     (query, key) pairs with lo <= key - query <= hi."""
     from .gluon_fwd import _desc, run

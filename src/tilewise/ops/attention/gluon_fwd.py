@@ -52,6 +52,7 @@ try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers c
     )
     # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    from .gluon_items import lpt_block_head, persistent_item
     # LAYOUT's bits (layout.SEQ_BITS), visible inside the kernels
     SEQ_Q, SEQ_K, SEQ_V, SEQ_O, SEQ_DO, SEQ_DQ, SEQ_DK, SEQ_DV = (
         gl.constexpr(SEQ_BITS[n]) for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
@@ -256,7 +257,7 @@ if _GLUON:
         start_m = gl.program_id(0)
         bh = gl.program_id(1)
         if CAUSAL:  # the longest rows first: a head group's last rows, then the ones before, ...
-            start_m, bh = _lpt(HEAD_GROUP)
+            start_m, bh = lpt_block_head(HEAD_GROUP)
             start_m = gl.num_programs(0) - 1 - start_m
         if BATCH_FASTEST:  # a bias shared by the batch: the B programs reading one bias tile run together
             nb = gl.num_programs(1) // H
@@ -378,20 +379,6 @@ if _GLUON:
         return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
 
     @gluon.jit
-    def _lpt(head_group):
-        """(block, head) of this CTA for a causal grid (blocks, heads): launch order (x fastest) taken
-        block-major within groups of ``head_group`` heads (``configs.causal_head_group``; 1 is head by
-        head, the grid's own order). A block's work grows or falls with its index; launched head by
-        head, a head's longest CTAs were left for the tail (a model of the schedule: the busiest SM
-        1.07-1.15x the mean at B * S = 16384, ~1.00-1.03x this way), and a group keeps the heads read
-        at a time (L2) to about two groups'. v5's causal forward and v6's kernels."""
-        n_blocks = gl.num_programs(0)
-        pid = gl.program_id(0) + gl.program_id(1) * n_blocks
-        per = n_blocks * head_group
-        r = pid % per
-        return r // head_group, (pid // per) * head_group + r % head_group
-
-    @gluon.jit
     def head_rc(bh, b, h, S, D: gl.constexpr, SEQ: gl.constexpr):
         """(row, column) of head ``h`` of batch ``b`` (``bh`` = b x heads + h)'s first element in a
         tensor's 2-D view: head-major (SEQ 0; (B * heads * S, D)) row bh * S, column 0, as the kernels
@@ -409,19 +396,6 @@ if _GLUON:
         return D
 
     @gluon.jit
-    def _ptile(tile, n_m, BH, CAUSAL: gl.constexpr):
-        """(query tile, batch x head) of a persistent CTA's ``tile``-th work item: head-major without causal (a
-        head's query tiles share K / V in L2); causal, every head's longest (last) query tiles first, every odd
-        full round of num_programs items walked backward (a snake: busiest CTA 1.06x the mean -> 1.01x)."""
-        if CAUSAL:
-            nprog = gl.num_programs(0)
-            r = tile // nprog
-            if (r % 2 == 1) & ((r + 1) * nprog <= n_m * BH):
-                tile = r * nprog + nprog - 1 - tile % nprog
-            return n_m - 1 - tile // BH, tile % BH
-        return tile % n_m, tile // n_m
-
-    @gluon.jit
     def _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                  v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
@@ -433,7 +407,7 @@ if _GLUON:
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
+            start_m, bh = persistent_item(tile, n_m, BH, CAUSAL)
             off_b = bh // H
             off_h = bh % H
             q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
@@ -470,7 +444,7 @@ if _GLUON:
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            start_m, bh = _ptile(tile, n_m, BH, CAUSAL)
+            start_m, bh = persistent_item(tile, n_m, BH, CAUSAL)
             b = (it % QB) * NUM_CONS + which
             q = q_smem.index(b)
             m_lo = start_m * BM + which * 64
@@ -530,7 +504,7 @@ if _GLUON:
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
         _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
                 s_layout, o_layout, HEAD_DIM)
-        start_m, bh = _ptile(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last item: rows no one stores
+        start_m, bh = persistent_item(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last: rows no one stores
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64
 
@@ -554,7 +528,7 @@ if _GLUON:
         nprog = gl.num_programs(0)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         n_tiles = kv_tiles(0, Sk, BM, BLOCK_N, False)  # every item's, without causal
-        start_m, bh = _ptile(gl.program_id(0), n_m, BH, False)
+        start_m, bh = persistent_item(gl.program_id(0), n_m, BH, False)
         m_lo = start_m * BM + which * 64
         b = which  # item 0's Q buffer
         mbarrier.wait(q_bar.index(b), 0)
@@ -631,7 +605,7 @@ if _GLUON:
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
         overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
         config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). CHAIN (two buffers, no causal):
-        the items chained (``_chain_pconsumer``). Work items: ``_ptile``."""
+        the items chained (``_chain_pconsumer``). Work items: ``persistent_item``."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
@@ -750,7 +724,7 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default wherever that
     holds with ``configs.WS_CHAIN_CONSUMERS`` (bitwise equal to the unchained kernel); ``False``: apart.
     ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
-    causal grid's launch order (``_lpt``: heads a group, a divisor of B x H; 1 is head by head),
+    causal grid's launch order (``lpt_block_head``: heads a group, a divisor of B x H; 1 is head by head),
     default ``configs.causal_head_group``'s."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]

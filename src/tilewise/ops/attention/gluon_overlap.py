@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from . import configs
 from . import gluon_fwd as ag
+from . import gluon_items as gi
 from ...runtime import cuda as rt
 from .layout import seq_mask, tma_view
 
@@ -144,7 +145,7 @@ if ag.available():
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            start_m, bh = ag._ptile(tile, n_m, BH, CAUSAL)
+            start_m, bh = gi.persistent_item(tile, n_m, BH, CAUSAL)
             m_lo = start_m * BM + which * 64
             n_tiles = ag.kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             b = (it % QB) * NUM_CONS + which
@@ -186,7 +187,7 @@ if ag.available():
         nprog = gl.num_programs(0)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
         n_tiles = ag.kv_tiles(0, Sk, BM, BLOCK_N, False)  # every item's, without causal
-        start_m, bh = ag._ptile(gl.program_id(0), n_m, BH, CAUSAL)
+        start_m, bh = gi.persistent_item(gl.program_id(0), n_m, BH, CAUSAL)
         m_lo = start_m * BM + which * 64
         b = which  # item 0's Q buffer
         mbarrier.wait(q_bar.index(b), 0)
@@ -201,8 +202,8 @@ if ag.available():
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, nprog):
-            if CAUSAL:  # this item's length (the snake's query tile)
-                n_tiles = ag.kv_tiles(ag._ptile(tile, n_m, BH, True)[0], Sk, BM, BLOCK_N, True)
+            if CAUSAL:  # this item's length (its query tile)
+                n_tiles = ag.kv_tiles(gi.persistent_item(tile, n_m, BH, True)[0], Sk, BM, BLOCK_N, True)
             n_full = ag.unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
             for j in range(1, n_tiles):
@@ -234,7 +235,7 @@ if ag.available():
         start_m = gl.program_id(0)
         bh = gl.program_id(1)
         if CAUSAL:
-            start_m, bh = ag._lpt(HEAD_GROUP)
+            start_m, bh = gi.lpt_block_head(HEAD_GROUP)
             start_m = gl.num_programs(0) - 1 - start_m
         off_b = bh // H
         off_h = bh % H
