@@ -708,13 +708,12 @@ def test_choose_policy_keeps_the_rules():
         ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
         assert p.forward == ("ws" if ws else "pointer"), case
         assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
-        assert p.ws_persistent == (D in (64, 128) and not causal), case
+        assert p.ws_persistent == (D == 128 or (D == 64 and not causal)), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
-        assert p.ws_overlap == (D == 128 and Sq >= (4096 if causal else 1024)
-                                and ("persistent" if not causal else True)), case
+        assert p.ws_overlap == (D == 128 and Sq >= (2048 if causal else 1024) and "persistent"), case
         # two Q buffers on the persistent grid (v5's, or the overlapped consumers', which then chain their items)
-        assert p.ws_q_buffers == (2 if D in (64, 128) and not causal else 1), case
+        assert p.ws_q_buffers == (2 if D == 128 or (D == 64 and not causal) else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
@@ -2526,12 +2525,13 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
 
 @pytest.mark.gpu
 def test_gpu_default_routes(monkeypatch):
-    """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid
-    without causal and v5's grid with it, backward v6's two Gluon kernels (with causal from
+    """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid (causal: v5's
+    below Sq 2048, the overlapped consumers from there), backward v6's two Gluon kernels (with causal from
     S = 512, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
     deterministic=False the atomic kernel; a mask v3's kernels."""
-    from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_bwd as gb
+    from tilewise.ops.attention import gluon_fwd as ag
+    from tilewise.ops.attention import gluon_overlap as ao
     from tilewise.ops.attention import triton_kernels as K
 
     q, k, v = _inputs(1, 2, 2, 1000, 1000, 128, dtype=torch.bfloat16, device="cuda", seed=50)
@@ -2544,9 +2544,12 @@ def test_gpu_default_routes(monkeypatch):
     atomic = functools.partial(A.flash_attention, deterministic=False)
     q2, k2, v2 = _inputs(1, 2, 1, 2100, 2050, 128, dtype=torch.bfloat16, device="cuda", seed=51)
     cases = [("D128", A.flash_attention, (q, k, v), dict(causal=False), [ag.attn_fwd_ws_persistent_kernel] + v6),
-             ("D128 causal S1000", A.flash_attention, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
-             ("D128 causal S2050", A.flash_attention, (q2, k2, v2), dict(causal=True), [ag.attn_fwd_ws_kernel] + v6),
-             ("D128 atomic", atomic, (q, k, v), dict(causal=True), [ag.attn_fwd_ws_kernel, K._attn_bwd_atomic_kernel]),
+             ("D128 causal S1000", A.flash_attention, (q, k, v), dict(causal=True),
+              [ag.attn_fwd_ws_persistent_kernel] + v6),
+             ("D128 causal S2100", A.flash_attention, (q2, k2, v2), dict(causal=True),
+              [ao.attn_fwd_overlap_persistent_kernel] + v6),
+             ("D128 atomic", atomic, (q, k, v), dict(causal=True),
+              [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_atomic_kernel]),
              ("D128 mask", A.flash_attention, (q, k, v), dict(mask=mask), v3),
              ("D64 S1000", A.flash_attention, (q64, k64, v64), dict(causal=True), v3)]
     for name, fn, args, kw, want in cases:

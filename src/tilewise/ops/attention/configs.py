@@ -166,13 +166,15 @@ WS_FWD_RULES = MappingProxyType({
 # v5's persistent grid (no bias): ahead of v5's own grid without causal (tuning: "v5 persistent grid"; at
 # D = 64 with two Q buffers, 1.01-1.04x the grid at S 2048-8192); the overlapped consumers at D = 128 run on it
 # too (ahead of their own grid by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the
-# persistent overlap").
-WS_PERSISTENT_RULES = frozenset({(128, False), (64, False)})
+# persistent overlap"). D 128 causal since its items go in pairs: 1.08-1.24x v5's grid at S 512-2048, even
+# with the overlap's grid from 4096 (tuning: "Causal work items in pairs").
+WS_PERSISTENT_RULES = frozenset({(128, False), (64, False), (128, True)})
 # Two Q buffers a consumer on that grid (the next item's Q loads during this one), by (head dim, causal):
 # 1.02-1.07x one buffer at D 128 without causal, S 1024-4096, 1.00-1.07x at D 64 (three consumers), bitwise
-# equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers"). The overlapped consumers with two chain their
-# items (gluon_overlap.fwd): 1.01-1.04x one buffer's (tuning: "Chained work items").
-WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False)})
+# equal; causal 0.96-0.97x (H100; tuning: "Two Q buffers"), measured before the causal items went in pairs. The
+# overlapped consumers with two chain their items (gluon_overlap.fwd): 1.01-1.04x one buffer's (tuning: "Chained
+# work items"); not under causal (0.96-0.99x unchained, tuning: "Causal work items in pairs").
+WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False), (128, True)})
 # v5's persistent kernel chains its items by default (gluon_fwd.fwd) with these consumer counts: two (D 128)
 # 1.025x unchained at S 1024; three (D 64) lose, 0.93-0.99x at S 1024-2048, even at 4096 (H100; tuning:
 # "Chained work items").
@@ -181,8 +183,10 @@ WS_CHAIN_CONSUMERS = frozenset({2})
 # Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; without causal on the persistent
 # grid from 2048 (1.017x v5's with two Q buffers there), from 1024 with its items chained (two Q buffers:
 # 1.032x v5's there); at D = 64 behind v5's three consumers with two or three overlapped (tuning: "FA3's
-# consumer schedule", "The overlap at S 2048", "Chained work items").
-WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 4096})
+# consumer schedule", "The overlap at S 2048", "Chained work items"). Causal on the persistent grid from 2048
+# (S 1024: v5's 0.885 / 0.897x cuDNN against the overlap's 0.897 / 0.844, H 16 / GQA; tuning: "Causal work
+# items in pairs").
+WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 2048})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
