@@ -15,8 +15,10 @@ with H 16, 0.89 -> 0.90-0.95 with GQA; S 2048 0.64 -> 0.90-0.97 (H 16), 0.93 -> 
 0.98-1.04; S 8192 1.03 -> 1.05-1.10 (H 16, the route's overlap grid there 1.13). The chained items ~1.0x unchained.
 Every persistent output bitwise equal to the overlap grid's (the same rows, another order). If the persistent overlap
 leads the route: the rules for (128, True) (persistent grid, two Q buffers, the overlap from the S where it leads).
-Run on the GPU: PYTHONPATH=src python3 research/attention_causal_pairs_ab.py
+Run on the GPU: PYTHONPATH=src python3 research/attention_causal_pairs_ab.py [--d64]
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -33,13 +35,17 @@ SHAPES = [(32, 16, 16, 512, 128), (16, 16, 16, 1024, 128), (16, 32, 8, 1024, 128
           (8, 32, 8, 2048, 128), (4, 16, 16, 4096, 128), (4, 32, 8, 4096, 128), (2, 16, 16, 8192, 128),
           (1, 32, 8, 16384, 128), (16, 16, 16, 1024, 64), (16, 32, 8, 1024, 64), (8, 16, 16, 2048, 64),
           (4, 32, 8, 4096, 64)]
+# ``--d64``: D 64 from S 1024 to 16384 (where a D 64 causal rule would reach)
+D64_SHAPES = [(16, 16, 16, 1024, 64), (16, 32, 8, 1024, 64), (8, 16, 16, 2048, 64), (8, 32, 8, 2048, 64),
+              (4, 16, 16, 4096, 64), (4, 32, 8, 4096, 64), (2, 16, 16, 8192, 64), (2, 32, 8, 8192, 64),
+              (1, 32, 8, 16384, 64)]
 
 
 def main():
     print(torch.cuda.get_device_name(), "(causal)", flush=True)
     warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(19)
-    for B, H, Hkv, S, D in SHAPES:
+    for B, H, Hkv, S, D in D64_SHAPES if "--d64" in sys.argv else SHAPES:
         two = (128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)  # the overlap's persistent grid takes two consumers
         cfg = C.ws_fwd_config(D, False, None if D == 128 else C.WS_THREE)
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
