@@ -7,8 +7,9 @@ reads somewhere in between). Random interleavings, many seeds, CPU only.
 Why: ``research/patches/persistent-q-buffers.patch`` (two Q buffers a consumer, ``Q_BUFS``) gave bitwise
 equal outputs without causal and wrong ones with causal on the H100 (f38f538). This separates a fault of
 the barrier protocol (found here, with the schedule that shows it) from one below it (compiler, hardware),
-for the kernel as written in that patch: the same work-item order (``_ptile``, the causal snake), the same
-key-tile counts (``kv_tiles``), the same buffer indices and parities.
+for the kernel as written in that patch: the same work-item order (``_ptile``, the causal snake; since a35a614
+``gluon_items.persistent_item``'s pairs), the same key-tile counts (``kv_tiles``), the same buffer indices and
+parities.
 
 Run: python3 research/attention_pipeline_model.py [--seeds N]
 """
@@ -51,12 +52,18 @@ class Fault(Exception):
 
 
 def ptile(tile, n_m, bh_count, nprog, causal):
-    """``gluon_fwd._ptile``: (query tile, batch x head) of work item ``tile``."""
+    """``gluon_items.persistent_item`` (the causal pairs since a35a614; the sorted walk with its snake before):
+    (query tile, batch x head) of work item ``tile``."""
     if causal:
-        r = tile // nprog
-        if r % 2 == 1 and (r + 1) * nprog <= n_m * bh_count:
-            tile = r * nprog + nprog - 1 - tile % nprog
-        return n_m - 1 - tile // bh_count, tile % bh_count
+        r, odd = tile // nprog, (tile // nprog) % 2
+        p, base = tile - r * nprog, (r - odd) * nprog
+        two = max(n_m * bh_count - base - nprog, 0)
+        g = base + 2 * p + odd + (1 - odd) * (p >= two) * (two - p - odd)
+        pair = max(n_m - n_m % 2, 1)
+        if g >= (n_m - n_m % 2) * bh_count:  # an odd n_m's middle tiles
+            return n_m // 2, g - (n_m - n_m % 2) * bh_count
+        bh, j = divmod(g, pair)
+        return (j // 2 if j % 2 else n_m - 1 - j // 2), bh
     return tile % n_m, tile // n_m
 
 
