@@ -19,6 +19,7 @@ import argparse
 from collections import Counter
 
 import torch
+from attention_pipeline_model import ptile  # research/ is the script's path
 
 from tilewise.ops.attention import api as A
 from tilewise.ops.attention import gluon_fwd as ag
@@ -54,30 +55,10 @@ def forward(q, k, v, causal, q_bufs, grid_of):
     return out, lse
 
 
-def item_order(n_m, BH, nprog, causal):
-    """``gluon_items.persistent_item`` in Python: the (start_m, bh) of every walk index ``tile``."""
-    total, h2, out = n_m * BH, n_m // 2, []
-    for tile in range(total):
-        if not causal:
-            out.append((tile % n_m, tile // n_m))
-            continue
-        base = tile - tile % (2 * nprog)
-        p = (tile - base) % nprog
-        two = total - base - nprog
-        g = base + 2 * p + 1
-        if tile - base < nprog:
-            g = base + 2 * p if p < two else base + max(two, 0) + p
-        if g < 2 * h2 * BH:
-            bh, j = divmod(g, 2 * h2)
-            out.append((n_m - 1 - j // 2 if j % 2 == 0 else j // 2, bh))
-        else:
-            out.append((h2, g - 2 * h2 * BH))
-    return out
-
-
 def item_of(start_m, bh, n_m, BH, nprog, causal):
-    """The inverse of ``gluon_items.persistent_item``: the walk index ``tile`` of work item (start_m, bh)."""
-    return item_order(n_m, BH, nprog, causal).index((start_m, bh))
+    """The inverse of ``gluon_items.persistent_item`` (``attention_pipeline_model.ptile``, its Python model): the
+    walk index ``tile`` of work item (start_m, bh)."""
+    return [ptile(t, n_m, BH, nprog, causal) for t in range(n_m * BH)].index((start_m, bh))
 
 
 def main():

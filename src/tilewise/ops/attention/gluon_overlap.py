@@ -369,7 +369,7 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     if layout:
         meta["LAYOUT"] = layout
     chainable = persistent and ncons == 2 and q_buffers == 2 and not q_regs
-    if chain is None:  # causal chained is opt-in until measured
+    if chain is None:  # causal chained is opt-in: 0.96-0.99x unchained (tuning: "Causal work items in pairs")
         chain = chainable and not causal
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
