@@ -673,6 +673,7 @@ def test_empty_and_zero_keys():
 # attention_gluon.PERSISTENT_RULES, read off that code), on the grid of test_choose_policy_keeps_the_rules.
 # v5 forward, no mask: (D, Sq, causal, bias).
 _WS_FWD_BEFORE = {(64, 4096, False, False), (64, 4096, False, True), (64, 4096, True, False),
+                  (64, 1024, True, False), (64, 2048, True, False),  # D 64 causal from 1024 (2026-12-06)
                   (64, 2048, False, False),  # v5 from Sq 2048 at D 64 without causal or bias (2026-12-06)
                   (64, 1024, False, False),  # and from 1024, on the persistent grid with two Q buffers
                   (128, 1000, False, False), (128, 1000, False, True), (128, 1000, True, False),
@@ -707,13 +708,15 @@ def test_choose_policy_keeps_the_rules():
         case = (D, Sq, Sk, causal, bias, bias_grad, mask, det)
         ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
         assert p.forward == ("ws" if ws else "pointer"), case
-        assert p.ws_config == ((128, 2, 160, None, 3) if (D, causal, bias) in _WS_THREE_BEFORE else None), case
-        assert p.ws_persistent == (D == 128 or (D == 64 and not causal)), case
+        span = D == 64 and causal and not bias and 1024 <= Sq < 8192  # WS_OVERLAP_SPANS: the persistent overlap
+        three = (D, causal, bias) in _WS_THREE_BEFORE and not span
+        assert p.ws_config == ((128, 2, 160, None, 3) if three else None), case
+        assert p.ws_persistent == (D == 128 or (D == 64 and not causal) or span), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
-        assert p.ws_overlap == (D == 128 and Sq >= (2048 if causal else 1024) and "persistent"), case
+        assert p.ws_overlap == ((span or D == 128 and Sq >= (2048 if causal else 1024)) and "persistent"), case
         # two Q buffers on the persistent grid (v5's, or the overlapped consumers', which then chain their items)
-        assert p.ws_q_buffers == (2 if D == 128 or (D == 64 and not causal) else 1), case
+        assert p.ws_q_buffers == (2 if D == 128 or (D == 64 and not causal) or span else 1), case
         if not det:
             want = "atomic" if D <= 128 else "two_kernel"
         else:
@@ -2527,7 +2530,8 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
 def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid (causal: v5's
     below Sq 2048, the overlapped consumers from there), backward v6's two Gluon kernels (with causal from
-    S = 512, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules);
+    S = 512, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules), causal at S 2100 the overlapped
+    consumers on the persistent grid (``WS_OVERLAP_SPANS``) and v6;
     deterministic=False the atomic kernel; a mask v3's kernels."""
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import gluon_fwd as ag
@@ -2548,6 +2552,8 @@ def test_gpu_default_routes(monkeypatch):
               [ag.attn_fwd_ws_persistent_kernel] + v6),
              ("D128 causal S2100", A.flash_attention, (q2, k2, v2), dict(causal=True),
               [ao.attn_fwd_overlap_persistent_kernel] + v6),
+             ("D64 causal S2100", A.flash_attention, tuple(t[..., :64].contiguous() for t in (q2, k2, v2)),
+              dict(causal=True), [ao.attn_fwd_overlap_persistent_kernel] + v6),
              ("D128 atomic", atomic, (q, k, v), dict(causal=True),
               [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_atomic_kernel]),
              ("D128 mask", A.flash_attention, (q, k, v), dict(mask=mask), v3),

@@ -158,11 +158,12 @@ def causal_head_group(heads: int, blocks: int, sms: int) -> int:
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
 # at every length; D = 64 with three consumers from Sq = 1024 without causal or bias (on the persistent grid
-# with two Q buffers, below: 1.05x v3 at S 1024), from 4096 with either (shorter runs keep v3's resident
-# CTAs); causal with a bias is not measured (tuning: "v5 forward routes", "Two Q buffers ... fixed").
+# with two Q buffers, below: 1.05x v3 at S 1024), causal from 1024 (two overlapped consumers below 8192:
+# WS_OVERLAP_SPANS), with a bias from 4096 (shorter runs keep v3's resident CTAs); causal with a bias is not
+# measured (tuning: "v5 forward routes", "Two Q buffers ... fixed", "Causal work items in pairs").
 WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
-    (64, False, False): (1024, WS_THREE), (64, True, False): (4096, WS_THREE), (64, False, True): (4096, WS_THREE)})
+    (64, False, False): (1024, WS_THREE), (64, True, False): (1024, WS_THREE), (64, False, True): (4096, WS_THREE)})
 # v5's persistent grid (no bias): ahead of v5's own grid without causal (tuning: "v5 persistent grid"; at
 # D = 64 with two Q buffers, 1.01-1.04x the grid at S 2048-8192); the overlapped consumers at D = 128 run on it
 # too (ahead of their own grid by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the
@@ -187,6 +188,11 @@ WS_CHAIN_CONSUMERS = frozenset({2})
 # (S 1024: v5's 0.885 / 0.897x cuDNN against the overlap's 0.897 / 0.844, H 16 / GQA; tuning: "Causal work
 # items in pairs").
 WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 2048})
+# Sq spans (least, first past it) where, without a bias, two overlapped consumers run on the persistent grid with
+# two Q buffers whatever the rules above say, by (head dim, causal). D 64 causal: 1.02-1.10x the old route (v3,
+# v5's three consumers from 4096) at S 1024-4096 on an H100; v5's three on their own grid lead from 8192 (tuning:
+# "Causal work items in pairs").
+WS_OVERLAP_SPANS = MappingProxyType({(64, True): (1024, 8192)})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
@@ -341,7 +347,7 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
                   has_mask: bool = False, bias_grad: bool = False, deterministic: bool = True) -> AttentionPolicy:
     """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
     opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim; v5's overlapped
-    consumers by ``WS_OVERLAP_RULES``), the backward
+    consumers by ``WS_OVERLAP_RULES`` and ``WS_OVERLAP_SPANS``), the backward
     by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6)
     and ``ORDERED_RULES``, else v3's two kernels."""
     causal = bool(causal)
@@ -359,9 +365,12 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     persistent = (head_dim, causal) in WS_PERSISTENT_RULES
     overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
     q_buffers = 2 if persistent and (head_dim, causal) in WS_Q_BUFFER_RULES else 1
-    return _policy(forward, rule[1] if rule is not None else None, persistent, head_dim in WS_BAND_HEAD_DIMS,
-                   backward, head_dim <= BIAS_PAIR_MAX_D, "persistent" if overlap and persistent else overlap,
-                   q_buffers)
+    config = rule[1] if rule is not None else None
+    lo, past = WS_OVERLAP_SPANS.get((head_dim, causal), (0, 0))
+    if not has_bias and lo <= seq_q < past:
+        config, persistent, overlap, q_buffers = None, True, True, 2
+    return _policy(forward, config, persistent, head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D,
+                   "persistent" if overlap and persistent else overlap, q_buffers)
 
 
 # ---------------------------------------------------------------------------- against SDPA
