@@ -2012,14 +2012,10 @@ for D, causal, q_regs in persistent:
     if D == 128:  # two Q buffers a consumer (ws_q_buffers=2): one copy of the products, 32 KB more shared memory
         out[name + "-qbufs2"] = build(ao.attn_fwd_overlap_persistent_kernel, {**sig, "Q_BUFS": "constexpr"},
                                       {**consts, "Q_BUFS": 2})
-    if D == 128 and not q_regs:  # the items chained (fwd(chain=True)), causal too; with stagger too
+    if D == 128 and not q_regs:  # the items chained (fwd(chain=True)), causal too
         out[name + "-chain"] = build(ao.attn_fwd_overlap_persistent_kernel,
                                      {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr"},
                                      {**consts, "Q_BUFS": 2, "CHAIN": True})
-        out[name + "-chain-stagger"] = build(ao.attn_fwd_overlap_persistent_kernel,
-                                             {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr",
-                                              "STAGGER": "constexpr"},
-                                             {**consts, "Q_BUFS": 2, "CHAIN": True, "STAGGER": True})
 """
 
 
@@ -2035,14 +2031,13 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 28  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both,
-    # and staggered)
+    assert len(r) == 26  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both)
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
     def limit(name):
-        if "-chain" in name:  # Triton 3.6: a scalar stored and reloaded twice an item; causal: the next
+        if name.endswith("-chain"):  # Triton 3.6: a scalar stored and reloaded twice an item; causal: the next
             return 8 if "causalFalse" in name else 32  # item's tile-0 mask (9 values) once an item, not in the loop
         if "-qregs" not in name:
             return 0
@@ -2490,7 +2485,7 @@ def test_gpu_overlap_persistent_two_q_buffers(shape, causal, q_regs, poisoned_ou
                                    (1, 3, 3, 300, 128, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("seq_major", [False, True])
-@pytest.mark.parametrize("kernel", ["overlap", "overlap-stagger", "v5", "v5-three"])
+@pytest.mark.parametrize("kernel", ["overlap", "v5", "v5-three"])
 @pytest.mark.quick(rotate="shape", per=3)
 def test_gpu_persistent_chain(shape, seq_major, kernel):
     """The persistent forward kernels with their work items chained (``chain=True``: an item's epilogue
@@ -2498,7 +2493,7 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
     kernel unchained with two Q buffers, into outputs filled with NaN first: the overlapped consumers
     (``gluon_overlap.fwd``, causal too: items of different lengths in the snake's order) and v5's two or three
     (``gluon_fwd.fwd``); odd sizes, GQA, one row, one key tile an item, more items than SMs, sequence-major
-    storage, D 64 and 128. ``overlap-stagger``: chained with the consumers' item ends a turn apart (``stagger``)."""
+    storage, D 64 and 128."""
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_overlap as ao
 
@@ -2514,15 +2509,14 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
     def run(chain, causal=False):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((B, H, Sq), float("nan"), device="cuda")
-        if kernel.startswith("overlap"):
-            ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain,
-                   stagger=chain and kernel == "overlap-stagger")
+        if kernel == "overlap":
+            ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
         else:
             ag.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
         return out, lse
 
     for causal in (False, True):
-        if causal and kernel.startswith("v5"):  # v5's kernel chains without causal only
+        if causal and kernel != "overlap":  # v5's kernel chains without causal only
             with pytest.raises(ValueError, match="chain"):
                 run(True, causal=True)
             continue
@@ -2530,10 +2524,6 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
         assert torch.equal(plain[0], chained[0]) and torch.equal(plain[1], chained[1]), causal
         ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
         assert ((chained[0].float() - ref).norm() / ref.norm()).item() < 1e-2, causal
-    if kernel == "overlap-stagger":  # the turns need the chain's item ends
-        with pytest.raises(ValueError, match="stagger"):
-            ao.fwd(q, k, v, False, D ** -0.5, *run(False), config=cfg, persistent=True, q_buffers=2, chain=False,
-                   stagger=True)
 
 
 @pytest.mark.gpu

@@ -488,11 +488,9 @@ if _GLUON:
         """A chained consumer's item end: the last key tile's P V (ring fill ``last``) issued with the next
         item's S_0 (fill ``slot``, item ``it``'s Q buffer: past the last item, the loader's spare), the item's
         epilogue while S_0 runs. Returns (S_0, waited; its Q buffer; the next item's batch x head and first
-        row). Two barriers past the Q ones (``gluon_overlap``'s STAGGER): the consumers' turns at S_0."""
+        row)."""
         HEAD_DIM: gl.constexpr = q_smem.shape[2]
         QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
-        NQ: gl.constexpr = q_smem.shape[0]
-        STAGGER: gl.constexpr = q_bar.shape[0] > NQ
         sl = last % STAGES
         mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(sl), acc, is_async=True)
@@ -500,12 +498,7 @@ if _GLUON:
         s0 = slot % STAGES
         mbarrier.wait(q_bar.index(b), (it // QB) & 1)
         mbarrier.wait(k_ready.index(s0), (slot // STAGES) & 1)
-        if STAGGER:  # 1 after 0's softmax(S_0) of this item; 0 after 1's S_0 of the last (at most one item apart)
-            mbarrier.wait(q_bar.index(NQ + 1 - which), (it - 1 + which) & 1)
         t = warpgroup_mma(q_smem.index(b), k_smem.index(s0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if STAGGER:
-            if which == 1:
-                mbarrier.arrive(q_bar.index(NQ + 1), count=1)
         acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
         mbarrier.arrive(v_empty.index(sl), count=1)
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)

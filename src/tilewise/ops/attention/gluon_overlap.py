@@ -174,9 +174,7 @@ if ag.available():
         the log-sum-exp) runs while S_0 does, so the tensor cores are not idle between items. After the
         last item the loader supplies a Q and a K tile that nobody needs (``gluon_fwd._chain_ploader``): its S_0 is
         computed and dropped, which keeps the loop free of branches around the products (the ptxas fault of
-        ``gluon_fwd._pconsumer``). STAGGER (two turn barriers after the Q ones, ``q_bar[NQ]`` and ``[NQ + 1]``):
-        consumer 1 issues an item's S_0 only after consumer 0's softmax(S_0), so their item ends no longer
-        coincide and one's epilogue runs beside the other's products."""
+        ``gluon_fwd._pconsumer``)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -185,8 +183,6 @@ if ag.available():
                                                            instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         dtype: gl.constexpr = q_desc.dtype
-        NQ: gl.constexpr = q_smem.shape[0]
-        STAGGER: gl.constexpr = q_bar.shape[0] > NQ  # the turns: ag.chain_item_end waits, 0 arrives after softmax
         BH = total // n_m
         nprog = gl.num_programs(0)
         zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
@@ -196,21 +192,12 @@ if ag.available():
         b = which  # item 0's Q buffer
         mbarrier.wait(q_bar.index(b), 0)
         mbarrier.wait(k_ready.index(0), 0)
-        if STAGGER:
-            if which == 1:
-                mbarrier.wait(q_bar.index(NQ), 0)
         t = warpgroup_mma(q_smem.index(b), k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if STAGGER:
-            if which == 1:
-                mbarrier.arrive(q_bar.index(NQ + 1), count=1)
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         mbarrier.arrive(k_empty.index(0), count=1)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, True)
-        if STAGGER:
-            if which == 0:
-                mbarrier.arrive(q_bar.index(NQ), count=1)
         p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
         slot = 0
         it = 0
@@ -235,9 +222,6 @@ if ag.available():
             l_i = gl.zeros([64], gl.float32, layout=row_s)
             p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL,
                                                    True)
-            if STAGGER:
-                if which == 0:
-                    mbarrier.arrive(q_bar.index(NQ), count=1)
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
 
     @gluon.jit
@@ -314,27 +298,22 @@ if ag.available():
                                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                            CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
                                            Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1,
-                                           CHAIN: gl.constexpr = False, STAGGER: gl.constexpr = False):
+                                           CHAIN: gl.constexpr = False):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
         overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
         during this one). CHAIN (two buffers, Q in shared memory): items chained, the epilogue
-        beside the next item's first product (``_chain_pconsumer``); STAGGER (with CHAIN): the consumers' item ends
-        a turn apart."""
+        beside the next item's first product (``_chain_pconsumer``)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         n_m = gl.cdiv(Sq, 64 * NUM_CONS)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_BUFS * NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = ag.kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
-        NBAR: gl.constexpr = Q_BUFS * NUM_CONS + 2 if STAGGER else Q_BUFS * NUM_CONS  # + STAGGER's two turns
-        q_bar = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS * NUM_CONS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(Q_BUFS * NUM_CONS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        for c in gl.static_range(Q_BUFS * NUM_CONS, NBAR):
-            mbarrier.init(q_bar.index(c), count=1)
-        gl.static_assert(CHAIN or not STAGGER, "STAGGER: chained items only")
         if CHAIN:
             gl.static_assert(Q_BUFS == 2 and not Q_REGS, "CHAIN: two Q buffers, Q in shared memory")
             gl.warp_specialize([
@@ -368,15 +347,14 @@ def applies(bias, config) -> bool:
 
 
 def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=None, q_regs=False,
-        persistent=False, q_buffers=1, chain=None, stagger=False):
+        persistent=False, q_buffers=1, chain=None):
     """As ``gluon_fwd.fwd`` for a call ``applies`` accepts: into ``out`` and ``lse``; ``config`` v5's
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
     34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers), with ``q_buffers``
     Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
     shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
-    1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart.
-    ``stagger`` (chained only): consumer 1 starts each item after consumer 0's first softmax (bitwise equal)."""
+    1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -395,15 +373,11 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
         chain = chainable and not causal
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
-    if stagger and not chain:
-        raise ValueError("stagger: needs chained work items (chain=True, or its default)")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
         if chain:
             meta["CHAIN"] = True
-        if stagger:
-            meta["STAGGER"] = True
         total = -(-Sq // (ag.ROWS * 2)) * B * H
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
