@@ -17,6 +17,7 @@ from triton.testing import do_bench
 
 from _timing import abba_ms, warm_clocks
 from tilewise.ops.attention import api as A
+from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_overlap as ao
 
 # (B, H, Hkv, S, D, causal, {name: (STAGES, Q buffers, chain)})
@@ -49,9 +50,12 @@ def main():
             out = torch.full_like(q, float("nan"))
             lse = torch.full((B, H, S), float("nan"), device="cuda")
 
-            def fn(stages=stages, qb=qb, chain=chain, out=out, lse=lse, q=q, k=k, v=v, causal=causal):
-                return ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=(128, stages, 232, None, 2),
-                              persistent=True, q_buffers=qb, chain=chain)[0]
+            route = C.ws_fwd_config(D, False)
+            cfg = (route[0], stages, *route[2:])  # the route's config but its STAGES
+
+            def fn(cfg=cfg, qb=qb, chain=chain, out=out, lse=lse, q=q, k=k, v=v, causal=causal):
+                return ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=qb,
+                              chain=chain)[0]
             try:
                 errs[name] = ((fn().float() - ref).norm() / ref.norm()).item()
                 fns[name] = fn
