@@ -48,12 +48,13 @@ if _GLUON:
             two = gl.maximum(n_m * BH - base - nprog, 0)  # CTAs with a pair in this block (all but in the last)
             single = ((1 - odd) * (p >= two)).to(gl.int32)  # the last block's CTAs past `two`: one item each
             g = base + 2 * p + odd + single * (two - p - odd)
-            pair = gl.maximum(n_m - n_m % 2, 1)
-            tail = (g >= (n_m - n_m % 2) * BH).to(gl.int32)  # an odd n_m's middle tiles, after all pairs
+            even = n_m - n_m % 2  # a head's tiles in pairs
+            pair = gl.maximum(even, 1)
+            tail = (g >= even * BH).to(gl.int32)  # an odd n_m's middle tiles, after all pairs
             bh = g // pair
             j = g - bh * pair
             m = j // 2 + (1 - j % 2) * (n_m - 1 - 2 * (j // 2))
-            bh = bh + tail * (g - (n_m - n_m % 2) * BH - bh)
+            bh = bh + tail * (g - even * BH - bh)
             m = m + tail * (n_m // 2 - m)
             return m, bh
         return tile % n_m, tile // n_m
