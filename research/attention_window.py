@@ -3,12 +3,7 @@ its own grid (one CTA a 128-row query tile) and on the persistent grid (one CTA 
 (query tile, head) items, ring and Q buffers running on across items), against the full causal
 forward (issue 30: window 1024 <= 0.15x of it).
 
-Also v5's band kernel with the overlapped consumers' schedule (``ws_band_overlap``: S_j issued with
-P_{j-1} V_{j-1}, the softmax beside them), on both grids. (64-key tiles, which halve the masked edge
-tiles' waste, lost everywhere: docs/tuning/attention.md, "Sliding windows".)
-Prediction for the overlap (thirty-fourth session): the band's tiles at the overlapped kernel's rate
-(~660 against ~560 TFLOP/s on full causal, H100), less the fixed cost an item keeps: 0.86-0.92x the
-band kernel's time at window 1024 and 0.82-0.90x at 4096, D 128; D 64 0.88-0.95x.
+Also v5's band kernel with 64-key tiles (4 or 3 stages), which halve the masked edge tiles' waste.
 Why the persistent grid: at window 1024 a CTA runs only ~9 key tiles of 128, so its Q load, ring fill
 and epilogue (paid with the tensor pipe idle on v5's own grid) weigh ~3x more than at S = 4096
 non-causal, where the persistent grid already gained 4-8 %.
@@ -44,8 +39,8 @@ for D in (128, 64):
         ws = base.replace(forward="ws", ws_band=True, ws_config=None)
         policies = {"v3 band": base.replace(forward="pointer"), "v5 band grid": ws,
                     "v5 band persistent": ws.replace(ws_band_persistent=True),
-                    "v5 band overlap": ws.replace(ws_band_overlap=True),
-                    "v5 band overlap persistent": ws.replace(ws_band_overlap=True, ws_band_persistent=True)}
+                    "v5 band BN64 x4": ws.replace(ws_config=(64, 4, 232, None, 2)),
+                    "v5 band BN64 x3": ws.replace(ws_config=(64, 3, 232, None, 2))}
         cands = {n: (lambda p=p, w=left: A.flash_attention(q, k, v, causal=True, window=(w, None), policy=p))
                  for n, p in policies.items()}
         ref = A.reference(q[:, :2].float(), k[:, :2].float(), v[:, :2].float(), causal=True, window=(left, None))

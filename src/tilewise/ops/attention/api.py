@@ -342,8 +342,7 @@ def _fwd_impl(q, k, v, mask, bias, causal, scale, policy: AttentionPolicy, band=
             and policy.ws_band and _dense(q, k, v, out) and _ws_applies(q, k, v, mask, None, bias_strides)):
         from . import gluon_band
         return gluon_band.fwd_band(q, k, v, band, scale, out, lse, launch=launcher,
-                                   persistent=policy.ws_band_persistent, config=policy.ws_config,
-                                   overlap=policy.ws_band_overlap)
+                                   persistent=policy.ws_band_persistent, config=policy.ws_config)
     if plain and policy.forward == "tma" and _tma_applies(q, k, v, mask, bias):
         return _fwd_tma(q, k, v, causal, scale, out, lse, None, None, policy, launcher)
     if (plain and bias is not None and mask is None and policy.bias_tma

@@ -242,7 +242,6 @@ class AttentionPolicy:
                    v5's band kernel where v5 applies (else v3's pointer kernel), with ``ws_config``'s
                    tile when it has two consumers.
     ws_band_persistent: that band kernel on the persistent grid (one CTA an SM).
-    ws_band_overlap: that band kernel with the overlapped consumers' schedule (``gluon_band._band_orows``).
     bias_tma:      a bias forward through v4's TMA kernel where the bias has dense rows.
     bias_pair:     a bias shared by the batch, B even, no mask: two batch elements a program.
     bias_batch_fastest: a bias shared by the batch: programs run batch-fastest (one bias tile in L2).
@@ -279,8 +278,6 @@ class AttentionPolicy:
     ws_band: bool = False
     # Off: 2-4 % ahead of the band kernel's own grid at window 1024, 6-7 % behind at 4096 (tuning: "v5 band").
     ws_band_persistent: bool = False
-    # Off until measured against the band kernel's own schedule (tuning: "Sliding windows").
-    ws_band_overlap: bool = False
     # On: the TMA kernel prefetches the bias tile, the pointer kernel cannot (tuning: "Bias forward by TMA").
     bias_tma: bool = True
     bias_pair: bool = False

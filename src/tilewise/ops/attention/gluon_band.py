@@ -15,10 +15,9 @@ from .gluon_fwd import LOG2E, ROWS, _desc, run
 if ag.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
     from .gluon_fwd import _finish, _tile, _tma_load, fill_kv, kv_head_row, kv_ring
-    from .gluon_overlap import _step
 
     @gluon.jit
     def band_tiles(m0, Sk, band_lo, band_hi, BM: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -38,17 +37,6 @@ if ag.available():
         mbarrier.arrive(v_empty.index(s), count=1)
 
     @gluon.jit
-    def _band_cuts(m_lo, t_lo, t_hi, Sk, band_lo, band_hi, BLOCK_N: gl.constexpr):
-        """Of the CTA's key tiles [t_lo, t_hi), for the 64 rows from ``m_lo``: [c_lo, c_hi) reach them, and of
-        those [a, b) are inside the band for all 64 rows and inside Sk (no mask)."""
-        c_lo = gl.minimum(gl.maximum(t_lo, gl.maximum(m_lo + band_lo, 0) // BLOCK_N), t_hi)
-        c_hi = gl.maximum(c_lo, gl.minimum(t_hi, gl.cdiv(gl.maximum(gl.minimum(m_lo + 64 + band_hi, Sk), 0),
-                                                          BLOCK_N)))
-        a = gl.minimum(gl.maximum(c_lo, gl.cdiv(gl.maximum(m_lo + 63 + band_lo, 0), BLOCK_N)), c_hi)
-        b = gl.minimum(gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N), c_hi)
-        return c_lo, c_hi, a, gl.maximum(a, b)
-
-    @gluon.jit
     def _band_rows(q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, t_lo, n_tiles, slot,
                    Sk, qk_scale, band_lo, band_hi, s_layout: gl.constexpr, o_layout: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, HEAD_DIM: gl.constexpr):
@@ -58,7 +46,12 @@ if ag.available():
         the band for all 64 rows and inside Sk (no test); the tiles between are masked."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         t_hi = t_lo + n_tiles
-        c_lo, c_hi, a, b = _band_cuts(m_lo, t_lo, t_hi, Sk, band_lo, band_hi, BLOCK_N)
+        c_lo = gl.minimum(gl.maximum(t_lo, gl.maximum(m_lo + band_lo, 0) // BLOCK_N), t_hi)
+        c_hi = gl.maximum(c_lo, gl.minimum(t_hi, gl.cdiv(gl.maximum(gl.minimum(m_lo + 64 + band_hi, Sk), 0),
+                                                          BLOCK_N)))
+        a = gl.minimum(gl.maximum(c_lo, gl.cdiv(gl.maximum(m_lo + 63 + band_lo, 0), BLOCK_N)), c_hi)
+        b = gl.minimum(gl.minimum(gl.maximum(m_lo + band_hi + 1, 0) // BLOCK_N, Sk // BLOCK_N), c_hi)
+        b = gl.maximum(a, b)
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
@@ -77,55 +70,6 @@ if ag.available():
             acc, m_i, l_i = _tile(j, base + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready,
                                   v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N, STAGES, False,
                                   False, True, NUM_CONS, False, q_smem, 0, True, band_lo, band_hi)
-        for j in range(c_hi, t_hi):
-            _skip_tile(base + j, k_ready, k_empty, v_ready, v_empty, STAGES)
-        return acc, m_i, l_i
-
-    @gluon.jit
-    def _band_orows(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, t_lo, n_tiles, slot, Sk,
-                    qk_scale, band_lo, band_hi, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """``_band_rows`` with the overlapped consumer's schedule (``gluon_overlap._step``: S_j issued with
-        P_{j-1} V_{j-1}, the softmax beside them); the same tiles, masks and ring fills."""
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        dtype: gl.constexpr = k_smem.dtype
-        t_hi = t_lo + n_tiles
-        c_lo, c_hi, a, b = _band_cuts(m_lo, t_lo, t_hi, Sk, band_lo, band_hi, BLOCK_N)
-        zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([64], gl.float32, layout=row_s)
-        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-        base = slot - t_lo
-        for j in range(t_lo, c_lo):
-            _skip_tile(base + j, k_ready, k_empty, v_ready, v_empty, STAGES)
-        if c_hi > c_lo:  # rows the band gives no key (bottom-right causal, Sq > Sk) skip the products
-            r0 = base + c_lo
-            s0 = r0 % STAGES
-            mbarrier.wait(k_ready.index(s0), (r0 // STAGES) & 1)
-            t = warpgroup_mma(q, k_smem.index(s0).permute((1, 0)), zero, use_acc=False, is_async=True)
-            t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
-            mbarrier.arrive(k_empty.index(s0), count=1)
-            p, alpha, m_i, l_i = ag.online_softmax(t, c_lo, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, False,
-                                                   True, True, band_lo, band_hi)
-            p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-            for j in range(c_lo + 1, a):
-                acc, p_op, m_i, l_i = _step(j, base + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
-                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
-                                            BLOCK_N, STAGES, False, True, dtype, 0, True, band_lo, band_hi)
-            for j in range(gl.maximum(a, c_lo + 1), b):
-                acc, p_op, m_i, l_i = _step(j, base + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
-                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
-                                            BLOCK_N, STAGES, False, False, dtype)
-            for j in range(gl.maximum(b, c_lo + 1), c_hi):
-                acc, p_op, m_i, l_i = _step(j, base + j, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty,
-                                            v_ready, v_empty, which, m_lo, Sk, qk_scale, zero, s_layout, o_layout,
-                                            BLOCK_N, STAGES, False, True, dtype, 0, True, band_lo, band_hi)
-            last = base + c_hi - 1
-            sl = last % STAGES
-            mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
-            acc = warpgroup_mma(p_op, v_smem.index(sl), acc, is_async=True)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))  # P stays live until read
-            mbarrier.arrive(v_empty.index(sl), count=1)
         for j in range(c_hi, t_hi):
             _skip_tile(base + j, k_ready, k_empty, v_ready, v_empty, STAGES)
         return acc, m_i, l_i
@@ -150,7 +94,7 @@ if ag.available():
     def _bloader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                  out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, PERSISTENT: gl.constexpr,
-                 OVERLAP: gl.constexpr, which: gl.constexpr):
+                 which: gl.constexpr):
         BM: gl.constexpr = 64 * NUM_CONS
         slot = 0
         it = 0
@@ -174,7 +118,7 @@ if ag.available():
     def _bconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                    out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, PERSISTENT: gl.constexpr,
-                   OVERLAP: gl.constexpr, which: gl.constexpr):
+                   which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -190,14 +134,9 @@ if ag.available():
             m_lo = start_m * BM + which * 64
             t_lo, n_tiles = band_tiles(start_m * BM, Sk, band_lo, band_hi, BM, BLOCK_N)
             mbarrier.wait(q_bar.index(which), it & 1)
-            if OVERLAP:
-                acc, m_i, l_i = _band_orows(q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo, t_lo,
-                                            n_tiles, slot, Sk, qk_scale, band_lo, band_hi, s_layout, o_layout,
-                                            BLOCK_N, STAGES, HEAD_DIM)
-            else:
-                acc, m_i, l_i = _band_rows(q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready, v_empty, which,
-                                           m_lo, t_lo, n_tiles, slot, Sk, qk_scale, band_lo, band_hi, s_layout,
-                                           o_layout, BLOCK_N, STAGES, NUM_CONS, HEAD_DIM)
+            acc, m_i, l_i = _band_rows(q, k_smem, v_smem, q_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
+                                       t_lo, n_tiles, slot, Sk, qk_scale, band_lo, band_hi, s_layout, o_layout,
+                                       BLOCK_N, STAGES, NUM_CONS, HEAD_DIM)
             # Q was last read by the final S = Q K^T (waited on): the next item's Q load overlaps the epilogue.
             mbarrier.arrive(q_empty.index(which), count=1)
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, bh * Sq, 0, HEAD_DIM, m_lo, Sq, s_layout, o_layout,
@@ -208,15 +147,13 @@ if ag.available():
     @gluon.jit
     def attn_fwd_ws_band_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo,
                                 band_hi, BH, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                NUM_CONS: gl.constexpr = 2, PERSISTENT: gl.constexpr = False,
-                                OVERLAP: gl.constexpr = False):
+                                NUM_CONS: gl.constexpr = 2, PERSISTENT: gl.constexpr = False):
         """v5 for a band (sliding windows, bottom-right causal): query i keeps key j where band_lo <= j - i
         <= band_hi. A CTA's loader fills the ring with the key tiles its 128 rows reach (``band_tiles``),
         and each consumer masks only the tiles its band cuts. No bias, mask or score mods; two consumers.
         PERSISTENT: one CTA an SM walks work items (query tile x head, head-major; BH = B x H) round
         robin, the ring and the Q buffers running on across items as in ``attn_fwd_ws_persistent_kernel``;
-        else one CTA a query tile (grid (query tiles, BH)). OVERLAP: the consumers' products run beside
-        their own softmax (``_band_orows``)."""
+        else one CTA a query tile (grid (query tiles, BH))."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
@@ -232,21 +169,21 @@ if ag.available():
         gl.warp_specialize([
             (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
-                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, OVERLAP, 0)),
+                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 0)),
             (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
-                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, OVERLAP, 1)),
+                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 1)),
             (_bloader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                         v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
-                        BLOCK_N, STAGES, NUM_CONS, PERSISTENT, OVERLAP, 0)),
+                        BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None, overlap=False):
+def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None):
     """The band forward (``attn_fwd_ws_band_kernel``) into ``out`` / ``lse``; ``band`` = (lo, hi) as
     ``reference.band``. Two consumers with ``config``'s tile (as ``fwd``'s) when it has two, else v5's
     default tile; q, k, v and out contiguous (no bias). ``persistent``: one CTA an SM walking the (query
-    tile, head) items; else a CTA an item. ``overlap``: the overlapped consumers' schedule (``_band_orows``)."""
+    tile, head) items; else a CTA an item."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     chosen = config if config is not None and config[4] == 2 and config[3] is None else None
@@ -255,8 +192,7 @@ def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, conf
     n_m = -(-Sq // (ROWS * 2))
     args = (_desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D)), out, lse, H, H // Hkv, Sq, Sk,
             scale * LOG2E, int(band[0]), int(band[1]), B * H)
-    meta = dict(BLOCK_N=bn, STAGES=stages, CONSUMER_REGS=regs, NUM_CONS=2, PERSISTENT=bool(persistent),
-                OVERLAP=bool(overlap), num_warps=4)
+    meta = dict(BLOCK_N=bn, STAGES=stages, CONSUMER_REGS=regs, NUM_CONS=2, PERSISTENT=bool(persistent), num_warps=4)
     grid = (min(rt.sm_count(q.get_device()), n_m * B * H),) if persistent else (n_m, B * H)
     run(attn_fwd_ws_band_kernel, grid, args, meta, launch)
     return out, lse

@@ -35,11 +35,9 @@ if ag.available():
     @gluon.jit
     def _step(j, r, acc, p_op, m_i, l_i, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, which: gl.constexpr,
               m_lo, Sk, qk_scale, zero, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, dtype: gl.constexpr, n_full=0,
-              BAND: gl.constexpr = False, band_lo=0, band_hi=0):
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, dtype: gl.constexpr, n_full=0):
         """Key tile j >= 1, the ring's fill r: S_j and P_{j-1} V_{j-1} issued together, softmax(S_j) while
-        they run. MASKED 2: the mask from tile n_full on, tested at run time (``gluon_fwd.online_softmax``);
-        BAND (with MASKED): the band's mask as well."""
+        they run. MASKED 2: the mask from tile n_full on, tested at run time (``gluon_fwd.online_softmax``)."""
         s = r % STAGES
         sp = (r - 1) % STAGES
         mbarrier.wait(k_ready.index(s), (r // STAGES) & 1)
@@ -49,7 +47,7 @@ if ag.available():
         t = warpgroup_mma_wait(num_outstanding=1, deps=(t,))  # S_j (issued first) done; P V may still run
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = ag.online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL, MASKED,
-                                               BAND, band_lo, band_hi, n_full)
+                                               n_full=n_full)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))  # P stays live until read
         mbarrier.arrive(v_empty.index(sp), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
