@@ -28,7 +28,8 @@ from .layout import seq_mask, tma_view
 if ag.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
 
     SEQ_Q, SEQ_K, SEQ_V, SEQ_O = ag.SEQ_Q, ag.SEQ_K, ag.SEQ_V, ag.SEQ_O
 
@@ -74,7 +75,8 @@ if ag.available():
         mbarrier.wait(q_bar.index(qb), q_phase)
         if Q_REGS:  # Q as the register A operand of S's products: they read only K from shared memory
             q = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-            if RELEASE_Q:  # the arrive's lowering syncs the warpgroup first (bar.sync): every warp's loads are done
+            if RELEASE_Q:  # the loader's next TMA write (async proxy) must follow these generic-proxy reads
+                fence_async_shared()
                 mbarrier.arrive(q_empty.index(qb), count=1)
         # Tile 0 (masked: cheap once, and right whether or not it needs the test)
         s0 = slot % STAGES
