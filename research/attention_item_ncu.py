@@ -8,7 +8,9 @@ memory, registers: its tile and item count) against ours; tensor-pipe busy and t
 the source page of our persistent kernel, which SASS lines the samples fall on at an item's start (Q's wait,
 the first S) and end (_finish's stores).
 Inputs are random (never zeros); every case runs once before the profiler starts, so compiles are outside it.
-Run on the GPU: research/attention_item_ncu.sh OUTDIR (python3 research/attention_item_ncu.py [NAME PART]: some cases)
+Also the window's band kernel at B 1 H 16 S 16384 causal, window 1024 (its items' fixed cost).
+Run on the GPU: research/attention_item_ncu.sh OUTDIR [sass] (python3 research/attention_item_ncu.py [NAME PART]: some
+cases; ``sass``: only the SASS source pages, ~4 x 60 s, not the full report)
 """
 import sys
 
@@ -43,6 +45,12 @@ def cases():
         out += [(f"{tag} flash_attention", ours), (f"{tag} cudnn", cudnn)]
         if S == 2048:
             out.append((f"{tag} v5 grid", grid))
+    # the window's items (research/notes/attention.md, thirty-fourth session: ~9 key tiles and ~7.7 us of fixed
+    # cost each at window 1024): v5's band kernel, the default route at D 128
+    g = torch.Generator(device="cuda").manual_seed(1024)
+    q, k, v = (torch.randn(1, 16, 16384, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    out.append(("B1 S16384 window1024 flash_attention",
+                lambda: A.flash_attention(q, k, v, causal=True, window=(1024, None))))
     return out
 
 
