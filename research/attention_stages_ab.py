@@ -46,11 +46,10 @@ def main():
         ref = cudnn().float()
         fns = {"route": lambda q=q, k=k, v=v, causal=causal: A.flash_attention(q, k, v, causal=causal), "cudnn": cudnn}
         errs = {}
+        route = C.ws_fwd_config(D, False)
         for name, (stages, qb, chain) in variants.items():
             out = torch.full_like(q, float("nan"))
             lse = torch.full((B, H, S), float("nan"), device="cuda")
-
-            route = C.ws_fwd_config(D, False)
             cfg = (route[0], stages, *route[2:])  # the route's config but its STAGES
 
             def fn(cfg=cfg, qb=qb, chain=chain, out=out, lse=lse, q=q, k=k, v=v, causal=causal):
