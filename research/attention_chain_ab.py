@@ -19,7 +19,14 @@ share), 1.01-1.02x from 4096; D 128 1.02-1.04x at S 1024; bitwise equal.
 Measured (H100, 55ff61e): the overlap 1.019-1.041x; --v5 at D 64 (three consumers) 0.933x (S 1024), 0.962x (GQA 1024),
 0.974x (2048), 0.991x (GQA 2048), 1.003x (4096), 1.016x (8192): a miss, so v5 chains with two consumers only
 (configs.WS_CHAIN_CONSUMERS); D 128 1.025x at S 1024 (docs/tuning/attention.md, "Chained work items", "Landed").
-Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5]
+--tma-out: the chained overlap with O stored by TMA through the finished item's Q buffer
+(``gluon_overlap.fwd(tma_out=True)``) against the chained kernel. Under Nsight Compute (cf5885b, H100,
+research/attention_item_ncu.sh ... sass) the second consumer spent ~5.2 us an item past its last key tile against
+~2.9 us for the first; 2.4 % of all samples were its 32 4-byte stores a thread stalling (the LSU queue, "lg") and
+the next item's softmax waiting for the stores' registers (long scoreboard). Through shared memory O is 8 stmatrix a
+thread and one TMA store. Prediction (2026-12-06, thirty-fifth session, before a run): 1.02-1.05x the chained kernel
+at S 1024-2048, 1.00-1.02x from S 8192; bitwise equal, also at Sq 1031 / Sk 129 and Sq 777 (a partial last tile).
+Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5 | --tma-out]
 """
 import sys
 
@@ -45,7 +52,55 @@ def bench(fn):
     return do_bench(fn, warmup=10, rep=100, return_mode="median")
 
 
+def variant(name: str, **kw):
+    """The chained overlap against itself with ``kw`` (``gluon_overlap.fwd``'s), bit for bit at odd sizes, then timed
+    beside the route and cuDNN (D 128, no causal)."""
+    print(torch.cuda.get_device_name(), f"(chained overlap against {name})", flush=True)
+    warm_clocks()
+    g = torch.Generator(device="cuda").manual_seed(17)
+    cfg = C.ws_fwd_config(128, False, None)
+
+    def call(q, k, v, out, lse, on):
+        return ao.fwd(q, k, v, False, q.shape[-1] ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2,
+                      chain=True, **(kw if on else {}))[0]
+
+    for B, H, Hkv, Sq, Sk in [(2, 16, 16, 2048, 1000), (3, 4, 2, 1031, 129), (1, 8, 8, 777, 4099)]:
+        q = torch.randn(B, H, Sq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, Sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        res = [(torch.full_like(q, float("nan")), torch.full((B, H, Sq), float("nan"), device="cuda"))
+               for _ in range(2)]
+        for on in (False, True):
+            call(q, k, v, *res[on], on)
+        ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(H // Hkv, 1),
+                                             v.float().repeat_interleave(H // Hkv, 1))
+        err = ((res[1][0].float() - ref).norm() / ref.norm()).item()
+        same = torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+        print(f"check B{B} H{H}/{Hkv} Sq{Sq} Sk{Sk}: bitwise equal {same}, vs fp32 {err:.1e}", flush=True)
+    for B, H, Hkv, S, D in SHAPES:
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        outs = [(torch.full_like(q, float("nan")), torch.full((B, H, S), float("nan"), device="cuda"))
+                for _ in range(2)]
+
+        def cudnn(q=q, k=k, v=v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=H != Hkv)
+
+        fns = {"chained": lambda q=q, k=k, v=v: call(q, k, v, *outs[0], False),
+               name: lambda q=q, k=k, v=v: call(q, k, v, *outs[1], True),
+               "route": lambda q=q, k=k, v=v: A.flash_attention(q, k, v), "cudnn": cudnn}
+        a, b = fns["chained"]().clone(), fns[name]().clone()
+        same = torch.equal(a, b) and torch.equal(outs[0][1], outs[1][1])
+        med, _ = abba_ms(fns, bench)
+        flops = 4 * B * H * S * S * D
+        print(f"B{B} H{H}/{Hkv} S{S} D{D}: " + ", ".join(
+            f"{n} {ms:.4f} ms ({flops / ms / 1e9:.0f} TF, x cuDNN {med['cudnn'] / ms:.3f})" for n, ms in med.items())
+            + f" | {name} / chained {med['chained'] / med[name]:.3f}x, bitwise equal {same}", flush=True)
+
+
 def main():
+    if "--tma-out" in sys.argv[1:]:
+        return variant("TMA out", tma_out=True)
     v5 = "--v5" in sys.argv[1:]
     print(torch.cuda.get_device_name(), "(v5's persistent kernel)" if v5 else "(the overlapped consumers)", flush=True)
     warm_clocks()

@@ -2016,6 +2016,9 @@ for D, causal, q_regs in persistent:
         out[name + "-chain"] = build(ao.attn_fwd_overlap_persistent_kernel,
                                      {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr"},
                                      {**consts, "Q_BUFS": 2, "CHAIN": True})
+        out[name + "-chain-tmao"] = build(ao.attn_fwd_overlap_persistent_kernel,  # fwd(tma_out=True)
+                                          {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr", "o_desc": td([64, D]),
+                                           "TMA_O": "constexpr"}, {**consts, "Q_BUFS": 2, "CHAIN": True, "TMA_O": True})
 """
 
 
@@ -2031,14 +2034,15 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 26  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both)
+    assert len(r) == 28  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both),
+    # chained with O stored by TMA (both)
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
     def limit(name):
-        if name.endswith("-chain"):  # Triton 3.6: a scalar stored and reloaded twice an item; causal: the next
-            return 8 if "causalFalse" in name else 32  # item's tile-0 mask (9 values) once an item, not in the loop
+        if name.endswith(("-chain", "-tmao")):  # Triton 3.6: a scalar stored and reloaded twice an item; causal:
+            return 8 if "causalFalse" in name else 32  # the next item's tile-0 mask (9 values) once an item
         if "-qregs" not in name:
             return 0
         return 150 if not older else 16 if name.startswith("persistent") else 0
@@ -2506,11 +2510,12 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     cfg = C.WS_THREE if kernel == "v5-three" else (128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)
 
-    def run(chain, causal=False):
+    def run(chain, causal=False, tma_out=False):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((B, H, Sq), float("nan"), device="cuda")
         if kernel == "overlap":
-            ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
+            ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain,
+                   tma_out=tma_out)
         else:
             ag.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
         return out, lse
@@ -2522,6 +2527,9 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
             continue
         plain, chained = run(False, causal), run(True, causal)
         assert torch.equal(plain[0], chained[0]) and torch.equal(plain[1], chained[1]), causal
+        if kernel == "overlap" and D == 128:  # O stored by TMA where a tile's 64 rows are in bounds: the same bits
+            tma = run(True, causal, tma_out=True)
+            assert torch.equal(plain[0], tma[0]) and torch.equal(plain[1], tma[1]), causal
         ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
         assert ((chained[0].float() - ref).norm() / ref.norm()).item() < 1e-2, causal
 

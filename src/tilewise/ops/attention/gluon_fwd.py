@@ -52,6 +52,7 @@ try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers c
     )
     # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     from .gluon_items import lpt_block_head, persistent_item
     # LAYOUT's bits (layout.SEQ_BITS), visible inside the kernels
     SEQ_Q, SEQ_K, SEQ_V, SEQ_O, SEQ_DO, SEQ_DQ, SEQ_DK, SEQ_DV = (
@@ -218,10 +219,12 @@ if _GLUON:
 
     @gluon.jit
     def _finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout: gl.constexpr,
-                o_layout: gl.constexpr, HEAD_DIM: gl.constexpr):
+                o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, o_desc=0, o_smem=0, TMA_O: gl.constexpr = False):
         """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq: the
         log-sum-exp from row ``lse_row`` of the (B * H * Sq) rows, O from row ``o_row`` and column
-        ``o_col`` of its 2-D view, rows ``o_stride`` elements apart (``head_rc``, ``row_len``)."""
+        ``o_col`` of its 2-D view, rows ``o_stride`` elements apart (``head_rc``, ``row_len``). TMA_O: O
+        through ``o_smem`` and one TMA store (``o_desc``: that view, 64-row blocks) where all 64 rows are
+        in bounds; the caller waits for its reads (``tma.store_wait``) before reusing o_smem."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
@@ -233,7 +236,15 @@ if _GLUON:
         rows_o = m_lo + gl.arange(0, 64, layout=row_o)
         cols = o_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         ptrs = out_ptr + ((o_row + rows_o).to(gl.int64) * o_stride)[:, None] + cols[None, :]
-        gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
+        if TMA_O:  # 32 4-byte stores a thread stalled the next item's softmax (their registers, the LSU queue)
+            if m_lo + 64 <= Sq:
+                o_smem.store(out.to(out_ptr.dtype.element_ty))
+                fence_async_shared()
+                _tma_store(o_desc, [o_row + m_lo, o_col], o_smem)
+            else:
+                gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
+        else:
+            gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
@@ -484,11 +495,12 @@ if _GLUON:
     def chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                        v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh, m_lo, zero, s_layout: gl.constexpr,
                        o_layout: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr,
-                       which: gl.constexpr, CAUSAL: gl.constexpr = False):
+                       which: gl.constexpr, CAUSAL: gl.constexpr = False, o_desc=0, b_done=0,
+                       TMA_O: gl.constexpr = False):
         """A chained consumer's item end: the last key tile's P V (ring fill ``last``) issued with the next
         item's S_0 (fill ``slot``, item ``it``'s Q buffer: past the last item, the loader's spare), the item's
         epilogue while S_0 runs. Returns (S_0, waited; its Q buffer; the next item's batch x head and first
-        row)."""
+        row). TMA_O: O stored through the finished item's Q buffer ``b_done`` (``_finish``)."""
         HEAD_DIM: gl.constexpr = q_smem.shape[2]
         QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
         sl = last % STAGES
@@ -502,8 +514,12 @@ if _GLUON:
         acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
         mbarrier.arrive(v_empty.index(sl), count=1)
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
-        _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
-                s_layout, o_layout, HEAD_DIM)
+        if TMA_O:
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
+                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q_smem.index(b_done), True)
+        else:
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
+                    Sq, s_layout, o_layout, HEAD_DIM)
         start_m, bh = persistent_item(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last: rows no one stores
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64

@@ -28,7 +28,7 @@ from .layout import seq_mask, tma_view
 if ag.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
     SEQ_Q, SEQ_K, SEQ_V, SEQ_O = ag.SEQ_Q, ag.SEQ_K, ag.SEQ_V, ag.SEQ_O
@@ -170,13 +170,14 @@ if ag.available():
                          v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, Q_REGS: gl.constexpr,
-                         which: gl.constexpr):
+                         which: gl.constexpr, o_desc=None, TMA_O: gl.constexpr = False):
         """``_overlap_pconsumer`` with its work items chained (two Q buffers; causal too): an item's last
         P V and the next item's S_0 are issued together, and the item's epilogue (normalize, store O and
         the log-sum-exp) runs while S_0 does, so the tensor cores are not idle between items. After the
         last item the loader supplies a Q and a K tile that nobody needs (``gluon_fwd._chain_ploader``): its S_0 is
         computed and dropped, which keeps the loop free of branches around the products (the ptxas fault of
-        ``gluon_fwd._pconsumer``)."""
+        ``gluon_fwd._pconsumer``). TMA_O: O goes out by TMA (``o_desc``) through the finished item's Q buffer,
+        handed back to the loader once the store has read it (``gluon_fwd._finish``)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -212,19 +213,25 @@ if ag.available():
                 acc, p_op, m_i, l_i = _step(j, slot + j, acc, p_op, m_i, l_i, q_smem.index(b), k_smem, v_smem,
                                             k_ready, k_empty, v_ready, v_empty, which, m_lo, Sk, qk_scale, zero,
                                             s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, 2, dtype, n_full)
-            mbarrier.arrive(q_empty.index(b), count=1)  # Q's last S was waited on (tile 0's or the loop's)
+            if not TMA_O:  # else the buffer holds O until its TMA store has read it
+                mbarrier.arrive(q_empty.index(b), count=1)  # Q's last S was waited on (tile 0's or the loop's)
             last = slot + n_tiles - 1
             it += 1
             slot += n_tiles
+            b_done = b
             t, b, bh, m_lo = ag.chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem,
                                                q_bar, k_ready, v_ready, v_empty, out_ptr, lse_ptr, H, Sq, n_m, BH, bh,
-                                               m_lo, zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which, CAUSAL)
+                                               m_lo, zero, s_layout, o_layout, STAGES, NUM_CONS, LAYOUT, which, CAUSAL,
+                                               o_desc, b_done, TMA_O)
             mbarrier.arrive(k_empty.index(slot % STAGES), count=1)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([64], gl.float32, layout=row_s)
             p, alpha, m_i, l_i = ag.online_softmax(t, 0, m_i, l_i, m_lo, Sk, qk_scale, s_layout, BLOCK_N, CAUSAL,
                                                    True)
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+            if TMA_O:
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(b_done), count=1)
 
     @gluon.jit
     def attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, HEAD_GROUP,
@@ -300,11 +307,11 @@ if ag.available():
                                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                            CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
                                            Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1,
-                                           CHAIN: gl.constexpr = False):
+                                           CHAIN: gl.constexpr = False, o_desc=None, TMA_O: gl.constexpr = False):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
         overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
         during this one). CHAIN (two buffers, Q in shared memory): items chained, the epilogue
-        beside the next item's first product (``_chain_pconsumer``)."""
+        beside the next item's first product (``_chain_pconsumer``); TMA_O: O stored by TMA (``o_desc``)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         n_m = gl.cdiv(Sq, 64 * NUM_CONS)
@@ -321,10 +328,10 @@ if ag.available():
             gl.warp_specialize([
                 (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                     k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
-                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0)),
+                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0, o_desc, TMA_O)),
                 (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                     k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
-                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1)),
+                                    total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1, o_desc, TMA_O)),
                 (ag._chain_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                      k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
@@ -349,14 +356,15 @@ def applies(bias, config) -> bool:
 
 
 def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=None, q_regs=False,
-        persistent=False, q_buffers=1, chain=None):
+        persistent=False, q_buffers=1, chain=None, tma_out=False):
     """As ``gluon_fwd.fwd`` for a call ``applies`` accepts: into ``out`` and ``lse``; ``config`` v5's
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
     34 instructions). ``persistent``: on v5's persistent grid (one CTA an SM; two consumers), with ``q_buffers``
     Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
     shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
-    1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart."""
+    1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart.
+    ``tma_out`` (chained; opt-in, research): O stored by TMA through the finished item's Q buffer."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -375,11 +383,15 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
         chain = chainable and not causal
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
+    if tma_out and not chain:
+        raise ValueError("tma_out: needs the chained kernel (persistent=True, chain=True or its default)")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
         if chain:
             meta["CHAIN"] = True
+        if tma_out:
+            meta.update(o_desc=ag._desc(tma_view(out)[0], (ag.ROWS, D)), TMA_O=True)
         total = -(-Sq // (ag.ROWS * 2)) * B * H
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
