@@ -26,6 +26,8 @@ research/attention_item_ncu.sh ... sass) the second consumer spent ~5.2 us an it
 the next item's softmax waiting for the stores' registers (long scoreboard). Through shared memory O is 8 stmatrix a
 thread and one TMA store. Prediction (2026-12-06, thirty-fifth session, before a run): 1.02-1.05x the chained kernel
 at S 1024-2048, 1.00-1.02x from S 8192; bitwise equal, also at Sq 1031 / Sk 129 and Sq 777 (a partial last tile).
+The same comparison with S_1 issued before softmax(S_0) (research/patches/chain-early-s1.patch, which adds its
+own --early-s1) lost: 0.969-1.002x (H100, d5c7f06, attention-chain-early-s1-d5c7f06.log).
 Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5 | --tma-out]
 """
 import sys
@@ -62,7 +64,7 @@ def variant(name: str, **kw):
 
     def call(q, k, v, out, lse, on):
         return ao.fwd(q, k, v, False, q.shape[-1] ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2,
-                      chain=True, **(kw if on else {}))[0]
+                      chain=True, **(kw if on else {n: False for n in kw}))[0]
 
     for B, H, Hkv, Sq, Sk in [(2, 16, 16, 2048, 1000), (3, 4, 2, 1031, 129), (1, 8, 8, 777, 4099)]:
         q = torch.randn(B, H, Sq, 128, device="cuda", dtype=torch.bfloat16, generator=g)

@@ -304,14 +304,15 @@ if ag.available():
 
     @gluon.jit
     def attn_fwd_overlap_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
-                                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                           o_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                            CONSUMER_REGS: gl.constexpr, LAYOUT: gl.constexpr = 0,
                                            Q_REGS: gl.constexpr = False, Q_BUFS: gl.constexpr = 1,
-                                           CHAIN: gl.constexpr = False, o_desc=None, TMA_O: gl.constexpr = False):
+                                           CHAIN: gl.constexpr = False, TMA_O: gl.constexpr = False):
         """gluon_fwd.attn_fwd_ws_persistent_kernel (one CTA an SM walking work items; its loader) with the
         overlapped consumers; two consumers, no bias; Q_BUFS Q buffers a consumer (2: the next item's Q loads
         during this one). CHAIN (two buffers, Q in shared memory): items chained, the epilogue
-        beside the next item's first product (``_chain_pconsumer``); TMA_O: O stored by TMA (``o_desc``)."""
+        beside the next item's first product (``_chain_pconsumer``); TMA_O: O stored by TMA (``o_desc``, else None:
+        positional, so a call plan rebuilds it over each call's output)."""
         NUM_CONS: gl.constexpr = 2
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         n_m = gl.cdiv(Sq, 64 * NUM_CONS)
@@ -356,7 +357,7 @@ def applies(bias, config) -> bool:
 
 
 def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=None, q_regs=False,
-        persistent=False, q_buffers=1, chain=None, tma_out=False):
+        persistent=False, q_buffers=1, chain=None, tma_out=None):
     """As ``gluon_fwd.fwd`` for a call ``applies`` accepts: into ``out`` and ``lse``; ``config`` v5's
     (BLOCK_N, STAGES, consumer registers, None, consumers 2 or 3). ``q_regs``: Q as the register A operand of
     S's products, two consumers only, with at least 240 registers a consumer (Triton 3.6, D 128: 232 spilled
@@ -364,7 +365,9 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
     shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
     1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart.
-    ``tma_out`` (chained; opt-in, research): O stored by TMA through the finished item's Q buffer."""
+    ``tma_out`` (chained only, by default wherever the items are chained): O stored by TMA through the finished
+    item's Q buffer (its 32 4-byte stores a thread stalled the next item's softmax; tuning: "An item's end under
+    Nsight Compute")."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -383,6 +386,8 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
         chain = chainable and not causal
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
+    if tma_out is None:
+        tma_out = bool(chain)
     if tma_out and not chain:
         raise ValueError("tma_out: needs the chained kernel (persistent=True, chain=True or its default)")
     if persistent and ncons == 2:
@@ -390,10 +395,12 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
             meta["Q_BUFS"] = q_buffers
         if chain:
             meta["CHAIN"] = True
+        od = None
         if tma_out:
-            meta.update(o_desc=ag._desc(tma_view(out)[0], (ag.ROWS, D)), TMA_O=True)
+            od = ag._desc(tma_view(out)[0], (ag.ROWS, D))
+            meta["TMA_O"] = True
         total = -(-Sq // (ag.ROWS * 2)) * B * H
-        args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H)
+        args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * ag.LOG2E, B * H, od)
         ag.run(attn_fwd_overlap_persistent_kernel, (min(rt.sm_count(q.get_device()), total),), args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ag.ROWS * ncons)), B * H)
