@@ -365,9 +365,9 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
     shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
     1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart.
-    ``tma_out`` (chained only, by default wherever the items are chained): O stored by TMA through the finished
-    item's Q buffer (its 32 4-byte stores a thread stalled the next item's softmax; tuning: "An item's end under
-    Nsight Compute")."""
+    ``tma_out`` (chained only; by default where they are, up to Sk ``configs.WS_TMA_OUT_MAX_SK``): O stored by TMA
+    through the finished item's Q buffer (its 32 4-byte stores a thread stalled the next item's softmax; tuning:
+    "An item's end under Nsight Compute")."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -387,7 +387,7 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
     if tma_out is None:
-        tma_out = bool(chain)
+        tma_out = bool(chain) and Sk <= configs.WS_TMA_OUT_MAX_SK
     if tma_out and not chain:
         raise ValueError("tma_out: needs the chained kernel (persistent=True, chain=True or its default)")
     if persistent and ncons == 2:
