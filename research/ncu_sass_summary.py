@@ -6,7 +6,7 @@ one file are summarized one after another.
 
 For research/attention_item_ncu.sh's pages (issue 30: where the D 128 forward's work items lose time against
 cuDNN's), and any other source page: PYTHONPATH=src python3 research/ncu_sass_summary.py FILE [--top 25]
-(CPU only; no GPU needed).
+(CPU only; no GPU needed). --regions: also the page cut by execution count (each partition's loop and item end).
 """
 import argparse
 import csv
@@ -90,16 +90,41 @@ def summarize(name: str, rows: list, top: int) -> None:
               f"{r['Source'].strip()[:70]:70s} {why}")
 
 
+def regions(rows: list, least: float = 0.3) -> None:
+    """The page cut into runs of lines executed equally often (within 2 %; unexecuted lines join the run before):
+    a warp-specialized kernel's partitions, each one's loop and its once-an-item code. A run's share of the samples
+    over its execution count per line is where a partition's time goes (a key tile against an item's end)."""
+    total = sum(number(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
+    runs, cur = [], None
+    for i, r in enumerate(rows):
+        ex, n = number(r["Instructions Executed"]), number(r["Warp Stall Sampling (All Samples)"])
+        if ex and (cur is None or abs(ex - cur[2]) > 0.02 * max(ex, cur[2])):
+            cur = [i, i, ex, 0.0, Counter()]
+            runs.append(cur)
+        if cur is None:
+            continue
+        cur[1], cur[3] = i, cur[3] + n
+        cur[4][kind(opcode(r["Source"]))] += n
+    print(f"   runs of equally executed lines with >= {least} % of the samples:")
+    for a, b, ex, n, classes in runs:
+        if 100 * n / total >= least:
+            top = ", ".join(f"{k} {100 * v / total:.1f}" for k, v in classes.most_common(4))
+            print(f"     lines {a:5d}-{b:5d}  executed {ex:9.0f} a line  {100 * n / total:5.1f} %  [{top}]")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--regions", action="store_true", help="also the runs of equally executed lines")
     args = ap.parse_args()
     found = False
     for name, rows in kernels(args.path):
         if rows:
             found = True
             summarize(name, rows, args.top)
+            if args.regions:
+                regions(rows)
     if not found:
         raise SystemExit(f"{args.path}: no source page rows (a '\"Kernel Name\"' line and its table) found")
 
