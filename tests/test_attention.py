@@ -2012,6 +2012,11 @@ for D, causal, q_regs in persistent:
     if D == 128:  # two Q buffers a consumer (ws_q_buffers=2): one copy of the products, 32 KB more shared memory
         out[name + "-qbufs2"] = build(ao.attn_fwd_overlap_persistent_kernel, {**sig, "Q_BUFS": "constexpr"},
                                       {**consts, "Q_BUFS": 2})
+    if D == 128 and not q_regs:  # fwd(tma_out=True) on the unchained items
+        out[name + "-qbufs2-tmao"] = build(ao.attn_fwd_overlap_persistent_kernel,
+                                           {**sig, "Q_BUFS": "constexpr", "o_desc": td([64, D]), "TMA_O": "constexpr"},
+                                           {**{n: c for n, c in consts.items() if n != "o_desc"}, "Q_BUFS": 2,
+                                            "TMA_O": True})
     if D == 128 and not q_regs:  # the items chained (fwd(chain=True)), causal too
         out[name + "-chain"] = build(ao.attn_fwd_overlap_persistent_kernel,
                                      {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr"},
@@ -2036,8 +2041,8 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 28  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both),
-    # chained with O stored by TMA (both)
+    assert len(r) == 30  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both),
+    # O stored by TMA, chained or not (both)
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
@@ -2531,9 +2536,11 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
             continue
         plain, chained = run(False, causal), run(True, causal)
         assert torch.equal(plain[0], chained[0]) and torch.equal(plain[1], chained[1]), causal
-        if kernel == "overlap":  # O stored by TMA (chained's default) or not: the same bits
+        if kernel == "overlap":  # O stored by TMA (chained's default) or not, chained or not: the same bits
             stores = run(True, causal, tma_out=False)
             assert torch.equal(plain[0], stores[0]) and torch.equal(plain[1], stores[1]), causal
+            apart = run(False, causal, tma_out=True)
+            assert torch.equal(plain[0], apart[0]) and torch.equal(plain[1], apart[1]), causal
         ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
         assert ((chained[0].float() - ref).norm() / ref.norm()).item() < 1e-2, causal
 
