@@ -514,12 +514,8 @@ if _GLUON:
         acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
         mbarrier.arrive(v_empty.index(sl), count=1)
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
-        if TMA_O:
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q_smem.index(b_done), True)
-        else:
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM)
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
+                s_layout, o_layout, HEAD_DIM, o_desc, q_smem.index(b_done), TMA_O)
         start_m, bh = persistent_item(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last: rows no one stores
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64

@@ -167,12 +167,8 @@ if ag.available():
                 mbarrier.arrive(q_empty.index(b), count=1)
             o_row, o_col = ag.head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             o_stride = ag.row_len(H, HEAD_DIM, LAYOUT & SEQ_O)
-            if TMA_O:
-                ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, o_stride, m_lo, Sq, s_layout,
-                           o_layout, HEAD_DIM, o_desc, q_smem.index(b), True)
-            else:
-                ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, o_stride, m_lo, Sq, s_layout,
-                           o_layout, HEAD_DIM)
+            ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
+                       HEAD_DIM, o_desc, q_smem.index(b), TMA_O)
             slot += n_tiles
             it += 1
         if TMA_O:  # the last store reads shared memory the CTA gives up at exit
