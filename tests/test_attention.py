@@ -1841,7 +1841,7 @@ def sig_fwd(D, bn, bias):
 def sig_persistent(D, bn):
     return {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
             "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-            "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+            "BH": "i32", "o_desc": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
             "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
 
 def sig_dkdv(D, bm):
@@ -1894,24 +1894,31 @@ for D, causal in itertools.product((64, 128), (False, True)):  # the persistent 
     bn, stages = C.WS_FWD_TILES[(D, False)]
     sig = sig_persistent(D, bn)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-              "NUM_CONS": 2, "LAYOUT": 0}
+              "NUM_CONS": 2, "LAYOUT": 0, "o_desc": None}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 for causal in (False, True):  # the persistent grid with D = 64's three consumers (opt-in)
     bn, stages, regs, _, ncons = C.WS_THREE
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
-              "LAYOUT": 0}
+              "LAYOUT": 0, "o_desc": None}
     out[f"persistent3-D64-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig_persistent(64, bn), consts)
 for causal in (False, True):  # the persistent grid with two Q buffers a consumer (Q_BUFS, opt-in)
     bn, stages = C.WS_FWD_TILES[(128, False)]
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2}
+              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2, "o_desc": None}
     sig = {**sig_persistent(128, bn), "Q_BUFS": "constexpr"}
     out[f"persistent-qbufs2-D128-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
+for D, causal in ((128, True), (64, False)):  # O by TMA (tma_out, opt-in): D 128 causal's two consumers, D 64's three
+    bn, stages, regs, _, ncons = C.WS_THREE if D == 64 else (*C.WS_FWD_TILES[(128, False)], C.WS_FWD_CONSUMER_REGS,
+                                                              None, 2)
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
+              "LAYOUT": 0, "Q_BUFS": 2, "TMA_O": True}
+    sig = {**sig_persistent(D, bn), "o_desc": td([64, D]), "Q_BUFS": "constexpr", "TMA_O": "constexpr"}
+    out[f"persistent-tmao-D{D}-causal{causal}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 for D in (128, 64):  # the items chained (CHAIN: two Q buffers, no causal): D 128's two consumers, D 64's three
     bn, stages, regs, _, ncons = C.WS_THREE if D == 64 else (*C.WS_FWD_TILES[(128, False)], C.WS_FWD_CONSUMER_REGS,
                                                               None, 2)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": False, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
-              "LAYOUT": 0, "Q_BUFS": 2, "CHAIN": True}
+              "LAYOUT": 0, "Q_BUFS": 2, "CHAIN": True, "o_desc": None}
     sig = {**sig_persistent(D, bn), "Q_BUFS": "constexpr", "CHAIN": "constexpr"}
     out[f"persistent-chain-D{D}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
@@ -1967,7 +1974,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     import triton
 
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 24
+    assert len(r) == 26
     # The persistent grid's three consumers: spill-free under Triton 3.6 (the GPU machine's), 19 spill
     # instructions under 3.9 at 160 registers a consumer. The chained builds (Triton 3.6): 52 (D 128) and 113
     # (D 64) spill instructions, none in the key-tile loop (scalars stored once an item).
@@ -2155,7 +2162,7 @@ for D, causal, bias, ncons, names in [(64, True, False, 3, llama), (64, False, F
     if not bias:  # the persistent grid
         sig = sig_persistent(D, bn)
         consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-                  "NUM_CONS": 2, "LAYOUT": mask(*names)}
+                  "NUM_CONS": 2, "LAYOUT": mask(*names), "o_desc": None}
         out[f"persistent-{tag}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
     bm, stages = C.WS_BWD_DKDV_TILES[D]
     sig = sig_dkdv(D, bm)
