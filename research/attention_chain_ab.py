@@ -30,7 +30,16 @@ Measured (H100, 433ecb3): bitwise equal; 1.101x (S 1024), 1.044x (2048), 1.067x 
 (GQA 4096), 0.986x (8192), 0.987x (16384): the route takes it up to Sk 4096 (configs.WS_TMA_OUT_MAX_SK).
 The same comparison with S_1 issued before softmax(S_0) (research/patches/chain-early-s1.patch, which adds its
 own --early-s1) lost: 0.969-1.002x (H100, d5c7f06, attention-chain-early-s1-d5c7f06*.log).
-Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5 | --tma-out]
+--tma-out-apart: the same epilogue on the unchained persistent overlap (two Q buffers; the buffer goes back at the
+next item's start, after ``tma.store_wait``), causal (the D 128 route from Sq 2048; D 64's from 1024) and plain.
+Prediction (2026-12-06, thirty-fifth session, before a run): 1.02-1.05x at S 1024-2048 (causal items are short on
+average), 1.00-1.02x from S 8192; bitwise equal.
+--tma-out-v5: the same on v5's persistent kernel (``gluon_fwd.fwd(tma_out=True)``, two Q buffers, unchained): the
+D 128 causal route below Sq 2048 (two consumers; S 1024 is 0.87x cuDNN, the grid's weakest causal point) and D 64's
+three consumers without causal. Prediction (2026-12-06, thirty-sixth session, before a run): D 128 causal 1.02-1.06x
+at S 512-1024 (items of 1-8 key tiles: an item end every ~4.5 tiles), 1.01-1.03x at 2048; D 64 (16 4-byte stores a
+thread) 1.01-1.03x at S 1024-2048, ~1.00x from 4096; bitwise equal.
+Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5|--tma-out|--tma-out-apart|--tma-out-v5]
 """
 import sys
 
@@ -48,6 +57,9 @@ from tilewise.ops.attention import gluon_overlap as ao
 # (B, H, Hkv, S, D), without causal, B x S = 16384
 SHAPES = [(16, 16, 16, 1024, 128), (8, 16, 16, 2048, 128), (8, 32, 8, 2048, 128), (4, 16, 16, 4096, 128),
           (4, 32, 8, 4096, 128), (2, 16, 16, 8192, 128), (1, 16, 16, 16384, 128)]
+CAUSAL_SHAPES = [(8, 16, 16, 2048, 128), (8, 32, 8, 2048, 128), (4, 16, 16, 4096, 128), (2, 16, 16, 8192, 128),
+                 (16, 16, 16, 1024, 64), (8, 16, 16, 2048, 64), (4, 32, 8, 4096, 64)]
+V5_CAUSAL_SHAPES = [(32, 16, 16, 512, 128), (16, 16, 16, 1024, 128), (16, 32, 8, 1024, 128), (8, 16, 16, 2048, 128)]
 V5_SHAPES = [(16, 16, 16, 1024, 64), (16, 32, 8, 1024, 64), (8, 16, 16, 2048, 64), (8, 32, 8, 2048, 64),
              (4, 16, 16, 4096, 64), (4, 32, 8, 4096, 64), (2, 16, 16, 8192, 64), (16, 16, 16, 1024, 128)]
 
@@ -56,31 +68,33 @@ def bench(fn):
     return do_bench(fn, warmup=10, rep=100, return_mode="median")
 
 
-def variant(name: str, **kw):
-    """The chained overlap against itself with ``kw`` (``gluon_overlap.fwd``'s), bit for bit at odd sizes, then timed
-    beside the route and cuDNN (D 128, no causal)."""
-    print(torch.cuda.get_device_name(), f"(chained overlap against {name})", flush=True)
+def variant(name: str, chain=True, causal=False, shapes=SHAPES, fwd=None, config=None, **kw):
+    """The persistent overlap (or ``fwd``: gluon_fwd.fwd, v5's; chained or not, two Q buffers, ``config(D)``'s tile)
+    against itself with ``kw`` (``fwd``'s), bit for bit at odd sizes, then timed beside the route and cuDNN."""
+    fwd = fwd or ao.fwd
+    config = config or (lambda D: C.ws_fwd_config(D, False, None))
+    print(torch.cuda.get_device_name(), f"({fwd.__module__}, chain={chain}, causal={causal}: against {name})",
+          flush=True)
     warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(17)
-    cfg = C.ws_fwd_config(128, False, None)
 
     def call(q, k, v, out, lse, on):
-        return ao.fwd(q, k, v, False, q.shape[-1] ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2,
-                      chain=True, **(kw if on else {n: False for n in kw}))[0]
+        return fwd(q, k, v, causal, q.shape[-1] ** -0.5, out, lse, config=config(q.shape[-1]), persistent=True,
+                   q_buffers=2, chain=chain, **(kw if on else {n: False for n in kw}))[0]
 
     for B, H, Hkv, Sq, Sk in [(2, 16, 16, 2048, 1000), (3, 4, 2, 1031, 129), (1, 8, 8, 777, 4099)]:
-        q = torch.randn(B, H, Sq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(B, Hkv, Sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        D = shapes[0][-1]
+        q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         res = [(torch.full_like(q, float("nan")), torch.full((B, H, Sq), float("nan"), device="cuda"))
                for _ in range(2)]
         for on in (False, True):
             call(q, k, v, *res[on], on)
-        ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(H // Hkv, 1),
-                                             v.float().repeat_interleave(H // Hkv, 1))
+        ref = A.reference(q.float(), k.float(), v.float(), causal=causal)
         err = ((res[1][0].float() - ref).norm() / ref.norm()).item()
         same = torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
-        print(f"check B{B} H{H}/{Hkv} Sq{Sq} Sk{Sk}: bitwise equal {same}, vs fp32 {err:.1e}", flush=True)
-    for B, H, Hkv, S, D in SHAPES:
+        print(f"check B{B} H{H}/{Hkv} Sq{Sq} Sk{Sk} D{D}: bitwise equal {same}, vs fp32 {err:.1e}", flush=True)
+    for B, H, Hkv, S, D in shapes:
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         outs = [(torch.full_like(q, float("nan")), torch.full((B, H, S), float("nan"), device="cuda"))
@@ -88,11 +102,11 @@ def variant(name: str, **kw):
 
         def cudnn(q=q, k=k, v=v):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=H != Hkv)
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=H != Hkv, is_causal=causal)
 
         fns = {"chained": lambda q=q, k=k, v=v: call(q, k, v, *outs[0], False),
                name: lambda q=q, k=k, v=v: call(q, k, v, *outs[1], True),
-               "route": lambda q=q, k=k, v=v: A.flash_attention(q, k, v), "cudnn": cudnn}
+               "route": lambda q=q, k=k, v=v: A.flash_attention(q, k, v, causal=causal), "cudnn": cudnn}
         a, b = fns["chained"]().clone(), fns[name]().clone()
         same = torch.equal(a, b) and torch.equal(outs[0][1], outs[1][1])
         med, _ = abba_ms(fns, bench)
@@ -105,6 +119,13 @@ def variant(name: str, **kw):
 def main():
     if "--tma-out" in sys.argv[1:]:
         return variant("TMA out", tma_out=True)
+    if "--tma-out-v5" in sys.argv[1:]:  # v5's persistent kernel, unchained: D 128 causal (2), D 64 (3)
+        variant("TMA out", chain=False, causal=True, shapes=V5_CAUSAL_SHAPES, fwd=ag.fwd, tma_out=True)
+        return variant("TMA out", chain=False, shapes=V5_SHAPES[:7], fwd=ag.fwd, config=lambda D: C.WS_THREE,
+                       tma_out=True)
+    if "--tma-out-apart" in sys.argv[1:]:
+        variant("TMA out", chain=False, causal=True, shapes=CAUSAL_SHAPES, tma_out=True)
+        return variant("TMA out", chain=False, shapes=SHAPES[:3], tma_out=True)
     v5 = "--v5" in sys.argv[1:]
     print(torch.cuda.get_device_name(), "(v5's persistent kernel)" if v5 else "(the overlapped consumers)", flush=True)
     warm_clocks()

@@ -1841,7 +1841,7 @@ def sig_fwd(D, bn, bias):
 def sig_persistent(D, bn):
     return {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
             "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-            "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
+            "BH": "i32", "o_desc": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr",
             "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "LAYOUT": "constexpr"}
 
 def sig_dkdv(D, bm):
@@ -1894,24 +1894,31 @@ for D, causal in itertools.product((64, 128), (False, True)):  # the persistent 
     bn, stages = C.WS_FWD_TILES[(D, False)]
     sig = sig_persistent(D, bn)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-              "NUM_CONS": 2, "LAYOUT": 0}
+              "NUM_CONS": 2, "LAYOUT": 0, "o_desc": None}
     out[f"persistent-D{D}-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 for causal in (False, True):  # the persistent grid with D = 64's three consumers (opt-in)
     bn, stages, regs, _, ncons = C.WS_THREE
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
-              "LAYOUT": 0}
+              "LAYOUT": 0, "o_desc": None}
     out[f"persistent3-D64-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig_persistent(64, bn), consts)
 for causal in (False, True):  # the persistent grid with two Q buffers a consumer (Q_BUFS, opt-in)
     bn, stages = C.WS_FWD_TILES[(128, False)]
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2}
+              "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2, "o_desc": None}
     sig = {**sig_persistent(128, bn), "Q_BUFS": "constexpr"}
     out[f"persistent-qbufs2-D128-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
+for D, causal in ((128, True), (64, False)):  # O by TMA (tma_out, opt-in): D 128 causal's two consumers, D 64's three
+    bn, stages, regs, _, ncons = C.WS_THREE if D == 64 else (*C.WS_FWD_TILES[(128, False)], C.WS_FWD_CONSUMER_REGS,
+                                                              None, 2)
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
+              "LAYOUT": 0, "Q_BUFS": 2, "TMA_O": True}
+    sig = {**sig_persistent(D, bn), "o_desc": td([64, D]), "Q_BUFS": "constexpr", "TMA_O": "constexpr"}
+    out[f"persistent-tmao-D{D}-causal{causal}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 for D in (128, 64):  # the items chained (CHAIN: two Q buffers, no causal): D 128's two consumers, D 64's three
     bn, stages, regs, _, ncons = C.WS_THREE if D == 64 else (*C.WS_FWD_TILES[(128, False)], C.WS_FWD_CONSUMER_REGS,
                                                               None, 2)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": False, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
-              "LAYOUT": 0, "Q_BUFS": 2, "CHAIN": True}
+              "LAYOUT": 0, "Q_BUFS": 2, "CHAIN": True, "o_desc": None}
     sig = {**sig_persistent(D, bn), "Q_BUFS": "constexpr", "CHAIN": "constexpr"}
     out[f"persistent-chain-D{D}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
@@ -1967,7 +1974,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     import triton
 
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 24
+    assert len(r) == 26
     # The persistent grid's three consumers: spill-free under Triton 3.6 (the GPU machine's), 19 spill
     # instructions under 3.9 at 160 registers a consumer. The chained builds (Triton 3.6): 52 (D 128) and 113
     # (D 64) spill instructions, none in the key-tile loop (scalars stored once an item).
@@ -2012,6 +2019,11 @@ for D, causal, q_regs in persistent:
     if D == 128:  # two Q buffers a consumer (ws_q_buffers=2): one copy of the products, 32 KB more shared memory
         out[name + "-qbufs2"] = build(ao.attn_fwd_overlap_persistent_kernel, {**sig, "Q_BUFS": "constexpr"},
                                       {**consts, "Q_BUFS": 2})
+    if D == 128 and not q_regs:  # fwd(tma_out=True) on the unchained items
+        out[name + "-qbufs2-tmao"] = build(ao.attn_fwd_overlap_persistent_kernel,
+                                           {**sig, "Q_BUFS": "constexpr", "o_desc": td([64, D]), "TMA_O": "constexpr"},
+                                           {**{n: c for n, c in consts.items() if n != "o_desc"}, "Q_BUFS": 2,
+                                            "TMA_O": True})
     if D == 128 and not q_regs:  # the items chained (fwd(chain=True)), causal too
         out[name + "-chain"] = build(ao.attn_fwd_overlap_persistent_kernel,
                                      {**sig, "Q_BUFS": "constexpr", "CHAIN": "constexpr"},
@@ -2036,8 +2048,8 @@ def test_v5_overlap_kernel_compiles_for_sm90_without_spills():
     import triton
 
     r = _gluon_sm90_report(_WS_OVERLAP_COMPILE_SM90)
-    assert len(r) == 28  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both),
-    # chained with O stored by TMA (both)
+    assert len(r) == 30  # 20, two Q buffers at D 128 (causal or not, Q in shared memory or registers), chained (both),
+    # O stored by TMA, chained or not (both)
     # Q in registers under Triton 3.6 (the H200's): spill-free on v5's grid, 7 spill instructions on the persistent
     # one at D 128 without causal; 3.9 spills 8-120 instructions at 240 registers.
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
@@ -2150,7 +2162,7 @@ for D, causal, bias, ncons, names in [(64, True, False, 3, llama), (64, False, F
     if not bias:  # the persistent grid
         sig = sig_persistent(D, bn)
         consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": C.WS_FWD_CONSUMER_REGS,
-                  "NUM_CONS": 2, "LAYOUT": mask(*names)}
+                  "NUM_CONS": 2, "LAYOUT": mask(*names), "o_desc": None}
         out[f"persistent-{tag}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
     bm, stages = C.WS_BWD_DKDV_TILES[D]
     sig = sig_dkdv(D, bm)
@@ -2501,7 +2513,7 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
     kernel unchained with two Q buffers, into outputs filled with NaN first: the overlapped consumers
     (``gluon_overlap.fwd``, causal too: items of different lengths in the snake's order) and v5's two or three
     (``gluon_fwd.fwd``); odd sizes, GQA, one row, one key tile an item, more items than SMs, sequence-major
-    storage, D 64 and 128."""
+    storage, D 64 and 128; O stored by TMA (``tma_out``) or by its threads, the same bits too."""
     from tilewise.ops.attention import gluon_fwd as ag
     from tilewise.ops.attention import gluon_overlap as ao
 
@@ -2521,15 +2533,19 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
             ao.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain,
                    tma_out=tma_out)
         else:
-            ag.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain)
+            ag.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain,
+                   tma_out=bool(tma_out))
         return out, lse
 
     for causal in (False, True):
+        plain = run(False, causal)
+        apart = run(False, causal, tma_out=True)  # O stored by TMA on the unchained items: the same bits
+        assert torch.equal(plain[0], apart[0]) and torch.equal(plain[1], apart[1]), causal
         if causal and kernel != "overlap":  # v5's kernel chains without causal only
             with pytest.raises(ValueError, match="chain"):
                 run(True, causal=True)
             continue
-        plain, chained = run(False, causal), run(True, causal)
+        chained = run(True, causal)
         assert torch.equal(plain[0], chained[0]) and torch.equal(plain[1], chained[1]), causal
         if kernel == "overlap":  # O stored by TMA (chained's default) or not: the same bits
             stores = run(True, causal, tma_out=False)

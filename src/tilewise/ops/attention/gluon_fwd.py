@@ -16,20 +16,17 @@ exponent's FMA), then O += P V (wgmma, P from registers), and releases the stage
 else, so they drift apart and the warp scheduler runs one's softmax beside the other's products;
 register budgets move to the consumers (setmaxnreg: 24 for the loader).
 
-Layouts: q, k, v and the output each head-major (B, H, S, D) or sequence-major (a (B, H, S, D) view
-of (B, S, H, D) storage, as transformers passes them), read and written in place (``layout.py``;
-the LAYOUT constexpr, ``head_rc``). The band kernel (``gluon_band.py``) runs this CTA over a window's tiles,
-head-major only.
+Layouts: q, k, v and the output each head-major (B, H, S, D) or sequence-major (a (B, H, S, D) view of (B, S, H, D)
+storage, as transformers passes them), read and written in place (``layout.py``; the LAYOUT constexpr, ``head_rc``).
+The band kernel (``gluon_band.py``) runs this CTA over a window's tiles, head-major only.
 
-Bounds as in v4: K / V rows past Sk (the next head's or, sequence-major, the next batch's rows, or
-TMA zero fill: finite either way) are masked to -inf in the last key tile, so P V adds 0 x a finite
-value; Q rows past Sq compute on those rows and are never stored (O and the log-sum-exp go out
-through masked pointer stores). Causal: key tiles up to the CTA's last row; each consumer masks
-keys after its rows (top-left aligned, key n <= query m, as the other versions). GQA through the
-K / V head h // (H / Hkv).
+Bounds as in v4: K / V rows past Sk (the next head's or, sequence-major, the next batch's rows, or TMA zero fill:
+finite either way) are masked to -inf in the last key tile, so P V adds 0 x a finite value; Q rows past Sq compute
+on those rows and are never stored (masked stores; O by TMA only for tiles inside Sq, ``_finish``). Causal: key tiles
+up to the CTA's last row; each consumer masks keys after its rows (top-left aligned, key n <= query m, as the other
+versions). GQA through the K / V head h // (H / Hkv).
 
-Where it runs and how fast: docs/tuning/attention.md ("v5 forward routes", "v5 ping-pong", "v5
-persistent grid").
+Where it runs and how fast: docs/tuning/attention.md ("v5 forward routes", "v5 ping-pong", "v5 persistent grid").
 """
 
 from __future__ import annotations
@@ -247,6 +244,12 @@ if _GLUON:
             gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
     @gluon.jit
+    def release_stored_q(q_empty, b):
+        """Q buffer ``b``, which held O for a TMA store (``_finish``'s TMA_O), back to the loader once read."""
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(b), count=1)
+
+    @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
                   v_empty, out_ptr, lse_ptr, q_row, q_col, k_row, k_col, v_row, v_col, b_row, lse_row, o_row, o_col,
                   o_stride, start_m, n_tiles, Sq, Sk, qk_scale,
@@ -278,8 +281,7 @@ if _GLUON:
         else:
             off_b = bh // H
             off_h = bh % H
-        # Rows and columns in each tensor's 2-D view (head_rc; head-major as before). The log-sum-exp
-        # is head-major.
+        # Rows and columns in each tensor's 2-D view (head_rc; head-major as before). The log-sum-exp is head-major.
         q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
         q_row += start_m * BM
         bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
@@ -391,10 +393,9 @@ if _GLUON:
 
     @gluon.jit
     def head_rc(bh, b, h, S, D: gl.constexpr, SEQ: gl.constexpr):
-        """(row, column) of head ``h`` of batch ``b`` (``bh`` = b x heads + h)'s first element in a
-        tensor's 2-D view: head-major (SEQ 0; (B * heads * S, D)) row bh * S, column 0, as the kernels
-        had it; sequence-major ((B * S, heads * D)) row b * S, column h * D. Rows past S belong to the
-        next head or the next batch."""
+        """(row, column) of head ``h`` of batch ``b`` (``bh`` = b x heads + h)'s first element in a tensor's 2-D
+        view: head-major (SEQ 0; (B * heads * S, D)) row bh * S, column 0, as the kernels had it; sequence-major ((B
+        * S, heads * D)) row b * S, column h * D. Rows past S belong to the next head or the next batch."""
         if SEQ:
             return b * S, h * D
         return bh * S, 0
@@ -442,7 +443,7 @@ if _GLUON:
     def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                    v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                   LAYOUT: gl.constexpr, which: gl.constexpr):
+                   LAYOUT: gl.constexpr, which: gl.constexpr, o_desc=None, TMA_O: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -459,6 +460,10 @@ if _GLUON:
             b = (it % QB) * NUM_CONS + which
             q = q_smem.index(b)
             m_lo = start_m * BM + which * 64
+            if TMA_O:  # O by TMA through the item's Q buffer: the item before's goes back at this one's start
+                gl.static_assert(QB == 2, "TMA_O: two Q buffers")
+                if it > 0:
+                    release_stored_q(q_empty, ((it - 1) % QB) * NUM_CONS + which)
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
@@ -483,13 +488,15 @@ if _GLUON:
                     acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
                                           v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
                                           STAGES, CAUSAL, False, 2, NUM_CONS, False, q_bar, 0, n_full=n_full)
-            # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
-            mbarrier.arrive(q_empty.index(b), count=1)
+            if not TMA_O:  # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
+                mbarrier.arrive(q_empty.index(b), count=1)
             o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM)
+                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q, TMA_O)
             slot += n_tiles
             it += 1
+        if TMA_O:  # the last store reads shared memory the CTA gives up at exit
+            tma.store_wait(0)
 
     @gluon.jit
     def chain_item_end(acc, p_op, m_i, l_i, last, slot, it, tile, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
@@ -514,12 +521,8 @@ if _GLUON:
         acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))  # P V (issued first) done
         mbarrier.arrive(v_empty.index(sl), count=1)
         o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
-        if TMA_O:
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q_smem.index(b_done), True)
-        else:
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM)
+        _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo, Sq,
+                s_layout, o_layout, HEAD_DIM, o_desc, q_smem.index(b_done), TMA_O)
         start_m, bh = persistent_item(tile + gl.num_programs(0), n_m, BH, CAUSAL)  # past the last: rows no one stores
         t = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         return t, b, bh, start_m * (64 * NUM_CONS) + which * 64
@@ -614,14 +617,16 @@ if _GLUON:
 
     @gluon.jit
     def attn_fwd_ws_persistent_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, BH,
-                                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                      o_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
-                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1, CHAIN: gl.constexpr = False):
+                                      LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1, CHAIN: gl.constexpr = False,
+                                      TMA_O: gl.constexpr = False):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
         overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
         config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). CHAIN (two buffers, no causal):
-        the items chained (``_chain_pconsumer``). Work items: ``persistent_item``."""
+        the items chained (``_chain_pconsumer``). Work items: ``persistent_item``. TMA_O (two buffers, not
+        chained): O stored by TMA (``o_desc``, else None; positional, so a call plan rebuilds it for each output)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
@@ -635,7 +640,7 @@ if _GLUON:
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         if CHAIN:
-            gl.static_assert(Q_BUFS == 2 and not CAUSAL, "CHAIN: two Q buffers, no causal")
+            gl.static_assert(Q_BUFS == 2 and not CAUSAL and not TMA_O, "CHAIN: two Q buffers, no causal or TMA_O")
             if NUM_CONS == 2:
                 gl.warp_specialize([
                     (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
@@ -667,10 +672,10 @@ if _GLUON:
             gl.warp_specialize([
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O)),
                 (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                             v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
                             STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
@@ -679,13 +684,13 @@ if _GLUON:
             gl.warp_specialize([
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 2)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 2, o_desc, TMA_O)),
                 (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                             v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
                             STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
@@ -729,19 +734,19 @@ def run(kernel, grid, args, meta, launch=None):
 
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
-        persistent=False, pingpong=False, head_group=None, q_buffers=1, chain=None):
-    """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each
-    head-major or sequence-major (``layout.rows``: read and written in place); the caller checks
-    the layouts (``api._ws_applies``). ``launch``: the project's Triton launcher
-    (runtime.triton_launch.launch); default Triton's own dispatch. ``config``: (BLOCK_N, STAGES,
-    consumer registers, maxnreg or None, consumers: 2 or 3), default ``configs.ws_fwd_config``'s.
-    ``persistent``: the persistent grid where it applies (no bias, no maxnreg, no ping-pong; two or three
-    consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads during this one);
-    ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default wherever that
-    holds with ``configs.WS_CHAIN_CONSUMERS`` (bitwise equal to the unchained kernel); ``False``: apart.
-    ``pingpong``: the consumers take turns issuing their products. ``head_group``: the
-    causal grid's launch order (``lpt_block_head``: heads a group, a divisor of B x H; 1 is head by head),
-    default ``configs.causal_head_group``'s."""
+        persistent=False, pingpong=False, head_group=None, q_buffers=1, chain=None, tma_out=False):
+    """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each head-major or
+    sequence-major (``layout.rows``: read and written in place); the caller checks the layouts
+    (``api._ws_applies``). ``launch``: the project's Triton launcher (runtime.triton_launch.launch); default
+    Triton's own dispatch. ``config``: (BLOCK_N, STAGES, consumer registers, maxnreg or None, consumers: 2 or 3),
+    default ``configs.ws_fwd_config``'s. ``persistent``: the persistent grid where it applies (no bias, no maxnreg,
+    no ping-pong; two or three consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads
+    during this one); ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default
+    wherever that holds with ``configs.WS_CHAIN_CONSUMERS`` (bitwise equal to the unchained kernel); ``False``:
+    apart. ``tma_out`` (two buffers, not chained; opt-in): O stored by TMA through the item's Q buffer.
+    ``pingpong``: the consumers take turns issuing their products. ``head_group``: the causal grid's launch order
+    (``lpt_block_head``: heads a group, a divisor of B x H; 1 is head by head), default
+    ``configs.causal_head_group``'s."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, maxnreg, ncons = configs.ws_fwd_config(D, bias is not None, config)
@@ -760,17 +765,22 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     on_persistent = bias is None and maxnreg is None and not pingpong and persistent
     if chain and not (on_persistent and q_buffers == 2 and not causal):
         raise ValueError("chain: needs persistent=True (no bias, maxnreg or ping-pong), q_buffers=2, no causal")
+    if tma_out and not (on_persistent and q_buffers == 2 and not chain):
+        raise ValueError("tma_out: needs persistent=True (no bias, maxnreg or ping-pong), q_buffers=2, chain=False")
     if on_persistent:
         total = -(-Sq // (ROWS * ncons)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
-        args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H)
+        od = _desc(tma_view(out)[0], (ROWS, D)) if tma_out else None
+        args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H, od)
         meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
+        if tma_out:
+            meta["TMA_O"] = True
         if layout:
             meta["LAYOUT"] = layout
         if q_buffers != 1:  # the default build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
         if chain is None:
-            chain = q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS
+            chain = q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS and not tma_out
         if chain:
             meta["CHAIN"] = True
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)

@@ -133,9 +133,11 @@ if ag.available():
                            v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                            NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, Q_REGS: gl.constexpr,
-                           which: gl.constexpr):
+                           which: gl.constexpr, o_desc=None, TMA_O: gl.constexpr = False):
         """The persistent grid's consumer (gluon_fwd._pconsumer's walk over work items, its loader's ring
-        running on across items, its Q buffers: ``q_smem.shape``) with the overlapped schedule."""
+        running on across items, its Q buffers: ``q_smem.shape``) with the overlapped schedule. TMA_O (two Q
+        buffers, Q in shared memory): O stored by TMA through the item's Q buffer, handed back to the loader at
+        the next item's start once the store has read it (the loader needs it for the item after)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -151,19 +153,25 @@ if ag.available():
             m_lo = start_m * BM + which * 64
             n_tiles = ag.kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
             b = (it % QB) * NUM_CONS + which
+            if TMA_O:
+                gl.static_assert(QB == 2 and not Q_REGS, "TMA_O: two Q buffers, Q in shared memory")
+                if it > 0:
+                    ag.release_stored_q(q_empty, ((it - 1) % QB) * NUM_CONS + which)
             # With Q_REGS the Q buffer goes back as soon as Q is in registers (the next item's load overlaps
             # this one), else after the final S (waited in _rows).
             acc, m_i, l_i = _rows(q_smem.index(b), q_bar, (it // QB) & 1, q_empty, k_smem, v_smem, k_ready, k_empty,
                                   v_ready, v_empty, which, m_lo, n_tiles, slot, Sk, qk_scale, s_layout, o_layout,
                                   HEAD_DIM, BLOCK_N, STAGES, CAUSAL, Q_REGS, True, q_desc.dtype, b, QB > 1)
-            if not Q_REGS:
+            if not Q_REGS and not TMA_O:
                 mbarrier.arrive(q_empty.index(b), count=1)
             o_row, o_col = ag.head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
             o_stride = ag.row_len(H, HEAD_DIM, LAYOUT & SEQ_O)
             ag._finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, o_stride, m_lo, Sq, s_layout, o_layout,
-                       HEAD_DIM)
+                       HEAD_DIM, o_desc, q_smem.index(b), TMA_O)
             slot += n_tiles
             it += 1
+        if TMA_O:  # the last store reads shared memory the CTA gives up at exit
+            tma.store_wait(0)
 
     @gluon.jit
     def _chain_pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
@@ -230,8 +238,7 @@ if ag.available():
                                                    True)
             p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
             if TMA_O:
-                tma.store_wait(0)
-                mbarrier.arrive(q_empty.index(b_done), count=1)
+                ag.release_stored_q(q_empty, b_done)
 
     @gluon.jit
     def attn_fwd_overlap_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, HEAD_GROUP,
@@ -341,10 +348,10 @@ if ag.available():
             gl.warp_specialize([
                 (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                       k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
-                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0)),
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 0, o_desc, TMA_O)),
                 (_overlap_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
                                       k_empty, v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m,
-                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1)),
+                                      total, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, Q_REGS, 1, o_desc, TMA_O)),
                 (ag._ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                                v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
                                STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
@@ -388,8 +395,8 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
     if tma_out is None:
         tma_out = bool(chain) and Sk <= configs.WS_TMA_OUT_MAX_SK
-    if tma_out and not chain:
-        raise ValueError("tma_out: needs the chained kernel (persistent=True, chain=True or its default)")
+    if tma_out and not (persistent and ncons == 2 and q_buffers == 2 and not q_regs):
+        raise ValueError("tma_out: needs the persistent grid with two consumers, q_buffers=2 and no q_regs")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
