@@ -39,6 +39,10 @@ D 128 causal route below Sq 2048 (two consumers; S 1024 is 0.87x cuDNN, the grid
 three consumers without causal. Prediction (2026-12-06, thirty-sixth session, before a run): D 128 causal 1.02-1.06x
 at S 512-1024 (items of 1-8 key tiles: an item end every ~4.5 tiles), 1.01-1.03x at 2048; D 64 (16 4-byte stores a
 thread) 1.01-1.03x at S 1024-2048, ~1.00x from 4096; bitwise equal.
+With research/patches/tma-out-lse-last.patch (the log-sum-exp stored after O's TMA store is issued: the fence before
+it no longer waits for those two 4-byte stores; the loops' SASS is the same, research/sass_loops.py), --tma-out again:
+prediction (2026-12-06, thirty-sixth session, before a run) 0.986x at S 8192-16384 -> ~1.00x, S 1024-4096 as before
+or up to 1 % more; bitwise equal.
 Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5|--tma-out|--tma-out-apart|--tma-out-v5]
 """
 import sys

@@ -9,12 +9,11 @@ CTA of 128 query rows is three partitions (``gl.warp_specialize``):
     consumer 0 4 warps (the default partition): query rows 0-63 of the CTA.
     consumer 1 4 warps: rows 64-127.
 
-A consumer runs S = Q K^T (wgmma, both operands in shared memory), adds the bias tile (read from
-shared memory), the online softmax in registers (log2 domain, the scale folded into the
-exponent's FMA), then O += P V (wgmma, P from registers), and releases the stage (mbarriers:
-``k_empty`` after S and the bias are read, ``v_empty`` after P V). The two consumers share nothing
-else, so they drift apart and the warp scheduler runs one's softmax beside the other's products;
-register budgets move to the consumers (setmaxnreg: 24 for the loader).
+A consumer runs S = Q K^T (wgmma, both operands in shared memory), adds the bias tile (read from shared memory), the
+online softmax in registers (log2 domain, the scale folded into the exponent's FMA), then O += P V (wgmma, P from
+registers), and releases the stage (mbarriers: ``k_empty`` after S and the bias are read, ``v_empty`` after P V).
+The two consumers share nothing else, so they drift apart and the warp scheduler runs one's softmax beside the
+other's products; register budgets move to the consumers (setmaxnreg: 24 for the loader).
 
 Layouts: q, k, v and the output each head-major (B, H, S, D) or sequence-major (a (B, H, S, D) view of (B, S, H, D)
 storage, as transformers passes them), read and written in place (``layout.py``; the LAYOUT constexpr, ``head_rc``).
@@ -217,11 +216,10 @@ if _GLUON:
     @gluon.jit
     def _finish(acc, m_i, l_i, out_ptr, lse_ptr, lse_row, o_row, o_col, o_stride, m_lo, Sq, s_layout: gl.constexpr,
                 o_layout: gl.constexpr, HEAD_DIM: gl.constexpr, o_desc=0, o_smem=0, TMA_O: gl.constexpr = False):
-        """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq: the
-        log-sum-exp from row ``lse_row`` of the (B * H * Sq) rows, O from row ``o_row`` and column
-        ``o_col`` of its 2-D view, rows ``o_stride`` elements apart (``head_rc``, ``row_len``). TMA_O: O
-        through ``o_smem`` and one TMA store (``o_desc``: that view, 64-row blocks) where all 64 rows are
-        in bounds; the caller waits for its reads (``tma.store_wait``) before reusing o_smem."""
+        """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq: the log-sum-exp from
+        row ``lse_row`` of the (B * H * Sq) rows, O from row ``o_row``, column ``o_col`` of its 2-D view, rows
+        ``o_stride`` apart (``head_rc``, ``row_len``). TMA_O: O through ``o_smem`` and one TMA store (``o_desc``,
+        64-row blocks) where all 64 rows are in bounds, then the log-sum-exp (``release_stored_q``)."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
@@ -229,7 +227,8 @@ if _GLUON:
         out = acc / gl.convert_layout(l_div, row_o)[:, None]
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_div)) * 0.6931471805599453)
         rows = m_lo + gl.arange(0, 64, layout=row_s)
-        gl.store(lse_ptr + lse_row + rows, lse, mask=rows < Sq)
+        if not TMA_O:  # else after O's TMA store: the fence before it would wait for these stores
+            gl.store(lse_ptr + lse_row + rows, lse, mask=rows < Sq)
         rows_o = m_lo + gl.arange(0, 64, layout=row_o)
         cols = o_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         ptrs = out_ptr + ((o_row + rows_o).to(gl.int64) * o_stride)[:, None] + cols[None, :]
@@ -240,6 +239,7 @@ if _GLUON:
                 _tma_store(o_desc, [o_row + m_lo, o_col], o_smem)
             else:
                 gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
+            gl.store(lse_ptr + lse_row + rows, lse, mask=rows < Sq)
         else:
             gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
 
