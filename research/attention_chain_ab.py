@@ -27,7 +27,8 @@ the next item's softmax waiting for the stores' registers (long scoreboard). Thr
 thread and one TMA store. Prediction (2026-12-06, thirty-fifth session, before a run): 1.02-1.05x the chained kernel
 at S 1024-2048, 1.00-1.02x from S 8192; bitwise equal, also at Sq 1031 / Sk 129 and Sq 777 (a partial last tile).
 Measured (H100, 433ecb3): bitwise equal; 1.101x (S 1024), 1.044x (2048), 1.067x (GQA 2048), 1.034x (4096), 1.015x
-(GQA 4096), 0.986x (8192), 0.987x (16384): the route takes it up to Sk 4096 (configs.WS_TMA_OUT_MAX_SK; tma-out-default.patch drops it).
+(GQA 4096), 0.986x (8192), 0.987x (16384): the route takes it up to Sk 4096 (configs.WS_TMA_OUT_MAX_SK;
+research/patches/tma-out-default.patch drops it).
 The same comparison with S_1 issued before softmax(S_0) (research/patches/chain-early-s1.patch, which adds its
 own --early-s1) lost: 0.969-1.002x (H100, d5c7f06, attention-chain-early-s1-d5c7f06*.log).
 --tma-out-apart: the same epilogue on the unchained persistent overlap (two Q buffers; the buffer goes back at the
