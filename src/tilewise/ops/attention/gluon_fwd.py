@@ -219,7 +219,7 @@ if _GLUON:
         """O = acc / l and the log-sum-exp of a consumer's 64 rows, stored where the row < Sq: the log-sum-exp from
         row ``lse_row`` of the (B * H * Sq) rows, O from row ``o_row``, column ``o_col`` of its 2-D view, rows
         ``o_stride`` apart (``head_rc``, ``row_len``). TMA_O: O through ``o_smem`` and one TMA store (``o_desc``,
-        64-row blocks) where all 64 rows are in bounds, then the log-sum-exp (``release_stored_q``)."""
+        64-row blocks) where all 64 rows are in bounds, then the log-sum-exp; ``release_stored_q`` frees o_smem."""
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         empty = l_i == 0.0  # every key masked: output 0, log-sum-exp -inf
