@@ -1907,7 +1907,7 @@ for causal in (False, True):  # the persistent grid with two Q buffers a consume
               "NUM_CONS": 2, "LAYOUT": 0, "Q_BUFS": 2, "o_desc": None}
     sig = {**sig_persistent(128, bn), "Q_BUFS": "constexpr"}
     out[f"persistent-qbufs2-D128-causal{causal}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
-for D, causal in ((128, True), (64, False)):  # O by TMA (tma_out, opt-in): D 128 causal's two consumers, D 64's three
+for D, causal in ((128, True), (64, False)):  # O by TMA (the default unchained): D 128 causal, D 64 three
     bn, stages, regs, _, ncons = C.WS_THREE if D == 64 else (*C.WS_FWD_TILES[(128, False)], C.WS_FWD_CONSUMER_REGS,
                                                               None, 2)
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
@@ -2534,12 +2534,12 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
                    tma_out=tma_out)
         else:
             ag.fwd(q, k, v, causal, D ** -0.5, out, lse, config=cfg, persistent=True, q_buffers=2, chain=chain,
-                   tma_out=bool(tma_out))
+                   tma_out=tma_out)
         return out, lse
 
     for causal in (False, True):
-        plain = run(False, causal)
-        apart = run(False, causal, tma_out=True)  # O stored by TMA on the unchained items: the same bits
+        plain = run(False, causal, tma_out=False)  # O by its threads' 4-byte stores
+        apart = run(False, causal)  # O stored by TMA on the unchained items (the default): the same bits
         assert torch.equal(plain[0], apart[0]) and torch.equal(plain[1], apart[1]), causal
         if causal and kernel != "overlap":  # v5's kernel chains without causal only
             with pytest.raises(ValueError, match="chain"):

@@ -180,10 +180,6 @@ WS_Q_BUFFER_RULES = frozenset({(128, False), (64, False), (128, True)})
 # 1.025x unchained at S 1024; three (D 64) lose, 0.93-0.99x at S 1024-2048, even at 4096 (H100; tuning:
 # "Chained work items").
 WS_CHAIN_CONSUMERS = frozenset({2})
-# The chained overlap stores O by TMA through the finished item's Q buffer (gluon_overlap.fwd tma_out) up to this
-# Sk: 1.10x its 4-byte stores at S 1024, 1.04-1.07x at 2048, 1.02-1.03x at 4096; 0.986-0.987x at S 8192-16384,
-# where items are 64-128 key tiles long (H100; tuning: "An item's end under Nsight Compute").
-WS_TMA_OUT_MAX_SK = 4096
 # v5 with overlapped consumers (gluon_overlap.py; no bias, v5's tile): (head dim, causal) -> least Sq.
 # Ahead of v5 (persistent or not) at D = 128 from S = 4096, behind at 1024; without causal on the persistent
 # grid from 2048 (1.017x v5's with two Q buffers there), from 1024 with its items chained (two Q buffers:

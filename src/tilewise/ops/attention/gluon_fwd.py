@@ -734,7 +734,7 @@ def run(kernel, grid, args, meta, launch=None):
 
 
 def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=None, config=None,
-        persistent=False, pingpong=False, head_group=None, q_buffers=1, chain=None, tma_out=False):
+        persistent=False, pingpong=False, head_group=None, q_buffers=1, chain=None, tma_out=None):
     """The forward into ``out`` (q's shape) and ``lse`` (B, H, Sq) fp32. q, k, v and out each head-major or
     sequence-major (``layout.rows``: read and written in place); the caller checks the layouts
     (``api._ws_applies``). ``launch``: the project's Triton launcher (runtime.triton_launch.launch); default
@@ -743,7 +743,8 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     no ping-pong; two or three consumers), with ``q_buffers`` Q buffers a consumer (2: the next item's Q loads
     during this one); ``chain``: its work items chained (``_chain_pconsumer``: two buffers, no causal), by default
     wherever that holds with ``configs.WS_CHAIN_CONSUMERS`` (bitwise equal to the unchained kernel); ``False``:
-    apart. ``tma_out`` (two buffers, not chained; opt-in): O stored by TMA through the item's Q buffer.
+    apart. ``tma_out``: O stored by TMA through the item's Q buffer, by default wherever it holds (two buffers,
+    not chained; 1.01-1.15x its 4-byte stores on an H100, tuning: "O by TMA on every persistent kernel").
     ``pingpong``: the consumers take turns issuing their products. ``head_group``: the causal grid's launch order
     (``lpt_block_head``: heads a group, a divisor of B x H; 1 is head by head), default
     ``configs.causal_head_group``'s."""
@@ -768,21 +769,19 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     if tma_out and not (on_persistent and q_buffers == 2 and not chain):
         raise ValueError("tma_out: needs persistent=True (no bias, maxnreg or ping-pong), q_buffers=2, chain=False")
     if on_persistent:
+        if chain is None:
+            chain = q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS and not tma_out
+        tma_out = q_buffers == 2 and not chain if tma_out is None else tma_out
         total = -(-Sq // (ROWS * ncons)) * B * H
         grid = (min(rt.sm_count(q.get_device()), total),)
         od = _desc(tma_view(out)[0], (ROWS, D)) if tma_out else None
         args = (qd, kd, vd, out, lse, H, H // Hkv, Sq, Sk, scale * LOG2E, B * H, od)
-        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4)
-        if tma_out:
-            meta["TMA_O"] = True
+        meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4,
+                    **({"TMA_O": True} if tma_out else {}), **({"CHAIN": True} if chain else {}))
         if layout:
             meta["LAYOUT"] = layout
         if q_buffers != 1:  # the default build's launch stays as it was
             meta["Q_BUFS"] = q_buffers
-        if chain is None:
-            chain = q_buffers == 2 and not causal and ncons in configs.WS_CHAIN_CONSUMERS and not tma_out
-        if chain:
-            meta["CHAIN"] = True
         run(attn_fwd_ws_persistent_kernel, grid, args, meta, launch)
         return out, lse
     grid = (-(-Sq // (ROWS * ncons)), B * H)

@@ -372,9 +372,9 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     Q buffers a consumer; ``chain``: its work items chained (``_chain_pconsumer``: persistent, two buffers, Q in
     shared memory), by default wherever that holds without causal (bitwise equal to the unchained kernel,
     1.01-1.04x it on an H100); with causal only when asked (``chain=True``); ``chain=False`` keeps them apart.
-    ``tma_out`` (chained only; by default where they are, up to Sk ``configs.WS_TMA_OUT_MAX_SK``): O stored by TMA
-    through the finished item's Q buffer (its 32 4-byte stores a thread stalled the next item's softmax; tuning:
-    "An item's end under Nsight Compute")."""
+    ``tma_out`` (persistent, two consumers and Q buffers, no ``q_regs``; by default wherever that holds): O stored by
+    TMA through the finished item's Q buffer (its 32 4-byte stores a thread stalled the next item's softmax: 1.00-1.14x
+    them on an H100; tuning: "An item's end under Nsight Compute", "O by TMA on every persistent kernel")."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     bn, stages, regs, _, ncons = configs.ws_fwd_config(D, False, config)
@@ -394,8 +394,8 @@ def fwd(q, k, v, causal, scale, out, lse, launch=None, config=None, head_group=N
     if chain and not chainable:
         raise ValueError("chain: needs persistent=True with two consumers, q_buffers=2, no q_regs")
     if tma_out is None:
-        tma_out = bool(chain) and Sk <= configs.WS_TMA_OUT_MAX_SK
-    if tma_out and not (persistent and ncons == 2 and q_buffers == 2 and not q_regs):
+        tma_out = chainable
+    if tma_out and not chainable:
         raise ValueError("tma_out: needs the persistent grid with two consumers, q_buffers=2 and no q_regs")
     if persistent and ncons == 2:
         if q_buffers != 1:  # the one-buffer build's launch stays as it was
