@@ -1103,6 +1103,36 @@ def test_gpu_v5_band_forward(case, persistent, poisoned_outputs, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(V5_BAND_CASES))
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+@pytest.mark.quick(rotate="case", per=2)
+def test_gpu_v5_band_tma_out(case, persistent, monkeypatch):
+    """v5's band forward with O stored by TMA from a buffer a consumer (``fwd_band(tma_out=True)``) gives the bits
+    of its 4-byte stores, each into outputs filled with NaN first (a partial last query tile keeps the stores)."""
+    from tilewise.ops.attention import gluon_band
+
+    (B, H, Hkv, Sq, Sk, D), kw = V5_BAND_CASES[case]
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + 2)
+    policy = A.default_policy(q, k).replace(forward="ws", ws_band=True, ws_band_persistent=persistent)
+    real, runs = gluon_band.fwd_band, []
+
+    def both(q, k, v, band, scale, out, lse, **kw_):
+        pair = [(torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))) for _ in range(2)]
+        for tma_out, (o, lse_) in zip((False, True), pair):
+            real(q, k, v, band, scale, o, lse_, **{**kw_, "tma_out": tma_out})
+        runs.append(pair)
+        out.copy_(pair[0][0])
+        lse.copy_(pair[0][1])
+        return out, lse
+
+    monkeypatch.setattr(gluon_band, "fwd_band", both)
+    A.flash_attention(q, k, v, policy=policy, **kw)
+    assert len(runs) == 1, "the band forward did not run on v5's band kernel"
+    (o0, l0), (o1, l1) = runs[0]
+    assert not o0.isnan().any() and torch.equal(o0, o1) and torch.equal(l0, l1)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 128), (1, 4, 2, 4097, 33, 64), (1, 2, 2, 31, 300, 256),
                                    (2, 2, 2, 1, 1, 32), (2, 3, 3, 33, 4097, 128)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -1933,11 +1963,14 @@ for D, persistent, bn64 in [(64, False, False), (64, True, False), (128, False, 
     bn, stages, regs, _, _ = C.ws_fwd_config(D, False, (64, 4, 232, None, 2) if bn64 else None)
     sig = {"q_desc": td([64, D]), "k_desc": td([bn, D]), "v_desc": td([bn, D]), "out_ptr": "*bf16",
            "lse_ptr": "*fp32", "H": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-           "band_lo": "i32", "band_hi": "i32", "BH": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr",
-           "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "PERSISTENT": "constexpr"}
+           "band_lo": "i32", "band_hi": "i32", "BH": "i32", "o_desc": "constexpr", "BLOCK_N": "constexpr",
+           "STAGES": "constexpr", "CONSUMER_REGS": "constexpr", "NUM_CONS": "constexpr", "PERSISTENT": "constexpr"}
     consts = {"BLOCK_N": bn, "STAGES": stages, "CONSUMER_REGS": regs, "NUM_CONS": 2, "PERSISTENT": persistent}
     out[f"band-D{D}-persistent{persistent}" + ("-bn64" if bn64 else "")] = build(ag.attn_fwd_ws_band_kernel, sig,
-                                                                                 consts)
+                                                                                 {**consts, "o_desc": None})
+    if not bn64:  # fwd_band(tma_out=True): O from a buffer a consumer by TMA
+        out[f"band-tmao-D{D}-persistent{persistent}"] = build(
+            ag.attn_fwd_ws_band_kernel, {**sig, "o_desc": td([64, D]), "TMA_O": "constexpr"}, {**consts, "TMA_O": True})
 """
 
 
@@ -1950,8 +1983,8 @@ def test_v5_band_kernel_compiles_for_sm90():
     if not ag.available():
         pytest.skip("this Triton has no Gluon")
     r = _gluon_sm90_report(_WS_BAND_COMPILE_SM90)
-    assert sorted(r) == sorted([f"band-D{D}-persistent{p}" for D in (128, 64) for p in (False, True)]
-                               + ["band-D128-persistentFalse-bn64"])
+    assert sorted(r) == sorted([f"band{t}-D{D}-persistent{p}" for D in (128, 64) for p in (False, True)
+                                for t in ("", "-tmao")] + ["band-D128-persistentFalse-bn64"])
     for name, v in r.items():
         assert v["hgmma"] > 0 and v["setmaxreg"] > 0, name
         assert v["spills"] == 0, f"{name}: register spills"

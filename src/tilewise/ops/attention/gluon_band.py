@@ -15,9 +15,11 @@ from .gluon_fwd import LOG2E, ROWS, _desc, run
 if ag.available():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     from .gluon_fwd import _finish, _tile, _tma_load, fill_kv, kv_head_row, kv_ring
+
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6's name, 3.9's
 
     @gluon.jit
     def band_tiles(m0, Sk, band_lo, band_hi, BM: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -116,9 +118,9 @@ if ag.available():
 
     @gluon.jit
     def _bconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                   out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
+                   out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total, o_desc, o_smem,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONS: gl.constexpr, PERSISTENT: gl.constexpr,
-                   which: gl.constexpr):
+                   TMA_O: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -139,27 +141,37 @@ if ag.available():
                                        BLOCK_N, STAGES, NUM_CONS, HEAD_DIM)
             # Q was last read by the final S = Q K^T (waited on): the next item's Q load overlaps the epilogue.
             mbarrier.arrive(q_empty.index(which), count=1)
+            if TMA_O:  # O through its own buffer (Q's goes back above), once the last item's store has read it
+                tma.store_wait(0)
+                _barrier()
             _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, bh * Sq, 0, HEAD_DIM, m_lo, Sq, s_layout, o_layout,
-                    HEAD_DIM)
+                    HEAD_DIM, o_desc, o_smem.index(which), TMA_O)
             slot += n_tiles
             it += 1
+        if TMA_O:
+            tma.store_wait(0)
 
     @gluon.jit
     def attn_fwd_ws_band_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo,
-                                band_hi, BH, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                NUM_CONS: gl.constexpr = 2, PERSISTENT: gl.constexpr = False):
+                                band_hi, BH, o_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
+                                PERSISTENT: gl.constexpr = False, TMA_O: gl.constexpr = False):
         """v5 for a band (sliding windows, bottom-right causal): query i keeps key j where band_lo <= j - i
         <= band_hi. A CTA's loader fills the ring with the key tiles its 128 rows reach (``band_tiles``),
         and each consumer masks only the tiles its band cuts. No bias, mask or score mods; two consumers.
         PERSISTENT: one CTA an SM walks work items (query tile x head, head-major; BH = B x H) round
         robin, the ring and the Q buffers running on across items as in ``attn_fwd_ws_persistent_kernel``;
-        else one CTA a query tile (grid (query tiles, BH))."""
+        else one CTA a query tile (grid (query tiles, BH)). TMA_O: O stored by TMA (``o_desc``, 64-row blocks of
+        out's 2-D view) through a buffer a consumer of its own, 16 KB at D 128."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2, "two consumer warpgroups")
         n_m = gl.cdiv(Sq, BM)
         total = n_m * BH
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
+        o_smem = q_smem  # unused
+        if TMA_O:
+            o_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, 64, HEAD_DIM], q_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
         q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
@@ -169,21 +181,23 @@ if ag.available():
         gl.warp_specialize([
             (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
-                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 0)),
+                          o_desc, o_smem, BLOCK_N, STAGES, NUM_CONS, PERSISTENT, TMA_O, 0)),
             (_bconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                           v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
-                          BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 1)),
+                          o_desc, o_smem, BLOCK_N, STAGES, NUM_CONS, PERSISTENT, TMA_O, 1)),
             (_bloader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                         v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, band_lo, band_hi, n_m, total,
                         BLOCK_N, STAGES, NUM_CONS, PERSISTENT, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None):
+def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, config=None, tma_out=False):
     """The band forward (``attn_fwd_ws_band_kernel``) into ``out`` / ``lse``; ``band`` = (lo, hi) as
     ``reference.band``. Two consumers with ``config``'s tile (as ``fwd``'s) when it has two, else v5's
     default tile; q, k, v and out contiguous (no bias). ``persistent``: one CTA an SM walking the (query
-    tile, head) items; else a CTA an item."""
+    tile, head) items; else a CTA an item. ``tma_out`` (opt-in): O stored by TMA from a buffer a consumer (the
+    epilogue region was 7.8 % of the band kernel's samples at window 1024; tuning: "An item's end under Nsight
+    Compute")."""
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     chosen = config if config is not None and config[4] == 2 and config[3] is None else None
@@ -191,8 +205,10 @@ def fwd_band(q, k, v, band, scale, out, lse, launch=None, persistent=False, conf
     q2, k2, v2 = q.view(-1, D), k.view(-1, D), v.view(-1, D)
     n_m = -(-Sq // (ROWS * 2))
     args = (_desc(q2, (ROWS, D)), _desc(k2, (bn, D)), _desc(v2, (bn, D)), out, lse, H, H // Hkv, Sq, Sk,
-            scale * LOG2E, int(band[0]), int(band[1]), B * H)
+            scale * LOG2E, int(band[0]), int(band[1]), B * H, _desc(out.view(-1, D), (ROWS, D)) if tma_out else None)
     meta = dict(BLOCK_N=bn, STAGES=stages, CONSUMER_REGS=regs, NUM_CONS=2, PERSISTENT=bool(persistent), num_warps=4)
+    if tma_out:
+        meta["TMA_O"] = True
     grid = (min(rt.sm_count(q.get_device()), n_m * B * H),) if persistent else (n_m, B * H)
     run(attn_fwd_ws_band_kernel, grid, args, meta, launch)
     return out, lse
