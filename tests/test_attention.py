@@ -1817,6 +1817,36 @@ def test_gpu_v6_register_operands(shape, causal, poisoned_grads, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 64), (1, 4, 2, 1000, 33, 64), (2, 3, 3, 33, 1000, 64),
+                                   (1, 2, 2, 1, 1, 64), (1, 4, 1, 257, 300, 128), (2, 3, 3, 33, 1000, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True, "window"])
+@pytest.mark.quick(rotate="shape")
+def test_gpu_v6_pipe(shape, causal, poisoned_grads, monkeypatch):
+    """v6 with each tile's dV / dK (dQ) products deferred into the next tile (opt-in: the 5th field of
+    ``ws_bwd_config``, D 64 only, and of ``ws_bwd_dq_config``): the same products in the same order into the same
+    accumulators, so the gradients equal the default's bit for bit; one query or key tile, CTAs with no tile
+    (causal, Sq < Sk) and a band (the band kernels' loops) included."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + D + 7)
+    kw = dict(causal=True, window=(150, None)) if causal == "window" else dict(causal=causal)
+    base = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, backward="ws"), **kw), q, k, v)
+    launched = _record_launches(monkeypatch)
+    # dK / dV's pipe at D 64 only (at D 128 it spills ~500 instructions, Triton 3.6)
+    dkdv = (64, 3, 240, 0, 1) if D == 64 else None
+    pipe = _tuned(A.flash_attention, backward="ws", ws_bwd_config=dkdv, ws_bwd_dq_config=(64, 3, 240, 0, 1))
+    ours = _run_fwd_bwd(functools.partial(pipe, **kw), q, k, v)
+    assert launched.count(gb.attn_bwd_dkdv_ws_kernel) == 1 and launched.count(gb.attn_bwd_dq_ws_kernel) == 1
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    for name in ("dq", "dk", "dv"):
+        e = ((ours[name].double() - ref[name].double()).norm() / ref[name].double().norm()).item()
+        assert e < 2e-2, f"{name}: {e:.3g}"
+        assert torch.equal(ours[name], base[name]), f"{name} differs from the default schedule's"
+
+
+@pytest.mark.gpu
 def test_gpu_atomic_peak_memory_is_linear_in_s():
     def extra_peak(S):
         q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
@@ -2129,6 +2159,16 @@ for D in (64, 128):  # ws_bwd_band: a band (window, bottom-right causal), causal
     consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": False, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS,
               "NUM_CONS": 2, "LAYOUT": 0, "BAND": True}
     out[f"dq-D{D}-band"] = build(gb.attn_bwd_dq_ws_kernel, sig_dq(D, bn), consts)
+for D, mode in itertools.product((64, 128), ("plain", "causal", "band")):  # pipe (opt-in): dQ's at D 64 / 128
+    kw = {"CAUSAL": mode == "causal", "BAND": mode == "band", "PIPE": True}
+    bn = C.WS_BWD_DQ_TILES[D][0]
+    consts = {"BLOCK_N": bn, "STAGES": 3, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS, "NUM_CONS": 2, "LAYOUT": 0, **kw}
+    out[f"dqpipe-D{D}-{mode}"] = build(gb.attn_bwd_dq_ws_kernel, sig_dq(D, bn), consts)
+    if D == 64:  # dK / dV's at D 64 only
+        bm = C.WS_BWD_DKDV_TILES[D][0]
+        consts = {"BLOCK_M": bm, "STAGES": 3, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS, "NUM_CONS": 2, "LAYOUT": 0,
+                  **kw}
+        out[f"pipe64-D{D}-{mode}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig_dkdv(D, bm), consts)
 """
 
 
@@ -2145,7 +2185,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         pytest.skip("this Triton has no Gluon")
     limits = _dkdv_spill_limits()
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
-    assert len(r) == 20
+    assert len(r) == 29
     _check_sm90_builds(r, lambda name: 0 if name.startswith("dq-") else limits[name.split("-")[0]])
 
 
@@ -2157,9 +2197,10 @@ def _dkdv_spill_limits() -> dict:
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
     # Register operands (opt-in): Triton 3.6 dQ none, dK / dV with K and V at D 64 0 / 4, with K at D 128
     # 364 / 432; 3.9 dQ 0-10, dK / dV at D 64 193 / 133.
+    # Pipe (opt-in): dQ at D 64 / 128 and dK / dV at D 64 none under either.
     if older:
-        return {"D64": 0, "D128": 360, "kvregs64": 8, "kvregs128": 480, "dqregs": 0}
-    return {"D64": 40, "D128": 550, "kvregs64": 200, "kvregs128": 800, "dqregs": 16}
+        return {"D64": 0, "D128": 360, "kvregs64": 8, "kvregs128": 480, "dqregs": 0, "dqpipe": 0, "pipe64": 0}
+    return {"D64": 40, "D128": 550, "kvregs64": 200, "kvregs128": 800, "dqregs": 16, "dqpipe": 0, "pipe64": 0}
 
 
 def _check_sm90_builds(report: dict, spill_limit) -> None:

@@ -125,12 +125,12 @@ def ws_fwd_config(D: int, has_bias: bool, chosen: Optional[tuple] = None) -> tup
 
 
 def ws_bwd_dkdv_config(D: int, chosen: Optional[tuple] = None) -> tuple:
-    """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers[, register operands: 1 K, 2 K and V])."""
+    """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers[, register operands: 1 K, 2 K and V[, pipe]])."""
     return tuple(chosen) if chosen is not None else (*WS_BWD_DKDV_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
 def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
-    """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers[, register operands: 1 Q, 2 Q and dO])."""
+    """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers[, register operands: 1 Q, 2 Q and dO[, pipe]])."""
     return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
 
 
@@ -257,7 +257,8 @@ class AttentionPolicy:
     ws_bwd_config, ws_bwd_dq_config: v6's (BLOCK_M or BLOCK_N, STAGES, consumer registers[, register
                    operands]); None: the tables. A 4th field of 1 or 2 keeps the kernel's stationary tiles (K,
                    then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in: slower
-                   on the H100, tuning: "Register operands").
+                   on the H100, tuning: "Register operands"). A 5th field of 1 (pipe) defers a tile's dV / dK
+                   (dQ) products into the next tile, behind its S and dP products (opt-in, 3 stages).
     ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
     dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
     tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.

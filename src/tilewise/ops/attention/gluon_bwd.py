@@ -72,7 +72,7 @@ if _GLUON:
                 lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                 n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                band_lo, band_hi, BAND: gl.constexpr, which: gl.constexpr):
+                band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(NUM_CONS):
@@ -106,8 +106,11 @@ if _GLUON:
     def _tile(t, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo,
               Sq, Sk, qk_scale, st_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False,
-              band_lo=0, band_hi=0):
-        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi.
+              band_lo=0, band_hi=0, PIPE: gl.constexpr = 0, pt_prev=0, dst_prev=0):
+        # BAND (with MASKED): keep key n for query m where band_lo <= n - m <= band_hi. PIPE 1 (a consumer's
+        # first tile) and 2 (the others): dV and dK are deferred a tile. This tile's P^T and dS^T are
+        # returned as operands, and the last tile's products (pt_prev, dst_prev, its stage) issued behind
+        # S^T and dP^T, so they run while this tile's exponentials do; its stage goes back after them.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -123,7 +126,13 @@ if _GLUON:
         delta = stats.index(2 * s + 1).load(col)
         st = warpgroup_mma(k_buf, q_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_buf, do_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        if PIPE == 2:
+            sp = (t + STAGES - 1) % STAGES
+            dv = warpgroup_mma(pt_prev, do_smem.index(sp), dv, is_async=True)
+            dk = warpgroup_mma(dst_prev, q_smem.index(sp), dk, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=3, deps=(st,))
+        else:
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         pt = gl.exp2(st * qk_scale - lse[None, :])
         if MASKED:
             offs_n = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, st_layout))
@@ -135,6 +144,13 @@ if _GLUON:
                 keep = keep & (rel >= band_lo) & (rel <= band_hi)
             pt = gl.where(keep, pt, 0.0)
         pt_op = gl.convert_layout(pt.to(do_buf.dtype), a_layout)
+        if PIPE:
+            dpt = warpgroup_mma_wait(num_outstanding=2 if PIPE == 2 else 0, deps=(dpt,))
+            dst_op = gl.convert_layout((pt * (dpt - delta[None, :])).to(q_buf.dtype), a_layout)
+            if PIPE == 2:
+                dv, dk, pt_prev, dst_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_prev, dst_prev))
+                mbarrier.arrive(empty.index(sp), count=1)
+            return dk, dv, pt_op, dst_op
         dv = warpgroup_mma(pt_op, do_buf, dv, is_async=True)
         # Register operands of a product in flight go through the waits as deps: their registers
         # stay live (unreused) until the product has read them.
@@ -144,14 +160,14 @@ if _GLUON:
         dk = warpgroup_mma(dst_op, q_buf, dk, is_async=True)
         dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, dst_op))
         mbarrier.arrive(empty.index(s), count=1)
-        return dk, dv
+        return dk, dv, pt_prev, dst_prev
 
     @gluon.jit
     def _consumer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
                   lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                   n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                  band_lo, band_hi, BAND: gl.constexpr, which: gl.constexpr):
+                  band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -189,19 +205,47 @@ if _GLUON:
             k_buf = k_buf.load(k_op)
             if REG_OPS >= 2:
                 v_buf = v_buf.load(k_op)
+        # PIPE: each tile's dV and dK products run in the next tile (``_tile``), from its P^T and dS^T carried
+        # here; the first tile runs before the loops, the last one's products after them.
+        pt_c = 0
+        dst_c = 0
+        TILE_PIPE: gl.constexpr = 2 * PIPE
+        if PIPE:
+            a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+            pt_c = gl.zeros([_KEYS, BLOCK_M], q_desc.dtype, layout=a_layout)
+            dst_c = gl.zeros([_KEYS, BLOCK_M], q_desc.dtype, layout=a_layout)
+            if n_tiles > 0:
+                dk, dv, pt_c, dst_c = _tile(0, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, m_first,
+                                            key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            True, BAND, band_lo, band_hi, 1, pt_c, dst_c)
         for g in range(GROUP):
             t0 = g * n_tiles - m_first
-            for i in range(m_first, m_clean):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
-                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, BAND, band_lo,
-                               band_hi)
-            for i in range(m_clean, m_full):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
-                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, False)
-            for i in range(m_full, n_m):
-                dk, dv = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i, key_lo, Sq,
-                               Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL, True, BAND, band_lo,
-                               band_hi)
+            lo1 = m_first
+            lo2 = m_clean
+            lo3 = m_full
+            if PIPE:
+                if g == 0:  # its first tile ran above
+                    lo1 = m_first + 1
+                    lo2 = gl.maximum(m_clean, lo1)
+                    lo3 = gl.maximum(m_full, lo1)
+            for i in range(lo1, m_clean):
+                dk, dv, pt_c, dst_c = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i,
+                                            key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            True, BAND, band_lo, band_hi, TILE_PIPE, pt_c, dst_c)
+            for i in range(lo2, m_full):
+                dk, dv, pt_c, dst_c = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i,
+                                            key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            False, False, 0, 0, TILE_PIPE, pt_c, dst_c)
+            for i in range(lo3, n_m):
+                dk, dv, pt_c, dst_c = _tile(t0 + i, dk, dv, k_buf, v_buf, q_smem, do_smem, ready, empty, stats, i,
+                                            key_lo, Sq, Sk, qk_scale, st_layout, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
+                                            True, BAND, band_lo, band_hi, TILE_PIPE, pt_c, dst_c)
+        if PIPE:
+            if n_tiles > 0:  # the last tile's products
+                sp = (GROUP * n_tiles - 1) % STAGES
+                dv = warpgroup_mma(pt_c, do_smem.index(sp), dv, is_async=True)
+                dk = warpgroup_mma(dst_c, q_smem.index(sp), dk, is_async=True)
+                dv, dk, pt_c, dst_c = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_c, dst_c))
         rows = key_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         keep = (rows < Sk)[:, None]
@@ -227,10 +271,11 @@ if _GLUON:
                                 H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0,
-                                REG_OPS: gl.constexpr = 0, BAND: gl.constexpr = False):
+                                REG_OPS: gl.constexpr = 0, BAND: gl.constexpr = False, PIPE: gl.constexpr = False):
         """dK, dV of 64 x NUM_CONS keys of one K / V head over its query heads (GQA). BAND (not with
         CAUSAL): only the query tiles the band reaches from these keys, rows n0 - band_hi ..
-        n0 + 127 - band_lo."""
+        n0 + 127 - band_lo. PIPE: a query tile's dV and dK products are issued behind the next tile's S^T
+        and dP^T (its stage goes back a tile later: take 3 stages)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
@@ -276,15 +321,15 @@ if _GLUON:
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, 0)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 0)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, 1)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 1)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                       REG_OPS, band_lo, band_hi, BAND, 0)),
+                       REG_OPS, band_lo, band_hi, BAND, PIPE, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -296,7 +341,7 @@ if _GLUON:
                    v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
-                   which: gl.constexpr):
+                   PIPE: gl.constexpr, which: gl.constexpr):
         for c in gl.static_range(NUM_CONS):
             mbarrier.expect(qd_bar.index(c), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row + c * _KEYS, q_col], qd_bar.index(c), q_smem.index(c))
@@ -308,9 +353,11 @@ if _GLUON:
     def _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo, Sq, Sk,
                  qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False,
-                 band_lo=0, band_hi=0, t_lo=0):
+                 band_lo=0, band_hi=0, t_lo=0, PIPE: gl.constexpr = 0, ds_prev=0):
         # BAND (with MASKED): ring fill j is key tile t_lo + j; keep key n for query m where
-        # band_lo <= n - m <= band_hi.
+        # band_lo <= n - m <= band_hi. PIPE 1 (a consumer's first tile) and 2 (the others): dQ's product is
+        # deferred a tile, as dK / dV's in ``_tile``: the last tile's (ds_prev, its K stage) runs behind
+        # S and dP, this tile's dS is returned.
         s = j % STAGES
         ph = (j // STAGES) & 1
         k_buf = k_smem.index(s)
@@ -320,7 +367,12 @@ if _GLUON:
         st = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(s), ph)
         dp = warpgroup_mma(do, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        if PIPE == 2:
+            sp = (j + STAGES - 1) % STAGES
+            dq = warpgroup_mma(ds_prev, k_smem.index(sp), dq, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=2, deps=(st,))
+        else:
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         p = gl.exp2(st * qk_scale - lse[:, None])
         if MASKED:
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -334,14 +386,19 @@ if _GLUON:
                 rel = offs_n[None, :] - offs_m[:, None]
                 keep = keep & (rel >= band_lo) & (rel <= band_hi)
             p = gl.where(keep, p, 0.0)
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        dp = warpgroup_mma_wait(num_outstanding=1 if PIPE == 2 else 0, deps=(dp,))
         mbarrier.arrive(v_empty.index(s), count=1)  # V read by its product
         ds = p * (dp - delta[:, None])
         ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
+        if PIPE:
+            if PIPE == 2:
+                dq, ds_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_prev))
+                mbarrier.arrive(k_empty.index(sp), count=1)
+            return dq, ds_op
         dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
         mbarrier.arrive(k_empty.index(s), count=1)  # K read by both of its products
-        return dq
+        return dq, ds_prev
 
     @gluon.jit
     def _dq_consumer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready, k_empty,
@@ -349,7 +406,7 @@ if _GLUON:
                      v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale, sm_scale,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      NUM_CONS: gl.constexpr, REG_OPS: gl.constexpr, t_lo, band_lo, band_hi, BAND: gl.constexpr,
-                     which: gl.constexpr):
+                     PIPE: gl.constexpr, which: gl.constexpr):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -386,25 +443,50 @@ if _GLUON:
             q = q.load(qd_op)
             if REG_OPS >= 2:
                 do = do.load(qd_op)
+        # PIPE: each tile's dQ product runs in the next tile (``_dq_tile``), from its dS carried here; the
+        # first tile runs before the loops, the last one's product after them.
+        ds_c = 0
+        TILE_PIPE: gl.constexpr = 2 * PIPE
+        lo = 0  # the loops' first tiles
+        lo2 = n_full
         if BAND:
-            for j in range(a):
-                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
-                              band_hi, t_lo)
-            for j in range(a, n_full):
-                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, False)
-            for j in range(n_full, n_tiles):
-                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True, band_lo,
-                              band_hi, t_lo)
+            lo2 = a
+        lo3 = n_full
+        if PIPE:
+            ds_c = gl.zeros([_KEYS, BLOCK_N], q_desc.dtype, layout=a_layout)
+            if n_tiles > 0:
+                dq, ds_c = _dq_tile(0, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True, BAND,
+                                    band_lo, band_hi, t_lo, 1, ds_c)
+            lo = 1
+            lo2 = gl.maximum(lo2, 1)
+            lo3 = gl.maximum(lo3, 1)
+        if BAND:
+            for j in range(lo, a):
+                dq, ds_c = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True,
+                                    band_lo, band_hi, t_lo, TILE_PIPE, ds_c)
+            for j in range(lo2, n_full):
+                dq, ds_c = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, False, False,
+                                    0, 0, 0, TILE_PIPE, ds_c)
+            for j in range(lo3, n_tiles):
+                dq, ds_c = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, False, True, True,
+                                    band_lo, band_hi, t_lo, TILE_PIPE, ds_c)
         else:
-            for j in range(n_full):
-                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False)
-            for j in range(n_full, n_tiles):
-                dq = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, m_lo,
-                              Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True)
+            for j in range(lo, n_full):
+                dq, ds_c = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, False, False,
+                                    0, 0, 0, TILE_PIPE, ds_c)
+            for j in range(lo3, n_tiles):
+                dq, ds_c = _dq_tile(j, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True, False,
+                                    0, 0, 0, TILE_PIPE, ds_c)
+        if PIPE:
+            if n_tiles > 0:  # the last tile's product
+                dq = warpgroup_mma(ds_c, k_smem.index((n_tiles - 1) % STAGES), dq, is_async=True)
+                dq, ds_c = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_c))
         rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = dq_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         ptrs = dq_ptr + ((dq_row + rows).to(gl.int64) * dq_stride)[:, None] + cols[None, :]
@@ -415,11 +497,13 @@ if _GLUON:
                               qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0,
-                              BAND: gl.constexpr = False):
+                              BAND: gl.constexpr = False, PIPE: gl.constexpr = False):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
         P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows.
-        BAND (not with CAUSAL): only the key tiles the band reaches from these rows (``band_tiles``)."""
+        BAND (not with CAUSAL): only the key tiles the band reaches from these rows (``band_tiles``).
+        PIPE: a key tile's dQ product is issued behind the next tile's S and dP (its K stage goes back a
+        tile later)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = _KEYS * NUM_CONS
         start_m = gl.program_id(0)
@@ -458,16 +542,27 @@ if _GLUON:
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 0)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
+                            PIPE, 0)),
             (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                             k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                             k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 1)),
+                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
+                            PIPE, 1)),
             (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
                           k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
                           k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, 0)),
+                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, PIPE, 0)),
         ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def _extra_meta(meta: dict, extra) -> None:
+    """A config's optional 4th and 5th fields into launch meta: register operands, PIPE (only when set, so a
+    default launch keeps its key)."""
+    if len(extra) > 0 and extra[0]:
+        meta["REG_OPS"] = int(extra[0])
+    if len(extra) > 1 and extra[1]:
+        meta["PIPE"] = True
 
 
 def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None,
@@ -478,7 +573,8 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     checks the layouts (``api._ws_bwd_applies``). ``launch``: the project's Triton
     launcher; default Triton's own dispatch. ``memo``: a dict shared with ``dq`` in the same
     backward (the descriptors both kernels use are built once). ``config``: (BLOCK_M, STAGES,
-    consumer registers[, register operands: 0, 1 (K) or 2 (K and V)]), default ``configs.ws_bwd_dkdv_config``'s.
+    consumer registers[, register operands: 0, 1 (K) or 2 (K and V)[, pipe: each query tile's dV and dK products
+    behind the next tile's S^T and dP^T]]), default ``configs.ws_bwd_dkdv_config``'s.
     ``head_group``: causal launch order's heads a group (``gluon_items.lpt_block_head``; 1 is head by head), default
     ``configs.causal_head_group``'s. ``band``: (lo, hi) as ``reference.band`` (causal False): only the
     (query, key) pairs with lo <= key - query <= hi."""
@@ -486,7 +582,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bm, stages, regs, *reg_ops = configs.ws_bwd_dkdv_config(D, config)
+    bm, stages, regs, *extra = configs.ws_bwd_dkdv_config(D, config)
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     kd, vd = _desc(k2, (KEYS, D), memo), _desc(v2, (KEYS, D), memo)
     qd, dod = _desc(q2, (bm, D), memo), _desc(do2, (bm, D), memo)
@@ -496,8 +592,7 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     if band is not None:
         meta["BAND"] = True
-    if reg_ops and reg_ops[0]:
-        meta["REG_OPS"] = int(reg_ops[0])
+    _extra_meta(meta, extra)
     layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
     if layout:
         meta["LAYOUT"] = layout
@@ -508,13 +603,14 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None,
        band=None):
     """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
-    (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)]), default
+    (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)[, pipe: each key tile's dQ
+    product behind the next tile's S and dP]]), default
     ``configs.ws_bwd_dq_config``'s; ``head_group`` and ``band`` as ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages, regs, *reg_ops = configs.ws_bwd_dq_config(D, config)
+    bn, stages, regs, *extra = configs.ws_bwd_dq_config(D, config)
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     qd, dod = _desc(q2, (KEYS, D), memo), _desc(do2, (KEYS, D), memo)
     kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
@@ -524,8 +620,7 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     if band is not None:
         meta["BAND"] = True
-    if reg_ops and reg_ops[0]:
-        meta["REG_OPS"] = int(reg_ops[0])
+    _extra_meta(meta, extra)
     layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
     if layout:
         meta["LAYOUT"] = layout
