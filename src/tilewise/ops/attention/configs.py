@@ -111,7 +111,10 @@ WS_FWD_CONSUMER_REGS = 232
 # maxnreg, consumers (tuning: "v5 forward routes").
 WS_THREE = (128, 2, 160, None, 3)
 # v6 dK/dV: D -> (BLOCK_M, STAGES); 64 x 2 stages ran fastest despite its spills (tuning: "v6 tiles").
-WS_BWD_DKDV_TILES = MappingProxyType({64: (64, 2), 128: (64, 2)})
+WS_BWD_DKDV_TILES = MappingProxyType({64: (64, 3), 128: (64, 2)})
+# v6 dK/dV with the pipe schedule (a tile's dV, dK products behind the next tile's S^T, dP^T), by head dim:
+# 1.04-1.10x at D 64 (3 stages alone 1.01-1.02x); spills at D 128 (tuning: "v6's pipe schedule").
+WS_BWD_DKDV_PIPE = frozenset({64})
 # v6 dQ: D -> (BLOCK_N, STAGES); BLOCK_N 128 or other stage counts ran within noise (tuning: "v6 tiles").
 WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 3)})
 # v6's consumer warpgroups' registers (tuning: "v6 tiles").
@@ -126,7 +129,9 @@ def ws_fwd_config(D: int, has_bias: bool, chosen: Optional[tuple] = None) -> tup
 
 def ws_bwd_dkdv_config(D: int, chosen: Optional[tuple] = None) -> tuple:
     """v6's dK / dV kernel: (BLOCK_M, STAGES, consumer registers[, register operands: 1 K, 2 K and V[, pipe]])."""
-    return tuple(chosen) if chosen is not None else (*WS_BWD_DKDV_TILES[D], WS_BWD_CONSUMER_REGS)
+    if chosen is not None:
+        return tuple(chosen)
+    return (*WS_BWD_DKDV_TILES[D], WS_BWD_CONSUMER_REGS, *((0, 1) if D in WS_BWD_DKDV_PIPE else ()))
 
 
 def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
