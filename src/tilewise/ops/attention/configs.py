@@ -116,7 +116,10 @@ WS_BWD_DKDV_TILES = MappingProxyType({64: (64, 3), 128: (64, 2)})
 # 1.04-1.10x at D 64 (3 stages alone 1.01-1.02x); spills at D 128 (tuning: "v6's pipe schedule").
 WS_BWD_DKDV_PIPE = frozenset({64})
 # v6 dQ: D -> (BLOCK_N, STAGES); BLOCK_N 128 or other stage counts ran within noise (tuning: "v6 tiles").
-WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 3)})
+WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 4)})
+# v6 dQ with the pipe schedule (a tile's dQ product behind the next tile's S, dP), by head dim: 1.02-1.07x at
+# D 128 with 4 stages (4 stages alone 1.00-1.01x); 0.91-0.95x at D 64 (tuning: "v6's pipe schedule").
+WS_BWD_DQ_PIPE = frozenset({128})
 # v6's consumer warpgroups' registers (tuning: "v6 tiles").
 WS_BWD_CONSUMER_REGS = 240
 
@@ -136,7 +139,9 @@ def ws_bwd_dkdv_config(D: int, chosen: Optional[tuple] = None) -> tuple:
 
 def ws_bwd_dq_config(D: int, chosen: Optional[tuple] = None) -> tuple:
     """v6's dQ kernel: (BLOCK_N, STAGES, consumer registers[, register operands: 1 Q, 2 Q and dO[, pipe]])."""
-    return tuple(chosen) if chosen is not None else (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS)
+    if chosen is not None:
+        return tuple(chosen)
+    return (*WS_BWD_DQ_TILES[D], WS_BWD_CONSUMER_REGS, *((0, 1) if D in WS_BWD_DQ_PIPE else ()))
 
 
 # Blocks a head (query or key blocks of 128; v5's forward: 128 or 192 query rows) where the causal Gluon
