@@ -28,7 +28,7 @@ thread and one TMA store. Prediction (2026-12-06, thirty-fifth session, before a
 at S 1024-2048, 1.00-1.02x from S 8192; bitwise equal, also at Sq 1031 / Sk 129 and Sq 777 (a partial last tile).
 Measured (H100, 433ecb3): bitwise equal; 1.101x (S 1024), 1.044x (2048), 1.067x (GQA 2048), 1.034x (4096), 1.015x
 (GQA 4096), 0.986x (8192), 0.987x (16384): the route takes it up to Sk 4096 (configs.WS_TMA_OUT_MAX_SK;
-research/patches/tma-out-default.patch drops it).
+since bbb6334 TMA out is the default on every persistent kernel with two Q buffers and the limit is gone).
 The same comparison with S_1 issued before softmax(S_0) (research/patches/chain-early-s1.patch, which adds its
 own --early-s1) lost: 0.969-1.002x (H100, d5c7f06, attention-chain-early-s1-d5c7f06*.log).
 --tma-out-apart: the same epilogue on the unchained persistent overlap (two Q buffers; the buffer goes back at the
@@ -47,8 +47,8 @@ or up to 1 % more; bitwise equal.
 Measured (H100, a7ff350, all three modes; docs/tuning/attention.md, "O by TMA on every persistent kernel"): bitwise
 equal everywhere; --tma-out 1.044-1.103x at S 1024-4096 (GQA 4096 1.000x), 1.002x (8192), 0.996x (16384): the long
 items' loss is gone, so the limit went; --tma-out-apart causal D 128 1.034-1.108x, D 64 1.011-1.032x; --tma-out-v5
-D 128 causal 1.093-1.153x (S 512-2048), D 64 three consumers 1.012-1.066x. The default on all of them waits in
-research/patches/tma-out-default.patch (no GPU was left for its quick tier).
+D 128 causal 1.093-1.153x (S 512-2048), D 64 three consumers 1.012-1.066x. The default on all of them since
+bbb6334 (its quick tier green at 624bec5).
 Run on the GPU: PYTHONPATH=src python3 research/attention_chain_ab.py [--v5|--tma-out|--tma-out-apart|--tma-out-v5]
 """
 import sys
