@@ -110,15 +110,17 @@ WS_FWD_CONSUMER_REGS = 232
 # v5 with three consumers (192 query rows a CTA), D = 64's winner: BLOCK_N, STAGES, consumer registers,
 # maxnreg, consumers (tuning: "v5 forward routes").
 WS_THREE = (128, 2, 160, None, 3)
-# v6 dK/dV: D -> (BLOCK_M, STAGES); 64 x 2 stages ran fastest despite its spills (tuning: "v6 tiles").
+# v6 dK/dV: D -> (BLOCK_M, STAGES); 64 x 2 stages ran fastest despite its spills (tuning: "v6 tiles"); 3 at D 64 for
+# the pipe schedule below.
 WS_BWD_DKDV_TILES = MappingProxyType({64: (64, 3), 128: (64, 2)})
 # v6 dK/dV with the pipe schedule (a tile's dV, dK products behind the next tile's S^T, dP^T), by head dim:
-# 1.04-1.10x at D 64 (3 stages alone 1.01-1.02x); spills at D 128 (tuning: "v6's pipe schedule").
+# 1.04-1.10x at D 64 (3 stages alone 1.01-1.02x); spills at D 128 (tuning: "... v6's pipe schedule").
 WS_BWD_DKDV_PIPE = frozenset({64})
-# v6 dQ: D -> (BLOCK_N, STAGES); BLOCK_N 128 or other stage counts ran within noise (tuning: "v6 tiles").
+# v6 dQ: D -> (BLOCK_N, STAGES); BLOCK_N 128 or other stage counts ran within noise (tuning: "v6 tiles"); 4 at D 128
+# for the pipe schedule below.
 WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 4)})
-# v6 dQ with the pipe schedule (a tile's dQ product behind the next tile's S, dP), by head dim: 1.02-1.07x at
-# D 128 with 4 stages (4 stages alone 1.00-1.01x); 0.91-0.95x at D 64 (tuning: "v6's pipe schedule").
+# v6 dQ with the pipe schedule (a tile's dQ product behind the next tile's S, dP), by head dim: 1.02-1.13x at
+# D 128 with 4 stages (4 stages alone 1.00-1.07x); 0.91-0.95x at D 64 (tuning: "... v6's pipe schedule").
 WS_BWD_DQ_PIPE = frozenset({128})
 # v6's consumer warpgroups' registers (tuning: "v6 tiles").
 WS_BWD_CONSUMER_REGS = 240
@@ -268,7 +270,8 @@ class AttentionPolicy:
                    operands]); None: the tables. A 4th field of 1 or 2 keeps the kernel's stationary tiles (K,
                    then V; Q, then dO) in registers as the A operands of S's and dP's products (opt-in: slower
                    on the H100, tuning: "Register operands"). A 5th field of 1 (pipe) defers a tile's dV / dK
-                   (dQ) products into the next tile, behind its S and dP products (opt-in, 3 stages).
+                   (dQ) products into the next tile, behind its S and dP products (the tables' default where
+                   ``WS_BWD_DKDV_PIPE`` / ``WS_BWD_DQ_PIPE`` say; it needs 3 stages or more).
     ordered_mode:  the ordered kernel's counts: 1 per thread, 2 per warp.
     dq_tma:        the atomic backward adds dQ by a TMA reduce-add where ``ATOMIC_TMA`` has the head dim.
     tiles:         {kernel kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)} over ``TABLES``.
