@@ -356,7 +356,7 @@ if _GLUON:
                  band_lo=0, band_hi=0, t_lo=0, PIPE: gl.constexpr = 0, ds_prev=0):
         # BAND (with MASKED): ring fill j is key tile t_lo + j; keep key n for query m where
         # band_lo <= n - m <= band_hi. PIPE 1 (a consumer's first tile) and 2 (the others): dQ's product is
-        # deferred a tile, as dK / dV's in ``_tile``: the last tile's (ds_prev, its K stage) runs behind
+        # deferred a tile, as dK / dV's in ``_tile``: the last tile's (ds_prev, fp32, its K stage) runs behind
         # S and dP, this tile's dS is returned.
         s = j % STAGES
         ph = (j // STAGES) & 1
@@ -367,9 +367,10 @@ if _GLUON:
         st = warpgroup_mma(q, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(s), ph)
         dp = warpgroup_mma(do, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
-        if PIPE == 2:
+        if PIPE == 2:  # ds_prev in fp32: carried as bf16 pairs it took 32 PRMTs a tile (halves swapped, Triton 3.6)
             sp = (j + STAGES - 1) % STAGES
-            dq = warpgroup_mma(ds_prev, k_smem.index(sp), dq, is_async=True)
+            dsp_op = gl.convert_layout(ds_prev.to(k_buf.dtype), a_layout)
+            dq = warpgroup_mma(dsp_op, k_smem.index(sp), dq, is_async=True)
             st = warpgroup_mma_wait(num_outstanding=2, deps=(st,))
         else:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
@@ -392,9 +393,9 @@ if _GLUON:
         ds_op = gl.convert_layout(ds.to(k_buf.dtype), a_layout)
         if PIPE:
             if PIPE == 2:
-                dq, ds_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_prev))
+                dq, dsp_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dsp_op))
                 mbarrier.arrive(k_empty.index(sp), count=1)
-            return dq, ds_op
+            return dq, ds
         dq = warpgroup_mma(ds_op, k_buf, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
         mbarrier.arrive(k_empty.index(s), count=1)  # K read by both of its products
@@ -453,7 +454,7 @@ if _GLUON:
             lo2 = a
         lo3 = n_full
         if PIPE:
-            ds_c = gl.zeros([_KEYS, BLOCK_N], q_desc.dtype, layout=a_layout)
+            ds_c = gl.zeros([_KEYS, BLOCK_N], gl.float32, layout=s_layout)
             if n_tiles > 0:
                 dq, ds_c = _dq_tile(0, dq, q, do, lse, delta, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                     m_lo, Sq, Sk, qk_scale, s_layout, a_layout, BLOCK_N, STAGES, CAUSAL, True, BAND,
@@ -485,8 +486,9 @@ if _GLUON:
                                     0, 0, 0, TILE_PIPE, ds_c)
         if PIPE:
             if n_tiles > 0:  # the last tile's product
-                dq = warpgroup_mma(ds_c, k_smem.index((n_tiles - 1) % STAGES), dq, is_async=True)
-                dq, ds_c = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_c))
+                ds_op = gl.convert_layout(ds_c.to(q_desc.dtype), a_layout)
+                dq = warpgroup_mma(ds_op, k_smem.index((n_tiles - 1) % STAGES), dq, is_async=True)
+                dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
         rows = m_lo + gl.arange(0, _KEYS, layout=gl.SliceLayout(1, acc_layout))
         cols = dq_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
         ptrs = dq_ptr + ((dq_row + rows).to(gl.int64) * dq_stride)[:, None] + cols[None, :]
