@@ -1847,6 +1847,48 @@ def test_gpu_v6_pipe(shape, causal, poisoned_grads, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, 64), (1, 4, 2, 1000, 33, 64), (2, 3, 3, 33, 1000, 64),
+                                   (1, 2, 2, 1, 1, 64), (1, 4, 2, 4100, 4100, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True, "window"])
+@pytest.mark.quick(rotate="shape")
+def test_gpu_v6_dq_three_consumers(shape, causal, poisoned_grads, monkeypatch):
+    """v6's dQ kernel with three consumer warpgroups (opt-in: the 6th field of ``ws_bwd_dq_config``; 192 query rows a
+    CTA, D 64), with and without the pipe schedule: each row's products are the default's in the same order, so dQ
+    equals the default's bit for bit; a last CTA with one or two consumers' rows past Sq included."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    B, H, Hkv, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Hkv, Sq, Sk, D, dtype=torch.bfloat16, device="cuda", seed=Sq + Sk + D + 11)
+    kw = dict(causal=True, window=(150, None)) if causal == "window" else dict(causal=causal)
+    base = _run_fwd_bwd(functools.partial(_tuned(A.flash_attention, backward="ws"), **kw), q, k, v)
+    ref = _run_fwd_bwd(functools.partial(A.reference, **kw), q.float(), k.float(), v.float())
+    for cfg in ((64, 3, 160, 0, 0, 3), (64, 4, 160, 0, 1, 3)):
+        launched = _record_launches(monkeypatch)
+        three = _tuned(A.flash_attention, backward="ws", ws_bwd_dq_config=cfg)
+        ours = _run_fwd_bwd(functools.partial(three, **kw), q, k, v)
+        assert launched.count(gb.attn_bwd_dq_ws_kernel) == 1
+        e = ((ours["dq"].double() - ref["dq"].double()).norm() / ref["dq"].double().norm()).item()
+        assert e < 2e-2, f"{cfg}: dq {e:.3g}"
+        for name in ("dq", "dk", "dv"):
+            assert torch.equal(ours[name], base[name]), f"{cfg}: {name} differs from two consumers'"
+
+
+def test_v6_config_fields_into_launch_meta():
+    """A v6 config's optional fields reach the launch only when set (a default launch keeps its key); three consumer
+    warpgroups only for the dQ kernel, anything else named."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    for extra, three, want in [((), False, {}), ((0, 0), False, {}), ((2, 1), False, {"REG_OPS": 2, "PIPE": True}),
+                               ((0, 1, 2), True, {"PIPE": True}), ((0, 0, 3), True, {"NUM_CONS": 3})]:
+        meta = {}
+        gb._extra_meta(meta, extra, three=three)
+        assert meta == want, extra
+    for extra, three in [((0, 0, 3), False), ((0, 0, 4), True), ((0, 0, 1), True)]:
+        with pytest.raises(ValueError, match="consumer warpgroups must be"):
+            gb._extra_meta({}, extra, three=three)
+
+
+@pytest.mark.gpu
 def test_gpu_atomic_peak_memory_is_linear_in_s():
     def extra_peak(S):
         q, k, v = _inputs(1, 8, 8, S, S, 128, dtype=torch.bfloat16, device="cuda", seed=S, grad=True)
@@ -2169,6 +2211,10 @@ for D, mode in itertools.product((64, 128), ("plain", "causal", "band")):  # pip
         consts = {"BLOCK_M": bm, "STAGES": 3, "CONSUMER_REGS": C.WS_BWD_CONSUMER_REGS, "NUM_CONS": 2, "LAYOUT": 0,
                   **kw}
         out[f"pipe64-D{D}-{mode}"] = build(gb.attn_bwd_dkdv_ws_kernel, sig_dkdv(D, bm), consts)
+for mode, pipe in itertools.product(("plain", "causal", "band"), (False, True)):  # dQ's three consumers (opt-in), D 64
+    consts = {"BLOCK_N": 64, "STAGES": 4 if pipe else 3, "CONSUMER_REGS": 160, "NUM_CONS": 3, "LAYOUT": 0,
+              "CAUSAL": mode == "causal", "BAND": mode == "band", "PIPE": pipe}
+    out[f"dq3{'pipe' if pipe else ''}-D64-{mode}"] = build(gb.attn_bwd_dq_ws_kernel, sig_dq(64, 64), consts)
 """
 
 
@@ -2185,7 +2231,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         pytest.skip("this Triton has no Gluon")
     limits = _dkdv_spill_limits()
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
-    assert len(r) == 29
+    assert len(r) == 35
     _check_sm90_builds(r, lambda name: 0 if name.startswith("dq-") else limits[name.split("-")[0]])
 
 
@@ -2197,10 +2243,12 @@ def _dkdv_spill_limits() -> dict:
     older = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
     # Register operands (opt-in): Triton 3.6 dQ none, dK / dV with K and V at D 64 0 / 4, with K at D 128
     # 364 / 432; 3.9 dQ 0-10, dK / dV at D 64 193 / 133.
-    # Pipe (opt-in): dQ at D 64 / 128 and dK / dV at D 64 none under either.
+    # Pipe (opt-in): dQ at D 64 / 128 and dK / dV at D 64 none under either; dQ's three consumers at D 64 (160
+    # registers), with pipe or not, none under either.
+    same = {"dqpipe": 0, "pipe64": 0, "dq3": 0, "dq3pipe": 0}
     if older:
-        return {"D64": 0, "D128": 360, "kvregs64": 8, "kvregs128": 480, "dqregs": 0, "dqpipe": 0, "pipe64": 0}
-    return {"D64": 40, "D128": 550, "kvregs64": 200, "kvregs128": 800, "dqregs": 16, "dqpipe": 0, "pipe64": 0}
+        return {"D64": 0, "D128": 360, "kvregs64": 8, "kvregs128": 480, "dqregs": 0, **same}
+    return {"D64": 40, "D128": 550, "kvregs64": 200, "kvregs128": 800, "dqregs": 16, **same}
 
 
 def _check_sm90_builds(report: dict, spill_limit) -> None:

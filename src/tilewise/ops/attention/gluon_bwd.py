@@ -540,31 +540,61 @@ if _GLUON:
         qd_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(NUM_CONS):
             mbarrier.init(qd_bar.index(c), count=1)
-        gl.warp_specialize([
-            (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
-                            k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
-                            PIPE, 0)),
-            (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                            k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
-                            k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                            sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND,
-                            PIPE, 1)),
-            (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
-                          k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col, k_row,
-                          k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk, qk_scale,
-                          sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi, BAND, PIPE, 0)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
+        if NUM_CONS == 2:
+            gl.warp_specialize([
+                (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                                k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                                k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                                qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                                BAND, PIPE, 0)),
+                (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                                k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                                k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                                qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                                BAND, PIPE, 1)),
+                (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                              k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                              k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                              qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                              BAND, PIPE, 0)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:  # three (D 64: 192 query rows share each K / V tile)
+            gl.warp_specialize([
+                (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                                k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                                k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                                qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                                BAND, PIPE, 0)),
+                (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                                k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                                k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                                qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                                BAND, PIPE, 1)),
+                (_dq_consumer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                                k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                                k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                                qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                                BAND, PIPE, 2)),
+                (_dq_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_bar, k_ready,
+                              k_empty, v_ready, v_empty, lse_ptr, delta_ptr, dq_ptr, q_row, q_col, do_row, do_col,
+                              k_row, k_col, v_row, v_col, lse_row, dq_row, dq_col, dq_stride, m0, n_tiles, Sq, Sk,
+                              qk_scale, sm_scale, BLOCK_N, STAGES, CAUSAL, NUM_CONS, REG_OPS, t_lo, band_lo, band_hi,
+                              BAND, PIPE, 0)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
-def _extra_meta(meta: dict, extra) -> None:
-    """A config's optional 4th and 5th fields into launch meta: register operands, PIPE (only when set, so a
-    default launch keeps its key)."""
+def _extra_meta(meta: dict, extra, three: bool = False) -> None:
+    """A config's optional 4th to 6th fields into launch meta: register operands, PIPE, consumer warpgroups (dQ's
+    kernel: 2 or 3; only when not the default, so a default launch keeps its key)."""
     if len(extra) > 0 and extra[0]:
         meta["REG_OPS"] = int(extra[0])
     if len(extra) > 1 and extra[1]:
         meta["PIPE"] = True
+    if len(extra) > 2 and extra[2] != 2:
+        if not three or extra[2] != 3:
+            raise ValueError(f"v6 config: consumer warpgroups must be 2{' or 3' if three else ''}, got {extra[2]!r}")
+        meta["NUM_CONS"] = 3
 
 
 def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None,
@@ -606,7 +636,7 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
        band=None):
     """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
     (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)[, pipe: each key tile's dQ
-    product behind the next tile's S and dP]]), default
+    product behind the next tile's S and dP[, consumer warpgroups: 2 or 3 (64 query rows each)]]]), default
     ``configs.ws_bwd_dq_config``'s; ``head_group`` and ``band`` as ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
@@ -616,13 +646,14 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     qd, dod = _desc(q2, (KEYS, D), memo), _desc(do2, (KEYS, D), memo)
     kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
-    grid = (-(-Sq // (2 * KEYS)), B * H)
+    cons = int(extra[2]) if len(extra) > 2 else 2
+    grid = (-(-Sq // (cons * KEYS)), B * H)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     if band is not None:
         meta["BAND"] = True
-    _extra_meta(meta, extra)
+    _extra_meta(meta, extra, three=True)
     layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
     if layout:
         meta["LAYOUT"] = layout
