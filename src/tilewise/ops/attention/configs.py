@@ -122,6 +122,10 @@ WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 4)})
 # v6 dQ with the pipe schedule (a tile's dQ product behind the next tile's S, dP), by head dim: 1.02-1.13x at
 # D 128 with 4 stages (4 stages alone 1.00-1.07x); 0.91-0.95x at D 64 (tuning: "... v6's pipe schedule").
 WS_BWD_DQ_PIPE = frozenset({128})
+# v6 dQ with three consumers (192 query rows a CTA), 4 stages and the pipe, by head dim: the least Sq it runs from.
+# D 64: 1.03-1.09x two consumers from Sq 4096, 0.96x at 2048 causal (tuning: "dQ with three consumers").
+WS_BWD_DQ_THREE = MappingProxyType({64: 4096})
+WS_BWD_DQ_THREE_CONFIG = (64, 4, 160, 0, 1, 3)
 # v6's consumer warpgroups' registers (tuning: "v6 tiles").
 WS_BWD_CONSUMER_REGS = 240
 
@@ -351,10 +355,11 @@ def policy_from_key(key: str) -> AttentionPolicy:
 
 @functools.lru_cache(maxsize=64)
 def _policy(forward, ws_config, ws_persistent, ws_band, backward, bias_pair, ws_overlap=False,
-            ws_q_buffers=1) -> AttentionPolicy:
+            ws_q_buffers=1, ws_bwd_dq_config=None) -> AttentionPolicy:
     # One object per decision: choose_policy runs on every call, a policy's construction is not free.
     return AttentionPolicy(forward=forward, ws_config=ws_config, ws_persistent=ws_persistent, ws_band=ws_band,
-                           backward=backward, bias_pair=bias_pair, ws_overlap=ws_overlap, ws_q_buffers=ws_q_buffers)
+                           backward=backward, bias_pair=bias_pair, ws_overlap=ws_overlap, ws_q_buffers=ws_q_buffers,
+                           ws_bwd_dq_config=ws_bwd_dq_config)
 
 
 def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False, has_bias: bool = False,
@@ -362,8 +367,8 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
     opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim; v5's overlapped
     consumers by ``WS_OVERLAP_RULES`` and ``WS_OVERLAP_SPANS``), the backward
-    by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6)
-    and ``ORDERED_RULES``, else v3's two kernels."""
+    by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6, its dQ kernel
+    with three consumers by ``WS_BWD_DQ_THREE``) and ``ORDERED_RULES``, else v3's two kernels."""
     causal = bool(causal)
     rule = WS_FWD_RULES.get((head_dim, causal, bool(has_bias)))
     forward = "ws" if rule is not None and not has_mask and seq_q >= rule[0] else "pointer"
@@ -383,8 +388,10 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     lo, past = WS_OVERLAP_SPANS.get((head_dim, causal), (0, 0))
     if not has_bias and lo <= seq_q < past:
         config, persistent, overlap, q_buffers = None, True, True, 2
+    three = backward == "ws" and seq_q >= WS_BWD_DQ_THREE.get(head_dim, float("inf"))
     return _policy(forward, config, persistent, head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D,
-                   "persistent" if overlap and persistent else overlap, q_buffers)
+                   "persistent" if overlap and persistent else overlap, q_buffers,
+                   WS_BWD_DQ_THREE_CONFIG if three else None)
 
 
 # ---------------------------------------------------------------------------- against SDPA
