@@ -192,3 +192,16 @@ def cudnn_backward_ms(q, k, v, do, causal: bool, bench) -> float:
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
     return bench(lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True))
+
+
+def load_attention_module(path: str, name: str):
+    """The Python file at ``path`` (another commit's copy of a library module, or an edited one) loaded as module
+    ``tilewise.ops.attention.<name>``, so its relative imports resolve inside the attention package."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"tilewise.ops.attention.{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -37,7 +37,6 @@ Run on the GPU: PYTHONPATH=src python3 research/attention_exp2_poly.py [--backwa
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
@@ -52,7 +51,7 @@ from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
 from tilewise.ops.attention import reference as R
 
-from _timing import warm_clocks
+from _timing import load_attention_module, warm_clocks
 
 EVERY = (4, 3, 2)
 # (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes first (D 64, GQA 32 / 8), then issue 30's grid at D 64,
@@ -102,12 +101,7 @@ def load_variant(every: int, module=None, edits=None):
     path = os.path.join(tempfile.mkdtemp(prefix="exp2poly"), f"{short}_poly{every}.py")
     with open(path, "w") as fh:
         fh.write(src)
-    name = f"tilewise.ops.attention.{short}_poly{every}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_attention_module(path, f"{short}_poly{every}")
 
 
 # v6's two exp2 lines: dK / dV's P^T (tile t of the key block's query walk) and dQ's P (ring fill j); masked

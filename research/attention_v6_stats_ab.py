@@ -21,7 +21,6 @@ Run on the GPU: PYTHONPATH=src python3 research/attention_v6_stats_ab.py [BASE]
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
 
@@ -30,7 +29,7 @@ import triton
 
 from tilewise.ops.attention import gluon_bwd as gb
 
-from _timing import cudnn_backward_ms, v6_backward_inputs, v6_grads, warm_clocks
+from _timing import cudnn_backward_ms, load_attention_module, v6_backward_inputs, v6_grads, warm_clocks
 
 # (B, H, Hkv, S, D, causal): the Llama-3.2-1B shapes, then issue 30's grid points at D 64 / 128.
 SHAPES = [(4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True), (4, 16, 16, 4096, 64, False),
@@ -42,16 +41,8 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def load_base(path):
-    spec = importlib.util.spec_from_file_location("tilewise.ops.attention.gluon_bwd_base", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main():
-    base = load_base(sys.argv[1] if len(sys.argv) > 1 else ".ab/gluon_bwd_base.py")
+    base = load_attention_module(sys.argv[1] if len(sys.argv) > 1 else ".ab/gluon_bwd_base.py", "gluon_bwd_base")
     warm_clocks()
     print(f"{torch.cuda.get_device_name()}: B H/Hkv S D causal | dK/dV base -> staged ms (x) | "
           "dQ base -> new ms (x) | v6 backward base -> new | cuDNN backward (x new) | bitwise", flush=True)
