@@ -14,6 +14,8 @@ Run on the GPU (~1 minute): PYTHONPATH=src python3 research/attention_dq_three_e
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -28,6 +30,8 @@ from _timing import abba_ms, warm_clocks
 SHAPES = [(4, 32, 8, 4096, False), (4, 32, 8, 4096, True), (1, 32, 8, 16384, True), (4, 16, 16, 4096, False),
           (8, 32, 8, 2048, False), (8, 16, 16, 2048, True)]
 D = 64
+# Other shapes from the command line, B,H,Hkv,S,causal each: 2,32,8,8192,1
+ARG_SHAPES = [tuple(int(x) for x in a.split(",")) for a in sys.argv[1:]]
 
 
 def bench(fn):
@@ -38,7 +42,7 @@ def main():
     warm_clocks()
     print(f"{torch.cuda.get_device_name()}: B H/Hkv S D causal | fwd+bwd ms: default / two dQ consumers / cuDNN | "
           "default x two, x cuDNN | dQ config | bitwise", flush=True)
-    for B, H, Hkv, S, causal in SHAPES:
+    for B, H, Hkv, S, causal in ([(b, h, kv, s, bool(c)) for b, h, kv, s, c in ARG_SHAPES] or SHAPES):
         g = torch.Generator(device="cuda").manual_seed(S + H + causal)
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
