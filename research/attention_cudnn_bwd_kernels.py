@@ -1,0 +1,86 @@
+"""Which kernels does SDPA's cuDNN backward launch along issue 30's grid, with what grid, block, registers and shared
+memory, and for how long? Beside it, v6's two kernels (``gluon_bwd.dkdv`` / ``dq``, the default configs) on the same
+inputs. From the profiler's trace (Kineto's kernel events carry grid, block, registers per thread, shared memory).
+
+Why: `attention_bwd_scaling.py` (2026-12-07, H100) put cuDNN's backward at 575 TFLOP/s at B 1 H 32 / 8 S 16384
+D 128, against 517 at S 8192 with the same GQA and 525 at S 16384 with 16 heads of their own; our kernels held
+675-770 there. Whether cuDNN changes kernel, tile or grid at that size (or splits the work by query heads) decides
+what to try on our side.
+
+Prediction (2026-12-07, before a run): the same kernel name at every S; at S 16384 GQA a grid that walks the four
+query heads of a group in one CTA (grid.y = Hkv, not H) or a larger key tile.
+Run on the GPU (~30 s): PYTHONPATH=src python3 research/attention_cudnn_bwd_kernels.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_bwd as gb
+
+from _timing import v6_backward_inputs
+
+# (B, H, Hkv, S, D, causal): the scaling run's D 128 rows where cuDNN's rate moved, and the Llama D 64 rows.
+SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 16, 16384, 128, False),
+          (4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True)]
+
+
+def kernel_rows(fn, reps: int = 3) -> list:
+    """(name, launches a call, us a call, grid, block, registers, shared bytes) of each kernel ``fn`` launches."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    rows = {}
+    for e in events:
+        if e.get("cat") != "kernel":
+            continue
+        a = e.get("args", {})
+        key = (e["name"], str(a.get("grid")), str(a.get("block")), a.get("registers per thread"),
+               a.get("shared memory"))
+        n, us = rows.get(key, (0, 0.0))
+        rows[key] = (n + 1, us + float(e.get("dur", 0.0)))
+    return [(k[0], n / reps, us / reps, *k[1:]) for k, (n, us) in rows.items()]
+
+
+def main():
+    print(torch.cuda.get_device_name(), flush=True)
+    for B, H, Hkv, S, D, causal in SHAPES:
+        q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D)
+        qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            oc = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hkv != H)
+        pol = C.choose_policy(D, S, S, causal=causal)
+        kv_cfg, q_cfg = C.ws_bwd_dkdv_config(D, pol.ws_bwd_config), C.ws_bwd_dq_config(D, pol.ws_bwd_dq_config)
+        dk, dv, dq = (torch.empty_like(t) for t in (k, v, q))
+        ours = (lambda: (gb.dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, config=kv_cfg),
+                         gb.dq(q, k, v, do, lse, delta, causal, scale, dq, config=q_cfg)))
+        for who, fn in (("cudnn", lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True)),
+                        ("v6", ours)):
+            print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} {who}:", flush=True)
+            for name, n, us, grid, block, regs, smem in sorted(kernel_rows(fn), key=lambda r: -r[2]):
+                print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:160]}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
