@@ -205,3 +205,18 @@ def load_attention_module(path: str, name: str):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def profiled(fn, reps: int, warmup: int):
+    """torch.profiler's record (CUDA activity) of ``reps`` calls of ``fn`` after ``warmup`` unrecorded ones
+    (cublas_kernels, attention_cudnn_bwd_kernels: which kernels a call launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return prof

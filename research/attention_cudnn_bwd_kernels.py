@@ -21,12 +21,11 @@ import tempfile
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_bwd as gb
 
-from _timing import v6_backward_inputs
+from _timing import profiled, v6_backward_inputs
 
 # (B, H, Hkv, S, D, causal): the scaling run's D 128 rows where cuDNN's rate moved, and the Llama D 64 rows.
 SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 16, 16384, 128, False),
@@ -35,13 +34,7 @@ SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 1
 
 def kernel_rows(fn, reps: int = 3) -> list:
     """(name, launches a call, us a call, grid, block, registers, shared bytes) of each kernel ``fn`` launches."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, reps, warmup=2)
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:

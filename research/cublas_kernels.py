@@ -6,21 +6,16 @@ Run: PYTHONPATH=src python3 research/cublas_kernels.py
 """
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from tilewise.ops.gemm import api as G
+
+from _timing import profiled
 
 SIZES = [1000, 1536, 2048, 2304, 3072, 4096, 8192]
 
 
 def kernels(fn, reps=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, reps, warmup=3)
     out = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
