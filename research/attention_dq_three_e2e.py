@@ -32,6 +32,8 @@ SHAPES = [(4, 32, 8, 4096, False), (4, 32, 8, 4096, True), (1, 32, 8, 16384, Tru
 D = 64
 # Other shapes from the command line, B,H,Hkv,S,causal each: 2,32,8,8192,1
 ARG_SHAPES = [tuple(int(x) for x in a.split(",")) for a in sys.argv[1:]]
+if any(len(t) != 5 for t in ARG_SHAPES):
+    sys.exit(f"usage: {sys.argv[0]} [B,H,Hkv,S,causal ...] (five integers each), got {sys.argv[1:]}")
 
 
 def bench(fn):
