@@ -722,8 +722,8 @@ def test_choose_policy_keeps_the_rules():
         else:
             want = "ws" if not mask and not bias and (D, Sq, Sk, causal) in _WS_BWD_BEFORE else "two_kernel"
         assert p.backward == want, case
-        # v6's dQ kernel with three consumers, 4 stages and the pipe at D 64 from Sq 4096 (WS_BWD_DQ_THREE)
-        dq3 = want == "ws" and D == 64 and Sq >= 4096
+        # v6's dQ kernel with three consumers, 4 stages and the pipe at D 64 from Sq 2048, causal 4096 (WS_BWD_DQ_THREE)
+        dq3 = want == "ws" and D == 64 and Sq >= (4096 if causal else 2048)
         assert p.ws_bwd_dq_config == ((64, 4, 160, 0, 1, 3) if dq3 else None), case
         assert p == C.AttentionPolicy(forward=p.forward, ws_config=p.ws_config, ws_persistent=p.ws_persistent,
                                       ws_band=p.ws_band, backward=p.backward, ws_overlap=p.ws_overlap,

@@ -122,9 +122,9 @@ WS_BWD_DQ_TILES = MappingProxyType({64: (64, 3), 128: (64, 4)})
 # v6 dQ with the pipe schedule (a tile's dQ product behind the next tile's S, dP), by head dim: 1.02-1.13x at
 # D 128 with 4 stages (4 stages alone 1.00-1.07x); 0.91-0.95x at D 64 (tuning: "... v6's pipe schedule").
 WS_BWD_DQ_PIPE = frozenset({128})
-# v6 dQ with three consumers (192 query rows a CTA), 4 stages and the pipe, by head dim: the least Sq it runs from.
-# D 64: 1.03-1.09x two consumers from Sq 4096, 0.96x at 2048 causal (tuning: "dQ with three consumers").
-WS_BWD_DQ_THREE = MappingProxyType({64: 4096})
+# v6 dQ with three consumers (192 query rows a CTA), 4 stages and the pipe, (D, causal) -> the least Sq it runs from:
+# 1.01-1.09x two consumers there, 0.96-0.99x at 2048 causal and 1024 (tuning: "dQ with three consumers").
+WS_BWD_DQ_THREE = MappingProxyType({(64, False): 2048, (64, True): 4096})
 WS_BWD_DQ_THREE_CONFIG = (64, 4, 160, 0, 1, 3)
 # v6's consumer warpgroups' registers (tuning: "v6 tiles").
 WS_BWD_CONSUMER_REGS = 240
@@ -388,7 +388,7 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     lo, past = WS_OVERLAP_SPANS.get((head_dim, causal), (0, 0))
     if not has_bias and lo <= seq_q < past:
         config, persistent, overlap, q_buffers = None, True, True, 2
-    three = backward == "ws" and seq_q >= WS_BWD_DQ_THREE.get(head_dim, float("inf"))
+    three = backward == "ws" and seq_q >= WS_BWD_DQ_THREE.get((head_dim, causal), float("inf"))
     return _policy(forward, config, persistent, head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D,
                    "persistent" if overlap and persistent else overlap, q_buffers,
                    WS_BWD_DQ_THREE_CONFIG if three else None)
