@@ -1876,6 +1876,20 @@ def test_gpu_v6_dq_three_consumers(shape, causal, poisoned_grads, monkeypatch):
             assert torch.equal(ours[name], base[name]), f"{cfg}: {name} differs from two consumers'"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cons", [0, 1, 4])
+@pytest.mark.quick
+def test_gpu_v6_dq_consumer_count_is_checked_first(cons):
+    """A dQ config's consumer field other than 2 or 3 raises the ValueError naming it before a grid is cut by it
+    (0 divided the query rows by zero)."""
+    q, k, v = _inputs(1, 2, 2, 300, 300, 64, dtype=torch.bfloat16, device="cuda", seed=cons + 5)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    run = _tuned(A.flash_attention, backward="ws", ws_bwd_dq_config=(64, 3, 160, 0, 0, cons))
+    out = run(q, k, v)
+    with pytest.raises(ValueError, match="consumer warpgroups must be 2 or 3"):
+        out.backward(torch.randn_like(out))
+
+
 def test_v6_config_fields_into_launch_meta():
     """A v6 config's optional fields reach the launch only when set (a default launch keeps its key); three consumer
     warpgroups only for the dQ kernel, anything else named."""

@@ -646,14 +646,13 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     qd, dod = _desc(q2, (KEYS, D), memo), _desc(do2, (KEYS, D), memo)
     kd, vd = _desc(k2, (bn, D), memo), _desc(v2, (bn, D), memo)
-    cons = int(extra[2]) if len(extra) > 2 else 2
-    grid = (-(-Sq // (cons * KEYS)), B * H)
-    group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
-    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     if band is not None:
         meta["BAND"] = True
-    _extra_meta(meta, extra, three=True)
+    _extra_meta(meta, extra, three=True)  # checks the consumer count the grid is cut by
+    grid = (-(-Sq // (meta["NUM_CONS"] * KEYS)), B * H)
+    group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
+    args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
     if layout:
         meta["LAYOUT"] = layout
