@@ -52,8 +52,11 @@ def test_cudnn_backward_applies_to_plain_16_bit_self_attention_only():
 
 
 def test_cudnn_backward_pays_where_our_forward_wins_only():
-    """Derived from SDPA_RULES: the backward on SDPA, the forward alone on us (sm_90: D 64 from 8192)."""
-    assert C.cudnn_backward_pays((9, 0), 64, 8192, True)
+    """Derived from SDPA_RULES: the backward on SDPA, the forward alone on us (sm_90: D 64 from 8192, but causal
+    from 4096 to 16384, where our whole call is the faster)."""
+    assert C.cudnn_backward_pays((9, 0), 64, 8192, False)
+    assert not C.cudnn_backward_pays((9, 0), 64, 8192, True)
+    assert C.cudnn_backward_pays((9, 0), 64, 16384, True)
     assert C.cudnn_backward_pays((9, 0), 64, 16384, False)
     assert not C.cudnn_backward_pays((9, 0), 64, 4096, True)
     assert not C.cudnn_backward_pays((9, 0), 128, 16384, True)

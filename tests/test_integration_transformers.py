@@ -95,11 +95,16 @@ def test_prefer_sdpa_rules():
 
     h200 = (9, 0)
     assert all(prefer_sdpa(h200, D, S, c, True) for D in (64, 128) for c in (False, True) for S in (1024, 16384))
+    # D 64 causal forward + backward: ours between 4096 and 16384 only
+    assert [prefer_sdpa(h200, 64, S, True, True) for S in (2048, 4096, 8192, 16383, 16384)] == [
+        True, False, False, False, True]
+    assert prefer_sdpa(h200, 64, 8192, False, True)
     assert prefer_sdpa(h200, 64, 4096, True, False) and not prefer_sdpa(h200, 64, 8192, True, False)
     assert prefer_sdpa(h200, 128, 16384, False, False)
     assert not prefer_sdpa(h200, 96, 4096, True, True)  # a head dim not measured: flash_attention
     assert not prefer_sdpa((8, 0), 64, 4096, True, True)  # a GPU not measured: flash_attention
-    assert all(v is None or v > 0 for v in SDPA_RULES.values())
+    assert all(v is None or (min(v) > 0 and v[0] < v[1] if isinstance(v, tuple) else v > 0)
+               for v in SDPA_RULES.values())
 
 
 @pytest.fixture
@@ -1086,12 +1091,13 @@ def test_gpu_auto_attention_matches_flash_attention(monkeypatch):
 @pytest.mark.quick
 def test_gpu_auto_attention_cudnn_backward_route(monkeypatch):
     """Where our forward is the faster one and cuDNN's backward is (configs.cudnn_backward_pays; on the
-    H200 head dim 64 from S = 8192), "tilewise_auto" runs our forward with cuDNN's backward: loss and every
+    H200 head dim 64 causal at S = 16384), "tilewise_auto" runs our forward with cuDNN's backward: loss and every
     gradient as attention=True's (flash_attention at every call) within bf16 noise."""
     from tilewise.ops.attention.configs import cudnn_backward_pays
 
-    S = 8192
-    if not cudnn_backward_pays(torch.cuda.get_device_capability(), 64, S, True):
+    cap = torch.cuda.get_device_capability()
+    S = next((s for s in (8192, 16384) if cudnn_backward_pays(cap, 64, s, True)), None)
+    if S is None:
         pytest.skip("no measured rule sends this GPU's calls to cuDNN's backward")
     config = _config(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
                      num_hidden_layers=2, vocab_size=1000, max_position_embeddings=S)

@@ -35,10 +35,10 @@ What reaches ``flash_attention``:
 (``ops/attention/configs.py``'s ``SDPA_RULES``, by compute capability, head dim, causality, length
 and whether gradients follow): SDPA only for plain self-attention (no padding or other mask, no window,
 softcap or attention sinks, Sq = Sk) on a measured GPU; everything else, and any GPU or head dim not
-measured, runs ``flash_attention`` as above. On the H200 a training call takes cuDNN's backward at every
-measured shape, until flash_attention's backward catches up: with our forward where that is the faster one
-(``configs.cudnn_backward_pays``: the policy's backward "cudnn"), else SDPA's whole (docs/tuning/attention.md,
-"Against SDPA").
+measured, runs ``flash_attention`` as above. On sm_90 a training call takes cuDNN's backward at every
+measured shape but head dim 64 causal from 4096 to 16384 (there flash_attention's whole call is the faster):
+with our forward where that is the faster one (``configs.cudnn_backward_pays``: the policy's backward "cudnn"),
+else SDPA's whole (docs/tuning/attention.md, "Against SDPA", "The backward along S").
 
 ``transformers`` is an optional dependency (``pip install tilewise[transformers]``).
 """

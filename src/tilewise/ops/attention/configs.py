@@ -398,12 +398,15 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
 
 # Where PyTorch's SDPA (its own backend pick: cuDNN on sm_90) ran faster than flash_attention, for callers
 # that may run either (``integrations.transformers``' "tilewise_auto"): (compute capability, backward,
-# head dim, causal) -> the least sequence length from which flash_attention measured faster; None:
-# SDPA at every length measured. Forward + backward (backward=True) is SDPA everywhere on the H200 (0.67-0.93x
-# of cuDNN); the forward alone is ours at D = 64 from S = 8,192 (1.02-1.11x) (tuning: "Against SDPA").
+# head dim, causal) -> the least sequence length from which flash_attention measured faster, or (least, first
+# past it) where it measured faster only between; None: SDPA at every length measured. Forward + backward
+# (backward=True) was SDPA everywhere on the H200 (0.67-0.93x of cuDNN, before v6's three dQ consumers) but D 64
+# causal from 4096 to 16384 (H100: 1.034-1.046x cuDNN at B 4 H 32 / 8 S 4096 in four processes, 1.042-1.050x at
+# S 8192; ~0.99x at 16384, where our forward with cuDNN's backward leads); the forward alone is ours at D = 64
+# from S = 8,192 (1.02-1.11x) (tuning: "Against SDPA", "The backward along S").
 # Capabilities and head dims not here were not measured: flash_attention keeps them.
 SDPA_RULES = MappingProxyType({
-    ((9, 0), True, 64, False): None, ((9, 0), True, 64, True): None,
+    ((9, 0), True, 64, False): None, ((9, 0), True, 64, True): (4096, 16384),
     ((9, 0), True, 128, False): None, ((9, 0), True, 128, True): None,
     ((9, 0), False, 64, False): 8192, ((9, 0), False, 64, True): 8192,
     ((9, 0), False, 128, False): None, ((9, 0), False, 128, True): None})
@@ -416,8 +419,11 @@ def prefer_sdpa(capability: tuple, head_dim: int, seq: int, causal: bool, backwa
     key = (tuple(capability), bool(backward), head_dim, bool(causal))
     if key not in SDPA_RULES:
         return False
-    least = SDPA_RULES[key]
-    return least is None or seq < least
+    rule = SDPA_RULES[key]
+    if rule is None:
+        return True
+    least, past = rule if isinstance(rule, tuple) else (rule, float("inf"))
+    return not least <= seq < past
 
 
 def cudnn_backward_pays(capability: tuple, head_dim: int, seq: int, causal: bool) -> bool:
