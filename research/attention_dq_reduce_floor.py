@@ -103,6 +103,12 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name())
     # The shapes of `attention_cudnn_bwd_kernels.py` (our dK / dV, dQ ms there, H100): D 128 plain 12.0 / 8.2 at
     # S 16384 GQA, 5.5 / 3.9 at B 2 S 8192; the Llama's D 64 causal 3.29 / 2.44 at S 16384, 0.90 / 0.72 at B 4 S 4096.
-    for H, Hkv, S, D, causal in ((32, 8, 16384, 128, False), (32, 8, 16384, 64, True), (128, 32, 4096, 64, True)):
-        for BM, BN, warps in ((64, 128, 4), (128, 128, 8)):
-            case(H, Hkv, S, D, causal, BM, BN, warps)
+    import sys
+    if "--head-major" in sys.argv:  # one query head a program (cuDNN's order: dK / dV summed over the group after)
+        for H, S, D, causal in ((32, 16384, 128, False), (32, 16384, 64, True), (128, 4096, 64, True)):
+            for BM, BN, warps in ((64, 128, 4), (128, 128, 8)):
+                case(H, H, S, D, causal, BM, BN, warps)
+    else:
+        for H, Hkv, S, D, causal in ((32, 8, 16384, 128, False), (32, 8, 16384, 64, True), (128, 32, 4096, 64, True)):
+            for BM, BN, warps in ((64, 128, 4), (128, 128, 8)):
+                case(H, Hkv, S, D, causal, BM, BN, warps)
