@@ -10,6 +10,11 @@ what to try on our side.
 Prediction (2026-12-07, before a run): the same kernel name at every S; at S 16384 GQA a grid that walks the four
 query heads of a group in one CTA (grid.y = Hkv, not H) or a larger key tile.
 Run on the GPU (~30 s): PYTHONPATH=src python3 research/attention_cudnn_bwd_kernels.py
+
+Measured (2026-12-07, H100, attention-cudnn-bwd-kernels-426e340*.log): one persistent kernel at every S (132 CTAs,
+384 threads, 64 x 64 tiles), dQ in fp32 converted after, GQA's dK / dV summed over the group by two
+fmha_reduce_head launches after: no CTA walks a group's query heads (that half of the prediction was wrong).
+docs/tuning/attention.md, "The waiting rules landed; cuDNN's backward kernels; the floor of dQ's fp32 additions".
 """
 
 from __future__ import annotations

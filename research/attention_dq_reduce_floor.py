@@ -20,7 +20,12 @@ Each kernel is checked once (reduce / red_ptr against the count of key blocks a 
 Prediction (2026-12-07, before a run; H100): reduce ~3-4 TB/s of added bytes (L2-resident: one head's dQ is 8 MB),
 red_ptr 2-3x slower; loads_red at D 128 plain S 16384 ~1.3x loads. If loads_red stays under ~5/4 of the dK / dV
 kernel's 12.0 ms there, a fused kernel with dQ by TMA reduce can beat the two kernels (20.2 ms).
-Run on the GPU (~1 minute): PYTHONPATH=src python3 research/attention_dq_reduce_floor.py
+Run on the GPU (~15 s): PYTHONPATH=src python3 research/attention_dq_reduce_floor.py [--head-major]
+
+Measured (2026-12-07, H100; attention-dq-reduce-floor-0d2c241*.log, -head-major-d87292f*.log): TMA reduce and
+pointer atomics alike, 3.1-3.3 TB/s at D 128 (10.4-10.9 ms at S 16384); at D 64 causal 1.6-1.9 TB/s a KV group a
+CTA, 3.1 TB/s a query head a CTA with BM 128 (loads + adds 3.02 ms at 1 x 16384, v6's dQ kernel 2.44 ms).
+docs/tuning/attention.md, "The waiting rules landed; cuDNN's backward kernels; the floor of dQ's fp32 additions".
 """
 
 from __future__ import annotations
