@@ -1,5 +1,8 @@
 """Timing for the experiment scripts that need it without an L2 flush between calls: events around
 each call after a warm-up, the median in ms (triton's do_bench, which the others use, flushes L2)."""
+import json
+import os
+import tempfile
 import time
 
 import torch
@@ -220,3 +223,26 @@ def profiled(fn, reps: int, warmup: int):
             fn()
         torch.cuda.synchronize()
     return prof
+
+
+def kernel_rows(fn, reps: int = 3) -> list:
+    """(name, launches a call, us a call, grid, block, registers, shared bytes) of each kernel ``fn`` launches."""
+    prof = profiled(fn, reps, warmup=2)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    rows = {}
+    for e in events:
+        if e.get("cat") != "kernel":
+            continue
+        a = e.get("args", {})
+        key = (e["name"], str(a.get("grid")), str(a.get("block")), a.get("registers per thread"),
+               a.get("shared memory"))
+        n, us = rows.get(key, (0, 0.0))
+        rows[key] = (n + 1, us + float(e.get("dur", 0.0)))
+    return [(k[0], n / reps, us / reps, *k[1:]) for k, (n, us) in rows.items()]

@@ -19,10 +19,6 @@ docs/tuning/attention.md, "The waiting rules landed; cuDNN's backward kernels; t
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -30,34 +26,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_bwd as gb
 
-from _timing import profiled, v6_backward_inputs
+from _timing import kernel_rows, v6_backward_inputs
 
 # (B, H, Hkv, S, D, causal): the scaling run's D 128 rows where cuDNN's rate moved, and the Llama D 64 rows.
 SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 16, 16384, 128, False),
           (4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True)]
-
-
-def kernel_rows(fn, reps: int = 3) -> list:
-    """(name, launches a call, us a call, grid, block, registers, shared bytes) of each kernel ``fn`` launches."""
-    prof = profiled(fn, reps, warmup=2)
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    rows = {}
-    for e in events:
-        if e.get("cat") != "kernel":
-            continue
-        a = e.get("args", {})
-        key = (e["name"], str(a.get("grid")), str(a.get("block")), a.get("registers per thread"),
-               a.get("shared memory"))
-        n, us = rows.get(key, (0, 0.0))
-        rows[key] = (n + 1, us + float(e.get("dur", 0.0)))
-    return [(k[0], n / reps, us / reps, *k[1:]) for k, (n, us) in rows.items()]
 
 
 def main():
