@@ -16,7 +16,14 @@ events (median of 20, back to back), so the difference is the device's idle time
 Prediction (2026-12-07, before a run; H100): "own" carries ~0.3-0.5 ms a call outside its dK / dV and dQ kernels
 at 1 x 16384 (the Delta pass ~0.05 ms, the rest copies or conversions of dO or the gradients), which is why it
 does not lead "auto" in the step.
-Run on the GPU (~1 minute): PYTHONPATH=src python3 research/attention_llama_call_kernels.py
+Run on the GPU (~25 s warm): PYTHONPATH=src python3 research/attention_llama_call_kernels.py
+
+Measured (2026-12-07, H100, three runs, attention-llama-call-kernels-055dc26.log): prediction wrong. Outside its
+two backward kernels "own" launches only the Delta pass (52 us); at 1 x 16384 its backward kernels took 3.43 + 2.53
+ms in this run (3.29 + 2.44 in attention_cudnn_bwd_kernels'), against cuDNN's 5.80 + 0.29, so the three routes
+are within 2 % a call (auto 8.52-8.72, own 8.73-8.79, sdpa 8.75 ms). At 4 x 4096 auto (now flash_attention's
+whole call) 2.45-2.51 against sdpa's 2.67-2.68. The "idle" column is not exact (the profiled calls and the timed
+ones run at different clocks: it reads negative at 4 x 4096).
 """
 
 from __future__ import annotations
