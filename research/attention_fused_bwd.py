@@ -73,7 +73,18 @@ docs/tuning/attention.md, "v7 with staged stats"): STATS 2 took mode 7 at B 4 H 
 from 3.659 to 3.370; at the Llama 1 x 16384 shape mode 4 6.407 ms against v6's 6.670 and cuDNN's 6.273. Writing
 dQ still costs 0.95 ms at D 128, with 37.5 M spill requests (mode 7 17.2 M) and L2 throughput as cuDNN's.
 
-Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid]
+Prepared 2026-12-07 (forty-first session, compiled for sm_90 on the CPU under Triton 3.6 and 3.9, not run): a
+CTA a query head (config field 11, `--head-major`), cuDNN's order: the grid walks (key block, query head), each CTA
+reads its group's K / V (the kernel's KV_DIV) and writes fp32 dK / dV partials of its query head, summed over the
+group after. `attention_dq_reduce_floor.py` (H100) put the dQ adds' traffic at 4.9-5.9 ms walking a KV group a CTA
+(v7's order) against 4.9 ms a query head a CTA with 64-row tiles and 3.0 ms with 128-row tiles, at the Llama's
+1 x 16384 D 64 causal. D 64 builds: 0 spill instructions (modes 4 and 7), 132,592 bytes of shared memory (mode 4).
+Prediction: mode 4 head-major within ~0.2 ms of mode 7 at 1 x 16384 (v7's order: 0.52 ms apart at 599ce19), the
+extra partials' traffic and their sum ~0.1 ms; mode 7 head-major as v7's order (the same products). If so, the
+remaining gap is the products' rate (mode 7 ~468 TFLOP/s against v6's dK / dV kernel's ~670): v6's pipe schedule
+in v7 is what would follow.
+
+Run on the GPU: PYTHONPATH=src python3 research/attention_fused_bwd.py [--shapes quick|grid] [--head-major]
 """
 
 from __future__ import annotations
@@ -486,7 +497,7 @@ def _fconsumer(k_smem, v_smem, q_smem, do_smem, ds_smem, ds_ready, ds_free, dq_d
 
 @gluon.jit
 def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr,
-                             H, GROUP, Sq, Sk, qk_scale, sm_scale,
+                             H, GROUP, Sq, Sk, qk_scale, sm_scale, KV_DIV,
                              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, DS_LAYOUT: gl.constexpr, SPLIT: gl.constexpr,
                              VEC: gl.constexpr, TMA: gl.constexpr, ROT: gl.constexpr, ORDER: gl.constexpr = False,
@@ -498,7 +509,8 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
     off_b = bhk // HK
     off_hk = bhk % HK
     n0 = start_n * (NUM_CONS * _KEYS)
-    kv_row = bhk * Sk + n0
+    kv_row = bhk * Sk + n0  # dK / dV's rows (a query head's partial where KV_DIV > 1)
+    src_row = (bhk // KV_DIV) * Sk + n0  # K / V's rows: a CTA a query head reads its group's K / V (KV_DIV > 1)
     q_head0 = off_b * H + off_hk * GROUP
     m_first = 0
     if CAUSAL:
@@ -548,7 +560,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
                           m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
                           NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
-                        lse_ptr, delta_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
+                        lse_ptr, delta_ptr, src_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
                         NUM_CONS, ROT, STATS)),
             (_fwriter, (dq_desc, dq_stage, dq_bars, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, CAUSAL,
                         NUM_CONS, ROT, HEAD_DIM, TMA)),
@@ -564,7 +576,7 @@ def attn_bwd_fused_ws_kernel(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, 
                           m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, HEAD_DIM, STAGES, CAUSAL,
                           NUM_CONS, SPLIT, VEC, TMA, ROT, ORDER, STATS, KV_REGS, 1)),
             (_floader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, stats,
-                        lse_ptr, delta_ptr, kv_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
+                        lse_ptr, delta_ptr, src_row, q_head0, m_first, n_m, GROUP, Sq, Sk, n0, BLOCK_M, STAGES, CAUSAL,
                         NUM_CONS, ROT, STATS)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -613,6 +625,8 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
     order = bool(config[7]) if len(config) > 7 else False
     stats = int(config[8]) if len(config) > 8 else 0
     kv_regs = bool(config[9]) if len(config) > 9 else False
+    # a CTA a query head (cuDNN's order): dK / dV partials per query head in fp32, summed over the group after
+    head_major = bool(config[10]) if len(config) > 10 else False
     delta = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     n_m = -(-Sq // bm)
     if use_tma == 6 and bm != 64:
@@ -621,7 +635,11 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
         dq_acc = torch.zeros((B * H * n_m * 2 * bm, D // 2), dtype=torch.float32, device=q.device)
     else:
         dq_acc = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    G = H // Hkv
+    if head_major:
+        dk, dv = (torch.empty((B, H, Sk, D), dtype=torch.float32, device=q.device) for _ in range(2))
+    else:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
     A._launch(K_._attn_bwd_preprocess_kernel, (-(-Sq // 64), B * H), out, do, delta, delta,
               delta if use_tma == 6 else dq_acc, H, Sq, *out.stride(), *do.stride(), BLOCK_M=64, HEAD_DIM=D,
               BLOCK_D=D, HAS_DLSE=False, ZERO_DQ=use_tma != 6)
@@ -642,12 +660,15 @@ def fused_bwd(q, k, v, out, do, lse, causal, scale, config=(64, 2, 240, False, F
                                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     else:
         dqd = _fp32_desc(dq_acc.view(-1, D), (bm, D // 2) if use_tma in (1, 2, 4) else (8, 8))
-    grid = (-(-Sk // (2 * KEYS)), B * Hkv)
-    args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, H // Hkv, Sq, Sk, scale * LOG2E, scale)
+    grid = (-(-Sk // (2 * KEYS)), B * (H if head_major else Hkv))
+    args = (kd, vd, qd, dod, dqd, lse, delta, dk, dv, dq_acc, H, 1 if head_major else G, Sq, Sk, scale * LOG2E, scale,
+            G if head_major else 1)
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, DS_LAYOUT=ds_layout(bm),
                 SPLIT=split, VEC=vec, TMA=use_tma, ROT=rot, ORDER=order, STATS=stats, NUM_CONS=2,
                 KV_REGS=kv_regs, num_warps=4)
     run(attn_bwd_fused_ws_kernel, grid, args, meta, A._launch)
+    if head_major:
+        dk, dv = (t.view(B, Hkv, G, Sk, D).sum(2).to(k.dtype) for t in (dk, dv))
     if use_tma == 6:  # back to (B, H, Sq, D): column c * D / 2 + j of row m is offset c * bm * D / 2 + e(m, j)
         idx = _dq6_gather(D, str(q.device))
         dq = dq_acc.view(B * H, n_m, 2 * bm * (D // 2))[:, :, idx].view(B, H, n_m * bm, D)[:, :, :Sq]
@@ -759,6 +780,9 @@ def main(argv=None):
                         "shared memory (v6's dK / dV kernel now)")
     p.add_argument("--ncu-dims", default="128", help="with --ncu: comma-separated head dims (B 4 H 16 S 4096)")
     p.add_argument("--d128-first", action="store_true", help="the D 128 shapes before the Llama ones")
+    p.add_argument("--head-major", action="store_true",
+                   help="modes 7 and 4 (STATS 2) with a CTA a KV group (as v6) and a CTA a query head (cuDNN's order, "
+                        "dK / dV summed over the group after), the Llama shapes and B 1 H 32 / 8 S 16384 D 128")
     a = p.parse_args(argv)
     stats = tuple(int(x) for x in a.stats.split(","))
     if a.ncu:
@@ -782,6 +806,8 @@ def main(argv=None):
             (64, 2, 240, True, False, 3, False, False, 1, True)]
     if a.modes:
         cfgs = [(64, 2, 240, True, False, int(m), False, False, st) for m in a.modes.split(",") for st in stats]
+    if a.head_major:
+        cfgs = [(64, 2, 240, True, False, m, False, False, 2, False, hm) for m in (7, 4) for hm in (False, True)]
     if a.tiles:
         cfgs += [(64, 2, 240, False, False, 0, False), (32, 3, 240, False, False, 0, False)]
     x = torch.randn(8192, 8192, device="cuda")
@@ -798,6 +824,8 @@ def main(argv=None):
               (4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True), (2, 32, 8, 8192, 128, True)]
     if a.d128_first:
         shapes = shapes[2:4] + shapes[:2] + shapes[4:]
+    if a.head_major:  # where attention_dq_reduce_floor.py put the adds' floor by order
+        shapes = shapes[:2] + [(1, 32, 8, 16384, 128, False)]
     if a.shapes == "grid":
         shapes += [(16, 16, 16, 1024, 128, False), (8, 16, 16, 2048, 128, True), (4, 16, 16, 4096, 64, False),
                    (4, 16, 16, 4096, 64, True)]
