@@ -9,7 +9,10 @@ what to try on our side.
 
 Prediction (2026-12-07, before a run): the same kernel name at every S; at S 16384 GQA a grid that walks the four
 query heads of a group in one CTA (grid.y = Hkv, not H) or a larger key tile.
-Run on the GPU (~30 s): PYTHONPATH=src python3 research/attention_cudnn_bwd_kernels.py
+Run on the GPU (~30 s): PYTHONPATH=src python3 research/attention_cudnn_bwd_kernels.py [--forward]
+(--forward, prepared 2026-12-07, not run: cuDNN's forward kernels beside ours where our forward is furthest under
+1.05x cuDNN; prediction: cuDNN's D 128 forward a persistent 132-CTA kernel with a 128-row tile and two consumer
+warpgroups, as ours, so the gap is in the tile loop, not the grid.)
 
 Measured (2026-12-07, H100, attention-cudnn-bwd-kernels-426e340*.log): one persistent kernel at every S (132 CTAs,
 384 threads, 64 x 64 tiles), dQ in fp32 converted after, GQA's dK / dV summed over the group by two
@@ -18,6 +21,8 @@ docs/tuning/attention.md, "The waiting rules landed; cuDNN's backward kernels; t
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +38,37 @@ SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 1
           (4, 32, 8, 4096, 64, True), (1, 32, 8, 16384, 64, True)]
 
 
+# `--forward`: the grid's forward points furthest under issue 30's 1.05x (H100 0d2c241, x cuDNN): D 128 without causal
+# at every S (0.945-0.988), D 64 causal S 1024 (0.879).
+FWD_SHAPES = [(8, 16, 16, 2048, 128, False), (4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False),
+              (16, 16, 16, 1024, 64, True), (4, 32, 8, 4096, 128, False)]
+
+
+def show(title: str, fn) -> None:
+    print(title, flush=True)
+    for name, n, us, grid, block, regs, smem in sorted(kernel_rows(fn), key=lambda r: -r[2]):
+        print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:160]}", flush=True)
+
+
+def forward():
+    """cuDNN's forward kernels beside flash_attention's default forward (no gradients) at FWD_SHAPES."""
+    from tilewise.ops.attention.api import flash_attention
+
+    for B, H, Hkv, S, D, causal in FWD_SHAPES:
+        q, k, v, _, _, _, _ = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D)
+        with torch.no_grad():
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != H)
+            show(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} forward cudnn:", cudnn)
+            show(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} forward ours:",
+                 lambda: flash_attention(q, k, v, causal=causal))
+
+
 def main():
     print(torch.cuda.get_device_name(), flush=True)
+    if "--forward" in sys.argv:
+        return forward()
     for B, H, Hkv, S, D, causal in SHAPES:
         q, k, v, do, scale, lse, delta = v6_backward_inputs(B, H, Hkv, S, D, causal, seed=S + D)
         qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -47,10 +81,7 @@ def main():
                          gb.dq(q, k, v, do, lse, delta, causal, scale, dq, config=q_cfg)))
         for who, fn in (("cudnn", lambda: torch.autograd.grad(oc, (qq, kk, vv), do, retain_graph=True)),
                         ("v6", ours)):
-            print(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} {who}:", flush=True)
-            for name, n, us, grid, block, regs, smem in sorted(kernel_rows(fn), key=lambda r: -r[2]):
-                print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:160]}",
-                      flush=True)
+            show(f"B{B} H{H}/{Hkv} S{S} D{D} causal={causal} {who}:", fn)
 
 
 if __name__ == "__main__":
