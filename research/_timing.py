@@ -246,3 +246,9 @@ def kernel_rows(fn, reps: int = 3) -> list:
         n, us = rows.get(key, (0, 0.0))
         rows[key] = (n + 1, us + float(e.get("dur", 0.0)))
     return [(k[0], n / reps, us / reps, *k[1:]) for k, (n, us) in rows.items()]
+
+
+def print_kernel_rows(rows: list) -> None:
+    """``kernel_rows``' rows, longest first, a line each."""
+    for name, n, us, grid, block, regs, smem in sorted(rows, key=lambda r: -r[2]):
+        print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:160]}", flush=True)

@@ -31,7 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_bwd as gb
 
-from _timing import kernel_rows, v6_backward_inputs
+from _timing import kernel_rows, print_kernel_rows, v6_backward_inputs
 
 # (B, H, Hkv, S, D, causal): the scaling run's D 128 rows where cuDNN's rate moved, and the Llama D 64 rows.
 SHAPES = [(2, 32, 8, 8192, 128, False), (1, 32, 8, 16384, 128, False), (1, 16, 16, 16384, 128, False),
@@ -46,8 +46,7 @@ FWD_SHAPES = [(8, 16, 16, 2048, 128, False), (4, 16, 16, 4096, 128, False), (1, 
 
 def show(title: str, fn) -> None:
     print(title, flush=True)
-    for name, n, us, grid, block, regs, smem in sorted(kernel_rows(fn), key=lambda r: -r[2]):
-        print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:160]}", flush=True)
+    print_kernel_rows(kernel_rows(fn))
 
 
 def forward():

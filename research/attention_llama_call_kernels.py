@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tilewise.integrations import transformers as tw
 from tilewise.ops.rope.api import apply_rotary_qkv
 
-from _timing import kernel_rows, median_event_ms
+from _timing import kernel_rows, median_event_ms, print_kernel_rows
 
 H, HKV, D = 32, 8, 64
 SHAPES = ((1, 16384), (4, 4096))
@@ -70,13 +70,11 @@ def main():
             fn()
             grads[route] = qkv.grad.float()
             ms = median_event_ms(fn, reps=20, warmup=3, sync_each=False)
-            rows = sorted(kernel_rows(fn), key=lambda r: -r[2])
+            rows = kernel_rows(fn)
             busy = sum(r[2] for r in rows) / 1e3
             print(f"B {B} S {S} {route}: {ms:.3f} ms a call, kernels {busy:.3f} ms, idle {ms - busy:.3f} ms",
                   flush=True)
-            for name, n, us, grid, block, regs, smem in rows:
-                print(f"  {us:9.1f} us x{n:g} grid {grid} block {block} regs {regs} smem {smem}  {name[:140]}",
-                      flush=True)
+            print_kernel_rows(rows)
         ref = grads["sdpa"]
         for route in ("auto", "own"):
             err = (grads[route] - ref).norm() / ref.norm()
