@@ -52,10 +52,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--shape", default="4x4096", help="B x S (4x4096 or 1x16384 in the bench)")
     p.add_argument("--all", action="store_true", help="profile hf_sdpa too")
+    p.add_argument("--names", default="hf_tilewise,hf_liger", help="candidates, comma-separated")
     a = p.parse_args()
     B, S = (int(x) for x in a.shape.lower().split("x"))
     config, state, batches = L.inputs(B, S)
-    names = (["hf_sdpa"] if a.all else []) + ["hf_tilewise", "hf_liger"]
+    names = (["hf_sdpa"] if a.all else []) + a.names.split(",")
     result = {}
     for name in names:
         try:

@@ -644,37 +644,60 @@ def test_fused_loss_counts_its_targets_before_the_forward(cpu_attention, monkeyp
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_tied_embedding_gradient_goes_sparse_into_the_heads(cpu_attention, monkeypatch, tied):
-    """With the embedding tied to the lm head, a fused-loss training forward asks F.embedding for a sparse
-    gradient (rows of its tokens), which autograd adds into the head's dense one: the parameter's .grad is
-    dense and every gradient equals the untouched model's. Untied, in eval, or with sparse_embedding_grad=False:
-    the embedding runs as it is. The module's own flag is back to False after each forward."""
+    """With the embedding tied to the lm head, a fused-loss training forward runs the embedding as
+    ``_EmbeddingRows``: its backward adds its tokens' rows into the head's dense gradient in place, and that
+    very tensor becomes the parameter's .grad (no copy by autograd); every gradient equals the untouched
+    model's. Untied, in eval, or with sparse_embedding_grad=False: the embedding runs as it is, and no
+    forward is left on the module after a call."""
     modeling = __import__("transformers.models.llama.modeling_llama", fromlist=["x"])
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
-    asked = []
-    real = torch.nn.functional.embedding
+    handed = []
+    real = tw_hf._EmbeddingRows.backward
 
-    def embedding(*a, **k):
-        asked.append(a[6] if len(a) > 6 else k.get("sparse", False))
-        return real(*a, **k)
+    def backward(ctx, grad_out):
+        out = real(ctx, grad_out)
+        handed.append(out[1].data_ptr())  # not the tensor: a second reference would make autograd copy it
+        return out
 
-    monkeypatch.setattr(torch.nn.functional, "embedding", embedding)
+    monkeypatch.setattr(tw_hf._EmbeddingRows, "backward", staticmethod(backward))
     ref = _model(_config(tie_word_embeddings=tied), "sdpa").train()
     assert (ref.get_input_embeddings().weight is ref.get_output_embeddings().weight) == tied
     ours = tw_hf.apply_tilewise(copy.deepcopy(ref))
     ids = _ids(2, 9)
     lr = ref(ids, labels=ids)
-    asked.clear()
     lo = ours(ids, labels=ids)
-    assert asked == [tied] and not ours.get_input_embeddings().sparse
+    assert "forward" not in ours.get_input_embeddings().__dict__
     _same_training(ref, ours, lr, lo, 1e-5, 1e-5)
-    assert ours.get_input_embeddings().weight.grad.layout == torch.strided
-    asked.clear()
+    grad = ours.get_input_embeddings().weight.grad
+    assert grad.layout == torch.strided
+    assert len(handed) == int(tied)
+    if tied:
+        assert handed[0] == grad.data_ptr()  # adopted, not copied
+    handed.clear()
     off = tw_hf.apply_tilewise(copy.deepcopy(ref), sparse_embedding_grad=False)
-    off(ids, labels=ids)
+    off(ids, labels=ids).loss.backward()
     ours.eval()
     with torch.no_grad():
         ours(ids, labels=ids)
-    assert asked == [False, False]
+    assert handed == [] and "forward" not in ours.get_input_embeddings().__dict__
+
+
+def test_tied_embedding_rows_keep_the_padding_row_out_and_work_without_the_fused_loss(cpu_attention, monkeypatch):
+    """``_EmbeddingRows`` on its own: the padding row gets no gradient (as F.embedding), repeated tokens add
+    up, the head's gradient from the slot is added into in place, and with none handed the gradient is the
+    rows alone."""
+    w = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([[1, 2, 2, 0], [5, 0, 1, 1]])
+    g = torch.randn(2, 4, 3, dtype=torch.float64)
+    ref = torch.autograd.grad(torch.nn.functional.embedding(ids, w, 0), w, g)[0]
+    for head in (None, torch.randn(7, 3, dtype=torch.float64)):
+        slot = tw_hf._HeadGrad()
+        slot.grad = None if head is None else head.clone()
+        out = tw_hf._EmbeddingRows.apply(ids, w, 0, slot)
+        (got,) = torch.autograd.grad(out, w, g)
+        want = ref if head is None else ref + head
+        assert torch.allclose(got, want) and got[0].abs().sum() == (0 if head is None else head[0].abs().sum())
+        assert slot.grad is None
 
 
 def test_patched_training_step_compiles_without_graph_breaks(monkeypatch):

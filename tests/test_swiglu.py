@@ -98,12 +98,21 @@ def _packed_check(gu, dy_seed=1, tol=1e-5):
     torch.testing.assert_close(gi.grad.double(), gr.grad, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("shape", [(37, 2 * 1500), (2, 3, 2 * 5), (1, 2), (0, 6), (3, 0)], ids=str)
+@pytest.mark.parametrize("shape", [(37, 2 * 1500), (3, 2 * 4096), (2, 2 * 6144), (2, 3, 2 * 5), (1, 2), (0, 6),
+                                   (3, 0)], ids=str)
 def test_packed_triton_interpreter_forward_backward(shape):
     """Against float64 autograd through silu(first half) * second half: y and the one gradient; a
-    half wider than a program's columns and not a multiple of them, 3-D, one pair, no rows, no columns."""
+    half wider than a program's columns and not a multiple of them, halves on the 4096- and 2048-column
+    blocks, 3-D, one pair, no rows, no columns."""
     g = torch.Generator().manual_seed(len(shape))
     _packed_check(torch.randn(shape, generator=g) * 3)
+
+
+def test_packed_block_divides_the_half_or_falls_back():
+    from tilewise.ops.pointwise.configs import SWIGLU_PACKED_BLOCK, swiglu_packed_block
+
+    blocks = [swiglu_packed_block(i) for i in (8192, 14336, 6144, 4099, 5)]
+    assert blocks == [4096, 2048, 2048, SWIGLU_PACKED_BLOCK, SWIGLU_PACKED_BLOCK]
 
 
 def test_packed_strided_rows_and_columns():
@@ -155,7 +164,7 @@ def test_packed_rejects_bad_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(16384, 2 * 8192), (1000, 2 * 4099), (3, 2)], ids=str)
+@pytest.mark.parametrize("shape", [(16384, 2 * 8192), (333, 2 * 6144), (1000, 2 * 4099), (3, 2)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.quick(rotate="shape")
 def test_gpu_packed_forward_backward(shape, dtype):

@@ -376,17 +376,21 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
     target = shift.to(head.weight.device)
     count = None if torch.compiler.is_compiling() else TargetCount(target, head.weight.shape[0])
     state["keep"] = True
-    if embed is not None:
-        embed.sparse = True
+    slot = _HeadGrad() if embed is not None else None
+    if embed is not None:  # this forward only; removed below, so no module keeps a reference to itself
+        embed.forward = functools.partial(_embedding_rows, embed, slot)
     try:
         out = original(self, *args, labels=None, logits_to_keep=torch.empty(0, dtype=torch.long), **kwargs)
         hidden = state.pop("hidden")
     finally:
         state["keep"] = False
         if embed is not None:
-            embed.sparse = False
+            del embed.forward
+    head_weight = head.weight
+    if slot is not None and slot.armed:  # the embedding ran and its backward will follow the loss's
+        head_weight = _HandHeadGrad.apply(head_weight, slot)
     # under autocast the lm head's GEMMs in its dtype, as the model's own head would run (not fp32)
-    hidden, weight, bias = autocast_inputs(hidden, head.weight, head.bias)
+    hidden, weight, bias = autocast_inputs(hidden, head_weight, head.bias)
     if target.device != hidden.device:  # the head and the last hidden state on different devices
         target, count = target.to(hidden.device), None
     loss = linear_cross_entropy(hidden, weight, target, bias, reduction="mean" if n_items is None else "sum",
@@ -399,20 +403,82 @@ def _fused_loss_forward(self, *args, labels=None, **kwargs):
 
 
 def _sparse_embedding(model):
-    """The input embedding whose gradient may be sparse in this forward: its weight is the lm head's (tied), so
-    the head's dense gradient from ``linear_cross_entropy`` reaches their shared gradient first and autograd adds
-    the embedding's rows into it in place, instead of a dense (vocab, hidden) gradient zeroed, scattered into
-    and added (~2.6 GB of traffic a step at Llama-3.2-1B's size). None under torch.compile, without gradients,
-    for a sharded weight (FSDP units reduce dense gradients) or an embedding that is not a plain nn.Embedding."""
+    """The input embedding whose gradient, in this forward, is only its tokens' rows added into the lm head's
+    dense gradient (the weight is tied): ``_embedding_rows``, instead of a dense (vocab, hidden) gradient
+    zeroed, scattered into and added (~2.6 GB of traffic a step at Llama-3.2-1B's size). None under
+    torch.compile, without gradients, for a sharded weight (FSDP units reduce dense gradients), an embedding
+    that is not a plain nn.Embedding or one with ``max_norm`` or ``scale_grad_by_freq``."""
     if torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return None
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if type(embed) is not torch.nn.Embedding or embed.sparse or head is None:
+    if (type(embed) is not torch.nn.Embedding or embed.sparse or head is None or embed.max_norm is not None
+            or embed.scale_grad_by_freq):
         return None
     w = embed.weight
     if w is not head.weight or not w.requires_grad or type(w) is not torch.nn.Parameter or _sharded(embed, w):
         return None
     return embed
+
+
+class _HeadGrad:
+    """The tied weight's dense gradient from the fused loss, on its way to the input embedding's backward.
+    ``armed``: the embedding ran in this forward with gradients, so that backward will run after the loss's."""
+    __slots__ = ("grad", "armed")
+
+    def __init__(self):
+        self.grad, self.armed = None, False
+
+
+class _HandHeadGrad(torch.autograd.Function):
+    """The lm head's weight as it is; its gradient (the fused loss's fresh buffer) goes to ``slot``, not to
+    autograd: the embedding's backward returns it with its rows added."""
+
+    @staticmethod
+    def forward(ctx, weight, slot):
+        ctx.slot = slot
+        ctx.set_materialize_grads(False)
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad is not None:
+            ctx.slot.grad = grad if ctx.slot.grad is None else ctx.slot.grad + grad
+        return None, None
+
+
+class _EmbeddingRows(torch.autograd.Function):
+    """``F.embedding(ids, weight, padding_idx)`` whose weight gradient is the head's dense one from ``slot``
+    with the tokens' output-gradient rows added in place (``index_add_``), or zeros with them where the loss
+    handed none. One dense gradient reaches the tied weight and its AccumulateGrad adopts it. (Given a dense
+    gradient and then a sparse one for a tensor, autograd's input buffer adds them out of place: at
+    Llama-3.2-1B's size a 525 MB copy a step, docs/tuning/bench.md, "llama: the tied embedding's gradient".)"""
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, slot):
+        ctx.save_for_backward(ids)
+        ctx.padding_idx, ctx.slot, ctx.weight_like = padding_idx, slot, (weight.shape, weight.dtype, weight.device)
+        return torch.nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (ids,) = ctx.saved_tensors
+        dense, ctx.slot.grad = ctx.slot.grad, None
+        shape, dtype, device = ctx.weight_like
+        if dense is None:
+            dense = torch.zeros(shape, dtype=dtype, device=device)
+        flat, rows = ids.reshape(-1), grad_out.reshape(-1, shape[1])
+        if ctx.padding_idx is not None:  # as F.embedding: the padding row gets no gradient
+            rows = rows.masked_fill((flat == ctx.padding_idx).unsqueeze(1), 0)
+        dense.index_add_(0, flat, rows.to(dense.dtype))
+        return None, dense, None, None
+
+
+def _embedding_rows(embed, slot, ids):
+    """The input embedding's forward for one fused-loss training forward (``_fused_loss_forward``)."""
+    slot.armed = embed.weight.requires_grad and torch.is_grad_enabled()
+    if not slot.armed:
+        return torch.nn.functional.embedding(ids, embed.weight, embed.padding_idx)
+    return _EmbeddingRows.apply(ids, embed.weight, embed.padding_idx, slot)
 
 
 def _signed_like(fn, like):
@@ -642,8 +708,8 @@ def apply_tilewise(model: torch.nn.Module, *, attention: bool | str = "auto", rm
                at Llama-3.2-1B's size and 16384 tokens, 4 GiB less at the step's peak for one more
                write a layer in the backward (measured: docs/tuning/bench.md, "Peak memory").
     sparse_embedding_grad: with ``loss`` and the input embedding tied to the lm head, the embedding's gradient
-               of a fused-loss forward is sparse (its tokens' rows), added in place into the head's dense one
-               (``_sparse_embedding``); the parameter's ``.grad`` stays dense.
+               of a fused-loss forward is only its tokens' rows, added in place into the head's dense one
+               (``_sparse_embedding``, ``_EmbeddingRows``); the parameter's ``.grad`` is that one dense tensor.
     """
     if not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"apply_tilewise: 'model' must be a transformers PreTrainedModel, got {type(model).__name__}")

@@ -164,3 +164,12 @@ SWIGLU_BLOCK = 1024
 SWIGLU_WARPS = 4
 # swiglu_packed: columns of one row a program (Llama's I = 8192 .. 14336 is 8 .. 14 programs a row).
 SWIGLU_PACKED_BLOCK = 1024
+# Wider blocks where one divides I: at (16384, 2 x 8192) on the H100 the backward with y took 574 us at 1024,
+# 570 at 2048 and 562 at 4096, the forward 289 / 287 / 287 (docs/tuning/pointwise.md, "swiglu_packed's block").
+SWIGLU_PACKED_WIDE = (4096, 2048)
+
+
+def swiglu_packed_block(i: int) -> int:
+    """Columns a program for swiglu_packed's intermediate size ``i``: the widest of ``SWIGLU_PACKED_WIDE``
+    that divides it (no masked tail), else ``SWIGLU_PACKED_BLOCK``."""
+    return next((b for b in SWIGLU_PACKED_WIDE if i % b == 0), SWIGLU_PACKED_BLOCK)

@@ -23,7 +23,7 @@ from ...cost import Cost
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import SWIGLU_BLOCK, SWIGLU_PACKED_BLOCK, SWIGLU_WARPS
+from .configs import SWIGLU_BLOCK, SWIGLU_PACKED_BLOCK, SWIGLU_WARPS, swiglu_packed_block
 
 @triton.jit
 def _swiglu_kernel(G, U, DY, Y, DG, DU, n, BLOCK: tl.constexpr, BACKWARD: tl.constexpr):
@@ -190,17 +190,18 @@ def _run_packed(gate_up, dy=None, keep_y=False):
     the backward kernel, bitwise the forward's."""
     x, ld = _rows(gate_up)
     rows, i = x.shape[0], x.shape[1] // 2
-    grid = (rows, triton.cdiv(i, SWIGLU_PACKED_BLOCK))
+    block = swiglu_packed_block(i)
+    grid = (rows, triton.cdiv(i, block))
     y = gate_up.new_empty(*gate_up.shape[:-1], i) if dy is None or keep_y else x
     if dy is None:
         if y.numel():
-            _launch(_swiglu_packed_kernel, grid, x, x, y, x, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=False,
+            _launch(_swiglu_packed_kernel, grid, x, x, y, x, i, ld, BLOCK=block, BACKWARD=False,
                     STORE_Y=False, num_warps=SWIGLU_WARPS)
         return y
     dy = dy.contiguous()
     dgu = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
     if dgu.numel():
-        _launch(_swiglu_packed_kernel, grid, x, dy, y, dgu, i, ld, BLOCK=SWIGLU_PACKED_BLOCK, BACKWARD=True,
+        _launch(_swiglu_packed_kernel, grid, x, dy, y, dgu, i, ld, BLOCK=block, BACKWARD=True,
                 STORE_Y=keep_y, num_warps=SWIGLU_WARPS)
     return (dgu, y) if keep_y else dgu
 
