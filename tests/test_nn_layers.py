@@ -219,11 +219,12 @@ def test_gpu_linear_packed(dtype):
         assert torch.isfinite(a).all() and ((a.double() - b).norm() / b.norm()).item() < 1e-2
 
 
-def _mlp_case(bias, dtype=torch.float32, device="cpu", seed=3):
+def _mlp_case(bias, dtype=torch.float32, device="cpu", seed=3, inter=45):
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(3, 7, 33, generator=g, device=device, dtype=dtype, requires_grad=True)
-    ws = [torch.randn(s, generator=g, device=device, dtype=dtype) / 5 for s in ((45, 33), (45, 33), (33, 45))]
-    bs = [torch.randn(o, generator=g, device=device, dtype=dtype) for o in (45, 45, 33)] if bias else [None] * 3
+    ws = [torch.randn(s, generator=g, device=device, dtype=dtype) / 5
+          for s in ((inter, 33), (inter, 33), (33, inter))]
+    bs = [torch.randn(o, generator=g, device=device, dtype=dtype) for o in (inter, inter, 33)] if bias else [None] * 3
     return x, [w.requires_grad_(True) for w in ws], [b.requires_grad_(True) if bias else b for b in bs]
 
 
@@ -293,16 +294,18 @@ def test_swiglu_mlp_frozen_fallbacks_and_errors():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("inter", [45, 4096])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.quick
-def test_gpu_swiglu_mlp_equals_the_kept_activation(dtype):
+def test_gpu_swiglu_mlp_equals_the_kept_activation(dtype, inter):
     """On the GPU: ``swiglu_mlp``'s output and gradients equal, bit for bit, those of the same layers with
     the activation kept (``linear_packed`` + ``swiglu_packed`` + F.linear: the recomputed activation is
-    the forward's), and are within the dtype's rounding of float64 autograd; odd sizes."""
+    the forward's), and are within the dtype's rounding of float64 autograd; odd sizes, and an intermediate
+    size on swiglu_packed's 4096-column block."""
     from tilewise.nn.mlp import swiglu_mlp
     from tilewise.nn.packed import linear_packed
 
-    x, ws, bs = _mlp_case(True, dtype=torch.float64, device="cuda", seed=5)
+    x, ws, bs = _mlp_case(True, dtype=torch.float64, device="cuda", seed=5, inter=inter)
     low = [t.detach().to(dtype).requires_grad_(True) for t in (x, *ws, *bs)]
     y = swiglu_mlp(*low)
     kept = F.linear(tilewise.swiglu_packed(linear_packed(low[0], low[1:3], low[4:6])), low[3], low[6])
