@@ -140,3 +140,80 @@ def test_autograd_floor_allocates_what_attention_returns():
     assert out.shape == q.shape and out.dtype == q.dtype
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_balanced_orders_put_every_version_after_every_other_equally():
+    from collections import Counter
+
+    from tilewise.bench.harness import balanced_orders
+
+    assert balanced_orders(["a"]) == [("a",)]
+    assert balanced_orders(["a", "b"]) == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
+    for names in (["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"], ["a", "b", "c", "d", "e"]):
+        orders = balanced_orders(names)
+        assert all(sorted(o) == names for o in orders)
+        position = Counter((i, x) for o in orders for i, x in enumerate(o))
+        assert len(position) == len(names) ** 2 and len(set(position.values())) == 1
+        within = Counter((o[i - 1], o[i]) for o in orders for i in range(1, len(o)))
+        assert len(within) == len(names) * (len(names) - 1) and len(set(within.values())) == 1
+        flat = [x for o in orders for x in o]
+        across = Counter((a, b) for a, b in zip(flat, flat[1:]) if a != b)
+        if len(names) <= 3:  # chained rounds: the boundaries repeat a version, so successions stay balanced
+            assert len(set(across.values())) == 1
+
+
+def test_time_ms_rounds_takes_each_versions_median_over_its_turns(monkeypatch):
+    """The harness times each version once a round in ``balanced_orders``; a version's time is the median of its
+    rounds, so one slow turn (as right after a hot version) does not set it."""
+    from tilewise.bench import harness as H
+
+    seen = []
+    slow_after = {"flex": 1.3}
+
+    def fake(fn, warmup_ms=25, rep_ms=100):
+        name = fn()
+        prev = seen[-1][0] if seen else None
+        seen.append((name, warmup_ms, rep_ms))
+        return {"cudnn": 1.0, "flex": 2.0, "ours": 0.95}[name] * slow_after.get(prev, 1.0)
+
+    monkeypatch.setattr(H, "time_ms", fake)
+    got = H.time_ms_rounds({n: (lambda n=n: n) for n in ("cudnn", "flex", "ours")}, rep_ms=60)
+    assert len(seen) == 18 and {w for _, w, _ in seen[:3]} == {25} and {w for _, w, _ in seen[3:]} == {5}
+    assert {r for _, _, r in seen} == {10.0}  # 60 ms over six rounds, at least 10
+    # each version ran after Flex in 2 of its 6 rounds: the median is its own time
+    assert got == {"cudnn": 1.0, "flex": 2.0, "ours": 0.95}
+
+
+def test_lean_rows_check_then_time_by_turns_and_compare_with_the_fastest_baseline(monkeypatch):
+    class R:
+        def __init__(self):
+            self.rows, self.lines = [], []
+
+        def status(self, msg):
+            pass
+
+        def log(self, msg):
+            self.lines.append(msg)
+
+        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
+            self.rows.append((variant, ms, baseline, baseline_ms))
+
+    checked, timed = [], []
+
+    def check(name, fn, *a):
+        checked.append(name)
+        if name == "broken":
+            raise RuntimeError("no kernel for this case")
+
+    monkeypatch.setattr(S, "_check_version", check)
+    monkeypatch.setattr(S, "time_ms_rounds", lambda calls: timed.append(sorted(calls)) or
+                        {n: {"sdpa_cudnn": 1.0, "flex_attention": 1.5, "flash_attention": 0.9}[n] for n in calls})
+    r = R()
+    q = torch.zeros(1, 1, 2, 8)
+    S._lean_rows(r, {"sdpa_cudnn": None, "broken": None, "flex_attention": None}, q, q, q, False, q, False,
+                 opname="attention_fwd", shape="s", dtype=torch.bfloat16, cost=None)
+    assert checked == ["sdpa_cudnn", "broken", "flex_attention", "flash_attention"]
+    assert timed == [["flash_attention", "flex_attention", "sdpa_cudnn"]]
+    assert r.rows == [("sdpa_cudnn", 1.0, "", None), ("flex_attention", 1.5, "", None),
+                      ("flash_attention", 0.9, "sdpa_cudnn", 1.0)]
+    assert r.lines == ["  broken skipped on s: RuntimeError: no kernel for this case"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import os
 import subprocess
@@ -81,6 +82,48 @@ def time_ms(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float = 
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def balanced_orders(names: list) -> list[tuple]:
+    """Orders for timing several versions by turns, each version at every position and right after every other
+    one equally often: a Williams Latin square (with its mirror for an odd count; all six permutations of three),
+    the rounds chained so that each starts with the version the round before ended with, which keeps the
+    versions' successions balanced across rounds too (two versions: A B, B A, A B, B A)."""
+    n = len(names)
+    if n <= 1:
+        return [tuple(names)]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo if len(first) % 2 else hi)
+        lo, hi = (lo + 1, hi) if len(first) % 2 == 0 else (lo, hi - 1)
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [r[::-1] for r in rows]
+    if n == 2:
+        rows = rows * 2
+    chained = [rows.pop(0)]
+    while rows:
+        nxt = next((r for r in rows if r[0] == chained[-1][-1]), rows[0])
+        rows.remove(nxt)
+        chained.append(nxt)
+    return [tuple(names[i] for i in r) for r in chained]
+
+
+def time_ms_rounds(fns: dict[str, Callable[[], object]], *, warmup_ms: float = 25,
+                   rep_ms: float = 100) -> dict[str, float]:
+    """``time_ms`` for several versions of one computation, by turns in ``balanced_orders``: each round
+    ``rep_ms / rounds`` of calls a version (at least 10 ms), each version's median over its rounds. Timed one
+    after the other, a version starts at the clock the one before left it: on the H100 the forward timed right
+    after compiled FlexAttention read 3-8 % slower than when timed first (docs/tuning/attention.md, "The grid's
+    order"). The first round warms each version up for ``warmup_ms``, the others for 5 ms."""
+    orders = balanced_orders(list(fns))
+    per = max(10.0, rep_ms / len(orders))
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for i, order in enumerate(orders):
+        for k in order:
+            samples[k].append(time_ms(fns[k], warmup_ms=warmup_ms if i == 0 else 5, rep_ms=per))
+    return {k: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+            for k, v in samples.items()}
 
 
 def graph_of(fn: Callable[[], object], calls: int):
