@@ -37,11 +37,19 @@ def _run_grid(tmp_path, **env_vars):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     out = tmp_path / "out"
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), **env_vars)
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", OUT=str(out), TILEWISE_GIT_SHA="abc123", **env_vars)
     p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stderr
     return p, out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_attention_grid_refuses_to_run_without_the_commit_its_rows_name(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TILEWISE_GIT_SHA"}
+    p = subprocess.run([str(ROOT / "scripts" / "attention-grid")], env=dict(env, OUT=str(tmp_path)),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "TILEWISE_GIT_SHA" in p.stderr and not os.listdir(tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
