@@ -16,6 +16,16 @@ launches against Liger's 0.22).
 
 Run on the GPU (~40 s): PYTHONPATH=src:/tmp/site python3 research/llama_small_kernels.py (Liger from the
 carried wheel: `. scripts/_wheels.sh` first; its rows are skipped without it).
+
+RESULT (H100, d66fbda, `llama-small-kernels-d66fbda.log`): 1. no gain (1607 against 1614 us; q / k / v 380
+against 302); 2. 4096 columns 2 % faster backward (`configs.swiglu_packed_block`, 4b9e86b), ours ~10 % ahead of
+Liger's kernels; 3. both launch-bound in this timing, no answer (`research/patches/rms-norm-dw-sum.patch` since).
+
+4. (``--embed``, added 2026-12-07 after the run) the tied embedding's rows into the head's dense gradient
+   (`_EmbeddingRows.backward`): ``index_add_`` (0.32 ms a step in the 1 x 16384 profile: bf16 atomics, each
+   repeat rounded) against ``index_put_(accumulate=True)`` (sorts the ids, sums a row's repeats in fp32, adds
+   once: deterministic). 16384 ids into (128256, 2048) bf16, uniform and Zipf-like ids. Prediction: index_put_
+   60-120 us against ~320, and closer to the float64 sum.
 """
 
 from __future__ import annotations
@@ -141,9 +151,46 @@ def rms_dw():
               f"{bench(triton_sum) * 1e3:5.1f} us", flush=True)
 
 
+def embed_rows():
+    V, n = 128256, T
+    g = torch.Generator(device="cuda").manual_seed(4)
+    base = torch.randn(V, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 1e-3
+    rows = torch.randn(n, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 1e-3
+    zipf = (torch.rand(n, device="cuda", generator=g) ** 4 * 2000).long()  # a few ids repeated many times
+    for label, ids in (("uniform", torch.randint(0, V, (n,), device="cuda", generator=g)), ("zipf", zipf)):
+        ref = base.double().index_add(0, ids, rows.double())
+        dense = base.clone()
+        u = ids.unique()
+
+        def add():
+            dense.copy_(base)
+            dense.index_add_(0, ids, rows)
+
+        def put():
+            dense.copy_(base)
+            dense.index_put_((ids,), rows, accumulate=True)
+
+        def copy_only():
+            dense.copy_(base)
+
+        errs = {}
+        for name, fn in (("index_add_", add), ("index_put_", put)):
+            fn()
+            errs[name] = rel(dense[u].double() - base[u].double(), ref[u] - base[u].double())  # the added part
+        c = bench(copy_only)
+        print(f"embedding rows into the dense gradient, {label} ids ({ids.unique().numel()} distinct): "
+              + "  ".join(f"{name} {(bench(fn) - c) * 1e3:6.1f} us (err {errs[name]:.1e})"
+                          for name, fn in (("index_add_", add), ("index_put_", put)))
+              + f"  (each less a {c * 1e3:.1f} us copy of the base)", flush=True)
+
+
 def main():
+    import sys
+
     print(torch.cuda.get_device_name(), flush=True)
     warm_clocks()
+    if "--embed" in sys.argv:
+        return embed_rows()
     grad_x()
     swiglu()
     rms_dw()
