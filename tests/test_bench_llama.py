@@ -143,3 +143,63 @@ def test_a_packed_step_runs_on_the_cpu():
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         losses.append(float(S._step(model, opt, S._batches(config, 1, 12, doc, device="cpu")[0])))
     assert losses[0] != losses[1]  # the same computation would give the same bits on the CPU
+
+
+def test_passes_reverse_the_order_by_turns(monkeypatch):
+    from tilewise import settings
+
+    assert S.pass_orders(["a", "b", "c"], 1) == [["a", "b", "c"]]
+    assert S.pass_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PASSES", raising=False)
+    assert settings.bench_llama_passes(quick=False) == 2 and settings.bench_llama_passes(quick=True) == 1
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_PASSES", "3")
+    assert settings.bench_llama_passes(quick=True) == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("TILEWISE_BENCH_LLAMA_PASSES", bad)
+        with pytest.raises(ValueError, match="TILEWISE_BENCH_LLAMA_PASSES"):
+            settings.bench_llama_passes(quick=False)
+
+
+def test_run_times_every_candidate_in_each_pass_and_reports_the_mean(monkeypatch):
+    """``run`` with the model work faked: each shape's candidates in A B then B A, each row's time the mean of
+    its passes, the peak the passes' largest, ours against the fastest of the others, and every first loss
+    checked against the first candidate's."""
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_CANDIDATES", "hf_tilewise,hf_liger")
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PASSES", raising=False)
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PROFILE", raising=False)
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PACKED", raising=False)
+    monkeypatch.setattr(S, "transformers_state", lambda config: {})
+    monkeypatch.setattr(S, "_batches", lambda *a, **k: [])
+    calls = []
+    ms = {("hf_tilewise", 0): 100.0, ("hf_liger", 0): 110.0, ("hf_liger", 1): 108.0, ("hf_tilewise", 1): 104.0}
+
+    def candidate(r, name, shape, config, state, batches, profile):
+        k = sum(1 for n, s in calls if n == name and s == shape)
+        calls.append((name, shape))
+        return ms[(name, k)], (1 + k) << 30, 2.0, None
+
+    monkeypatch.setattr(S, "_candidate", candidate)
+
+    class R:
+        quick, out_dir = False, None
+
+        def __init__(self):
+            self.rows, self.lines = [], []
+
+        def log(self, msg):
+            self.lines.append(msg)
+
+        def status(self, msg):
+            pass
+
+        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
+            self.rows.append((variant, shape, ms, baseline, baseline_ms))
+
+    r = R()
+    S.run(r)
+    shapes = ["layers=16,B=4,S=4096", "layers=16,B=1,S=16384"]
+    assert calls == [(n, s) for s in shapes for n in ("hf_tilewise", "hf_liger", "hf_liger", "hf_tilewise")]
+    assert r.rows == [row for s in shapes for row in (("hf_tilewise", s, 102.0, "hf_liger", 109.0),
+                                                      ("hf_liger", s, 109.0, "", None))]
+    assert any("hf_tilewise (pass 2 of 2): 104.0 ms" in line for line in r.lines)
+    assert any("hf_liger: 109.0 ms a step over 2 passes (110.0 / 108.0)" in line for line in r.lines)

@@ -20,6 +20,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_BENCH_LLAMA_CANDIDATES`` | the llama bench's candidates, comma-separated (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PACKED`` | a document length: the llama bench packs its rows with it (``bench.suites.llama``) |
+| ``TILEWISE_BENCH_LLAMA_PASSES`` | the llama bench's passes over its candidates (``bench.suites.llama``) |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
 | ``TILEWISE_FAST_EXIT`` | ``0``: ``tilewise train`` exits through the interpreter's teardown (``cli.run``) |
 | ``CUDA_INJECTION64_PATH``, ``LD_PRELOAD`` | set (a profiler in the process): ``train`` exits through the teardown |
@@ -47,6 +48,7 @@ BENCH_COLD_START_CASES = "TILEWISE_BENCH_COLD_START_CASES"
 BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
 BENCH_LLAMA_PACKED = "TILEWISE_BENCH_LLAMA_PACKED"
+BENCH_LLAMA_PASSES = "TILEWISE_BENCH_LLAMA_PASSES"
 GIT_SHA = "TILEWISE_GIT_SHA"
 FAST_EXIT = "TILEWISE_FAST_EXIT"
 
@@ -148,6 +150,21 @@ def bench_llama_packed() -> int | None:
         n = 0
     if n <= 0:
         raise ValueError(f"{BENCH_LLAMA_PACKED}={text!r}: expected a document length in tokens, a positive integer")
+    return n
+
+
+def bench_llama_passes(quick: bool) -> int:
+    """The llama bench's passes over its candidates (``TILEWISE_BENCH_LLAMA_PASSES``; default 2 in full runs, 1 in
+    quick ones); ValueError naming the variable for anything but a positive integer."""
+    text = _text(BENCH_LLAMA_PASSES)
+    if text is None:
+        return 1 if quick else 2
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{BENCH_LLAMA_PASSES}={text!r}: expected a number of passes, a positive integer")
     return n
 
 

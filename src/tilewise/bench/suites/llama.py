@@ -21,9 +21,11 @@ Full runs: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 / 8 heads, intermedi
 128,256) at batch x sequence 4 x 4096 and 1 x 16384; quick runs: 2 layers at 2 x 2048, no compile.
 Check first: every candidate's first loss against the baseline's, from the same weights and batch
 (bf16 noise: relative 2e-2). Timing: device events around each of ``STEPS`` steps after ``WARMUP``,
-median ms a step; the CSV row's TFLOP/s counts 6 x parameters x tokens plus attention's 12 x layers
-x B x S^2 x hidden / 2 (causal), tokens / s and peak memory go to the log, and with an ``out_dir`` a
-bar chart ``<device>-llama.png``.
+median ms a step, in ``TILEWISE_BENCH_LLAMA_PASSES`` passes over the candidates (default 2 in full runs),
+the order reversed every other pass, the mean of the passes' medians (``pass_orders``); the CSV row's
+TFLOP/s counts 6 x parameters x tokens plus attention's 12 x layers x B x S^2 x hidden / 2 (causal),
+tokens / s and peak memory (the passes' largest) go to the log, and with an ``out_dir`` a bar chart
+``<device>-llama.png``.
 
 Liger's and tilewise's patches change transformers' modeling_llama module (its classes' forward, its
 apply_rotary_pos_emb); every candidate's patches are undone before the next one builds its model.
@@ -216,48 +218,34 @@ def run(r) -> None:
     with torch.device("cuda"):
         state = transformers_state(config)
     results = {}
+    passes = settings.bench_llama_passes(r.quick)
     for B, S in cases:
         shape = f"layers={config.num_hidden_layers},B={B},S={S}" + (f",docs={doc}" if doc else "")
         batches = _batches(config, B, S, doc)
-        first_loss, times, groups = None, {}, {}
-        for name in names:
-            snap = _snapshot()
-            before = torch.cuda.memory_allocated()
-            try:
-                r.status(f"llama {shape} {name}")
-                try:
-                    model, step_model, opt = _build(name, config, state)
-                except ImportError as e:
-                    r.log(f"  llama {name}: {e}: no row")
+        first_loss, runs, peaks, groups = None, {}, {}, {}
+        for k, order in enumerate(pass_orders(names, passes)):
+            profile = k == 0 and settings.bench_llama_profile()
+            for name in order:
+                got = _candidate(r, name, shape, config, state, batches, profile=profile)
+                if got is None:
                     continue
-                ms, peak, loss0 = _time_steps(step_model, opt, batches)
+                ms, peak, loss0, group = got
                 if first_loss is None:
                     first_loss = loss0
                 check(f"llama {shape} {name} first loss", torch.tensor([loss0]), torch.tensor([first_loss]),
                       tol=2e-2)
-                times[name] = ms
-                tok_s = B * S / (ms / 1e3)
-                results[(shape, name)] = (tok_s, peak)
-                r.log(f"  llama {shape} {name}: {ms:.1f} ms a step, {tok_s:,.0f} tokens/s, peak memory "
-                      f"{peak / 2 ** 30:.1f} GiB")
-                if settings.bench_llama_profile():
-                    try:
-                        groups[name] = group_times(profile_steps(step_model, opt, batches))
-                    except Exception as e:  # noqa: BLE001 - the table explains; the row stands without it
-                        r.log(f"  llama {shape} {name}: no profile ({type(e).__name__}: {str(e)[:120]})")
-                del model, step_model, opt
-            finally:
-                _restore(snap)
-                # A model whose patched modules hold it in a reference cycle outlives `del` until the cycle
-                # collector runs, and was counted in the next candidates' peak memory (2.3 GiB, a model's
-                # weights, in some runs and not others): what `del` left is logged, then collected.
-                left = torch.cuda.memory_allocated() - before
-                gc.collect()
-                torch.cuda.empty_cache()
-                still = torch.cuda.memory_allocated() - before
-                if max(left, still) > 64 << 20:
-                    r.log(f"  llama {shape} {name}: {left / 2 ** 30:.2f} GiB still allocated after it, "
-                          f"{still / 2 ** 30:.2f} GiB after a collection")
+                runs.setdefault(name, []).append(ms)
+                peaks[name] = max(peaks.get(name, 0), peak)
+                if group is not None:
+                    groups[name] = group
+                r.log(f"  llama {shape} {name}{f' (pass {k + 1} of {passes})' if passes > 1 else ''}: {ms:.1f} ms "
+                      f"a step, {B * S / (ms / 1e3):,.0f} tokens/s, peak memory {peak / 2 ** 30:.1f} GiB")
+        times = {n: statistics.mean(ms) for n, ms in runs.items()}
+        for name, ms in times.items():
+            results[(shape, name)] = (B * S / (ms / 1e3), peaks[name])
+            if passes > 1:
+                r.log(f"  llama {shape} {name}: {ms:.1f} ms a step over {passes} passes "
+                      f"({' / '.join(f'{x:.1f}' for x in runs[name])})")
         if groups:
             r.log(f"  llama {shape}: where the device time goes ({PROFILED} profiled steps after the timed ones)")
             for line in group_table(groups):
@@ -274,6 +262,48 @@ def run(r) -> None:
         png = _plot(results, Path(out_dir) / f"{device_slug(r.device)}-llama.png")
         if png is not None:
             r.log(f"llama chart written to {png}")
+
+
+def pass_orders(names: list, passes: int) -> list:
+    """The candidates' order in each pass: as given, then reversed, by turns, so that no candidate always
+    runs first or after the same one (in two one-pass 4 x 4096 runs on an H100 the third candidate's GEMMs
+    took 4 % more device time than the first's, the same GEMMs: docs/tuning/bench.md, "llama: passes")."""
+    return [list(names) if k % 2 == 0 else list(names)[::-1] for k in range(passes)]
+
+
+def _candidate(r, name, shape, config, state, batches, profile: bool):
+    """(ms a step, peak bytes, first loss, device time by kernel group or None) of one candidate built afresh,
+    or None where it cannot be built here (logged); its patches undone and its model freed after."""
+    snap = _snapshot()
+    before = torch.cuda.memory_allocated()
+    try:
+        r.status(f"llama {shape} {name}")
+        try:
+            model, step_model, opt = _build(name, config, state)
+        except ImportError as e:
+            r.log(f"  llama {name}: {e}: no row")
+            return None
+        ms, peak, loss0 = _time_steps(step_model, opt, batches)
+        group = None
+        if profile:
+            try:
+                group = group_times(profile_steps(step_model, opt, batches))
+            except Exception as e:  # noqa: BLE001 - the table explains; the row stands without it
+                r.log(f"  llama {shape} {name}: no profile ({type(e).__name__}: {str(e)[:120]})")
+        del model, step_model, opt
+        return ms, peak, loss0, group
+    finally:
+        _restore(snap)
+        # A model whose patched modules hold it in a reference cycle outlives `del` until the cycle
+        # collector runs, and was counted in the next candidates' peak memory (2.3 GiB, a model's
+        # weights, in some runs and not others): what `del` left is logged, then collected.
+        left = torch.cuda.memory_allocated() - before
+        gc.collect()
+        torch.cuda.empty_cache()
+        still = torch.cuda.memory_allocated() - before
+        if max(left, still) > 64 << 20:
+            r.log(f"  llama {shape} {name}: {left / 2 ** 30:.2f} GiB still allocated after it, "
+                  f"{still / 2 ** 30:.2f} GiB after a collection")
 
 
 def _batches(config, B, S, doc=None, device="cuda") -> list:
