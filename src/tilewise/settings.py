@@ -138,10 +138,10 @@ def bench_llama_profile() -> bool:
     return _switch(BENCH_LLAMA_PROFILE, False)
 
 
-def bench_llama_packed() -> int | None:
-    """The document length the llama bench packs its rows with (``position_ids`` restarting every that
-    many tokens), None when unset; ValueError naming the variable for anything but a positive integer."""
-    text = _text(BENCH_LLAMA_PACKED)
+def _positive_int(name: str, what: str) -> int | None:
+    """The variable ``name`` as a positive integer, None when unset; ValueError naming it (and ``what`` it
+    counts) for anything else."""
+    text = _text(name)
     if text is None:
         return None
     try:
@@ -149,23 +149,21 @@ def bench_llama_packed() -> int | None:
     except ValueError:
         n = 0
     if n <= 0:
-        raise ValueError(f"{BENCH_LLAMA_PACKED}={text!r}: expected a document length in tokens, a positive integer")
+        raise ValueError(f"{name}={text!r}: expected {what}, a positive integer")
     return n
+
+
+def bench_llama_packed() -> int | None:
+    """The document length the llama bench packs its rows with (``position_ids`` restarting every that
+    many tokens), None when unset; ValueError naming the variable for anything but a positive integer."""
+    return _positive_int(BENCH_LLAMA_PACKED, "a document length in tokens")
 
 
 def bench_llama_passes(quick: bool) -> int:
     """The llama bench's passes over its candidates (``TILEWISE_BENCH_LLAMA_PASSES``; default 2 in full runs, 1 in
     quick ones); ValueError naming the variable for anything but a positive integer."""
-    text = _text(BENCH_LLAMA_PASSES)
-    if text is None:
-        return 1 if quick else 2
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise ValueError(f"{BENCH_LLAMA_PASSES}={text!r}: expected a number of passes, a positive integer")
-    return n
+    n = _positive_int(BENCH_LLAMA_PASSES, "a number of passes")
+    return n if n is not None else (1 if quick else 2)
 
 
 def triton_cache_override() -> str | None:
