@@ -12,6 +12,7 @@ import csv
 import io
 import math
 import os
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
@@ -121,8 +122,7 @@ def time_ms_rounds(fns: dict[str, Callable[[], object]], *, warmup_ms: float = 2
     for i, order in enumerate(orders):
         for k in order:
             samples[k].append(time_ms(fns[k], warmup_ms=warmup_ms if i == 0 else 5, rep_ms=per))
-    return {k: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
-            for k, v in samples.items()}
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def graph_of(fn: Callable[[], object], calls: int):
