@@ -290,3 +290,32 @@ def test_rmsnorm_module_matches_hf_and_loads_its_state_dict():
     torch.testing.assert_close(g(x), _hf_gemma(x, g.weight.detach(), 1e-6), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="'mode'"):
         RMSNorm(4, mode="layer")
+
+
+def test_dw_sum_tile_loads_every_partial_row_at_once():
+    from tilewise.ops.norm.configs import DW_SUM_TILE, dw_sum_tile
+
+    assert dw_sum_tile(528) == (1024, DW_SUM_TILE // 1024)
+    assert dw_sum_tile(16) == (16, DW_SUM_TILE // 16)
+    assert dw_sum_tile(DW_SUM_TILE * 2) == (DW_SUM_TILE * 2, 1)
+
+
+@pytest.mark.parametrize("rows,n", [(528, 2048), (16, 45), (3, 1)])
+def test_triton_interpreter_dw_sum_is_the_column_sum_in_the_weights_dtype(rows, n):
+    """``_dw_sum_kernel`` (Triton's interpreter): the backward's (rows, BLOCK) fp32 partials, wider than N,
+    summed by column into the weight's dtype; the columns past N are not read into dW."""
+    import triton
+
+    from tilewise.ops.norm import triton_kernels as K
+    from tilewise.ops.norm.configs import dw_sum_tile
+
+    block = triton.next_power_of_2(n)
+    part = torch.randn(rows, block, generator=torch.Generator().manual_seed(rows), dtype=torch.float32)
+    part[:, n:] = float("nan")  # what the kernel must not read
+    for dtype in (torch.float32, torch.bfloat16):
+        dw = torch.full((n,), float("nan"), dtype=dtype)
+        br, bn = dw_sum_tile(rows)
+        K._dw_sum_kernel[(-(-n // bn),)](part, dw, rows, n, part.stride(0), BLOCK_R=br, BLOCK_N=bn)
+        want = part[:, :n].double().sum(0)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(dw.double(), want, rtol=tol, atol=tol * 10)

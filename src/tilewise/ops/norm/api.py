@@ -26,7 +26,7 @@ from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import MAX_N, PROGRAMS_PER_SM, NormLaunch, forward_launch_for, launch_for
+from .configs import MAX_N, PROGRAMS_PER_SM, NormLaunch, dw_sum_tile, forward_launch_for, launch_for
 
 MODES = ("llama", "gemma")
 
@@ -135,7 +135,11 @@ def _backward(dy, x, weight, rstd, mode, ds=None):
             dy2, x2, weight, rstd, dx, part, M, N, dy2.stride(0), x2.stride(0), dx.stride(0),
             1.0 if mode == "gemma" else 0.0, ds2, ds2.stride(0), BLOCK=L.BLOCK, ROWS=L.ROWS,
             CAST_FIRST=mode == "llama", HAS_DS=ds is not None, num_warps=L.warps)
-    return dx.view(x.shape), part[:, :N].sum(0).to(weight.dtype)
+    dw = torch.empty((N,), dtype=weight.dtype, device=x.device)
+    block_r, block_n = dw_sum_tile(P)
+    _launch(K._dw_sum_kernel, (-(-N // block_n),), part, dw, P, N, part.stride(0),
+            BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
+    return dx.view(x.shape), dw
 
 
 @torch.library.custom_op("tilewise::rms_norm_fwd", mutates_args=())

@@ -50,3 +50,13 @@ def forward_launch_for(N: int) -> NormLaunch:
 
 
 PROGRAMS_PER_SM = 4  # persistent programs a streaming multiprocessor (and rows of dW partial sums)
+# dW's column sums (`_dw_sum_kernel`): elements a program's one load (all partial rows x a strip of columns).
+# torch's `sum(0)` + cast took 13 + 1.6 us a call in the Llama step on an H100 (docs/tuning/norm.md, "dW's sum").
+DW_SUM_TILE = 8192
+
+
+def dw_sum_tile(rows: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_N) of `_dw_sum_kernel` for ``rows`` partial rows: every row in one load, the columns
+    that leaves of ``DW_SUM_TILE`` (at least one)."""
+    block_r = triton.next_power_of_2(max(rows, 1))
+    return block_r, max(1, DW_SUM_TILE // block_r)

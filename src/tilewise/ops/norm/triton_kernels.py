@@ -70,3 +70,16 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, stride_dy, stride_x, stri
             xh = xh.to(X.dtype.element_ty).to(tl.float32)
         dw += tl.sum(dy * xh, 0)
     tl.store(DW + pid.to(tl.int64) * BLOCK + cols, dw, mask=cmask)
+
+
+@triton.jit
+def _dw_sum_kernel(PART, DW, rows, N, stride_p, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    # dW = the column sums of the backward's (rows, N) fp32 partials, in the weight's dtype: every row of a
+    # BLOCK_N-column strip in one load (the partials were just written: L2 hits), one fixed tree order a
+    # column (deterministic), the cast in the store (no second kernel).
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.arange(0, BLOCK_R)
+    m = (r[:, None] < rows) & (cols[None, :] < N)
+    p = tl.load(PART + r[:, None] * stride_p + cols[None, :], mask=m, other=0.0)
+    tl.store(DW + cols, tl.sum(p, 0).to(DW.dtype.element_ty), mask=cols < N)
+
