@@ -1,0 +1,81 @@
+"""D 64 causal forward at S 1024-2048 (issue 30's lowest grid points, 0.87-0.96x cuDNN): the route's kernel with
+other key tiles and ring depths, and v5's two plain consumers on the same persistent grid, against cuDNN; one run,
+same inputs, timed A B C ... then reversed (``_timing.abba_ms``).
+
+Why: the route there is two overlapped consumers on the persistent grid with two Q buffers (``WS_OVERLAP_SPANS``,
+BLOCK_N 128, two stages: 32 KB of K / V a stage, ~80 KB in all). cuDNN's forward at D 64 runs 64 x 128 x 64 tiles
+with 134 KB of shared memory (`attention-cudnn-fwd-kernels-d66fbda*.log`): a deeper ring. At S 1024 a work item is
+4.5 key tiles on average (pairs: 9 a pair), so the ring's fill at each item start and the half-masked diagonal tile
+(1 in 4.5) weigh more than at long S. Not measured before: a third stage, 64-key tiles (the diagonal's masked half
+becomes a quarter of a 128 tile) with four stages, and v5's plain (not overlapped) two consumers on this grid at D 64.
+
+Prediction (before the run): three stages 1.00-1.03x the route at S 1024 (the fill of the ring hides behind the
+first tile), ~1.00x at 2048; 64-key tiles 0.95-1.02x (less masked work, twice the barriers and softmax passes a key);
+v5's plain two consumers 0.95-1.00x the overlap. If one leads by >= 2 % at both S 1024 points: a D 64 causal tile
+rule (configs.WS_OVERLAP_SPANS' config) and the quick tier.
+Run on the GPU (~90 s, new builds): PYTHONPATH=src python3 research/attention_d64_causal_tiles.py
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from _timing import abba_ms, warm_clocks
+from tilewise.ops.attention import api as A
+from tilewise.ops.attention import configs as C
+from tilewise.ops.attention import gluon_fwd as ag
+from tilewise.ops.attention import gluon_overlap as ao
+
+# (B, H, Hkv, S), D 64, causal, B x S = 16384
+SHAPES = [(16, 16, 16, 1024), (16, 32, 8, 1024), (8, 16, 16, 2048), (8, 32, 8, 2048)]
+REGS = C.WS_FWD_CONSUMER_REGS
+# name -> (kernel module, (BLOCK_N, STAGES, consumer registers, maxnreg, consumers))
+VARIANTS = {"overlap n128 s2": (ao, (128, 2, REGS, None, 2)), "overlap n128 s3": (ao, (128, 3, REGS, None, 2)),
+            "overlap n64 s4": (ao, (64, 4, REGS, None, 2)), "overlap n64 s6": (ao, (64, 6, REGS, None, 2)),
+            "v5 two n128 s2": (ag, (128, 2, REGS, None, 2)),
+            "v5 two n128 s3": (ag, (128, 3, REGS, None, 2))}
+
+
+def main():
+    D = 64
+    print(torch.cuda.get_device_name(), "(D 64, causal, bf16)", flush=True)
+    warm_clocks()
+    g = torch.Generator(device="cuda").manual_seed(23)
+    for B, H, Hkv, S in SHAPES:
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != Hkv)
+
+        ref = cudnn().float()
+        fns, errs = {"route": lambda: A.flash_attention(q, k, v, causal=True)}, {}
+        for name, (mod, cfg) in VARIANTS.items():
+            o = torch.full_like(q, float("nan"))
+            lse = torch.full((B, H, S), float("nan"), device="cuda")
+
+            def fn(mod=mod, cfg=cfg, o=o, lse=lse):
+                return mod.fwd(q, k, v, True, D ** -0.5, o, lse, config=cfg, persistent=True, q_buffers=2)[0]
+
+            try:
+                errs[name] = ((fn().float() - ref).norm() / ref.norm()).item()
+            except Exception as e:  # noqa: BLE001 - a build that does not compile or launch: said, not timed
+                print(f"  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            if not errs[name] < 2e-2:
+                print(f"  {name}: wrong output, relative error {errs[name]:.1e}: not timed", flush=True)
+                continue
+            fns[name] = fn
+        errs["route"] = ((fns["route"]().float() - ref).norm() / ref.norm()).item()
+        fns["cudnn"] = cudnn
+        med, _ = abba_ms(fns, lambda f: do_bench(f, warmup=10, rep=100, return_mode="median"))
+        flops = 2 * B * H * S * S * D
+        print(f"B{B} H{H}/{Hkv} S{S}: " + ", ".join(
+            f"{n} {ms * 1e3:.1f} us ({flops / ms / 1e9:.0f} TF, x cuDNN {med['cudnn'] / ms:.3f}"
+            + (f", x route {med['route'] / ms:.3f}" if n not in ("route", "cudnn") else "") + ")"
+            for n, ms in med.items()) + f" | worst error vs cuDNN {max(errs.values()):.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
