@@ -447,9 +447,9 @@ class _HandHeadGrad(torch.autograd.Function):
 
 class _EmbeddingRows(torch.autograd.Function):
     """``F.embedding(ids, weight, padding_idx)`` whose weight gradient is the head's dense one from ``slot``
-    with the tokens' output-gradient rows added in place (``index_put_(accumulate=True)``), or zeros with them
-    where the loss handed none. One dense gradient reaches the tied weight and its AccumulateGrad adopts it.
-    (Given a dense gradient and then a sparse one for a tensor, autograd's input buffer adds them out of place: at
+    with the tokens' output-gradient rows added in place (``index_add_``), or zeros with them where the loss
+    handed none. One dense gradient reaches the tied weight and its AccumulateGrad adopts it. (Given a dense
+    gradient and then a sparse one for a tensor, autograd's input buffer adds them out of place: at
     Llama-3.2-1B's size a 525 MB copy a step, docs/tuning/bench.md, "llama: the tied embedding's gradient".)"""
 
     @staticmethod
@@ -468,9 +468,9 @@ class _EmbeddingRows(torch.autograd.Function):
         flat, rows = ids.reshape(-1), grad_out.reshape(-1, shape[1])
         if ctx.padding_idx is not None:  # as F.embedding: the padding row gets no gradient
             rows = rows.masked_fill((flat == ctx.padding_idx).unsqueeze(1), 0)
-        # index_put_ sorts the ids and adds each row's repeats in fp32, once (deterministic); index_add_'s
-        # atomics round every repeat and took 0.32 ms a step at Llama-3.2-1B's 1 x 16384 on an H100
-        dense.index_put_((flat,), rows.to(dense.dtype), accumulate=True)
+        # index_add_, not index_put_(accumulate=True): the latter's sort took 2.6 ms against 0.27 where a few ids
+        # repeat many times, as in text (llama_small_kernels.py --embed, H100), though 0.15 against 0.30 for uniform
+        dense.index_add_(0, flat, rows.to(dense.dtype))
         return None, dense, None, None
 
 
