@@ -708,13 +708,15 @@ def test_choose_policy_keeps_the_rules():
         case = (D, Sq, Sk, causal, bias, bias_grad, mask, det)
         ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
         assert p.forward == ("ws" if ws else "pointer"), case
-        span = D == 64 and causal and not bias and 1024 <= Sq < 8192  # WS_OVERLAP_SPANS: the persistent overlap
+        span = D == 64 and causal and not bias and 1024 <= Sq < 8192  # WS_PERSISTENT_SPANS: two consumers persistent
+        plain = span and Sq < 2048  # v5's plain consumers there, the overlapped ones from 2048
         three = (D, causal, bias) in _WS_THREE_BEFORE and not span
         assert p.ws_config == ((128, 2, 160, None, 3) if three else None), case
         assert p.ws_persistent == (D == 128 or (D == 64 and not causal) or span), case
         assert p.ws_band == (D == 128), case  # v5's band kernel at D = 128 (a band's policy is chosen non-causal)
         # v5's overlapped consumers (WS_OVERLAP_RULES), on the persistent grid where v5 runs on it
-        assert p.ws_overlap == ((span or D == 128 and Sq >= (2048 if causal else 1024)) and "persistent"), case
+        assert p.ws_overlap == (((span and not plain) or D == 128 and Sq >= (2048 if causal else 1024))
+                                and "persistent"), case
         # two Q buffers on the persistent grid (v5's, or the overlapped consumers', which then chain their items)
         assert p.ws_q_buffers == (2 if D == 128 or (D == 64 and not causal) or span else 1), case
         if not det:
@@ -2698,7 +2700,7 @@ def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid (causal: v5's
     below Sq 2048, the overlapped consumers from there), backward v6's two Gluon kernels (with causal from
     S = 512, v3's below); D = 64 at S = 1000 v3 forward and backward (the rules), causal at S 2100 the overlapped
-    consumers on the persistent grid (``WS_OVERLAP_SPANS``) and v6;
+    consumers on the persistent grid (``WS_PERSISTENT_SPANS``) and v6, at S 1100 v5's plain two there and v3's backward;
     deterministic=False the atomic kernel; a mask v3's kernels."""
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import gluon_fwd as ag
@@ -2721,6 +2723,9 @@ def test_gpu_default_routes(monkeypatch):
               [ao.attn_fwd_overlap_persistent_kernel] + v6),
              ("D64 causal S2100", A.flash_attention, tuple(t[..., :64].contiguous() for t in (q2, k2, v2)),
               dict(causal=True), [ao.attn_fwd_overlap_persistent_kernel] + v6),
+             ("D64 causal S1100", A.flash_attention, _inputs(1, 4, 2, 1100, 1100, 64, dtype=torch.bfloat16,
+                                                             device="cuda", seed=52),
+              dict(causal=True), [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_dkdv_kernel, K._attn_bwd_dq_kernel]),
              ("D128 atomic", atomic, (q, k, v), dict(causal=True),
               [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_atomic_kernel]),
              ("D128 mask", A.flash_attention, (q, k, v), dict(mask=mask), v3),

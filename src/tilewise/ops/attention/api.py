@@ -44,7 +44,8 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                D = 64 without causal; causal work items in pairs) with two Q buffers (``WS_Q_BUFFER_RULES``);
                with overlapped consumers (``gluon_overlap.py``; without causal, two Q buffers chain the work
                items) at D = 128 from Sq = 1024, 2048 causal (``WS_OVERLAP_RULES``), at D = 64 causal on the
-               persistent grid from 1024 to 8192 (``WS_OVERLAP_SPANS``; v5's three consumers from there).
+               persistent grid from 2048 to 8192 (``WS_PERSISTENT_SPANS``: v5's plain two from 1024, its three
+               consumers on their own grid from 8192).
                bound: tensor-core FLOPs and, at D = 64, the exponentials (MUFU: one per score).
     v6 (backward; bench row ``v6_flash2_ws_bwd``): the deterministic backward's dK / dV and dQ
                kernels warp-specialized in Gluon (``gluon_bwd.py``, sm_90, D 64 / 128,

@@ -174,8 +174,8 @@ def causal_head_group(heads: int, blocks: int, sms: int) -> int:
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
 # at every length; D = 64 with three consumers from Sq = 1024 without causal or bias (on the persistent grid
-# with two Q buffers, below: 1.05x v3 at S 1024), causal from 1024 (two overlapped consumers below 8192:
-# WS_OVERLAP_SPANS), with a bias from 4096 (shorter runs keep v3's resident CTAs); causal with a bias is not
+# with two Q buffers, below: 1.05x v3 at S 1024), causal from 1024 (two consumers on the persistent grid below 8192:
+# WS_PERSISTENT_SPANS), with a bias from 4096 (shorter runs keep v3's resident CTAs); causal with a bias is not
 # measured (tuning: "v5 forward routes", "Two Q buffers ... fixed", "Causal work items in pairs").
 WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
@@ -204,11 +204,12 @@ WS_CHAIN_CONSUMERS = frozenset({2})
 # (S 1024: v5's 0.885 / 0.897x cuDNN against the overlap's 0.897 / 0.844, H 16 / GQA; tuning: "Causal work
 # items in pairs").
 WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 2048})
-# Sq spans (least, first past it) where, without a bias, two overlapped consumers run on the persistent grid with
-# two Q buffers whatever the rules above say, by (head dim, causal). D 64 causal: 1.02-1.10x the old route (v3,
-# v5's three consumers from 4096) at S 1024-4096 on an H100; v5's three on their own grid lead from 8192 (tuning:
-# "Causal work items in pairs").
-WS_OVERLAP_SPANS = MappingProxyType({(64, True): (1024, 8192)})
+# Sq spans (least, first past it, overlapped) where, without a bias, two consumers run on the persistent grid with
+# two Q buffers whatever the rules above say, by (head dim, causal). D 64 causal: v5's plain consumers below 2048
+# (1.07-1.08x the overlapped ones at S 1024, 0.96-0.97x at 2048), the overlapped ones to 8192 (1.02-1.10x the older
+# route at S 1024-4096); v5's three on their own grid lead from 8192 (H100; tuning: "Causal work items in pairs",
+# "D 64 causal at S 1024").
+WS_PERSISTENT_SPANS = MappingProxyType({(64, True): ((1024, 2048, False), (2048, 8192, True))})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
@@ -366,7 +367,7 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
                   has_mask: bool = False, bias_grad: bool = False, deterministic: bool = True) -> AttentionPolicy:
     """The default policy for a call: the forward by ``WS_FWD_RULES`` (v5, else v3; v4's TMA kernel is
     opt-in; a band's on v5's band kernel where ``WS_BAND_HEAD_DIMS`` has the head dim; v5's overlapped
-    consumers by ``WS_OVERLAP_RULES`` and ``WS_OVERLAP_SPANS``), the backward
+    consumers by ``WS_OVERLAP_RULES`` and ``WS_PERSISTENT_SPANS``), the backward
     by ``deterministic`` (the atomic kernel up to ``ATOMIC_MAX_D``), else by ``WS_BWD_RULES`` (v6, its dQ kernel
     with three consumers by ``WS_BWD_DQ_THREE``) and ``ORDERED_RULES``, else v3's two kernels."""
     causal = bool(causal)
@@ -385,9 +386,9 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     overlap = seq_q >= WS_OVERLAP_RULES.get((head_dim, causal), float("inf"))
     q_buffers = 2 if persistent and (head_dim, causal) in WS_Q_BUFFER_RULES else 1
     config = rule[1] if rule is not None else None
-    lo, past = WS_OVERLAP_SPANS.get((head_dim, causal), (0, 0))
-    if not has_bias and lo <= seq_q < past:
-        config, persistent, overlap, q_buffers = None, True, True, 2
+    for lo, past, overlapped in WS_PERSISTENT_SPANS.get((head_dim, causal), ()):
+        if not has_bias and lo <= seq_q < past:
+            config, persistent, overlap, q_buffers = None, True, overlapped, 2
     three = backward == "ws" and seq_q >= WS_BWD_DQ_THREE.get((head_dim, causal), float("inf"))
     return _policy(forward, config, persistent, head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D,
                    "persistent" if overlap and persistent else overlap, q_buffers,
