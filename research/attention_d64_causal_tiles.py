@@ -14,7 +14,19 @@ first tile), ~1.00x at 2048; 64-key tiles 0.95-1.02x (less masked work, twice th
 v5's plain two consumers 0.95-1.00x the overlap. If one leads by >= 2 % at both S 1024 points: a D 64 causal tile
 rule (configs.WS_OVERLAP_SPANS' config) and the quick tier.
 Run on the GPU (~90 s, new builds): PYTHONPATH=src python3 research/attention_d64_causal_tiles.py
+
+Measured (H100, 6d028b4, `attention-d64-causal-tiles-6d028b4*.log`): v5's plain two consumers 1.074 / 1.084x the route
+at S 1024, 0.958 / 0.961x at 2048; now the route from 1024 to 2048 (configs.WS_PERSISTENT_SPANS, de85109).
+
+``--short`` (written after that run, not yet run): the new route's neighbours at S 256-1024, v3 running D 64
+causal below 1024 (WS_FWD_RULES): v5's plain two with one Q buffer, with O by stores instead of TMA, and v3's
+forward (``policy=replace(forward="pointer")``). Prediction: v5's plain two ahead of v3 at S 512 (1.05-1.15x: v3
+was 0.82x cuDNN at S 1024 where the plain two now run 0.95x), even or behind at 256; one Q buffer and the stores
+within 2 % of the route. If v5's plain two lead v3 by >= 3 % at S 512 in both head layouts: WS_FWD_RULES[(64,
+True, False)] and the span from 512, then the quick tier.
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -28,12 +40,18 @@ from tilewise.ops.attention import gluon_overlap as ao
 
 # (B, H, Hkv, S), D 64, causal, B x S = 16384
 SHAPES = [(16, 16, 16, 1024), (16, 32, 8, 1024), (8, 16, 16, 2048), (8, 32, 8, 2048)]
+SHORT = [(64, 16, 16, 256), (64, 32, 8, 256), (32, 16, 16, 512), (32, 32, 8, 512), (16, 16, 16, 1024),
+         (16, 32, 8, 1024)]
 REGS = C.WS_FWD_CONSUMER_REGS
 # name -> (kernel module, (BLOCK_N, STAGES, consumer registers, maxnreg, consumers))
 VARIANTS = {"overlap n128 s2": (ao, (128, 2, REGS, None, 2)), "overlap n128 s3": (ao, (128, 3, REGS, None, 2)),
             "overlap n64 s4": (ao, (64, 4, REGS, None, 2)), "overlap n64 s6": (ao, (64, 6, REGS, None, 2)),
             "v5 two n128 s2": (ag, (128, 2, REGS, None, 2)),
             "v5 two n128 s3": (ag, (128, 3, REGS, None, 2))}
+TWO = (128, 2, REGS, None, 2)
+# ``--short``: name -> (kernel module, config, fwd's keywords beyond persistent=True)
+SHORT_VARIANTS = {"v5 two": (ag, TWO, dict(q_buffers=2)), "v5 two, one Q buffer": (ag, TWO, dict(q_buffers=1)),
+                  "v5 two, O by stores": (ag, TWO, dict(q_buffers=2, tma_out=False))}
 
 
 def main():
@@ -41,7 +59,9 @@ def main():
     print(torch.cuda.get_device_name(), "(D 64, causal, bf16)", flush=True)
     warm_clocks()
     g = torch.Generator(device="cuda").manual_seed(23)
-    for B, H, Hkv, S in SHAPES:
+    short = "--short" in sys.argv
+    variants = SHORT_VARIANTS if short else {n: (mod, cfg, dict(q_buffers=2)) for n, (mod, cfg) in VARIANTS.items()}
+    for B, H, Hkv, S in SHORT if short else SHAPES:
         q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
 
@@ -51,12 +71,16 @@ def main():
 
         ref = cudnn().float()
         fns, errs = {"route": lambda: A.flash_attention(q, k, v, causal=True)}, {}
-        for name, (mod, cfg) in VARIANTS.items():
+        if short:
+            v3 = A.default_policy(q, k, causal=True).replace(forward="pointer")
+            fns["v3"] = lambda: A.flash_attention(q, k, v, causal=True, policy=v3)
+            errs["v3"] = ((fns["v3"]().float() - ref).norm() / ref.norm()).item()
+        for name, (mod, cfg, kw) in variants.items():
             o = torch.full_like(q, float("nan"))
             lse = torch.full((B, H, S), float("nan"), device="cuda")
 
-            def fn(mod=mod, cfg=cfg, o=o, lse=lse):
-                return mod.fwd(q, k, v, True, D ** -0.5, o, lse, config=cfg, persistent=True, q_buffers=2)[0]
+            def fn(mod=mod, cfg=cfg, kw=kw, o=o, lse=lse):
+                return mod.fwd(q, k, v, True, D ** -0.5, o, lse, config=cfg, persistent=True, **kw)[0]
 
             try:
                 errs[name] = ((fn().float() - ref).norm() / ref.norm()).item()
