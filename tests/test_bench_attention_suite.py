@@ -2,21 +2,14 @@
 
 import pytest
 import torch
+from bench_fakes import FakeRunner
 
 from tilewise.bench.harness import CheckError
 from tilewise.bench.suites import attention as S
 
 
-class _Log:
-    def __init__(self):
-        self.lines = []
-
-    def log(self, msg):
-        self.lines.append(msg)
-
-
 def test_measured_returns_logs_or_raises():
-    r = _Log()
+    r = FakeRunner()
     assert S._measured(r, "v", "1x1", lambda: 1.5) == 1.5 and not r.lines
 
     def broken():
@@ -33,13 +26,7 @@ def test_measured_returns_logs_or_raises():
 
 
 def test_rows_against_flex():
-    class R:
-        rows = []
-
-        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
-            self.rows.append((variant, ms, baseline, baseline_ms))
-
-    r, times = R(), {}
+    r, times = FakeRunner(), {}
     S._row_against_flex(r, times, "op", "flex_attention", "s", "bf16", None, 2.0)
     S._row_against_flex(r, times, "op", "flash_attention", "s", "bf16", None, 1.0)
     S._row_against_flex(r, times, "op", "missing", "s", "bf16", None, None)
@@ -185,19 +172,6 @@ def test_time_ms_rounds_takes_each_versions_median_over_its_turns(monkeypatch):
 
 
 def test_lean_rows_check_then_time_by_turns_and_compare_with_the_fastest_baseline(monkeypatch):
-    class R:
-        def __init__(self):
-            self.rows, self.lines = [], []
-
-        def status(self, msg):
-            pass
-
-        def log(self, msg):
-            self.lines.append(msg)
-
-        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
-            self.rows.append((variant, ms, baseline, baseline_ms))
-
     checked, timed = [], []
 
     def check(name, fn, *a):
@@ -208,7 +182,7 @@ def test_lean_rows_check_then_time_by_turns_and_compare_with_the_fastest_baselin
     monkeypatch.setattr(S, "_check_version", check)
     monkeypatch.setattr(S, "time_ms_rounds", lambda calls: timed.append(sorted(calls)) or
                         {n: {"sdpa_cudnn": 1.0, "flex_attention": 1.5, "flash_attention": 0.9}[n] for n in calls})
-    r = R()
+    r = FakeRunner()
     q = torch.zeros(1, 1, 2, 8)
     S._lean_rows(r, {"sdpa_cudnn": None, "broken": None, "flex_attention": None}, q, q, q, False, q, False,
                  opname="attention_fwd", shape="s", dtype=torch.bfloat16, cost=None)

@@ -3,6 +3,7 @@ the patches between candidates, the chart."""
 
 import pytest
 import torch
+from bench_fakes import FakeRunner
 
 transformers = pytest.importorskip("transformers")
 
@@ -180,22 +181,7 @@ def test_run_times_every_candidate_in_each_pass_and_reports_the_mean(monkeypatch
 
     monkeypatch.setattr(S, "_candidate", candidate)
 
-    class R:
-        quick, out_dir = False, None
-
-        def __init__(self):
-            self.rows, self.lines = [], []
-
-        def log(self, msg):
-            self.lines.append(msg)
-
-        def status(self, msg):
-            pass
-
-        def add(self, op, variant, shape, dtype, ms, cost, *, baseline="", baseline_ms=None):
-            self.rows.append((variant, shape, ms, baseline, baseline_ms))
-
-    r = R()
+    r = FakeRunner(quick=False, with_shape=True)
     S.run(r)
     shapes = ["layers=16,B=4,S=4096", "layers=16,B=1,S=16384"]
     assert calls == [(n, s) for s in shapes for n in ("hf_tilewise", "hf_liger", "hf_liger", "hf_tilewise")]

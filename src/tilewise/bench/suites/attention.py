@@ -173,17 +173,22 @@ def _check_version(name, fn, q, k, v, bias, causal, go, backward):
             check(f"{name} {gname}", g[parts[gname]].float(), rg, dtype=q.dtype, tol=3e-2)
 
 
-def _time(fn, q, k, v, bias, causal, go, backward):
-    if not backward:
-        return time_ms(lambda: fn(q, k, v, causal, bias))
+def _timed(fns: dict, q, k, v, bias, causal, go, backward, timer):
+    """``timer`` over each version's call (name -> a call without arguments): its forward, or with ``backward``
+    its forward and backward, q, k, v (and the bias) requiring gradients while timed."""
     ins = [q, k, v] + ([bias] if bias is not None else [])
     for t in ins:
-        t.requires_grad_(True)
+        t.requires_grad_(backward)
     try:
-        return time_ms(lambda: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go))
+        return timer({n: (lambda fn=fn: torch.autograd.grad(fn(q, k, v, causal, bias), ins, go)) if backward
+                      else (lambda fn=fn: fn(q, k, v, causal, bias)) for n, fn in fns.items()})
     finally:
         for t in ins:
             t.requires_grad_(False)
+
+
+def _time(fn, q, k, v, bias, causal, go, backward):
+    return _timed({"": fn}, q, k, v, bias, causal, go, backward, lambda calls: time_ms(calls[""]))
 
 
 def _measured(r, name, shape, measure):
@@ -246,17 +251,8 @@ def _lean_rows(r, cands, q, k, v, causal, go, backward, *, opname, shape, dtype,
                 ok = False
         if ok:
             fns[name] = fn
-    ins = (q, k, v)
-    for t in ins:
-        t.requires_grad_(backward)
-    try:
-        calls = {n: ((lambda fn=fn: torch.autograd.grad(fn(q, k, v, causal, None), ins, go)) if backward
-                     else (lambda fn=fn: fn(q, k, v, causal, None))) for n, fn in fns.items()}
-        r.status(f"{opname} {shape}: {', '.join(calls)} by turns")
-        times = time_ms_rounds(calls)
-    finally:
-        for t in ins:
-            t.requires_grad_(False)
+    r.status(f"{opname} {shape}: {', '.join(fns)} by turns")
+    times = _timed(fns, q, k, v, None, causal, go, backward, time_ms_rounds)
     base = best_baseline({n: t for n, t in times.items() if n != "flash_attention"})
     for name, ms in times.items():
         if name == "flash_attention":
