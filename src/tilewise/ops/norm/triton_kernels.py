@@ -82,4 +82,3 @@ def _dw_sum_kernel(PART, DW, rows, N, stride_p, BLOCK_R: tl.constexpr, BLOCK_N: 
     m = (r[:, None] < rows) & (cols[None, :] < N)
     p = tl.load(PART + r[:, None] * stride_p + cols[None, :], mask=m, other=0.0)
     tl.store(DW + cols, tl.sum(p, 0).to(DW.dtype.element_ty), mask=cols < N)
-
