@@ -18,12 +18,14 @@ Run on the GPU (~90 s, new builds): PYTHONPATH=src python3 research/attention_d6
 Measured (H100, 6d028b4, `attention-d64-causal-tiles-6d028b4*.log`): v5's plain two consumers 1.074 / 1.084x the route
 at S 1024, 0.958 / 0.961x at 2048; now the route from 1024 to 2048 (configs.WS_PERSISTENT_SPANS, de85109).
 
-``--short`` (written after that run, not yet run): the new route's neighbours at S 256-1024, v3 running D 64
+``--short``: the new route's neighbours at S 256-1024, v3 running D 64
 causal below 1024 (WS_FWD_RULES): v5's plain two with one Q buffer, with O by stores instead of TMA, and v3's
 forward (``policy=replace(forward="pointer")``). Prediction: v5's plain two ahead of v3 at S 512 (1.05-1.15x: v3
 was 0.82x cuDNN at S 1024 where the plain two now run 0.95x), even or behind at 256; one Q buffer and the stores
 within 2 % of the route. If v5's plain two lead v3 by >= 3 % at S 512 in both head layouts: WS_FWD_RULES[(64,
 True, False)] and the span from 512, then the quick tier.
+Measured (H100, a7d20c5, `attention-d64-causal-tiles-short-a7d20c5*.log`): at S 512 v5's plain two 1.143x v3 with
+GQA and 0.665x with 16 heads, at S 256 the other way round (0.887 / 1.203): the rule fails, v3 stays below 1024.
 """
 import sys
 
