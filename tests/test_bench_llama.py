@@ -169,6 +169,7 @@ def test_run_times_every_candidate_in_each_pass_and_reports_the_mean(monkeypatch
     monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PASSES", raising=False)
     monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PROFILE", raising=False)
     monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PACKED", raising=False)
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_TOKENS", raising=False)
     monkeypatch.setattr(S, "transformers_state", lambda config: {})
     monkeypatch.setattr(S, "_batches", lambda *a, **k: [])
     calls = []
@@ -189,3 +190,43 @@ def test_run_times_every_candidate_in_each_pass_and_reports_the_mean(monkeypatch
                                                       ("hf_liger", s, 109.0, "", None))]
     assert any("hf_tilewise (pass 2 of 2): 104.0 ms" in line for line in r.lines)
     assert any("hf_liger: 109.0 ms a step over 2 passes (110.0 / 108.0)" in line for line in r.lines)
+
+
+def test_zipf_token_ids(monkeypatch):
+    """TILEWISE_BENCH_LLAMA_TOKENS=zipf: ids in range, seeded, far fewer distinct ids than a uniform draw and
+    the most frequent rank near the law's share (1 / H_V of the draws); the rows' shapes name the draw;
+    anything but uniform / zipf is an error naming the variable."""
+    from tilewise import settings
+
+    V, N = 5000, 20000
+    a, b = (S.zipf_ids(V, (4, N // 4), torch.Generator().manual_seed(7), "cpu") for _ in range(2))
+    assert a.shape == (4, N // 4) and a.dtype == torch.int64 and torch.equal(a, b)
+    assert 0 <= int(a.min()) and int(a.max()) < V
+    counts = torch.bincount(a.flatten(), minlength=V).sort(descending=True).values
+    uniform = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(7)).unique().numel()
+    assert counts.count_nonzero() < 0.75 * uniform
+    share = 1.0 / sum(1.0 / r for r in range(1, V + 1))  # rank 1's probability, ZIPF_EXPONENT 1
+    assert abs(float(counts[0]) / N - share) < 0.2 * share
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    z, u = S._batches(config, 2, 64, device="cpu", tokens="zipf"), S._batches(config, 2, 64, device="cpu")
+    assert torch.equal(z[0]["input_ids"], z[0]["labels"]) and not torch.equal(z[0]["input_ids"], u[0]["input_ids"])
+
+    monkeypatch.delenv(settings.BENCH_LLAMA_TOKENS, raising=False)
+    assert settings.bench_llama_tokens() == "uniform"
+    monkeypatch.setenv(settings.BENCH_LLAMA_TOKENS, "Zipf")
+    assert settings.bench_llama_tokens() == "zipf"
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_CANDIDATES", "hf_tilewise")
+    monkeypatch.setenv("TILEWISE_BENCH_LLAMA_PASSES", "1")
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PACKED", raising=False)
+    monkeypatch.delenv("TILEWISE_BENCH_LLAMA_PROFILE", raising=False)
+    monkeypatch.setattr(S, "transformers_state", lambda config: {})
+    drawn = []
+    monkeypatch.setattr(S, "_batches", lambda *a, **k: drawn.append(k.get("tokens")) or [])
+    monkeypatch.setattr(S, "_candidate", lambda r, name, shape, *a, **k: (100.0, 1 << 30, 2.0, None))
+    r = FakeRunner(quick=True, with_shape=True)
+    S.run(r)
+    assert drawn == ["zipf"] and [row[1] for row in r.rows] == ["layers=2,B=2,S=2048,tokens=zipf"]
+    monkeypatch.setenv(settings.BENCH_LLAMA_TOKENS, "text")
+    with pytest.raises(ValueError, match="TILEWISE_BENCH_LLAMA_TOKENS"):
+        settings.bench_llama_tokens()

@@ -21,6 +21,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_BENCH_LLAMA_PROFILE`` | ``1``: the llama bench logs each step by kernel group (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PACKED`` | a document length: the llama bench packs its rows with it (``bench.suites.llama``) |
 | ``TILEWISE_BENCH_LLAMA_PASSES`` | the llama bench's passes over its candidates (``bench.suites.llama``) |
+| ``TILEWISE_BENCH_LLAMA_TOKENS`` | ``uniform`` (default) or ``zipf``: how the llama bench draws its token ids |
 | ``TILEWISE_GIT_SHA`` | the commit a bench row records, where the tree has no ``.git`` |
 | ``TILEWISE_FAST_EXIT`` | ``0``: ``tilewise train`` exits through the interpreter's teardown (``cli.run``) |
 | ``CUDA_INJECTION64_PATH``, ``LD_PRELOAD`` | set (a profiler in the process): ``train`` exits through the teardown |
@@ -49,6 +50,7 @@ BENCH_LLAMA_CANDIDATES = "TILEWISE_BENCH_LLAMA_CANDIDATES"
 BENCH_LLAMA_PROFILE = "TILEWISE_BENCH_LLAMA_PROFILE"
 BENCH_LLAMA_PACKED = "TILEWISE_BENCH_LLAMA_PACKED"
 BENCH_LLAMA_PASSES = "TILEWISE_BENCH_LLAMA_PASSES"
+BENCH_LLAMA_TOKENS = "TILEWISE_BENCH_LLAMA_TOKENS"
 GIT_SHA = "TILEWISE_GIT_SHA"
 FAST_EXIT = "TILEWISE_FAST_EXIT"
 
@@ -164,6 +166,15 @@ def bench_llama_passes(quick: bool) -> int:
     quick ones); ValueError naming the variable for anything but a positive integer."""
     n = _positive_int(BENCH_LLAMA_PASSES, "a number of passes")
     return n if n is not None else (1 if quick else 2)
+
+
+def bench_llama_tokens() -> str:
+    """How the llama bench draws its token ids: ``uniform`` (default) or ``zipf`` (a word-frequency law, as
+    text has); ValueError naming the variable for anything else."""
+    v = (_text(BENCH_LLAMA_TOKENS) or "uniform").strip().lower()
+    if v not in ("uniform", "zipf"):
+        raise ValueError(f"{BENCH_LLAMA_TOKENS} must be uniform or zipf, got {os.environ[BENCH_LLAMA_TOKENS]!r}")
+    return v
 
 
 def triton_cache_override() -> str | None:

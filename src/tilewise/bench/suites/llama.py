@@ -37,6 +37,11 @@ Packed documents: with ``TILEWISE_BENCH_LLAMA_PACKED=N`` each row holds document
 gives): transformers then masks attention to each document, and the shapes read ``docs=N``. The
 TFLOP/s count attention within the documents only.
 
+Token ids: uniform over the vocabulary by default; ``TILEWISE_BENCH_LLAMA_TOKENS=zipf`` draws them by a Zipf
+law (``ZIPF_EXPONENT``, frequency rank r with weight 1 / r, ranks shuffled over the vocabulary), as text has:
+a few ids repeat thousands of times a row, which is what the embedding's and the loss's gradients see in
+training (docs/tuning/bench.md, "llama: Zipf token ids"); the shapes read ``tokens=zipf``.
+
 Why one is faster: with ``TILEWISE_BENCH_LLAMA_PROFILE=1``, after its timed steps each candidate runs
 ``PROFILED`` more under torch.profiler, and the log gets a table of device ms a step by kernel group
 (``KERNEL_GROUPS``: attention, GEMM, RMSNorm, ...) for every candidate of a shape side by side. It is
@@ -57,6 +62,8 @@ from ...cost import Cost
 from ..harness import check, device_slug
 
 WARMUP, STEPS, PROFILED = 3, 10, 2
+# The exponent of the Zipf law for TILEWISE_BENCH_LLAMA_TOKENS=zipf: ~1 for word and subword frequencies.
+ZIPF_EXPONENT = 1.0
 # Ours, by apply_tilewise's keywords: the rows that name a baseline (the fastest of the others)
 TILEWISE_OPTIONS = {"hf_tilewise": {}, "hf_tilewise_own_attn": {"attention": True},
                     "hf_tilewise_keep_act": {"recompute_swiglu": False}, "hf_tilewise_adamw": {}}
@@ -214,14 +221,16 @@ def run(r) -> None:
     cases = [(2, 2048)] if r.quick else [(4, 4096), (1, 16384)]
     names = candidates(r.quick)
     doc = settings.bench_llama_packed()
+    tokens = settings.bench_llama_tokens()
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
     results = {}
     passes = settings.bench_llama_passes(r.quick)
     for B, S in cases:
-        shape = f"layers={config.num_hidden_layers},B={B},S={S}" + (f",docs={doc}" if doc else "")
-        batches = _batches(config, B, S, doc)
+        shape = (f"layers={config.num_hidden_layers},B={B},S={S}" + (f",docs={doc}" if doc else "")
+                 + (f",tokens={tokens}" if tokens != "uniform" else ""))
+        batches = _batches(config, B, S, doc, tokens=tokens)
         first_loss, runs, peaks, groups = None, {}, {}, {}
         for k, order in enumerate(pass_orders(names, passes)):
             profile = k == 0 and settings.bench_llama_profile()
@@ -306,13 +315,26 @@ def _candidate(r, name, shape, config, state, batches, profile: bool):
                   f"{still / 2 ** 30:.2f} GiB after a collection")
 
 
-def _batches(config, B, S, doc=None, device="cuda") -> list:
+def zipf_ids(V: int, shape: tuple, generator: torch.Generator, device="cuda") -> torch.Tensor:
+    """Token ids in [0, V) of ``shape`` drawn by a Zipf law: the id of frequency rank r (1-based) with
+    weight r ** -ZIPF_EXPONENT, the ranks a seeded shuffle of the vocabulary (frequent ids spread over the
+    embedding's rows, as a tokenizer's are)."""
+    weights = torch.arange(1, V + 1, device=device, dtype=torch.float32) ** -ZIPF_EXPONENT
+    ranked = torch.multinomial(weights, shape[0] * shape[1], replacement=True, generator=generator)
+    return torch.randperm(V, device=device, generator=generator)[ranked].view(shape)
+
+
+def _batches(config, B, S, doc=None, device="cuda", tokens="uniform") -> list:
     """The two batches a shape's candidates step on (the model's keywords: (B, S) tokens, their labels
-    and, with ``doc``, ``position_ids`` restarting every ``doc`` tokens), seeded by the shape."""
+    and, with ``doc``, ``position_ids`` restarting every ``doc`` tokens), seeded by the shape; ``tokens``
+    ``uniform`` or ``zipf`` (``zipf_ids``)."""
     g = torch.Generator(device=device).manual_seed(B * S)
     out = []
     for _ in range(2):
-        ids = torch.randint(0, config.vocab_size, (B, S), device=device, generator=g)
+        if tokens == "zipf":
+            ids = zipf_ids(config.vocab_size, (B, S), g, device)
+        else:
+            ids = torch.randint(0, config.vocab_size, (B, S), device=device, generator=g)
         batch = {"input_ids": ids, "labels": ids}
         if doc:
             batch["position_ids"] = (torch.arange(S, device=device) % doc).expand(B, S)
@@ -320,14 +342,15 @@ def _batches(config, B, S, doc=None, device="cuda") -> list:
     return out
 
 
-def inputs(B: int, S: int, quick: bool = False, doc: int | None = None) -> tuple:
+def inputs(B: int, S: int, quick: bool = False, doc: int | None = None, tokens: str = "uniform") -> tuple:
     """(config, shared weights, batches) as ``run`` makes them for a B x S shape (``doc``: packed
-    documents of that length): what research scripts that step the bench's model start from."""
+    documents of that length; ``tokens``: ``uniform`` or ``zipf``): what research scripts that step the
+    bench's model start from."""
     config = _config(quick)
     torch.manual_seed(0)
     with torch.device("cuda"):
         state = transformers_state(config)
-    return config, state, _batches(config, B, S, doc)
+    return config, state, _batches(config, B, S, doc, tokens=tokens)
 
 
 def transformers_state(config) -> dict:
