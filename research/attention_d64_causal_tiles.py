@@ -24,8 +24,9 @@ forward (``policy=replace(forward="pointer")``). Prediction: v5's plain two ahea
 was 0.82x cuDNN at S 1024 where the plain two now run 0.95x), even or behind at 256; one Q buffer and the stores
 within 2 % of the route. If v5's plain two lead v3 by >= 3 % at S 512 in both head layouts: WS_FWD_RULES[(64,
 True, False)] and the span from 512, then the quick tier.
-Measured (H100, a7d20c5, `attention-d64-causal-tiles-short-a7d20c5*.log`): at S 512 v5's plain two 1.143x v3 with
-GQA and 0.665x with 16 heads, at S 256 the other way round (0.887 / 1.203): the rule fails, v3 stays below 1024.
+Measured (two H100s, a7d20c5 and 8442841, `attention-d64-causal-tiles-short-*.log`): at S 512 v5's plain two 1.143x /
+1.144x v3 with GQA, 0.665x / 1.180x with 16 heads (the first run's v5 cells there slow on that machine); the rule as
+research/patches/d64-causal-from-512.patch, waiting for a third run.
 """
 import sys
 
