@@ -27,6 +27,12 @@ True, False)] and the span from 512, then the quick tier.
 Measured (two H100s, a7d20c5 and 8442841, `attention-d64-causal-tiles-short-*.log`): at S 512 v5's plain two 1.143x /
 1.144x v3 with GQA, 0.665x / 1.180x with 16 heads (the first run's v5 cells there slow on that machine); the rule as
 research/patches/d64-causal-from-512.patch, waiting for a third run.
+
+``--short --modes``: after each shape's table, v3 and v5's plain two called alternately 300 times, each call
+timed alone (events, synchronized): the quantiles of each and the share of calls over 1.3x its median. A slow
+mode that comes and goes within a run shows as a long tail or two peaks; one that holds for a whole process
+shows as a median as slow as the table's. Prediction: no tail (p95 within 5 % of the median) on a machine
+where the table shows no slow cell.
 """
 import sys
 
@@ -98,10 +104,35 @@ def main():
         fns["cudnn"] = cudnn
         med, _ = abba_ms(fns, lambda f: do_bench(f, warmup=10, rep=100, return_mode="median"))
         flops = 2 * B * H * S * S * D
+        if "--modes" in sys.argv:
+            modes({n: fns[n] for n in ("v3", "v5 two") if n in fns})
         print(f"B{B} H{H}/{Hkv} S{S}: " + ", ".join(
             f"{n} {ms * 1e3:.1f} us ({flops / ms / 1e9:.0f} TF, x cuDNN {med['cudnn'] / ms:.3f}"
             + (f", x route {med['route'] / ms:.3f}" if n not in ("route", "cudnn") else "") + ")"
             for n, ms in med.items()) + f" | worst error vs cuDNN {max(errs.values()):.1e}", flush=True)
+
+
+def modes(fns, calls=300):
+    """Each of ``fns`` called ``calls`` times in turn, each call timed alone: p5 / p50 / p95 / max in us and
+    the share of calls over 1.3x the median."""
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    times = {n: [] for n in fns}
+    for _ in range(calls):
+        for n, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[n].append(a.elapsed_time(b) * 1e3)
+    for n, t in times.items():
+        t.sort()
+        med = t[len(t) // 2]
+        slow = sum(x > 1.3 * med for x in t) / len(t)
+        print(f"  modes {n}: p5 {t[len(t) // 20]:.1f} p50 {med:.1f} p95 {t[len(t) * 19 // 20]:.1f} max {t[-1]:.1f} us,"
+              f" {slow:.1%} of calls over 1.3x the median", flush=True)
 
 
 if __name__ == "__main__":
