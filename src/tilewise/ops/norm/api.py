@@ -26,7 +26,7 @@ from ...runtime import cuda as rt
 from ...runtime.triton_launch import launch as _launch
 from .._checks import check_kernel_inputs, runs_reference
 from .._custom import eager_twin
-from .configs import MAX_N, PROGRAMS_PER_SM, NormLaunch, dw_sum_tile, forward_launch_for, launch_for
+from .configs import DW_SUM_WARPS, MAX_N, PROGRAMS_PER_SM, NormLaunch, dw_sum_tile, forward_launch_for, launch_for
 
 MODES = ("llama", "gemma")
 
@@ -138,7 +138,7 @@ def _backward(dy, x, weight, rstd, mode, ds=None):
     dw = torch.empty((N,), dtype=weight.dtype, device=x.device)
     block_r, block_n = dw_sum_tile(P)
     _launch(K._dw_sum_kernel, (-(-N // block_n),), part, dw, P, N, part.stride(0),
-            BLOCK_R=block_r, BLOCK_N=block_n, num_warps=4)
+            BLOCK_R=block_r, BLOCK_N=block_n, num_warps=DW_SUM_WARPS)
     return dx.view(x.shape), dw
 
 

@@ -53,6 +53,7 @@ PROGRAMS_PER_SM = 4  # persistent programs a streaming multiprocessor (and rows 
 # dW's column sums (`_dw_sum_kernel`): elements a program's one load (all partial rows x a strip of columns).
 # torch's `sum(0)` + cast took 13 + 1.6 us a call in the Llama step on an H100 (docs/tuning/norm.md, "dW's sum").
 DW_SUM_TILE = 8192
+DW_SUM_WARPS = 4  # 64 values a thread of the one load, no loop (the build measured in that section)
 
 
 def dw_sum_tile(rows: int) -> tuple[int, int]:
