@@ -63,6 +63,33 @@ def test_cudnn_backward_pays_where_our_forward_wins_only():
     assert not C.cudnn_backward_pays((8, 0), 64, 16384, True)  # not measured
 
 
+def test_cudnn_backward_lays_o_and_do_out_as_its_graph_cache_assumes(monkeypatch):
+    """PyTorch keys its cached cuDNN backward graphs by q's, k's and v's strides only, with O's and dO's built in:
+    O reaches it with empty_like(q)'s strides (copied where ours differ, e.g. a compiled call's dense O beside
+    sequence-major q), dO with O's, the values unchanged. Fails without the copy (the 354c853 tier's garbage dQ)."""
+    seen = []
+
+    def fake_op(do, q, k, v, out, lse, *rest, scale):
+        seen.append((do.stride(), out.stride(), out.data_ptr(), out.clone(), do.clone()))
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    monkeypatch.setattr(cudnn_bwd, "_OP", fake_op)
+    B, H, S, D = 2, 4, 9, 16
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, S, H, D, generator=g).transpose(1, 2) for _ in range(3))  # sequence-major
+    lse = torch.randn(B, H, S, generator=g)
+    for out, do in ((torch.randn(B, H, S, D, generator=g), torch.randn(B, H, S, D, generator=g)),  # dense O, dO
+                    (torch.randn(B, S, H, D, generator=g).transpose(1, 2), torch.randn(B, H, S, D, generator=g))):
+        cudnn_bwd.backward(do, q, k, v, out, lse, True, 0.25)
+        do_stride, out_stride, ptr, out_seen, do_seen = seen.pop()
+        assert out_stride == q.stride() == do_stride
+        assert torch.equal(out_seen, out) and torch.equal(do_seen, do)
+        assert (ptr == out.data_ptr()) == (out.stride() == q.stride())  # copied only where the layouts differ
+    f = torch.randn(B, S, H + 2, D, generator=g)[:, :, :H].transpose(1, 2)  # a fused projection's slice: not dense
+    cudnn_bwd.backward(do, f, k, v, torch.randn(B, H, S, D, generator=g), lse, True, 0.25)
+    assert seen.pop()[1] == torch.empty_like(f).stride() == torch.empty(B, S, H, D).transpose(1, 2).stride()
+
+
 def _fwd_bwd(q, k, v, causal, policy, deterministic):
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out = A.flash_attention(q, k, v, causal=causal, policy=policy, deterministic=deterministic)

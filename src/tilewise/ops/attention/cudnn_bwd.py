@@ -26,12 +26,29 @@ def applies(q, k, v, dlse, mask, bias, plain: bool) -> bool:
             and q.dtype == k.dtype == v.dtype and q.shape[-1] <= MAX_D and q.shape[-1] % 8 == 0)
 
 
+def cache_layout(q: torch.Tensor) -> tuple[int, ...]:
+    """The strides PyTorch's cuDNN attention gives O for this ``q`` (``empty_like(q)``: q's own where q is
+    dense, else contiguous), which its backward's graph cache assumes."""
+    return torch.empty_like(q, device="meta").stride()
+
+
+def _same_strides(t: torch.Tensor, strides) -> bool:
+    """``t``'s strides equal ``strides`` over the dims of size > 1 (a size-1 dim's stride addresses nothing)."""
+    return all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides))
+
+
 def backward(do, q, k, v, out, lse, causal: bool, scale: float, contiguous: bool = True):
     """(dq, dk, dv, empty dbias) from cuDNN's backward on our forward's ``out`` and ``lse`` (B, H, Sq);
     ``contiguous``: the gradients dense (the custom op's fake results), else as cuDNN gives them."""
     B, H, Sq, _ = q.shape
     empty = q.new_empty(0)
     seed = torch.empty((), dtype=torch.int64, device=q.device)  # dropout 0: never read
+    if not _same_strides(out, cache_layout(q)):
+        # PyTorch caches the backward's cuDNN graph by q's, k's and v's shapes and strides alone, with O's and
+        # dO's strides built in: O must be laid out as the cache assumes (empty_like(q), as SDPA's own forward
+        # allocates it), or a graph built for another O layout reads this one wrong (an eager sequence-major O
+        # after a compiled call's dense one at the same shapes gave garbage gradients).
+        out = torch.empty_like(q).copy_(out)
     if do.stride() != out.stride():
         do = do.contiguous() if out.is_contiguous() else torch.empty_like(out).copy_(do)
     # No bias and no cumulative lengths: undefined tensors (None), as PyTorch's own calls pass them (an
