@@ -28,7 +28,7 @@ def applies(q, k, v, dlse, mask, bias, plain: bool) -> bool:
 
 def cache_layout(q: torch.Tensor) -> tuple[int, ...]:
     """The strides PyTorch's cuDNN attention gives O for this ``q`` (``empty_like(q)``: q's own where q is
-    dense, else contiguous), which its backward's graph cache assumes."""
+    dense, else dense ones in q's stride order), which its backward's graph cache assumes."""
     return torch.empty_like(q, device="meta").stride()
 
 
