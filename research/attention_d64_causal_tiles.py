@@ -26,7 +26,8 @@ within 2 % of the route. If v5's plain two lead v3 by >= 3 % at S 512 in both he
 True, False)] and the span from 512, then the quick tier.
 Measured (two H100s, a7d20c5 and 8442841, `attention-d64-causal-tiles-short-*.log`): at S 512 v5's plain two 1.143x /
 1.144x v3 with GQA, 0.665x / 1.180x with 16 heads (the first run's v5 cells there slow on that machine); the rule as
-research/patches/d64-causal-from-512.patch, waiting for a third run.
+research/patches/d64-causal-from-512.patch, waiting for a third run. Third run (354c853, `--modes`): 1.186x / 1.154x at
+S 512, v5 slow at H 16 S 256; the rule is on main since eb5af09 (docs/tuning/attention.md, "a third run").
 
 ``--short --modes``: after each shape's table, v3 and v5's plain two called alternately 300 times, each call
 timed alone (events, synchronized): the quantiles of each and the share of calls over 1.3x its median. A slow
