@@ -1,20 +1,30 @@
 """v5's slow mode at D 64 causal, short S (issue 30): in two of three H100 runs of
-``attention_d64_causal_tiles.py --short`` one cell (H 16, S 256 or S 512) ran every v5 variant 0.58-0.67x v3,
-while the same cell ran 1.18-1.20x on another machine. Each variant there has its own O and LSE; q, k, v are the
-cell's. So: does the mode follow the input tensors (their addresses: TMA descriptors, L2 / DRAM channel spread),
-or the time (a clock or machine state that comes and goes)?
+``attention_d64_causal_tiles.py --short`` one cell (H 16, S 256 or S 512) ran every v5 variant 0.58-0.67x v3, while
+the same cell ran 1.18-1.20x on another machine (docs/tuning/attention.md, "D 64 causal below 1024, a third run").
 
-How: for each shape, ``SETS`` input sets (q, k, v fresh from randn, a spacer allocation of 0-3 MiB before each
-set so the addresses move), v3 and v5's plain two on each, timed A B B A by do_bench (L2 flushed); then every set
-that ran v5 over 1.25x its shape's fastest set is timed again after the others, and once more from a copy of its
-tensors at new addresses (same values).
+Reading the three logs again: a slow cell adds about the same time whatever its work (H 16 S 256 +67 us, H 16 S 512
++62 us, GQA S 256 +39 us), and only the variants the script calls directly (``gluon_fwd.fwd``: every check, layout
+test and TMA descriptor built on each call) were slow; v3 and the route, both through ``flash_attention``'s call
+plans, never were. ``do_bench`` times each call between two events around it after an L2 flush (a 256 MB fill), so
+a call whose host time exceeds the flush plus the kernel leaves the GPU idle inside the timed span. Hypothesis: the
+slow mode is the host, not the kernel: a direct call's host time near that threshold, tipped over by the host's
+speed of the moment.
 
-Prediction (before the run): address-bound. A slow set is slow again on re-timing (within 10 %) and its copy
-at new addresses is fast; the slow sets are 0-3 of 12 a shape; v3 shows no such spread (max/min < 1.1). If the
-slow sets are not slow again on re-timing, the mode is of time, not inputs: then the from-512 route's risk is a
-machine state, and a per-process probe cannot avoid it.
-Run on the GPU (~60 s): PYTHONPATH=src python3 research/attention_d64_slow_mode.py
+How, per cell and in two passes: v3 and v5's plain two through ``flash_attention`` (the S 512 route's policy, also at
+S 256), and v5's plain two called directly, each timed (1) as the tiles script does (do_bench, L2 flushed, A B B A),
+(2) by CUDA graph replay (20 calls a graph: device time only), and (3) by its host time a call (the Python call
+alone after a synchronize, median of 200). Also the flush's own device time.
+
+Prediction (before the run): the direct call's host time 120-220 us, the two planned calls' 40-90 us; by graph
+replay v5's plain two lead v3 in every cell (1.15-1.25x) and the direct and planned v5 calls are within 2 %; any
+do_bench cell more than 1.25x its graph time is a direct call whose host time exceeds the flush plus its graph
+time. If so, the route (through the plans) does not have the mode and the from-512 rule stands; if a planned v5
+call or a graph replay is slow, the mode is the kernel's and the rule goes back to 1024.
+Run on the GPU (~60 s): cd research && PYTHONPATH=../src python3 attention_d64_slow_mode.py
 """
+import statistics
+import time
+
 import torch
 from triton.testing import do_bench
 
@@ -24,64 +34,105 @@ from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
 
 D = 64
-SHAPES = [(64, 16, 16, 256), (32, 16, 16, 512), (64, 32, 8, 256), (32, 32, 8, 512)]
-SETS = 12
+SHAPES = [(64, 16, 16, 256), (64, 32, 8, 256), (32, 16, 16, 512), (32, 32, 8, 512)]
 TWO = (128, 2, C.WS_FWD_CONSUMER_REGS, None, 2)
+GRAPH_CALLS = 20
 
 
-def bench(fn):
-    return do_bench(fn, warmup=10, rep=60, return_mode="median")
+def flushed_ms(fn):
+    return do_bench(fn, warmup=10, rep=100, return_mode="median")
 
 
-def fns_for(q, k, v):
-    B, H, S, _ = q.shape
-    o = torch.full_like(q, float("nan"))
-    lse = torch.full((B, H, S), float("nan"), device="cuda")
-    v3 = A.default_policy(q, k, causal=True).replace(forward="pointer")
-    return {"v3": lambda: A.flash_attention(q, k, v, causal=True, policy=v3),
-            "v5 two": lambda: ag.fwd(q, k, v, True, D ** -0.5, o, lse, config=TWO, persistent=True,
-                                     q_buffers=2)[0]}
+def graph_ms(fn):
+    """Device ms a call by replay of GRAPH_CALLS captured calls (median of 20 replays); None if capture fails."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            for _ in range(GRAPH_CALLS):
+                fn()
+    except Exception as e:  # noqa: BLE001 - said, not timed
+        print(f"    capture failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        return None
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / GRAPH_CALLS)
+    return statistics.median(times)
 
 
-def where(t):
-    p = t.data_ptr()
-    return f"{p >> 20:#x} MiB (mod 2 MiB {p % (1 << 21):#x})"
+def host_us(fn, n=200):
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def flush_ms():
+    cache = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    for _ in range(5):
+        cache.zero_()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(20):
+        cache.zero_()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 20
 
 
 def main():
     print(torch.cuda.get_device_name(), "(D 64, causal, bf16)", flush=True)
     warm_clocks()
-    g = torch.Generator(device="cuda").manual_seed(29)
-    for B, H, Hkv, S in SHAPES:
-        sets, rows, keep = [], [], []
-        for i in range(SETS):
-            keep.append(torch.empty((i * 7919) % (3 << 20) + 1, device="cuda", dtype=torch.uint8))
+    print(f"the L2 flush (256 MB fill): {flush_ms() * 1e3:.1f} us of device time", flush=True)
+    route = C.choose_policy(D, 512, 512, causal=True)
+    print(f"the S 512 route's policy: forward {route.forward}, persistent {route.ws_persistent}, "
+          f"overlap {route.ws_overlap}, q buffers {route.ws_q_buffers}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(31)
+    for rnd in range(2):
+        for B, H, Hkv, S in SHAPES:
             q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
             k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-            fns = fns_for(q, k, v)
-            ref = fns["v3"]().float()
-            err = ((fns["v5 two"]().float() - ref).norm() / ref.norm()).item()
-            assert err < 2e-2, f"v5 two off v3 by {err:.1e}"
-            med, _ = abba_ms(fns, bench)
-            sets.append((q, k, v))
-            rows.append(med)
-            print(f"B{B} H{H}/{Hkv} S{S} set {i:2d}: v3 {med['v3'] * 1e3:6.1f} us, v5 two {med['v5 two'] * 1e3:6.1f} us"
-                  f" ({med['v3'] / med['v5 two']:.3f}x v3) q at {where(q)}, k at {where(k)}", flush=True)
-        best = min(r["v5 two"] for r in rows)
-        v3s = [r["v3"] for r in rows]
-        slow = [i for i, r in enumerate(rows) if r["v5 two"] > 1.25 * best]
-        print(f"B{B} H{H}/{Hkv} S{S}: v5 two min {best * 1e3:.1f} max {max(r['v5 two'] for r in rows) * 1e3:.1f} us;"
-              f" v3 max/min {max(v3s) / min(v3s):.3f}; slow sets {slow}", flush=True)
-        for i in slow:
-            q, k, v = sets[i]
-            again, _ = abba_ms(fns_for(q, k, v), bench)
-            moved = tuple(t.clone() for t in (q, k, v))
-            copy, _ = abba_ms(fns_for(*moved), bench)
-            print(f"  set {i} again: v5 two {again['v5 two'] * 1e3:.1f} us ({again['v3'] / again['v5 two']:.3f}x v3);"
-                  f" its copy at {where(moved[0])}: {copy['v5 two'] * 1e3:.1f} us "
-                  f"({copy['v3'] / copy['v5 two']:.3f}x v3)", flush=True)
-        del sets, keep
-        torch.cuda.empty_cache()
+            o = torch.full_like(q, float("nan"))
+            lse = torch.full((B, H, S), float("nan"), device="cuda")
+            v3 = A.default_policy(q, k, causal=True).replace(forward="pointer")
+            fns = {"v3 planned": lambda: A.flash_attention(q, k, v, causal=True, policy=v3),
+                   "v5 two planned": lambda: A.flash_attention(q, k, v, causal=True, policy=route),
+                   "v5 two direct": lambda: ag.fwd(q, k, v, True, D ** -0.5, o, lse, config=TWO, persistent=True,
+                                                   q_buffers=2)[0]}
+            ref = fns["v3 planned"]().float()
+            for name, fn in fns.items():
+                err = ((fn().float() - ref).norm() / ref.norm()).item()
+                assert err < 2e-2, f"{name} off v3 by {err:.1e}"
+            flushed, _ = abba_ms(fns, flushed_ms)
+            rows = []
+            for name, fn in fns.items():
+                gm = graph_ms(fn)
+                rows.append(f"{name}: do_bench {flushed[name] * 1e3:.1f} us, graph "
+                            + (f"{gm * 1e3:.1f} us (do_bench / graph {flushed[name] / gm:.2f})" if gm else "-")
+                            + f", host {host_us(fn):.1f} us a call")
+            lead = {n: flushed["v3 planned"] / flushed[n] for n in ("v5 two planned", "v5 two direct")}
+            print(f"pass {rnd + 1} B{B} H{H}/{Hkv} S{S}: v5 two planned {lead['v5 two planned']:.3f}x v3, direct "
+                  f"{lead['v5 two direct']:.3f}x (do_bench)", flush=True)
+            for r in rows:
+                print("   ", r, flush=True)
+            fns.clear()
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
