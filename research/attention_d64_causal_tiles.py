@@ -28,6 +28,10 @@ Measured (two H100s, a7d20c5 and 8442841, `attention-d64-causal-tiles-short-*.lo
 1.144x v3 with GQA, 0.665x / 1.180x with 16 heads (the first run's v5 cells there slow on that machine); the rule as
 research/patches/d64-causal-from-512.patch, waiting for a third run. Third run (354c853, `--modes`): 1.186x / 1.154x at
 S 512, v5 slow at H 16 S 256; the rule is on main since eb5af09 (docs/tuning/attention.md, "a third run").
+That slow mode is this script's, not the kernel's (``attention_d64_slow_mode.py``, 947a4ea): its variants call
+``gluon_fwd.fwd`` directly, whose host time (92-223 us a call) can exceed do_bench's flush plus a short kernel; by
+graph replay, and through flash_attention's call plans, v5 was never slow. Read the short cells' variants with that
+in mind; the route column goes through the plans.
 
 ``--short --modes``: after each shape's table, v3 and v5's plain two called alternately 300 times, each call
 timed alone (events, synchronized): the quantiles of each and the share of calls over 1.3x its median. A slow
