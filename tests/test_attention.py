@@ -709,7 +709,7 @@ def test_choose_policy_keeps_the_rules():
         case = (D, Sq, Sk, causal, bias, bias_grad, mask, det)
         ws = not mask and (D, Sq, causal, bias) in _WS_FWD_BEFORE
         assert p.forward == ("ws" if ws else "pointer"), case
-        span = D == 64 and causal and not bias and 512 <= Sq < 8192  # WS_PERSISTENT_SPANS: two consumers persistent
+        span = D == 64 and causal and not bias and 256 <= Sq < 8192  # WS_PERSISTENT_SPANS: two consumers persistent
         plain = span and Sq < 2048  # v5's plain consumers there, the overlapped ones from 2048
         three = (D, causal, bias) in _WS_THREE_BEFORE and not span
         assert p.ws_config == ((128, 2, 160, None, 3) if three else None), case
@@ -2700,9 +2700,9 @@ def test_gpu_persistent_chain(shape, seq_major, kernel):
 def test_gpu_default_routes(monkeypatch):
     """What ``flash_attention`` runs by default on sm_90: D = 128 forward on the persistent grid (causal: v5's
     below Sq 2048, the overlapped consumers from there), backward v6's two Gluon kernels (with causal from
-    S = 512, v3's below); D = 64 causal at S = 400 v3 forward and backward (the rules), at S 2100 the overlapped
-    consumers on the persistent grid (``WS_PERSISTENT_SPANS``) and v6, at S 1000 and 1100 v5's plain two there and v3's
-    backward;
+    S = 512, v3's below); D = 64 causal at S = 200 v3 forward and backward (the rules), at S 2100 the overlapped
+    consumers on the persistent grid (``WS_PERSISTENT_SPANS``) and v6, at S 400, 1000 and 1100 v5's plain two there
+    and v3's backward;
     deterministic=False the atomic kernel; a mask v3's kernels."""
     from tilewise.ops.attention import gluon_bwd as gb
     from tilewise.ops.attention import gluon_fwd as ag
@@ -2734,6 +2734,8 @@ def test_gpu_default_routes(monkeypatch):
              ("D64 causal S1000", A.flash_attention, (q64, k64, v64), dict(causal=True),
               [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_dkdv_kernel, K._attn_bwd_dq_kernel]),
              ("D64 causal S400", A.flash_attention, tuple(t[:, :, :400].contiguous() for t in (q64, k64, v64)),
+              dict(causal=True), [ag.attn_fwd_ws_persistent_kernel, K._attn_bwd_dkdv_kernel, K._attn_bwd_dq_kernel]),
+             ("D64 causal S200", A.flash_attention, tuple(t[:, :, :200].contiguous() for t in (q64, k64, v64)),
               dict(causal=True), v3)]
     for name, fn, args, kw, want in cases:
         launched.clear()

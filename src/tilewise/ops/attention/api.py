@@ -40,12 +40,12 @@ Versions (``VARIANTS``, forward; each has a backward through autograd):
                bias) stages to two or three consumer warpgroups of 64 query rows, each running
                its own S = QK^T, softmax and PV, so one warpgroup's exponentials overlap another's
                wgmma. The default where ``configs.WS_FWD_RULES`` measured it faster (D = 128; D = 64 from
-               Sq = 1024, causal from 512); on a persistent grid (one CTA an SM, ``configs.WS_PERSISTENT_RULES``:
+               Sq = 1024, causal from 256); on a persistent grid (one CTA an SM, ``configs.WS_PERSISTENT_RULES``:
                D = 128, D = 64 without causal; causal work items in pairs) with two Q buffers
                (``WS_Q_BUFFER_RULES``); with overlapped consumers (``gluon_overlap.py``; without causal, two Q
                buffers chain the work items) at D = 128 from Sq = 1024, 2048 causal (``WS_OVERLAP_RULES``), at
                D = 64 causal on the persistent grid from 2048 to 8192 (``WS_PERSISTENT_SPANS``: v5's plain two
-               from 512, its three consumers on their own grid from 8192).
+               from 256, its three consumers on their own grid from 8192).
                bound: tensor-core FLOPs and, at D = 64, the exponentials (MUFU: one per score).
     v6 (backward; bench row ``v6_flash2_ws_bwd``): the deterministic backward's dK / dV and dQ
                kernels warp-specialized in Gluon (``gluon_bwd.py``, sm_90, D 64 / 128,

@@ -174,12 +174,12 @@ def causal_head_group(heads: int, blocks: int, sms: int) -> int:
 
 # v5 forward: (head dim, causal, bias) -> (least Sq, v5 config or None for two consumers). D = 128 wins
 # at every length; D = 64 with three consumers from Sq = 1024 without causal or bias (on the persistent grid
-# with two Q buffers, below: 1.05x v3 at S 1024), causal from 512 (two consumers on the persistent grid below 8192:
+# with two Q buffers, below: 1.05x v3 at S 1024), causal from 256 (two consumers on the persistent grid below 8192:
 # WS_PERSISTENT_SPANS), with a bias from 4096 (shorter runs keep v3's resident CTAs); causal with a bias is not
 # measured (tuning: "v5 forward routes", "Two Q buffers ... fixed", "Causal work items in pairs").
 WS_FWD_RULES = MappingProxyType({
     (128, False, False): (0, None), (128, True, False): (0, None), (128, False, True): (0, None),
-    (64, False, False): (1024, WS_THREE), (64, True, False): (512, WS_THREE), (64, False, True): (4096, WS_THREE)})
+    (64, False, False): (1024, WS_THREE), (64, True, False): (256, WS_THREE), (64, False, True): (4096, WS_THREE)})
 # v5's persistent grid (no bias): ahead of v5's own grid without causal (tuning: "v5 persistent grid"; at
 # D = 64 with two Q buffers, 1.01-1.04x the grid at S 2048-8192); the overlapped consumers at D = 128 run on it
 # too (ahead of their own grid by 1-6 % from S = 4096 in two H100 runs; tuning: "Register operands, the
@@ -205,11 +205,11 @@ WS_CHAIN_CONSUMERS = frozenset({2})
 # items in pairs").
 WS_OVERLAP_RULES = MappingProxyType({(128, False): 1024, (128, True): 2048})
 # Sq spans (least, first past it, overlapped) where, without a bias, two consumers run on the persistent grid with
-# two Q buffers whatever the rules above say, by (head dim, causal). D 64 causal: v5's plain consumers from 512 to
-# 2048 (1.14-1.18x v3 at S 512; 1.07-1.08x the overlapped ones at S 1024, 0.96-0.97x at 2048), the overlapped ones
-# to 8192 (1.02-1.10x the older route at S 1024-4096); v5's three on their own grid lead from 8192 (H100; tuning:
-# "Causal work items in pairs", "D 64 causal at S 1024", "D 64 causal below 1024").
-WS_PERSISTENT_SPANS = MappingProxyType({(64, True): ((512, 2048, False), (2048, 8192, True))})
+# two Q buffers whatever the rules above say, by (head dim, causal). D 64 causal: v5's plain consumers from 256 to
+# 2048 (1.14-1.21x v3 at S 256-512 through the call plans; 1.07-1.08x the overlapped ones at S 1024, 0.96-0.97x at
+# 2048), the overlapped ones to 8192 (1.02-1.10x the older route at S 1024-4096); v5's three on their own grid lead
+# from 8192 (H100; tuning: "Causal work items in pairs", "D 64 causal at S 1024", "v5's slow mode at short S").
+WS_PERSISTENT_SPANS = MappingProxyType({(64, True): ((256, 2048, False), (2048, 8192, True))})
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
