@@ -23,7 +23,7 @@ call or a graph replay is slow, the mode is the kernel's and the rule goes back 
 Run on the GPU (~60 s): cd research && PYTHONPATH=../src python3 attention_d64_slow_mode.py
 
 Measured (H100 80GB HBM3, 947a4ea, `attention-d64-slow-mode-947a4ea*.log`; the flush 79.9 us): by graph replay the
-direct and planned v5 calls agree to 0.5 us in all 8 cells, and v5's plain two lead v3 by 1.14-1.21x in every cell of
+direct and planned v5 calls agree to 0.7 us in all 8 cells, and v5's plain two lead v3 by 1.14-1.21x in every cell of
 both passes; through the plans, do_bench reads v5 1.144-1.207x v3 with no slow cell. The mode showed in the direct
 calls only (do_bench 1.17-2.11x their graph time at H 16 S 256 / 512 and GQA S 256, pass 2), whose host time was
 92-223 us a call against the planned calls' 36-70 us. Two of the three slow cells had a host time over the flush plus
