@@ -30,6 +30,7 @@ calls only (do_bench 1.17-2.11x their graph time at H 16 S 256 / 512 and GQA S 2
 the graph time; the third (GQA S 256, pass 2: 98 us, under its 186 us) did not, so the median of a synchronized
 call is not the exact threshold, but no planned call and no replay was ever slow. The mode is the host: the
 from-512 rule stands.
+(That run timed the replays with an inline copy of ``harness.time_ms_graph``, since replaced by the call itself.)
 """
 import statistics
 import time
@@ -38,6 +39,7 @@ import torch
 from triton.testing import do_bench
 
 from _timing import abba_ms, warm_clocks
+from tilewise.bench.harness import time_ms_graph
 from tilewise.ops.attention import api as A
 from tilewise.ops.attention import configs as C
 from tilewise.ops.attention import gluon_fwd as ag
@@ -53,35 +55,17 @@ def flushed_ms(fn):
 
 
 def graph_ms(fn):
-    """Device ms a call by replay of GRAPH_CALLS captured calls (median of 20 replays); None if capture fails."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
+    """Device ms a call by graph replay (``harness.time_ms_graph``); None if the capture fails."""
     try:
-        with torch.cuda.graph(g):
-            for _ in range(GRAPH_CALLS):
-                fn()
+        return time_ms_graph(fn, calls=GRAPH_CALLS, repeats=20)
     except Exception as e:  # noqa: BLE001 - said, not timed
         print(f"    capture failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
         return None
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / GRAPH_CALLS)
-    return statistics.median(times)
 
 
 def host_us(fn, n=200):
+    """Host us of one call after a synchronize, median of n (not ``harness.host_us_per_call``'s back-to-back
+    calls: these kernels outlast their launch, so back to back the GPU would set the pace)."""
     times = []
     for _ in range(n):
         torch.cuda.synchronize()
