@@ -1940,8 +1940,9 @@ def td(block):
 
 def build(kernel, sig, consts):
     for p in kernel.params:  # constexprs left out take their defaults (a new opt-in flag leaves old cases as they were)
-        if p.is_constexpr and p.has_default and p.name not in sig:  # a value in consts is kept
-            sig, consts = {**sig, p.name: "constexpr"}, {p.name: p.default, **consts}
+        # (as do arguments whose default is None: a launch that leaves them out passes a constexpr None)
+        if (p.is_constexpr or p.has_default and p.default is None) and p.has_default and p.name not in sig:
+            sig, consts = {**sig, p.name: "constexpr"}, {p.name: p.default, **consts}  # a value in consts is kept
     k = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 4})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -2043,6 +2044,14 @@ for D in (128, 64):  # the items chained (CHAIN: two Q buffers, no causal): D 12
               "LAYOUT": 0, "Q_BUFS": 2, "CHAIN": True, "o_desc": None}
     sig = {**sig_persistent(D, bn), "Q_BUFS": "constexpr", "CHAIN": "constexpr"}
     out[f"persistent-chain-D{D}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
+for D, causal, ncons in ((128, False, 2), (128, True, 2), (64, True, 2), (64, False, 3)):  # packed sequences
+    bn, stages, regs, _, ncons = C.WS_THREE if ncons == 3 else (*C.WS_FWD_TILES[(D, False)], C.WS_FWD_CONSUMER_REGS,
+                                                                 None, 2)
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": ncons,
+              "LAYOUT": 0, "Q_BUFS": 2, "TMA_O": True, "VARLEN": True}
+    sig = {**sig_persistent(D, bn), "o_desc": td([64, D]), "Q_BUFS": "constexpr", "TMA_O": "constexpr",
+           "cu_q": "*i32", "cu_k": "*i32", "TQ": "i32", "VARLEN": "constexpr"}
+    out[f"persistent-varlen-D{D}-causal{causal}-cons{ncons}"] = build(ag.attn_fwd_ws_persistent_kernel, sig, consts)
 """
 
 
@@ -2099,7 +2108,7 @@ def test_v5_ws_kernel_compiles_for_sm90_with_wgmma_and_register_moves():
     import triton
 
     r = _gluon_sm90_report(_WS_COMPILE_SM90)
-    assert len(r) == 26
+    assert len(r) == 30
     # The persistent grid's three consumers: spill-free under Triton 3.6 (the GPU machine's), 19 spill
     # instructions under 3.9 at 160 registers a consumer. The chained builds (Triton 3.6): 52 (D 128) and 113
     # (D 64) spill instructions, none in the key-tile loop (scalars stored once an item).
@@ -3031,6 +3040,50 @@ def test_gpu_varlen_fwd_bwd(case, dtype):
         assert not torch.isnan(o).any(), name
         err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
         assert err < 1e-2, f"{name}: relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,causal,three", [(128, True, False), (128, False, False), (64, True, False),
+                                            (64, False, True)])
+@pytest.mark.quick
+def test_gpu_varlen_v5_forward(D, causal, three, monkeypatch):
+    """Packed sequences through v5's persistent forward (``gluon_fwd.fwd_varlen``, the route where the policy's
+    forward is "ws"): lengths 0, 1, not tile multiples and longer than two items, GQA, keys of other lengths than
+    the queries without causal; O and the LSE against each sequence alone in fp32, the gradients (v3's backward
+    on v5's O and LSE) too, and the same within bf16 rounding as the v3 forward's."""
+    from tilewise.ops.attention import gluon_fwd as ag
+
+    lq = [1, 0, 300, 129, 1000, 64, 2049]
+    lk = lq if causal else [5, 7, 0, 129, 1001, 63, 2049]
+    H, Hkv = 8, 2
+    q, cu_q = _pack(lq, H, D, torch.bfloat16, "cuda", 21)
+    k, cu_k = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 22)
+    v, _ = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 23)
+    _ws_or_skip(q)
+    calls, fwd_varlen = [], ag.fwd_varlen
+    monkeypatch.setattr(ag, "fwd_varlen", lambda *a, **kw: calls.append(1) or fwd_varlen(*a, **kw))
+    base = C.choose_policy(D, max(lq), max(lk), causal=causal)
+    ws = base.replace(forward="ws", ws_config=C.WS_THREE if three else None)
+    go = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(24)).bfloat16()
+    qi, ki, vi = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = A_varlen.flash_attention_varlen(qi, ki, vi, cu_q, cu_k, max(lq), max(lk), causal=causal, policy=ws,
+                                               return_lse=True)
+    assert calls, "the v5 route did not run"
+    out.backward(go)
+    qr, kr, vr = (t.float().requires_grad_(True) for t in (q, k, v))
+    ref, ref_lse = A_varlen.reference(qr, kr, vr, cu_q, cu_k, causal=causal, return_lse=True)
+    ref.backward(go.float())
+    for name, o, r in (("out", out, ref), ("dq", qi.grad, qr.grad), ("dk", ki.grad, kr.grad), ("dv", vi.grad, vr.grad)):
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)), "rows with no key: the LSE is -inf"
+    torch.testing.assert_close(lse[finite], ref_lse[finite], rtol=0, atol=2e-2)
+    v3 = A_varlen.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                         policy=base.replace(forward="pointer"))
+    assert len(calls) == 1
+    torch.testing.assert_close(out.float(), v3.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_causal_head_group_fills_the_sms_with_a_divisor():

@@ -25,6 +25,7 @@ on those rows and are never stored (masked stores; O by TMA only for tiles insid
 up to the CTA's last row; each consumer masks keys after its rows (top-left aligned, key n <= query m, as the other
 versions). GQA through the K / V head h // (H / Hkv).
 
+The device functions the kernels share with the overlap, the band and v6 are in ``gluon_blocks.py`` (re-exported here).
 Where it runs and how fast: docs/tuning/attention.md ("v5 forward routes", "v5 ping-pong", "v5 persistent grid").
 """
 
@@ -50,6 +51,9 @@ try:  # Gluon ships with Triton >= 3.5; the module imports without it (callers c
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     from .gluon_items import lpt_block_head, persistent_item
+    # the shared device functions, also read from here by the other kernels (``ag.head_rc``, ...)
+    from .gluon_blocks import (fill_kv, head_rc, kv_head_row, kv_ring, kv_tiles, online_softmax,  # noqa: F401
+                               release_stored_q, row_len, seq_span, unmasked_tiles)
     # LAYOUT's bits (layout.SEQ_BITS), visible inside the kernels
     SEQ_Q, SEQ_K, SEQ_V, SEQ_O, SEQ_DO, SEQ_DQ, SEQ_DK, SEQ_DV = (
         gl.constexpr(SEQ_BITS[n]) for n in ("q", "k", "v", "o", "do", "dq", "dk", "dv"))
@@ -66,22 +70,6 @@ def available() -> bool:
 
 
 if _GLUON:
-
-    @gluon.jit
-    def kv_tiles(start_m, Sk, BM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Key tiles query tile ``start_m`` (of BM rows) reads: all of Sk; causal, up to its last row."""
-        hi = Sk
-        if CAUSAL:
-            hi = gl.minimum(Sk, (start_m + 1) * BM)
-        return gl.cdiv(hi, BLOCK_N)
-
-    @gluon.jit
-    def unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Key tiles [0, result) of 64 query rows from ``m_lo`` need no bounds or causal test."""
-        n_full = Sk // BLOCK_N
-        if CAUSAL:
-            n_full = gl.minimum(n_full, (m_lo + 1) // BLOCK_N)
-        return gl.minimum(n_full, n_tiles)
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
@@ -108,39 +96,6 @@ if _GLUON:
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
-
-    @gluon.jit
-    def _mask(t, j, m_lo, Sk, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              BAND: gl.constexpr, band_lo, band_hi):
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        keep = offs_n[None, :] < Sk
-        if CAUSAL:
-            offs_m = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        if BAND:
-            rows = m_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-            rel = offs_n[None, :] - rows[:, None]
-            keep = keep & (rel >= band_lo) & (rel <= band_hi)
-        return gl.where(keep, t, float("-inf"))
-
-    @gluon.jit
-    def online_softmax(t, j, m_i, l_i, m_lo, Sk, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                       CAUSAL: gl.constexpr, MASKED: gl.constexpr, BAND: gl.constexpr = False, band_lo=0, band_hi=0,
-                       n_full=0):
-        """Key tile j's scores ``t`` for 64 query rows from ``m_lo``: with MASKED, keys past Sk (and, causal,
-        after the row; BAND, outside band_lo <= n - m <= band_hi) to -inf (MASKED 2: only from tile n_full on,
-        tested at run time); then the online softmax in the log2 domain, the scale in the exponent's FMA.
-        Returns (p, alpha, m_new, l_new)."""
-        if MASKED == 2:
-            if j >= n_full:
-                t = _mask(t, j, m_lo, Sk, s_layout, BLOCK_N, CAUSAL, BAND, band_lo, band_hi)
-        elif MASKED:
-            t = _mask(t, j, m_lo, Sk, s_layout, BLOCK_N, CAUSAL, BAND, band_lo, band_hi)
-        m_new = gl.maximum(m_i, gl.max(t, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(t * qk_scale - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
     def _tile(j, slot, acc, m_i, l_i, q, k_smem, v_smem, b_smem, k_ready, k_empty, v_ready, v_empty, which, m_lo,
@@ -242,12 +197,6 @@ if _GLUON:
             gl.store(lse_ptr + lse_row + rows, lse, mask=rows < Sq)
         else:
             gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=(rows_o < Sq)[:, None])
-
-    @gluon.jit
-    def release_stored_q(q_empty, b):
-        """Q buffer ``b``, which held O for a TMA store (``_finish``'s TMA_O), back to the loader once read."""
-        tma.store_wait(0)
-        mbarrier.arrive(q_empty.index(b), count=1)
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, b_desc, q_smem, k_smem, v_smem, b_smem, q_bar, k_ready, k_empty, v_ready,
@@ -354,64 +303,26 @@ if _GLUON:
 if _GLUON:
 
     @gluon.jit
-    def kv_ring(k_desc, v_desc, STAGES: gl.constexpr, NUM_CONS: gl.constexpr):
-        """A ring of STAGES K and V tiles in shared memory with its mbarriers: ready (one TMA load's
-        bytes) and empty (one arrival per consumer). Returns (k, v, k_ready, k_empty, v_ready, v_empty)."""
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(s), count=1)
-            mbarrier.init(v_ready.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=NUM_CONS)
-            mbarrier.init(v_empty.index(s), count=NUM_CONS)
-        return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
-
-    @gluon.jit
-    def fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
-                n_tiles, slot, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The loader's side of a ``kv_ring``: key tiles 0 .. n_tiles - 1 from row ``k_row`` / ``v_row``
-        (column ``k_col`` / ``v_col``, ``head_rc``) of the K / V views into the ring's fills slot,
-        slot + 1, ... (each stage refilled once every consumer released it)."""
-        for j in range(n_tiles):
-            s = (slot + j) % STAGES
-            ph = ((slot + j) // STAGES) & 1
-            mbarrier.wait(k_empty.index(s), ph ^ 1)  # starts complete: the first pass does not wait
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [k_row + j * BLOCK_N, k_col], k_ready.index(s), k_smem.index(s))
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [v_row + j * BLOCK_N, v_col], v_ready.index(s), v_smem.index(s))
-
-    @gluon.jit
-    def kv_head_row(bh, H, GROUP, Sk):
-        """First row, in the (B * Hkv * Sk, D) K / V view, of query head ``bh``'s K / V head (GQA)."""
-        return ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * Sk
-
-    @gluon.jit
-    def head_rc(bh, b, h, S, D: gl.constexpr, SEQ: gl.constexpr):
-        """(row, column) of head ``h`` of batch ``b`` (``bh`` = b x heads + h)'s first element in a tensor's 2-D
-        view: head-major (SEQ 0; (B * heads * S, D)) row bh * S, column 0, as the kernels had it; sequence-major ((B
-        * S, heads * D)) row b * S, column h * D. Rows past S belong to the next head or the next batch."""
-        if SEQ:
-            return b * S, h * D
-        return bh * S, 0
-
-    @gluon.jit
-    def row_len(NH, D: gl.constexpr, SEQ: gl.constexpr):
-        """Elements between a tensor's rows in its 2-D view (``head_rc``): D, or NH * D sequence-major."""
-        if SEQ:
-            return NH * D
-        return D
+    def _pload_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                    v_empty, q_row, q_col, k_row, k_col, v_row, v_col, n_tiles, slot, it, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, NUM_CONS: gl.constexpr, QB: gl.constexpr):
+        """One work item's loads: its Q tiles (a buffer a consumer, freed by the item QB items back), then its
+        key tiles into the ring's fills slot .. slot + n_tiles - 1."""
+        for c in gl.static_range(NUM_CONS):  # Q buffer b was freed by the work item QB items back
+            b = (it % QB) * NUM_CONS + c
+            mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(b), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(b), q_smem.index(b))
+        fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
+                n_tiles, slot, BLOCK_N, STAGES)
 
     @gluon.jit
     def _ploader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                  v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                 LAYOUT: gl.constexpr, which: gl.constexpr):
+                 LAYOUT: gl.constexpr, which: gl.constexpr, cu_q=None, cu_k=None, VARLEN: gl.constexpr = False):
+        """The persistent loader. VARLEN: packed sequences (``seq_span``), an item past its sequence's queries
+        skipped (as by the consumers, so both count the same ring fills and Q buffers)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         QB: gl.constexpr = q_smem.shape[0] // NUM_CONS  # Q buffers a consumer (the kernel's Q_BUFS)
@@ -422,79 +333,118 @@ if _GLUON:
             start_m, bh = persistent_item(tile, n_m, BH, CAUSAL)
             off_b = bh // H
             off_h = bh % H
-            q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
-            q_row += start_m * BM
-            bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
-            k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
-            v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
-            n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
-            for c in gl.static_range(NUM_CONS):  # Q buffer b was freed by the work item QB items back
-                b = (it % QB) * NUM_CONS + c
-                mbarrier.wait(q_empty.index(b), ((it // QB) & 1) ^ 1)
-                mbarrier.expect(q_bar.index(b), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [q_row + c * 64, q_col], q_bar.index(b), q_smem.index(b))
-            fill_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, k_row, k_col, v_row, v_col,
-                    n_tiles, slot, BLOCK_N, STAGES)
-            slot += n_tiles
-            it += 1
+            if VARLEN:  # rows of the (total, heads x D) views; the lengths bound the item
+                q0, sq, k0, sk = seq_span(cu_q, cu_k, off_b)
+                if start_m * BM < sq:
+                    n_tiles = kv_tiles(start_m, sk, BM, BLOCK_N, CAUSAL)
+                    kv_col = (off_h // GROUP) * HEAD_DIM
+                    _pload_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                                v_ready, v_empty, q0 + start_m * BM, off_h * HEAD_DIM, k0, kv_col, k0, kv_col,
+                                n_tiles, slot, it, BLOCK_N, STAGES, NUM_CONS, QB)
+                    slot += n_tiles
+                    it += 1
+            else:
+                q_row, q_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
+                q_row += start_m * BM
+                bhk = off_b * (H // GROUP) + off_h // GROUP  # the K / V head (GQA)
+                k_row, k_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_K)
+                v_row, v_col = head_rc(bhk, off_b, off_h // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_V)
+                n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+                _pload_item(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
+                            v_ready, v_empty, q_row, q_col, k_row, k_col, v_row, v_col, n_tiles, slot, it, BLOCK_N,
+                            STAGES, NUM_CONS, QB)
+                slot += n_tiles
+                it += 1
         return slot  # the ring's fills (``_chain_ploader``'s spare goes next)
+
+    @gluon.jit
+    def _pconsume_item(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+                       H, Sq, Sk, qk_scale, start_m, bh, slot, it, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                       LAYOUT: gl.constexpr, which: gl.constexpr, o_desc, TMA_O: gl.constexpr, QB: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, q0=0, TQ=0, VARLEN: gl.constexpr = False):
+        """A consumer's work item ``it`` (query tile ``start_m`` of ``bh``, Sq / Sk its lengths); returns its key
+        tiles. VARLEN: a packed sequence's item, from row ``q0`` of the (total, heads x D) views, its log-sum-exp in
+        the (heads, TQ) rows."""
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        BM: gl.constexpr = 64 * NUM_CONS
+        b = (it % QB) * NUM_CONS + which
+        q = q_smem.index(b)
+        m_lo = start_m * BM + which * 64
+        if TMA_O:  # O by TMA through the item's Q buffer: the item before's goes back at this one's start
+            gl.static_assert(QB == 2, "TMA_O: two Q buffers")
+            if it > 0:
+                release_stored_q(q_empty, ((it - 1) % QB) * NUM_CONS + which)
+        n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+        n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([64], gl.float32, layout=row_s)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_bar.index(b), (it // QB) & 1)
+        if QB == 1:
+            for j in range(n_full):
+                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                      STAGES, CAUSAL, False, False, NUM_CONS, False, q_bar, 0)
+            for j in range(n_full, n_tiles):
+                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                      STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
+        else:
+            # One loop and one copy of the tile's products, the mask a branch inside (MASKED 2): with two
+            # copies (two loops, or a branch around two _tile calls) ptxas (Triton 3.6) computed a
+            # descriptor in one copy only and the other read it stale (Q's, then V's; compute-sanitizer:
+            # shared reads out of bounds), which the one buffer's constant Q address had hidden.
+            for j in range(n_tiles):
+                acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
+                                      v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
+                                      STAGES, CAUSAL, False, 2, NUM_CONS, False, q_bar, 0, n_full=n_full)
+        if not TMA_O:  # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
+            mbarrier.arrive(q_empty.index(b), count=1)
+        if VARLEN:
+            h = bh % H
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, h * TQ + q0, q0, h * HEAD_DIM, H * HEAD_DIM, m_lo, Sq, s_layout,
+                    o_layout, HEAD_DIM, o_desc, q, TMA_O)
+        else:
+            o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
+            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
+                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q, TMA_O)
+        return n_tiles
 
     @gluon.jit
     def _pconsumer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
                    v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                   LAYOUT: gl.constexpr, which: gl.constexpr, o_desc=None, TMA_O: gl.constexpr = False):
+                   LAYOUT: gl.constexpr, which: gl.constexpr, o_desc=None, TMA_O: gl.constexpr = False, cu_q=None,
+                   cu_k=None, TQ=None, VARLEN: gl.constexpr = False):
+        """A persistent consumer: its 64 rows of each work item (``_pconsume_item``). VARLEN: packed sequences, an
+        item past its sequence's queries skipped (as by ``_ploader``)."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         QB: gl.constexpr = q_smem.shape[0] // NUM_CONS
         BH = total // n_m
         slot = 0
         it = 0
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
             start_m, bh = persistent_item(tile, n_m, BH, CAUSAL)
-            b = (it % QB) * NUM_CONS + which
-            q = q_smem.index(b)
-            m_lo = start_m * BM + which * 64
-            if TMA_O:  # O by TMA through the item's Q buffer: the item before's goes back at this one's start
-                gl.static_assert(QB == 2, "TMA_O: two Q buffers")
-                if it > 0:
-                    release_stored_q(q_empty, ((it - 1) % QB) * NUM_CONS + which)
-            n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
-            n_full = unmasked_tiles(m_lo, Sk, n_tiles, BLOCK_N, CAUSAL)
-            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
-            l_i = gl.zeros([64], gl.float32, layout=row_s)
-            acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
-            mbarrier.wait(q_bar.index(b), (it // QB) & 1)
-            if QB == 1:
-                for j in range(n_full):
-                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
-                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
-                                          STAGES, CAUSAL, False, False, NUM_CONS, False, q_bar, 0)
-                for j in range(n_full, n_tiles):
-                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
-                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
-                                          STAGES, CAUSAL, False, True, NUM_CONS, False, q_bar, 0)
+            if VARLEN:
+                q0, sq, k0, sk = seq_span(cu_q, cu_k, bh // H)
+                if start_m * BM < sq:
+                    slot += _pconsume_item(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready,
+                                           v_empty, out_ptr, lse_ptr, H, sq, sk, qk_scale, start_m, bh, slot, it,
+                                           s_layout, o_layout, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, which,
+                                           o_desc, TMA_O, QB, HEAD_DIM, q0, TQ, True)
+                    it += 1
             else:
-                # One loop and one copy of the tile's products, the mask a branch inside (MASKED 2): with two
-                # copies (two loops, or a branch around two _tile calls) ptxas (Triton 3.6) computed a
-                # descriptor in one copy only and the other read it stale (Q's, then V's; compute-sanitizer:
-                # shared reads out of bounds), which the one buffer's constant Q address had hidden.
-                for j in range(n_tiles):
-                    acc, m_i, l_i = _tile(j, slot + j, acc, m_i, l_i, q, k_smem, v_smem, q_smem, k_ready, k_empty,
-                                          v_ready, v_empty, which, m_lo, Sk, qk_scale, s_layout, o_layout, BLOCK_N,
-                                          STAGES, CAUSAL, False, 2, NUM_CONS, False, q_bar, 0, n_full=n_full)
-            if not TMA_O:  # Q was last read by the final S = Q K^T, waited on inside _tile: the loader may refill it
-                mbarrier.arrive(q_empty.index(b), count=1)
-            o_row, o_col = head_rc(bh, bh // H, bh % H, Sq, HEAD_DIM, LAYOUT & SEQ_O)
-            _finish(acc, m_i, l_i, out_ptr, lse_ptr, bh * Sq, o_row, o_col, row_len(H, HEAD_DIM, LAYOUT & SEQ_O), m_lo,
-                    Sq, s_layout, o_layout, HEAD_DIM, o_desc, q, TMA_O)
-            slot += n_tiles
-            it += 1
+                slot += _pconsume_item(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                       out_ptr, lse_ptr, H, Sq, Sk, qk_scale, start_m, bh, slot, it, s_layout,
+                                       o_layout, BLOCK_N, STAGES, CAUSAL, NUM_CONS, LAYOUT, which, o_desc, TMA_O, QB,
+                                       HEAD_DIM)
+                it += 1
         if TMA_O:  # the last store reads shared memory the CTA gives up at exit
             tma.store_wait(0)
 
@@ -620,13 +570,17 @@ if _GLUON:
                                       o_desc, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2,
                                       LAYOUT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 1, CHAIN: gl.constexpr = False,
-                                      TMA_O: gl.constexpr = False):
+                                      TMA_O: gl.constexpr = False, cu_q=None, cu_k=None, TQ=None,
+                                      VARLEN: gl.constexpr = False):
         """v5 with a persistent grid (one CTA an SM, work items of 64 x NUM_CONS query rows handed out
         round robin; BH = B x H): the K / V ring runs on across work items, so the next item's K / V loads
         overlap this item's last products and epilogue. No bias; two or three consumers (D = 64's v5
         config). Q_BUFS 2: the next item's Q loads early too (a second Q buffer). CHAIN (two buffers, no causal):
         the items chained (``_chain_pconsumer``). Work items: ``persistent_item``. TMA_O (two buffers, not
-        chained): O stored by TMA (``o_desc``, else None; positional, so a call plan rebuilds it for each output)."""
+        chained): O stored by TMA (``o_desc``, else None; positional, so a call plan rebuilds it for each output).
+        VARLEN (not chained): packed sequences, q / out (total_q, H, D) and k / v (total_k, Hkv, D) as sequence-major
+        views of one batch, B = ``BH`` / H sequences of at most Sq queries (``cu_q`` / ``cu_k``: their int32
+        offsets), the log-sum-exp (H, ``TQ``); items past a sequence's queries are skipped."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = 64 * NUM_CONS
         gl.static_assert(NUM_CONS == 2 or NUM_CONS == 3, "two or three consumer warpgroups")
@@ -640,7 +594,8 @@ if _GLUON:
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
         if CHAIN:
-            gl.static_assert(Q_BUFS == 2 and not CAUSAL and not TMA_O, "CHAIN: two Q buffers, no causal or TMA_O")
+            gl.static_assert(Q_BUFS == 2 and not CAUSAL and not TMA_O and not VARLEN,
+                             "CHAIN: two Q buffers, no causal, TMA_O or VARLEN")
             if NUM_CONS == 2:
                 gl.warp_specialize([
                     (_chain_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
@@ -672,28 +627,28 @@ if _GLUON:
             gl.warp_specialize([
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O, cu_q, cu_k, TQ, VARLEN)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O, cu_q, cu_k, TQ, VARLEN)),
                 (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                             v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, cu_q, cu_k, VARLEN)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, o_desc, TMA_O, cu_q, cu_k, TQ, VARLEN)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 1, o_desc, TMA_O, cu_q, cu_k, TQ, VARLEN)),
                 (_pconsumer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                               v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 2, o_desc, TMA_O)),
+                              STAGES, CAUSAL, NUM_CONS, LAYOUT, 2, o_desc, TMA_O, cu_q, cu_k, TQ, VARLEN)),
                 (_ploader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, k_empty,
                             v_ready, v_empty, out_ptr, lse_ptr, H, GROUP, Sq, Sk, qk_scale, n_m, total, BLOCK_N,
-                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0)),
+                            STAGES, CAUSAL, NUM_CONS, LAYOUT, 0, cu_q, cu_k, VARLEN)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -796,4 +751,34 @@ def fwd(q, k, v, causal, scale, out, lse, bias=None, bias_strides=None, launch=N
     if maxnreg is not None:
         meta["maxnreg"] = maxnreg
     run(attn_fwd_ws_kernel, grid, args, meta, launch)
+    return out, lse
+
+
+def fwd_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale, out, lse, config=None, tma_out=True):
+    """v5's persistent forward over packed sequences (``varlen``): q / out (total_q, H, D) and k / v (total_k, Hkv,
+    D), each of them what ``layout.rows`` reads as its (1, H, total, D) view; ``cu_q`` / ``cu_k`` the B + 1 int32
+    offsets; into ``out`` and ``lse`` (H, total_q) fp32. Two Q buffers a consumer, O by TMA (``tma_out``); a
+    config with maxnreg (the grid kernel's) is refused. Items: ceil(max_q / rows an item) a sequence and head, those
+    past a sequence's queries skipped in the kernel. Triton's own dispatch (the project's launcher keys tensor
+    keyword arguments by identity)."""
+    TQ, H, D = q.shape
+    Hkv = k.shape[1]
+    bn, stages, regs, maxnreg, ncons = configs.ws_fwd_config(D, False, config)
+    if maxnreg is not None:
+        raise ValueError(f"gluon_fwd.fwd_varlen: config {config} has a maxnreg: the persistent kernel takes none")
+    views = [tma_view(t.unsqueeze(0).transpose(1, 2)) for t in (q, k, v, out)]
+    if any(x is None for x in views):
+        raise ValueError("gluon_fwd.fwd_varlen: q, k, v and out need unit stride in D, rows (total, heads x D) "
+                         "with 16-byte aligned starts")
+    qd, kd, vd = _desc(views[0][0], (ROWS, D)), _desc(views[1][0], (bn, D)), _desc(views[2][0], (bn, D))
+    od = _desc(views[3][0], (ROWS, D)) if tma_out else None
+    nseq = cu_q.numel() - 1
+    total = -(-max_q // (ROWS * ncons)) * nseq * H
+    grid = (min(rt.sm_count(q.get_device()), total),)
+    args = (qd, kd, vd, out, lse, H, H // Hkv, max_q, 0, scale * LOG2E, nseq * H, od)
+    # (LAYOUT stays 0: with VARLEN the rows come from the offsets, heads x D elements apart)
+    meta = dict(BLOCK_N=bn, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=ncons, num_warps=4,
+                Q_BUFS=2, VARLEN=True, cu_q=cu_q, cu_k=cu_k, TQ=TQ,
+                **({"TMA_O": True} if tma_out else {}))
+    run(attn_fwd_ws_persistent_kernel, grid, args, meta)
     return out, lse

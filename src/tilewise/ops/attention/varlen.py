@@ -3,7 +3,10 @@
 q (total_q, H, D), k and v (total_k, Hkv, D) hold B sequences back to back; sequence b is rows
 [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
 The v3 kernels run on (1, H, total, D) views with the batch stride 0: program (tile, b * H + h)
-reads sequence b's offsets and returns at once past its length (``triton_kernels``, VARLEN).
+reads sequence b's offsets and returns at once past its length (``triton_kernels``, VARLEN). Where the
+policy's forward is "ws" and v5 applies (sm_90, D 64 / 128, fp16 / bf16, no window, softcap or ALiBi), the
+forward is v5's persistent kernel instead (``gluon_fwd.fwd_varlen``: work items by sequence, those past a
+sequence's queries skipped); the backward is v3's either way.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .._checks import runs_reference
 from .api import _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
 from .reference import band as _band_of
+from .routes import ws_applies
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
@@ -98,6 +102,12 @@ def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, band, softcap, alibi,
     lse = torch.empty((H, TQ), dtype=torch.float32, device=q.device)
     if TQ == 0 or max_q == 0:
         return out.zero_(), lse.fill_(float("-inf"))
+    if band is None and not softcap and alibi is None and scale > 0 and policy.forward == "ws":
+        q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))  # (1, heads, total, D) views
+        cfg = configs.ws_fwd_config(D, False, policy.ws_config)
+        if cfg[3] is None and ws_applies(q4, k4, v4, None, None, None):
+            from . import gluon_fwd
+            return gluon_fwd.fwd_varlen(q, k, v, cu_q, cu_k, max_q, causal, scale, out, lse, config=cfg)
     bm, bn, warps, stages = policy.tile("fwd", D)
     dummy = q
     _launch(K_._attn_fwd_kernel, (-(-max_q // bm), nseq * H),
@@ -224,7 +234,9 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                    copy of 2 (B + 1) ints to the host (a synchronization). False skips it, and so
                    does torch.compile; offsets out of order then give wrong rows.
     policy:        its tiles (``AttentionPolicy.tiles``) apply; default ``choose_policy`` for D and
-                   the max lengths. The v3 forward and two-kernel backward run (deterministic).
+                   the max lengths. The forward is v5's persistent kernel where the policy's
+                   forward is "ws" and v5 applies (sm_90, D 64 / 128, fp16 / bf16, no window,
+                   softcap or ALiBi), else v3's; the backward v3's two kernels (deterministic).
 
     Returns out (total_q, H, D) in q's dtype (rows of a sequence with no key: 0); with ``return_lse``
     also the log-sum-exp (H, total_q) float32 (-inf for such rows; not differentiable).
