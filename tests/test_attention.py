@@ -2244,6 +2244,19 @@ for mode, pipe in itertools.product(("plain", "causal", "band"), (False, True)):
     consts = {"BLOCK_N": 64, "STAGES": 4 if pipe else 3, "CONSUMER_REGS": 160, "NUM_CONS": 3, "LAYOUT": 0,
               "CAUSAL": mode == "causal", "BAND": mode == "band", "PIPE": pipe}
     out[f"dq3{'pipe' if pipe else ''}-D64-{mode}"] = build(gb.attn_bwd_dq_ws_kernel, sig_dq(64, 64), consts)
+packed = {"cu_q": "*i32", "cu_k": "*i32", "TQ": "i32", "VARLEN": "constexpr"}
+for D, causal in itertools.product((64, 128), (False, True)):  # packed sequences, the default configs
+    bm, stages, regs, *extra = C.ws_bwd_dkdv_config(D)
+    consts = {"BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": 2, "LAYOUT": 0,
+              "PIPE": bool(extra and extra[1]), "VARLEN": True}
+    out[f"D{D}-varlen-causal{causal}"] = build(gb.attn_bwd_dkdv_ws_kernel, {**sig_dkdv(D, bm), **packed}, consts)
+    bn, stages, regs, *extra = C.ws_bwd_dq_config(D)
+    consts = {"BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal, "CONSUMER_REGS": regs, "NUM_CONS": 2, "LAYOUT": 0,
+              "PIPE": bool(extra and extra[1]), "VARLEN": True}
+    out[f"dq-D{D}-varlen-causal{causal}"] = build(gb.attn_bwd_dq_ws_kernel, {**sig_dq(D, bn), **packed}, consts)
+consts = {"BLOCK_N": 64, "STAGES": 4, "CONSUMER_REGS": 160, "NUM_CONS": 3, "LAYOUT": 0, "CAUSAL": True, "PIPE": True,
+          "VARLEN": True}
+out["dq3pipe-D64-varlen-causal"] = build(gb.attn_bwd_dq_ws_kernel, {**sig_dq(64, 64), **packed}, consts)
 """
 
 
@@ -2260,7 +2273,7 @@ def test_v6_ws_bwd_kernel_compiles_for_sm90():
         pytest.skip("this Triton has no Gluon")
     limits = _dkdv_spill_limits()
     r = _gluon_sm90_report(_WS_BWD_COMPILE_SM90)
-    assert len(r) == 35
+    assert len(r) == 44
     _check_sm90_builds(r, lambda name: 0 if name.startswith("dq-") else limits[name.split("-")[0]])
 
 
@@ -3084,6 +3097,48 @@ def test_gpu_varlen_v5_forward(D, causal, three, monkeypatch):
                                          policy=base.replace(forward="pointer"))
     assert len(calls) == 1
     torch.testing.assert_close(out.float(), v3.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,causal,dq_three", [(128, True, False), (128, False, False), (64, True, False),
+                                               (64, True, True)])
+@pytest.mark.quick
+def test_gpu_varlen_v6_backward(D, causal, dq_three, monkeypatch):
+    """Packed sequences through v6's dK / dV and dQ kernels (``gluon_bwd.dkdv`` / ``dq`` with ``varlen``, where the
+    policy's backward is "ws"): lengths 0, 1, not tile multiples and past two key blocks, GQA 8 / 2, keys of other
+    lengths than the queries without causal (one sequence with keys and no query, one with queries and no key), dQ's
+    three consumers at D 64; every gradient against each sequence alone in fp32 and within bf16 rounding of v3's."""
+    from tilewise.ops.attention import gluon_bwd as gb
+
+    lq = [1, 0, 300, 129, 1000, 64, 2049]
+    lk = lq if causal else [5, 7, 0, 129, 1001, 63, 2049]
+    H, Hkv = 8, 2
+    q, cu_q = _pack(lq, H, D, torch.bfloat16, "cuda", 31)
+    k, cu_k = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 32)
+    v, _ = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 33)
+    _ws_or_skip(q)
+    calls, dkdv, dq = [], gb.dkdv, gb.dq
+    monkeypatch.setattr(gb, "dkdv", lambda *a, **kw: calls.append("dkdv") or dkdv(*a, **kw))
+    monkeypatch.setattr(gb, "dq", lambda *a, **kw: calls.append("dq") or dq(*a, **kw))
+    base = C.choose_policy(D, max(lq), max(lk), causal=causal)
+    ws = base.replace(backward="ws", ws_bwd_dq=True,
+                      ws_bwd_dq_config=C.WS_BWD_DQ_THREE_CONFIG if dq_three else None)
+    go = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(34)).bfloat16()
+    grads = {}
+    for name, pol in (("v6", ws), ("v3", base.replace(backward="two_kernel"))):
+        ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        A_varlen.flash_attention_varlen(*ins, cu_q, cu_k, max(lq), max(lk), causal=causal, policy=pol).backward(go)
+        grads[name] = [t.grad for t in ins]
+        if name == "v6":
+            assert calls == ["dkdv", "dq"], calls
+    qr, kr, vr = (t.float().requires_grad_(True) for t in (q, k, v))
+    A_varlen.reference(qr, kr, vr, cu_q, cu_k, causal=causal).backward(go.float())
+    for i, (name, r) in enumerate((("dq", qr.grad), ("dk", kr.grad), ("dv", vr.grad))):
+        o = grads["v6"][i]
+        assert not torch.isnan(o).any(), name
+        err = ((o.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-2, f"{name}: relative error {err:.3g}"
+        torch.testing.assert_close(o.float(), grads["v3"][i].float(), rtol=2e-2, atol=2e-2)
 
 
 def test_causal_head_group_fills_the_sms_with_a_divisor():

@@ -51,7 +51,7 @@ try:
 
     from .gluon_band import band_tiles
     from .gluon_fwd import (SEQ_DK, SEQ_DO, SEQ_DQ, SEQ_DV, SEQ_K, SEQ_Q, SEQ_V, fill_kv, head_rc, kv_ring, kv_tiles,
-                            row_len, unmasked_tiles)
+                            row_len, seq_span, unmasked_tiles)
     from .gluon_items import lpt_block_head
 
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -72,7 +72,8 @@ if _GLUON:
                 lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                 n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr):
+                band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr, q0=0, TQ=0,
+                VARLEN: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         mbarrier.expect(kv_bar, NUM_CONS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
         for c in gl.static_range(NUM_CONS):
@@ -90,6 +91,8 @@ if _GLUON:
             # with Q and dO: loaded before the wait, published by the expect's arrive.
             rows = i * BLOCK_M + offs
             head_row = (q_head0 + g) * Sq
+            if VARLEN:  # LSE and Delta (H, TQ): query head h0 + g's rows of the sequence from q0
+                head_row = (h0 + g) * TQ + q0
             lse = gl.load(lse_ptr + head_row + rows, mask=rows < Sq, other=0.0)
             delta = gl.load(delta_ptr + head_row + rows, mask=rows < Sq, other=0.0)
             lse = gl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
@@ -99,6 +102,9 @@ if _GLUON:
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             q_row, q_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_Q)
             do_row, do_col = head_rc(q_head0 + g, off_b, h0 + g, Sq, HEAD_DIM, LAYOUT & SEQ_DO)
+            if VARLEN:
+                q_row, q_col = q0, (h0 + g) * HEAD_DIM
+                do_row, do_col = q_row, q_col
             _tma_load(q_desc, [q_row + i * BLOCK_M, q_col], ready.index(s), q_smem.index(s))
             _tma_load(do_desc, [do_row + i * BLOCK_M, do_col], ready.index(s), do_smem.index(s))
 
@@ -167,7 +173,8 @@ if _GLUON:
                   lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK, m_first,
                   n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr, LAYOUT: gl.constexpr, REG_OPS: gl.constexpr,
-                  band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr):
+                  band_lo, band_hi, BAND: gl.constexpr, PIPE: gl.constexpr, which: gl.constexpr, q0=0, TQ=0,
+                  VARLEN: gl.constexpr = False):
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -251,31 +258,41 @@ if _GLUON:
         keep = (rows < Sk)[:, None]
         # dK's rows as K's when both are head-major (the kernel as it was: one offset tensor for dK and
         # dV), else from head_rc; dV's own offsets only where its layout differs from dK's.
-        HEAD_DK: gl.constexpr = (LAYOUT & (SEQ_K | SEQ_DK)) == 0
-        if HEAD_DK:
-            dk_row = k_row - n0
+        if VARLEN:  # the sequence's key rows of the packed (total_k, Hkv x D) dK and dV, from k_row - n0
+            cols = k_col + cols
+            offs = ((k_row - n0 + rows).to(gl.int64) * (HK * HEAD_DIM))[:, None] + cols[None, :]
+            gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+            gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
         else:
-            dk_row, dk_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_DK)
-            cols = dk_col + cols
-        offs = ((dk_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DK))[:, None] + cols[None, :]
-        gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
-        SAME: gl.constexpr = ((LAYOUT & SEQ_DK) == 0) == ((LAYOUT & SEQ_DV) == 0)
-        if not SAME:
-            dv_row, dv_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_DV)
-            cols = dv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-            offs = ((dv_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DV))[:, None] + cols[None, :]
-        gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
+            HEAD_DK: gl.constexpr = (LAYOUT & (SEQ_K | SEQ_DK)) == 0
+            if HEAD_DK:
+                dk_row = k_row - n0
+            else:
+                dk_row, dk_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM, LAYOUT & SEQ_DK)
+                cols = dk_col + cols
+            offs = ((dk_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DK))[:, None] + cols[None, :]
+            gl.store(dk_ptr + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=keep)
+            SAME: gl.constexpr = ((LAYOUT & SEQ_DK) == 0) == ((LAYOUT & SEQ_DV) == 0)
+            if not SAME:
+                dv_row, dv_col = head_rc(off_b * HK + h0 // GROUP, off_b, h0 // GROUP, Sk, HEAD_DIM,
+                                         LAYOUT & SEQ_DV)
+                cols = dv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+                offs = ((dv_row + rows).to(gl.int64) * row_len(HK, HEAD_DIM, LAYOUT & SEQ_DV))[:, None] + cols[None, :]
+            gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty), mask=keep)
 
     @gluon.jit
     def attn_bwd_dkdv_ws_kernel(k_desc, v_desc, q_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                                 H, GROUP, Sq, Sk, qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi,
                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0,
-                                REG_OPS: gl.constexpr = 0, BAND: gl.constexpr = False, PIPE: gl.constexpr = False):
+                                REG_OPS: gl.constexpr = 0, BAND: gl.constexpr = False, PIPE: gl.constexpr = False,
+                                cu_q=None, cu_k=None, TQ=None, VARLEN: gl.constexpr = False):
         """dK, dV of 64 x NUM_CONS keys of one K / V head over its query heads (GQA). BAND (not with
         CAUSAL): only the query tiles the band reaches from these keys, rows n0 - band_hi ..
         n0 + 127 - band_lo. PIPE: a query tile's dV and dK products are issued behind the next tile's S^T
-        and dP^T (its stage goes back a tile later: take 3 stages)."""
+        and dP^T (its stage goes back a tile later: take 3 stages). VARLEN (no BAND): packed sequences as
+        ``attn_bwd_dq_ws_kernel``'s, the grid's second axis sequence x K / V head; a CTA past its sequence's
+        keys reads no query tile and stores nothing."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         start_n = gl.program_id(0)
         bhk = gl.program_id(1)
@@ -293,10 +310,18 @@ if _GLUON:
         v_row += n0
         h0 = off_hk * GROUP  # the group's first query head
         q_head0 = off_b * H + h0  # the same, in B * H
+        q0 = 0
+        if VARLEN:  # sequence off_b's rows; Sq and Sk become its lengths
+            gl.static_assert(not BAND, "VARLEN: no band")
+            q0, Sq, k0, Sk = seq_span(cu_q, cu_k, off_b)
+            k_row, k_col = k0 + n0, off_hk * HEAD_DIM
+            v_row, v_col = k_row, k_col
         m_first = 0
         if CAUSAL:
             m_first = n0 // BLOCK_M
         n_m = gl.cdiv(Sq, BLOCK_M)
+        if VARLEN:
+            n_m = n_m * (n0 < Sk).to(gl.int32)  # past the sequence's keys: nothing to do
         if BAND:  # n_m becomes the end of the band's query tiles
             m_first = gl.maximum(n0 - band_hi, 0) // BLOCK_M
             n_m = gl.minimum(gl.cdiv(gl.maximum(n0 + NUM_CONS * _KEYS - band_lo, 0), BLOCK_M), n_m)
@@ -321,15 +346,15 @@ if _GLUON:
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 0)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 0, q0, TQ, VARLEN)),
             (_consumer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                          stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H,
                          HK, m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS,
-                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 1)),
+                         LAYOUT, REG_OPS, band_lo, band_hi, BAND, PIPE, 1, q0, TQ, VARLEN)),
             (_loader, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        stats, lse_ptr, delta_ptr, dk_ptr, dv_ptr, k_row, k_col, v_row, v_col, q_head0, off_b, h0, H, HK,
                        m_first, n_m, GROUP, Sq, Sk, n0, qk_scale, sm_scale, BLOCK_M, STAGES, CAUSAL, NUM_CONS, LAYOUT,
-                       REG_OPS, band_lo, band_hi, BAND, PIPE, 0)),
+                       REG_OPS, band_lo, band_hi, BAND, PIPE, 0, q0, TQ, VARLEN)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -499,13 +524,16 @@ if _GLUON:
                               qk_scale, sm_scale, HEAD_GROUP, band_lo, band_hi, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               NUM_CONS: gl.constexpr = 2, LAYOUT: gl.constexpr = 0, REG_OPS: gl.constexpr = 0,
-                              BAND: gl.constexpr = False, PIPE: gl.constexpr = False):
+                              BAND: gl.constexpr = False, PIPE: gl.constexpr = False, cu_q=None, cu_k=None, TQ=None,
+                              VARLEN: gl.constexpr = False):
         """dQ of a tile of 64 x NUM_CONS query rows of one head: Q and dO stay in shared memory, K
         and V stream through a ring (v5's loader); per key tile S = Q K^T and dP = dO V^T, then
         P, dS = P (dP - Delta) and dQ += dS K, as v3's dQ kernel, one consumer warpgroup per 64 rows.
         BAND (not with CAUSAL): only the key tiles the band reaches from these rows (``band_tiles``).
         PIPE: a key tile's dQ product is issued behind the next tile's S and dP (its K stage goes back a
-        tile later)."""
+        tile later). VARLEN (no BAND): packed sequences, the grid's second axis sequence x head (``cu_q`` /
+        ``cu_k`` the offsets into the (total, heads x D) views, LSE and Delta (H, ``TQ``)); a CTA past its
+        sequence's queries loads no key tile and stores nothing."""
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         BM: gl.constexpr = _KEYS * NUM_CONS
         start_m = gl.program_id(0)
@@ -527,6 +555,15 @@ if _GLUON:
         dq_row, dq_col = head_rc(bh, off_b, off_h, Sq, HEAD_DIM, LAYOUT & SEQ_DQ)
         dq_stride = row_len(H, HEAD_DIM, LAYOUT & SEQ_DQ)
         lse_row = bh * Sq
+        if VARLEN:  # sequence off_b's rows; Sq and Sk become its lengths
+            gl.static_assert(not BAND, "VARLEN: no band")
+            q0, Sq, k0, Sk = seq_span(cu_q, cu_k, off_b)
+            q_row, q_col = q0 + m0, off_h * HEAD_DIM
+            do_row, do_col = q_row, q_col
+            k_row, k_col = k0, (off_h // GROUP) * HEAD_DIM
+            v_row, v_col = k_row, k_col
+            dq_row, dq_col, dq_stride = q0, q_col, H * HEAD_DIM
+            lse_row = off_h * TQ + q0
         if BAND:  # the ring starts at the band's first key tile
             t_lo, n_tiles = band_tiles(m0, Sk, band_lo, band_hi, BM, BLOCK_N)
             k_row += t_lo * BLOCK_N
@@ -534,6 +571,8 @@ if _GLUON:
         else:
             t_lo = 0
             n_tiles = kv_tiles(start_m, Sk, BM, BLOCK_N, CAUSAL)
+            if VARLEN:
+                n_tiles = n_tiles * (m0 < Sq).to(gl.int32)  # past the sequence's queries: nothing to do
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_CONS, _KEYS, HEAD_DIM], do_desc.layout)
         k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = kv_ring(k_desc, v_desc, STAGES, NUM_CONS)
@@ -598,7 +637,7 @@ def _extra_meta(meta: dict, extra, three: bool = False) -> None:
 
 
 def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None, config=None, head_group=None,
-         band=None):
+         band=None, varlen=None):
     """dK, dV into ``dk``, ``dv`` (k's shape) from 16-bit q, k, v, do (B, H or Hkv, S, D), the
     forward's ``lse`` and the preprocess kernel's ``delta`` (B, H, Sq) fp32. q, k, v, do, dk and dv
     each head-major or sequence-major (``layout.rows``: read and written in place); the caller
@@ -609,7 +648,9 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     behind the next tile's S^T and dP^T]]), default ``configs.ws_bwd_dkdv_config``'s.
     ``head_group``: causal launch order's heads a group (``gluon_items.lpt_block_head``; 1 is head by head), default
     ``configs.causal_head_group``'s. ``band``: (lo, hi) as ``reference.band`` (causal False): only the
-    (query, key) pairs with lo <= key - query <= hi."""
+    (query, key) pairs with lo <= key - query <= hi. ``varlen``: (cu_q, cu_k, max_q, max_k) for packed sequences,
+    every tensor the (1, heads, total, D) view of a contiguous (total, heads, D) one, lse and delta (H, total_q);
+    no band; Triton's own dispatch (the offsets are keyword arguments)."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -618,26 +659,34 @@ def dkdv(q, k, v, do, lse, delta, causal, scale, dk, dv, launch=None, memo=None,
     (q2, _), (k2, _), (v2, _), (do2, _) = (tma_view(t) for t in (q, k, v, do))
     kd, vd = _desc(k2, (KEYS, D), memo), _desc(v2, (KEYS, D), memo)
     qd, dod = _desc(q2, (bm, D), memo), _desc(do2, (bm, D), memo)
-    grid = (-(-Sk // (2 * KEYS)), B * Hkv)
+    rows_b = B
+    if varlen is not None:  # the grid by sequence, max_k keys each
+        cu_q, cu_k, Sq, Sk = varlen
+        rows_b = cu_q.numel() - 1
+    grid = (-(-Sk // (2 * KEYS)), rows_b * Hkv)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (kd, vd, qd, dod, lse, delta, dk, dv, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
     meta = dict(BLOCK_M=bm, STAGES=stages, CAUSAL=bool(causal), CONSUMER_REGS=regs, NUM_CONS=2, num_warps=4)
     if band is not None:
         meta["BAND"] = True
     _extra_meta(meta, extra)
-    layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
-    if layout:
-        meta["LAYOUT"] = layout
+    if varlen is not None:
+        meta.update(VARLEN=True, cu_q=cu_q, cu_k=cu_k, TQ=q.shape[2])
+        launch = None
+    else:
+        layout = seq_mask(q=q, k=k, v=v, do=do, dk=dk, dv=dv)
+        if layout:
+            meta["LAYOUT"] = layout
     run(attn_bwd_dkdv_ws_kernel, grid, args, meta, launch)
     return dk, dv
 
 
 def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, config=None, head_group=None,
-       band=None):
+       band=None, varlen=None):
     """dQ into ``dq_out`` (q's shape, head-major or sequence-major) from the same inputs as ``dkdv``. ``config``:
     (BLOCK_N, STAGES, consumer registers[, register operands: 0, 1 (Q) or 2 (Q and dO)[, pipe: each key tile's dQ
     product behind the next tile's S and dP[, consumer warpgroups: 2 or 3 (64 query rows each)]]]), default
-    ``configs.ws_bwd_dq_config``'s; ``head_group`` and ``band`` as ``dkdv``'s."""
+    ``configs.ws_bwd_dq_config``'s; ``head_group``, ``band`` and ``varlen`` as ``dkdv``'s."""
     from .gluon_fwd import _desc, run
 
     B, H, Sq, D = q.shape
@@ -650,11 +699,19 @@ def dq(q, k, v, do, lse, delta, causal, scale, dq_out, launch=None, memo=None, c
     if band is not None:
         meta["BAND"] = True
     _extra_meta(meta, extra, three=True)  # checks the consumer count the grid is cut by
-    grid = (-(-Sq // (meta["NUM_CONS"] * KEYS)), B * H)
+    rows_b = B
+    if varlen is not None:  # the grid by sequence, max_q query rows each
+        cu_q, cu_k, Sq, Sk = varlen
+        rows_b = cu_q.numel() - 1
+    grid = (-(-Sq // (meta["NUM_CONS"] * KEYS)), rows_b * H)
     group = head_group or (configs.causal_head_group(grid[1], grid[0], sm_count(q.get_device())) if causal else 1)
     args = (qd, dod, kd, vd, lse, delta, dq_out, H, H // Hkv, Sq, Sk, scale * LOG2E, scale, group, *(band or (0, 0)))
-    layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
-    if layout:
-        meta["LAYOUT"] = layout
+    if varlen is not None:
+        meta.update(VARLEN=True, cu_q=cu_q, cu_k=cu_k, TQ=q.shape[2])
+        launch = None
+    else:
+        layout = seq_mask(q=q, k=k, v=v, do=do, dq=dq_out)
+        if layout:
+            meta["LAYOUT"] = layout
     run(attn_bwd_dq_ws_kernel, grid, args, meta, launch)
     return dq_out

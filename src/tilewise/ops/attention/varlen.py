@@ -3,10 +3,11 @@
 q (total_q, H, D), k and v (total_k, Hkv, D) hold B sequences back to back; sequence b is rows
 [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v.
 The v3 kernels run on (1, H, total, D) views with the batch stride 0: program (tile, b * H + h)
-reads sequence b's offsets and returns at once past its length (``triton_kernels``, VARLEN). Where the
-policy's forward is "ws" and v5 applies (sm_90, D 64 / 128, fp16 / bf16, no window, softcap or ALiBi), the
-forward is v5's persistent kernel instead (``gluon_fwd.fwd_varlen``: work items by sequence, those past a
-sequence's queries skipped); the backward is v3's either way.
+reads sequence b's offsets and returns at once past its length (``triton_kernels``, VARLEN). Where v5 / v6
+apply (sm_90, D 64 / 128, fp16 / bf16, no window, softcap or ALiBi) and the policy asks for them ("ws"),
+the forward is v5's persistent kernel instead (``gluon_fwd.fwd_varlen``: work items by sequence, those past a
+sequence's queries skipped) and the backward v6's two kernels (``gluon_bwd.dkdv`` / ``dq`` with ``varlen``:
+the grids by sequence, CTAs past a sequence's keys or queries idle).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .._checks import runs_reference
 from .api import _check_band, _check_mods, _launch, _mod_args
 from .configs import AttentionPolicy, block_d, choose_policy
 from .reference import band as _band_of
-from .routes import ws_applies
+from .routes import ws_applies, ws_bwd_applies
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
@@ -142,12 +143,28 @@ def _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, s
     common = (*_packed4(q), *_packed4(k), *_packed4(v), *_packed4(do), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     flags = dict(CAUSAL=causal, HAS_BIAS=False, HAS_MASK=False, HAS_FLAGS=False, PREC=prec, BAND=band is not None,
                  SOFTCAP=bool(softcap), ALIBI=alibi is not None, VARLEN=True)
-    bm, bn, warps, stages = policy.tile("dkdv", D, q.dtype.itemsize)
-    _launch(K_._attn_bwd_dkdv_kernel, (-(-max_k // bn), nseq * Hkv),
-        q, k, v, do, lse, delta, dk, dv, dummy, dummy, dummy,
-        H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, *common,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, **flags, num_warps=warps, num_stages=stages)
-    bm, bn, warps, stages = policy.tile("dq", D)
+    v6 = band is None and not softcap and alibi is None and scale > 0 and policy.backward == "ws"
+    if v6:
+        views = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, do, dq, dk, dv)]  # (1, heads, total, D)
+        v6 = ws_bwd_applies(*views[:4], None, None)
+    if v6:  # v6's kernels (gluon_bwd), by sequence
+        from . import gluon_bwd
+
+        q4, k4, v4, do4, dq4, dk4, dv4 = views
+        packed = (cu_q, cu_k, max_q, max_k)
+        gluon_bwd.dkdv(q4, k4, v4, do4, lse, delta, causal, scale, dk4, dv4,
+                       config=configs.ws_bwd_dkdv_config(D, policy.ws_bwd_config), varlen=packed)
+        if policy.ws_bwd_dq:
+            gluon_bwd.dq(q4, k4, v4, do4, lse, delta, causal, scale, dq4,
+                         config=configs.ws_bwd_dq_config(D, policy.ws_bwd_dq_config), varlen=packed)
+            return dq, dk, dv
+    else:
+        bm, bn, warps, stages = policy.tile("dkdv", D, q.dtype.itemsize)
+        _launch(K_._attn_bwd_dkdv_kernel, (-(-max_k // bn), nseq * Hkv),
+            q, k, v, do, lse, delta, dk, dv, dummy, dummy, dummy,
+            H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, *common,
+            BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, BLOCK_D=bd, **flags, num_warps=warps, num_stages=stages)
+    bm, bn, warps, stages = policy.tile("dq", D)  # v3's dQ (after v6's dK / dV where ws_bwd_dq is off)
     _launch(K_._attn_bwd_dq_kernel, (-(-max_q // bm), nseq * H),
         q, k, v, do, lse, delta, dq, dummy, dummy, dummy, dummy,
         H, H // Hkv, max_q, max_k, scale * LOG2E, scale, *(band or (0, 0)), *mods, cu_q, cu_k, TQ, *common,
@@ -236,7 +253,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     policy:        its tiles (``AttentionPolicy.tiles``) apply; default ``choose_policy`` for D and
                    the max lengths. The forward is v5's persistent kernel where the policy's
                    forward is "ws" and v5 applies (sm_90, D 64 / 128, fp16 / bf16, no window,
-                   softcap or ALiBi), else v3's; the backward v3's two kernels (deterministic).
+                   softcap or ALiBi), else v3's; the backward v6's two kernels where its backward
+                   is "ws" and they apply, else v3's two (both deterministic).
 
     Returns out (total_q, H, D) in q's dtype (rows of a sequence with no key: 0); with ``return_lse``
     also the log-sum-exp (H, total_q) float32 (-inf for such rows; not differentiable).
