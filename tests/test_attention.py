@@ -3028,6 +3028,24 @@ def test_varlen_checks_its_offsets():
         f(q[None], q, q, cu, cu, 5, 5)
 
 
+def test_varlen_default_policy_takes_v5_v6_at_d128_only():
+    """``configs.choose_varlen_policy``: the dense default at the max lengths where ``VARLEN_WS_HEAD_DIMS`` has the
+    head dim (v5 / v6 at D 128), v3's forward and backward at D 64, where v5 / v6 measured slower on packed
+    documents; the rest of the policy as the dense one's."""
+    from tilewise.ops.attention import configs as C
+
+    assert C.VARLEN_WS_HEAD_DIMS == frozenset({128})
+    for D, S, causal in [(128, 1024, True), (128, 4096, False), (64, 1024, True), (64, 4096, True), (64, 2048, False)]:
+        dense = C.choose_policy(D, S, S, causal=causal)
+        packed = C.choose_varlen_policy(D, S, S, causal=causal)
+        if D == 128:
+            assert packed == dense and (packed.forward, packed.backward) == ("ws", "ws")
+        else:
+            assert dense.forward == "ws"
+            assert (packed.forward, packed.backward) == ("pointer", "two_kernel")
+            assert packed.replace(forward=dense.forward, backward=dense.backward) == dense
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["ragged_causal_gqa", "cross_lengths", "long_and_short_window"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -213,6 +213,10 @@ WS_PERSISTENT_SPANS = MappingProxyType({(64, True): ((256, 2048, False), (2048, 
 # v5's band kernel (windows, bottom-right causal) by head dim: ahead of v3's band forward at D = 128, behind
 # it at D = 64 (tuning: "v5 band").
 WS_BAND_HEAD_DIMS = frozenset({128})
+# Packed sequences (flash_attention_varlen) on v5's forward and v6's backward, by head dim, where the policy asks
+# for them: D 128 1.22-1.51x v3's forward, 1.61-1.64x its forward + backward; D 64 0.867x / 0.920x on 16 causal
+# documents of 1024 (H100, 546369f; tuning: "Packed sequences on v5 / v6"). Other head dims keep v3's kernels.
+VARLEN_WS_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (D 64 causal at S 1024).
 # D 128 causal from 512: 1.27-1.34x v3's at S 512-1024 on an H100 since call plans (was host-bound) (tuning:
 # "v6 backward routes", "D 64 from Sq 2048", "D 64 backward at S 1024").
@@ -393,6 +397,17 @@ def choose_policy(head_dim: int, seq_q: int, seq_k: int, *, causal: bool = False
     return _policy(forward, config, persistent, head_dim in WS_BAND_HEAD_DIMS, backward, head_dim <= BIAS_PAIR_MAX_D,
                    "persistent" if overlap and persistent else overlap, q_buffers,
                    WS_BWD_DQ_THREE_CONFIG if three else None)
+
+
+@functools.lru_cache(maxsize=64)
+def choose_varlen_policy(head_dim: int, max_q: int, max_k: int, *, causal: bool = False) -> AttentionPolicy:
+    """``flash_attention_varlen``'s default policy: ``choose_policy``'s at the max lengths, with v3's forward and
+    backward where ``VARLEN_WS_HEAD_DIMS`` lacks the head dim."""
+    policy = choose_policy(head_dim, max_q, max_k, causal=causal)
+    if head_dim in VARLEN_WS_HEAD_DIMS:
+        return policy
+    return policy.replace(forward="pointer" if policy.forward == "ws" else policy.forward,
+                          backward="two_kernel" if policy.backward == "ws" else policy.backward)
 
 
 # ---------------------------------------------------------------------------- against SDPA

@@ -7,7 +7,8 @@ reads sequence b's offsets and returns at once past its length (``triton_kernels
 apply (sm_90, D 64 / 128, fp16 / bf16, no window, softcap or ALiBi) and the policy asks for them ("ws"),
 the forward is v5's persistent kernel instead (``gluon_fwd.fwd_varlen``: work items by sequence, those past a
 sequence's queries skipped) and the backward v6's two kernels (``gluon_bwd.dkdv`` / ``dq`` with ``varlen``:
-the grids by sequence, CTAs past a sequence's keys or queries idle).
+the grids by sequence, CTAs past a sequence's keys or queries idle). The default policy
+(``configs.choose_varlen_policy``) asks for them at D 128 only: at D 64 v3's measured faster.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .._custom import eager_twin
 from . import configs
 from .._checks import runs_reference
 from .api import _check_band, _check_mods, _launch, _mod_args
-from .configs import AttentionPolicy, block_d, choose_policy
+from .configs import AttentionPolicy, block_d, choose_varlen_policy
 from .reference import band as _band_of
 from .routes import ws_applies, ws_bwd_applies
 
@@ -174,8 +175,8 @@ def _bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, band, s
 
 
 def _policy(key: str, q, max_q, max_k, causal) -> AttentionPolicy:
-    # a custom op's policy: an explicit policy's key, or "" for choose_policy's (from the arguments alone)
-    return configs.policy_from_key(key) if key else choose_policy(q.shape[-1], max_q, max_k, causal=causal)
+    # a custom op's policy: an explicit policy's key, or "" for the default (from the arguments alone)
+    return configs.policy_from_key(key) if key else choose_varlen_policy(q.shape[-1], max_q, max_k, causal=causal)
 
 
 @torch.library.custom_op("tilewise::flash_attention_varlen_fwd", mutates_args=())
@@ -250,11 +251,12 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     check_seqlens: True (default) checks the offsets against the totals and max lengths: one
                    copy of 2 (B + 1) ints to the host (a synchronization). False skips it, and so
                    does torch.compile; offsets out of order then give wrong rows.
-    policy:        its tiles (``AttentionPolicy.tiles``) apply; default ``choose_policy`` for D and
-                   the max lengths. The forward is v5's persistent kernel where the policy's
-                   forward is "ws" and v5 applies (sm_90, D 64 / 128, fp16 / bf16, no window,
-                   softcap or ALiBi), else v3's; the backward v6's two kernels where its backward
-                   is "ws" and they apply, else v3's two (both deterministic).
+    policy:        its tiles (``AttentionPolicy.tiles``) apply; default ``choose_varlen_policy`` for D
+                   and the max lengths (v5 / v6 at D 128 only). The forward is v5's persistent
+                   kernel where the policy's forward is "ws" and v5 applies (sm_90, D 64 / 128,
+                   fp16 / bf16, no window, softcap or ALiBi), else v3's; the backward v6's two
+                   kernels where its backward is "ws" and they apply, else v3's two (both
+                   deterministic).
 
     Returns out (total_q, H, D) in q's dtype (rows of a sequence with no key: 0); with ``return_lse``
     also the log-sum-exp (H, total_q) float32 (-inf for such rows; not differentiable).
@@ -287,7 +289,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            policy.key if policy is not None else "")
         return (out, lse) if return_lse else out
     if policy is None:
-        policy = choose_policy(q.shape[-1], max_seqlen_q, max_seqlen_k, causal=causal)
+        policy = choose_varlen_policy(q.shape[-1], max_seqlen_q, max_seqlen_k, causal=causal)
     out, lse = _Varlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, band,
                              float(softcap or 0.0), alibi, policy)
     return (out, lse) if return_lse else out
