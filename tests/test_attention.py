@@ -3073,6 +3073,17 @@ def test_gpu_varlen_fwd_bwd(case, dtype):
         assert err < 1e-2, f"{name}: relative error {err:.3g}"
 
 
+def _ragged_cuda_packing(D, causal, seed):
+    """The v5 / v6 packed tests' sequences: lengths 0, 1, not tile multiples and past two tiles, GQA 8 / 2, keys
+    of other lengths than the queries without causal; (lq, lk, q, k, v, cu_q, cu_k) in bf16 on the GPU."""
+    lq = [1, 0, 300, 129, 1000, 64, 2049]
+    lk = lq if causal else [5, 7, 0, 129, 1001, 63, 2049]
+    q, cu_q = _pack(lq, 8, D, torch.bfloat16, "cuda", seed)
+    k, cu_k = _pack(lk, 2, D, torch.bfloat16, "cuda", seed + 1)
+    v, _ = _pack(lk, 2, D, torch.bfloat16, "cuda", seed + 2)
+    return lq, lk, q, k, v, cu_q, cu_k
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,causal,three", [(128, True, False), (128, False, False), (64, True, False),
                                             (64, False, True)])
@@ -3084,12 +3095,7 @@ def test_gpu_varlen_v5_forward(D, causal, three, monkeypatch):
     on v5's O and LSE) too, and the same within bf16 rounding as the v3 forward's."""
     from tilewise.ops.attention import gluon_fwd as ag
 
-    lq = [1, 0, 300, 129, 1000, 64, 2049]
-    lk = lq if causal else [5, 7, 0, 129, 1001, 63, 2049]
-    H, Hkv = 8, 2
-    q, cu_q = _pack(lq, H, D, torch.bfloat16, "cuda", 21)
-    k, cu_k = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 22)
-    v, _ = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 23)
+    lq, lk, q, k, v, cu_q, cu_k = _ragged_cuda_packing(D, causal, 21)
     _ws_or_skip(q)
     calls, fwd_varlen = [], ag.fwd_varlen
     monkeypatch.setattr(ag, "fwd_varlen", lambda *a, **kw: calls.append(1) or fwd_varlen(*a, **kw))
@@ -3128,12 +3134,7 @@ def test_gpu_varlen_v6_backward(D, causal, dq_three, monkeypatch):
     three consumers at D 64; every gradient against each sequence alone in fp32 and within bf16 rounding of v3's."""
     from tilewise.ops.attention import gluon_bwd as gb
 
-    lq = [1, 0, 300, 129, 1000, 64, 2049]
-    lk = lq if causal else [5, 7, 0, 129, 1001, 63, 2049]
-    H, Hkv = 8, 2
-    q, cu_q = _pack(lq, H, D, torch.bfloat16, "cuda", 31)
-    k, cu_k = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 32)
-    v, _ = _pack(lk, Hkv, D, torch.bfloat16, "cuda", 33)
+    lq, lk, q, k, v, cu_q, cu_k = _ragged_cuda_packing(D, causal, 31)
     _ws_or_skip(q)
     calls, dkdv, dq = [], gb.dkdv, gb.dq
     monkeypatch.setattr(gb, "dkdv", lambda *a, **kw: calls.append("dkdv") or dkdv(*a, **kw))
