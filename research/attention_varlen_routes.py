@@ -18,8 +18,13 @@ by the CPU (v5's varlen launch takes Triton's own dispatch: its offsets are keyw
     item skip, the LSE rows) is where to look.
 Prediction (before any run): dense sequence-major within 5 % of head-major; varlen v5 at D 64 0.85-0.9x v3 at every
 length (the per-item offsets' loads on the consumers' critical path); D 128 v5 1.2-1.5x v3.
-Run on the GPU (~60 s): cd research && PYTHONPATH=../src python3 attention_varlen_routes.py
+Run on the GPU (~150 s; ``--only D64`` takes the packings whose name starts so; ``--profile``: after the table, the
+host's functions by cumulative time over 50 default forward + backward calls of each packing, under cProfile):
+cd research && PYTHONPATH=../src python3 attention_varlen_routes.py [--only PREFIX] [--profile]
 """
+import argparse
+import cProfile
+import pstats
 import random
 
 import torch
@@ -42,9 +47,29 @@ PACKINGS = {
 H, HKV = 32, 8
 
 
+def profile_host(fn, calls=50, top=18):
+    """``fn``'s host functions by cumulative time over ``calls`` calls issued while the GPU spins (cProfile)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: no call waits for the device
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="packings whose name starts with this")
+    ap.add_argument("--profile", action="store_true", help="cProfile the default forward + backward's host time")
+    opts = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     for name, (lens, D) in PACKINGS.items():
+        if not name.startswith(opts.only):
+            continue
         q, k, v, go, cu = packing(lens, H, HKV, D, len(lens))
         S, B = max(lens), len(lens)
         base = C.choose_policy(D, S, S, causal=True)
@@ -83,6 +108,8 @@ def main():
             mult = 1.0 if n.startswith("fwd ") else 3.5
             v3 = ms["fwd v3" if n.startswith("fwd ") else "fwd+bwd v3"]
             print(f"  {n:24s} {t:.4f} ms ({flops * mult / t / 1e9:4.0f} TFLOP/s)  speed x v3 {v3 / t:.3f}")
+        if opts.profile:
+            profile_host(lambda ins=ins, go=go: torch.autograd.grad(fwd(None, *ins), ins, go))
         del q, k, v, go, ins, fns
         torch.cuda.empty_cache()
 
