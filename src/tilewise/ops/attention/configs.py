@@ -215,7 +215,7 @@ WS_PERSISTENT_SPANS = MappingProxyType({(64, True): ((256, 2048, False), (2048, 
 WS_BAND_HEAD_DIMS = frozenset({128})
 # Packed sequences (flash_attention_varlen) on v5's forward and v6's backward, by head dim, where the policy asks
 # for them: D 128 1.22-1.51x v3's forward, 1.61-1.64x its forward + backward; D 64 0.867x / 0.920x on 16 causal
-# documents of 1024 (H100, 546369f; tuning: "Packed sequences on v5 / v6"). Other head dims keep v3's kernels.
+# documents of 1024 (H100; tuning: "Packed sequences on v5 / v6"). Other head dims keep v3's kernels.
 VARLEN_WS_HEAD_DIMS = frozenset({128})
 # v6 backward: (head dim, causal) -> least min(Sq, Sk); below it v3's two kernels win (D 64 causal at S 1024).
 # D 128 causal from 512: 1.27-1.34x v3's at S 512-1024 on an H100 since call plans (was host-bound) (tuning:
