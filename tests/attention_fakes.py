@@ -53,7 +53,7 @@ def fake_launches(sm_count: int = 132):
     """Yields the launch log: (kernel name, values) per launch, the first launch of a signature with
     its positional arguments only (Triton's dispatch), later ones with every parameter's value."""
     from tilewise import settings
-    from tilewise.ops.attention import api, gluon_bwd, gluon_fwd, gluon_overlap, plans, routes
+    from tilewise.ops.attention import api, gluon_bwd, gluon_fwd, gluon_overlap, plans, routes, varlen
     from tilewise.runtime import triton_launch as TL
 
     log: list = []
@@ -65,7 +65,7 @@ def fake_launches(sm_count: int = 132):
         patch(mock.patch.object(TL, "_raw_stream", lambda device: 0))
         patch(mock.patch.object(TL, "_CACHES", {}))
         patch(mock.patch.object(settings, "triton_interpret", lambda: True))  # CPU tensors pass the checks
-        for mod in (api, routes):
+        for mod in (api, routes, varlen):  # varlen imports the route checks by name
             for name in ("_ws_applies", "ws_applies", "_ws_bwd_applies", "ws_bwd_applies"):
                 if hasattr(mod, name):
                     patch(mock.patch.object(mod, name, lambda *a, **k: True))
