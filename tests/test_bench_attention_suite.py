@@ -48,6 +48,14 @@ def test_shape_table_parses_grouped_query_items():
             S.parse_shapes(bad, 16384)
 
 
+def test_shape_table_none_leaves_the_fixed_rows_alone():
+    """"none": no grid shape, so a full run times only the window, packed and host rows (a device session's
+    way to the packed rows without the grid's minutes)."""
+    assert S.parse_shapes("none", 16384) == [] and S.parse_shapes(" None ", 16384) == []
+    with pytest.raises(ValueError, match="TILEWISE_BENCH_ATTENTION_SHAPES"):
+        S.parse_shapes("none,4096x64", 16384)
+
+
 def test_dtype_list_parses_names_and_rejects_others():
     assert S.parse_dtypes("bfloat16") == [torch.bfloat16]
     assert S.parse_dtypes(" fp16, bfloat16 ,float16") == [torch.float16, torch.bfloat16]
@@ -112,7 +120,7 @@ def test_varlen_rows_time_flex_first():
     import inspect
     import textwrap
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(S._varlen_rows)))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(S._varlen_packing)))
     cases = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
              and any(isinstance(t, ast.Name) and t.id == "cases" for t in n.targets)]
     assert len(cases) == 1 and isinstance(cases[0], ast.Dict)

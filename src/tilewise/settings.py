@@ -13,7 +13,7 @@ switch, Triton's launch paths), it says so and takes it from here once.
 | ``TILEWISE_FAST_LAUNCH`` | ``0``: Triton kernels launch through Triton's own path, not tilewise's bound launcher |
 | ``TILEWISE_DIRECT_LAUNCH`` | ``0``: the bound launcher calls Triton's launcher, not its raw C entry point |
 | ``TILEWISE_SST2_DIR`` | the SST-2 folder (GLUE TSV files), tried before the default locations |
-| ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shape table (``bench.suites.attention``) |
+| ``TILEWISE_BENCH_ATTENTION_SHAPES`` | the attention bench's shapes (``bench.suites.attention``); ``none``: no grid |
 | ``TILEWISE_BENCH_ATTENTION_DTYPES`` | the attention bench's dtypes, e.g. ``bfloat16,float16`` (default bfloat16) |
 | ``TILEWISE_BENCH_ATTENTION_LEAN`` | ``1``: the attention bench's grid rows only (cuDNN, Flex, ``flash_attention``) |
 | ``TILEWISE_BENCH_COLD_START_CASES`` | the cold_start bench's cases, comma-separated (``bench.suites.cold_start``) |

@@ -273,7 +273,10 @@ def parse_dtypes(env: str) -> list:
 
 def parse_shapes(env: str, tokens: int) -> list[tuple[int, int, int, int]]:
     """``TILEWISE_BENCH_ATTENTION_SHAPES``: comma-separated "SxD" (H = Hkv = 16) or "SxDxHxHkv" items,
-    S dividing ``tokens`` and Hkv dividing H, as (S, D, H, Hkv)."""
+    S dividing ``tokens`` and Hkv dividing H, as (S, D, H, Hkv); "none": no grid shape (a full run then times
+    the window, packed and host rows alone)."""
+    if env.strip().lower() == "none":
+        return []
     try:
         shapes = []
         for item in (i for i in env.split(",") if i.strip()):
@@ -445,21 +448,28 @@ def _window_rows(r, flex) -> None:
 
 # Eight causal documents packed into 16,296 tokens (longest 4096): a pretraining batch without padding.
 _DOCS = (4096, 3000, 2500, 2000, 1800, 1200, 1000, 700)
+# (H, Hkv, D) of the packed rows: 16 heads of 128, and Llama-3.2-1B's attention (32 query heads on 8, D 64).
+_VARLEN_HEADS = ((16, 16, 128), (32, 8, 64))
 
 
 def _varlen_rows(r, flex) -> None:
-    """Packed causal documents: flash_attention_varlen against FlexAttention with the document mask
-    as a block mask on the same packing, and against our dense path on the padded batch (a key
-    padding mask; issue 30: >= 1.0x both)."""
+    """Packed causal documents (``_DOCS``) at each of ``_VARLEN_HEADS``: flash_attention_varlen against
+    FlexAttention with the document mask as a block mask on the same packing, and against our dense path on
+    the padded batch (a key padding mask; issue 30: >= 1.0x both)."""
+    for H, Hkv, D in _VARLEN_HEADS:
+        _varlen_packing(r, flex, H, Hkv, D)
+
+
+def _varlen_packing(r, flex, H, Hkv, D) -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
     from ...ops.attention import varlen as opv
 
-    H, D, dtype = 16, 128, torch.bfloat16
+    dtype = torch.bfloat16
     lens, B, S = list(_DOCS), len(_DOCS), max(_DOCS)
     total = sum(lens)
     g = torch.Generator(device="cuda").manual_seed(2)
-    q, k, v, go = (torch.randn(total, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    q, k, v, go = (torch.randn(total, h, D, device="cuda", dtype=dtype, generator=g) for h in (H, Hkv, Hkv, H))
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(B)], dtype=torch.int32, device="cuda")
     doc = torch.repeat_interleave(torch.arange(B, device="cuda"), torch.tensor(lens, device="cuda"))
     bm = None  # quick runs skip Flex's compiles
@@ -471,15 +481,15 @@ def _varlen_rows(r, flex) -> None:
         r.log(f"  flex_attention: no document block mask ({type(e).__name__}: {str(e)[:120]})")
     q4, k4, v4, go4 = (t.transpose(0, 1)[None] for t in (q, k, v, go))
     # the padded batch: (B, H, S, D), document b in rows [0, lens[b]), keys past it masked
-    pad = torch.zeros(B, S, H, D, device="cuda", dtype=dtype)
-    padded = [pad.clone() for _ in range(4)]
+    padded = [torch.zeros(B, S, h, D, device="cuda", dtype=dtype) for h in (H, Hkv, Hkv, H)]
     for t, src in zip(padded, (q, k, v, go)):
         for b in range(B):
             t[b, :lens[b]] = src[cu[b]:cu[b + 1]]
     qp, kp, vp, gop = (t.transpose(1, 2) for t in padded)
     keys = (torch.arange(S, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
     # Flex first: a row names Flex as its baseline only when Flex's time is already in (_row_against_flex).
-    cases = {"flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm)),
+    cases = {"flex_attention": ((q4, k4, v4, go4), lambda a, b, c: flex._compiled(a, b, c, block_mask=bm,
+                                                                                  enable_gqa=Hkv != H)),
              "flash_attention_varlen": ((q, k, v, go), lambda a, b, c: opv.flash_attention_varlen(
                  a, b, c, cu, cu, S, S, causal=True, check_seqlens=False)),
              "flash_attention[padded]": ((qp, kp, vp, gop), lambda a, b, c: op.flash_attention(
@@ -487,11 +497,15 @@ def _varlen_rows(r, flex) -> None:
     if bm is None:
         del cases["flex_attention"]
     flops = sum(4.0 * H * n * n * D / 2 for n in lens)
-    ref0 = op.reference(q[:lens[0], :2].transpose(0, 1)[None].float(), k[:lens[0], :2].transpose(0, 1)[None].float(),
-                        v[:lens[0], :2].transpose(0, 1)[None].float(), causal=True)[0]  # document 0, heads 0-1
-    shape = f"docs={B},tokens={total},max={S},H={H},D={D},causal"
+    kv_heads = 2 * Hkv // H or 1  # query heads 0-1 and their K / V heads (one head of a group of 2 or more)
+    ref0 = op.reference(*(t[:lens[0], :h].transpose(0, 1)[None].float() for t, h in ((q, 2), (k, kv_heads),
+                                                                                     (v, kv_heads))),
+                        causal=True)[0]  # document 0, query heads 0-1
+    heads = f"H={H}" if Hkv == H else f"H={H},Hkv={Hkv}"
+    shape = f"docs={B},tokens={total},max={S},{heads},D={D},causal"
+    io = 2 * total * (H + Hkv) * D * dtype.itemsize  # q, o and k, v once
     for opname, backward in (("attention_varlen_fwd", False), ("attention_varlen_fwd_bwd", True)):
-        cost = Cost(flops * (3.5 if backward else 1.0), 4 * total * H * D * dtype.itemsize * (2 if backward else 1))
+        cost = Cost(flops * (3.5 if backward else 1.0), io * (2 if backward else 1))
         times = {}
         for name, ((a, b, c, gg), fn) in cases.items():
             r.status(f"{opname} {name}")
@@ -506,7 +520,7 @@ def _varlen_rows(r, flex) -> None:
                 return time_ms(lambda: fn(a, b, c))
 
             _row_against_flex(r, times, opname, name, shape, dtype, cost, _measured(r, name, shape, measure))
-    del q, k, v, go, padded, pad, qp, kp, vp, gop
+    del q, k, v, go, padded, qp, kp, vp, gop
     torch.cuda.empty_cache()
 
 
