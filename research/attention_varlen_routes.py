@@ -11,7 +11,8 @@ default route; forward + backward as v3 + v3, v5 + v3, v5 + v6 and the default; 
 ``flash_attention`` on the same tokens as a (B, H, S, D) head-major copy and as the (B, S, H, D) sequence-major
 view (the rows' layout the varlen kernels read: heads x D elements apart). The host's time of the default varlen
 forward + backward and of the v3 and v5 forwards (``host_ms``: issued while the GPU spins) says whether a row is bound
-by the CPU (v5's varlen launch takes Triton's own dispatch: its offsets are keyword arguments).
+by the CPU (v5's varlen launch takes Triton's own dispatch: its offsets are keyword arguments); the default's host
+time is also taken with the policy's call plans off (the same where packed calls have none).
   - dense sequence-major as slow as varlen v5: the strided rows (TMA boxes of 64 rows x 128 bytes, 4 KB apart at
     H 32) cost the D 64 kernel; both routes would want a fix in the loader, not the varlen path.
   - dense sequence-major as fast as head-major: the varlen kernel's own work (the offsets' loads every item, the
@@ -99,10 +100,13 @@ def main():
             assert err < 3e-2, f"{name} {n}: max |diff| against v3 {err:.3g}"
         ms = time_ms_rounds(fns)
         host = host_ms(lambda ins=ins, go=go: torch.autograd.grad(fwd(None, *ins), ins, go), calls=50)
+        unplanned = default.replace(plans=False)  # (call plans for packed calls: research/patches/varlen-plans)
+        host_off = host_ms(lambda ins=ins, go=go: torch.autograd.grad(fwd(unplanned, *ins), ins, go), calls=50)
         host_fwd = {n: host_ms(lambda p=pol[n]: fwd(p), calls=50) for n in ("v3", "v5")}
         flops = sum(4.0 * H * n * n * D / 2 for n in lens)
         print(f"{name}: {B} documents, {sum(lens)} tokens, max {S}, H {H} / {HKV}; default policy forward "
-              f"{default.forward}, backward {default.backward}; host time of its forward + backward {host:.3f} ms, "
+              f"{default.forward}, backward {default.backward}; host time of its forward + backward {host:.3f} ms "
+              f"({host_off:.3f} without call plans), "
               f"of the forward v3 {host_fwd['v3']:.3f} / v5 {host_fwd['v5']:.3f} ms")
         for n, t in ms.items():
             mult = 1.0 if n.startswith("fwd ") else 3.5
