@@ -88,11 +88,16 @@ def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: 
             extract(archive, {name: Path(tmp) / name})
             run = Path(tmp) / name
             _tiers(run, root, sha, said)
+            before = len(said)
+            env = dict(os.environ, PYTHONPATH=str(root / "src"))
             if _rows(run, root, said) and readme:
                 subprocess.run([sys.executable, "-m", "tilewise", "report", "--csv", "bench/results/NVIDIA_H200.csv",
-                                "--readme", "README.md"], cwd=root, check=True,
-                               env=dict(os.environ, PYTHONPATH=str(root / "src")))
+                                "--readme", "README.md"], cwd=root, check=True, env=env)
                 said.append("README table redrawn")
+            if len(said) > before and readme:  # rows of any device: issue 30's grid reads every <device>.csv
+                subprocess.run([sys.executable, "-m", "tilewise", "report", "--attention-grid", "--readme", "README.md",
+                                "--png", "bench/results/attention-grid.png"], cwd=root, check=True, env=env)
+                said.append("attention grid redrawn (README section, bench/results/attention-grid.png)")
             for spec in logs:
                 step, _, logname = spec.partition("=")
                 if not logname:

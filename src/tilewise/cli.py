@@ -209,9 +209,42 @@ def cmd_roofline(args) -> int:
     return 0
 
 
+def _device_csvs(path: str | None) -> list[Path]:
+    """``--csv`` if given, else every <device>.csv of the first results folder that has one."""
+    if path:
+        return [Path(path)]
+    for d in _results_dirs():
+        found = sorted(p for p in d.glob("*.csv") if "-" not in p.stem)
+        if found:
+            return found
+    return [_pick_csv(None)]  # raises the usual "no bench CSV" message
+
+
+def _report_attention_grid(args) -> int:
+    from .bench import attention_grid, harness
+
+    try:
+        rows = [r for p in _device_csvs(args.csv) for r in harness.read_csv(p)]
+        g = attention_grid.grid(rows)
+        changed = attention_grid.update_readme(args.readme, g) if args.readme else None
+        png = attention_grid.plot(g, args.png) if args.png and g else None
+    except (harness.BenchFileError, OSError) as e:
+        return _bench_file_error("report", e)
+    _said(args.readme, changed, lambda: attention_grid.markdown(g))
+    if png is not None:
+        _console().print(f"attention grid written to {png}")
+    elif args.png:
+        _console().print("no attention grid rows: no picture written")
+    return 0
+
+
 def cmd_report(args) -> int:
     from .bench import harness, report
 
+    if args.attention_grid:
+        return _report_attention_grid(args)
+    if args.png:
+        raise SystemExit("report: --png draws the attention grid; use it with --attention-grid")
     try:
         every = harness.read_csv(_pick_csv(args.csv))
         rows = report.latest_run(every)
@@ -221,11 +254,16 @@ def cmd_report(args) -> int:
         changed = report.update_readme(args.readme, rows) if args.readme else None
     except (harness.BenchFileError, OSError) as e:
         return _bench_file_error("report", e)
-    if args.readme:
-        _console().print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
-    else:
-        print(report.markdown_table(rows))
+    _said(args.readme, changed, lambda: report.markdown_table(rows))
     return 0
+
+
+def _said(readme: str | None, changed: bool | None, table) -> None:
+    """What a report did: whether it changed the README it was given, else its table on stdout."""
+    if readme:
+        _console().print(f"{readme}: {'updated' if changed else 'already up to date'}")
+    else:
+        print(table())
 
 
 def _check_table(title: str) -> Table:
@@ -337,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
     s.add_argument("--readme", help="rewrite the results section of this file instead of printing")
     s.add_argument("--all", action="store_true", help="every row, not only the fastest of our versions per case")
+    s.add_argument("--attention-grid", action="store_true",
+                   help="issue 30's grid instead: flash_attention x SDPA's cuDNN per device and dtype, from every "
+                        "<device>.csv (or --csv); with --readme its own section of the file")
+    s.add_argument("--png", help="with --attention-grid: also draw the grid as a heat map to this path")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")

@@ -110,21 +110,27 @@ def update_readme(readme: str | Path, rows: list[Mapping[str, str]]) -> bool:
     """Replace the text between the results markers, written atomically; returns whether the file changed.
 
     ``BenchFileError`` unless the file holds exactly one start marker and, after it, one end marker."""
+    return replace_section(readme, README_START, README_END, markdown_table(rows))
+
+
+def replace_section(readme: str | Path, start: str, end: str, body: str) -> bool:
+    """Replace the text between the ``start`` and ``end`` marker lines by ``body``, written atomically;
+    returns whether the file changed. ``BenchFileError`` unless the file holds exactly one start marker and,
+    after it, one end marker, or if ``body`` holds a marker (the file is then left as it is)."""
     p = Path(readme)
     try:
         text = p.read_bytes().decode("utf-8")  # bytes: the text around the markers is kept as it is, line ends too
     except (OSError, UnicodeDecodeError) as e:
         raise BenchFileError(f"{p}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    starts, ends = text.count(README_START), text.count(README_END)
-    if starts != 1 or ends != 1 or text.index(README_START) > text.index(README_END):
-        raise BenchFileError(f"{p}: needs one {README_START} line and, after it, one {README_END} line; "
+    starts, ends = text.count(start), text.count(end)
+    if starts != 1 or ends != 1 or text.index(start) > text.index(end):
+        raise BenchFileError(f"{p}: needs one {start} line and, after it, one {end} line; "
                              f"it has {starts} and {ends}" + (" in the wrong order" if starts == ends == 1 else ""))
-    head, rest = text.split(README_START)
-    tail = rest.split(README_END)[1]
-    table = markdown_table(rows)
-    if README_START in table or README_END in table:  # _md makes this impossible; never write a broken README
-        raise BenchFileError(f"{p}: the results table would contain a results marker; README left unchanged")
-    new = f"{head}{README_START}\n{table}\n{README_END}{tail}"
+    head, rest = text.split(start)
+    tail = rest.split(end)[1]
+    if start in body or end in body:  # _md makes this impossible; never write a broken README
+        raise BenchFileError(f"{p}: the new section would contain one of its markers; README left unchanged")
+    new = f"{head}{start}\n{body}\n{end}{tail}"
     if new != text:
         write_atomic(p, new.encode("utf-8"))
         return True

@@ -85,11 +85,19 @@ def plot(rows: Sequence[Mapping[str, str]], ceilings: Ceilings, out: str | Path)
     bx.axvline(100, color="k", lw=0.8)
     bx.set_xlabel("% of roofline (measured ceilings)")
     bx.set_title("share of the attainable rate")
+    return save_figure(fig, out, dpi=120)
+
+
+def save_figure(fig, out: str | Path, dpi: int) -> Path:
+    """Lay out, render in memory and write ``fig`` atomically to ``out`` (format from its suffix), then close it:
+    a failure keeps the previous picture."""
+    import matplotlib.pyplot as plt
+
     out = Path(out)
-    buf = io.BytesIO()  # rendered in memory, then written atomically: a failure keeps the previous picture
+    buf = io.BytesIO()
     try:
         fig.tight_layout()
-        fig.savefig(buf, format=out.suffix[1:].lower() or "png", dpi=120)
+        fig.savefig(buf, format=out.suffix[1:].lower() or "png", dpi=dpi)
     finally:
         plt.close(fig)
     return write_atomic(out, buf.getvalue())

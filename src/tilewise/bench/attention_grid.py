@@ -1,0 +1,179 @@
+"""Issue 30's attention grid against SDPA's cuDNN backend, read from the bench CSVs: a table and a heat map.
+
+The grid: (H, Hkv) in {(16, 16), (32, 8)}, D in {64, 128}, S in {1024 .. 16384} with B x S = 16384, causal and not,
+forward and forward + backward. A cell is ``flash_attention`` (the default route, what a user calls) against the
+``sdpa_cudnn`` row of the same run (git sha and date), from the newest run that measured both; a point no run
+measured stays empty. Targets: forward >= 1.05x from S 2048 and >= 1.0x at S 1024; forward + backward >= 1.0x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from .report import _md, replace_section
+from .roofline import save_figure
+
+GRID_START = "<!-- attention-grid:start -->"
+GRID_END = "<!-- attention-grid:end -->"
+
+TOKENS = 16384  # B x S at every grid point
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+HEADS = ((16, 16), (32, 8))
+HEAD_DIMS = (64, 128)
+PASSES = (("attention_fwd", "fwd"), ("attention_fwd_bwd", "fwd+bwd"))
+OURS, CUDNN = "flash_attention", "sdpa_cudnn"
+
+
+def target(op: str, seq: int) -> float:
+    """The ratio issue 30 asks of a grid point (ours / cuDNN in speed)."""
+    return 1.05 if op == "attention_fwd" and seq >= 2048 else 1.0
+
+
+def parse_shape(shape: str) -> dict | None:
+    """``B=4,H=32,Hkv=8,S=4096,D=64,causal`` -> its fields (Hkv defaults to H); None for a shape with anything
+    else (a bias, a window, packed documents): those rows are not grid points."""
+    out: dict = {"causal": False}
+    for part in shape.split(","):
+        key, eq, val = part.partition("=")
+        if not eq:
+            if part != "causal" or out["causal"]:
+                return None
+            out["causal"] = True
+        elif key in ("B", "H", "Hkv", "S", "D") and key not in out and val.isdigit():
+            out[key] = int(val)
+        else:
+            return None
+    if not all(k in out for k in ("B", "H", "S", "D")):
+        return None
+    out.setdefault("Hkv", out["H"])
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    ratio: float  # cuDNN's time / ours: above 1 is faster than cuDNN
+    ours_ms: float
+    cudnn_ms: float
+    git_sha: str
+    date: str
+
+
+# (device, dtype) -> {(op, (H, Hkv), D, causal, S): Cell}
+Grid = dict[tuple[str, str], dict[tuple, Cell]]
+
+
+def grid(rows: Iterable[Mapping[str, str]]) -> Grid:
+    """Every grid point's newest measured pair, per device and dtype."""
+    rows = list(rows)
+    cudnn = {(r["device"], r["op"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r
+             for r in rows if r["variant"] == CUDNN}
+    out: Grid = {}
+    for r in rows:
+        if r["variant"] != OURS or r["op"] not in dict(PASSES):
+            continue
+        s = parse_shape(r["shape"])
+        if s is None or s["B"] * s["S"] != TOKENS or (s["H"], s["Hkv"]) not in HEADS or s["D"] not in HEAD_DIMS \
+                or s["S"] not in SEQ_LENS:
+            continue
+        ref = cudnn.get((r["device"], r["op"], r["shape"], r["dtype"], r["git_sha"], r["date"]))
+        ours_ms = float(r["median_ms"])
+        if ref is None or ours_ms <= 0:
+            continue
+        key = (r["op"], (s["H"], s["Hkv"]), s["D"], s["causal"], s["S"])
+        cells = out.setdefault((r["device"], r["dtype"]), {})
+        old = cells.get(key)
+        if old is None or r["date"] >= old.date:
+            cudnn_ms = float(ref["median_ms"])
+            cells[key] = Cell(cudnn_ms / ours_ms, ours_ms, cudnn_ms, r["git_sha"], r["date"])
+    return out
+
+
+def _row_keys():
+    for op, label in PASSES:
+        for heads in HEADS:
+            for d in HEAD_DIMS:
+                for causal in (False, True):
+                    yield op, label, heads, d, causal
+
+
+def _heads(heads: tuple[int, int]) -> str:
+    return f"{heads[0]}" if heads[0] == heads[1] else f"{heads[0]} / {heads[1]}"
+
+
+def met(cells: Mapping[tuple, Cell], op: str) -> tuple[int, int]:
+    """(points at or above target, points measured) for one pass."""
+    mine = [(k, c) for k, c in cells.items() if k[0] == op]
+    return sum(c.ratio >= target(op, k[4]) for k, c in mine), len(mine)
+
+
+def markdown(g: Grid) -> str:
+    """One table per device and dtype: ours / cuDNN at each point, under target in bold, unmeasured as '-'."""
+    if not g:
+        return "No grid rows (`flash_attention` and `sdpa_cudnn` of one run) in the bench CSVs yet."
+    parts = []
+    for (device, dtype), cells in sorted(g.items()):
+        lines = [f"**{_md(device)}, {_md(dtype)}** (x cuDNN; bold: under target)", "",
+                 "| pass | H / Hkv | D | causal | " + " | ".join(f"S {s}" for s in SEQ_LENS) + " |",
+                 "|---|---|---|---|" + "---:|" * len(SEQ_LENS)]
+        for op, label, heads, d, causal in _row_keys():
+            vals = []
+            for s in SEQ_LENS:
+                c = cells.get((op, heads, d, causal, s))
+                vals.append("-" if c is None else (f"{c.ratio:.3f}" if c.ratio >= target(op, s)
+                                                   else f"**{c.ratio:.3f}**"))
+            lines.append(f"| {label} | {_heads(heads)} | {d} | {'yes' if causal else 'no'} | " + " | ".join(vals)
+                         + " |")
+        fwd, bwd = met(cells, "attention_fwd"), met(cells, "attention_fwd_bwd")
+        shas = sorted({c.git_sha[:7] for c in cells.values()})
+        dates = sorted({c.date[:10] for c in cells.values()})
+        lines += ["", _md(f"At target: forward {fwd[0]} of {fwd[1]} measured points, forward + backward {bwd[0]} "
+                          f"of {bwd[1]}. Commits {', '.join(shas)}; run {', '.join(dates)}.")]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n\nGenerated by `tilewise report --attention-grid --readme README.md`."
+
+
+def update_readme(readme: str | Path, g: Grid) -> bool:
+    """Rewrite the README's attention-grid section (its own markers); whether the file changed."""
+    return replace_section(readme, GRID_START, GRID_END, markdown(g))
+
+
+def plot(g: Grid, out: str | Path) -> Path:
+    """A heat map a device and dtype (rows: pass, heads, D, causal; columns: S), green at or above target and
+    red under it; the ratio written in each cell, an empty cell where no run measured the point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    if not g:
+        raise ValueError("no grid rows to plot: the CSVs hold no flash_attention / sdpa_cudnn pair of one run")
+    keys = list(_row_keys())
+    cols = min(2, len(g))
+    nrows = -(-len(g) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.4 * cols, (0.36 * len(keys) + 1.4) * nrows), squeeze=False)
+    for ax in axes.flat[len(g):]:
+        ax.axis("off")
+    for ax, ((device, dtype), cells) in zip(axes.flat, sorted(g.items())):
+        state = np.full((len(keys), len(SEQ_LENS)), np.nan)
+        for i, (op, _, heads, d, causal) in enumerate(keys):
+            for j, s in enumerate(SEQ_LENS):
+                c = cells.get((op, heads, d, causal, s))
+                if c is not None:
+                    state[i, j] = 1.0 if c.ratio >= target(op, s) else 0.0
+                    ax.text(j, i, f"{c.ratio:.3f}", ha="center", va="center", fontsize=8)
+        ax.imshow(np.ma.masked_invalid(state), cmap=ListedColormap(["#f4a6a6", "#a6dba0"]), vmin=0, vmax=1,
+                  aspect="auto")
+        ax.set_xticks(range(len(SEQ_LENS)), [f"S {s}" for s in SEQ_LENS], fontsize=8)
+        ax.set_yticks(range(len(keys)), [f"{label} H {_heads(h)} D {d}{' causal' if c else ''}"
+                                         for _, label, h, d, c in keys], fontsize=8)
+        fwd, bwd = met(cells, "attention_fwd"), met(cells, "attention_fwd_bwd")
+        dates = sorted({c.date[:10] for c in cells.values()})
+        runs = dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}"
+        ax.set_title(f"{device}, {dtype}: x cuDNN (runs {runs})\n"
+                     f"at target: fwd {fwd[0]}/{fwd[1]}, fwd+bwd {bwd[0]}/{bwd[1]}", fontsize=9)
+        ax.axhline(len(keys) / 2 - 0.5, color="k", lw=1)
+    return save_figure(fig, out, dpi=110)
