@@ -117,3 +117,34 @@ def test_cli_report_attention_grid(tmp_path, capsys):
     assert "| fwd | 16 | 64 | no | - | 1.200 |" in out and png.exists()
     with pytest.raises(SystemExit, match="--attention-grid"):
         cli.main(["report", "--csv", str(csv_path), "--png", str(png)])
+
+
+def test_other_targets_pair_rows_of_one_run():
+    """Packed rows against Flex and the padded dense call, the window against full causal (its shape without the
+    window), host time beyond the graph's GPU time; newest run with both rows; a target missed shows in bold."""
+    packed = "docs=8,tokens=16296,max=4096,H=16,D=128,causal"
+    win, full = "B=1,H=16,S=16384,D=128,causal,window=1024", "B=1,H=16,S=16384,D=128,causal"
+    host = "B=1,H=16,S=256,D=128,causal,host"
+
+    def r(op, variant, shape, ms, sha="a", date="2026-12-02T00:00:00"):
+        return harness.make_row(op, variant, shape, "bfloat16", ms, None, device=GPU, sha=sha, date=date).as_csv()
+
+    rows = [r("attention_varlen_fwd", "flash_attention_varlen", packed, 1.0),
+            r("attention_varlen_fwd", "flex_attention", packed, 1.25),
+            r("attention_varlen_fwd", "flash_attention[padded]", packed, 4.0),
+            r("attention_varlen_fwd", "flash_attention_varlen", packed, 0.5, sha="b", date="2026-12-03T00:00:00"),
+            r("attention_window_fwd", "flash_attention", win, 0.2),
+            r("attention_window_fwd", "flash_attention[full causal]", full, 1.0),
+            r("attention_host_fwd_bwd", "flash_attention", host, 0.30),
+            r("attention_graph_fwd_bwd", "flash_attention", host, 0.04)]
+    others = G.other_targets(rows)
+    got = {c.target.name: c for c in others[GPU]}
+    assert list(got) == [G.OTHER_TARGETS[i].name for i in (0, 2, 4, 6)]  # in OTHER_TARGETS' order
+    assert got[G.OTHER_TARGETS[0].name].value == pytest.approx(1.25)  # run "a": run "b" timed no Flex
+    assert got[G.OTHER_TARGETS[2].name].value == pytest.approx(4.0)
+    assert got[G.OTHER_TARGETS[4].name].value == pytest.approx(0.2)
+    assert got[G.OTHER_TARGETS[6].name].value == pytest.approx(260.0)
+    md = G.markdown({}, others)
+    assert f"| {G.OTHER_TARGETS[4].name} | {win} | bfloat16 | **0.200** | at most 0.15 | a, 2026-12-02 |" in md
+    assert f"| {G.OTHER_TARGETS[0].name} | {packed} | bfloat16 | 1.250 | at least 1 |" in md
+    assert "| **260.0** | at most 40 |" in md

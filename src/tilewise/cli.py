@@ -225,12 +225,12 @@ def _report_attention_grid(args) -> int:
 
     try:
         rows = [r for p in _device_csvs(args.csv) for r in harness.read_csv(p)]
-        g = attention_grid.grid(rows)
-        changed = attention_grid.update_readme(args.readme, g) if args.readme else None
+        g, others = attention_grid.grid(rows), attention_grid.other_targets(rows)
+        changed = attention_grid.update_readme(args.readme, g, others) if args.readme else None
         png = attention_grid.plot(g, args.png) if args.png and g else None
     except (harness.BenchFileError, OSError) as e:
         return _bench_file_error("report", e)
-    _said(args.readme, changed, lambda: attention_grid.markdown(g))
+    _said(args.readme, changed, lambda: attention_grid.markdown(g, others))
     if png is not None:
         _console().print(f"attention grid written to {png}")
     elif args.png:

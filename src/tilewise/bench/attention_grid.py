@@ -90,6 +90,104 @@ def grid(rows: Iterable[Mapping[str, str]]) -> Grid:
     return out
 
 
+def _no_window(shape: str) -> str:
+    return ",".join(p for p in shape.split(",") if not p.startswith("window="))
+
+
+@dataclass(frozen=True)
+class OtherTarget:
+    """One of issue 30's other speed targets: our row against a reference row of the same run and device."""
+    name: str
+    op: str
+    variant: str
+    ref_op: str
+    ref_variant: str
+    measure: str  # "speed": ref / ours >= goal; "share": ours / ref <= goal; "excess_us": ours - ref <= goal
+    goal: float
+    ref_shape: object = None  # our shape -> the reference's (default: the same shape)
+
+    def value(self, ours_ms: float, ref_ms: float) -> float:
+        if self.measure == "speed":
+            return ref_ms / ours_ms
+        if self.measure == "share":
+            return ours_ms / ref_ms
+        return (ours_ms - ref_ms) * 1e3
+
+    def met(self, value: float) -> bool:
+        return value >= self.goal if self.measure == "speed" else value <= self.goal
+
+
+OTHER_TARGETS = (
+    OtherTarget("packed forward x Flex (document mask)", "attention_varlen_fwd", "flash_attention_varlen",
+                "attention_varlen_fwd", "flex_attention", "speed", 1.0),
+    OtherTarget("packed forward + backward x Flex", "attention_varlen_fwd_bwd", "flash_attention_varlen",
+                "attention_varlen_fwd_bwd", "flex_attention", "speed", 1.0),
+    OtherTarget("packed forward x our dense call on the padded batch", "attention_varlen_fwd",
+                "flash_attention_varlen", "attention_varlen_fwd", "flash_attention[padded]", "speed", 1.0),
+    OtherTarget("packed forward + backward x padded dense", "attention_varlen_fwd_bwd", "flash_attention_varlen",
+                "attention_varlen_fwd_bwd", "flash_attention[padded]", "speed", 1.0),
+    OtherTarget("sliding window, forward: share of full causal's time", "attention_window_fwd", "flash_attention",
+                "attention_window_fwd", "flash_attention[full causal]", "share", 0.15, _no_window),
+    OtherTarget("sliding window, forward + backward: share of full causal's", "attention_window_fwd_bwd",
+                "flash_attention", "attention_window_fwd_bwd", "flash_attention[full causal]", "share", 0.15,
+                _no_window),
+    OtherTarget("host time beyond the GPU time, eager forward + backward (us)", "attention_host_fwd_bwd",
+                "flash_attention", "attention_graph_fwd_bwd", "flash_attention", "excess_us", 40.0),
+)
+
+
+@dataclass(frozen=True)
+class OtherCell:
+    target: OtherTarget
+    shape: str
+    dtype: str
+    value: float
+    git_sha: str
+    date: str
+
+
+def other_targets(rows: Iterable[Mapping[str, str]]) -> dict[str, list[OtherCell]]:
+    """Per device, each of ``OTHER_TARGETS`` at each shape and dtype it was measured at: the newest run with both
+    rows."""
+    rows = list(rows)
+    index = {(r["device"], r["op"], r["variant"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r for r in rows}
+    best: dict[tuple, OtherCell] = {}
+    for t in OTHER_TARGETS:
+        for r in rows:
+            if r["op"] != t.op or r["variant"] != t.variant:
+                continue
+            shape = t.ref_shape(r["shape"]) if t.ref_shape else r["shape"]
+            ref = index.get((r["device"], t.ref_op, t.ref_variant, shape, r["dtype"], r["git_sha"], r["date"]))
+            ours_ms = float(r["median_ms"])
+            if ref is None or ours_ms <= 0 or float(ref["median_ms"]) <= 0:
+                continue
+            key = (r["device"], t.name, r["shape"], r["dtype"])
+            if key not in best or r["date"] >= best[key].date:
+                best[key] = OtherCell(t, r["shape"], r["dtype"], t.value(ours_ms, float(ref["median_ms"])),
+                                      r["git_sha"], r["date"])
+    out: dict[str, list[OtherCell]] = {}
+    order = {t.name: i for i, t in enumerate(OTHER_TARGETS)}
+    for (device, *_), cell in sorted(best.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
+        out.setdefault(device, []).append(cell)
+    return out
+
+
+def _other_markdown(others: Mapping[str, list[OtherCell]]) -> list[str]:
+    parts = []
+    for device, cells in sorted(others.items()):
+        lines = [f"**{_md(device)}: issue 30's other speed targets** (bold: not met)", "",
+                 "| target | shape | dtype | value | goal | run |", "|---|---|---|---:|---|---|"]
+        for c in cells:
+            t = c.target
+            val = f"{c.value:.1f}" if t.measure == "excess_us" else f"{c.value:.3f}"
+            goal = f"{'at least' if t.measure == 'speed' else 'at most'} {t.goal:g}"
+            shown = val if t.met(c.value) else f"**{val}**"
+            lines.append(f"| {_md(t.name)} | {_md(c.shape)} | {_md(c.dtype)} | {shown} | {_md(goal)} | "
+                         f"{_md(c.git_sha[:7])}, {_md(c.date[:10])} |")
+        parts.append("\n".join(lines))
+    return parts
+
+
 def _row_keys():
     for op, label in PASSES:
         for heads in HEADS:
@@ -108,9 +206,10 @@ def met(cells: Mapping[tuple, Cell], op: str) -> tuple[int, int]:
     return sum(c.ratio >= target(op, k[4]) for k, c in mine), len(mine)
 
 
-def markdown(g: Grid) -> str:
-    """One table per device and dtype: ours / cuDNN at each point, under target in bold, unmeasured as '-'."""
-    if not g:
+def markdown(g: Grid, others: Mapping[str, list[OtherCell]] | None = None) -> str:
+    """One table per device and dtype: ours / cuDNN at each point, under target in bold, unmeasured as '-'; then,
+    per device, the other targets' newest values (``other_targets``)."""
+    if not g and not others:
         return "No grid rows (`flash_attention` and `sdpa_cudnn` of one run) in the bench CSVs yet."
     parts = []
     for (device, dtype), cells in sorted(g.items()):
@@ -131,12 +230,13 @@ def markdown(g: Grid) -> str:
         lines += ["", _md(f"At target: forward {fwd[0]} of {fwd[1]} measured points, forward + backward {bwd[0]} "
                           f"of {bwd[1]}. Commits {', '.join(shas)}; run {', '.join(dates)}.")]
         parts.append("\n".join(lines))
+    parts += _other_markdown(others or {})
     return "\n\n".join(parts) + "\n\nGenerated by `tilewise report --attention-grid --readme README.md`."
 
 
-def update_readme(readme: str | Path, g: Grid) -> bool:
+def update_readme(readme: str | Path, g: Grid, others: Mapping[str, list[OtherCell]] | None = None) -> bool:
     """Rewrite the README's attention-grid section (its own markers); whether the file changed."""
-    return replace_section(readme, GRID_START, GRID_END, markdown(g))
+    return replace_section(readme, GRID_START, GRID_END, markdown(g, others))
 
 
 def plot(g: Grid, out: str | Path) -> Path:
