@@ -94,10 +94,10 @@ def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: 
                 subprocess.run([sys.executable, "-m", "tilewise", "report", "--csv", "bench/results/NVIDIA_H200.csv",
                                 "--readme", "README.md"], cwd=root, check=True, env=env)
                 said.append("README table redrawn")
-            if len(said) > before and readme:  # rows of any device: issue 30's grid reads every <device>.csv
-                subprocess.run([sys.executable, "-m", "tilewise", "report", "--attention-grid", "--readme", "README.md",
+            if len(said) > before and readme:  # rows of any device: the targets read every <device>.csv
+                subprocess.run([sys.executable, "-m", "tilewise", "report", "--targets", "--readme", "README.md",
                                 "--png", "bench/results/attention-grid.png"], cwd=root, check=True, env=env)
-                said.append("attention grid redrawn (README section, bench/results/attention-grid.png)")
+                said.append("targets redrawn (README section, bench/results/attention-grid.png)")
             for spec in logs:
                 step, _, logname = spec.partition("=")
                 if not logname:

@@ -220,17 +220,17 @@ def _device_csvs(path: str | None) -> list[Path]:
     return [_pick_csv(None)]  # raises the usual "no bench CSV" message
 
 
-def _report_attention_grid(args) -> int:
-    from .bench import attention_grid, harness
+def _report_targets(args) -> int:
+    from .bench import harness, targets
 
     try:
         rows = [r for p in _device_csvs(args.csv) for r in harness.read_csv(p)]
-        g, others = attention_grid.grid(rows), attention_grid.other_targets(rows)
-        changed = attention_grid.update_readme(args.readme, g, others) if args.readme else None
-        png = attention_grid.plot(g, args.png) if args.png and g else None
+        g, others = targets.grid(rows), targets.other_targets(rows)
+        changed = targets.update_readme(args.readme, g, others) if args.readme else None
+        png = targets.plot(g, args.png) if args.png and g else None
     except (harness.BenchFileError, OSError) as e:
         return _bench_file_error("report", e)
-    _said(args.readme, changed, lambda: attention_grid.markdown(g, others))
+    _said(args.readme, changed, lambda: targets.markdown(g, others))
     if png is not None:
         _console().print(f"attention grid written to {png}")
     elif args.png:
@@ -241,10 +241,10 @@ def _report_attention_grid(args) -> int:
 def cmd_report(args) -> int:
     from .bench import harness, report
 
-    if args.attention_grid:
-        return _report_attention_grid(args)
+    if args.targets:
+        return _report_targets(args)
     if args.png:
-        raise SystemExit("report: --png draws the attention grid; use it with --attention-grid")
+        raise SystemExit("report: --png draws the attention grid; use it with --targets")
     try:
         every = harness.read_csv(_pick_csv(args.csv))
         rows = report.latest_run(every)
@@ -375,10 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--csv", help="bench CSV (default: the newest under bench/results)")
     s.add_argument("--readme", help="rewrite the results section of this file instead of printing")
     s.add_argument("--all", action="store_true", help="every row, not only the fastest of our versions per case")
-    s.add_argument("--attention-grid", action="store_true",
-                   help="issue 30's grid instead: flash_attention x SDPA's cuDNN per device and dtype, from every "
-                        "<device>.csv (or --csv); with --readme its own section of the file")
-    s.add_argument("--png", help="with --attention-grid: also draw the grid as a heat map to this path")
+    s.add_argument("--targets", action="store_true",
+                   help="the open issues' speed targets instead: issue 30's attention grid (flash_attention x SDPA's "
+                        "cuDNN) and the other targets of issues 30 and 31, per device, from every <device>.csv (or "
+                        "--csv); with --readme its own section of the file")
+    s.add_argument("--png", help="with --targets: also draw the attention grid as a heat map to this path")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("check", help="compile every .cu for an architecture; registers, smem, spills")

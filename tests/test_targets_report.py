@@ -1,11 +1,11 @@
-"""``tilewise report --attention-grid``: issue 30's grid (flash_attention x SDPA's cuDNN) from the bench CSVs."""
+"""``tilewise report --targets``: issue 30's grid (flash_attention x SDPA's cuDNN) and the issues' other targets."""
 
 import csv
 
 import pytest
 
 from tilewise import cli
-from tilewise.bench import attention_grid as G
+from tilewise.bench import targets as G
 from tilewise.bench import harness, report
 
 GPU = "Test GPU"
@@ -79,20 +79,21 @@ def test_markdown_marks_points_under_the_issues_targets():
 
 
 def test_readme_grid_section_is_its_own(tmp_path):
-    """The grid rewrites only the text between its markers; the results table's section is left as it is; a
-    README without the grid's markers is refused, naming them, and not changed."""
+    """The targets rewrite only the text between their markers; the results table's section is left as it is; a
+    README without their markers is refused, naming them, and not changed."""
     readme = tmp_path / "README.md"
     before = f"intro\n{report.README_START}\nresults\n{report.README_END}\nmiddle\n"
-    readme.write_text(before + f"{G.GRID_START}\nold grid\n{G.GRID_END}\nend\n")
+    readme.write_text(before + f"{G.TARGETS_START}\nold grid\n{G.TARGETS_END}\nend\n")
     g = G.grid(_pair("B=8,H=16,S=2048,D=64", 1.0, 1.2))
     assert G.update_readme(readme, g)
     text = readme.read_text()
-    assert text.startswith(before + G.GRID_START + "\n**Test GPU, bfloat16**") and text.endswith(G.GRID_END + "\nend\n")
+    assert text.startswith(before + G.TARGETS_START + "\n**Test GPU, bfloat16**")
+    assert text.endswith(G.TARGETS_END + "\nend\n")
     assert "old grid" not in text and "| fwd | 16 | 64 | no | - | 1.200 |" in text
     assert not G.update_readme(readme, g)
     bare = tmp_path / "BARE.md"
     bare.write_text(before)
-    with pytest.raises(harness.BenchFileError, match="attention-grid:start"):
+    with pytest.raises(harness.BenchFileError, match="targets:start"):
         G.update_readme(bare, g)
     assert bare.read_text() == before
 
@@ -105,17 +106,17 @@ def test_plot_writes_a_png(tmp_path):
         G.plot({}, tmp_path / "none.png")
 
 
-def test_cli_report_attention_grid(tmp_path, capsys):
+def test_cli_report_targets(tmp_path, capsys):
     csv_path = tmp_path / "Test_GPU.csv"
     with csv_path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=harness.CSV_COLUMNS)
         w.writeheader()
         w.writerows(_pair("B=8,H=16,S=2048,D=64", 1.0, 1.2))
     png = tmp_path / "grid.png"
-    assert cli.main(["report", "--attention-grid", "--csv", str(csv_path), "--png", str(png)]) == 0
+    assert cli.main(["report", "--targets", "--csv", str(csv_path), "--png", str(png)]) == 0
     out = capsys.readouterr().out
     assert "| fwd | 16 | 64 | no | - | 1.200 |" in out and png.exists()
-    with pytest.raises(SystemExit, match="--attention-grid"):
+    with pytest.raises(SystemExit, match="--targets"):
         cli.main(["report", "--csv", str(csv_path), "--png", str(png)])
 
 
@@ -148,3 +149,20 @@ def test_other_targets_pair_rows_of_one_run():
     assert f"| {G.OTHER_TARGETS[4].name} | {win} | bfloat16 | **0.200** | at most 0.15 | a, 2026-12-02 |" in md
     assert f"| {G.OTHER_TARGETS[0].name} | {packed} | bfloat16 | 1.250 | at least 1 |" in md
     assert "| **260.0** | at most 40 |" in md
+
+
+def test_llama_targets_are_issue_31s():
+    """The Llama step against HF's default (1.2x) and HF + Liger (1.05x), a table of its own issue."""
+    shape = "layers=16,B=1,S=16384"
+
+    def r(variant, ms):
+        return harness.make_row("llama_train_step", variant, shape, "bfloat16", ms, None, device=GPU, sha="a",
+                                date="2026-12-02T00:00:00").as_csv()
+
+    others = G.other_targets([r("hf_tilewise", 350.0), r("hf_liger", 371.0), r("hf_sdpa", 460.0)])
+    vals = {c.target.name: c.value for c in others[GPU]}
+    assert vals == {"Llama-3.2-1B training step, hf_tilewise x HF default (SDPA)": pytest.approx(460 / 350),
+                    "Llama-3.2-1B training step, hf_tilewise x HF + Liger": pytest.approx(1.06)}
+    md = G.markdown({}, others)
+    assert "**Test GPU: issue 31's speed targets**" in md and "issue 30" not in md
+    assert f"| {shape} | bfloat16 | 1.060 | at least 1.05 |" in md
