@@ -57,8 +57,9 @@ def _tiers(run: Path, root: Path, sha: str, said: list):
                     f"verified.json, gpu-coverage.json, durations, log")
 
 
-def _rows(run: Path, root: Path, said: list) -> bool:
-    h200 = False
+def _rows(run: Path, root: Path, said: list) -> set:
+    """Append the call's bench rows to bench/results/<device>.csv; the names of the files written."""
+    written = set()
     for src in sorted(run.glob("**/csv/*.csv")):
         with open(src, newline="") as f:
             rows = list(csv.reader(f))
@@ -76,8 +77,8 @@ def _rows(run: Path, root: Path, said: list) -> bool:
             with open(dest, "w", newline="") as f:
                 csv.writer(f, lineterminator="\n").writerows(rows)
         said.append(f"{len(rows) - 1} rows from {src.relative_to(run)} into {dest.relative_to(root)}")
-        h200 |= src.name == "NVIDIA_H200.csv"
-    return h200
+        written.add(src.name)
+    return written
 
 
 def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: Path = ROOT) -> list:
@@ -88,13 +89,13 @@ def record(files_at: Path, name: str, sha: str, logs: list, readme: bool, root: 
             extract(archive, {name: Path(tmp) / name})
             run = Path(tmp) / name
             _tiers(run, root, sha, said)
-            before = len(said)
             env = dict(os.environ, PYTHONPATH=str(root / "src"))
-            if _rows(run, root, said) and readme:
+            written = _rows(run, root, said)
+            if "NVIDIA_H200.csv" in written and readme:
                 subprocess.run([sys.executable, "-m", "tilewise", "report", "--csv", "bench/results/NVIDIA_H200.csv",
                                 "--readme", "README.md"], cwd=root, check=True, env=env)
                 said.append("README table redrawn")
-            if len(said) > before and readme:  # rows of any device: the targets read every <device>.csv
+            if written and readme:  # rows of any device: the targets read every <device>.csv
                 subprocess.run([sys.executable, "-m", "tilewise", "report", "--targets", "--readme", "README.md",
                                 "--png", "bench/results/attention-grid.png"], cwd=root, check=True, env=env)
                 said.append("targets redrawn (README section, bench/results/attention-grid.png)")

@@ -172,17 +172,22 @@ def _results_dirs() -> list[Path]:
     return dirs
 
 
-def _pick_csv(path: str | None) -> Path:
+def _device_csvs(path: str | None) -> list[Path]:
+    """``--csv`` if given, else every <device>.csv of the first results folder that has one, oldest first."""
     if path:
-        return Path(path)
+        return [Path(path)]
     dirs = _results_dirs()
     for d in dirs:
         # <device>.csv files only: suites write extra tables beside it (e.g. <device>-wave.csv).
         found = sorted((p for p in d.glob("*.csv") if "-" not in p.stem), key=lambda p: p.stat().st_mtime)
         if found:
-            return found[-1]
+            return found
     raise SystemExit(f"no bench CSV (<device>.csv) in {' or '.join(map(str, dirs))}; run `tilewise bench` "
                      f"first or pass --csv")
+
+
+def _pick_csv(path: str | None) -> Path:
+    return _device_csvs(path)[-1]  # the newest
 
 
 def _bench_file_error(cmd: str, e: Exception) -> int:
@@ -207,17 +212,6 @@ def cmd_roofline(args) -> int:
         return _bench_file_error("roofline", e)
     _console().print(f"roofline written to {out}")
     return 0
-
-
-def _device_csvs(path: str | None) -> list[Path]:
-    """``--csv`` if given, else every <device>.csv of the first results folder that has one."""
-    if path:
-        return [Path(path)]
-    for d in _results_dirs():
-        found = sorted(p for p in d.glob("*.csv") if "-" not in p.stem)
-        if found:
-            return found
-    return [_pick_csv(None)]  # raises the usual "no bench CSV" message
 
 
 def _report_targets(args) -> int:

@@ -66,29 +66,37 @@ class Cell:
 Grid = dict[tuple[str, str], dict[tuple, Cell]]
 
 
+def same_run_pairs(rows: list[Mapping[str, str]], op: str, variant: str, ref_op: str, ref_variant: str,
+                   ref_shape=None):
+    """(ours, reference) for each row of ``op`` / ``variant`` whose run (device, git sha, date) also timed the
+    reference (``ref_op`` / ``ref_variant`` at ``ref_shape(shape)``, default the same shape) in its dtype; both
+    times positive."""
+    index = {(r["device"], r["op"], r["variant"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r for r in rows
+             if r["op"] == ref_op and r["variant"] == ref_variant}
+    for r in rows:
+        if r["op"] != op or r["variant"] != variant:
+            continue
+        shape = ref_shape(r["shape"]) if ref_shape else r["shape"]
+        ref = index.get((r["device"], ref_op, ref_variant, shape, r["dtype"], r["git_sha"], r["date"]))
+        if ref is not None and float(r["median_ms"]) > 0 and float(ref["median_ms"]) > 0:
+            yield r, ref
+
+
 def grid(rows: Iterable[Mapping[str, str]]) -> Grid:
     """Every grid point's newest measured pair, per device and dtype."""
     rows = list(rows)
-    cudnn = {(r["device"], r["op"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r
-             for r in rows if r["variant"] == CUDNN}
     out: Grid = {}
-    for r in rows:
-        if r["variant"] != OURS or r["op"] not in dict(PASSES):
-            continue
-        s = parse_shape(r["shape"])
-        if s is None or s["B"] * s["S"] != TOKENS or (s["H"], s["Hkv"]) not in HEADS or s["D"] not in HEAD_DIMS \
-                or s["S"] not in SEQ_LENS:
-            continue
-        ref = cudnn.get((r["device"], r["op"], r["shape"], r["dtype"], r["git_sha"], r["date"]))
-        ours_ms = float(r["median_ms"])
-        if ref is None or ours_ms <= 0:
-            continue
-        key = (r["op"], (s["H"], s["Hkv"]), s["D"], s["causal"], s["S"])
-        cells = out.setdefault((r["device"], r["dtype"]), {})
-        old = cells.get(key)
-        if old is None or r["date"] >= old.date:
-            cudnn_ms = float(ref["median_ms"])
-            cells[key] = Cell(cudnn_ms / ours_ms, ours_ms, cudnn_ms, r["git_sha"], r["date"])
+    for op, _ in PASSES:
+        for r, ref in same_run_pairs(rows, op, OURS, op, CUDNN):
+            s = parse_shape(r["shape"])
+            if s is None or s["B"] * s["S"] != TOKENS or (s["H"], s["Hkv"]) not in HEADS \
+                    or s["D"] not in HEAD_DIMS or s["S"] not in SEQ_LENS:
+                continue
+            key = (op, (s["H"], s["Hkv"]), s["D"], s["causal"], s["S"])
+            cells = out.setdefault((r["device"], r["dtype"]), {})
+            if key not in cells or r["date"] >= cells[key].date:
+                ours_ms, cudnn_ms = float(r["median_ms"]), float(ref["median_ms"])
+                cells[key] = Cell(cudnn_ms / ours_ms, ours_ms, cudnn_ms, r["git_sha"], r["date"])
     return out
 
 
@@ -157,21 +165,13 @@ def other_targets(rows: Iterable[Mapping[str, str]]) -> dict[str, list[OtherCell
     """Per device, each of ``OTHER_TARGETS`` at each shape and dtype it was measured at: the newest run with both
     rows."""
     rows = list(rows)
-    index = {(r["device"], r["op"], r["variant"], r["shape"], r["dtype"], r["git_sha"], r["date"]): r for r in rows}
     best: dict[tuple, OtherCell] = {}
     for t in OTHER_TARGETS:
-        for r in rows:
-            if r["op"] != t.op or r["variant"] != t.variant:
-                continue
-            shape = t.ref_shape(r["shape"]) if t.ref_shape else r["shape"]
-            ref = index.get((r["device"], t.ref_op, t.ref_variant, shape, r["dtype"], r["git_sha"], r["date"]))
-            ours_ms = float(r["median_ms"])
-            if ref is None or ours_ms <= 0 or float(ref["median_ms"]) <= 0:
-                continue
+        for r, ref in same_run_pairs(rows, t.op, t.variant, t.ref_op, t.ref_variant, t.ref_shape):
             key = (r["device"], t.name, r["shape"], r["dtype"])
             if key not in best or r["date"] >= best[key].date:
-                best[key] = OtherCell(t, r["shape"], r["dtype"], t.value(ours_ms, float(ref["median_ms"])),
-                                      r["git_sha"], r["date"])
+                value = t.value(float(r["median_ms"]), float(ref["median_ms"]))
+                best[key] = OtherCell(t, r["shape"], r["dtype"], value, r["git_sha"], r["date"])
     out: dict[str, list[OtherCell]] = {}
     order = {t.name: i for i, t in enumerate(OTHER_TARGETS)}
     for (device, *_), cell in sorted(best.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2:])):
